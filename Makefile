@@ -1,0 +1,43 @@
+# pykraft: every target bootstraps .venv itself, so a fresh machine needs only `make demo` / `make test`.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-dev
+
+.PHONY: test unit integration demo bench bench-scale venv system-deps clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $@
+
+venv: $(STAMP)
+
+# kcat is a real Kafka client the tests drive; Debian ships it.
+system-deps:
+	@command -v kcat >/dev/null 2>&1 || { \
+	  echo "installing kcat (Debian package)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kcat) >/dev/null \
+	  || echo "warning: could not install kcat; kcat tests will be skipped"; }
+
+test: $(STAMP) system-deps
+	$(PY) -m pytest -q -p no:cacheprovider tests
+
+unit: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider tests -m "not integration"
+
+integration: $(STAMP) system-deps
+	$(PY) -m pytest -q -p no:cacheprovider tests -m integration
+
+demo: $(STAMP)
+	$(PY) -m tools.demo
+
+bench: $(STAMP)
+	$(PY) -m bench.run_all
+
+bench-scale: $(STAMP)
+	$(PY) -m bench.run_all --scale
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,453 @@
+"""Every metadata record type pykraft writes, its msgpack codec, and the batch that carries them.
+
+A record is a msgpack map ``{"type": id, "version": v, <field>: <value>, ...}`` with its fields
+in a fixed order, so the same record always encodes to the same bytes. A :class:`Batch` is the
+unit appended to the metadata log: its base offset, the Raft term and index of the command that
+produced it, the time the active controller stamped on that command, its records, who asked and
+why (:class:`Provenance`), and the hash of the previous batch's encoding (a hash chain the audit
+uses to prove that history was not edited).
+
+Decoding is strict: an unknown type or version, a missing, extra or wrongly typed field raises
+:class:`RecordDecodeError` naming what is wrong — never a silent skip.
+
+This module is the one codec shared by the controller, the broker, the CLI and the Spark audit.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable, ClassVar
+
+import msgpack
+
+# ---------------------------------------------------------------------------------------------
+# Field kinds: a validator per kind. Each returns the (possibly normalised) value or raises.
+# ---------------------------------------------------------------------------------------------
+
+
+class RecordDecodeError(ValueError):
+    """A record or batch that cannot be decoded: unknown type/version, bad or missing field."""
+
+
+def _int(v: Any) -> int:
+    if type(v) is not int:  # bool is an int subclass: refuse it
+        raise TypeError("expected an integer")
+    return v
+
+
+def _str(v: Any) -> str:
+    if type(v) is not str:
+        raise TypeError("expected a string")
+    return v
+
+
+def _bool(v: Any) -> bool:
+    if type(v) is not bool:
+        raise TypeError("expected a boolean")
+    return v
+
+
+def _ints(v: Any) -> tuple[int, ...]:
+    if type(v) not in (list, tuple):
+        raise TypeError("expected a list of integers")
+    for x in v:
+        if type(x) is not int:
+            raise TypeError("expected a list of integers")
+    return tuple(v)
+
+
+def _optional(kind: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def check(v: Any) -> Any:
+        return None if v is None else kind(v)
+
+    return check
+
+
+def _maps(spec: dict[str, Callable[[Any], Any]]) -> Callable[[Any], tuple[dict, ...]]:
+    def check(v: Any) -> tuple[dict, ...]:
+        if type(v) not in (list, tuple):
+            raise TypeError("expected a list of maps")
+        out = []
+        for item in v:
+            if not isinstance(item, dict) or set(item) != set(spec):
+                raise TypeError(f"expected maps with keys {sorted(spec)}")
+            out.append({k: spec[k](item[k]) for k in spec})
+        return tuple(out)
+
+    return check
+
+
+INT, STR, BOOL, INTS = _int, _str, _bool, _ints
+OPT_STR, OPT_INT, OPT_INTS = _optional(_str), _optional(_int), _optional(_ints)
+ENDPOINTS = _maps({"name": _str, "host": _str, "port": _int, "security_protocol": _str})
+FEATURES = _maps({"name": _str, "min_version": _int, "max_version": _int})
+
+# ---------------------------------------------------------------------------------------------
+# Record base and registry
+# ---------------------------------------------------------------------------------------------
+
+RECORD_TYPES: dict[int, type["Record"]] = {}
+
+
+class Record:
+    """Base of every metadata record. Subclasses are frozen dataclasses registered by type id."""
+
+    TYPE: ClassVar[int]
+    VERSION: ClassVar[int] = 0
+    NAME: ClassVar[str]
+    FIELDS: ClassVar[tuple[tuple[str, Callable[[Any], Any]], ...]]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as the msgpack map that is written: type, version, then fields in order."""
+        d: dict[str, Any] = {"type": self.TYPE, "version": self.VERSION}
+        for name, _ in self.FIELDS:
+            d[name] = getattr(self, name)
+        return d
+
+    def fields_dict(self) -> dict[str, Any]:
+        """Only the record's own fields (no type/version), e.g. for JSON output."""
+        return {name: getattr(self, name) for name, _ in self.FIELDS}
+
+    def encode(self) -> bytes:
+        return msgpack.packb(self.to_dict(), use_bin_type=True)
+
+
+def record_type(type_id: int, version: int = 0) -> Callable[[type], type]:
+    """Register a record dataclass under ``type_id``; field kinds come from ``_kinds``."""
+
+    def wrap(cls: type) -> type:
+        if type_id in RECORD_TYPES:
+            raise RuntimeError(f"record type id {type_id} registered twice")
+        cls = dataclass(frozen=True, slots=True)(cls)
+        cls.TYPE = type_id
+        cls.VERSION = version
+        cls.NAME = cls.__name__
+        kinds = cls._kinds()
+        names = [f.name for f in fields(cls)]
+        if list(kinds) != names:
+            raise RuntimeError(f"{cls.__name__}: kinds {list(kinds)} do not match fields {names}")
+        cls.FIELDS = tuple(kinds.items())
+        RECORD_TYPES[type_id] = cls
+        return cls
+
+    return wrap
+
+
+def record_from_dict(d: Any) -> Record:
+    """Strictly decode one record map into its dataclass."""
+    if not isinstance(d, dict):
+        raise RecordDecodeError(f"a record must be a map, got {type(d).__name__}")
+    type_id = d.get("type")
+    cls = RECORD_TYPES.get(type_id) if type(type_id) is int else None
+    if cls is None:
+        raise RecordDecodeError(f"unknown record type {type_id!r}")
+    version = d.get("version")
+    if version != cls.VERSION:
+        raise RecordDecodeError(f"{cls.NAME}: unsupported version {version!r} (supported: {cls.VERSION})")
+    if len(d) != len(cls.FIELDS) + 2:
+        expected = {"type", "version", *(n for n, _ in cls.FIELDS)}
+        missing, extra = expected - set(d), set(d) - expected
+        raise RecordDecodeError(
+            f"{cls.NAME}: " + "; ".join(
+                s for s in (
+                    f"missing field(s) {sorted(missing)}" if missing else "",
+                    f"unknown field(s) {sorted(map(str, extra))}" if extra else "",
+                ) if s
+            )
+        )
+    values = []
+    for name, kind in cls.FIELDS:
+        if name not in d:
+            raise RecordDecodeError(f"{cls.NAME}: missing field {name!r}")
+        try:
+            values.append(kind(d[name]))
+        except TypeError as e:
+            raise RecordDecodeError(f"{cls.NAME}.{name}: {e}, got {d[name]!r}") from None
+    return cls(*values)
+
+
+def decode_record(data: bytes) -> Record:
+    """Decode one msgpack-encoded record."""
+    try:
+        d = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except Exception as e:  # msgpack raises several unrelated types
+        raise RecordDecodeError(f"not a msgpack record: {e}") from None
+    return record_from_dict(d)
+
+
+# ---------------------------------------------------------------------------------------------
+# The records. Names and meanings follow Kafka's metadata schemas; see kraft-reference.md §3.
+# ---------------------------------------------------------------------------------------------
+
+FENCE_UNCHANGED, FENCE, UNFENCE = 0, 1, -1
+LEADER_NONE, LEADER_UNCHANGED = -1, -2
+RECOVERED, RECOVERING, RECOVERY_UNCHANGED = 0, 1, -1
+RESOURCE_TOPIC, RESOURCE_BROKER = 2, 4
+
+
+@record_type(0)
+class RegisterBrokerRecord(Record):
+    broker_id: int
+    incarnation_id: str
+    broker_epoch: int
+    endpoints: tuple
+    features: tuple
+    rack: str | None
+    fenced: bool
+    in_controlled_shutdown: bool
+
+    @staticmethod
+    def _kinds():
+        return dict(broker_id=INT, incarnation_id=STR, broker_epoch=INT, endpoints=ENDPOINTS,
+                    features=FEATURES, rack=OPT_STR, fenced=BOOL, in_controlled_shutdown=BOOL)
+
+
+@record_type(1)
+class UnregisterBrokerRecord(Record):
+    broker_id: int
+    broker_epoch: int
+
+    @staticmethod
+    def _kinds():
+        return dict(broker_id=INT, broker_epoch=INT)
+
+
+@record_type(2)
+class TopicRecord(Record):
+    name: str
+    topic_id: str
+
+    @staticmethod
+    def _kinds():
+        return dict(name=STR, topic_id=STR)
+
+
+@record_type(3)
+class PartitionRecord(Record):
+    partition_id: int
+    topic_id: str
+    replicas: tuple
+    isr: tuple
+    removing_replicas: tuple
+    adding_replicas: tuple
+    leader: int
+    leader_recovery_state: int
+    leader_epoch: int
+    partition_epoch: int
+
+    @staticmethod
+    def _kinds():
+        return dict(partition_id=INT, topic_id=STR, replicas=INTS, isr=INTS, removing_replicas=INTS,
+                    adding_replicas=INTS, leader=INT, leader_recovery_state=INT, leader_epoch=INT,
+                    partition_epoch=INT)
+
+
+@record_type(4)
+class ConfigRecord(Record):
+    resource_type: int
+    resource_name: str
+    name: str
+    value: str | None
+
+    @staticmethod
+    def _kinds():
+        return dict(resource_type=INT, resource_name=STR, name=STR, value=OPT_STR)
+
+
+@record_type(5)
+class PartitionChangeRecord(Record):
+    """A change to one partition. ``None`` / ``LEADER_UNCHANGED`` / ``RECOVERY_UNCHANGED`` mean
+    "unchanged". ``election`` (pykraft's addition) says how a new leader was chosen:
+    ``clean``, ``preferred``, ``unclean`` or None when ``leader`` is unchanged."""
+
+    partition_id: int
+    topic_id: str
+    isr: tuple | None
+    leader: int
+    replicas: tuple | None
+    removing_replicas: tuple | None
+    adding_replicas: tuple | None
+    leader_recovery_state: int
+    election: str | None
+
+    @staticmethod
+    def _kinds():
+        return dict(partition_id=INT, topic_id=STR, isr=OPT_INTS, leader=INT, replicas=OPT_INTS,
+                    removing_replicas=OPT_INTS, adding_replicas=OPT_INTS, leader_recovery_state=INT,
+                    election=OPT_STR)
+
+
+@record_type(9)
+class RemoveTopicRecord(Record):
+    topic_id: str
+
+    @staticmethod
+    def _kinds():
+        return dict(topic_id=STR)
+
+
+@record_type(12)
+class FeatureLevelRecord(Record):
+    name: str
+    feature_level: int
+
+    @staticmethod
+    def _kinds():
+        return dict(name=STR, feature_level=INT)
+
+
+@record_type(15)
+class ProducerIdsRecord(Record):
+    broker_id: int
+    broker_epoch: int
+    next_producer_id: int
+
+    @staticmethod
+    def _kinds():
+        return dict(broker_id=INT, broker_epoch=INT, next_producer_id=INT)
+
+
+@record_type(17)
+class BrokerRegistrationChangeRecord(Record):
+    """``fenced``: FENCE (1), UNFENCE (-1) or FENCE_UNCHANGED (0); ``in_controlled_shutdown``: 1 =
+    entering controlled shutdown, 0 = unchanged."""
+
+    broker_id: int
+    broker_epoch: int
+    fenced: int
+    in_controlled_shutdown: int
+
+    @staticmethod
+    def _kinds():
+        return dict(broker_id=INT, broker_epoch=INT, fenced=INT, in_controlled_shutdown=INT)
+
+
+@record_type(20)
+class NoOpRecord(Record):
+    @staticmethod
+    def _kinds():
+        return {}
+
+
+@record_type(100)
+class LeaderChangeRecord(Record):
+    """pykraft's addition (Kafka writes a Raft control record): a controller became active in
+    ``term``. Written first by every newly active controller, so failovers are in the history."""
+
+    leader_id: int
+    term: int
+
+    @staticmethod
+    def _kinds():
+        return dict(leader_id=INT, term=INT)
+
+
+RECORD_NAMES: dict[str, type[Record]] = {cls.NAME: cls for cls in RECORD_TYPES.values()}
+
+# ---------------------------------------------------------------------------------------------
+# Batches
+# ---------------------------------------------------------------------------------------------
+
+BATCH_FORMAT = 1
+ZERO_HASH = bytes(32)
+_PROVENANCE_KEYS = ("principal", "client_id", "request_id", "api", "reason")
+_BATCH_KEYS = ("format", "base_offset", "term", "raft_index", "timestamp_ms", "provenance",
+               "prev_hash", "records")
+
+
+@dataclass(frozen=True, slots=True)
+class Provenance:
+    """Who asked for a change and why. ``reason`` is free text with stable words such as
+    ``user-request``, ``session-timeout``, ``controlled-shutdown``, ``preferred-election``,
+    ``unclean-election``, ``isr-shrink``, ``isr-expand``, ``broker-unfenced``, ``bootstrap``,
+    ``controller-activated``."""
+
+    principal: str = "ANONYMOUS"
+    client_id: str = ""
+    request_id: str = ""
+    api: str = ""
+    reason: str = ""
+
+    def to_dict(self) -> dict[str, str]:
+        return {k: getattr(self, k) for k in _PROVENANCE_KEYS}
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """An atomic group of records appended to the metadata log at ``base_offset``."""
+
+    base_offset: int
+    term: int
+    raft_index: int
+    timestamp_ms: int
+    provenance: Provenance
+    prev_hash: bytes
+    records: tuple[Record, ...] = field(default=())
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + len(self.records) - 1
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + len(self.records)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": BATCH_FORMAT,
+            "base_offset": self.base_offset,
+            "term": self.term,
+            "raft_index": self.raft_index,
+            "timestamp_ms": self.timestamp_ms,
+            "provenance": self.provenance.to_dict(),
+            "prev_hash": self.prev_hash,
+            "records": [r.to_dict() for r in self.records],
+        }
+
+    def encode(self) -> bytes:
+        """The batch's canonical bytes (what is framed on disk and hashed)."""
+        return msgpack.packb(self.to_dict(), use_bin_type=True)
+
+
+def batch_hash(encoded: bytes) -> bytes:
+    """The hash that the next batch carries as ``prev_hash``: SHA-256 of the encoded batch."""
+    return hashlib.sha256(encoded).digest()
+
+
+def decode_batch(encoded: bytes) -> Batch:
+    """Strictly decode a batch from its canonical bytes."""
+    try:
+        d = msgpack.unpackb(encoded, raw=False, strict_map_key=False)
+    except Exception as e:
+        raise RecordDecodeError(f"not a msgpack batch: {e}") from None
+    return batch_from_dict(d)
+
+
+def batch_from_dict(d: Any) -> Batch:
+    if not isinstance(d, dict) or tuple(d) != _BATCH_KEYS:
+        keys = sorted(map(str, d)) if isinstance(d, dict) else type(d).__name__
+        raise RecordDecodeError(f"a batch must be a map with keys {list(_BATCH_KEYS)}, got {keys}")
+    if d["format"] != BATCH_FORMAT:
+        raise RecordDecodeError(f"unsupported batch format {d['format']!r}")
+    for key in ("base_offset", "term", "raft_index", "timestamp_ms"):
+        if type(d[key]) is not int:
+            raise RecordDecodeError(f"batch {key} must be an integer, got {d[key]!r}")
+    p = d["provenance"]
+    if not isinstance(p, dict) or set(p) != set(_PROVENANCE_KEYS) or not all(type(v) is str for v in p.values()):
+        raise RecordDecodeError(f"bad batch provenance {p!r}")
+    if type(d["prev_hash"]) is not bytes or len(d["prev_hash"]) != 32:
+        raise RecordDecodeError("batch prev_hash must be 32 bytes")
+    if type(d["records"]) is not list:
+        raise RecordDecodeError("batch records must be a list")
+    records = tuple(record_from_dict(r) for r in d["records"])
+    return Batch(d["base_offset"], d["term"], d["raft_index"], d["timestamp_ms"],
+                 Provenance(**{k: p[k] for k in _PROVENANCE_KEYS}), d["prev_hash"], records)
+
+
+def record_to_json(record: Record) -> dict[str, Any]:
+    """A JSON-friendly view of a record: ``{"type": name, "version": v, ...fields}``."""
+    out: dict[str, Any] = {"type": record.NAME, "version": record.VERSION}
+    for name, _ in record.FIELDS:
+        v = getattr(record, name)
+        out[name] = list(v) if isinstance(v, tuple) else v
+    return out
