@@ -1,0 +1,259 @@
+"""Node configuration: Kafka-style ``key=value`` properties files with typed, defaulted settings.
+
+Every setting has a sane default so ``kraft cluster up`` needs no file. Names follow Kafka where
+Kafka has the setting (``node.id``, ``controller.quorum.voters``, ``broker.session.timeout.ms``,
+...). Unknown keys are refused with a clear error rather than ignored, so a typo never silently
+falls back to a default.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+
+class ConfigError(ValueError):
+    """A configuration file or value that cannot be used; the message names the key."""
+
+
+def load_properties(path: str | os.PathLike) -> dict[str, str]:
+    """Parse a properties file: ``key=value`` lines, ``#``/``!`` comments, blank lines."""
+    props: dict[str, str] = {}
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line[0] in "#!":
+            continue
+        sep = min((i for i in (line.find("="), line.find(":")) if i >= 0), default=-1)
+        if sep <= 0:
+            raise ConfigError(f"{path}:{lineno}: expected key=value, got {raw!r}")
+        props[line[:sep].strip()] = line[sep + 1:].strip()
+    return props
+
+
+def write_properties(path: str | os.PathLike, props: dict[str, Any]) -> None:
+    """Write ``props`` as a properties file (keys sorted, one per line)."""
+    lines = [f"{k}={'' if v is None else v}" for k, v in sorted(props.items())]
+    Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def parse_voters(value: str, key: str) -> dict[int, tuple[str, int]]:
+    """Parse ``id@host:port,...`` into ``{id: (host, port)}``."""
+    voters: dict[int, tuple[str, int]] = {}
+    for item in filter(None, (s.strip() for s in value.split(","))):
+        try:
+            node, _, addr = item.partition("@")
+            host, _, port = addr.rpartition(":")
+            voters[int(node)] = (host.strip("[]"), int(port))
+        except ValueError:
+            raise ConfigError(f"{key}: expected id@host:port entries, got {item!r}") from None
+        if not host:
+            raise ConfigError(f"{key}: missing host in {item!r}")
+    if not voters:
+        raise ConfigError(f"{key}: no voters given")
+    return voters
+
+
+def parse_hostports(value: str, key: str) -> list[tuple[str, int]]:
+    """Parse ``host:port,...``."""
+    out = []
+    for item in filter(None, (s.strip() for s in value.split(","))):
+        host, _, port = item.rpartition(":")
+        try:
+            out.append((host.strip("[]"), int(port)))
+        except ValueError:
+            raise ConfigError(f"{key}: expected host:port entries, got {item!r}") from None
+    if not out:
+        raise ConfigError(f"{key}: no endpoints given")
+    return out
+
+
+def parse_listener(value: str, key: str) -> tuple[str, str, int]:
+    """Parse one ``NAME://host:port`` listener into (name, host, port)."""
+    name, sep, addr = value.partition("://")
+    host, _, port = addr.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ConfigError(f"{key}: expected NAME://host:port, got {value!r}")
+    return name, host.strip("[]") or "0.0.0.0", int(port)
+
+
+@dataclass(frozen=True)
+class Setting:
+    key: str
+    parse: Callable[[str], Any]
+    default: Any
+    doc: str
+
+
+def _bool(v: str) -> bool:
+    if v.lower() in ("true", "1", "yes"):
+        return True
+    if v.lower() in ("false", "0", "no"):
+        return False
+    raise ValueError("expected true or false")
+
+
+def _choice(*options: str) -> Callable[[str], str]:
+    def parse(v: str) -> str:
+        if v not in options:
+            raise ValueError(f"expected one of {', '.join(options)}")
+        return v
+
+    return parse
+
+
+_COMMON = [
+    Setting("node.id", int, None, "this node's id (required)"),
+    Setting("process.roles", _choice("controller", "broker"), None, "controller or broker"),
+    Setting("cluster.id", str, None, "the cluster id every node must share (required)"),
+    Setting("broker.session.timeout.ms", int, 9000, "a broker silent this long is fenced"),
+    Setting("broker.heartbeat.interval.ms", int, 2000, "how often brokers heartbeat"),
+    Setting("metrics.port", int, 0, "Prometheus metrics HTTP port (0 = off)"),
+    Setting("metrics.host", str, "127.0.0.1", "metrics bind address"),
+]
+
+CONTROLLER_SETTINGS = _COMMON + [
+    Setting("controller.quorum.voters", str, None, "id@host:port of every controller's RPC endpoint"),
+    Setting("controller.quorum.raft.voters", str, None, "id@host:port of every controller's Raft (PySyncObj) endpoint"),
+    Setting("metadata.log.dir", str, None, "where the Raft journal, metadata log and snapshots live"),
+    Setting("metadata.log.segment.bytes", int, 16 * 1024 * 1024, "roll a metadata log segment at this size"),
+    Setting("metadata.log.fsync", _choice("always", "never"), "always",
+            "always: a command is on disk on a majority before it is acknowledged; never: faster, "
+            "loses acknowledged writes on power loss"),
+    Setting("metadata.log.max.record.bytes.between.snapshots", int, 20 * 1024 * 1024,
+            "write a snapshot after this much new log"),
+    Setting("metadata.log.max.snapshot.interval.ms", int, 3_600_000,
+            "write a snapshot at least this often when there are new records (0 = never by time)"),
+    Setting("metadata.max.retention.bytes", int, -1, "delete history beyond this size (-1 = keep all)"),
+    Setting("metadata.max.retention.ms", int, -1, "delete history older than this (-1 = keep all)"),
+    Setting("metadata.max.idle.interval.ms", int, 0,
+            "write a NoOp record after this long without writes (0 = never; Kafka uses 500)"),
+    Setting("num.partitions", int, 1, "partitions of a topic created without a count"),
+    Setting("default.replication.factor", int, 1, "replication factor of a topic created without one"),
+    Setting("controller.quorum.election.timeout.ms", int, 1000, "Raft election timeout (max)"),
+    Setting("controller.quorum.fetch.timeout.ms", int, 2500,
+            "a leader that hears from no majority this long steps down"),
+    Setting("controller.rpc.max.frame.bytes", int, 8 * 1024 * 1024, "largest RPC frame accepted"),
+    Setting("controller.raft.secret.file", str, "", "file holding the Raft cluster secret "
+            "(or env KRAFT_RAFT_SECRET); required when Raft binds to a non-loopback address"),
+    Setting("raft.compaction.min.entries", int, 100_000, "compact PySyncObj's journal after this many entries"),
+]
+
+BROKER_SETTINGS = _COMMON + [
+    Setting("broker.rack", str, "", "rack of this broker (rack-aware placement)"),
+    Setting("listeners", str, "PLAINTEXT://127.0.0.1:9092", "Kafka listener NAME://host:port"),
+    Setting("advertised.listeners", str, "", "what clients are told to connect to (default: listeners)"),
+    Setting("log.dirs", str, None, "where partition logs live (comma-separated)"),
+    Setting("controller.quorum.bootstrap.servers", str, None, "host:port,... of the controllers' RPC endpoints"),
+    Setting("broker.admin.port", int, 0, "broker admin/state endpoint (0 = listener port + 1000)"),
+    Setting("initial.broker.registration.timeout.ms", int, 60000, "give up if not registered by then"),
+    Setting("replica.lag.time.max.ms", int, 30000, "a follower lagging this long leaves the ISR"),
+    Setting("replica.fetch.wait.max.ms", int, 500, "follower fetch long-poll"),
+    Setting("min.insync.replicas", int, 1, "default min.insync.replicas for topics without one"),
+]
+
+
+def _resolve(props: dict[str, str], settings: list[Setting], what: str) -> dict[str, Any]:
+    known = {s.key: s for s in settings}
+    unknown = sorted(set(props) - set(known))
+    if unknown:
+        raise ConfigError(f"unknown {what} setting(s): {', '.join(unknown)}")
+    values: dict[str, Any] = {}
+    for s in settings:
+        if s.key in props:
+            try:
+                values[s.key] = s.parse(props[s.key])
+            except ValueError as e:
+                raise ConfigError(f"{s.key}={props[s.key]!r}: {e}") from None
+        elif s.default is None:
+            raise ConfigError(f"missing required {what} setting {s.key} ({s.doc})")
+        else:
+            values[s.key] = s.default
+    return values
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    """A controller node's settings, validated."""
+
+    values: dict[str, Any]
+    node_id: int
+    cluster_id: str
+    rpc_voters: dict[int, tuple[str, int]]
+    raft_voters: dict[int, tuple[str, int]]
+    metadata_dir: Path
+    raft_secret: str | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_properties(cls, props: dict[str, str], env: dict[str, str] | None = None) -> "ControllerConfig":
+        v = _resolve(props, CONTROLLER_SETTINGS, "controller")
+        if v["process.roles"] != "controller":
+            raise ConfigError("process.roles must be 'controller' for a controller node")
+        rpc = parse_voters(v["controller.quorum.voters"], "controller.quorum.voters")
+        raft = parse_voters(v["controller.quorum.raft.voters"], "controller.quorum.raft.voters")
+        if set(rpc) != set(raft):
+            raise ConfigError("controller.quorum.voters and controller.quorum.raft.voters name different ids")
+        if v["node.id"] not in rpc:
+            raise ConfigError(f"node.id {v['node.id']} is not among controller.quorum.voters {sorted(rpc)}")
+        secret = _read_secret(v["controller.raft.secret.file"], env if env is not None else os.environ)
+        return cls(v, v["node.id"], v["cluster.id"], rpc, raft, Path(v["metadata.log.dir"]), secret)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "ControllerConfig":
+        return cls.from_properties(load_properties(path))
+
+    def __getitem__(self, key: str) -> Any:
+        return self.values[key]
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    """A broker node's settings, validated."""
+
+    values: dict[str, Any]
+    node_id: int
+    cluster_id: str
+    listener: tuple[str, str, int]
+    advertised: tuple[str, str, int]
+    log_dirs: list[Path]
+    bootstrap: list[tuple[str, int]]
+    rack: str | None
+
+    @classmethod
+    def from_properties(cls, props: dict[str, str]) -> "BrokerConfig":
+        v = _resolve(props, BROKER_SETTINGS, "broker")
+        if v["process.roles"] != "broker":
+            raise ConfigError("process.roles must be 'broker' for a broker node")
+        listener = parse_listener(v["listeners"].split(",")[0], "listeners")
+        advertised = (parse_listener(v["advertised.listeners"].split(",")[0], "advertised.listeners")
+                      if v["advertised.listeners"] else listener)
+        log_dirs = [Path(p.strip()) for p in v["log.dirs"].split(",") if p.strip()]
+        if not log_dirs:
+            raise ConfigError("log.dirs: no directory given")
+        bootstrap = parse_hostports(v["controller.quorum.bootstrap.servers"],
+                                    "controller.quorum.bootstrap.servers")
+        return cls(v, v["node.id"], v["cluster.id"], listener, advertised, log_dirs, bootstrap,
+                   v["broker.rack"] or None)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "BrokerConfig":
+        return cls.from_properties(load_properties(path))
+
+    def __getitem__(self, key: str) -> Any:
+        return self.values[key]
+
+
+def _read_secret(path: str, env: dict[str, str]) -> str | None:
+    if path:
+        try:
+            secret = Path(path).read_text(encoding="utf-8").strip()
+        except OSError as e:
+            raise ConfigError(f"controller.raft.secret.file: cannot read {path}: {e.strerror}") from None
+        if not secret:
+            raise ConfigError(f"controller.raft.secret.file: {path} is empty")
+        return secret
+    return env.get("KRAFT_RAFT_SECRET") or None
