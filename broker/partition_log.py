@@ -1,0 +1,335 @@
+"""One partition's on-disk log: segmented files of raw Kafka record batches (magic 2).
+
+Layout of ``<log.dir>/<topic>-<partition>/``:
+
+* ``%020d.log`` — segments named by the base offset of their first batch; the bytes are Kafka
+  record batches back to back, exactly as a client sent them (only the base offset and the
+  partition leader epoch, both outside the CRC, are rewritten on append);
+* ``leader-epoch-checkpoint`` — Kafka's text format: ``0``, the entry count, then
+  ``<epoch> <start offset>`` lines;
+* ``high-watermark-checkpoint`` — ``0``, ``1``, then the high watermark.
+
+Recovery on open scans every batch (header sanity + CRC32C); the first bad or torn batch and
+everything after it is truncated with a WARNING naming the file and byte position, as Kafka's
+log recovery does. Checkpoint files are written to ``.tmp`` and renamed.
+"""
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import crc32c
+
+log = logging.getLogger(__name__)
+
+HEADER_BYTES = 61  # fixed part of a v2 record batch, up to and including the record count
+_LOG_OVERHEAD = 12  # base offset (8) + batch length (4)
+_MAGIC = 2
+LEADER_EPOCH_FILE = "leader-epoch-checkpoint"
+HW_FILE = "high-watermark-checkpoint"
+
+
+class InvalidBatchError(ValueError):
+    """Bytes handed to :meth:`PartitionLog.append` that are not valid magic-2 record batches."""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchInfo:
+    """Where one batch lives: its offsets and its byte position in a segment."""
+
+    base_offset: int
+    last_offset: int
+    position: int
+    size: int
+
+
+def parse_batches(data: bytes | memoryview, check_crc: bool = True) -> tuple[list[BatchInfo], int]:
+    """Split ``data`` into record batches. Returns the batches found and the number of bytes
+    they cover; stops (without raising) at the first incomplete or invalid batch."""
+    view = memoryview(data)
+    out: list[BatchInfo] = []
+    pos = 0
+    n = len(view)
+    while pos + HEADER_BYTES <= n:
+        base, length = struct.unpack_from(">qi", view, pos)
+        size = _LOG_OVERHEAD + length
+        if length < HEADER_BYTES - _LOG_OVERHEAD or pos + size > n:
+            break
+        magic = view[pos + 16]
+        if magic != _MAGIC:
+            break
+        (crc,) = struct.unpack_from(">I", view, pos + 17)
+        if check_crc and crc32c.crc32c(view[pos + 21: pos + size]) != crc:
+            break
+        (last_delta,) = struct.unpack_from(">i", view, pos + 23)
+        if last_delta < 0:
+            break
+        out.append(BatchInfo(base, base + last_delta, pos, size))
+        pos += size
+    return out, pos
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class _Segment:
+    """One ``%020d.log`` file and the in-memory index of its batches."""
+
+    def __init__(self, path: Path, base_offset: int) -> None:
+        self.path = path
+        self.base_offset = base_offset
+        self.batches: list[BatchInfo] = []
+        self.size = 0
+        self.file = open(path, "a+b")
+
+    @property
+    def next_offset(self) -> int:
+        return self.batches[-1].last_offset + 1 if self.batches else self.base_offset
+
+    def recover(self) -> bool:
+        """Index the file; truncate an invalid tail. Returns True if the file was intact."""
+        self.file.seek(0)
+        data = self.file.read()
+        self.batches, valid = parse_batches(data)
+        # offsets must increase
+        for i in range(1, len(self.batches)):
+            if self.batches[i].base_offset <= self.batches[i - 1].last_offset:
+                valid = self.batches[i].position
+                del self.batches[i:]
+                break
+        self.size = valid
+        if valid != len(data):
+            log.warning("partition log %s: invalid or torn batch at byte %d (file is %d bytes); "
+                        "truncating to %d", self.path, valid, len(data), valid)
+            self.file.truncate(valid)
+            self.file.flush()
+            os.fsync(self.file.fileno())
+            return False
+        return True
+
+    def append(self, data: bytes, infos: list[BatchInfo]) -> None:
+        self.file.seek(0, os.SEEK_END)
+        self.file.write(data)
+        self.file.flush()
+        for b in infos:
+            self.batches.append(BatchInfo(b.base_offset, b.last_offset, self.size + b.position, b.size))
+        self.size += len(data)
+
+    def find(self, offset: int) -> int:
+        """Index of the first batch whose last offset is >= ``offset``."""
+        lasts = [b.last_offset for b in self.batches]
+        return bisect.bisect_left(lasts, offset)
+
+    def read_from(self, index: int, max_bytes: int) -> bytes:
+        if index >= len(self.batches):
+            return b""
+        start = self.batches[index].position
+        end = start
+        for b in self.batches[index:]:
+            if end > start and end + b.size - start > max_bytes:
+                break
+            end = b.position + b.size
+        self.file.flush()
+        with open(self.path, "rb") as f:
+            f.seek(start)
+            return f.read(end - start)
+
+    def truncate_at(self, index: int) -> None:
+        pos = self.batches[index].position if index < len(self.batches) else self.size
+        del self.batches[index:]
+        self.file.truncate(pos)
+        self.file.flush()
+        self.size = pos
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class PartitionLog:
+    """A partition's segmented log plus its leader-epoch and high-watermark checkpoints."""
+
+    def __init__(self, directory: Path, segment_bytes: int, fsync: bool) -> None:
+        self.dir = directory
+        self.segment_bytes = segment_bytes
+        self.fsync = fsync
+        self._segments: list[_Segment] = []
+        self.epochs: list[tuple[int, int]] = []  # (leader epoch, start offset), ascending
+        self.high_watermark = 0
+
+    # ---- opening ------------------------------------------------------------------------
+    @classmethod
+    def open(cls, directory: str | os.PathLike, segment_bytes: int = 1 << 30,
+             fsync: bool = False) -> "PartitionLog":
+        """Open (creating if needed) the log in ``directory`` and recover a torn tail."""
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        plog = cls(d, segment_bytes, fsync)
+        names = sorted(p for p in d.glob("*.log") if p.stem.isdigit())
+        for i, p in enumerate(names):
+            seg = _Segment(p, int(p.stem))
+            intact = seg.recover()
+            plog._segments.append(seg)
+            if not intact:
+                for rest in names[i + 1:]:
+                    log.warning("partition log %s: removing segment %s after a corrupt one", d, rest.name)
+                    rest.unlink()
+                break
+        if not plog._segments:
+            plog._segments.append(_Segment(d / f"{0:020d}.log", 0))
+        plog._load_checkpoints()
+        return plog
+
+    def _load_checkpoints(self) -> None:
+        end = self.log_end_offset
+        self.epochs = []
+        p = self.dir / LEADER_EPOCH_FILE
+        if p.exists():
+            try:
+                lines = p.read_text().split("\n")
+                count = int(lines[1])
+                for line in lines[2: 2 + count]:
+                    e, o = line.split()
+                    self.epochs.append((int(e), int(o)))
+            except (ValueError, IndexError):
+                log.warning("partition log %s: unreadable %s; discarding it", self.dir, LEADER_EPOCH_FILE)
+                self.epochs = []
+        kept = [(e, o) for e, o in self.epochs if o <= end]
+        if kept != self.epochs:
+            self.epochs = kept
+            self._write_epochs()
+        p = self.dir / HW_FILE
+        hw = 0
+        if p.exists():
+            try:
+                hw = int(p.read_text().split("\n")[2])
+            except (ValueError, IndexError):
+                log.warning("partition log %s: unreadable %s; using 0", self.dir, HW_FILE)
+        self.high_watermark = max(0, min(hw, end))
+
+    # ---- properties ---------------------------------------------------------------------
+    @property
+    def log_start_offset(self) -> int:
+        return self._segments[0].base_offset if not self._segments[0].batches else \
+            self._segments[0].batches[0].base_offset
+
+    @property
+    def log_end_offset(self) -> int:
+        return self._segments[-1].next_offset
+
+    @property
+    def latest_epoch(self) -> int:
+        return self.epochs[-1][0] if self.epochs else -1
+
+    def segment_files(self) -> list[Path]:
+        return [s.path for s in self._segments]
+
+    # ---- writes -------------------------------------------------------------------------
+    def append(self, data: bytes, leader_epoch: int | None = None) -> tuple[int, int]:
+        """Append one or more client record batches, assigning offsets from the log end.
+        Returns (first offset, last offset). Raises :class:`InvalidBatchError` on bad input."""
+        infos, used = parse_batches(data)
+        if not infos or used != len(data):
+            raise InvalidBatchError("not a sequence of valid magic-2 record batches")
+        buf = bytearray(data)
+        next_offset = self.log_end_offset
+        first = next_offset
+        rebased: list[BatchInfo] = []
+        for b in infos:
+            struct.pack_into(">q", buf, b.position, next_offset)
+            if leader_epoch is not None:
+                struct.pack_into(">i", buf, b.position + 12, leader_epoch)
+            last = next_offset + (b.last_offset - b.base_offset)
+            rebased.append(BatchInfo(next_offset, last, b.position, b.size))
+            next_offset = last + 1
+        if leader_epoch is not None and leader_epoch > self.latest_epoch:
+            self.assign_epoch(leader_epoch, first)
+        seg = self._segments[-1]
+        if seg.size > 0 and seg.size + len(buf) > self.segment_bytes:
+            seg = self._roll(first)
+        seg.append(bytes(buf), rebased)
+        if self.fsync:
+            os.fsync(seg.file.fileno())
+        return first, next_offset - 1
+
+    def _roll(self, base_offset: int) -> _Segment:
+        seg = self._segments[-1]
+        seg.file.flush()
+        os.fsync(seg.file.fileno())
+        new = _Segment(self.dir / f"{base_offset:020d}.log", base_offset)
+        self._segments.append(new)
+        log.info("partition log %s: rolled segment at offset %d", self.dir, base_offset)
+        return new
+
+    def assign_epoch(self, epoch: int, start_offset: int) -> None:
+        """Record that ``epoch`` starts at ``start_offset`` (leader-epoch cache)."""
+        if self.epochs and epoch <= self.epochs[-1][0]:
+            return
+        self.epochs = [(e, o) for e, o in self.epochs if o < start_offset]
+        self.epochs.append((epoch, start_offset))
+        self._write_epochs()
+
+    def _write_epochs(self) -> None:
+        lines = ["0", str(len(self.epochs))] + [f"{e} {o}" for e, o in self.epochs]
+        _write_atomic(self.dir / LEADER_EPOCH_FILE, "\n".join(lines) + "\n")
+
+    def set_high_watermark(self, hw: int) -> None:
+        """Set and checkpoint the high watermark (clamped to the log end)."""
+        hw = max(0, min(hw, self.log_end_offset))
+        if hw != self.high_watermark or not (self.dir / HW_FILE).exists():
+            self.high_watermark = hw
+            _write_atomic(self.dir / HW_FILE, f"0\n1\n{hw}\n")
+
+    def truncate_to(self, offset: int) -> None:
+        """Remove every batch containing an offset >= ``offset`` (whole batches, as Kafka)."""
+        if offset >= self.log_end_offset:
+            return
+        while len(self._segments) > 1 and self._segments[-1].base_offset >= offset:
+            seg = self._segments.pop()
+            seg.close()
+            seg.path.unlink()
+        seg = self._segments[-1]
+        seg.truncate_at(seg.find(offset))
+        if self.fsync:
+            os.fsync(seg.file.fileno())
+        end = self.log_end_offset
+        kept = [(e, o) for e, o in self.epochs if o < end] if end > 0 else []
+        if kept != self.epochs:
+            self.epochs = kept
+            self._write_epochs()
+        if self.high_watermark > end:
+            self.set_high_watermark(end)
+        log.info("partition log %s: truncated to offset %d (log end %d)", self.dir, offset, end)
+
+    # ---- reads --------------------------------------------------------------------------
+    def read(self, from_offset: int, max_bytes: int = 1 << 20) -> bytes:
+        """Raw batches starting with the one that contains ``from_offset`` (at least one batch
+        even if larger than ``max_bytes``). Empty at the log end; ValueError if out of range."""
+        if from_offset < self.log_start_offset or from_offset > self.log_end_offset:
+            raise ValueError(f"offset {from_offset} out of range "
+                             f"[{self.log_start_offset}, {self.log_end_offset}]")
+        starts = [s.base_offset for s in self._segments]
+        i = max(0, bisect.bisect_right(starts, from_offset) - 1)
+        for seg in self._segments[i:]:
+            idx = seg.find(from_offset)
+            if idx < len(seg.batches):
+                return seg.read_from(idx, max_bytes)
+        return b""
+
+    def flush(self) -> None:
+        for seg in self._segments:
+            seg.file.flush()
+            os.fsync(seg.file.fileno())
+
+    def close(self) -> None:
+        for seg in self._segments:
+            seg.close()
