@@ -3,7 +3,7 @@
 A record is a msgpack map ``{"type": id, "version": v, <field>: <value>, ...}`` with its fields
 in a fixed order, so the same record always encodes to the same bytes. A :class:`Batch` is the
 unit appended to the metadata log: its base offset, the Raft term and index of the command that
-produced it, the time the active controller stamped on that command, its records, who asked and
+produced it (and the command's position inside that Raft entry, since entries group commands), the time the active controller stamped on that command, its records, who asked and
 why (:class:`Provenance`), and the hash of the previous batch's encoding (a hash chain the audit
 uses to prove that history was not edited).
 
@@ -351,8 +351,8 @@ RECORD_NAMES: dict[str, type[Record]] = {cls.NAME: cls for cls in RECORD_TYPES.v
 BATCH_FORMAT = 1
 ZERO_HASH = bytes(32)
 _PROVENANCE_KEYS = ("principal", "client_id", "request_id", "api", "reason")
-_BATCH_KEYS = ("format", "base_offset", "term", "raft_index", "timestamp_ms", "provenance",
-               "prev_hash", "records")
+_BATCH_KEYS = ("format", "base_offset", "term", "raft_index", "raft_position", "timestamp_ms",
+               "provenance", "prev_hash", "records")
 
 
 @dataclass(frozen=True, slots=True)
@@ -383,6 +383,7 @@ class Batch:
     provenance: Provenance
     prev_hash: bytes
     records: tuple[Record, ...] = field(default=())
+    raft_position: int = 0  # index of the command within its (group-committed) Raft entry
 
     @property
     def last_offset(self) -> int:
@@ -398,6 +399,7 @@ class Batch:
             "base_offset": self.base_offset,
             "term": self.term,
             "raft_index": self.raft_index,
+            "raft_position": self.raft_position,
             "timestamp_ms": self.timestamp_ms,
             "provenance": self.provenance.to_dict(),
             "prev_hash": self.prev_hash,
@@ -429,7 +431,7 @@ def batch_from_dict(d: Any) -> Batch:
         raise RecordDecodeError(f"a batch must be a map with keys {list(_BATCH_KEYS)}, got {keys}")
     if d["format"] != BATCH_FORMAT:
         raise RecordDecodeError(f"unsupported batch format {d['format']!r}")
-    for key in ("base_offset", "term", "raft_index", "timestamp_ms"):
+    for key in ("base_offset", "term", "raft_index", "raft_position", "timestamp_ms"):
         if type(d[key]) is not int:
             raise RecordDecodeError(f"batch {key} must be an integer, got {d[key]!r}")
     p = d["provenance"]
@@ -441,7 +443,8 @@ def batch_from_dict(d: Any) -> Batch:
         raise RecordDecodeError("batch records must be a list")
     records = tuple(record_from_dict(r) for r in d["records"])
     return Batch(d["base_offset"], d["term"], d["raft_index"], d["timestamp_ms"],
-                 Provenance(**{k: p[k] for k in _PROVENANCE_KEYS}), d["prev_hash"], records)
+                 Provenance(**{k: p[k] for k in _PROVENANCE_KEYS}), d["prev_hash"], records,
+                 d["raft_position"])
 
 
 def record_to_json(record: Record) -> dict[str, Any]:
