@@ -1,0 +1,158 @@
+"""The broker's Kafka protocol listener (trio): ApiVersions and Metadata, answered from the image.
+
+Per connection, requests are read and answered one at a time, so responses go out in request
+order even when clients pipeline. A garbage, oversized or truncated frame, an undecodable
+request or an API the broker does not serve closes that connection only (as Kafka does);
+trailing bytes after a request body and unknown tagged fields are ignored. ApiVersions with a
+version we do not know is answered Kafka's way: ApiVersions v0 carrying UNSUPPORTED_VERSION and
+our ranges, so the client retries with one we support.
+"""
+from __future__ import annotations
+
+import logging
+import struct
+from datetime import timedelta
+from typing import Awaitable, Callable
+
+import trio
+from kio.schema.errors import ErrorCode
+
+from broker.kafka_codec import (
+    API_API_VERSIONS, API_METADATA, SUPPORTED, DecodeError, RequestHeader, Reader, build,
+    encode_body, frame_response, read_header, read_metadata_request, response_class,
+)
+from broker.metadata_cache import MetadataCache
+
+log = logging.getLogger(__name__)
+MAX_REQUEST_BYTES = 104_857_600  # Kafka's socket.request.max.bytes
+
+
+class _CloseConnection(Exception):
+    """Internal: stop serving this connection."""
+
+
+Handler = Callable[[RequestHeader, Reader], bytes | None]
+
+
+class KafkaListener:
+    """Serves Kafka clients on ``host:port`` from a :class:`MetadataCache`."""
+
+    def __init__(self, cache: MetadataCache, host: str, port: int,
+                 max_request_bytes: int = MAX_REQUEST_BYTES) -> None:
+        self.cache = cache
+        self.host = host
+        self.port = port
+        self.max_request_bytes = max_request_bytes
+        self.bound_port: int | None = None
+        self._handlers: dict[int, Handler] = {
+            API_API_VERSIONS: self._api_versions,
+            API_METADATA: self._metadata,
+        }
+
+    async def serve(self, *, task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED) -> None:
+        """Listen until cancelled; ``task_status.started`` gets the bound port."""
+        listeners = await trio.open_tcp_listeners(self.port, host=self.host)
+        self.bound_port = listeners[0].socket.getsockname()[1]
+        log.info("Kafka listener on %s:%d", self.host, self.bound_port)
+        task_status.started(self.bound_port)
+        await trio.serve_listeners(self._connection, listeners)
+
+    async def _connection(self, stream: trio.SocketStream) -> None:
+        peer = _peer(stream)
+        buf = bytearray()
+        try:
+            async with stream:
+                while True:
+                    frame = await self._read_frame(stream, buf, peer)
+                    if frame is None:
+                        return
+                    response = self._handle(frame, peer)
+                    if response is not None:
+                        await stream.send_all(response)
+        except _CloseConnection:
+            pass
+        except (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError):
+            log.debug("Kafka connection from %s lost", peer)
+
+    async def _read_frame(self, stream: trio.SocketStream, buf: bytearray, peer: str) -> bytes | None:
+        while len(buf) < 4:
+            chunk = await stream.receive_some(65536)
+            if not chunk:
+                if buf:
+                    log.warning("Kafka connection from %s: truncated frame header; closing", peer)
+                return None
+            buf += chunk
+        (size,) = struct.unpack_from(">i", buf)
+        if size < 8 or size > self.max_request_bytes:
+            log.warning("Kafka connection from %s: invalid frame size %d; closing", peer, size)
+            raise _CloseConnection
+        while len(buf) < 4 + size:
+            chunk = await stream.receive_some(max(65536, 4 + size - len(buf)))
+            if not chunk:
+                log.warning("Kafka connection from %s: truncated frame (%d of %d bytes); closing",
+                            peer, len(buf) - 4, size)
+                return None
+            buf += chunk
+        frame = bytes(buf[4: 4 + size])
+        del buf[: 4 + size]
+        return frame
+
+    def _handle(self, frame: bytes, peer: str) -> bytes | None:
+        try:
+            header, reader = read_header(frame)
+        except DecodeError as e:
+            log.warning("Kafka connection from %s: bad request header (%s); closing", peer, e)
+            raise _CloseConnection from None
+        handler = self._handlers.get(header.api_key)
+        lo, hi = SUPPORTED.get(header.api_key, (0, -1))
+        if header.api_key == API_API_VERSIONS and not lo <= header.api_version <= hi:
+            return self._api_versions_unsupported(header)
+        if handler is None or not lo <= header.api_version <= hi:
+            log.warning("Kafka connection from %s (client %r): unsupported API %d v%d; closing",
+                        peer, header.client_id, header.api_key, header.api_version)
+            raise _CloseConnection
+        try:
+            return handler(header, reader)
+        except DecodeError as e:
+            log.warning("Kafka connection from %s: undecodable API %d v%d request (%s); closing",
+                        peer, header.api_key, header.api_version, e)
+            raise _CloseConnection from None
+
+    # ---- APIs -----------------------------------------------------------------------------
+    @staticmethod
+    def _api_keys() -> list[dict[str, int]]:
+        return [{"api_key": k, "min_version": lo, "max_version": hi}
+                for k, (lo, hi) in sorted(SUPPORTED.items())]
+
+    def _api_versions(self, header: RequestHeader, reader: Reader) -> bytes:
+        # The body (client software name/version) is informational: not decoded.
+        cls = response_class(API_API_VERSIONS, header.api_version)
+        body = encode_body(build(cls, {"error_code": ErrorCode.none, "api_keys": self._api_keys(),
+                                       "throttle_time": timedelta(0)}))
+        return frame_response(cls, header.correlation_id, body)
+
+    def _api_versions_unsupported(self, header: RequestHeader) -> bytes:
+        cls = response_class(API_API_VERSIONS, 0)
+        body = encode_body(build(cls, {"error_code": ErrorCode.unsupported_version,
+                                       "api_keys": self._api_keys()}))
+        return frame_response(cls, header.correlation_id, body)
+
+    def _metadata(self, header: RequestHeader, reader: Reader) -> bytes:
+        req = read_metadata_request(header.api_version, reader)
+        body = self.cache.encoded_metadata(header.api_version, req)
+        return frame_response(response_class(API_METADATA, header.api_version),
+                              header.correlation_id, body)
+
+
+def _peer(stream: trio.SocketStream) -> str:
+    try:
+        host, port = stream.socket.getpeername()[:2]
+        return f"{host}:{port}"
+    except OSError:
+        return "?"
+
+
+async def serve_kafka(cache: MetadataCache, host: str, port: int,
+                      task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED) -> None:
+    """Convenience: run a :class:`KafkaListener` until cancelled."""
+    await KafkaListener(cache, host, port).serve(task_status=task_status)

@@ -1,0 +1,267 @@
+"""The broker's Kafka listener against real clients (kafka-python, confluent-kafka, kcat) and raw
+frames (pipelining, trailing bytes, unknown tags, unsupported versions, garbage)."""
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import struct
+import subprocess
+import threading
+import time
+import uuid
+
+import pytest
+import trio
+
+from broker.kafka_listener import KafkaListener
+from broker.metadata_cache import MetadataCache
+from kraft.image import image_from_records
+from kraft.records import (
+    LeaderChangeRecord, PartitionRecord, RegisterBrokerRecord, TopicRecord,
+)
+
+CLUSTER_ID = "test-cluster-abc"
+T1, T2 = str(uuid.uuid4()), str(uuid.uuid4())
+
+
+def build_image(port: int, fenced: tuple[int, ...] = ()):
+    """Three brokers (all advertising this listener), two topics, controller 3000."""
+    recs = []
+    for b in (1, 2, 3):
+        recs.append(RegisterBrokerRecord(
+            b, str(uuid.uuid4()), 10 + b,
+            ({"name": "PLAINTEXT", "host": "127.0.0.1", "port": port, "security_protocol": "PLAINTEXT"},),
+            (), f"rack-{b}", b in fenced, False))
+    recs.append(TopicRecord("orders", T1))
+    for p in range(3):
+        replicas = (1 + p % 3, 1 + (p + 1) % 3)
+        recs.append(PartitionRecord(p, T1, replicas, replicas, (), (), replicas[0], 0, 5 + p, 7))
+    recs.append(TopicRecord("audit", T2))
+    recs.append(PartitionRecord(0, T2, (3,), (3,), (), (), 3, 0, 0, 0))
+    recs.append(LeaderChangeRecord(3000, 4))
+    return image_from_records(recs, offset=len(recs) - 1)
+
+
+class ListenerThread:
+    """Runs a KafkaListener in a trio loop on a background thread."""
+
+    def __init__(self, cache: MetadataCache) -> None:
+        self.cache = cache
+        self.port: int | None = None
+        self._token = None
+        self._scope: trio.CancelScope | None = None
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=trio.run, args=(self._main,), daemon=True)
+
+    async def _main(self) -> None:
+        self._token = trio.lowlevel.current_trio_token()
+        with trio.CancelScope() as self._scope:
+            async with trio.open_nursery() as nursery:
+                self.port = await nursery.start(KafkaListener(self.cache, "127.0.0.1", 0).serve)
+                self._ready.set()
+
+    def start(self) -> int:
+        self._thread.start()
+        assert self._ready.wait(10)
+        return self.port
+
+    def stop(self) -> None:
+        trio.from_thread.run_sync(self._scope.cancel, trio_token=self._token)
+        self._thread.join(10)
+
+
+@pytest.fixture()
+def listener():
+    cache = MetadataCache(CLUSTER_ID)
+    lt = ListenerThread(cache)
+    port = lt.start()
+    cache.set_image(build_image(port))
+    yield cache, port
+    lt.stop()
+
+
+# ---- raw protocol helpers ---------------------------------------------------------------------
+
+def uvarint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def request(api_key: int, version: int, corr: int, body: bytes, flexible: bool) -> bytes:
+    head = struct.pack(">hhih", api_key, version, corr, 4) + b"test"
+    if flexible:
+        head += b"\x00"
+    payload = head + body
+    return struct.pack(">i", len(payload)) + payload
+
+
+def recv_frame(sock: socket.socket) -> bytes:
+    def exact(n):
+        buf = b""
+        while len(buf) < n:
+            chunk = sock.recv(n - len(buf))
+            if not chunk:
+                raise ConnectionError("closed")
+            buf += chunk
+        return buf
+
+    (size,) = struct.unpack(">i", exact(4))
+    return exact(size)
+
+
+def connect(port: int) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    return s
+
+
+def is_closed(sock: socket.socket) -> bool:
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            if sock.recv(1) == b"":
+                return True
+        except socket.timeout:
+            continue
+        except ConnectionError:
+            return True
+    return False
+
+
+# ---- real clients -----------------------------------------------------------------------------
+
+def test_kafka_python_sees_cluster(listener):
+    from kafka import KafkaAdminClient, KafkaConsumer
+
+    cache, port = listener
+    consumer = KafkaConsumer(bootstrap_servers=f"127.0.0.1:{port}")
+    try:
+        assert consumer.topics() == {"orders", "audit"}
+        assert consumer.partitions_for_topic("orders") == {0, 1, 2}
+    finally:
+        consumer.close()
+    admin = KafkaAdminClient(bootstrap_servers=f"127.0.0.1:{port}")
+    try:
+        assert sorted(admin.list_topics()) == ["audit", "orders"]
+        (orders,) = admin.describe_topics(["orders"])
+        assert orders["name"] == "orders" and orders["topic_id"] == T1
+        parts = sorted(orders["partitions"], key=lambda p: p["partition_index"])
+        assert [p["leader_id"] for p in parts] == [1, 2, 3]
+        assert [p["leader_epoch"] for p in parts] == [5, 6, 7]
+        assert parts[1]["replica_nodes"] == [2, 3] and parts[1]["isr_nodes"] == [2, 3]
+    finally:
+        admin.close()
+
+
+def test_confluent_list_topics(listener):
+    from confluent_kafka.admin import AdminClient
+
+    cache, port = listener
+    admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{port}"})
+    md = admin.list_topics(timeout=10)
+    assert md.cluster_id == CLUSTER_ID
+    assert sorted(md.brokers) == [1, 2, 3]
+    assert md.brokers[2].port == port
+    assert set(md.topics) == {"orders", "audit"}
+    p2 = md.topics["orders"].partitions[2]
+    assert (p2.leader, list(p2.replicas), list(p2.isrs)) == (3, [3, 1], [3, 1])
+    assert md.controller_id == 1  # lowest alive broker, as Kafka clients cannot reach controllers
+
+
+@pytest.mark.skipif(shutil.which("kcat") is None, reason="kcat is not installed")
+def test_kcat_list(listener):
+    cache, port = listener
+    out = subprocess.run(["kcat", "-b", f"127.0.0.1:{port}", "-L", "-J"], capture_output=True,
+                         text=True, timeout=30, check=True)
+    md = json.loads(out.stdout)
+    assert sorted(b["id"] for b in md["brokers"]) == [1, 2, 3]
+    topics = {t["topic"]: t for t in md["topics"]}
+    assert set(topics) == {"orders", "audit"}
+    assert [p["leader"] for p in topics["orders"]["partitions"]] == [1, 2, 3]
+    assert [r["id"] for r in topics["audit"]["partitions"][0]["replicas"]] == [3]
+
+
+def test_fenced_broker_hidden_and_leader_unavailable(listener):
+    from confluent_kafka.admin import AdminClient
+
+    cache, port = listener
+    cache.set_image(build_image(port, fenced=(3,)))
+    md = AdminClient({"bootstrap.servers": f"127.0.0.1:{port}"}).list_topics(timeout=10)
+    assert sorted(md.brokers) == [1, 2]
+    audit = md.topics["audit"].partitions[0]
+    assert audit.leader == -1 and audit.error is not None
+
+
+# ---- raw frames -------------------------------------------------------------------------------
+
+def test_api_versions_unsupported_version_answers_v0(listener):
+    _, port = listener
+    with connect(port) as s:
+        s.sendall(request(18, 99, 7, b"\x00garbage-body", flexible=False))
+        resp = recv_frame(s)
+        corr, err, n = struct.unpack_from(">ihi", resp)
+        assert (corr, err) == (7, 35)
+        ranges = {struct.unpack_from(">hhh", resp, 10 + 6 * i)[0]: struct.unpack_from(">hhh", resp, 10 + 6 * i)[1:]
+                  for i in range(n)}
+        assert ranges[18] == (0, 4) and ranges[3] == (0, 13)
+
+
+def metadata_v12_body(topics: list[str] | None, tags: bytes = b"\x00") -> bytes:
+    body = uvarint(0) if topics is None else uvarint(len(topics) + 1)
+    for name in topics or []:
+        body += bytes(16) + uvarint(len(name) + 1) + name.encode() + tags
+    return body + b"\x00\x00" + tags  # allow_auto, include_topic_ops, tagged fields
+
+
+def test_pipelined_requests_answered_in_order_with_trailing_bytes_and_unknown_tags(listener):
+    _, port = listener
+    unknown_tag = uvarint(1) + uvarint(42) + uvarint(3) + b"xyz"
+    frames = b"".join([
+        request(18, 3, 1, b"\x00", flexible=True),
+        request(3, 12, 2, metadata_v12_body(["orders"], tags=unknown_tag) + b"\x01\x02\x03", flexible=True),
+        request(3, 1, 3, struct.pack(">i", -1), flexible=False),
+        request(3, 0, 4, struct.pack(">i", 0), flexible=False),
+        request(3, 12, 5, metadata_v12_body(["nope"]), flexible=True),
+    ])
+    with connect(port) as s:
+        s.sendall(frames)
+        corrs = [struct.unpack_from(">i", recv_frame(s))[0] for _ in range(5)]
+    assert corrs == [1, 2, 3, 4, 5]
+
+
+def test_garbage_closes_only_that_connection(listener):
+    _, port = listener
+    good = connect(port)
+    bad = connect(port)
+    truncated = connect(port)
+    bad.sendall(struct.pack(">i", -5) + b"junk")
+    assert is_closed(bad)
+    undecodable = connect(port)
+    undecodable.sendall(struct.pack(">i", 9) + b"\x00\x03\x00\x0c\x00\x00\x00\x01\xff")
+    assert is_closed(undecodable)
+    truncated.sendall(struct.pack(">i", 100) + b"\x00\x03")
+    truncated.shutdown(socket.SHUT_WR)
+    assert is_closed(truncated)
+    unknown_api = connect(port)
+    unknown_api.sendall(request(0, 9, 1, b"", flexible=True))
+    assert is_closed(unknown_api)
+    good.sendall(request(18, 0, 11, b"", flexible=False))
+    assert struct.unpack_from(">ih", recv_frame(good)) == (11, 0)
+    for s in (good, bad, truncated, undecodable, unknown_api):
+        s.close()
+
+
+def test_metadata_response_cached_per_image(listener):
+    cache, port = listener
+    from broker.kafka_codec import MetadataRequest
+
+    req = MetadataRequest(None, True)
+    a = cache.encoded_metadata(12, req)
+    assert cache.encoded_metadata(12, req) is a
+    cache.set_image(build_image(port, fenced=(2,)))
+    assert cache.encoded_metadata(12, req) != a
