@@ -1,0 +1,133 @@
+"""The apply side of the quorum: committed Raft entries → state machine → metadata log.
+
+:class:`MetadataApplier` is the ``ApplyTarget`` that ``RaftQuorum`` calls on PySyncObj's thread
+for every committed entry. Each entry holds a group of commands; each command is applied by the
+deterministic :class:`QuorumStateMachine`, and every batch it produces is appended to the metadata
+log with the entry's Raft index and the command's position inside the entry. With
+``metadata.log.fsync=always`` the log is synced once per entry (group commit), before the results
+go back to the waiting callers.
+
+Restart safety: PySyncObj re-applies its journal after a restart. Entries before the last one in
+our log are skipped; the last one is re-applied only from the command after the last batch it
+wrote, which reproduces exactly what a crash in the middle of that entry left unwritten (commands
+after the last written batch were evaluated against the same state the first time).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Callable
+
+from kraft.controller.commands import Command
+from kraft.controller.state_machine import QuorumStateMachine
+from kraft.errors import ErrorCode
+from kraft.log.metadata_log import MetadataLog
+
+log = logging.getLogger(__name__)
+
+
+class MetadataApplier:
+    """Applies committed command groups; owns the state machine and the metadata log writes."""
+
+    def __init__(self, state_machine: QuorumStateMachine, metadata_log: MetadataLog,
+                 fsync: bool, on_applied: Callable[[], None] | None = None,
+                 on_loaded_snapshot: Callable[[bytes], None] | None = None,
+                 snapshotter: Any = None) -> None:
+        self.state_machine = state_machine
+        self.log = metadata_log
+        self.fsync = fsync
+        self._on_applied = on_applied or (lambda: None)
+        self._on_loaded_snapshot = on_loaded_snapshot
+        self._snapshotter = snapshotter
+        # Where our log stands in Raft terms: the entry of the last batch, and that batch's
+        # position inside it. Entries up to last_raft_index - 1 are complete.
+        self._last_raft_index = metadata_log.last_raft_index
+        self._last_position = self._position_of_last_batch()
+        self._lock = threading.Lock()
+        self.fatal_error: BaseException | None = None
+        self.applied_entries = 0
+        self.applied_commands = 0
+
+    def _position_of_last_batch(self) -> int:
+        if self.log.next_offset == self.log.start_offset:
+            return -1
+        last = None
+        for batch in self.log.read_batches(max(self.log.start_offset, self.log.next_offset - 1)):
+            last = batch
+        return last.raft_position if last is not None else -1
+
+    # ---- ApplyTarget --------------------------------------------------------------------------
+
+    def last_applied_raft_index(self) -> int:
+        """Entries at or below this index are fully reflected in our log (see module doc)."""
+        return self._last_raft_index - 1 if self._last_raft_index > 0 else 0
+
+    def apply_entry(self, raft_index: int, term: int, commands: list[bytes]) -> list[Any]:
+        """Apply one committed entry's commands in order; return one response per command."""
+        if self.fatal_error is not None:
+            return [_error(ErrorCode.UNKNOWN_SERVER_ERROR, "controller has stopped applying")] * len(commands)
+        with self._lock:
+            skip_through = -1
+            if raft_index < self._last_raft_index:
+                return [None] * len(commands)
+            if raft_index == self._last_raft_index:
+                skip_through = self._last_position
+            results: list[Any] = []
+            appended = False
+            try:
+                for position, raw in enumerate(commands):
+                    if position <= skip_through:
+                        results.append(None)
+                        continue
+                    response, wrote = self._apply_one(raw, raft_index, term, position)
+                    results.append(response)
+                    appended = appended or wrote
+                if appended and self.fsync:
+                    self.log.sync()
+            except BaseException as e:  # a record that fails to replay is a fatal fault
+                self.fatal_error = e
+                log.critical("fatal: applying raft entry %d failed; this controller stops applying: %r",
+                             raft_index, e)
+                raise
+            self.applied_entries += 1
+            self.applied_commands += len(commands)
+        self._on_applied()
+        return results
+
+    def _apply_one(self, raw: bytes, raft_index: int, term: int, position: int) -> tuple[Any, bool]:
+        try:
+            command = Command.decode(raw)
+        except ValueError as e:
+            return _error(ErrorCode.INVALID_REQUEST, f"undecodable command: {e}"), False
+        batch, response = self.state_machine.apply(command, raft_index, term, raft_position=position)
+        if batch is None:
+            return response, False
+        self.log.append_encoded(batch.encode(), batch)
+        self._last_raft_index, self._last_position = raft_index, position
+        return response, True
+
+    def dump(self) -> bytes:
+        """PySyncObj compaction: write a snapshot of the current image and return its bytes."""
+        with self._lock:
+            image = self.state_machine.image
+        if self._snapshotter is None:
+            raise RuntimeError("no snapshotter configured")
+        return self._snapshotter.write(image).read_bytes()
+
+    def load(self, data: bytes) -> None:
+        """PySyncObj installed a dump: on restart our own log already covers it; a lagging
+        follower that received the leader's dump installs it as its new starting point."""
+        if self._snapshotter is None:
+            raise RuntimeError("no snapshotter configured")
+        image = self._snapshotter.peek_image(data)
+        with self._lock:
+            if image.raft_index <= self.state_machine.image.raft_index:
+                return
+            if self._on_loaded_snapshot is None:
+                raise RuntimeError("received a snapshot ahead of the local log and cannot install it")
+            self._on_loaded_snapshot(data)
+
+
+def _error(code: ErrorCode, message: str) -> dict:
+    return {"error_code": int(code), "error_message": message}
+

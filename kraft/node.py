@@ -1,0 +1,405 @@
+"""``kraft controller --config FILE``: one controller node of the quorum.
+
+Wires the pieces together: the metadata log (recovered on start), the state machine (rebuilt from
+the latest snapshot + the log), the PySyncObj member (:class:`RaftQuorum`), the controller RPC
+server, broker liveness (:class:`BrokerHeartbeatManager`, active controller only), the session
+timer that fences silent brokers one at a time, periodic snapshots, and long-polls for brokers
+that follow the log.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import random
+import signal
+import sys
+import time
+import uuid
+from typing import Any
+
+import trio
+
+from kraft.config import ConfigError, ControllerConfig
+from kraft.controller.commands import Command
+from kraft.controller.heartbeats import BrokerHeartbeatManager
+from kraft.controller.settings import ControllerSettings
+from kraft.controller.state_machine import QuorumStateMachine
+from kraft.errors import ErrorCode, KraftError
+from kraft.log.metadata_log import MetadataLog
+from kraft.metadata_applier import MetadataApplier
+from kraft.quorum.raft import RaftQuorum, RaftSettings
+from kraft.rpc.apis import APIS
+from kraft.rpc.server import RpcServer
+from kraft.snapshotter import Snapshotter
+
+log = logging.getLogger("kraft.controller")
+
+WRITE_TIMEOUT_S = 10.0
+MAX_FETCH_BYTES = 4 * 1024 * 1024
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _not_controller(leader: tuple[int, str, int] | None) -> KraftError:
+    err = KraftError(ErrorCode.NOT_CONTROLLER,
+                     "this controller is not active" + ("" if leader else " and no leader is known yet"))
+    lid, host, port = leader if leader else (-1, "", 0)
+    err.body = {"leader_id": lid, "leader_host": host, "leader_port": port}  # type: ignore[attr-defined]
+    return err
+
+
+class ControllerNode:
+    """One controller process: quorum member, RPC server, and (when active) broker supervisor."""
+
+    def __init__(self, config: ControllerConfig) -> None:
+        self.config = config
+        self.node_id = config.node_id
+        self.settings = ControllerSettings(
+            cluster_id=config.cluster_id,
+            num_partitions=config["num.partitions"],
+            default_replication_factor=config["default.replication.factor"],
+        )
+        meta = config.metadata_dir
+        (meta / "raft").mkdir(parents=True, exist_ok=True)
+        self.log = MetadataLog.open(meta / "log", segment_bytes=config["metadata.log.segment.bytes"],
+                                    fsync=config["metadata.log.fsync"])
+        self.snapshotter = Snapshotter(meta / "log", self.log,
+                                       config["metadata.log.max.record.bytes.between.snapshots"],
+                                       config["metadata.log.max.snapshot.interval.ms"])
+        image = self.snapshotter.load_image()
+        self.state_machine = QuorumStateMachine(self.settings, image)
+        replayed = 0
+        for batch in self.log.read_batches(image.offset + 1):
+            if batch.last_offset <= image.offset:
+                continue
+            self.state_machine.replay_batch(batch)
+            replayed += 1
+        log.info("node %d: metadata log %s..%s recovered; image at offset %d (%d batches replayed)",
+                 self.node_id, self.log.start_offset, self.log.next_offset, self.state_machine.image.offset,
+                 replayed)
+        self.applier = MetadataApplier(self.state_machine, self.log,
+                                       fsync=config["metadata.log.fsync"] == "always",
+                                       on_applied=self._on_applied_from_raft_thread,
+                                       snapshotter=self.snapshotter)
+        self.heartbeats = BrokerHeartbeatManager(config["broker.session.timeout.ms"])
+        self._trio_token: trio.lowlevel.TrioToken | None = None
+        self._new_data = trio.Event()
+        self._active_term = -1
+        self._observers: dict[int, tuple[int, int]] = {}  # broker id → (metadata offset, last contact ms)
+        self._stopping = trio.Event()
+        self.quorum: RaftQuorum | None = None
+        self.rpc_port = config.rpc_voters[self.node_id][1]
+
+    # ---- raft thread → trio -------------------------------------------------------------------
+
+    def _on_applied_from_raft_thread(self) -> None:
+        token = self._trio_token
+        if token is not None:
+            try:
+                token.run_sync_soon(self._wake_fetchers)
+            except trio.RunFinishedError:
+                pass
+
+    def _wake_fetchers(self) -> None:
+        self._new_data.set()
+        self._new_data = trio.Event()
+
+    # ---- running ------------------------------------------------------------------------------
+
+    async def run(self, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        self._trio_token = trio.lowlevel.current_trio_token()
+        cfg = self.config
+        raft_host, raft_port = cfg.raft_voters[self.node_id]
+        election_max = cfg["controller.quorum.election.timeout.ms"] / 1000
+        self.quorum = RaftQuorum(
+            node_id=self.node_id,
+            self_addr=f"{raft_host}:{raft_port}",
+            partners={i: f"{h}:{p}" for i, (h, p) in cfg.raft_voters.items() if i != self.node_id},
+            raft_dir=cfg.metadata_dir / "raft",
+            target=self.applier,
+            settings=RaftSettings(
+                password=cfg.raft_secret,
+                fsync=cfg["metadata.log.fsync"],
+                raft_min_timeout=election_max * 0.4,
+                raft_max_timeout=election_max,
+                leader_fallback_timeout=cfg["controller.quorum.fetch.timeout.ms"] / 1000,
+                compaction_min_entries=cfg["raft.compaction.min.entries"],
+            ),
+        )
+        rpc_host, rpc_port = cfg.rpc_voters[self.node_id]
+        server = RpcServer(rpc_host, rpc_port, self.handle, max_frame_bytes=cfg["controller.rpc.max.frame.bytes"])
+        try:
+            async with trio.open_nursery() as nursery:
+                self.quorum.start()
+                await nursery.start(server.serve)
+                nursery.start_soon(self._leadership_loop)
+                nursery.start_soon(self._session_timer_loop)
+                nursery.start_soon(self._snapshot_loop)
+                if cfg["metadata.max.idle.interval.ms"] > 0:
+                    nursery.start_soon(self._idle_noop_loop)
+                if cfg["metrics.port"]:
+                    from kraft.metrics import serve_controller_metrics
+                    serve_controller_metrics(self, cfg["metrics.host"], cfg["metrics.port"])
+                log.info("node %d: controller RPC on %s:%d, raft on %s:%d", self.node_id, rpc_host,
+                         rpc_port, raft_host, raft_port)
+                task_status.started(self)
+                await self._stopping.wait()
+                nursery.cancel_scope.cancel()
+        finally:
+            self.quorum.close()
+            self.log.close()
+            log.info("node %d: stopped", self.node_id)
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    # ---- leadership ---------------------------------------------------------------------------
+
+    async def _leadership_loop(self) -> None:
+        """Activate when this node becomes the Raft leader: write ActivateController (which also
+        proves leadership by committing), then give every registered broker a fresh session."""
+        assert self.quorum is not None
+        while True:
+            if self.quorum.is_leader and self._active_term != self.quorum.term:
+                term = self.quorum.term
+                try:
+                    await self._submit("ActivateController", {"leader_id": self.node_id, "term": term},
+                                       request_id=f"activate-{self.node_id}-{term}", reason_api="ActivateController")
+                except KraftError as e:
+                    log.info("node %d: activation in term %d failed (%s); will retry", self.node_id, term, e)
+                else:
+                    self._active_term = term
+                    now = now_ms()
+                    self.heartbeats.reset_all(now)
+                    for b in self.state_machine.image.brokers.values():
+                        self.heartbeats.register(b.broker_id, b.epoch, now)
+                    log.info("node %d: active controller in term %d", self.node_id, term)
+            elif not self.quorum.is_leader and self._active_term != -1:
+                log.info("node %d: no longer the active controller", self.node_id)
+                self._active_term = -1
+            await trio.sleep(0.05)
+
+    @property
+    def is_active(self) -> bool:
+        return self.quorum is not None and self.quorum.is_leader and self._active_term == self.quorum.term
+
+    def _leader_hint(self) -> tuple[int, str, int] | None:
+        lid = self.quorum.leader_id if self.quorum else None
+        if lid is None or lid not in self.config.rpc_voters:
+            return None
+        host, port = self.config.rpc_voters[lid]
+        return lid, host, port
+
+    async def _session_timer_loop(self) -> None:
+        """Fence one broker whose session expired at a time, so each fence is visible first."""
+        while True:
+            await trio.sleep(0.1)
+            if not self.is_active:
+                continue
+            broker_id = self.heartbeats.next_expired(now_ms())
+            if broker_id is None:
+                continue
+            reg = self.state_machine.image.brokers.get(broker_id)
+            if reg is None:
+                self.heartbeats.forget(broker_id)
+                continue
+            log.info("node %d: broker %d session expired; fencing it", self.node_id, broker_id)
+            try:
+                await self._submit("FenceBroker", {"broker_id": broker_id, "broker_epoch": reg.epoch,
+                                                   "reason": "session-timeout"})
+            except KraftError as e:
+                log.warning("node %d: fencing broker %d failed: %s", self.node_id, broker_id, e)
+
+    async def _snapshot_loop(self) -> None:
+        while True:
+            await trio.sleep(1.0)
+            image = self.state_machine.image
+            if self.snapshotter.due(image, now_ms()):
+                await trio.to_thread.run_sync(self.snapshotter.write, image)
+
+    async def _idle_noop_loop(self) -> None:
+        interval = self.config["metadata.max.idle.interval.ms"]
+        while True:
+            await trio.sleep(interval / 1000)
+            if self.is_active and now_ms() - self.state_machine.image.timestamp_ms >= interval:
+                try:
+                    await self._submit("NoOp", {})
+                except KraftError:
+                    pass
+
+    # ---- writes -------------------------------------------------------------------------------
+
+    async def _submit(self, api: str, body: dict, *, request_id: str | None = None, principal: str = "controller",
+                      client_id: str = "", reason_api: str | None = None) -> dict:
+        assert self.quorum is not None
+        if not self.quorum.is_leader:
+            raise _not_controller(self._leader_hint())
+        command = Command(api=api, body=body, request_id=request_id or str(uuid.uuid4()),
+                          principal=principal, client_id=client_id, timestamp_ms=now_ms(),
+                          seed=random.getrandbits(63), leader_id=self.node_id)
+        result = await self.quorum.submit(command.encode(), timeout=WRITE_TIMEOUT_S)
+        if result is None:
+            raise KraftError(ErrorCode.UNKNOWN_SERVER_ERROR, "the command was applied without a result")
+        code = result.get("error_code", 0) if isinstance(result, dict) else 0
+        if code:
+            err = KraftError(ErrorCode(code), result.get("error_message", ""))
+            err.body = result  # type: ignore[attr-defined]
+            raise err
+        return result
+
+    # ---- RPC handling -------------------------------------------------------------------------
+
+    async def handle(self, api: str, body: dict, ctx: Any) -> dict:
+        spec = APIS[api]
+        if spec.kind == "read":
+            return self.state_machine.read(api, body)
+        if spec.kind == "write":
+            if api in ("FenceBroker", "UnfenceBroker", "BeginControlledShutdown", "ActivateController"):
+                raise KraftError(ErrorCode.CLUSTER_AUTHORIZATION_FAILED, f"{api} is issued by the controller itself")
+            if not self.is_active:
+                raise _not_controller(self._leader_hint())
+            if api == "BrokerRegistration":
+                return await self._register_broker(body, ctx)
+            return await self._submit(api, body, request_id=getattr(ctx, "request_id", None),
+                                      principal=getattr(ctx, "principal", "ANONYMOUS") or "ANONYMOUS",
+                                      client_id=getattr(ctx, "client_id", "") or "")
+        return await getattr(self, f"_api_{api}")(body, ctx)
+
+    async def _register_broker(self, body: dict, ctx: Any) -> dict:
+        broker_id = body["broker_id"]
+        existing = self.state_machine.image.brokers.get(broker_id)
+        live = (existing is not None and existing.incarnation_id != body["incarnation_id"]
+                and self.heartbeats.has_live_session(broker_id, now_ms()))
+        result = await self._submit("BrokerRegistration", dict(body, has_live_session=live),
+                                    request_id=getattr(ctx, "request_id", None),
+                                    principal=getattr(ctx, "principal", "ANONYMOUS") or "ANONYMOUS",
+                                    client_id=getattr(ctx, "client_id", "") or "")
+        self.heartbeats.register(broker_id, result["broker_epoch"], now_ms())
+        log.info("node %d: broker %d registered with epoch %d", self.node_id, broker_id, result["broker_epoch"])
+        return result
+
+    async def _api_BrokerHeartbeat(self, body: dict, ctx: Any) -> dict:
+        if not self.is_active:
+            raise _not_controller(self._leader_hint())
+        broker_id = body["broker_id"]
+        now = now_ms()
+        self._observers[broker_id] = (body["metadata_offset"], now)
+        decision = self.heartbeats.heartbeat(broker_id, body["broker_epoch"], body["metadata_offset"],
+                                             body["want_fence"], body["want_shutdown"], now,
+                                             self.state_machine.image)
+        if decision.command is not None:
+            api, cmd_body = decision.command
+            try:
+                await self._submit(api, cmd_body)
+            except KraftError as e:
+                log.warning("node %d: %s for broker %d failed: %s", self.node_id, api, broker_id, e)
+            else:
+                if api == "BeginControlledShutdown":
+                    self.heartbeats.note_controlled_shutdown_offset(broker_id, self.state_machine.image.offset)
+                decision = self.heartbeats.heartbeat(broker_id, body["broker_epoch"], body["metadata_offset"],
+                                                     body["want_fence"], body["want_shutdown"], now,
+                                                     self.state_machine.image)
+        return {"is_caught_up": decision.is_caught_up, "is_fenced": decision.is_fenced,
+                "should_shut_down": decision.should_shut_down}
+
+    async def _api_FetchMetadata(self, body: dict, ctx: Any) -> dict:
+        from_offset = body["from_offset"]
+        max_wait = min(max(body.get("max_wait_ms") or 0, 0), 30_000) / 1000
+        max_bytes = min(body.get("max_bytes") or MAX_FETCH_BYTES, MAX_FETCH_BYTES)
+        if from_offset < self.log.start_offset:
+            snap = self.snapshotter.latest()
+            if snap is None:
+                raise KraftError(ErrorCode.OFFSET_OUT_OF_RANGE, f"offset {from_offset} is before the log start")
+            return {"batches": [], "high_watermark": self.log.next_offset,
+                    "snapshot": {"name": snap.name, "end_offset": self.snapshotter.end_offset(snap),
+                                 "size": snap.stat().st_size}}
+        if from_offset >= self.log.next_offset and max_wait > 0:
+            with trio.move_on_after(max_wait):
+                while from_offset >= self.log.next_offset:
+                    await self._new_data.wait()
+        batches = self.log.read_encoded(from_offset, max_bytes) if from_offset < self.log.next_offset else []
+        return {"batches": batches, "high_watermark": self.log.next_offset, "snapshot": None}
+
+    async def _api_FetchSnapshot(self, body: dict, ctx: Any) -> dict:
+        return self.snapshotter.read_chunk(body["name"], body["position"],
+                                           min(body.get("max_bytes") or MAX_FETCH_BYTES, MAX_FETCH_BYTES))
+
+    async def _api_DescribeQuorum(self, body: dict, ctx: Any) -> dict:
+        assert self.quorum is not None
+        status = self.quorum.status()
+        leader_id = status.get("leader_id")
+        hint = self._leader_hint()
+        if not self.quorum.is_leader and hint is not None:
+            # Only the leader knows its followers' progress; ask it (one hop).
+            from kraft.rpc.client import ControllerClient
+            client = ControllerClient([(hint[1], hint[2])], client_id=f"controller-{self.node_id}")
+            try:
+                with trio.fail_after(3):
+                    return await client.call("DescribeQuorum", {"forwarded": True})
+            except (KraftError, trio.TooSlowError, OSError):
+                pass
+            finally:
+                await client.aclose()
+        commit_index = status.get("commit_index", 0)
+        hw = self.log.next_offset
+        voters = []
+        for vid, (host, port) in sorted(self.config.rpc_voters.items()):
+            v = status.get("voters", {}).get(vid, {})
+            voters.append({"node_id": vid, "host": host, "port": port,
+                           "raft_match_index": v.get("match_index"),
+                           "applied_offset": hw - 1 if vid == self.node_id else v.get("applied_offset"),
+                           "lag": v.get("lag"), "last_contact_ms": v.get("last_contact_ms"),
+                           "is_leader": vid == leader_id})
+        now = now_ms()
+        observers = [{"broker_id": b, "metadata_offset": off, "lag": max(hw - 1 - off, 0),
+                      "last_contact_ms": now - seen}
+                     for b, (off, seen) in sorted(self._observers.items())]
+        return {"leader_id": leader_id if leader_id is not None else -1, "term": status.get("term", 0),
+                "commit_index": commit_index, "high_watermark": hw, "voters": voters, "observers": observers}
+
+    async def _api_DescribeNode(self, body: dict, ctx: Any) -> dict:
+        image = self.state_machine.image
+        checksum = await trio.to_thread.run_sync(image.checksum)
+        return {"node_id": self.node_id, "is_active": self.is_active, "applied_offset": image.offset,
+                "image_checksum": checksum, "log_start_offset": self.log.start_offset,
+                "log_end_offset": self.log.next_offset,
+                "raft": self.quorum.status() if self.quorum else {}}
+
+
+def main(config_path: str) -> int:
+    """Run a controller until SIGTERM/SIGINT. Returns the process exit code."""
+    logging.basicConfig(level=os.environ.get("KRAFT_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        config = ControllerConfig.load(config_path)
+        node = ControllerNode(config)
+    except ConfigError as e:
+        print(f"Error: invalid configuration: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # corrupt log, unreadable snapshot, ...: refuse to start, say why
+        log.critical("refusing to start: %s", e)
+        print(f"Error: refusing to start: {e}", file=sys.stderr)
+        return 1
+
+    async def run() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_stop_on_signal, node)
+            await node.run()
+            nursery.cancel_scope.cancel()
+
+    trio.run(run)
+    return 0
+
+
+async def _stop_on_signal(node: ControllerNode) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for _ in signals:
+            log.info("node %d: signal received, stopping", node.node_id)
+            node.stop()
+            return
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main(sys.argv[1]))

@@ -1,0 +1,130 @@
+"""When to write a metadata snapshot, how to turn an image into one, and how to load one back.
+
+Snapshots hold the image at a batch boundary (``kraft.log.snapshot`` defines the file format). A
+controller writes one after ``metadata.log.max.record.bytes.between.snapshots`` bytes of new log
+or ``metadata.log.max.snapshot.interval.ms`` with new records; PySyncObj's compaction dump is also
+a snapshot, so a lagging controller can be installed from it. Brokers fetch them with
+``FetchSnapshot`` when their offset is before the log start.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from kraft.image import MetadataImage, image_from_records
+from kraft.log.metadata_log import MetadataLog
+from kraft.log.snapshot import (SnapshotHeader, latest_snapshot, list_snapshots, parse_snapshot_name,
+                                read_snapshot, write_snapshot)
+from kraft.errors import ErrorCode, KraftError
+
+log = logging.getLogger(__name__)
+
+
+def image_to_snapshot(directory: Path, image: MetadataImage) -> Path:
+    """Write ``image`` as a snapshot file in ``directory``; returns its path."""
+    header = SnapshotHeader(end_offset=image.offset + 1, term=image.term, raft_index=image.raft_index,
+                            timestamp_ms=image.timestamp_ms, last_hash=image.last_hash,
+                            record_count=0, image_checksum=image.checksum())
+    return write_snapshot(directory, header, image.to_records())
+
+
+def image_from_snapshot(path: Path) -> MetadataImage:
+    """Read a snapshot file back into an image (verifying its checksums)."""
+    header, records = read_snapshot(path)
+    return image_from_records(records, offset=header.end_offset - 1, term=header.term,
+                              raft_index=header.raft_index, timestamp_ms=header.timestamp_ms,
+                              last_hash=header.last_hash)
+
+
+class Snapshotter:
+    """Snapshot policy and I/O for one node's metadata log directory."""
+
+    def __init__(self, directory: Path, metadata_log: MetadataLog, max_bytes_between: int,
+                 max_interval_ms: int) -> None:
+        self.directory = Path(directory)
+        self.log = metadata_log
+        self.max_bytes_between = max_bytes_between
+        self.max_interval_ms = max_interval_ms
+        self._lock = threading.Lock()
+        latest = self.latest()
+        self._last_end_offset = parse_snapshot_name(latest)[0] if latest else 0
+        self._last_log_bytes = metadata_log.size_bytes
+        self._last_time_ms = int(time.time() * 1000)
+
+    def latest(self) -> Path | None:
+        return latest_snapshot(self.directory)
+
+    @staticmethod
+    def end_offset(path: Path) -> int:
+        return parse_snapshot_name(path)[0]
+
+    def load_image(self) -> MetadataImage:
+        """The image to start from: the newest snapshot the log continues from, else empty."""
+        for path in reversed(list_snapshots(self.directory)):
+            end = parse_snapshot_name(path)[0]
+            if self.log.start_offset <= end <= self.log.next_offset:
+                image = image_from_snapshot(path)
+                log.info("loaded snapshot %s (offset %d)", path.name, image.offset)
+                return image
+        if self.log.start_offset > 0:
+            raise RuntimeError(f"metadata log in {self.directory} starts at offset {self.log.start_offset} "
+                               "but no snapshot covers the offsets before it")
+        return MetadataImage.EMPTY
+
+    def due(self, image: MetadataImage, now_ms: int) -> bool:
+        if image.offset + 1 <= self._last_end_offset:
+            return False
+        if self.log.size_bytes - self._last_log_bytes >= self.max_bytes_between:
+            return True
+        return self.max_interval_ms > 0 and now_ms - self._last_time_ms >= self.max_interval_ms
+
+    def write(self, image: MetadataImage) -> Path:
+        """Write a snapshot of ``image`` (thread-safe; one at a time)."""
+        with self._lock:
+            existing = self.directory / _name_for(image)
+            if existing.exists():
+                return existing
+            started = time.monotonic()
+            path = image_to_snapshot(self.directory, image)
+            self._last_end_offset = image.offset + 1
+            self._last_log_bytes = self.log.size_bytes
+            self._last_time_ms = int(time.time() * 1000)
+            log.info("wrote snapshot %s (%d partitions) in %.2fs", path.name, image.partition_count(),
+                     time.monotonic() - started)
+            return path
+
+    def peek_image(self, data: bytes) -> MetadataImage:
+        """Decode snapshot bytes (e.g. a PySyncObj dump) into an image."""
+        fd, tmp = tempfile.mkstemp(prefix="peek-", suffix=".tmp", dir=self.directory)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            header, records = read_snapshot(Path(tmp))
+            return image_from_records(records, offset=header.end_offset - 1, term=header.term,
+                                      raft_index=header.raft_index, timestamp_ms=header.timestamp_ms,
+                                      last_hash=header.last_hash)
+        finally:
+            os.unlink(tmp)
+
+    def read_chunk(self, name: str, position: int, max_bytes: int) -> dict:
+        """One chunk of a snapshot file for ``FetchSnapshot``."""
+        path = self.directory / name
+        if os.sep in name or not name.endswith(".checkpoint") or not path.is_file():
+            raise KraftError(ErrorCode.RESOURCE_NOT_FOUND, f"no snapshot named {name!r}")
+        size = path.stat().st_size
+        if position < 0 or position > size:
+            raise KraftError(ErrorCode.OFFSET_OUT_OF_RANGE, f"position {position} outside snapshot of {size} bytes")
+        with open(path, "rb") as f:
+            f.seek(position)
+            data = f.read(max_bytes)
+        return {"data": data, "size": size, "done": position + len(data) >= size}
+
+
+def _name_for(image: MetadataImage) -> str:
+    from kraft.log.snapshot import snapshot_name
+
+    return snapshot_name(image.offset + 1, image.term)

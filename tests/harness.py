@@ -1,0 +1,123 @@
+"""Helpers for integration tests: run the real ``kraft`` CLI, start/stop real local clusters,
+poll for conditions with deadlines, and read nodes' metadata logs."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+REPO = Path(__file__).resolve().parent.parent
+ENV = dict(os.environ, PYTHONPATH=str(REPO), KRAFT_LOG_LEVEL="INFO")
+
+
+def kraft(*args: str, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess:
+    """Run ``kraft ARGS`` as a user would; raise with its output if it fails and ``check``."""
+    proc = subprocess.run([sys.executable, "-m", "tools.cli", *args], cwd=REPO, env=ENV,
+                          capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"kraft {' '.join(args)} exited {proc.returncode}\n"
+                             f"stdout: {proc.stdout}\nstderr: {proc.stderr}")
+    return proc
+
+
+def kraft_json(*args: str, timeout: float = 60) -> Any:
+    return json.loads(kraft(*args, "--json", timeout=timeout).stdout)
+
+
+def poll(condition: Callable[[], Any], timeout: float, interval: float = 0.1, what: str = "condition") -> Any:
+    """Call ``condition`` until it returns something truthy; fail after ``timeout`` seconds.
+    Exceptions count as "not yet" (the last one is reported)."""
+    deadline = time.monotonic() + timeout
+    last_error: BaseException | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = condition()
+            if value:
+                return value
+        except Exception as e:  # noqa: BLE001 - polling: remember and retry
+            last_error = e
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last error: {last_error!r}")
+
+
+class LocalCluster:
+    """A cluster started with ``kraft cluster up --detach`` in ``directory``."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        self.sim_brokers: subprocess.Popen | None = None
+
+    @property
+    def meta(self) -> dict:
+        return json.loads((self.dir / "cluster.json").read_text())
+
+    def up(self, controllers: int = 3, brokers: int = 0, *extra: str) -> "LocalCluster":
+        kraft("cluster", "up", "--dir", str(self.dir), "--controllers", str(controllers),
+              "--brokers", str(brokers), "--detach", *extra, timeout=120)
+        return self
+
+    def controller(self, node_id: int) -> dict:
+        return next(c for c in self.meta["controllers"] if c["id"] == node_id)
+
+    def bootstrap(self, node_id: int) -> str:
+        c = self.controller(node_id)
+        return f"{c['host']}:{c['rpc_port']}"
+
+    def active_controller(self) -> int:
+        status = kraft_json("quorum", "status", "--cluster", str(self.dir))
+        assert status["leader_id"] > 0, status
+        return status["leader_id"]
+
+    def kill(self, node_id: int, sig: str = "KILL") -> None:
+        kraft("cluster", "kill", "--dir", str(self.dir), "--node", str(node_id), "--signal", sig)
+
+    def start(self, node_id: int | None = None) -> None:
+        args = ["cluster", "start", "--dir", str(self.dir)]
+        if node_id is not None:
+            args += ["--node", str(node_id)]
+        kraft(*args, timeout=120)
+
+    def start_sim_brokers(self, count: int = 3, racks: str = "") -> None:
+        """Run simulated brokers (real RPC: register, follow the log, heartbeat) in a subprocess."""
+        cmd = [sys.executable, "-m", "tools.sim_broker", "--cluster", str(self.dir), "--count", str(count)]
+        if racks:
+            cmd += ["--racks", racks]
+        self.sim_brokers = subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=subprocess.PIPE,
+                                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        line = poll(lambda: self.sim_brokers.stdout.readline(), 60, what="simulated brokers ready")
+        assert line.strip() == "ready", line
+
+    def down(self) -> None:
+        if self.sim_brokers is not None:
+            os.killpg(self.sim_brokers.pid, signal.SIGKILL)
+            self.sim_brokers.wait(10)
+            self.sim_brokers = None
+        if (self.dir / "cluster.json").exists():
+            kraft("cluster", "down", "--dir", str(self.dir), "--timeout", "20", check=False, timeout=60)
+            for node in self.meta["controllers"] + self.meta.get("brokers", []):
+                pid = node.get("pid")
+                if pid:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+
+    def log_dir(self, node_id: int) -> Path:
+        return Path(self.controller(node_id)["metadata_dir"]) / "log"
+
+
+def log_stream_digest(log_dir: Path) -> tuple[int, str]:
+    """(next offset, SHA-256 of every batch's encoding in order) of a metadata log directory."""
+    from kraft.log.metadata_log import MetadataLog
+
+    h = hashlib.sha256()
+    with MetadataLog.open(log_dir, fsync="never") as mlog:
+        for batch in mlog.read_batches(mlog.start_offset):
+            h.update(batch.encode())
+        return mlog.next_offset, h.hexdigest()

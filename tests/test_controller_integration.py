@@ -1,0 +1,163 @@
+"""The controller quorum as a user meets it: real controller processes on loopback, driven by the
+``kraft`` CLI and the controller RPC."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import trio
+
+from kraft.errors import KraftError
+from kraft.rpc.client import ControllerClient
+from tests.harness import LocalCluster, kraft, kraft_json, log_stream_digest, poll
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    c = LocalCluster(tmp_path / "cluster")
+    try:
+        yield c
+    finally:
+        c.down()
+
+
+def _topic_names(cluster: LocalCluster, node_id: int) -> set[str]:
+    listing = kraft_json("topics", "list", "--bootstrap-controller", cluster.bootstrap(node_id))
+    return {t["name"] for t in listing["topics"]}
+
+
+def test_three_controllers_elect_exactly_one_active(cluster):
+    cluster.up(controllers=3)
+    ids = [c["id"] for c in cluster.meta["controllers"]]
+
+    def agreed_leader():
+        views = [kraft_json("quorum", "status", "--bootstrap-controller", cluster.bootstrap(i)) for i in ids]
+        leaders = {v["leader_id"] for v in views}
+        return views if len(leaders) == 1 and leaders != {-1} else None
+
+    views = poll(agreed_leader, 30, what="all controllers to agree on one leader")
+    leader = views[0]["leader_id"]
+    assert leader in ids
+    assert [v["node_id"] for v in views[0]["voters"] if v["is_leader"]] == [leader]
+    assert {v["term"] for v in views} == {views[0]["term"]}
+
+
+def test_topics_created_and_deleted_on_every_controller(cluster):
+    cluster.up(controllers=3)
+    cluster.start_sim_brokers(3)
+    kraft("topics", "create", "orders", "--partitions", "6", "--replication-factor", "3",
+          "--config", "retention.ms=60000", "--cluster", str(cluster.dir))
+    kraft("topics", "create", "events", "--partitions", "2", "--replication-factor", "2",
+          "--cluster", str(cluster.dir))
+    ids = [c["id"] for c in cluster.meta["controllers"]]
+    for i in ids:
+        poll(lambda: {"orders", "events"} <= _topic_names(cluster, i), 20, what=f"topics on controller {i}")
+        described = kraft_json("topics", "describe", "orders", "--bootstrap-controller", cluster.bootstrap(i))
+        topic = described["topics"][0]
+        assert len(topic["partitions"]) == 6
+        for p in topic["partitions"]:
+            assert len(set(p["replicas"])) == 3 and p["leader"] in p["isr"]
+    kraft("topics", "delete", "orders", "--cluster", str(cluster.dir))
+    for i in ids:
+        poll(lambda: "orders" not in _topic_names(cluster, i), 20, what=f"orders gone on controller {i}")
+
+
+def test_bad_input_gets_kafka_errors_and_changes_nothing(cluster):
+    cluster.up(controllers=3)
+    cluster.start_sim_brokers(3)
+    d = str(cluster.dir)
+    cases = [
+        (["topics", "create", "bad name!", "--cluster", d], "INVALID_TOPIC_EXCEPTION"),
+        (["topics", "create", "x", "--partitions", "0", "--cluster", d], "INVALID_PARTITIONS"),
+        (["topics", "create", "x", "--replication-factor", "4", "--cluster", d], "INVALID_REPLICATION_FACTOR"),
+        (["topics", "create", "x", "--config", "retention.ms=soon", "--cluster", d], "INVALID_CONFIG"),
+        (["topics", "create", "x", "--replica-assignment", "101:101", "--cluster", d], "INVALID_REPLICA_ASSIGNMENT"),
+    ]
+    before = kraft_json("topics", "list", "--cluster", d)
+    for args, error in cases:
+        proc = kraft(*args, check=False)
+        assert proc.returncode != 0, args
+        assert error in proc.stderr, (args, proc.stderr)
+    kraft("topics", "create", "dup", "--cluster", d)
+    proc = kraft("topics", "create", "dup", "--cluster", d, check=False)
+    assert proc.returncode != 0 and "TOPIC_ALREADY_EXISTS" in proc.stderr
+    after = kraft_json("topics", "list", "--cluster", d)
+    assert {t["name"] for t in after["topics"]} == {t["name"] for t in before["topics"]} | {"dup"}
+
+
+def _create_stream(bootstrap, stop: threading.Event, acknowledged: list, failed: list) -> None:
+    async def run():
+        client = ControllerClient(bootstrap, client_id="stream")
+        i = 0
+        try:
+            while not stop.is_set():
+                name = f"stream-{i}"
+                i += 1
+                try:
+                    result = await client.call("CreateTopics", {"topics": [{"name": name, "num_partitions": 1,
+                                                                            "replication_factor": 1}]},
+                                               timeout=15)
+                except (KraftError, trio.TooSlowError, OSError) as e:
+                    failed.append((name, repr(e)))
+                    continue
+                if result["topics"][0]["error_code"] == 0:
+                    acknowledged.append(name)
+                else:
+                    failed.append((name, result["topics"][0]))
+        finally:
+            await client.aclose()
+
+    trio.run(run)
+
+
+def test_kill_active_controller_during_creates_loses_nothing(cluster):
+    cluster.up(controllers=3)
+    cluster.start_sim_brokers(3)
+    bootstrap = [(c["host"], c["rpc_port"]) for c in cluster.meta["controllers"]]
+    acknowledged: list[str] = []
+    failed: list = []
+    stop = threading.Event()
+    writer = threading.Thread(target=_create_stream, args=(bootstrap, stop, acknowledged, failed), daemon=True)
+    writer.start()
+    try:
+        poll(lambda: len(acknowledged) >= 20, 30, what="creates before the kill")
+        old_leader = cluster.active_controller()
+        cluster.kill(old_leader)
+        count_at_kill = len(acknowledged)
+        poll(lambda: len(acknowledged) >= count_at_kill + 20, 30, what="creates to continue after failover")
+        new_leader = cluster.active_controller()
+        assert new_leader != old_leader
+    finally:
+        stop.set()
+        writer.join(30)
+    survivors = [c["id"] for c in cluster.meta["controllers"] if c["id"] != old_leader]
+    names = _topic_names(cluster, survivors[0])
+    missing = set(acknowledged) - names
+    assert not missing, f"acknowledged creates lost: {sorted(missing)[:10]}"
+    cluster.start(old_leader)
+    poll(lambda: set(acknowledged) <= _topic_names(cluster, old_leader), 60,
+         what="the restarted controller to catch up")
+    cluster.down()
+    digests = {c["id"]: log_stream_digest(cluster.log_dir(c["id"])) for c in cluster.meta["controllers"]}
+    assert len(set(digests.values())) == 1, digests
+
+
+def test_stop_all_and_restart_keeps_topics_and_log(cluster):
+    cluster.up(controllers=3)
+    cluster.start_sim_brokers(3)
+    for name in ("a", "b", "c"):
+        kraft("topics", "create", name, "--partitions", "3", "--replication-factor", "3", "--cluster", str(cluster.dir))
+    before = kraft_json("topics", "describe", "--cluster", str(cluster.dir))
+    cluster.down()
+    digests_before = {c["id"]: log_stream_digest(cluster.log_dir(c["id"])) for c in cluster.meta["controllers"]}
+    assert len(set(digests_before.values())) == 1
+    cluster.start()
+    poll(lambda: cluster.active_controller(), 30, what="a leader after restart")
+    after = poll(lambda: kraft_json("topics", "describe", "--cluster", str(cluster.dir)), 30, what="describe")
+    assert {t["name"]: t["topic_id"] for t in after["topics"]} == {t["name"]: t["topic_id"] for t in before["topics"]}
+    cluster.down()
+    digests_after = {c["id"]: log_stream_digest(cluster.log_dir(c["id"])) for c in cluster.meta["controllers"]}
+    # The restart added only the new leader's activation record on top of the same history.
+    assert len(set(digests_after.values())) == 1
