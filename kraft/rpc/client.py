@@ -1,0 +1,283 @@
+"""Controller RPC client that follows the active controller.
+
+:class:`ControllerClient` keeps one connection, pipelines concurrent calls over it (no
+background task: whichever caller is waiting reads for everyone, see ``_Conn``), and retries
+until the call's deadline:
+
+* ``NOT_CONTROLLER`` with a leader hint ``{leader_id, leader_host, leader_port}`` → reconnect
+  to that controller and retry; without a hint (election in progress) → back off, try others.
+* connection errors → back off and try the next bootstrap controller.
+* ``REQUEST_TIMED_OUT`` / ``LEADER_NOT_AVAILABLE`` → retry while time remains.
+
+Write requests carry a ``request_id`` (uuid4) that stays the same across retries, so a write
+that was committed before its answer was lost is deduplicated by the state machine.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import random
+import uuid
+from typing import Any
+
+import trio
+
+from kraft.errors import ErrorCode, KraftError
+from kraft.rpc.apis import APIS
+from kraft.rpc.framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, FrameError, encode_frame
+
+logger = logging.getLogger(__name__)
+
+Address = tuple[str, int]
+RETRIABLE = {ErrorCode.NOT_CONTROLLER, ErrorCode.REQUEST_TIMED_OUT, ErrorCode.LEADER_NOT_AVAILABLE}
+_CONN_ERRORS = (OSError, trio.BrokenResourceError, trio.ClosedResourceError, FrameError,
+                ConnectionError)
+
+
+class _ConnectionLost(Exception):
+    """The connection broke while a call was outstanding."""
+
+
+class _Pending:
+    __slots__ = ("response", "error")
+
+    def __init__(self) -> None:
+        self.response: dict | None = None
+        self.error: BaseException | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.response is not None or self.error is not None
+
+
+class _Conn:
+    """One pipelined connection. Callers park until their answer arrives; if nobody is reading,
+    the caller becomes the reader and dispatches every answer it sees, waking the others."""
+
+    def __init__(self, address: Address, stream: trio.SocketStream, max_frame_bytes: int) -> None:
+        self.address = address
+        self.stream = stream
+        self.decoder = FrameDecoder(max_frame_bytes)
+        self.max_frame_bytes = max_frame_bytes
+        self.send_lock = trio.Lock()
+        self.lot = trio.lowlevel.ParkingLot()
+        self.reading = False
+        self.pending: dict[int, _Pending] = {}
+        self.ids = itertools.count(1)
+        self.broken: BaseException | None = None
+
+    async def request(self, envelope: dict) -> dict:
+        if self.broken is not None:
+            raise _ConnectionLost(str(self.broken))
+        correlation_id = next(self.ids)
+        envelope["correlation_id"] = correlation_id
+        try:
+            frame = encode_frame(envelope, self.max_frame_bytes)
+        except FrameError as exc:
+            raise KraftError(ErrorCode.MESSAGE_TOO_LARGE
+                             if "exceeds" in str(exc) else ErrorCode.INVALID_REQUEST, str(exc)) from exc
+        waiter = _Pending()
+        self.pending[correlation_id] = waiter
+        try:
+            try:
+                async with self.send_lock:
+                    await self.stream.send_all(frame)
+            except _CONN_ERRORS as exc:
+                self._break(exc)
+            while not waiter.done:
+                if self.reading:
+                    await self.lot.park()
+                else:
+                    await self._read_until(waiter)
+        finally:
+            self.pending.pop(correlation_id, None)
+        if waiter.error is not None:
+            raise _ConnectionLost(str(waiter.error))
+        assert waiter.response is not None
+        return waiter.response
+
+    async def _read_until(self, waiter: _Pending) -> None:
+        self.reading = True
+        try:
+            while not waiter.done:
+                try:
+                    data = await self.stream.receive_some(65536)
+                    if not data:
+                        raise ConnectionError("connection closed by the controller")
+                    frames = self.decoder.feed(data)
+                except _CONN_ERRORS as exc:
+                    self._break(exc)
+                    return
+                for frame in frames:
+                    other = self.pending.get(frame.get("correlation_id"))  # type: ignore[arg-type]
+                    if other is not None:
+                        other.response = frame
+                if frames:
+                    self.lot.unpark_all()
+        finally:
+            self.reading = False
+            self.lot.unpark_all()
+
+    def _break(self, exc: BaseException) -> None:
+        if self.broken is None:
+            self.broken = exc
+        for waiter in self.pending.values():
+            if not waiter.done:
+                waiter.error = exc
+        self.lot.unpark_all()
+
+    async def aclose(self) -> None:
+        self._break(ConnectionError("closed"))
+        with trio.CancelScope(shield=True):
+            await self.stream.aclose()
+
+
+class ControllerClient:
+    """Calls controller RPC APIs on whichever controller is active."""
+
+    def __init__(self, bootstrap: list[Address], client_id: str = "kraft-cli",
+                 request_timeout: float = 10.0, principal: str | None = None,
+                 credentials: Any = None, *, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+                 connect_timeout: float = 2.0, backoff_initial: float = 0.05,
+                 backoff_max: float = 1.0) -> None:
+        if not bootstrap:
+            raise ValueError("at least one bootstrap controller is required")
+        self.bootstrap = [(h, int(p)) for h, p in bootstrap]
+        self.client_id = client_id
+        self.request_timeout = request_timeout
+        self.principal = principal
+        self.credentials = credentials
+        self.max_frame_bytes = max_frame_bytes
+        self.connect_timeout = connect_timeout
+        self.backoff_initial = backoff_initial
+        self.backoff_max = backoff_max
+        self._conn: _Conn | None = None
+        self._connect_lock = trio.Lock()
+        self._hint: Address | None = None
+        self._next = random.randrange(len(self.bootstrap))
+        self._closed = False
+
+    @property
+    def connected_to(self) -> Address | None:
+        """The controller the client is connected to, if any."""
+        return self._conn.address if self._conn is not None and self._conn.broken is None else None
+
+    async def call(self, api: str, body: dict, timeout: float | None = None,
+                   request_id: str | None = None) -> dict:
+        """Call ``api`` and return the response body; raise ``KraftError`` (``.body`` holds the
+        error response's body) when the answer is an error or the deadline passes."""
+        if self._closed:
+            raise KraftError(ErrorCode.NETWORK_EXCEPTION, "client is closed")
+        spec = APIS.get(api)
+        if request_id is None and spec is not None and spec.kind == "write":
+            request_id = str(uuid.uuid4())
+        envelope: dict[str, Any] = {"api": api, "version": 0, "body": body,
+                                    "client_id": self.client_id}
+        if request_id is not None:
+            envelope["request_id"] = request_id
+        if self.credentials is not None:
+            envelope["auth"] = self.credentials
+        deadline = trio.current_time() + (self.request_timeout if timeout is None else timeout)
+        backoff = self.backoff_initial
+        last_error: KraftError | None = None
+        while True:
+            remaining = deadline - trio.current_time()
+            if remaining <= 0:
+                break
+            conn: _Conn | None = None
+            with trio.move_on_at(deadline):
+                try:
+                    conn = await self._connection(remaining)
+                    response = await conn.request(dict(envelope))
+                except (_ConnectionLost, trio.TooSlowError, *_CONN_ERRORS) as exc:
+                    logger.debug("%s: connection problem: %r", api, exc)
+                    last_error = KraftError(ErrorCode.NETWORK_EXCEPTION, str(exc) or repr(exc))
+                    await self._drop_connection(conn, rotate=True)
+                    await trio.sleep(min(backoff, max(0.0, deadline - trio.current_time())))
+                    backoff = min(backoff * 2, self.backoff_max)
+                    continue
+                code = response.get("error_code", 0)
+                if code == 0:
+                    result = response.get("body")
+                    return result if isinstance(result, dict) else {}
+                err = _error_from(response)
+                if err.code not in RETRIABLE:
+                    raise err
+                last_error = err
+                if err.code == ErrorCode.NOT_CONTROLLER and self._follow_hint(err.body, conn.address):
+                    await self._drop_connection(conn, rotate=False)
+                    continue
+                if err.code == ErrorCode.NOT_CONTROLLER:
+                    await self._drop_connection(conn, rotate=True)
+                await trio.sleep(min(backoff, max(0.0, deadline - trio.current_time())))
+                backoff = min(backoff * 2, self.backoff_max)
+        if last_error is not None and last_error.code != ErrorCode.NETWORK_EXCEPTION:
+            raise last_error
+        raise KraftError(ErrorCode.REQUEST_TIMED_OUT,
+                         f"{api}: no answer from a controller before the deadline"
+                         + (f" (last error: {last_error.message})" if last_error else ""))
+
+    def _follow_hint(self, body: dict, current: Address) -> bool:
+        host, port = body.get("leader_host"), body.get("leader_port")
+        if isinstance(host, str) and host and isinstance(port, int) and port > 0:
+            if (host, port) != current:
+                self._hint = (host, port)
+                return True
+        return False
+
+    async def _connection(self, remaining: float) -> _Conn:
+        async with self._connect_lock:
+            if self._conn is not None and self._conn.broken is None:
+                return self._conn
+            if self._conn is not None:
+                await self._conn.aclose()
+                self._conn = None
+            if self._hint is not None:
+                address, self._hint = self._hint, None
+            else:
+                address = self.bootstrap[self._next % len(self.bootstrap)]
+            with trio.fail_after(min(self.connect_timeout, max(remaining, 0.001))):
+                stream = await trio.open_tcp_stream(*address)
+            self._conn = _Conn(address, stream, self.max_frame_bytes)
+            return self._conn
+
+    async def _drop_connection(self, conn: _Conn | None, rotate: bool) -> None:
+        """Close ``conn`` if it is still current (None: just rotate after a failed connect)."""
+        async with self._connect_lock:
+            if conn is not None and self._conn is conn:
+                await conn.aclose()
+                self._conn = None
+            if rotate and (conn is None or conn.address in self.bootstrap):
+                self._next += 1
+
+    async def aclose(self) -> None:
+        """Close the connection; later calls fail."""
+        self._closed = True
+        if self._conn is not None:
+            await self._drop_connection(self._conn, rotate=False)
+
+
+def _error_from(response: dict) -> KraftError:
+    code = response.get("error_code", ErrorCode.UNKNOWN_SERVER_ERROR)
+    try:
+        err_code = ErrorCode(code)
+    except ValueError:
+        err_code = ErrorCode.UNKNOWN_SERVER_ERROR
+    err = KraftError(err_code, str(response.get("error_message") or ""))
+    body = response.get("body")
+    err.body = body if isinstance(body, dict) else {}  # type: ignore[attr-defined]
+    return err
+
+
+def call_sync(bootstrap: list[Address], api: str, body: dict, timeout: float = 10.0,
+              **client_kwargs: Any) -> dict:
+    """Run one call in a fresh trio run (for the CLI)."""
+
+    async def _main() -> dict:
+        client = ControllerClient(bootstrap, request_timeout=timeout, **client_kwargs)
+        try:
+            return await client.call(api, body, timeout=timeout)
+        finally:
+            await client.aclose()
+
+    return trio.run(_main)

@@ -1,0 +1,89 @@
+"""Controller RPC frames: ``u32 big-endian length | msgpack map`` (sans-I/O, pure).
+
+``encode_frame`` builds one frame; :class:`FrameDecoder` is fed arbitrary chunks of a byte
+stream and returns every complete map. Anything that is not a well-formed frame holding a map
+— an oversized or zero length, undecodable msgpack, a top-level value that is not a map —
+raises :class:`FrameError`; the caller then closes the connection (the stream position is
+lost, so there is no way to resynchronise).
+"""
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import msgpack
+
+__all__ = ["FrameError", "FrameDecoder", "encode_frame", "DEFAULT_MAX_FRAME_BYTES", "HEADER"]
+
+DEFAULT_MAX_FRAME_BYTES = 8 * 1024 * 1024
+HEADER = struct.Struct(">I")
+
+
+class FrameError(Exception):
+    """The byte stream does not hold a valid frame; close the connection."""
+
+
+def encode_frame(obj: dict[str, Any], max_frame_bytes: int | None = None) -> bytes:
+    """Encode ``obj`` (a map) as one frame; ``FrameError`` if it is not a map or too large."""
+    if not isinstance(obj, dict):
+        raise FrameError(f"a frame holds a map, not {type(obj).__name__}")
+    try:
+        payload = msgpack.packb(obj, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise FrameError(f"cannot encode frame: {exc}") from exc
+    if max_frame_bytes is not None and len(payload) > max_frame_bytes:
+        raise FrameError(f"frame of {len(payload)} bytes exceeds the limit of {max_frame_bytes}")
+    return HEADER.pack(len(payload)) + payload
+
+
+def decode_payload(payload: bytes) -> dict[str, Any]:
+    """Decode one frame payload into a map, or raise ``FrameError``."""
+    try:
+        obj = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+    except Exception as exc:  # msgpack raises several unrelated types on garbage
+        raise FrameError(f"undecodable frame payload: {exc.__class__.__name__}: {exc}") from exc
+    if not isinstance(obj, dict):
+        raise FrameError(f"a frame must hold a map, got {type(obj).__name__}")
+    return obj
+
+
+class FrameDecoder:
+    """Incremental decoder: ``feed(chunk)`` returns the maps completed by that chunk."""
+
+    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+        if max_frame_bytes <= 0:
+            raise ValueError("max_frame_bytes must be positive")
+        self.max_frame_bytes = max_frame_bytes
+        self._buf = bytearray()
+        self._failed = False
+
+    @property
+    def buffered(self) -> int:
+        """Bytes of an incomplete frame held back (0 = at a frame boundary)."""
+        return len(self._buf)
+
+    def feed(self, data: bytes) -> list[dict[str, Any]]:
+        """Add ``data``; return the complete frames' maps in order. Raises ``FrameError``."""
+        if self._failed:
+            raise FrameError("decoder already failed; the connection must be closed")
+        self._buf += data
+        out: list[dict[str, Any]] = []
+        try:
+            while len(self._buf) >= HEADER.size:
+                (length,) = HEADER.unpack_from(self._buf, 0)
+                if length == 0:
+                    raise FrameError("empty frame")
+                if length > self.max_frame_bytes:
+                    raise FrameError(
+                        f"frame length {length} exceeds the limit of {self.max_frame_bytes} bytes")
+                end = HEADER.size + length
+                if len(self._buf) < end:
+                    break
+                payload = bytes(self._buf[HEADER.size:end])
+                del self._buf[:end]
+                out.append(decode_payload(payload))
+        except FrameError:
+            self._failed = True
+            self._buf.clear()
+            raise
+        return out

@@ -1,0 +1,210 @@
+"""Controller RPC server (trio): frames in, handler, frames out.
+
+Per connection the server reads frames, checks the envelope ``{api, version, correlation_id,
+body}`` (+ optional ``client_id``, ``request_id``, ``auth``) and the body
+(:func:`kraft.rpc.apis.validate_request`), runs the handler — several requests of one
+connection concurrently — and writes ``{correlation_id, error_code, error_message, body}`` in
+request order. A garbage or oversized frame, or a frame left incomplete for too long (slowloris),
+closes that connection only.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
+
+import trio
+
+from kraft.errors import ErrorCode, KraftError
+from kraft.rpc.apis import validate_request
+from kraft.rpc.framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, FrameError, encode_frame
+
+logger = logging.getLogger(__name__)
+
+ANONYMOUS = "User:ANONYMOUS"
+
+
+@dataclass(frozen=True)
+class RequestContext:
+    """Who sent a request: peer ``host:port``, authenticated principal, client id, and the
+    write's idempotency key (``request_id``, None for reads) plus the envelope's API version."""
+
+    peer: str
+    principal: str
+    client_id: str
+    request_id: str | None = None
+    api_version: int = 0
+    correlation_id: int = 0
+
+
+Handler = Callable[[str, dict, RequestContext], Awaitable[dict]]
+#: ``authenticator(auth, peer) -> principal``; raise ``KraftError`` to refuse the request.
+Authenticator = Callable[[Any, str], str]
+
+
+class _Slot:
+    """One request's place in the per-connection response order."""
+
+    __slots__ = ("done", "frame")
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.frame: bytes = b""
+
+
+class RpcServer:
+    """Serve the controller RPC on ``host:port`` (0 = any free port; see ``serve``)."""
+
+    def __init__(self, host: str, port: int, handler: Handler, *,
+                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+                 authenticator: Authenticator | None = None,
+                 max_connections: int = 1024,
+                 max_in_flight_per_connection: int = 64,
+                 frame_timeout: float = 10.0,
+                 idle_timeout: float = 600.0) -> None:
+        self.host = host
+        self.port = port
+        self.handler = handler
+        self.max_frame_bytes = max_frame_bytes
+        self.authenticator = authenticator
+        self.max_connections = max_connections
+        self.max_in_flight = max_in_flight_per_connection
+        self.frame_timeout = frame_timeout
+        self.idle_timeout = idle_timeout
+        self.connections = 0
+        self.bound_port: int | None = None
+        self.closed_for_garbage = 0
+
+    async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        """Bind, report the actual port through ``task_status``, serve until cancelled."""
+        listeners = await trio.open_tcp_listeners(self.port, host=self.host)
+        self.bound_port = listeners[0].socket.getsockname()[1]
+        logger.info("controller RPC listening on %s:%d", self.host, self.bound_port)
+        task_status.started(self.bound_port)
+        await trio.serve_listeners(self._on_connection, listeners)
+
+    async def _on_connection(self, stream: trio.SocketStream) -> None:
+        try:
+            peer_addr = stream.socket.getpeername()
+            peer = f"{peer_addr[0]}:{peer_addr[1]}"
+        except OSError:
+            peer = "?"
+        if self.connections >= self.max_connections:
+            logger.warning("refusing connection from %s: %d connections open", peer, self.connections)
+            await stream.aclose()
+            return
+        self.connections += 1
+        try:
+            await self._run_connection(stream, peer)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            logger.debug("connection %s ended: %r", peer, exc)
+        finally:
+            self.connections -= 1
+            with trio.CancelScope(shield=True):
+                await stream.aclose()
+
+    async def _run_connection(self, stream: trio.SocketStream, peer: str) -> None:
+        send_slots, recv_slots = trio.open_memory_channel[_Slot](self.max_in_flight)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._writer, stream, recv_slots)
+            try:
+                await self._reader(stream, peer, nursery, send_slots)
+            finally:
+                # Let answered requests drain; the writer ends when the channel closes.
+                send_slots.close()
+
+    async def _reader(self, stream: trio.SocketStream, peer: str, nursery: trio.Nursery,
+                      slots: trio.MemorySendChannel[_Slot]) -> None:
+        decoder = FrameDecoder(self.max_frame_bytes)
+        idle_deadline = trio.current_time() + self.idle_timeout
+        frame_deadline = math.inf
+        while True:
+            with trio.move_on_at(min(idle_deadline, frame_deadline)) as scope:
+                data = await stream.receive_some(65536)
+            if scope.cancelled_caught:
+                logger.info("closing %s: %s", peer, "incomplete frame timed out"
+                            if frame_deadline <= idle_deadline else "idle")
+                nursery.cancel_scope.cancel()
+                return
+            if not data:
+                return
+            try:
+                messages = decoder.feed(data)
+            except FrameError as exc:
+                self.closed_for_garbage += 1
+                logger.warning("closing %s: %s", peer, exc)
+                nursery.cancel_scope.cancel()
+                return
+            now = trio.current_time()
+            if decoder.buffered:
+                if frame_deadline == math.inf:
+                    frame_deadline = now + self.frame_timeout
+            else:
+                frame_deadline = math.inf
+            if messages:
+                idle_deadline = now + self.idle_timeout
+            for message in messages:
+                slot = _Slot()
+                await slots.send(slot)
+                nursery.start_soon(self._answer, message, peer, slot)
+
+    async def _writer(self, stream: trio.SocketStream, slots: trio.MemoryReceiveChannel[_Slot]) -> None:
+        async with slots:
+            async for slot in slots:
+                await slot.done.wait()
+                await stream.send_all(slot.frame)
+
+    async def _answer(self, message: dict, peer: str, slot: _Slot) -> None:
+        correlation_id = message.get("correlation_id")
+        if not isinstance(correlation_id, int) or isinstance(correlation_id, bool):
+            correlation_id = -1
+        try:
+            body = await self._dispatch(message, peer, correlation_id)
+            response = {"correlation_id": correlation_id, "error_code": 0, "error_message": "",
+                        "body": body}
+        except KraftError as err:
+            extra = getattr(err, "body", None)
+            response = {"correlation_id": correlation_id, "error_code": int(err.code),
+                        "error_message": err.message, "body": extra if isinstance(extra, dict) else {}}
+        except Exception:
+            logger.exception("handler failed for %s from %s", message.get("api"), peer)
+            response = {"correlation_id": correlation_id,
+                        "error_code": int(ErrorCode.UNKNOWN_SERVER_ERROR),
+                        "error_message": "internal error", "body": {}}
+        try:
+            slot.frame = encode_frame(response)
+        except Exception:
+            logger.exception("cannot encode the response to %s from %s", message.get("api"), peer)
+            slot.frame = encode_frame({"correlation_id": correlation_id,
+                                       "error_code": int(ErrorCode.UNKNOWN_SERVER_ERROR),
+                                       "error_message": "unencodable response", "body": {}})
+        slot.done.set()
+
+    async def _dispatch(self, message: dict, peer: str, correlation_id: int) -> dict:
+        api = message.get("api")
+        version = message.get("version", 0)
+        if correlation_id < 0:
+            raise KraftError(ErrorCode.INVALID_REQUEST, "correlation_id must be a non-negative int")
+        if not isinstance(api, str):
+            raise KraftError(ErrorCode.INVALID_REQUEST, "api must be a string")
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise KraftError(ErrorCode.INVALID_REQUEST, "version must be an int")
+        body = message.get("body")
+        validate_request(api, body)
+        client_id = message.get("client_id") or ""
+        request_id = message.get("request_id")
+        if not isinstance(client_id, str) or (request_id is not None and not isinstance(request_id, str)):
+            raise KraftError(ErrorCode.INVALID_REQUEST, "client_id and request_id must be strings")
+        principal = ANONYMOUS
+        if self.authenticator is not None:
+            principal = self.authenticator(message.get("auth"), peer)
+        ctx = RequestContext(peer=peer, principal=principal, client_id=client_id,
+                             request_id=request_id, api_version=version,
+                             correlation_id=correlation_id)
+        result = await self.handler(api, body, ctx)
+        if result is None:
+            return {}
+        if not isinstance(result, dict):
+            raise TypeError(f"handler returned {type(result).__name__}, not a dict")
+        return result
