@@ -1,0 +1,1 @@
+"""The ``kraft`` subcommand groups: each module adds its parsers with ``register(subparsers)``."""
