@@ -495,9 +495,10 @@ def _default_call(bootstrap: list[tuple[str, int]], api: str, body: dict, timeou
     return call_sync(bootstrap, api, body, timeout)
 
 
-def probe(layout: ClusterLayout, state: Readiness, call: RpcCall = _default_call,
+def probe(layout: ClusterLayout, state: Readiness, call: RpcCall | None = None,
           timeout: float = 0.5) -> Readiness:
     """Ask each controller for its quorum view and, when brokers matter, for the brokers."""
+    call = call or _default_call
     for c in layout.controllers:
         try:
             q = call([(c.host, c.rpc_port)], "DescribeQuorum", {}, timeout)
@@ -522,7 +523,7 @@ def wait_ready(layout: ClusterLayout, timeout: float, children: dict[int, subpro
                progress: Callable[[Readiness, float], None] = lambda r, t: None,
                required_controllers: set[int] | None = None,
                required_brokers: set[int] | None = None,
-               call: RpcCall = _default_call, interval: float = 0.2) -> Readiness:
+               call: RpcCall | None = None, interval: float = 0.2) -> Readiness:
     """Poll until a controller reports a leader and the required brokers are unfenced.
 
     Raises ClusterError when a node we started exits (with the tail of its log) or when
