@@ -31,7 +31,7 @@ class MetadataCache:
         self.image = image
         self._encoded: dict[tuple, bytes] = {}
 
-    def publish(self, delta: Any, image: Any) -> None:
+    def publish(self, delta: Any, image: Any, full: bool = False) -> None:
         """Publisher hook: adopt ``image`` (the delta is not needed here)."""
         self.set_image(image)
 

@@ -92,9 +92,12 @@ class ReplicaManager:
             d.mkdir(parents=True, exist_ok=True)
 
     # ---- publisher entry point -------------------------------------------------------------
-    def publish(self, delta: Any, image: Any) -> None:
-        """Publisher hook (see :mod:`broker.metadata_publisher`)."""
+    def publish(self, delta: Any, image: Any, full: bool = False) -> None:
+        """Publisher hook (see :mod:`broker.metadata_loader`). ``full``: the delta starts from
+        the empty image (first publish, snapshot load), so anything it does not mention is stray."""
         self.apply_delta(delta, image)
+        if full:
+            self.remove_strays(image)
 
     def apply_delta(self, delta: Any, image: Any) -> None:
         """Apply what ``delta`` means for this broker: deletes, then leaders, then followers."""
@@ -112,6 +115,12 @@ class ReplicaManager:
         a reassigned replica, or a same-named topic with another id). Call on the first publish,
         after :meth:`apply_delta`."""
         removed = []
+        for (tid, pid), part in list(self.partitions.items()):
+            topic = image.topics_by_id.get(tid)
+            reg = topic.partitions.get(pid) if topic is not None else None
+            if reg is None or self.broker_id not in reg.replicas:
+                removed.append(part.log.dir)
+                self._delete(part.topic, tid, pid, reason="not in the loaded metadata")
         for d in self.log_dirs:
             for sub in sorted(p for p in d.iterdir() if p.is_dir()):
                 parsed = _parse_dir_name(sub.name)

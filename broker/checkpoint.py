@@ -1,0 +1,63 @@
+"""The broker's local metadata checkpoint: the last published image, so a restart resumes.
+
+Stored in ``<first log dir>/metadata/`` in the controllers' snapshot format
+(:mod:`kraft.log.snapshot`: framed, CRC-checked, SHA-256 footer). On load, the image rebuilt
+from the records must also match the checksum in the header. A corrupt or inconsistent
+checkpoint is **discarded with a WARNING** (renamed ``*.corrupt``) and the next older one is
+tried; with none left the broker refetches the metadata from offset 0.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from kraft.image import MetadataImage, image_from_records
+from kraft.log.errors import CorruptSnapshotError
+from kraft.log.snapshot import SnapshotHeader, list_snapshots, read_snapshot, write_snapshot
+
+log = logging.getLogger(__name__)
+KEEP = 2
+
+
+def write_checkpoint(directory: Path, image: MetadataImage) -> Path:
+    """Write ``image`` as a checkpoint and keep only the newest :data:`KEEP`."""
+    header = SnapshotHeader(end_offset=image.offset + 1, term=image.term, raft_index=image.raft_index,
+                            timestamp_ms=image.timestamp_ms, last_hash=image.last_hash,
+                            record_count=image.record_count(), image_checksum=image.checksum())
+    path = write_snapshot(directory, header, image.iter_records())
+    for old in list_snapshots(directory)[:-KEEP]:
+        old.unlink(missing_ok=True)
+    return path
+
+
+def image_from_snapshot(path: Path) -> MetadataImage:
+    """Read and verify a snapshot file; raises CorruptSnapshotError (also on checksum mismatch)."""
+    header, records = read_snapshot(path)
+    try:
+        image = image_from_records(records, offset=header.end_offset - 1, term=header.term,
+                                   raft_index=header.raft_index, timestamp_ms=header.timestamp_ms,
+                                   last_hash=header.last_hash)
+    except CorruptSnapshotError:
+        raise
+    except Exception as e:  # a ReplayError or decode error inside: the file is unusable
+        raise CorruptSnapshotError(path, 0, f"records do not replay: {e}") from None
+    if image.checksum() != header.image_checksum:
+        raise CorruptSnapshotError(path, 0, "image checksum does not match the header")
+    return image
+
+
+def load_checkpoint(directory: Path) -> MetadataImage:
+    """The newest valid checkpoint's image, or the empty image."""
+    for path in reversed(list_snapshots(directory)):
+        try:
+            image = image_from_snapshot(path)
+        except (CorruptSnapshotError, OSError, ValueError) as e:
+            log.warning("metadata checkpoint %s is corrupt (%s); discarding it (renamed to "
+                        "%s.corrupt) and falling back to an older one or refetching", path, e, path.name)
+            os.replace(path, path.with_name(path.name + ".corrupt"))
+            continue
+        log.info("loaded metadata checkpoint %s: offset %d, checksum %s", path.name, image.offset,
+                 image.checksum()[:16])
+        return image
+    return MetadataImage.EMPTY

@@ -1,0 +1,187 @@
+"""Metadata loader: long-poll the controllers' metadata log, replay it, publish images.
+
+The loader starts from the local checkpoint (or the empty image) and asks any controller for
+``FetchMetadata(from_offset=offset + 1, max_wait_ms)``. Batches are strictly decoded and replayed
+into a :class:`MetadataDelta`; when a response says to load a snapshot, the loader streams it with
+``FetchSnapshot`` and restarts from it. Publishers receive ``publish(delta, image, full)`` in
+install order:
+
+* the first publish (and the one after a snapshot load) is **full**: a delta from the empty
+  image carrying the whole image, sent only once caught up with the high watermark, so the
+  replica manager sees every local partition and can remove strays;
+* afterwards one delta per fetch response that brought batches.
+
+A batch that does not replay (a broken hash chain or an impossible record, i.e. our local
+history diverged from the controllers') is logged at ERROR and the loader restarts from offset 0.
+The last published image is checkpointed every ``checkpoint_records`` records (and on stop).
+"""
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import Any, Protocol
+
+import trio
+
+from broker.checkpoint import image_from_snapshot, load_checkpoint, write_checkpoint
+from kraft.errors import KraftError
+from kraft.image import MetadataDelta, MetadataImage, ReplayError
+from kraft.records import RecordDecodeError, batch_hash, decode_batch
+
+log = logging.getLogger(__name__)
+
+
+class Publisher(Protocol):
+    def publish(self, delta: MetadataDelta, image: MetadataImage, full: bool = False) -> None: ...
+
+
+def full_delta(image: MetadataImage) -> MetadataDelta:
+    """A delta from the empty image that, applied, gives ``image`` (for full publishes)."""
+    delta = MetadataDelta(MetadataImage.EMPTY)
+    for record in image.iter_records():
+        delta.replay(record)
+    delta.set_provenance(offset=image.offset, term=image.term, raft_index=image.raft_index,
+                         timestamp_ms=image.timestamp_ms, last_hash=image.last_hash)
+    return delta
+
+
+class MetadataLoader:
+    """Fetches, replays and publishes metadata; ``image`` is the last published image."""
+
+    def __init__(self, client: Any, publishers: list[Publisher], metadata_dir: Path, *,
+                 max_wait_ms: int = 500, max_bytes: int = 8 << 20, checkpoint_records: int = 1000,
+                 request_timeout: float = 10.0) -> None:
+        self.client = client
+        self.publishers = publishers
+        self.metadata_dir = Path(metadata_dir)
+        self.max_wait_ms = max_wait_ms
+        self.max_bytes = max_bytes
+        self.checkpoint_records = checkpoint_records
+        self.request_timeout = request_timeout
+        self.image: MetadataImage = MetadataImage.EMPTY
+        self.high_watermark = -1
+        self.published = trio.Event()  # set after the first (full) publish
+        self._changed = trio.Event()
+        self._checkpointed_offset = -1
+        self.errors = 0
+
+    @property
+    def offset(self) -> int:
+        """The last applied (published) metadata offset."""
+        return self.image.offset
+
+    def load_local(self) -> None:
+        """Resume from the local checkpoint, if a valid one exists."""
+        self.image = load_checkpoint(self.metadata_dir)
+        self._checkpointed_offset = self.image.offset
+
+    async def wait_for_offset(self, offset: int) -> None:
+        while self.image.offset < offset:
+            await self._changed.wait()
+
+    async def run(self) -> None:
+        """Fetch and publish until cancelled."""
+        delta, full = full_delta(self.image), True
+        backoff = 0.05
+        while True:
+            try:
+                resp = await self.client.call(
+                    "FetchMetadata", {"from_offset": delta.offset + 1, "max_wait_ms": self.max_wait_ms,
+                                      "max_bytes": self.max_bytes},
+                    timeout=self.request_timeout + self.max_wait_ms / 1000)
+            except KraftError as e:
+                self.errors += 1
+                log.warning("FetchMetadata from offset %d failed: %s; retrying in %.2fs",
+                            delta.offset + 1, e, backoff)
+                await trio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+                continue
+            backoff = 0.05
+            snapshot = resp.get("snapshot")
+            if snapshot:
+                image = await self._fetch_snapshot(snapshot)
+                if image is None:
+                    await trio.sleep(0.5)
+                    continue
+                delta, full = full_delta(image), True
+                continue
+            try:
+                n = self._replay(delta, resp.get("batches") or [])
+            except (ReplayError, RecordDecodeError) as e:
+                log.error("metadata replay failed at offset %d: %s; discarding local metadata and "
+                          "refetching from offset 0", delta.offset + 1, e)
+                self.errors += 1
+                delta, full = full_delta(MetadataImage.EMPTY), True
+                continue
+            self.high_watermark = int(resp.get("high_watermark", -1))
+            caught_up = delta.offset + 1 >= self.high_watermark
+            if (full and caught_up) or (not full and n):
+                self._publish(delta, full)
+                delta, full = MetadataDelta(self.image), False
+                await self._maybe_checkpoint()
+
+    def _replay(self, delta: MetadataDelta, batches: list[bytes]) -> int:
+        n = 0
+        for encoded in batches:
+            batch = decode_batch(encoded)
+            if batch.last_offset <= delta.offset:
+                continue
+            delta.replay_batch(batch, batch_hash(encoded))
+            n += 1
+        return n
+
+    def _publish(self, delta: MetadataDelta, full: bool) -> None:
+        image = delta.apply()
+        for publisher in self.publishers:
+            publisher.publish(delta, image, full)
+        previous, self.image = self.image, image
+        log.info("published metadata offset %d (from %d%s, high watermark %d)", image.offset,
+                 previous.offset, ", full" if full else "", self.high_watermark)
+        self.published.set()
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def _maybe_checkpoint(self, force: bool = False) -> None:
+        image = self.image
+        if image.offset < 0 or image.offset == self._checkpointed_offset:
+            return
+        if not force and image.offset - self._checkpointed_offset < self.checkpoint_records:
+            return
+        path = await trio.to_thread.run_sync(write_checkpoint, self.metadata_dir, image)
+        self._checkpointed_offset = image.offset
+        log.info("wrote metadata checkpoint %s (offset %d)", path.name, image.offset)
+
+    async def checkpoint_now(self) -> None:
+        """Checkpoint the last published image (e.g. on shutdown)."""
+        await self._maybe_checkpoint(force=True)
+
+    async def _fetch_snapshot(self, info: dict) -> MetadataImage | None:
+        """Stream snapshot ``info['name']`` into the metadata dir and load it."""
+        name = str(info.get("name"))
+        if "/" in name or not name.endswith(".checkpoint"):
+            log.error("controller offered a snapshot with a bad name %r", name)
+            return None
+        self.metadata_dir.mkdir(parents=True, exist_ok=True)
+        part = self.metadata_dir / f"fetched-{name}.part"
+        log.info("loading snapshot %s (end offset %s) from the controllers", name, info.get("end_offset"))
+        position = 0
+        try:
+            with open(part, "wb") as f:
+                while True:
+                    resp = await self.client.call("FetchSnapshot", {"name": name, "position": position,
+                                                                    "max_bytes": self.max_bytes},
+                                                  timeout=self.request_timeout)
+                    data = resp.get("data") or b""
+                    f.write(data)
+                    position += len(data)
+                    if resp.get("done") or (not data and position >= resp.get("size", math.inf)):
+                        break
+            image = await trio.to_thread.run_sync(image_from_snapshot, part)
+        except Exception as e:  # a failed call, I/O error or corrupt file all mean "retry"
+            log.warning("snapshot %s could not be loaded: %s; will retry", name, e)
+            part.unlink(missing_ok=True)
+            return None
+        part.unlink(missing_ok=True)
+        log.info("loaded snapshot %s: offset %d, checksum %s", name, image.offset, image.checksum()[:16])
+        return image

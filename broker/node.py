@@ -1,0 +1,171 @@
+"""``kraft broker``: wires config, replica manager, metadata loader, lifecycle and listeners.
+
+``main(config_path) -> int`` runs a broker until SIGTERM/SIGINT, then does a controlled
+shutdown (heartbeat ``want_shutdown`` until the controller agrees, bounded by
+``broker.session.timeout.ms``), checkpoints its metadata and exits 0. Exit 1 on a fatal error
+(another cluster's log dir, registration refused or timed out, a port in use), 2 on a bad config.
+"""
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from broker.kafka_listener import KafkaListener
+from broker.lifecycle import BrokerLifecycle, BrokerState, FatalBrokerError
+from broker.metadata_cache import MetadataCache
+from broker.metadata_loader import MetadataLoader
+from broker.replica_manager import ReplicaManager
+from broker.state import serve_state, snapshot_state
+from kraft.config import BrokerConfig, ConfigError, load_properties, write_properties
+from kraft.rpc.client import ControllerClient
+
+log = logging.getLogger("broker.node")
+META_PROPERTIES = "meta.properties"
+
+
+def check_log_dirs(config: BrokerConfig) -> None:
+    """Each log dir's ``meta.properties`` must name this cluster and node (written if absent)."""
+    for d in config.log_dirs:
+        d.mkdir(parents=True, exist_ok=True)
+        meta = d / META_PROPERTIES
+        if meta.exists():
+            props = load_properties(meta)
+            if props.get("cluster.id") != config.cluster_id or props.get("node.id") != str(config.node_id):
+                raise FatalBrokerError(
+                    f"{meta} belongs to cluster {props.get('cluster.id')!r} node {props.get('node.id')!r}, "
+                    f"not cluster {config.cluster_id!r} node {config.node_id}")
+        else:
+            write_properties(meta, {"version": 1, "cluster.id": config.cluster_id,
+                                    "node.id": config.node_id})
+
+
+class BrokerNode:
+    """One broker process's components."""
+
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        name, host, port = config.listener
+        self.listener_name = name
+        adv_name, adv_host, adv_port = config.advertised
+        self.advertised_host = adv_host if adv_host not in ("", "0.0.0.0", "::") else "127.0.0.1"
+        self.kafka_port = port
+        self.metadata_dir = config.log_dirs[0] / "metadata"
+        self.cache = MetadataCache(config.cluster_id, name)
+        self.replica_manager = ReplicaManager(config.node_id, config.log_dirs)
+        client_id = f"broker-{config.node_id}"
+        self.fetch_client = ControllerClient(config.bootstrap, client_id=client_id)
+        self.control_client = ControllerClient(config.bootstrap, client_id=client_id)
+        self.loader = MetadataLoader(self.fetch_client, [self.cache, self.replica_manager, self],
+                                     self.metadata_dir)
+        self.listeners = [{"name": adv_name, "host": self.advertised_host,
+                           "port": adv_port if adv_port else port, "security_protocol": "PLAINTEXT"}]
+        self.lifecycle = BrokerLifecycle(
+            self.control_client, config.node_id, config.cluster_id, self.listeners, config.rack,
+            lambda: self.loader.offset,
+            heartbeat_interval=config["broker.heartbeat.interval.ms"] / 1000,
+            session_timeout=config["broker.session.timeout.ms"] / 1000,
+            registration_timeout=config["initial.broker.registration.timeout.ms"] / 1000)
+        self._checksum: tuple[Any, str] = (None, "")
+        self.admin_port = config["broker.admin.port"] or port + 1000
+
+    # publisher: the first publish means the replica manager has opened its logs
+    def publish(self, delta: Any, image: Any, full: bool = False) -> None:
+        if not self.lifecycle.ready.is_set():
+            log.info("broker %d: first metadata image published (offset %d); ready to be unfenced",
+                     self.config.node_id, image.offset)
+            self.lifecycle.ready.set()
+            self.lifecycle.poke()
+
+    def image_checksum(self) -> str:
+        image = self.loader.image
+        if self._checksum[0] is not image:
+            self._checksum = (image, image.checksum())
+        return self._checksum[1]
+
+    def state(self) -> dict[str, Any]:
+        return snapshot_state(self)
+
+    async def run(self) -> int:
+        check_log_dirs(self.config)
+        self.loader.load_local()
+        _, host, port = self.config.listener
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async with trio.open_nursery() as nursery:
+                listener = KafkaListener(self.cache, host, port)
+                self.kafka_port = await nursery.start(listener.serve)
+                await nursery.start(serve_state, host, self.admin_port, self.state)
+                nursery.start_soon(self.loader.run)
+                lifecycle_done = trio.Event()
+                result: dict[str, Any] = {}
+
+                async def lifecycle_task() -> None:
+                    try:
+                        await self.lifecycle.run()
+                    except FatalBrokerError as e:
+                        result["fatal"] = e
+                    finally:
+                        lifecycle_done.set()
+
+                nursery.start_soon(lifecycle_task)
+
+                async def watch_signals() -> None:
+                    async for signum in signals:
+                        log.info("broker %d: received %s; starting controlled shutdown",
+                                 self.config.node_id, signal.Signals(signum).name)
+                        return
+
+                async with trio.open_nursery() as waiters:
+                    async def first(fn) -> None:
+                        await fn()
+                        waiters.cancel_scope.cancel()
+                    waiters.start_soon(first, watch_signals)
+                    waiters.start_soon(first, lifecycle_done.wait)
+                if "fatal" in result:
+                    log.error("broker %d: fatal: %s", self.config.node_id, result["fatal"])
+                    nursery.cancel_scope.cancel()
+                    return 1
+                timeout = self.config["broker.session.timeout.ms"] / 1000
+                await self.lifecycle.controlled_shutdown(timeout)
+                with trio.CancelScope(shield=True):
+                    await self.loader.checkpoint_now()
+                nursery.cancel_scope.cancel()
+        self.replica_manager.close()
+        await self.fetch_client.aclose()
+        await self.control_client.aclose()
+        log.info("broker %d: shut down (state %s, metadata offset %d)", self.config.node_id,
+                 BrokerState.SHUTTING_DOWN.value, self.loader.offset)
+        return 0
+
+
+def _setup_logging() -> None:
+    root = logging.getLogger()
+    if not root.handlers:
+        logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def main(config_path: str) -> int:
+    """Run a broker from a properties file; the exit code (0 clean, 1 fatal, 2 bad config)."""
+    _setup_logging()
+    try:
+        config = BrokerConfig.load(config_path)
+    except ConfigError as e:
+        log.error("bad broker config: %s", e)
+        return 2
+    try:
+        return trio.run(BrokerNode(config).run)
+    except FatalBrokerError as e:
+        log.error("broker %d: fatal: %s", config.node_id, e)
+        return 1
+    except OSError as e:
+        log.error("broker %d: fatal I/O error: %s", config.node_id, e)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

@@ -1,0 +1,90 @@
+"""Broker state for operators: a JSON-line endpoint on ``broker.admin.port``.
+
+Protocol (plain TCP, independent of Kafka's): the client sends one line of JSON
+``{"api": "DescribeBroker"}`` and receives one line of JSON, then the server closes::
+
+    {"broker_id", "cluster_id", "state", "incarnation_id", "broker_epoch",
+     "last_applied_offset", "high_watermark", "image_checksum", "controller_id",
+     "listener": "host:port", "partitions": [{"topic", "topic_id", "partition", "role",
+     "leader", "leader_epoch", "partition_epoch", "isr", "replicas", "high_watermark",
+     "log_start_offset", "log_end_offset", "dir"}]}
+
+An unknown api gets ``{"error": "..."}``. :func:`describe` is the client (used by
+``kraft broker-state``); :func:`snapshot_state` builds the dict inside the broker.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import socket
+from typing import Any, Callable
+
+import trio
+
+log = logging.getLogger(__name__)
+MAX_LINE = 64 * 1024
+
+
+def snapshot_state(broker: Any) -> dict[str, Any]:
+    """The state dict of a running :class:`broker.node.BrokerNode`."""
+    image = broker.loader.image
+    return {
+        "broker_id": broker.config.node_id,
+        "cluster_id": broker.config.cluster_id,
+        "state": broker.lifecycle.state.value,
+        "incarnation_id": broker.lifecycle.incarnation_id,
+        "broker_epoch": broker.lifecycle.broker_epoch,
+        "last_applied_offset": image.offset,
+        "high_watermark": broker.loader.high_watermark,
+        "image_checksum": broker.image_checksum(),
+        "controller_id": image.controller_id,
+        "listener": f"{broker.advertised_host}:{broker.kafka_port}",
+        "partitions": broker.replica_manager.describe(),
+    }
+
+
+async def serve_state(host: str, port: int, state: Callable[[], dict[str, Any]], *,
+                      task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED) -> None:
+    """Serve the JSON-line endpoint until cancelled; ``task_status`` gets the bound port."""
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    bound = listeners[0].socket.getsockname()[1]
+    log.info("broker admin (state) endpoint on %s:%d", host, bound)
+    task_status.started(bound)
+
+    async def handle(stream: trio.SocketStream) -> None:
+        async with stream:
+            buf = b""
+            with trio.move_on_after(10):
+                while b"\n" not in buf and len(buf) < MAX_LINE:
+                    chunk = await stream.receive_some(4096)
+                    if not chunk:
+                        break
+                    buf += chunk
+            try:
+                req = json.loads(buf.split(b"\n", 1)[0] or b"{}")
+                api = req.get("api", "DescribeBroker") if isinstance(req, dict) else None
+            except ValueError:
+                api = None
+            if api == "DescribeBroker":
+                out = state()
+            else:
+                out = {"error": f"unsupported request {buf[:100]!r}; send {{\"api\": \"DescribeBroker\"}}"}
+            try:
+                await stream.send_all(json.dumps(out).encode() + b"\n")
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+
+    await trio.serve_listeners(handle, listeners)
+
+
+def describe(host: str, port: int, timeout: float = 5.0) -> dict[str, Any]:
+    """Ask a broker's admin endpoint for its state (blocking). Raises OSError/ValueError."""
+    with socket.create_connection((host, port), timeout=timeout) as s:
+        s.sendall(b'{"api": "DescribeBroker"}\n')
+        buf = b""
+        while not buf.endswith(b"\n"):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+    return json.loads(buf)
