@@ -1,0 +1,193 @@
+"""Brokers (Kafka's ClusterControlManager): registration, unregistration, fencing, unfencing,
+controlled shutdown, and producer-id blocks handed to brokers.
+
+Pure handlers ``(image, command, settings) -> ControllerResult``. A broker's epoch is the offset
+of its latest RegisterBrokerRecord (kraft-reference §5); requests that quote an epoch must quote
+the current one (STALE_BROKER_EPOCH).
+"""
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from kraft.controller.commands import Command, ControllerResult, error_fields
+from kraft.controller.replication_control import broker_leaving_changes, broker_returning_changes
+from kraft.controller.settings import ControllerSettings
+from kraft.errors import ErrorCode, KraftError
+from kraft.image import BrokerRegistration, MetadataImage
+from kraft.records import (
+    FENCE,
+    FENCE_UNCHANGED,
+    UNFENCE,
+    BrokerRegistrationChangeRecord,
+    ProducerIdsRecord,
+    Record,
+    RegisterBrokerRecord,
+    UnregisterBrokerRecord,
+)
+
+_ENDPOINT_KEYS = {"name": str, "host": str, "port": int, "security_protocol": str}
+_FEATURE_KEYS = {"name": str, "min_version": int, "max_version": int}
+
+
+def _maps(raw: Any, spec: dict[str, type], what: str) -> tuple[dict, ...]:
+    """Validate a list of maps with exactly ``spec``'s keys and types (INVALID_REQUEST)."""
+    if raw is None:
+        return ()
+    out = []
+    for item in raw if isinstance(raw, (list, tuple)) else [None]:
+        if not isinstance(item, dict) or set(item) != set(spec) or any(
+                type(item[k]) is not t for k, t in spec.items()):
+            raise KraftError(ErrorCode.INVALID_REQUEST, f"each of {what} must be a map {{{', '.join(spec)}}} "
+                                                        f"with the right types, got {item!r}")
+        out.append({k: item[k] for k in spec})
+    return tuple(out)
+
+
+def checked_broker(image: MetadataImage, broker_id: int, broker_epoch: int) -> BrokerRegistration:
+    """The registration of ``broker_id`` if ``broker_epoch`` is its current epoch, else
+    STALE_BROKER_EPOCH (as Kafka's checkBrokerEpoch, also for an unregistered broker)."""
+    reg = image.broker(broker_id)
+    if reg is None:
+        raise KraftError(ErrorCode.STALE_BROKER_EPOCH, f"No broker registration found for broker id {broker_id}.")
+    if reg.epoch != broker_epoch:
+        raise KraftError(ErrorCode.STALE_BROKER_EPOCH,
+                         f"Expected broker epoch {reg.epoch} for broker {broker_id}, but got {broker_epoch}.")
+    return reg
+
+
+def _unsupported_features(image: MetadataImage, features: tuple[dict, ...]) -> str | None:
+    """A finalized feature level the broker does not support (a feature it does not list
+    supports only level 0), described, or None."""
+    ranges = {f["name"]: (f["min_version"], f["max_version"]) for f in features}
+    for name in sorted(image.features):
+        level = image.features[name]
+        low, high = ranges.get(name, (0, 0))
+        if not low <= level <= high:
+            return f"the cluster's {name} is at level {level}, but the broker supports {low}..{high}"
+    return None
+
+
+def register_broker(image: MetadataImage, cmd: Command, settings: ControllerSettings) -> ControllerResult:
+    """BrokerRegistration (§6.1): RegisterBrokerRecord, fenced. A new incarnation's epoch is the
+    record's offset; the same incarnation amends its registration and keeps epoch and state."""
+    body = cmd.body
+    broker_id = body["broker_id"]
+    try:
+        if body["cluster_id"] != settings.cluster_id:
+            raise KraftError(ErrorCode.INCONSISTENT_CLUSTER_ID,
+                             f"Expected cluster id {settings.cluster_id!r}, but broker {broker_id} "
+                             f"sent {body['cluster_id']!r}.")
+        if broker_id < 0:
+            raise KraftError(ErrorCode.INVALID_REQUEST, f"Broker id must be non-negative, got {broker_id}.")
+        try:
+            incarnation = str(uuid.UUID(body["incarnation_id"]))
+        except ValueError:
+            raise KraftError(ErrorCode.INVALID_REQUEST,
+                             f"incarnation_id must be a UUID, got {body['incarnation_id']!r}.") from None
+        endpoints = _maps(body["listeners"], _ENDPOINT_KEYS, "listeners")
+        features_given = body.get("features")
+        features = _maps(features_given, _FEATURE_KEYS, "features")
+        rack = body.get("rack") or None
+        if rack is not None and not isinstance(rack, str):
+            raise KraftError(ErrorCode.INVALID_REQUEST, "rack must be a string.")
+        existing = image.broker(broker_id)
+        if existing is not None and existing.incarnation_id != incarnation and (
+                not existing.fenced or body.get("has_live_session") is True):
+            raise KraftError(ErrorCode.DUPLICATE_BROKER_REGISTRATION,
+                             f"Another broker {broker_id} (incarnation {existing.incarnation_id}) is registered "
+                             "and alive; retry once its session has expired.")
+        if features_given is not None:
+            problem = _unsupported_features(image, features)
+            if problem is not None:
+                raise KraftError(ErrorCode.UNSUPPORTED_VERSION, f"Broker {broker_id} cannot join: {problem}.")
+    except KraftError as e:
+        return ControllerResult([], {**error_fields(e), "broker_epoch": -1}, "broker-registration")
+    if existing is not None and existing.incarnation_id == incarnation:
+        epoch, fenced, shutting_down = existing.epoch, existing.fenced, existing.in_controlled_shutdown
+    else:
+        epoch, fenced, shutting_down = image.offset + 1, True, False
+    record = RegisterBrokerRecord(broker_id, incarnation, epoch, endpoints, features, rack, fenced, shutting_down)
+    return ControllerResult([record], {**error_fields(), "broker_epoch": epoch}, "broker-registration")
+
+
+def unregister_broker(image: MetadataImage, cmd: Command, settings: ControllerSettings) -> ControllerResult:
+    """UnregisterBroker: drop it from ISRs and leadership, then UnregisterBrokerRecord."""
+    broker_id = cmd.body["broker_id"]
+    reg = image.broker(broker_id)
+    if reg is None:
+        error = KraftError(ErrorCode.BROKER_ID_NOT_REGISTERED, f"Broker {broker_id} is not registered.")
+        return ControllerResult([], error_fields(error), "user-request")
+    records: list[Record] = [*broker_leaving_changes(image, settings, broker_id),
+                             UnregisterBrokerRecord(broker_id, reg.epoch)]
+    return ControllerResult(records, error_fields(), "user-request")
+
+
+def _transition(image: MetadataImage, cmd: Command, reason: str) -> tuple[BrokerRegistration | None, ControllerResult | None]:
+    """Common checks of fence/unfence/shutdown commands: the registration, or an error result."""
+    try:
+        return checked_broker(image, cmd.body["broker_id"], cmd.body["broker_epoch"]), None
+    except KraftError as e:
+        if image.broker(cmd.body["broker_id"]) is None:
+            e = KraftError(ErrorCode.BROKER_ID_NOT_REGISTERED, f"Broker {cmd.body['broker_id']} is not registered.")
+        return None, ControllerResult([], error_fields(e), reason)
+
+
+def fence_broker(image: MetadataImage, cmd: Command, settings: ControllerSettings) -> ControllerResult:
+    """FenceBroker (session timeout or want_fence): leave ISRs and leadership, then fenced=1.
+    Already fenced: nothing to write."""
+    reason = cmd.body.get("reason") or "session-timeout"
+    reg, failed = _transition(image, cmd, reason)
+    if failed is not None:
+        return failed
+    if reg.fenced:
+        return ControllerResult([], error_fields(), reason)
+    records: list[Record] = [*broker_leaving_changes(image, settings, reg.broker_id),
+                             BrokerRegistrationChangeRecord(reg.broker_id, reg.epoch, FENCE, 0)]
+    return ControllerResult(records, error_fields(), reason)
+
+
+def unfence_broker(image: MetadataImage, cmd: Command, settings: ControllerSettings) -> ControllerResult:
+    """UnfenceBroker (caught up): fenced=-1, then leaderless partitions it can lead get it."""
+    reason = "broker-unfenced"
+    reg, failed = _transition(image, cmd, reason)
+    if failed is not None:
+        return failed
+    if reg.in_controlled_shutdown:
+        error = KraftError(ErrorCode.INVALID_REQUEST,
+                           f"Broker {reg.broker_id} is in controlled shutdown; it must register again.")
+        return ControllerResult([], error_fields(error), reason)
+    if not reg.fenced:
+        return ControllerResult([], error_fields(), reason)
+    records: list[Record] = [BrokerRegistrationChangeRecord(reg.broker_id, reg.epoch, UNFENCE, 0),
+                             *broker_returning_changes(image, settings, reg.broker_id)]
+    return ControllerResult(records, error_fields(), reason)
+
+
+def begin_controlled_shutdown(image: MetadataImage, cmd: Command, settings: ControllerSettings) -> ControllerResult:
+    """BeginControlledShutdown: in_controlled_shutdown=1, then leave ISRs and leadership.
+    A fenced broker or one already shutting down: nothing to write."""
+    reason = "controlled-shutdown"
+    reg, failed = _transition(image, cmd, reason)
+    if failed is not None:
+        return failed
+    if reg.fenced or reg.in_controlled_shutdown:
+        return ControllerResult([], error_fields(), reason)
+    records: list[Record] = [BrokerRegistrationChangeRecord(reg.broker_id, reg.epoch, FENCE_UNCHANGED, 1),
+                             *broker_leaving_changes(image, settings, reg.broker_id)]
+    return ControllerResult(records, error_fields(), reason)
+
+
+def allocate_producer_ids(image: MetadataImage, cmd: Command, settings: ControllerSettings) -> ControllerResult:
+    """AllocateProducerIds: the next block of ``settings.producer_id_block_size`` ids."""
+    reason = "producer-id-block"
+    try:
+        reg = checked_broker(image, cmd.body["broker_id"], cmd.body["broker_epoch"])
+    except KraftError as e:
+        return ControllerResult([], {**error_fields(e), "producer_id_start": -1, "producer_id_len": 0}, reason)
+    start, size = image.next_producer_id, settings.producer_id_block_size
+    if start + size > 2**63 - 1:
+        error = KraftError(ErrorCode.UNKNOWN_SERVER_ERROR, "Producer ids are exhausted.")
+        return ControllerResult([], {**error_fields(error), "producer_id_start": -1, "producer_id_len": 0}, reason)
+    record = ProducerIdsRecord(reg.broker_id, reg.epoch, start + size)
+    return ControllerResult([record], {**error_fields(), "producer_id_start": start, "producer_id_len": size}, reason)

@@ -1,0 +1,40 @@
+"""Settings every controller of a cluster must share, because applying a command depends on them.
+
+Two controllers with different :class:`ControllerSettings` would write different records for the
+same command, so these come from the cluster's shared configuration, never from per-node state.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MAX_RECORDS_PER_BATCH = 10_000  # Kafka's fixed limit per batch and per user request
+PRODUCER_ID_BLOCK_SIZE = 1000  # Kafka's fixed producer-id block
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerSettings:
+    """Deterministic inputs of the controller state machine.
+
+    ``dedup_window`` bounds how many recent request ids (of batches written) are remembered to
+    answer a retried command without writing it twice.
+    """
+
+    cluster_id: str
+    num_partitions: int = 1
+    default_replication_factor: int = 1
+    metadata_version: int = 1
+    unclean_leader_election_enable: bool = False
+    max_records_per_batch: int = MAX_RECORDS_PER_BATCH
+    producer_id_block_size: int = PRODUCER_ID_BLOCK_SIZE
+    dedup_window: int = 10_000
+
+    def __post_init__(self) -> None:
+        if self.num_partitions < 1:
+            raise ValueError(f"num.partitions must be at least 1, got {self.num_partitions}")
+        if self.default_replication_factor < 1:
+            raise ValueError(f"default.replication.factor must be at least 1, got {self.default_replication_factor}")
+        if self.metadata_version < 1:
+            raise ValueError(f"metadata.version must be at least 1, got {self.metadata_version}")
+        if self.max_records_per_batch < 1 or self.producer_id_block_size < 1 or self.dedup_window < 0:
+            raise ValueError("max_records_per_batch and producer_id_block_size must be positive, "
+                             "dedup_window non-negative")

@@ -1,0 +1,179 @@
+"""The deterministic controller state machine every controller runs over committed commands.
+
+``apply`` validates a command against the current image, asks the owning control manager for
+records and a response, wraps the records in one :class:`Batch` (base offset = image offset + 1,
+prev_hash = the image's last hash) and replays it into the next image. Same commands in the same
+order give byte-identical batches on every controller: no randomness except from the command
+seed, time only from the command, no iteration over unordered containers without sorting.
+
+User errors are response values; only a record that fails to replay (an internal
+inconsistency) raises. A window of recently written request ids answers a retried command with
+``{"duplicate": true, ...}`` instead of writing it twice. Only requests that produced a batch are
+remembered, so the window is rebuilt by replaying the log's recent batches (``replay_batch`` or
+``note_replayed_batch``); after loading a snapshot, feed it the batches that precede the snapshot
+if the log still has them, or a retry arriving right then may be applied twice.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any, Callable
+
+from kraft.controller import cluster_control, config_control, feature_control, replication_control
+from kraft.controller.commands import Command, ControllerResult, error_response
+from kraft.controller.reads import READS
+from kraft.controller.settings import ControllerSettings
+from kraft.errors import ErrorCode, KraftError
+from kraft.image import MetadataDelta, MetadataImage
+from kraft.records import (
+    Batch,
+    PartitionRecord,
+    ProducerIdsRecord,
+    Provenance,
+    RegisterBrokerRecord,
+    RemoveTopicRecord,
+    TopicRecord,
+    batch_hash,
+)
+from kraft.rpc.apis import APIS, validate_request
+
+Handler = Callable[[MetadataImage, Command, ControllerSettings], ControllerResult]
+
+WRITES: dict[str, Handler] = {
+    "CreateTopics": replication_control.create_topics,
+    "CreatePartitions": replication_control.create_partitions,
+    "DeleteTopics": replication_control.delete_topics,
+    "ElectLeaders": replication_control.elect_leaders,
+    "AlterPartition": replication_control.alter_partition,
+    "IncrementalAlterConfigs": config_control.incremental_alter_configs,
+    "BrokerRegistration": cluster_control.register_broker,
+    "UnregisterBroker": cluster_control.unregister_broker,
+    "FenceBroker": cluster_control.fence_broker,
+    "UnfenceBroker": cluster_control.unfence_broker,
+    "BeginControlledShutdown": cluster_control.begin_controlled_shutdown,
+    "AllocateProducerIds": cluster_control.allocate_producer_ids,
+    "ActivateController": feature_control.activate_controller,
+    "NoOp": feature_control.no_op,
+}
+
+
+def batch_summary(batch: Batch, image: MetadataImage) -> dict[str, Any]:
+    """What a retried request is told about the batch its first attempt wrote: the offsets and
+    what the records say (topics created or removed, a broker epoch, a producer-id block).
+    ``image`` is the image the batch was applied to (to name removed topics)."""
+    summary: dict[str, Any] = {"duplicate": True, "request_id": batch.provenance.request_id,
+                               "api": batch.provenance.api, "error_code": 0, "error_message": "",
+                               "base_offset": batch.base_offset, "offset": batch.last_offset}
+    topics: list[dict[str, Any]] = []
+    created: dict[str, dict[str, Any]] = {}
+    for record in batch.records:
+        if isinstance(record, TopicRecord):
+            created[record.topic_id] = {"name": record.name, "topic_id": record.topic_id, "error_code": 0,
+                                        "error_message": "", "num_partitions": 0, "replication_factor": 0}
+            topics.append(created[record.topic_id])
+        elif isinstance(record, PartitionRecord) and record.topic_id in created:
+            created[record.topic_id]["num_partitions"] += 1
+            created[record.topic_id]["replication_factor"] = len(record.replicas)
+        elif isinstance(record, RemoveTopicRecord):
+            old = image.topics_by_id.get(record.topic_id)
+            topics.append({"name": old.name if old else "", "topic_id": record.topic_id,
+                           "error_code": 0, "error_message": ""})
+        elif isinstance(record, RegisterBrokerRecord):
+            summary["broker_epoch"] = record.broker_epoch
+        elif isinstance(record, ProducerIdsRecord):
+            start = image.next_producer_id
+            summary["producer_id_start"] = start
+            summary["producer_id_len"] = record.next_producer_id - start
+    if topics:
+        summary["topics"] = topics
+    return summary
+
+
+class QuorumStateMachine:
+    """Applies commands to a :class:`MetadataImage`; see the module doc and docs/design.md."""
+
+    def __init__(self, settings: ControllerSettings, image: MetadataImage = MetadataImage.EMPTY) -> None:
+        self.settings = settings
+        self.image = image
+        self._recent: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self.last_encoded: bytes | None = None  # encoding of the last batch apply() produced
+
+    # ---- writes -------------------------------------------------------------------------------
+
+    def apply(self, command: Command, raft_index: int, term: int,
+              raft_position: int = 0) -> tuple[Batch | None, dict[str, Any]]:
+        """Apply one committed command; returns (batch to append or None, response body)."""
+        self.last_encoded = None
+        handler = WRITES.get(command.api)
+        if handler is None:
+            kind = APIS[command.api].kind if command.api in APIS else "unknown"
+            return None, error_response(ErrorCode.INVALID_REQUEST,
+                                        f"{command.api!r} is not a replicated write API ({kind}).")
+        if command.request_id:
+            seen = self._recent.get(command.request_id)
+            if seen is not None and seen["api"] == command.api:
+                return None, dict(seen)
+        try:
+            validate_request(command.api, command.body)
+            result = handler(self.image, command, self.settings)
+        except KraftError as e:
+            return None, error_response(e.code, e.message)
+        except Exception as e:  # malformed nested input the handler did not anticipate
+            return None, error_response(ErrorCode.INVALID_REQUEST,
+                                        f"{command.api}: malformed request ({type(e).__name__}: {e})")
+        if not result.records:
+            return None, result.response
+        image = self.image
+        batch = Batch(
+            base_offset=image.offset + 1, term=term, raft_index=raft_index,
+            timestamp_ms=max(command.timestamp_ms, image.timestamp_ms),
+            provenance=Provenance(command.principal, command.client_id, command.request_id,
+                                  command.api, result.reason),
+            prev_hash=image.last_hash, records=tuple(result.records), raft_position=raft_position)
+        encoded = batch.encode()
+        self.replay_batch(batch, encoded)  # a ReplayError here is fatal: let it propagate
+        self.last_encoded = encoded
+        return batch, result.response
+
+    def replay_batch(self, batch: Batch, encoded: bytes | None = None) -> None:
+        """Replay a batch (from apply, or from the log at start-up) into the image."""
+        delta = MetadataDelta(self.image)
+        delta.replay_batch(batch, batch_hash(encoded) if encoded is not None else None)
+        self.note_replayed_batch(batch)
+        self.image = delta.apply()
+
+    def note_replayed_batch(self, batch: Batch) -> None:
+        """Remember the batch's request id in the dedup window (bounded, oldest out first).
+        Call before the image moves past the batch, so removed topics can still be named."""
+        request_id = batch.provenance.request_id
+        if not request_id or self.settings.dedup_window == 0:
+            return
+        self._recent.pop(request_id, None)
+        self._recent[request_id] = batch_summary(batch, self.image)
+        while len(self._recent) > self.settings.dedup_window:
+            self._recent.popitem(last=False)
+
+    def reset(self, image: MetadataImage) -> None:
+        """Adopt ``image`` (a snapshot was installed); the dedup window is kept."""
+        self.image = image
+
+    @property
+    def recent_request_ids(self) -> list[str]:
+        """Request ids in the dedup window, oldest first."""
+        return list(self._recent)
+
+    # ---- reads --------------------------------------------------------------------------------
+
+    def read(self, api: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Answer a read-only API from the current image."""
+        handler = READS.get(api)
+        if handler is None:
+            return {"offset": self.image.offset, **error_response(
+                ErrorCode.INVALID_REQUEST, f"{api!r} is not a read API of the controller state machine.")}
+        try:
+            validate_request(api, body)
+            return handler(self.image, body, self.settings)
+        except KraftError as e:
+            return {"offset": self.image.offset, **error_response(e.code, e.message)}
+        except Exception as e:
+            return {"offset": self.image.offset, **error_response(
+                ErrorCode.INVALID_REQUEST, f"{api}: malformed request ({type(e).__name__}: {e})")}
