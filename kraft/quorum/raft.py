@@ -1,0 +1,555 @@
+"""``RaftQuorum``: one PySyncObj member, seen from trio. The only module importing pysyncobj.
+
+How a write flows
+-----------------
+``await submit(command)`` (trio) → :class:`~kraft.quorum.group_commit.GroupCommitter` → one
+replicated call ``apply_group(commands, origin_term)`` → PySyncObj appends one Raft entry,
+syncs the journal (``fsync="always"``), replicates → on commit *every* member runs
+``apply_group`` on its tick thread, which calls ``target.apply_entry(raft_index, term,
+commands)`` → on the submitting member the results travel back to trio through
+:class:`_TrioBridge` (the one place that crosses threads).
+
+PySyncObj settings, chosen on purpose
+-------------------------------------
+* ``appendEntriesUseBatch=False``: with PySyncObj's batching on, a new entry waits for the next
+  ``appendEntriesPeriod`` tick (0.1 s), i.e. ~10 sequential commits/s and ~100 ms latency.
+  Off, the leader sends an entry the moment it is appended (its pipe notifier wakes the tick
+  thread), so a commit costs one round trip. Batching is then ours: while one group is in
+  flight, new commands queue and leave together as the next entry (``group_commit.py``).
+  Measured on this machine (3 in-process members, loopback, see ``tests/test_quorum.py``'s
+  ``test_measure`` / the final report): with PySyncObj's batching a sequential submit takes
+  ~100 ms; with ours it is a round trip, and 32 concurrent submitters produce groups of
+  ~10-30 commands per entry.
+* ``commandsWaitLeader=False``: without a leader a call fails at once (we map it to
+  ``NOT_CONTROLLER``) instead of being parked inside PySyncObj.
+* We never forward commands: ``submit`` refuses on a non-leader, and every group carries the
+  term it was submitted in; a group whose Raft entry has another term (PySyncObj forwarded it
+  after we lost leadership, or it was re-proposed) is rejected deterministically on every
+  member with ``NOT_CONTROLLER`` and never reaches the target.
+* ``appendEntriesBatchSizeBytes`` is kept well above the largest group, so PySyncObj never
+  uses its chunked "transmission" path for a single entry (that path's end-of-transfer check
+  compares the pickled length with the raw length and can mark the wrong chunk as last).
+* ``leaderFallbackTimeout`` short (default 2.5 s): a leader cut off from the majority steps
+  down quickly instead of believing it leads for 30 s. ``connectionRetryTime`` 0.5 s so a
+  restarted member is reconnected quickly.
+* Compaction: ``serializer``/``deserializer`` hooks, ``useFork=False``, thresholds large by
+  default (100,000 entries / 1 hour). The dump holds ``target.dump()`` and PySyncObj's
+  bookkeeping (last two entries, cluster) in our own format (``_write_dump``), no pickle.
+* ``password`` → encrypted and authenticated Raft traffic (peers exchange pickles: without it
+  anyone reaching the Raft port can execute code). A non-loopback Raft address without a
+  password is refused.
+"""
+from __future__ import annotations
+
+import functools
+import ipaddress
+import logging
+import os
+import struct
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+import msgpack
+import pysyncobj.syncobj as _syncobj_module
+import trio
+from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
+from pysyncobj.journal import FileJournal
+from pysyncobj.monotonic import monotonic as _monotonic
+from pysyncobj.node import TCPNode
+from pysyncobj.transport import TCPTransport
+
+from kraft.errors import ErrorCode, KraftError
+from kraft.quorum.durable_journal import DurableJournalMixin, register_journal, unregister_journal
+from kraft.quorum.group_commit import GroupCommitter
+
+logger = logging.getLogger(__name__)
+
+_STATE_NAMES = {0: "follower", 1: "candidate", 2: "leader"}
+_DUMP_MAGIC = b"KRAFTDMP"
+_DUMP_HEADER = struct.Struct(">8sII")  # magic, format version, metadata length
+
+
+class ApplyTarget(Protocol):
+    """The controller's apply side. All methods are called on PySyncObj's tick thread."""
+
+    def apply_entry(self, raft_index: int, term: int, commands: list[bytes]) -> list[Any]:
+        """Apply one committed entry's commands in order; one result per command."""
+
+    def last_applied_raft_index(self) -> int:
+        """Entries with a Raft index ≤ this are already reflected and are not applied again."""
+
+    def dump(self) -> bytes:
+        """A snapshot of the applied state (for PySyncObj's log compaction)."""
+
+    def load(self, data: bytes) -> None:
+        """Install a snapshot produced by ``dump`` (a lagging follower, or restart)."""
+
+
+@dataclass(frozen=True)
+class RaftSettings:
+    """Tuning of one quorum member; see the module docstring for why these defaults."""
+
+    password: str | None = None
+    fsync: str = "always"  # "always" | "never"
+    raft_min_timeout: float = 0.4
+    raft_max_timeout: float = 1.0
+    append_entries_period: float = 0.1
+    connection_timeout: float = 2.0
+    connection_retry_time: float = 0.5
+    leader_fallback_timeout: float = 2.5
+    compaction_min_entries: int = 100_000
+    compaction_min_time: float = 3600.0
+    group_max_commands: int = 1000
+    group_max_bytes: int = 1 << 20
+    group_max_in_flight: int = 1
+    auto_tick_period: float = 0.05
+
+    def validate(self) -> None:
+        if self.fsync not in ("always", "never"):
+            raise ValueError(f"fsync must be 'always' or 'never', not {self.fsync!r}")
+        if not 0 < self.raft_min_timeout < self.raft_max_timeout:
+            raise ValueError("need 0 < raft_min_timeout < raft_max_timeout")
+        if self.leader_fallback_timeout <= 0 or self.compaction_min_entries < 2:
+            raise ValueError("leader_fallback_timeout must be > 0, compaction_min_entries >= 2")
+
+
+def _host_of(addr: str) -> str:
+    host, _, port = addr.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"Raft address {addr!r} is not host:port")
+    return host.strip("[]")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class DurableJournal(DurableJournalMixin, FileJournal):
+    """PySyncObj's file journal that syncs before outgoing messages (``durable_journal.py``)."""
+
+
+class _TrioBridge:
+    """The single crossing from PySyncObj's thread into trio."""
+
+    def __init__(self, token: trio.lowlevel.TrioToken) -> None:
+        self._token = token
+
+    def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        try:
+            self._token.run_sync_soon(fn, *args)
+        except trio.RunFinishedError:
+            logger.debug("trio run finished; dropping %r", fn)
+
+
+class _SyncingTransport(TCPTransport):
+    """PySyncObj's TCP transport, syncing the journal before every outgoing message."""
+
+    def __init__(self, syncObj: Any, selfNode: Any, otherNodes: Any, *,  # noqa: N803
+                 before_send: Callable[[], None]) -> None:
+        self._before_send = before_send
+        super().__init__(syncObj, selfNode, otherNodes)
+
+    def send(self, node: Any, message: Any) -> bool:
+        self._before_send()
+        return super().send(node, message)
+
+
+class _Rejected:
+    """``apply_group``'s answer for a group not applied (wrong term / apply failure)."""
+
+    __slots__ = ("code", "message")
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        self.code = code
+        self.message = message
+
+
+class _KraftSyncObj(SyncObj):
+    """The PySyncObj object: one replicated method, everything else delegated to the quorum."""
+
+    def __init__(self, quorum: "RaftQuorum", self_addr: str, partners: list[str],
+                 conf: SyncObjConf, transport_class: Any) -> None:
+        self._kraft = quorum
+        super().__init__(self_addr, partners, conf=conf, transportClass=transport_class)
+
+    @replicated
+    def apply_group(self, commands: list[bytes], origin_term: int) -> Any:
+        return self._kraft._apply_committed(commands, origin_term)
+
+    # -- PySyncObj internals, read only here (name-mangled private attributes) --
+    def entry_term(self, raft_index: int) -> int | None:
+        entries = self._SyncObj__getEntries(raft_index, 1)  # type: ignore[attr-defined]
+        return entries[0][2] if entries else None
+
+    def last_log_index(self) -> int:
+        return self._SyncObj__raftLog[-1][1]  # type: ignore[attr-defined]
+
+    def last_response_times(self) -> dict[Any, float]:
+        return dict(self._SyncObj__lastResponseTime)  # type: ignore[attr-defined]
+
+
+class RaftQuorum:
+    """One controller's Raft membership (PySyncObj), driven from trio."""
+
+    def __init__(self, node_id: int, self_addr: str, partners: dict[int, str], raft_dir: Path,
+                 target: ApplyTarget, settings: RaftSettings | None = None) -> None:
+        settings = settings or RaftSettings()
+        settings.validate()
+        hosts = [_host_of(self_addr)] + [_host_of(a) for a in partners.values()]
+        if settings.password is None and not all(_is_loopback(h) for h in hosts):
+            raise ValueError(
+                f"refusing to run Raft on a non-loopback address ({self_addr}, peers "
+                f"{sorted(partners.values())}) without a password: PySyncObj peers exchange "
+                "pickles, so anyone who can reach the port could execute code. Set "
+                "controller.raft.secret.file or KRAFT_RAFT_SECRET.")
+        if node_id in partners:
+            raise ValueError(f"node {node_id} is listed among its own partners")
+        self.node_id = node_id
+        self.self_addr = self_addr
+        self.partners = dict(partners)
+        self.raft_dir = Path(raft_dir)
+        self.target = target
+        self.settings = settings
+        self._addr_to_id = {addr: nid for nid, addr in partners.items()}
+        self._addr_to_id[self_addr] = node_id
+        self._so: _KraftSyncObj | None = None
+        self._journal: DurableJournal | None = None
+        self._bridge: _TrioBridge | None = None
+        self._committer = GroupCommitter(self._send_group,
+                                         max_commands=settings.group_max_commands,
+                                         max_bytes=settings.group_max_bytes,
+                                         max_in_flight=settings.group_max_in_flight)
+        self._subscribers: list[trio.MemorySendChannel[tuple[bool, int]]] = []
+        self._observed: tuple[bool, int] = (False, 0)
+        self._observe_lock = threading.Lock()
+        self._closed = False
+        self._counters = {"entries_applied": 0, "entries_skipped": 0, "entries_rejected": 0,
+                          "apply_errors": 0, "dumps_written": 0, "dumps_loaded": 0}
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    @property
+    def journal_path(self) -> Path:
+        return self.raft_dir / "journal.bin"
+
+    @property
+    def dump_path(self) -> Path:
+        return self.raft_dir / "dump.bin"
+
+    def start(self) -> None:
+        """Bind the Raft port and start PySyncObj's tick thread. Call from the trio thread."""
+        if self._so is not None:
+            raise RuntimeError("already started")
+        self._bridge = _TrioBridge(trio.lowlevel.current_trio_token())
+        self.raft_dir.mkdir(parents=True, exist_ok=True)
+        s = self.settings
+        fsync = s.fsync == "always"
+        journal_file = str(self.journal_path)
+
+        def make_journal(path: str) -> DurableJournal:
+            self._journal = DurableJournal(path, fsync=fsync)
+            return self._journal
+
+        conf = SyncObjConf(
+            password=s.password,
+            autoTickPeriod=s.auto_tick_period,
+            raftMinTimeout=s.raft_min_timeout,
+            raftMaxTimeout=s.raft_max_timeout,
+            appendEntriesPeriod=min(s.append_entries_period, s.raft_min_timeout / 4),
+            connectionTimeout=max(s.connection_timeout, s.raft_max_timeout),
+            connectionRetryTime=s.connection_retry_time,
+            leaderFallbackTimeout=s.leader_fallback_timeout,
+            appendEntriesUseBatch=False,
+            appendEntriesBatchSizeBytes=4 * s.group_max_bytes + (1 << 20),
+            commandsWaitLeader=False,
+            logCompactionMinEntries=s.compaction_min_entries,
+            logCompactionMinTime=s.compaction_min_time,
+            logCompactionBatchSize=1 << 18,
+            journalFile=journal_file,
+            fullDumpFile=str(self.dump_path),
+            serializer=self._write_dump,
+            deserializer=self._read_dump,
+            useFork=False,
+            dynamicMembershipChange=False,
+            onStateChanged=lambda old, new: self._observe(),
+            bindAddress=self.self_addr,
+        )
+        register_journal(_syncobj_module, journal_file, make_journal)
+        transport = functools.partial(_SyncingTransport, before_send=self._sync_journal)
+        try:
+            self._so = _KraftSyncObj(self, self.self_addr, list(self.partners.values()), conf,
+                                     transport)
+        finally:
+            unregister_journal(journal_file)
+        self._so.addOnTickCallback(self._observe)
+        logger.info("raft member %d on %s, partners %s, fsync=%s", self.node_id, self.self_addr,
+                    self.partners, s.fsync)
+
+    def close(self) -> None:
+        """Stop PySyncObj (joins its thread) and fail queued submissions."""
+        if self._closed:
+            return
+        self._closed = True
+        so, self._so = self._so, None
+        if so is not None:
+            so.destroy_synchronous()
+        self._committer.fail_all(KraftError(ErrorCode.NOT_CONTROLLER, "quorum closed"))
+        for channel in self._subscribers:
+            channel.close()
+        self._subscribers.clear()
+
+    # ---- trio API ---------------------------------------------------------------------------
+    async def submit(self, command: bytes, timeout: float) -> Any:
+        """Replicate ``command`` and return ``target.apply_entry``'s result for it.
+
+        Raises ``KraftError(NOT_CONTROLLER)`` when this member is not the leader (checked before
+        submitting; the RPC layer redirects clients) or loses leadership before the group is
+        appended, and ``KraftError(REQUEST_TIMED_OUT)`` after ``timeout`` seconds — in that case
+        the command **may still commit** (make retries idempotent: request ids)."""
+        if self._so is None or self._closed:
+            raise KraftError(ErrorCode.NOT_CONTROLLER, "quorum is not running")
+        if not self.is_leader:
+            raise KraftError(ErrorCode.NOT_CONTROLLER, self._not_leader_message())
+        return await self._committer.submit(command, timeout)
+
+    @property
+    def is_leader(self) -> bool:
+        so = self._so
+        return so is not None and so._isLeader()
+
+    @property
+    def leader_id(self) -> int | None:
+        so = self._so
+        leader = so._getLeader() if so is not None else None
+        return None if leader is None else self._addr_to_id.get(leader.id)
+
+    @property
+    def term(self) -> int:
+        so = self._so
+        return so.raftCurrentTerm if so is not None else 0
+
+    def leadership_events(self, buffer: int = 64) -> trio.MemoryReceiveChannel[tuple[bool, int]]:
+        """A channel of ``(is_leader, term)``: the current state first, then every change."""
+        send, recv = trio.open_memory_channel[tuple[bool, int]](buffer)
+        send.send_nowait((self.is_leader, self.term))
+        self._subscribers.append(send)
+        return recv
+
+    def status(self) -> dict[str, Any]:
+        """Leader, term, commit/applied index, per-voter progress, quorum, state."""
+        so = self._so
+        if so is None:
+            return {"node_id": self.node_id, "state": "stopped", "leader_id": None, "term": 0,
+                    "commit_index": 0, "last_applied": 0, "has_quorum": False, "voters": {}}
+        for _ in range(5):
+            try:
+                st = so.getStatus()
+                responses = so.last_response_times()
+                last_index = so.last_log_index()
+                break
+            except RuntimeError:  # a dict changed size on the tick thread; read again
+                continue
+        else:
+            raise KraftError(ErrorCode.UNKNOWN_SERVER_ERROR, "could not read raft status")
+        is_leader = st["state"] == 2
+        leader = st.get("leader")
+        now = _monotonic()
+        voters: dict[int, dict[str, Any]] = {
+            self.node_id: {"address": self.self_addr, "match_index": last_index,
+                           "lag": 0, "connected": True, "last_contact_ms": 0}}
+        for nid, addr in sorted(self.partners.items()):
+            match = st.get(f"match_idx_server_{addr}") if is_leader else None
+            seen = responses.get(_node_key(addr)) if is_leader else None
+            voters[nid] = {
+                "address": addr,
+                "match_index": match,
+                "lag": (last_index - match) if match is not None else None,
+                "connected": st.get(f"partner_node_status_server_{addr}") == 2,
+                "last_contact_ms": int((now - seen) * 1000) if seen is not None else None,
+            }
+        return {
+            "node_id": self.node_id,
+            "state": _STATE_NAMES.get(st["state"], str(st["state"])),
+            "leader_id": None if leader is None else self._addr_to_id.get(leader.id),
+            "term": st["raft_term"],
+            "commit_index": st["commit_idx"],
+            "last_applied": st["last_applied"],
+            "last_log_index": last_index,
+            "log_len": st["log_len"],
+            "has_quorum": st["has_quorum"],
+            "voters": voters,
+        }
+
+    def stats(self) -> dict[str, int]:
+        """Counters: group commit, journal syncs, applied/skipped/rejected entries, dumps."""
+        c = self._committer
+        j = self._journal
+        return {
+            "groups_sent": c.groups_sent, "commands_sent": c.commands_sent,
+            "largest_group": c.largest_group, "groups_failed": c.groups_failed,
+            "queued": c.queued, "in_flight": c.in_flight,
+            "journal_syncs": j.journal_syncs if j else 0,
+            "journal_synced_index": j.synced_index if j else 0,
+            "journal_meta_syncs": j.meta_syncs if j else 0,
+            **self._counters,
+        }
+
+    def force_compaction(self) -> None:
+        """Ask PySyncObj to compact its log (write the dump) on its next tick."""
+        if self._so is not None:
+            self._so.forceLogCompaction()
+
+    # ---- trio side of group commit --------------------------------------------------------
+    def _send_group(self, commands: list[bytes], complete: Callable[..., None]) -> None:
+        so = self._so
+        if so is None or not so._isLeader():
+            raise KraftError(ErrorCode.NOT_CONTROLLER, self._not_leader_message())
+        bridge = self._bridge
+        assert bridge is not None
+
+        def on_result(result: Any, reason: int) -> None:  # PySyncObj's tick thread
+            bridge.call_soon(self._finish_group, complete, result, reason)
+
+        so.apply_group(commands, so.raftCurrentTerm, callback=on_result)
+
+    def _finish_group(self, complete: Callable[..., None], result: Any, reason: int) -> None:
+        if reason == FAIL_REASON.SUCCESS and isinstance(result, list):
+            complete(result, None)
+        elif reason == FAIL_REASON.SUCCESS and isinstance(result, _Rejected):
+            complete(None, KraftError(result.code, result.message))
+        elif reason in (FAIL_REASON.MISSING_LEADER, FAIL_REASON.NOT_LEADER,
+                        FAIL_REASON.LEADER_CHANGED, FAIL_REASON.DISCARDED):
+            complete(None, KraftError(ErrorCode.NOT_CONTROLLER,
+                                      f"leadership lost before commit (reason {reason}); "
+                                      + self._not_leader_message()))
+        elif reason == FAIL_REASON.QUEUE_FULL:
+            complete(None, KraftError(ErrorCode.THROTTLING_QUOTA_EXCEEDED, "raft queue full"))
+        else:
+            complete(None, KraftError(ErrorCode.UNKNOWN_SERVER_ERROR,
+                                      f"raft failure reason {reason}; the outcome is unknown"))
+
+    def _not_leader_message(self) -> str:
+        lid = self.leader_id
+        return f"node {self.node_id} is not the leader (leader: {lid if lid is not None else 'unknown'})"
+
+    def _publish(self, state: tuple[bool, int]) -> None:  # trio thread
+        alive = []
+        for channel in self._subscribers:
+            try:
+                channel.send_nowait(state)
+                alive.append(channel)
+            except trio.WouldBlock:
+                logger.warning("leadership event subscriber is not keeping up; dropped %s", state)
+                alive.append(channel)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+        self._subscribers = alive
+        self._committer.kick()
+
+    # ---- PySyncObj's tick thread ----------------------------------------------------------
+    def _observe(self) -> None:
+        """Leadership watch: called from ``onStateChanged`` and every tick (cheap compare)."""
+        so = self._so
+        bridge = self._bridge
+        if so is None or bridge is None:
+            return
+        state = (so._isLeader(), so.raftCurrentTerm)
+        with self._observe_lock:
+            if state == self._observed:
+                return
+            self._observed = state
+        logger.info("raft member %d: %s in term %d", self.node_id,
+                    "leader" if state[0] else "not leader", state[1])
+        bridge.call_soon(self._publish, state)
+
+    def _sync_journal(self) -> None:
+        journal = self._journal
+        if journal is not None:
+            journal.sync()
+
+    def _apply_committed(self, commands: list[bytes], origin_term: int) -> Any:
+        so = self._so
+        assert so is not None
+        raft_index = so.raftLastApplied + 1  # the entry being applied (PySyncObj increments after)
+        term = so.entry_term(raft_index)
+        if term is None:
+            term = so.raftCurrentTerm
+        if term != origin_term:
+            self._counters["entries_rejected"] += 1
+            return _Rejected(ErrorCode.NOT_CONTROLLER,
+                             f"group submitted in term {origin_term} was committed in term {term}")
+        if not self.partners:
+            self._sync_journal()  # single member: no outgoing message syncs for us
+        try:
+            if raft_index <= self.target.last_applied_raft_index():
+                self._counters["entries_skipped"] += 1
+                return [None] * len(commands)
+            results = self.target.apply_entry(raft_index, term, list(commands))
+        except Exception as exc:  # never raise into PySyncObj: it would re-apply forever
+            self._counters["apply_errors"] += 1
+            logger.exception("applying raft entry %d failed", raft_index)
+            return _Rejected(ErrorCode.UNKNOWN_SERVER_ERROR, f"apply failed: {exc!r}")
+        self._counters["entries_applied"] += 1
+        return list(results)
+
+    def _write_dump(self, path: str, data: tuple) -> None:
+        """PySyncObj ``serializer(fileName, data)``: ``data`` = (last applied entry, the entry
+        before it, cluster nodes); entries are ``(command, raft index, term)``."""
+        try:
+            last_entry, prev_entry, cluster = data
+            snapshot = self.target.dump()
+            meta = msgpack.packb({
+                "raft_index": last_entry[1], "term": last_entry[2],
+                "last_entry": [bytes(last_entry[0]), last_entry[1], last_entry[2]],
+                "prev_entry": [bytes(prev_entry[0]), prev_entry[1], prev_entry[2]],
+                "cluster": sorted(str(n.id) for n in cluster),
+            }, use_bin_type=True)
+            with open(path, "wb") as f:
+                f.write(_DUMP_HEADER.pack(_DUMP_MAGIC, 1, len(meta)))
+                f.write(meta)
+                f.write(snapshot)
+                f.flush()
+                if self.settings.fsync == "always":
+                    os.fsync(f.fileno())
+            self._counters["dumps_written"] += 1
+            logger.info("raft member %d: compaction dump at raft index %d (%d bytes snapshot)",
+                        self.node_id, last_entry[1], len(snapshot))
+        except Exception:
+            logger.exception("raft member %d: writing the compaction dump failed", self.node_id)
+            raise
+
+    def _read_dump(self, path: str) -> tuple:
+        """PySyncObj ``deserializer(fileName)``: install the snapshot in the target unless the
+        target is already at or past it; return PySyncObj's bookkeeping tuple."""
+        try:
+            with open(path, "rb") as f:
+                if self.settings.fsync == "always":
+                    os.fsync(f.fileno())  # a received dump is written by PySyncObj unsynced
+                raw = f.read()
+            magic, version, meta_len = _DUMP_HEADER.unpack_from(raw, 0)
+            if magic != _DUMP_MAGIC or version != 1:
+                raise ValueError(f"{path}: not a pykraft raft dump (magic {magic!r}, v{version})")
+            start = _DUMP_HEADER.size
+            meta = msgpack.unpackb(raw[start:start + meta_len], raw=False)
+            snapshot = raw[start + meta_len:]
+            if meta["raft_index"] > self.target.last_applied_raft_index():
+                self.target.load(snapshot)
+                self._counters["dumps_loaded"] += 1
+                logger.info("raft member %d: installed dump at raft index %d", self.node_id,
+                            meta["raft_index"])
+            last, prev = meta["last_entry"], meta["prev_entry"]
+            cluster = {TCPNode(a) for a in meta["cluster"]}
+            return (bytes(last[0]), last[1], last[2]), (bytes(prev[0]), prev[1], prev[2]), cluster
+        except Exception:
+            logger.exception("raft member %d: loading the raft dump %s failed", self.node_id, path)
+            raise
+
+
+def _node_key(addr: str) -> TCPNode:
+    return TCPNode(addr)

@@ -1,0 +1,352 @@
+"""RaftQuorum: three in-process PySyncObj members on loopback, plus group commit in isolation."""
+from __future__ import annotations
+
+import functools
+import os
+import socket
+import statistics
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import msgpack
+import pytest
+import trio
+
+from kraft.errors import ErrorCode, KraftError
+from kraft.quorum import RaftQuorum, RaftSettings
+from kraft.quorum.group_commit import GroupCommitter
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def trio_test(fn: Any) -> Any:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        trio.run(functools.partial(fn, *args, **kwargs))
+
+    return wrapper
+
+
+class ListTarget:
+    """Deterministic apply side: a list of commands; remembers the last applied raft index."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.commands: list[bytes] = []
+        self.entries: list[tuple[int, int, int]] = []  # (raft_index, term, n commands)
+        self.last_index = 0
+        self.sync_probe: Callable[[], int] | None = None
+        self.unsynced_at_apply: list[tuple[int, int]] = []
+        self.loads = 0
+
+    def apply_entry(self, raft_index: int, term: int, commands: list[bytes]) -> list[Any]:
+        with self.lock:
+            assert raft_index > self.last_index, (raft_index, self.last_index)
+            if self.sync_probe is not None:
+                synced = self.sync_probe()
+                if synced < raft_index:
+                    self.unsynced_at_apply.append((raft_index, synced))
+            results = []
+            for c in commands:
+                self.commands.append(c)
+                results.append((raft_index, len(self.commands) - 1))
+            self.entries.append((raft_index, term, len(commands)))
+            self.last_index = raft_index
+            return results
+
+    def last_applied_raft_index(self) -> int:
+        return self.last_index
+
+    def dump(self) -> bytes:
+        with self.lock:
+            return msgpack.packb({"commands": self.commands, "last": self.last_index})
+
+    def load(self, data: bytes) -> None:
+        d = msgpack.unpackb(data)
+        with self.lock:
+            self.commands = list(d["commands"])
+            self.last_index = d["last"]
+            self.loads += 1
+
+    def snapshot(self) -> list[bytes]:
+        with self.lock:
+            return list(self.commands)
+
+
+def free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+class Cluster:
+    def __init__(self, tmp: Path, size: int = 3, **settings: Any) -> None:
+        ports = free_ports(size)
+        self.addrs = {i + 1: f"127.0.0.1:{p}" for i, p in enumerate(ports)}
+        self.tmp = tmp
+        self.settings = RaftSettings(**settings)
+        self.targets = {i: ListTarget() for i in self.addrs}
+        self.members: dict[int, RaftQuorum] = {}
+
+    def start(self, nid: int) -> RaftQuorum:
+        q = RaftQuorum(nid, self.addrs[nid], {i: a for i, a in self.addrs.items() if i != nid},
+                       self.tmp / f"n{nid}", self.targets[nid], self.settings)
+        q.start()
+        self.members[nid] = q
+        return q
+
+    def stop(self, nid: int) -> None:
+        self.members.pop(nid).close()
+
+    def close(self) -> None:
+        for nid in list(self.members):
+            self.stop(nid)
+
+    async def leader(self, timeout: float = 10.0) -> RaftQuorum:
+        with trio.fail_after(timeout):
+            while True:
+                leaders = [q for q in self.members.values() if q.is_leader]
+                if len(leaders) == 1:
+                    lid = leaders[0].node_id
+                    if all(q.leader_id == lid for q in self.members.values()):
+                        return leaders[0]
+                await trio.sleep(0.02)
+
+
+async def wait_for(cond: Callable[[], bool], timeout: float, what: str) -> None:
+    with trio.move_on_after(timeout):
+        while not cond():
+            await trio.sleep(0.02)
+        return
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@trio_test
+async def test_three_members_group_commit_failover_restart(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path, fsync="always")
+    try:
+        for nid in cluster.addrs:
+            cluster.start(nid)
+        events = {nid: q.leadership_events() for nid, q in cluster.members.items()}
+        for nid, q in cluster.members.items():
+            cluster.targets[nid].sync_probe = (
+                lambda q=q: q.stats()["journal_synced_index"])
+        leader = await cluster.leader()
+        assert sum(q.is_leader for q in cluster.members.values()) == 1
+        # the leader saw (True, term) on its event channel
+        with trio.fail_after(5):
+            while True:
+                is_leader, term = await events[leader.node_id].receive()
+                if is_leader:
+                    assert term == leader.term
+                    break
+
+        # submit on a follower: NOT_CONTROLLER, nothing forwarded
+        follower = next(q for q in cluster.members.values() if not q.is_leader)
+        with pytest.raises(KraftError) as ei:
+            await follower.submit(b"nope", timeout=2)
+        assert ei.value.code == ErrorCode.NOT_CONTROLLER
+
+        # 32 concurrent submitters, 8 commands each
+        syncs_before = leader.stats()["journal_syncs"]
+        results: dict[bytes, Any] = {}
+
+        async def submitter(w: int) -> None:
+            for i in range(8):
+                cmd = f"w{w}-{i}".encode()
+                results[cmd] = await leader.submit(cmd, timeout=10)
+
+        async with trio.open_nursery() as nursery:
+            for w in range(32):
+                nursery.start_soon(submitter, w)
+        assert len(results) == 256
+        stats = leader.stats()
+        assert stats["commands_sent"] >= 256
+        assert stats["groups_sent"] < stats["commands_sent"], stats  # group commit happened
+        assert stats["largest_group"] > 1
+        # fsync=always: one or more syncs per acknowledged group, each before the ack
+        assert stats["journal_syncs"] - syncs_before >= 1
+        leader_target = cluster.targets[leader.node_id]
+        n_entries = len(leader_target.entries)
+        assert n_entries < 256
+        # results name distinct positions in the applied order
+        assert sorted(pos for _, pos in results.values()) == list(range(len(leader_target.commands)))
+
+        # followers apply the same commands in the same order, in the same entries
+        await wait_for(lambda: all(len(t.snapshot()) == len(leader_target.snapshot())
+                                   for t in cluster.targets.values()), 10, "followers to apply")
+        for t in cluster.targets.values():
+            assert t.snapshot() == leader_target.snapshot()
+            assert t.entries == leader_target.entries
+            assert t.unsynced_at_apply == [], "an entry was applied before it was on disk"
+        for q in cluster.members.values():
+            assert q.stats()["journal_syncs"] > 0
+
+        # the leader goes away: a new one within a few seconds; submissions continue
+        old_id = leader.node_id
+        t0 = time.monotonic()
+        cluster.stop(old_id)
+        new_leader = await cluster.leader(timeout=6)
+        failover = time.monotonic() - t0
+        assert new_leader.node_id != old_id and failover < 5, failover
+        with trio.fail_after(10):
+            while True:  # the first submit may race the election's no-op / a step-down
+                try:
+                    await new_leader.submit(b"after-failover", timeout=3)
+                    break
+                except KraftError:
+                    await trio.sleep(0.05)
+        assert cluster.targets[new_leader.node_id].snapshot()[-1] == b"after-failover"
+
+        # restart the old leader from its journal: its target keeps its state (its own log),
+        # PySyncObj re-applies the journal, entries <= last applied are skipped
+        before = cluster.targets[old_id].snapshot()
+        restarted = cluster.start(old_id)
+        await wait_for(lambda: cluster.targets[old_id].snapshot()[-1:] == [b"after-failover"],
+                       10, "the restarted member to catch up")
+        after = cluster.targets[old_id].snapshot()
+        assert after == before + [b"after-failover"]  # nothing applied twice
+        assert restarted.stats()["entries_skipped"] >= n_entries
+        assert restarted.status()["leader_id"] == new_leader.node_id
+        status = new_leader.status()
+        assert status["state"] == "leader" and status["has_quorum"]
+        assert set(status["voters"]) == {1, 2, 3}
+    finally:
+        cluster.close()
+
+
+@trio_test
+async def test_compaction_dump_brings_a_fresh_member_up(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path, fsync="never", compaction_min_entries=100_000)
+    try:
+        cluster.start(1)
+        cluster.start(2)
+        leader = await cluster.leader()
+        for i in range(30):
+            await leader.submit(f"a{i}".encode(), timeout=10)
+        other = next(q for q in cluster.members.values() if q is not leader)
+        await wait_for(lambda: len(cluster.targets[other.node_id].snapshot()) == 30, 10, "apply")
+        for q in cluster.members.values():
+            q.force_compaction()
+        await wait_for(lambda: all(q.stats()["dumps_written"] >= 1
+                                   for q in cluster.members.values()), 10, "compaction")
+        assert (tmp_path / f"n{leader.node_id}" / "dump.bin").exists()
+        await leader.submit(b"after-dump", timeout=10)
+
+        fresh = cluster.start(3)  # empty directory: must be installed from the leader's dump
+        target3 = cluster.targets[3]
+        await wait_for(lambda: target3.snapshot() == cluster.targets[leader.node_id].snapshot(),
+                       15, "the fresh member to catch up")
+        assert target3.loads == 1 and fresh.stats()["dumps_loaded"] == 1
+        # it applied only what followed the dump
+        assert [n for _, _, n in target3.entries] == [1] * len(target3.entries)
+        assert len(target3.entries) < 31
+        await leader.submit(b"later", timeout=10)
+        await wait_for(lambda: target3.snapshot()[-1:] == [b"later"], 10, "replication to 3")
+    finally:
+        cluster.close()
+
+
+def test_refuses_non_loopback_without_password(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="password"):
+        RaftQuorum(1, "10.1.2.3:9000", {2: "10.1.2.4:9000"}, tmp_path, ListTarget(), RaftSettings())
+    with pytest.raises(ValueError, match="password"):
+        RaftQuorum(1, "0.0.0.0:9000", {}, tmp_path, ListTarget(), RaftSettings())
+    RaftQuorum(1, "10.1.2.3:9000", {2: "10.1.2.4:9000"}, tmp_path, ListTarget(),
+               RaftSettings(password="s3cret"))  # constructing is fine; not started
+    with pytest.raises(ValueError):
+        RaftSettings(fsync="sometimes").validate()
+
+
+@trio_test
+async def test_group_committer_batches_while_in_flight() -> None:
+    sent: list[list[bytes]] = []
+    completions: list[Callable[..., None]] = []
+
+    def send(commands: list[bytes], complete: Callable[..., None]) -> None:
+        sent.append(commands)
+        completions.append(complete)
+
+    gc = GroupCommitter(send, max_commands=3, max_bytes=100)
+    results: dict[bytes, Any] = {}
+
+    async def one(c: bytes, committer: GroupCommitter = gc) -> None:
+        try:
+            results[c] = await committer.submit(c, timeout=5)
+        except KraftError as err:
+            results[c] = err
+
+    async with trio.open_nursery() as nursery:
+        for i in range(7):
+            nursery.start_soon(one, f"c{i}".encode())
+        await wait_for(lambda: len(sent) == 1, 2, "first group")
+        assert len(sent[0]) == 1 and gc.queued == 6  # the rest waits for the one in flight
+        while len(completions) > 0:
+            complete = completions.pop(0)
+            complete([c.upper() for c in sent[len(sent) - 1]], None)
+            await trio.sleep(0)
+    assert [len(g) for g in sent] == [1, 3, 3]
+    assert all(results[c] == c.upper() for c in results) and len(results) == 7
+
+    # a timeout before sending drops the command; an error fails the whole group
+    gc2 = GroupCommitter(send, max_commands=10)
+    sent.clear()
+    completions.clear()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(one, b"x", gc2)
+        await wait_for(lambda: len(sent) == 1, 2, "x sent")
+        with pytest.raises(KraftError) as ei:
+            await gc2.submit(b"late", timeout=0.05)
+        assert ei.value.code == ErrorCode.REQUEST_TIMED_OUT
+        assert gc2.queued == 1  # abandoned, dropped on the next pump
+        completions.pop(0)(None, KraftError(ErrorCode.NOT_CONTROLLER, "lost"))
+    assert [len(g) for g in sent] == [1]
+    assert isinstance(results[b"x"], KraftError) and results[b"x"].code == ErrorCode.NOT_CONTROLLER
+    assert gc2.queued == 0 and gc2.in_flight == 0
+
+
+@pytest.mark.skipif(not os.environ.get("KRAFT_MEASURE"), reason="set KRAFT_MEASURE=1 to measure")
+@pytest.mark.parametrize("fsync", ["always", "never"])
+@trio_test
+async def test_measure(tmp_path: Path, fsync: str) -> None:
+    cluster = Cluster(tmp_path, fsync=fsync)
+    try:
+        for nid in cluster.addrs:
+            cluster.start(nid)
+        leader = await cluster.leader()
+        await leader.submit(b"warm", timeout=10)
+        lat = []
+        for i in range(300):
+            t = time.perf_counter()
+            await leader.submit(b"s%d" % i, timeout=10)
+            lat.append(time.perf_counter() - t)
+        n = 0
+        stop = trio.current_time() + 3.0
+
+        async def worker() -> None:
+            nonlocal n
+            while trio.current_time() < stop:
+                await leader.submit(b"c" * 200, timeout=10)
+                n += 1
+
+        groups0 = leader.stats()["groups_sent"]
+        t = time.perf_counter()
+        async with trio.open_nursery() as nursery:
+            for _ in range(32):
+                nursery.start_soon(worker)
+        elapsed = time.perf_counter() - t
+        groups = leader.stats()["groups_sent"] - groups0
+        print(f"\nfsync={fsync}: sequential p50 {statistics.median(lat) * 1000:.2f} ms "
+              f"p99 {sorted(lat)[int(len(lat) * .99)] * 1000:.2f} ms "
+              f"({1 / statistics.mean(lat):.0f}/s); 32 concurrent: {n / elapsed:.0f} commands/s, "
+              f"{groups / elapsed:.0f} entries/s, mean group {n / max(groups, 1):.1f}, "
+              f"journal syncs {leader.stats()['journal_syncs']}")
+    finally:
+        cluster.close()
