@@ -274,8 +274,8 @@ def write_cluster_json(directory: Path, layout: ClusterLayout) -> None:
 
 @contextlib.contextmanager
 def locked(directory: Path) -> Iterator[None]:
-    """Hold an exclusive lock on the cluster directory for a read-modify-write of cluster.json."""
-    Path(directory).mkdir(parents=True, exist_ok=True)
+    """Hold an exclusive lock on the (existing) cluster directory for a read-modify-write of
+    cluster.json."""
     with open(Path(directory) / LOCK_FILE, "a+") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:

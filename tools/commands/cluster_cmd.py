@@ -248,6 +248,7 @@ def cmd_down(args: argparse.Namespace) -> int:
 def cmd_start(args: argparse.Namespace) -> int:
     directory = Path(args.dir).resolve()
     children: dict[int, subprocess.Popen] = {}
+    _load(str(directory))
     with launcher.locked(directory):
         layout = _load(str(directory))
         if args.node is not None:
