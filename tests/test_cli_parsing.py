@@ -396,7 +396,7 @@ QUORUM = {"leader_id": 2, "term": 5, "commit_index": 40, "high_watermark": 31, "
      "last_contact_ms": 0, "is_leader": True},
     {"node_id": 3, "host": "127.0.0.1", "port": 9003, "applied_offset": None, "lag": None,
      "last_contact_ms": -1, "is_leader": False}],
-    "observers": [{"broker_id": 101, "metadata_offset": 30, "last_contact_ms": 200}]}
+    "observers": [{"broker_id": 101, "metadata_offset": 30, "lag": 0, "last_contact_ms": 200}]}
 
 
 def test_max_follower_lag() -> None:
@@ -417,7 +417,7 @@ def test_quorum_status_table(capsys: pytest.CaptureFixture, rpc: FakeRpc) -> Non
     assert rows["1"][:5] == ["1", "127.0.0.1:9001", "follower", "28", "3"]
     assert rows["2"][2] == "leader"
     assert rows["3"][3:] == ["-", "-", "-"]
-    assert rows["101"] == ["101", "30", "200", "ms", "ago"]
+    assert rows["101"] == ["101", "30", "0", "200", "ms", "ago"]
 
 
 def test_quorum_status_json(capsys: pytest.CaptureFixture, rpc: FakeRpc) -> None:

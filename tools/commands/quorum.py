@@ -42,8 +42,9 @@ def render_status(resp: dict[str, Any]) -> str:
     observers = sorted(resp.get("observers", []), key=lambda o: o["broker_id"])
     if observers:
         text += "\n\nObservers (brokers):\n" + output.render_table(
-            ("BROKER", "METADATA OFFSET", "LAST CONTACT"),
-            [(o["broker_id"], o.get("metadata_offset"), _contact(o.get("last_contact_ms")))
+            ("BROKER", "METADATA OFFSET", "LAG", "LAST CONTACT"),
+            [(o["broker_id"], o.get("metadata_offset"), o.get("lag"),
+              _contact(o.get("last_contact_ms")))
              for o in observers], indent="  ")
     return text
 
