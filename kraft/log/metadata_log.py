@@ -78,6 +78,7 @@ class MetadataLog:
         self._last_hash = ZERO_HASH
         self._last_term = 0
         self._last_raft_index = 0
+        self._last_raft_position = 0
         self._last_timestamp_ms = 0
 
     # ------------------------------------------------------------------ opening and recovery
@@ -110,8 +111,7 @@ class MetadataLog:
                                       f"segment is named for offset {base} but the log continues "
                                       f"at {state.next_offset}")
             self._load_segment(path, base, state, last=(i == len(paths) - 1))
-        if self._segments and state is not None and state.next_offset is not None:
-            self._next_offset = state.next_offset
+        if self._segments:
             self._start_offset = self._segments[0].base_offset
         self._bases = [s.base_offset for s in self._segments]
 
@@ -134,9 +134,11 @@ class MetadataLog:
             assert batch is not None and entry.digest is not None
             seg.note_frame(batch.base_offset, entry.position)
             seg.size = entry.end
+            self._next_offset = batch.next_offset
             self._last_hash = entry.digest
             self._last_term = batch.term
             self._last_raft_index = batch.raft_index
+            self._last_raft_position = batch.raft_position
             self._last_timestamp_ms = batch.timestamp_ms
         if seg.size == 0:  # only a torn frame (truncated above): nothing left
             log.warning("removing segment %s: it held only a torn frame", path)
@@ -183,6 +185,11 @@ class MetadataLog:
         return self._last_raft_index
 
     @property
+    def last_raft_position(self) -> int:
+        """Position of the last batch's command inside its (group-committed) Raft entry."""
+        return self._last_raft_position
+
+    @property
     def last_timestamp_ms(self) -> int:
         return self._last_timestamp_ms
 
@@ -222,6 +229,7 @@ class MetadataLog:
             self._last_hash = digest
             self._last_term = batch.term
             self._last_raft_index = batch.raft_index
+            self._last_raft_position = batch.raft_position
             self._last_timestamp_ms = batch.timestamp_ms
 
     def _check_writable(self) -> None:
@@ -368,6 +376,7 @@ class MetadataLog:
             self._last_hash = last_hash
             self._last_term = last_term
             self._last_raft_index = last_raft_index
+            self._last_raft_position = 0
             self._last_timestamp_ms = last_timestamp_ms
 
     # ------------------------------------------------------------------ closing
@@ -418,7 +427,11 @@ def _seek_containing(f: BinaryIO, path: Path, pos: int, end: int, offset: int) -
         if nxt >= end:
             return pos
         next_length, _ = _read_header(f, path, nxt)
-        if peek_base_offset(f.read(min(next_length, _PEEK_BYTES))) > offset:
+        try:
+            next_base = peek_base_offset(f.read(min(next_length, _PEEK_BYTES)))
+        except Exception as e:  # msgpack raises several unrelated types
+            raise CorruptLogError(path, nxt, None, f"cannot read batch base offset: {e}") from None
+        if next_base > offset:
             return pos
         pos = nxt
 

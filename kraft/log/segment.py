@@ -275,7 +275,7 @@ def verify_log(directory: str | Path) -> list[Problem]:
             problems.append(Problem(path, 0, state.next_offset, OFFSET,
                                     f"segment is named for offset {base} but the log continues "
                                     f"at {state.next_offset}"))
-            state.next_offset = base
+            state.next_offset, state.last_hash = base, None  # re-anchor after the gap
         problems.extend(e.problem for e in scan_segment(path, state) if e.problem is not None)
     return problems
 

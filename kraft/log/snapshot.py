@@ -321,4 +321,13 @@ def _decode_chunk(chunk: Any, strict: bool = True) -> list[Record]:
             raise RecordDecodeError(f"{cls.NAME}: row {row!r} does not have {width} values")
     if not strict:
         return [cls(*row) for row in rows]
-    return [cls(*[kind(v) for kind, v in zip(kinds, row)]) for row in rows]
+    try:
+        return [cls(*[kind(v) for kind, v in zip(kinds, row)]) for row in rows]
+    except TypeError:
+        for i, row in enumerate(rows):  # slow path, only to name the bad value
+            for (name, kind), v in zip(cls.FIELDS, row):
+                try:
+                    kind(v)
+                except TypeError as e:
+                    raise RecordDecodeError(f"row {i}: {cls.NAME}.{name}: {e}, got {v!r}") from None
+        raise

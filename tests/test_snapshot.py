@@ -1,0 +1,211 @@
+"""Snapshot files: round trip, naming, listing, retention and corruption detection."""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import replace
+
+import msgpack
+import pytest
+
+from kraft.log import (
+    CorruptSnapshotError, SnapshotHeader, delete_snapshots_before, encode_frame, latest_snapshot,
+    list_snapshots, parse_snapshot_name, read_snapshot, read_snapshot_header, snapshot_name,
+    write_snapshot,
+)
+from kraft.log.segment import iter_frames
+from kraft.records import (
+    ConfigRecord, FeatureLevelRecord, LeaderChangeRecord, NoOpRecord, PartitionRecord,
+    ProducerIdsRecord, RegisterBrokerRecord, TopicRecord,
+)
+
+TID = "4c6b1f0e-2a0c-4d3e-9a3c-1f2e3d4c5b6a"
+
+
+def sample_records(partitions=2500):
+    recs = [
+        FeatureLevelRecord("metadata.version", 7),
+        RegisterBrokerRecord(1, "inc-1", 10, ({"name": "PLAINTEXT", "host": "h", "port": 9092,
+                                               "security_protocol": "PLAINTEXT"},),
+                             ({"name": "metadata.version", "min_version": 1, "max_version": 7},),
+                             None, False, False),
+        RegisterBrokerRecord(2, "inc-2", 11, (), (), "rack-a", True, False),
+        TopicRecord("orders", TID),
+    ]
+    recs += [PartitionRecord(i, TID, (1, 2), (1,), (), (), 1, 0, 3, 4) for i in range(partitions)]
+    recs += [ConfigRecord(2, "orders", "retention.ms", "1000"), ConfigRecord(2, "orders", "x", None),
+             ProducerIdsRecord(1, 10, 5000), NoOpRecord(), LeaderChangeRecord(3, 9)]
+    return recs
+
+
+def header_for(records, end_offset=120, term=3):
+    return SnapshotHeader(end_offset=end_offset, term=term, raft_index=77, timestamp_ms=123456,
+                          last_hash=b"\xab" * 32, record_count=len(records), image_checksum="c0ffee")
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_round_trip(tmp_path, strict):
+    recs = sample_records()
+    header = header_for(recs)
+    path = write_snapshot(tmp_path, header, iter(recs))       # any iterable
+    assert path == tmp_path / "00000000000000000120-0000000003.checkpoint"
+    assert not list(tmp_path.glob("*.part"))
+    got_header, records = read_snapshot(path, strict=strict)
+    assert got_header == header
+    assert list(records) == recs
+    assert read_snapshot_header(path) == header
+
+
+def test_empty_snapshot(tmp_path):
+    header = header_for([], end_offset=0, term=0)
+    path = write_snapshot(tmp_path, header, [])
+    h, records = read_snapshot(path)
+    assert h == header and list(records) == []
+
+
+def test_names():
+    assert snapshot_name(57, 2) == "00000000000000000057-0000000002.checkpoint"
+    assert parse_snapshot_name("/x/00000000000000000057-0000000002.checkpoint") == (57, 2)
+    for bad in ("57-2.checkpoint", "00000000000000000057-0000000002.checkpoint.part", "x.log"):
+        with pytest.raises(ValueError):
+            parse_snapshot_name(bad)
+
+
+def test_list_latest_and_part_cleanup(tmp_path, caplog):
+    assert list_snapshots(tmp_path / "missing") == [] and latest_snapshot(tmp_path) is None
+    recs = [NoOpRecord()]
+    for end, term in ((300, 2), (20, 1), (1000, 4), (300, 3)):
+        write_snapshot(tmp_path, header_for(recs, end, term), recs)
+    leftover = tmp_path / (snapshot_name(2000, 5) + ".part")
+    leftover.write_bytes(b"half a snapshot")
+    deleted = tmp_path / (snapshot_name(10, 1) + ".deleted")
+    deleted.write_bytes(b"")
+    (tmp_path / "notes.txt").write_text("not a snapshot")
+    with caplog.at_level(logging.WARNING, logger="kraft.log.snapshot"):
+        snaps = list_snapshots(tmp_path)
+    assert [parse_snapshot_name(p) for p in snaps] == [(20, 1), (300, 2), (300, 3), (1000, 4)]
+    assert not leftover.exists() and not deleted.exists()
+    assert any(str(leftover) in r.getMessage() for r in caplog.records)
+    assert latest_snapshot(tmp_path) == tmp_path / snapshot_name(1000, 4)
+
+
+def test_delete_snapshots_before(tmp_path):
+    recs = [NoOpRecord()]
+    for end in (10, 20, 30):
+        write_snapshot(tmp_path, header_for(recs, end, 1), recs)
+    gone = delete_snapshots_before(tmp_path, 30)
+    assert [parse_snapshot_name(p)[0] for p in gone] == [10, 20]
+    assert [parse_snapshot_name(p)[0] for p in list_snapshots(tmp_path)] == [30]
+    assert not list(tmp_path.glob("*.deleted"))
+
+
+def test_wrong_record_count_leaves_nothing(tmp_path):
+    recs = sample_records(10)
+    with pytest.raises(ValueError, match="records"):
+        write_snapshot(tmp_path, replace(header_for(recs), record_count=3), recs)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_failing_record_source_leaves_nothing(tmp_path):
+    def records():
+        yield NoOpRecord()
+        raise RuntimeError("image went away")
+
+    with pytest.raises(RuntimeError):
+        write_snapshot(tmp_path, header_for([1]), records())
+    assert list(tmp_path.iterdir()) == []
+
+
+def written(tmp_path, partitions=3000):
+    recs = sample_records(partitions)
+    return write_snapshot(tmp_path, header_for(recs), recs), recs
+
+
+def payloads(path):
+    return [bytes(f.payload) for f in iter_frames(path.read_bytes())]
+
+
+def test_flipped_byte_refused(tmp_path):
+    path, _ = written(tmp_path)
+    data = bytearray(path.read_bytes())
+    pos = len(data) // 2
+    data[pos] ^= 0x04
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptSnapshotError) as info:
+        read_snapshot(path)
+    assert info.value.path == path and "CRC" in info.value.reason
+    assert info.value.position <= pos and str(path) in str(info.value)
+
+
+def test_truncated_refused(tmp_path):
+    path, _ = written(tmp_path)
+    data = path.read_bytes()
+    for cut in (len(data) - 5, len(data) // 2, 3, 0):
+        path.write_bytes(data[:cut])
+        with pytest.raises(CorruptSnapshotError):
+            read_snapshot(path)
+
+
+def test_missing_footer_refused(tmp_path):
+    path, _ = written(tmp_path)
+    frames = payloads(path)
+    path.write_bytes(b"".join(encode_frame(p) for p in frames[:-1]))   # valid CRCs, no footer
+    with pytest.raises(CorruptSnapshotError, match="footer"):
+        read_snapshot(path)
+
+
+def test_reframed_chunk_fails_checksum(tmp_path):
+    path, _ = written(tmp_path)
+    frames = payloads(path)
+    chunk = msgpack.unpackb(frames[2], raw=False)
+    chunk["rows"] = chunk["rows"][:-1]                                   # drop one record
+    frames[2] = msgpack.packb(chunk, use_bin_type=True)
+    path.write_bytes(b"".join(encode_frame(p) for p in frames))         # CRCs all valid
+    with pytest.raises(CorruptSnapshotError, match="SHA-256"):
+        read_snapshot(path)
+
+
+def test_footer_count_mismatch_refused(tmp_path):
+    path, _ = written(tmp_path)
+    frames = payloads(path)
+    footer = msgpack.unpackb(frames[-1], raw=False)
+    footer["record_count"] += 1
+    frames[-1] = msgpack.packb(footer, use_bin_type=True)
+    path.write_bytes(b"".join(encode_frame(p) for p in frames))
+    with pytest.raises(CorruptSnapshotError, match="count"):
+        read_snapshot(path)
+
+
+def test_renamed_snapshot_refused(tmp_path):
+    path, _ = written(tmp_path)
+    other = tmp_path / snapshot_name(999, 3)
+    os.replace(path, other)
+    with pytest.raises(CorruptSnapshotError, match="name"):
+        read_snapshot(other)
+
+
+def test_bad_record_in_chunk_refused(tmp_path):
+    """A writer bug (valid checksum, bad field value) is still caught by strict decoding."""
+    import hashlib
+
+    path, _ = written(tmp_path, partitions=5)
+    frames = payloads(path)
+    for i, p in enumerate(frames[1:-1], 1):
+        chunk = msgpack.unpackb(p, raw=False)
+        if chunk["type"] == PartitionRecord.TYPE:
+            chunk["rows"][0][2] = "not-a-list"
+            frames[i] = msgpack.packb(chunk, use_bin_type=True)
+    footer = msgpack.unpackb(frames[-1], raw=False)
+    footer["sha256"] = hashlib.sha256(b"".join(frames[:-1])).digest()
+    frames[-1] = msgpack.packb(footer, use_bin_type=True)
+    path.write_bytes(b"".join(encode_frame(p) for p in frames))
+    header, records = read_snapshot(path)
+    with pytest.raises(CorruptSnapshotError, match="PartitionRecord"):
+        list(records)
+
+
+def test_chunks_hold_at_most_1000_records(tmp_path):
+    path, recs = written(tmp_path, partitions=2500)
+    chunks = [msgpack.unpackb(p, raw=False) for p in payloads(path)[1:-1]]
+    assert all(len(c["rows"]) <= 1000 for c in chunks)
+    assert sum(len(c["rows"]) for c in chunks) == len(recs)
