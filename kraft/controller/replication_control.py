@@ -345,15 +345,21 @@ def _topic_configs(name: str, raw: Any) -> list[ConfigRecord]:
             for key in sorted(raw)]
 
 
-def _create_topic(image: MetadataImage, settings: ControllerSettings, cmd: Command,
-                  item: Mapping[str, Any], planned: dict[str, str], budget: int) -> tuple[list[Record], dict]:
-    name = validate_topic_name(item.get("name"))
+def check_new_topic_name(image: MetadataImage, name: Any, planned: Mapping[str, str]) -> str:
+    """A legal name that no existing or planned topic has or collides with."""
+    name = validate_topic_name(name)
     if name in image.topics_by_name or name in planned:
         raise _fail(ErrorCode.TOPIC_ALREADY_EXISTS, f"Topic '{name}' already exists.")
     other = find_collision(name, lambda n: n in image.topics_by_name or n in planned,
                            lambda: [*image.topics_by_name, *planned])
     if other is not None:
         raise collision_error(name, other)
+    return name
+
+
+def _create_topic(image: MetadataImage, settings: ControllerSettings, cmd: Command,
+                  item: Mapping[str, Any], planned: dict[str, str], budget: int) -> tuple[list[Record], dict]:
+    name = check_new_topic_name(image, item.get("name"), planned)
     num_partitions = _optional_count(item, "num_partitions")
     replication_factor = _optional_count(item, "replication_factor")
     configs = _topic_configs(name, item.get("configs"))
@@ -413,7 +419,9 @@ def create_topics(image: MetadataImage, cmd: Command, settings: ControllerSettin
                 raise _fail(ErrorCode.INVALID_REQUEST, "Each topic must be a map with at least a name.")
             if name in duplicates:
                 raise _fail(ErrorCode.INVALID_REQUEST, f"Found multiple entries for topic '{name}' in one request.")
-            if over_limit is not None:
+            if over_limit is not None:  # the request fails anyway: only report other errors
+                check_new_topic_name(image, name, planned)
+                _topic_configs(name, item.get("configs"))
                 raise over_limit
             budget = settings.max_records_per_batch - len(records)
             topic_records, result = _create_topic(image, settings, cmd, item, planned, budget)
