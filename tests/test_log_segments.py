@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -12,7 +11,7 @@ from kraft.log import (
     verify_log, verify_segment,
 )
 from kraft.records import (
-    ZERO_HASH, Batch, NoOpRecord, Provenance, TopicRecord, batch_hash, decode_batch,
+    ZERO_HASH, Batch, Provenance, TopicRecord, batch_hash, decode_batch,
 )
 
 
