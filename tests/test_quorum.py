@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import socket
 import statistics
@@ -128,9 +129,20 @@ async def wait_for(cond: Callable[[], bool], timeout: float, what: str) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
+class _Capture(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
 @trio_test
 async def test_three_members_group_commit_failover_restart(tmp_path: Path) -> None:
     cluster = Cluster(tmp_path, fsync="always")
+    capture = _Capture()
+    logging.getLogger("pysyncobj").addHandler(capture)
     try:
         for nid in cluster.addrs:
             cluster.start(nid)
@@ -188,6 +200,8 @@ async def test_three_members_group_commit_failover_restart(tmp_path: Path) -> No
             assert t.unsynced_at_apply == [], "an entry was applied before it was on disk"
         for q in cluster.members.values():
             assert q.stats()["journal_syncs"] > 0
+        # late acks do not make the leader re-send (and followers truncate) applied entries
+        assert not [m for m in capture.messages if "already-applied" in m], capture.messages
 
         # the leader goes away: a new one within a few seconds; submissions continue
         old_id = leader.node_id
@@ -219,6 +233,7 @@ async def test_three_members_group_commit_failover_restart(tmp_path: Path) -> No
         assert status["state"] == "leader" and status["has_quorum"]
         assert set(status["voters"]) == {1, 2, 3}
     finally:
+        logging.getLogger("pysyncobj").removeHandler(capture)
         cluster.close()
 
 
@@ -250,6 +265,18 @@ async def test_compaction_dump_brings_a_fresh_member_up(tmp_path: Path) -> None:
         assert len(target3.entries) < 31
         await leader.submit(b"later", timeout=10)
         await wait_for(lambda: target3.snapshot()[-1:] == [b"later"], 10, "replication to 3")
+
+        # a member restarting from dump + journal with its state already ahead of the dump
+        # does not load the dump again nor re-apply anything
+        other_id = other.node_id
+        await wait_for(lambda: cluster.targets[other_id].snapshot()[-1:] == [b"later"], 10, "apply")
+        before = cluster.targets[other_id].snapshot()
+        cluster.stop(other_id)
+        restarted = cluster.start(other_id)
+        await leader.submit(b"last", timeout=10)
+        await wait_for(lambda: cluster.targets[other_id].snapshot()[-1:] == [b"last"], 10, "apply")
+        assert cluster.targets[other_id].snapshot() == before + [b"last"]
+        assert cluster.targets[other_id].loads == 0 and restarted.stats()["dumps_loaded"] == 0
     finally:
         cluster.close()
 

@@ -149,16 +149,22 @@ class _TrioBridge:
 
 
 class _SyncingTransport(TCPTransport):
-    """PySyncObj's TCP transport, syncing the journal before every outgoing message."""
+    """PySyncObj's TCP transport, syncing the journal before every outgoing message and
+    letting the quorum look at incoming ones (``RaftQuorum._on_peer_message``)."""
 
     def __init__(self, syncObj: Any, selfNode: Any, otherNodes: Any, *,  # noqa: N803
-                 before_send: Callable[[], None]) -> None:
+                 before_send: Callable[[], None],
+                 on_message: Callable[[Any, Any, Callable[[Any, Any], None]], None]) -> None:
         self._before_send = before_send
+        self._on_message = on_message
         super().__init__(syncObj, selfNode, otherNodes)
 
     def send(self, node: Any, message: Any) -> bool:
         self._before_send()
         return super().send(node, message)
+
+    def _onMessageReceived(self, node: Any, message: Any) -> None:  # noqa: N802
+        self._on_message(node, message, super()._onMessageReceived)
 
 
 class _Rejected:
@@ -177,11 +183,12 @@ class _KraftSyncObj(SyncObj):
     def __init__(self, quorum: "RaftQuorum", self_addr: str, partners: list[str],
                  conf: SyncObjConf, transport_class: Any) -> None:
         self._kraft = quorum
+        quorum._so = self  # before the tick thread starts (it starts inside SyncObj.__init__)
         super().__init__(self_addr, partners, conf=conf, transportClass=transport_class)
 
     @replicated
     def apply_group(self, commands: list[bytes], origin_term: int) -> Any:
-        return self._kraft._apply_committed(commands, origin_term)
+        return self._kraft._apply_committed(self, commands, origin_term)
 
     # -- PySyncObj internals, read only here (name-mangled private attributes) --
     def entry_term(self, raft_index: int) -> int | None:
@@ -193,6 +200,9 @@ class _KraftSyncObj(SyncObj):
 
     def last_response_times(self) -> dict[Any, float]:
         return dict(self._SyncObj__lastResponseTime)  # type: ignore[attr-defined]
+
+    def next_index(self) -> dict[Any, int]:
+        return self._SyncObj__raftNextIndex  # type: ignore[attr-defined]
 
 
 class RaftQuorum:
@@ -281,13 +291,16 @@ class RaftQuorum:
             bindAddress=self.self_addr,
         )
         register_journal(_syncobj_module, journal_file, make_journal)
-        transport = functools.partial(_SyncingTransport, before_send=self._sync_journal)
+        transport = functools.partial(_SyncingTransport, before_send=self._sync_journal,
+                                      on_message=self._on_peer_message)
         try:
-            self._so = _KraftSyncObj(self, self.self_addr, list(self.partners.values()), conf,
-                                     transport)
+            so = _KraftSyncObj(self, self.self_addr, list(self.partners.values()), conf, transport)
+        except BaseException:
+            self._so = None
+            raise
         finally:
             unregister_journal(journal_file)
-        self._so.addOnTickCallback(self._observe)
+        so.addOnTickCallback(self._observe)
         logger.info("raft member %d on %s, partners %s, fsync=%s", self.node_id, self.self_addr,
                     self.partners, s.fsync)
 
@@ -468,14 +481,35 @@ class RaftQuorum:
                     "leader" if state[0] else "not leader", state[1])
         bridge.call_soon(self._publish, state)
 
+    def _on_peer_message(self, node: Any, message: Any,
+                         deliver: Callable[[Any, Any], None]) -> None:
+        """Keep the leader's nextIndex for a follower from moving backwards on a late ack.
+
+        With ``appendEntriesUseBatch=False`` the leader sends entry k+1 before the follower's
+        ack for k arrives; PySyncObj then sets nextIndex back to k+1 and re-sends k+1, and the
+        follower truncates and re-appends an entry it may already have applied (a CRITICAL
+        "truncating already-applied log entries" log, a journal rewrite and an extra sync).
+        A successful ack never needs to lower nextIndex — a follower that misses entries answers
+        ``success=False, reset=True`` and PySyncObj repairs from that — so we restore it.
+        Reads and writes PySyncObj's private ``__raftNextIndex`` (tick thread, raft.py only)."""
+        so = self._so
+        if (so is None or not isinstance(message, dict) or message.get("type") != "next_node_idx"
+                or not message.get("success") or message.get("reset")):
+            deliver(node, message)
+            return
+        next_index = so.next_index()
+        before = next_index.get(node)
+        deliver(node, message)
+        after = next_index.get(node)
+        if before is not None and after is not None and after < before and so._isLeader():
+            next_index[node] = before
+
     def _sync_journal(self) -> None:
         journal = self._journal
         if journal is not None:
             journal.sync()
 
-    def _apply_committed(self, commands: list[bytes], origin_term: int) -> Any:
-        so = self._so
-        assert so is not None
+    def _apply_committed(self, so: _KraftSyncObj, commands: list[bytes], origin_term: int) -> Any:
         raft_index = so.raftLastApplied + 1  # the entry being applied (PySyncObj increments after)
         term = so.entry_term(raft_index)
         if term is None:
