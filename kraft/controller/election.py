@@ -1,0 +1,282 @@
+"""Leader election rules: the partition change for a target ISR / replica set (kraft-reference §6.9,
+§6.10), as Kafka's PartitionChangeBuilder does with eligible leader replicas (ELR) disabled.
+
+Everything here is pure: functions take a :class:`PartitionRegistration` (or an image) and an
+``is_acceptable(broker_id)`` predicate and return the :class:`PartitionChangeRecord` to write, or
+None when nothing would change.
+
+Election kinds:
+
+* ``online`` (every change): keep the current leader if it stays in the ISR and is acceptable,
+  else the first replica (replica order) in the ISR that is acceptable, else no leader.
+* ``preferred``: replica 0 if it is in the ISR and acceptable; else keep the current leader if it
+  still qualifies; else the first other ISR replica that qualifies; else no leader.
+* ``unclean``: as online, but when no ISR member qualifies take the first acceptable replica; the
+  ISR becomes just that leader and the leader recovery state RECOVERING (data may be lost).
+
+With ELR disabled the ISR is never emptied: a target ISR that would be empty leaves the ISR as it
+is (its last member stays, so it can lead cleanly when it returns).
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterator, NamedTuple, Sequence
+
+from kraft.errors import ErrorCode
+from kraft.image import MetadataImage, PartitionRegistration, TopicImage
+from kraft.records import (
+    LEADER_NONE,
+    LEADER_UNCHANGED,
+    RECOVERING,
+    RECOVERY_UNCHANGED,
+    PartitionChangeRecord,
+)
+
+__all__ = [
+    "ONLINE", "PREFERRED", "UNCLEAN",
+    "ElectionOutcome",
+    "build_partition_change",
+    "changes_for_fenced_broker",
+    "changes_for_controlled_shutdown",
+    "changes_for_unfenced_broker",
+    "elect_preferred_leader",
+    "elect_unclean_leader",
+    "complete_reassignment",
+]
+
+ONLINE, PREFERRED, UNCLEAN = "online", "preferred", "unclean"
+_ELECTIONS = (ONLINE, PREFERRED, UNCLEAN)
+
+IsAcceptable = Callable[[int], bool]
+UncleanAllowed = Callable[[TopicImage], bool]
+
+
+class ElectionOutcome(NamedTuple):
+    """An election's record (None: nothing to write) and its error (``ErrorCode.NONE`` on success)."""
+
+    record: PartitionChangeRecord | None
+    error: ErrorCode
+
+
+def _never(_: TopicImage) -> bool:
+    return False
+
+
+# ---------------------------------------------------------------------------------------------
+# The builder
+# ---------------------------------------------------------------------------------------------
+
+
+def complete_reassignment(replicas: Sequence[int], isr: Sequence[int], removing: Sequence[int],
+                          adding: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """If a reassignment is in progress and ``isr`` now allows finishing it, the final
+    (replicas, isr): the removing replicas are dropped from both, which must leave a non-empty ISR
+    that holds every remaining replica. None if there is nothing to finish yet."""
+    if not removing and not adding:
+        return None
+    new_isr, new_replicas = tuple(isr), tuple(replicas)
+    if removing:
+        new_isr = tuple(b for b in isr if b not in removing)
+        if not new_isr:
+            return None
+        new_replicas = tuple(b for b in replicas if b not in removing)
+    if any(b not in new_isr for b in new_replicas):
+        return None
+    return new_replicas, new_isr
+
+
+def _elect(partition: PartitionRegistration, replicas: Sequence[int], isr: Sequence[int],
+           is_acceptable: IsAcceptable, election: str) -> tuple[int, str | None]:
+    """(leader, how) for the target replicas/ISR; how is "clean", "preferred", "unclean" or None
+    when the result is the current leader or no leader."""
+
+    def qualifies(b: int) -> bool:
+        return b != LEADER_NONE and b in isr and is_acceptable(b)
+
+    current = partition.leader
+    if election == PREFERRED:
+        if replicas and qualifies(replicas[0]):
+            return replicas[0], "preferred"
+        if qualifies(current):
+            return current, None
+        for b in replicas[1:]:
+            if qualifies(b):
+                return b, "clean"
+        return LEADER_NONE, None
+    if qualifies(current):
+        return current, None
+    for b in replicas:
+        if qualifies(b):
+            return b, "clean"
+    if election == UNCLEAN:
+        for b in replicas:
+            if is_acceptable(b):
+                return b, "unclean"
+    return LEADER_NONE, None
+
+
+def build_partition_change(
+    topic_id: str,
+    partition_id: int,
+    partition: PartitionRegistration,
+    is_acceptable: IsAcceptable,
+    *,
+    target_isr: Sequence[int] | None = None,
+    target_replicas: Sequence[int] | None = None,
+    target_removing: Sequence[int] | None = None,
+    target_adding: Sequence[int] | None = None,
+    target_recovery_state: int = RECOVERY_UNCHANGED,
+    election: str = ONLINE,
+    unclean_allowed: bool = False,
+) -> PartitionChangeRecord | None:
+    """The PartitionChangeRecord that moves ``partition`` to the targets (None = keep) and elects
+    a leader by ``election``; None when nothing would change.
+
+    ``unclean_allowed`` (the topic's ``unclean.leader.election.enable``) turns an online election
+    into an unclean one. A change that drops a replica from the replica set also sets the leader
+    (to the same broker if it stays) so that the leader epoch moves and fetchers re-sync."""
+    if election not in _ELECTIONS:
+        raise ValueError(f"unknown election type {election!r}")
+    if election == ONLINE and unclean_allowed:
+        election = UNCLEAN
+    replicas = tuple(partition.replicas if target_replicas is None else target_replicas)
+    isr = tuple(partition.isr if target_isr is None else target_isr)
+    removing = tuple(partition.removing_replicas if target_removing is None else target_removing)
+    adding = tuple(partition.adding_replicas if target_adding is None else target_adding)
+    recovery = (partition.leader_recovery_state if target_recovery_state == RECOVERY_UNCHANGED
+                else target_recovery_state)
+
+    finished = complete_reassignment(replicas, isr, removing, adding)
+    if finished is not None:
+        replicas, isr = finished
+        removing, adding = (), ()
+
+    leader, how = _elect(partition, replicas, isr, is_acceptable, election)
+    leader_field = LEADER_UNCHANGED
+    if leader != partition.leader:
+        leader_field = leader
+        if how == "unclean":
+            isr = (leader,)
+            recovery = RECOVERING
+    elif any(b not in replicas for b in partition.replicas):
+        leader_field, how = leader, "clean"  # a replica left: set the leader to bump its epoch
+
+    # ELR disabled: an ISR is never emptied (the last member stays)
+    isr_field = isr if isr and isr != tuple(partition.isr) else None
+    replicas_field = replicas if replicas != tuple(partition.replicas) else None
+    removing_field = removing if removing != tuple(partition.removing_replicas) else None
+    adding_field = adding if adding != tuple(partition.adding_replicas) else None
+    recovery_field = recovery if recovery != partition.leader_recovery_state else RECOVERY_UNCHANGED
+
+    if (leader_field == LEADER_UNCHANGED and isr_field is None and replicas_field is None
+            and removing_field is None and adding_field is None
+            and recovery_field == RECOVERY_UNCHANGED):
+        return None
+    if leader_field in (LEADER_UNCHANGED, LEADER_NONE):
+        how = None
+    return PartitionChangeRecord(partition_id, topic_id, isr_field, leader_field, replicas_field,
+                                 removing_field, adding_field, recovery_field, how)
+
+
+# ---------------------------------------------------------------------------------------------
+# Requested elections
+# ---------------------------------------------------------------------------------------------
+
+
+def elect_preferred_leader(topic_id: str, partition_id: int, partition: PartitionRegistration,
+                           is_acceptable: IsAcceptable) -> ElectionOutcome:
+    """A requested preferred election: ELECTION_NOT_NEEDED when replica 0 already leads,
+    PREFERRED_LEADER_NOT_AVAILABLE when nothing would change (replica 0 not in the ISR or not
+    acceptable and the current leader stays)."""
+    if partition.replicas and partition.leader == partition.replicas[0]:
+        return ElectionOutcome(None, ErrorCode.ELECTION_NOT_NEEDED)
+    record = build_partition_change(topic_id, partition_id, partition, is_acceptable,
+                                    election=PREFERRED)
+    if record is None:
+        return ElectionOutcome(None, ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE)
+    return ElectionOutcome(record, ErrorCode.NONE)
+
+
+def elect_unclean_leader(topic_id: str, partition_id: int, partition: PartitionRegistration,
+                         is_acceptable: IsAcceptable) -> ElectionOutcome:
+    """A requested unclean election: ELECTION_NOT_NEEDED when the partition has a leader,
+    ELIGIBLE_LEADERS_NOT_AVAILABLE when no replica is acceptable."""
+    if partition.leader != LEADER_NONE:
+        return ElectionOutcome(None, ErrorCode.ELECTION_NOT_NEEDED)
+    record = build_partition_change(topic_id, partition_id, partition, is_acceptable,
+                                    election=UNCLEAN)
+    if record is None or record.leader in (LEADER_UNCHANGED, LEADER_NONE):
+        return ElectionOutcome(None, ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE)
+    return ElectionOutcome(record, ErrorCode.NONE)
+
+
+# ---------------------------------------------------------------------------------------------
+# Broker transitions (deterministic order: topics by name, partitions by id)
+# ---------------------------------------------------------------------------------------------
+
+
+def _partitions_in_name_order(image: MetadataImage) -> Iterator[tuple[TopicImage, int, PartitionRegistration]]:
+    by_id, by_name = image.topics_by_id, image.topics_by_name
+    for name in sorted(by_name):
+        topic = by_id[by_name[name]]
+        for pid, partition in sorted(topic.partitions.items()):
+            yield topic, pid, partition
+
+
+def _changes_for_leaving_broker(image: MetadataImage, broker_id: int,
+                                unclean_allowed: UncleanAllowed) -> list[PartitionChangeRecord]:
+    def acceptable(b: int) -> bool:
+        return b != broker_id and image.is_active_broker(b)
+
+    records: list[PartitionChangeRecord] = []
+    allowed: dict[str, bool] = {}
+    for topic, pid, partition in _partitions_in_name_order(image):
+        if broker_id not in partition.isr and partition.leader != broker_id:
+            continue
+        if topic.topic_id not in allowed:
+            allowed[topic.topic_id] = unclean_allowed(topic)
+        target_isr = tuple(b for b in partition.isr if b != broker_id)
+        record = build_partition_change(topic.topic_id, pid, partition, acceptable,
+                                        target_isr=target_isr,
+                                        unclean_allowed=allowed[topic.topic_id])
+        if record is not None:
+            records.append(record)
+    return records
+
+
+def changes_for_fenced_broker(image: MetadataImage, broker_id: int,
+                              unclean_allowed: UncleanAllowed = _never) -> list[PartitionChangeRecord]:
+    """Fencing ``broker_id`` (session timeout, want-fence, shutdown-now, unregistration): drop it
+    from every ISR (the last member stays) and move leadership to another acceptable replica;
+    the fenced broker is never acceptable. ``unclean_allowed(topic)`` is the topic's setting."""
+    return _changes_for_leaving_broker(image, broker_id, unclean_allowed)
+
+
+def changes_for_controlled_shutdown(image: MetadataImage, broker_id: int,
+                                    unclean_allowed: UncleanAllowed = _never) -> list[PartitionChangeRecord]:
+    """A broker entering controlled shutdown leaves ISRs and leadership like a fenced one."""
+    return _changes_for_leaving_broker(image, broker_id, unclean_allowed)
+
+
+def changes_for_unfenced_broker(image: MetadataImage, broker_id: int,
+                                unclean_allowed: UncleanAllowed = _never) -> list[PartitionChangeRecord]:
+    """Unfencing ``broker_id``: each leaderless partition it can lead gets a leader (cleanly when
+    it is in the ISR, uncleanly where the topic allows it). The returning broker counts as
+    acceptable even though the image still shows it fenced."""
+
+    def acceptable(b: int) -> bool:
+        return b == broker_id or image.is_active_broker(b)
+
+    records: list[PartitionChangeRecord] = []
+    allowed: dict[str, bool] = {}
+    for topic, pid, partition in _partitions_in_name_order(image):
+        if partition.leader != LEADER_NONE or broker_id not in partition.replicas:
+            continue
+        if topic.topic_id not in allowed:
+            allowed[topic.topic_id] = unclean_allowed(topic)
+        if broker_id not in partition.isr and not allowed[topic.topic_id]:
+            continue
+        record = build_partition_change(topic.topic_id, pid, partition, acceptable,
+                                        unclean_allowed=allowed[topic.topic_id])
+        if record is not None:
+            records.append(record)
+    return records
