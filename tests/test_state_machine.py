@@ -811,3 +811,42 @@ def test_reads():
                                                                                (1, "controlled-shutdown", "b")]
     assert h.sm.read("CreateTopics", {"topics": []})["error_code"] == E.INVALID_REQUEST
     assert h.sm.read("DescribeConfigs", {})["error_code"] == E.INVALID_REQUEST
+
+
+def test_broker_transitions_beyond_one_batch_continue_over_several_commands():
+    h = Harness(brokers=2, max_records_per_batch=3)
+    for i in range(5):
+        h.ok("CreateTopics", {"topics": [{"name": f"t{i}", "assignments": {0: [0, 1]}}]})
+    body = {"broker_id": 0, "broker_epoch": h.epoch(0), "reason": "session-timeout"}
+    batch, r = h.ok("FenceBroker", body)
+    assert r["incomplete"] and r["remaining"] == 2 and len(batch.records) == 3
+    assert not h.image.brokers[0].fenced
+    batch, r = h.ok("FenceBroker", body)
+    assert "incomplete" not in r and isinstance(batch.records[-1], BrokerRegistrationChangeRecord)
+    assert h.image.brokers[0].fenced and all(h.part(f"t{i}").leader == 1 for i in range(5))
+
+    while h.fence(1)[1].get("incomplete"):  # every partition ends leaderless, ISR [1]
+        pass
+    assert h.image.brokers[1].fenced and all(h.part(f"t{i}").leader == -1 for i in range(5))
+    h.unfence(0)
+    body = {"broker_id": 1, "broker_epoch": h.epoch(1)}
+    batch, r = h.ok("UnfenceBroker", body)
+    assert r["incomplete"] and r["remaining"] == 3 and len(batch.records) == 3
+    while r.get("incomplete"):
+        batch, r = h.ok("UnfenceBroker", {**body, "continue": True})
+    assert all(h.part(f"t{i}").leader == 1 for i in range(5))
+
+    alter = [h.ok("AlterPartition", {"broker_id": 1, "broker_epoch": h.epoch(1), "topics": [
+        {"topic_id": h.image.topics_by_name[f"t{i}"], "partitions": [
+            {"partition": 0, "leader_epoch": h.part(f"t{i}").leader_epoch,
+             "partition_epoch": h.part(f"t{i}").partition_epoch, "isr": [1, 0]}]}]}) for i in range(5)]
+    assert len(alter) == 5
+    body = {"broker_id": 1, "broker_epoch": h.epoch(1)}
+    steps = 0
+    r = {"incomplete": True}
+    while r.get("incomplete"):
+        batch, r = h.ok("BeginControlledShutdown", body)
+        steps += 1
+    assert steps == 2 and h.image.brokers[1].in_controlled_shutdown
+    assert all(h.part(f"t{i}").leader == 0 for i in range(5))
+    assert h.fails("BeginControlledShutdown", body)["error_code"] == 0  # nothing left to move

@@ -1,6 +1,11 @@
 """Brokers (Kafka's ClusterControlManager): registration, unregistration, fencing, unfencing,
 controlled shutdown, and producer-id blocks handed to brokers.
 
+Fencing, controlled shutdown and unregistration are not atomic in Kafka: when a broker's ISR and
+leadership changes exceed one batch, each command moves one batch worth and answers
+``"incomplete": true``; the node repeats the command until it is complete (for UnfenceBroker,
+with ``"continue": true`` in the body, since the broker is already unfenced by then).
+
 Pure handlers ``(image, command, settings) -> ControllerResult``. A broker's epoch is the offset
 of its latest RegisterBrokerRecord (kraft-reference §5); requests that quote an epoch must quote
 the current one (STALE_BROKER_EPOCH).
@@ -118,9 +123,7 @@ def unregister_broker(image: MetadataImage, cmd: Command, settings: ControllerSe
     if reg is None:
         error = KraftError(ErrorCode.BROKER_ID_NOT_REGISTERED, f"Broker {broker_id} is not registered.")
         return ControllerResult([], error_fields(error), "user-request")
-    records: list[Record] = [*broker_leaving_changes(image, settings, broker_id),
-                             UnregisterBrokerRecord(broker_id, reg.epoch)]
-    return ControllerResult(records, error_fields(), "user-request")
+    return _leave(image, settings, broker_id, [], [UnregisterBrokerRecord(broker_id, reg.epoch)], "user-request")
 
 
 def _transition(image: MetadataImage, cmd: Command, reason: str) -> tuple[BrokerRegistration | None, ControllerResult | None]:
@@ -133,18 +136,32 @@ def _transition(image: MetadataImage, cmd: Command, reason: str) -> tuple[Broker
         return None, ControllerResult([], error_fields(e), reason)
 
 
+def _leave(image: MetadataImage, settings: ControllerSettings, broker_id: int, first: list[Record],
+           last: list[Record], reason: str) -> ControllerResult:
+    """``first`` + the partition changes of ``broker_id`` leaving + ``last``, split if needed:
+    a batch holds at most ``max_records_per_batch`` records, so a broker with more partitions
+    moves them over several commands. An incomplete step omits ``last`` and answers
+    ``{"incomplete": true, "remaining": n}``; repeating the same command continues."""
+    changes = broker_leaving_changes(image, settings, broker_id)
+    room = settings.max_records_per_batch - len(first) - len(last)
+    if len(changes) <= room:
+        return ControllerResult([*first, *changes, *last], error_fields(), reason)
+    room = settings.max_records_per_batch - len(first)
+    return ControllerResult([*first, *changes[:room]],
+                            {**error_fields(), "incomplete": True, "remaining": len(changes) - room}, reason)
+
+
 def fence_broker(image: MetadataImage, cmd: Command, settings: ControllerSettings) -> ControllerResult:
-    """FenceBroker (session timeout or want_fence): leave ISRs and leadership, then fenced=1.
-    Already fenced: nothing to write."""
+    """FenceBroker (session timeout or want_fence): leave ISRs and leadership, then fenced=1
+    (written last, so a fenced broker has left everything). Already fenced: nothing to write."""
     reason = cmd.body.get("reason") or "session-timeout"
     reg, failed = _transition(image, cmd, reason)
     if failed is not None:
         return failed
     if reg.fenced:
         return ControllerResult([], error_fields(), reason)
-    records: list[Record] = [*broker_leaving_changes(image, settings, reg.broker_id),
-                             BrokerRegistrationChangeRecord(reg.broker_id, reg.epoch, FENCE, 0)]
-    return ControllerResult(records, error_fields(), reason)
+    fence = BrokerRegistrationChangeRecord(reg.broker_id, reg.epoch, FENCE, 0)
+    return _leave(image, settings, reg.broker_id, [], [fence], reason)
 
 
 def unfence_broker(image: MetadataImage, cmd: Command, settings: ControllerSettings) -> ControllerResult:
@@ -157,25 +174,34 @@ def unfence_broker(image: MetadataImage, cmd: Command, settings: ControllerSetti
         error = KraftError(ErrorCode.INVALID_REQUEST,
                            f"Broker {reg.broker_id} is in controlled shutdown; it must register again.")
         return ControllerResult([], error_fields(error), reason)
-    if not reg.fenced:
+    first: list[Record] = [BrokerRegistrationChangeRecord(reg.broker_id, reg.epoch, UNFENCE, 0)] if reg.fenced else []
+    if not first and not incomplete_continuation(cmd):
         return ControllerResult([], error_fields(), reason)
-    records: list[Record] = [BrokerRegistrationChangeRecord(reg.broker_id, reg.epoch, UNFENCE, 0),
-                             *broker_returning_changes(image, settings, reg.broker_id)]
-    return ControllerResult(records, error_fields(), reason)
+    changes = broker_returning_changes(image, settings, reg.broker_id)
+    room = settings.max_records_per_batch - len(first)
+    response = error_fields() if len(changes) <= room else {
+        **error_fields(), "incomplete": True, "remaining": len(changes) - room}
+    return ControllerResult([*first, *changes[:room]], response, reason)
+
+
+def incomplete_continuation(cmd: Command) -> bool:
+    """Whether the node repeats a command that answered ``incomplete`` (body ``continue: true``)."""
+    return cmd.body.get("continue") is True
 
 
 def begin_controlled_shutdown(image: MetadataImage, cmd: Command, settings: ControllerSettings) -> ControllerResult:
-    """BeginControlledShutdown: in_controlled_shutdown=1, then leave ISRs and leadership.
-    A fenced broker or one already shutting down: nothing to write."""
+    """BeginControlledShutdown: in_controlled_shutdown=1, then leave ISRs and leadership. A
+    fenced broker: nothing to write. Already shutting down: only what is left to move (if an
+    earlier step was incomplete)."""
     reason = "controlled-shutdown"
     reg, failed = _transition(image, cmd, reason)
     if failed is not None:
         return failed
-    if reg.fenced or reg.in_controlled_shutdown:
+    if reg.fenced:
         return ControllerResult([], error_fields(), reason)
-    records: list[Record] = [BrokerRegistrationChangeRecord(reg.broker_id, reg.epoch, FENCE_UNCHANGED, 1),
-                             *broker_leaving_changes(image, settings, reg.broker_id)]
-    return ControllerResult(records, error_fields(), reason)
+    first: list[Record] = [] if reg.in_controlled_shutdown else [
+        BrokerRegistrationChangeRecord(reg.broker_id, reg.epoch, FENCE_UNCHANGED, 1)]
+    return _leave(image, settings, reg.broker_id, first, [], reason)
 
 
 def allocate_producer_ids(image: MetadataImage, cmd: Command, settings: ControllerSettings) -> ControllerResult:
