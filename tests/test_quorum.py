@@ -281,6 +281,44 @@ async def test_compaction_dump_brings_a_fresh_member_up(tmp_path: Path) -> None:
         cluster.close()
 
 
+@trio_test
+async def test_isolated_leader_steps_down_and_close_fails_waiters(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path, fsync="never", leader_fallback_timeout=1.5)
+    try:
+        for nid in cluster.addrs:
+            cluster.start(nid)
+        leader = await cluster.leader()
+        events = leader.leadership_events()
+        assert await events.receive() == (True, leader.term)
+        for nid in [n for n in cluster.members if n != leader.node_id]:
+            cluster.stop(nid)
+        # no majority: a submission cannot commit; the leader falls back to follower
+        outcome: list[Any] = []
+
+        async def lonely() -> None:
+            try:
+                outcome.append(await leader.submit(b"lonely", timeout=30))
+            except KraftError as err:
+                outcome.append(err)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lonely)
+            t0 = time.monotonic()
+            with trio.fail_after(5):
+                assert (await events.receive())[0] is False
+            assert time.monotonic() - t0 < 3
+            assert not leader.is_leader and not leader.status()["has_quorum"]
+            with pytest.raises(KraftError) as ei:
+                await leader.submit(b"x", timeout=1)
+            assert ei.value.code == ErrorCode.NOT_CONTROLLER
+            assert outcome == []  # still waiting: the entry may yet commit under a new leader
+            cluster.stop(leader.node_id)  # close: the in-flight group fails, outcome unknown
+        assert isinstance(outcome[0], KraftError)
+        assert outcome[0].code == ErrorCode.REQUEST_TIMED_OUT
+    finally:
+        cluster.close()
+
+
 def test_refuses_non_loopback_without_password(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="password"):
         RaftQuorum(1, "10.1.2.3:9000", {2: "10.1.2.4:9000"}, tmp_path, ListTarget(), RaftSettings())

@@ -51,6 +51,7 @@ class GroupCommitter:
         self.max_in_flight = max_in_flight
         self._queue: collections.deque[_Waiter] = collections.deque()
         self._in_flight = 0
+        self._completions: set[Complete] = set()
         self.groups_sent = 0
         self.commands_sent = 0
         self.largest_group = 0
@@ -87,6 +88,12 @@ class GroupCommitter:
         """Send what is queued if a slot is free (e.g. after a leadership change)."""
         self._pump()
 
+    def fail_in_flight(self, error: KraftError) -> None:
+        """Fail the groups already handed over (their outcome is unknown: e.g. on shutdown);
+        a completion arriving later is ignored."""
+        for complete in list(self._completions):
+            complete(None, error)
+
     def fail_all(self, error: KraftError) -> None:
         """Fail every queued (unsent) command."""
         while self._queue:
@@ -121,17 +128,20 @@ class GroupCommitter:
                          group: list[_Waiter] = group) -> None:
                 nonlocal done
                 if done:
-                    logger.error("group completed twice; ignoring the second completion")
+                    logger.debug("group already completed; ignoring a late completion")
                     return
                 done = True
+                self._completions.discard(complete)
                 self._in_flight -= 1
                 self._resolve(group, results, error)
                 self._pump()
 
+            self._completions.add(complete)
             try:
                 self._send_group([w.command for w in group], complete)
             except KraftError as err:
                 done = True
+                self._completions.discard(complete)
                 self._in_flight -= 1
                 self._resolve(group, None, err)
                 # the same refusal would hit everything queued behind it
