@@ -137,12 +137,12 @@ def _transition(image: MetadataImage, cmd: Command, reason: str) -> tuple[Broker
 
 
 def _leave(image: MetadataImage, settings: ControllerSettings, broker_id: int, first: list[Record],
-           last: list[Record], reason: str) -> ControllerResult:
+           last: list[Record], reason: str, controlled_shutdown: bool = False) -> ControllerResult:
     """``first`` + the partition changes of ``broker_id`` leaving + ``last``, split if needed:
     a batch holds at most ``max_records_per_batch`` records, so a broker with more partitions
     moves them over several commands. An incomplete step omits ``last`` and answers
     ``{"incomplete": true, "remaining": n}``; repeating the same command continues."""
-    changes = broker_leaving_changes(image, settings, broker_id)
+    changes = broker_leaving_changes(image, settings, broker_id, controlled_shutdown)
     room = settings.max_records_per_batch - len(first) - len(last)
     if len(changes) <= room:
         return ControllerResult([*first, *changes, *last], error_fields(), reason)
@@ -201,7 +201,7 @@ def begin_controlled_shutdown(image: MetadataImage, cmd: Command, settings: Cont
         return ControllerResult([], error_fields(), reason)
     first: list[Record] = [] if reg.in_controlled_shutdown else [
         BrokerRegistrationChangeRecord(reg.broker_id, reg.epoch, FENCE_UNCHANGED, 1)]
-    return _leave(image, settings, reg.broker_id, first, [], reason)
+    return _leave(image, settings, reg.broker_id, first, [], reason, controlled_shutdown=True)
 
 
 def allocate_producer_ids(image: MetadataImage, cmd: Command, settings: ControllerSettings) -> ControllerResult:

@@ -6,8 +6,9 @@ Every handler is a pure function ``(image, command, settings) -> ControllerResul
 against the image and returns records plus a response; nothing here mutates state. Results of
 user requests are atomic: if they would need more than ``settings.max_records_per_batch``
 records, the request fails with POLICY_VIOLATION. Broker transitions (fence, unfence, controlled
-shutdown, unregister) are never refused for size: they are one batch however many partitions
-they touch. ElectLeaders over *all* partitions stops at the limit; the caller repeats it.
+shutdown, unregister) are never refused for size: cluster_control moves one batch worth per
+command. ElectLeaders over *all* partitions stops at the limit; the caller repeats it.
+Election rules come from kraft.controller.election, placement from kraft.controller.placement.
 """
 from __future__ import annotations
 
@@ -16,17 +17,24 @@ import uuid
 from typing import Any, Callable, Iterator, Mapping
 
 from kraft.controller.commands import Command, ControllerResult, derive_rng, error_fields
-from kraft.controller.configs import is_true, static_default, validate_value
+from kraft.controller.configs import is_true, validate_value
+from kraft.controller.election import (
+    build_partition_change,
+    changes_for_controlled_shutdown,
+    changes_for_fenced_broker,
+    changes_for_unfenced_broker,
+    elect_preferred_leader,
+    elect_unclean_leader,
+)
+from kraft.controller.placement import place_replicas
 from kraft.controller.settings import ControllerSettings
 from kraft.controller.topic_names import collision_error, find_collision, validate_topic_name
 from kraft.errors import ErrorCode, KraftError
-from kraft.image import BrokerRegistration, MetadataImage, PartitionRegistration, TopicImage
+from kraft.image import MetadataImage, PartitionRegistration, TopicImage
 from kraft.records import (
     LEADER_NONE,
-    LEADER_UNCHANGED,
     RECOVERED,
     RECOVERING,
-    RECOVERY_UNCHANGED,
     RESOURCE_BROKER,
     RESOURCE_TOPIC,
     ConfigRecord,
@@ -37,12 +45,6 @@ from kraft.records import (
     TopicRecord,
 )
 
-try:  # the placer lands in its own module; until then a private striped placer stands in
-    from kraft.controller.placement import place_replicas as _place_replicas
-except ImportError:  # pragma: no cover - removed once placement.py is committed
-    _place_replicas = None
-
-Acceptable = Callable[[int], bool]
 
 
 def _fail(code: ErrorCode, message: str) -> KraftError:
@@ -69,36 +71,10 @@ def unclean_allowed(image: MetadataImage, settings: ControllerSettings, topic_na
     return is_true(value)
 
 
-def online_change(topic_id: str, pid: int, part: PartitionRegistration, target_isr: tuple,
-                  acceptable: Acceptable, allow_unclean: bool,
-                  recovery: int = RECOVERY_UNCHANGED) -> PartitionChangeRecord | None:
-    """The change that sets ``target_isr`` and keeps or re-elects the leader (online election):
-    keep the leader if it stays in the ISR and is acceptable, else the first acceptable ISR
-    replica in replica order, else (if allowed) the first acceptable replica uncleanly (ISR =
-    that leader, RECOVERING), else no leader. None when nothing changes."""
-    new_isr, new_recovery = target_isr, part.leader_recovery_state if recovery == RECOVERY_UNCHANGED else recovery
-    leader, election = part.leader, None
-    if not (leader != LEADER_NONE and leader in new_isr and acceptable(leader)):
-        leader = next((r for r in part.replicas if r in new_isr and acceptable(r)), LEADER_NONE)
-        election = "clean" if leader != LEADER_NONE else None
-        if leader == LEADER_NONE and allow_unclean:
-            leader = next((r for r in part.replicas if acceptable(r)), LEADER_NONE)
-            if leader != LEADER_NONE:
-                new_isr, new_recovery, election = (leader,), RECOVERING, "unclean"
-    return _change_record(topic_id, pid, part, new_isr, leader, new_recovery, election)
-
-
-def _change_record(topic_id: str, pid: int, part: PartitionRegistration, isr: tuple, leader: int,
-                   recovery: int, election: str | None) -> PartitionChangeRecord | None:
-    isr_field = None if tuple(isr) == tuple(part.isr) else tuple(isr)
-    leader_field = LEADER_UNCHANGED if leader == part.leader else leader
-    recovery_field = RECOVERY_UNCHANGED if recovery == part.leader_recovery_state else recovery
-    if isr_field is None and leader_field == LEADER_UNCHANGED and recovery_field == RECOVERY_UNCHANGED:
-        return None
-    if leader_field in (LEADER_UNCHANGED, LEADER_NONE):
-        election = None
-    return PartitionChangeRecord(pid, topic_id, isr_field, leader_field, None, None, None,
-                                 recovery_field, election)
+def _topics_by_name(image: MetadataImage) -> Iterator[TopicImage]:
+    by_id = image.topics_by_id
+    for name in sorted(image.topics_by_name):
+        yield by_id[image.topics_by_name[name]]
 
 
 def _sorted_partitions(topic: TopicImage) -> Iterator[tuple[int, PartitionRegistration]]:
@@ -107,115 +83,26 @@ def _sorted_partitions(topic: TopicImage) -> Iterator[tuple[int, PartitionRegist
         yield pid, partitions[pid]
 
 
-def _topics_by_name(image: MetadataImage) -> Iterator[TopicImage]:
-    by_id = image.topics_by_id
-    for name in sorted(image.topics_by_name):
-        yield by_id[image.topics_by_name[name]]
-
-
-def broker_leaving_changes(image: MetadataImage, settings: ControllerSettings,
-                           broker_id: int) -> list[PartitionChangeRecord]:
+def broker_leaving_changes(image: MetadataImage, settings: ControllerSettings, broker_id: int,
+                           controlled_shutdown: bool = False) -> list[PartitionChangeRecord]:
     """Fencing, controlled shutdown or unregistration of ``broker_id``: drop it from every ISR
-    (the last member stays, so it can lead cleanly when it returns) and move leadership to
-    another acceptable ISR replica (or an acceptable replica, where the topic allows unclean
-    election), else leave the partition leaderless."""
-
-    def acceptable(b: int) -> bool:
-        return b != broker_id and image.is_active_broker(b)
-
-    records: list[PartitionChangeRecord] = []
-    for topic in _topics_by_name(image):
-        allow_unclean: bool | None = None
-        for pid, part in _sorted_partitions(topic):
-            if broker_id not in part.isr:
-                continue
-            target = tuple(b for b in part.isr if b != broker_id) or part.isr
-            if allow_unclean is None:
-                allow_unclean = unclean_allowed(image, settings, topic.name)
-            change = online_change(topic.topic_id, pid, part, target, acceptable, allow_unclean)
-            if change is not None:
-                records.append(change)
-    return records
+    (the last member stays) and move leadership away (kraft.controller.election)."""
+    allowed = lambda topic: unclean_allowed(image, settings, topic.name)  # noqa: E731
+    if controlled_shutdown:
+        return changes_for_controlled_shutdown(image, broker_id, allowed)
+    return changes_for_fenced_broker(image, broker_id, allowed)
 
 
 def broker_returning_changes(image: MetadataImage, settings: ControllerSettings,
                              broker_id: int) -> list[PartitionChangeRecord]:
-    """Unfencing ``broker_id``: every leaderless partition it can lead gets a leader (cleanly
-    from the ISR, or uncleanly where the topic allows it)."""
-
-    def acceptable(b: int) -> bool:
-        return b == broker_id or image.is_active_broker(b)
-
-    records: list[PartitionChangeRecord] = []
-    for topic in _topics_by_name(image):
-        allow_unclean: bool | None = None
-        for pid, part in _sorted_partitions(topic):
-            if part.leader != LEADER_NONE or broker_id not in part.replicas:
-                continue
-            if allow_unclean is None:
-                allow_unclean = unclean_allowed(image, settings, topic.name)
-            if broker_id not in part.isr and not allow_unclean:
-                continue
-            change = online_change(topic.topic_id, pid, part, part.isr, acceptable, allow_unclean)
-            if change is not None:
-                records.append(change)
-    return records
+    """Unfencing ``broker_id``: leaderless partitions it can lead get it as leader."""
+    return changes_for_unfenced_broker(image, broker_id,
+                                       lambda topic: unclean_allowed(image, settings, topic.name))
 
 
 # ---------------------------------------------------------------------------------------------
 # Placement and assignments
 # ---------------------------------------------------------------------------------------------
-
-
-def _fallback_place(brokers: list[BrokerRegistration], start_partition: int, num_partitions: int,
-                    replication_factor: int, rng: Any) -> list[list[int]]:
-    """Private stand-in for kraft.controller.placement: striped, rack-aware, unfenced first."""
-    if replication_factor <= 0:
-        raise _fail(ErrorCode.INVALID_REPLICATION_FACTOR, "Replication factor must be larger than 0.")
-    if replication_factor > len(brokers):
-        raise _fail(ErrorCode.INVALID_REPLICATION_FACTOR,
-                    f"Unable to replicate the partition {replication_factor} time(s): The target "
-                    f"replication factor of {replication_factor} cannot be reached because only "
-                    f"{len(brokers)} broker(s) are registered.")
-    usable = [b for b in brokers if not b.in_controlled_shutdown]
-    if not any(not b.fenced for b in usable):
-        raise _fail(ErrorCode.INVALID_REPLICATION_FACTOR,
-                    f"Unable to replicate the partition {replication_factor} time(s): All brokers "
-                    "are currently fenced.")
-    if replication_factor > len(usable):
-        raise _fail(ErrorCode.INVALID_REPLICATION_FACTOR,
-                    f"Unable to replicate the partition {replication_factor} time(s): only "
-                    f"{len(usable)} broker(s) are not in controlled shutdown.")
-    racks: dict[str, list[BrokerRegistration]] = {}
-    for b in usable:
-        racks.setdefault(b.rack or "", []).append(b)
-    rack_names = sorted(racks)
-    for name in rack_names:
-        racks[name].sort(key=lambda b: (b.fenced, b.broker_id))
-    rack_start = rng.randrange(len(rack_names))
-    offsets = {name: rng.randrange(len(racks[name])) for name in rack_names}
-    out: list[list[int]] = []
-    for p in range(num_partitions):
-        chosen: list[int] = []
-        taken: dict[str, int] = {}
-        r = rack_start + p
-        while len(chosen) < replication_factor:
-            name = rack_names[r % len(rack_names)]
-            members = racks[name]
-            i = taken.get(name, 0)
-            if i < len(members):
-                b = members[(offsets[name] + p + i) % len(members)]
-                taken[name] = i + 1
-                if b.broker_id not in chosen and (chosen or not b.fenced):
-                    chosen.append(b.broker_id)
-                elif not chosen:  # replica 0 must be unfenced: try this rack's next broker
-                    continue
-            r += 1
-            if sum(taken.values()) >= len(usable) and len(chosen) < replication_factor:
-                raise _fail(ErrorCode.INVALID_REPLICATION_FACTOR,
-                            f"Unable to place {replication_factor} replicas with an unfenced leader.")
-        out.append(chosen)
-    return out
 
 
 def place(image: MetadataImage, start_partition: int, num_partitions: int, replication_factor: int,
@@ -229,8 +116,7 @@ def place(image: MetadataImage, start_partition: int, num_partitions: int, repli
                     f"Unable to replicate the partition {replication_factor} time(s): The target "
                     f"replication factor of {replication_factor} cannot be reached because only "
                     f"{len(brokers)} broker(s) are registered.")
-    placer = _place_replicas or _fallback_place
-    return [list(r) for r in placer(brokers, start_partition, num_partitions, replication_factor, rng)]
+    return [list(r) for r in place_replicas(brokers, start_partition, num_partitions, replication_factor, rng)]
 
 
 def check_replica_list(image: MetadataImage, pid: int, replicas: Any, rf: int | None) -> tuple[int, ...]:
@@ -551,34 +437,25 @@ def delete_topics(image: MetadataImage, cmd: Command, settings: ControllerSettin
 # ---------------------------------------------------------------------------------------------
 
 
-def _elect_one(image: MetadataImage, settings: ControllerSettings, topic: TopicImage, pid: int,
-               part: PartitionRegistration, election_type: str) -> PartitionChangeRecord:
+_ELECTION_MESSAGES = {
+    ErrorCode.ELECTION_NOT_NEEDED: "Partition {name}-{pid} needs no {kind} election (leader {leader}).",
+    ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE:
+        "The preferred replica {preferred} of {name}-{pid} is not in the ISR or is not available.",
+    ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE: "No replica of {name}-{pid} is available to lead.",
+}
+
+
+def _elect_one(image: MetadataImage, topic: TopicImage, pid: int, part: PartitionRegistration,
+               election_type: str) -> PartitionChangeRecord:
     """One requested election; raises ELECTION_NOT_NEEDED / PREFERRED_LEADER_NOT_AVAILABLE /
     ELIGIBLE_LEADERS_NOT_AVAILABLE."""
-    acceptable = image.is_active_broker
-    if election_type == "preferred":
-        preferred = part.preferred_leader
-        if part.leader == preferred:
-            raise _fail(ErrorCode.ELECTION_NOT_NEEDED, f"Partition {topic.name}-{pid} is already led by "
-                                                       f"its preferred replica {preferred}.")
-        if preferred in part.isr and acceptable(preferred):
-            return _change_record(topic.topic_id, pid, part, part.isr, preferred,
-                                  part.leader_recovery_state, "preferred")
-        change = None
-        if part.leader == LEADER_NONE:  # not the preferred one, but better than no leader
-            change = online_change(topic.topic_id, pid, part, part.isr, acceptable, False)
-        if change is None:
-            raise _fail(ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE,
-                        f"The preferred replica {preferred} of {topic.name}-{pid} is not in the ISR "
-                        "or is not available.")
-        return change
-    if part.leader != LEADER_NONE:
-        raise _fail(ErrorCode.ELECTION_NOT_NEEDED, f"Partition {topic.name}-{pid} already has leader {part.leader}.")
-    change = online_change(topic.topic_id, pid, part, part.isr, acceptable, True)
-    if change is None or change.leader in (LEADER_NONE, LEADER_UNCHANGED):
-        raise _fail(ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE,
-                    f"No replica of {topic.name}-{pid} is available to lead.")
-    return change
+    elect = elect_preferred_leader if election_type == "preferred" else elect_unclean_leader
+    outcome = elect(topic.topic_id, pid, part, image.is_active_broker)
+    if outcome.record is None:
+        code = outcome.error if outcome.error != ErrorCode.NONE else ErrorCode.ELECTION_NOT_NEEDED
+        raise _fail(code, _ELECTION_MESSAGES[code].format(name=topic.name, pid=pid, kind=election_type,
+                                                          leader=part.leader, preferred=part.preferred_leader))
+    return outcome.record
 
 
 def _election_result(topic: str, pid: int, leader: int, error: KraftError | None = None) -> dict[str, Any]:
@@ -603,7 +480,7 @@ def elect_leaders(image: MetadataImage, cmd: Command, settings: ControllerSettin
                 if len(records) >= settings.max_records_per_batch:
                     break
                 try:
-                    change = _elect_one(image, settings, topic, pid, part, election_type)
+                    change = _elect_one(image, topic, pid, part, election_type)
                 except KraftError as e:
                     if e.code != ErrorCode.ELECTION_NOT_NEEDED:
                         results.append(_election_result(topic.name, pid, part.leader, e))
@@ -626,7 +503,7 @@ def elect_leaders(image: MetadataImage, cmd: Command, settings: ControllerSettin
             seen.add((name, pid))
             if part is None:
                 raise _fail(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"Partition {name}-{pid} does not exist.")
-            change = _elect_one(image, settings, topic, pid, part, election_type)
+            change = _elect_one(image, topic, pid, part, election_type)
         except KraftError as e:
             results.append(_election_result(shown_name, shown_pid, part.leader if part else LEADER_NONE, e))
             continue
@@ -739,7 +616,8 @@ def alter_partition(image: MetadataImage, cmd: Command, settings: ControllerSett
             except KraftError as e:
                 parts_out.append({"partition": pid if _is_int(pid) else -1, **error_fields(e), **_partition_view(part)})
                 continue
-            change = _change_record(topic_id, pid, part, new_isr, part.leader, new_recovery, None)
+            change = build_partition_change(topic_id, pid, part, image.is_active_broker, target_isr=new_isr,
+                                            target_recovery_state=new_recovery)
             after = part
             if change is not None:
                 records.append(change)
