@@ -1,0 +1,240 @@
+"""Leader election rules (kraft-reference §6.9, §6.10), one test per rule."""
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from kraft.controller.election import (
+    ONLINE,
+    PREFERRED,
+    UNCLEAN,
+    build_partition_change,
+    changes_for_controlled_shutdown,
+    changes_for_fenced_broker,
+    changes_for_unfenced_broker,
+    complete_reassignment,
+    elect_preferred_leader,
+    elect_unclean_leader,
+)
+from kraft.errors import ErrorCode
+from kraft.image import MetadataDelta, MetadataImage, PartitionRegistration
+from kraft.records import (
+    LEADER_NONE,
+    LEADER_UNCHANGED,
+    RECOVERED,
+    RECOVERING,
+    RECOVERY_UNCHANGED,
+    PartitionRecord,
+    RegisterBrokerRecord,
+    TopicRecord,
+)
+
+T = str(uuid.UUID(int=7))
+
+
+def reg(replicas, isr=None, leader=None, recovery=RECOVERED, removing=(), adding=()):
+    replicas = tuple(replicas)
+    isr = replicas if isr is None else tuple(isr)
+    leader = (isr[0] if isr else LEADER_NONE) if leader is None else leader
+    return PartitionRegistration(replicas, isr, tuple(removing), tuple(adding), leader, recovery, 3, 9)
+
+
+def everyone(_b):
+    return True
+
+
+def only(*ok):
+    return lambda b: b in ok
+
+
+def change(part, acceptable=everyone, **kw):
+    return build_partition_change(T, 0, part, acceptable, **kw)
+
+
+# ---- online ------------------------------------------------------------------------------------
+
+def test_no_change_gives_none():
+    assert change(reg([1, 2, 3])) is None
+    assert change(reg([1, 2, 3]), target_isr=[1, 2, 3]) is None
+
+
+def test_online_keeps_an_acceptable_leader_in_the_isr():
+    r = change(reg([1, 2, 3], leader=2), target_isr=[2, 3])
+    assert r.isr == (2, 3) and r.leader == LEADER_UNCHANGED and r.election is None
+
+
+def test_online_picks_first_isr_replica_in_replica_order():
+    r = change(reg([3, 1, 2], isr=[1, 2, 3], leader=3), only(1, 2), target_isr=[2, 1])
+    assert r.leader == 1 and r.isr == (2, 1) and r.election == "clean"
+
+
+def test_online_unacceptable_leader_is_replaced():
+    r = change(reg([1, 2, 3]), only(2, 3))
+    assert r.leader == 2 and r.isr is None and r.election == "clean"
+
+
+def test_online_no_candidate_means_no_leader():
+    r = change(reg([1, 2], isr=[1, 2]), only(3), target_isr=[1, 2])
+    assert r.leader == LEADER_NONE and r.election is None
+
+
+def test_isr_is_never_emptied():
+    part = reg([1, 2], isr=[1], leader=1)
+    r = change(part, only(2), target_isr=[])
+    assert r.isr is None and r.leader == LEADER_NONE  # 1 stays in the ISR, leaderless
+    after = part.merge(r)
+    assert after.isr == (1,) and after.leader_epoch == 4
+
+
+def test_recovery_state_target():
+    r = change(reg([1], recovery=RECOVERING), target_recovery_state=RECOVERED)
+    assert r.leader_recovery_state == RECOVERED and r.leader == LEADER_UNCHANGED
+    assert change(reg([1]), target_recovery_state=RECOVERED) is None
+
+
+# ---- unclean ------------------------------------------------------------------------------------
+
+def test_unclean_takes_first_acceptable_replica_and_resets_isr():
+    part = reg([1, 2, 3], isr=[1], leader=LEADER_NONE)
+    r = change(part, only(2, 3), election=UNCLEAN)
+    assert (r.leader, r.isr, r.leader_recovery_state, r.election) == (2, (2,), RECOVERING, "unclean")
+
+
+def test_unclean_allowed_turns_online_into_unclean():
+    part = reg([1, 2, 3], isr=[1], leader=LEADER_NONE)
+    assert change(part, only(3)) is None
+    r = change(part, only(3), unclean_allowed=True)
+    assert r.leader == 3 and r.isr == (3,) and r.election == "unclean"
+
+
+def test_unclean_prefers_a_clean_candidate():
+    part = reg([1, 2, 3], isr=[1, 3], leader=1)
+    r = change(part, only(2, 3), election=UNCLEAN)
+    assert r.leader == 3 and r.isr is None and r.election == "clean"
+
+
+# ---- preferred ----------------------------------------------------------------------------------
+
+def test_preferred_elects_replica_zero():
+    r = change(reg([1, 2, 3], leader=2), election=PREFERRED)
+    assert r.leader == 1 and r.election == "preferred"
+
+
+def test_preferred_keeps_current_leader_when_replica_zero_cannot_lead():
+    assert change(reg([1, 2, 3], leader=2), only(2, 3), election=PREFERRED) is None
+    assert change(reg([1, 2, 3], isr=[2, 3], leader=2), election=PREFERRED) is None
+
+
+def test_preferred_falls_back_to_another_isr_replica_when_leaderless():
+    r = change(reg([1, 2, 3], leader=LEADER_NONE), only(3), election=PREFERRED)
+    assert r.leader == 3 and r.election == "clean"
+
+
+def test_elect_preferred_leader_outcomes():
+    assert elect_preferred_leader(T, 0, reg([1, 2]), everyone).error == ErrorCode.ELECTION_NOT_NEEDED
+    out = elect_preferred_leader(T, 0, reg([1, 2], leader=2), only(2))
+    assert out == (None, ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE)
+    out = elect_preferred_leader(T, 0, reg([1, 2], leader=2), everyone)
+    assert out.error == ErrorCode.NONE and out.record.leader == 1
+
+
+def test_elect_unclean_leader_outcomes():
+    assert elect_unclean_leader(T, 0, reg([1, 2]), everyone).error == ErrorCode.ELECTION_NOT_NEEDED
+    part = reg([1, 2], isr=[1], leader=LEADER_NONE)
+    assert elect_unclean_leader(T, 0, part, only()).error == ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE
+    out = elect_unclean_leader(T, 0, part, only(2))
+    assert out.error == ErrorCode.NONE and (out.record.leader, out.record.isr) == (2, (2,))
+
+
+def test_unknown_election_type():
+    with pytest.raises(ValueError):
+        change(reg([1]), election="sideways")
+
+
+# ---- epochs and reassignment ---------------------------------------------------------------------
+
+def test_dropping_a_replica_sets_the_leader_to_bump_its_epoch():
+    part = reg([1, 2, 3], leader=1)
+    r = change(part, target_replicas=[1, 2], target_isr=[1, 2])
+    assert r.leader == 1 and r.replicas == (1, 2)
+    assert part.merge(r).leader_epoch == part.leader_epoch + 1
+    # a pure reorder keeps the leader epoch
+    r = change(part, target_replicas=[2, 1, 3])
+    assert r.leader == LEADER_UNCHANGED and r.replicas == (2, 1, 3)
+
+
+def test_reassignment_completes_when_the_isr_covers_the_target():
+    # moving [1,2] -> [2,3]: replicas [2,3,1], adding [3], removing [1]
+    part = reg([2, 3, 1], isr=[1, 2], leader=1, removing=[1], adding=[3])
+    assert change(part, target_isr=[1, 2]) is None  # 3 not caught up yet
+    r = change(part, target_isr=[1, 2, 3])
+    assert r.replicas == (2, 3) and r.isr == (2, 3)
+    assert r.removing_replicas == () and r.adding_replicas == ()
+    assert r.leader == 2 and r.election == "clean"  # the old leader was removed
+
+
+def test_complete_reassignment_rules():
+    assert complete_reassignment((1, 2), (1, 2), (), ()) is None
+    assert complete_reassignment((2, 3, 1), (1,), (1,), (3,)) is None  # ISR would be empty
+    assert complete_reassignment((2, 3, 1), (1, 2, 3), (1,), (3,)) == ((2, 3), (2, 3))
+    assert complete_reassignment((1, 2, 3), (1, 2), (), (3,)) is None
+    assert complete_reassignment((1, 2, 3), (1, 2, 3), (), (3,)) == ((1, 2, 3), (1, 2, 3))
+
+
+# ---- broker transitions --------------------------------------------------------------------------
+
+EP = ({"name": "PLAINTEXT", "host": "h", "port": 1, "security_protocol": "PLAINTEXT"},)
+
+
+def cluster(*partitions, fenced=(), brokers=(1, 2, 3)):
+    delta = MetadataDelta(MetadataImage.EMPTY)
+    for b in brokers:
+        delta.replay(RegisterBrokerRecord(b, f"inc-{b}", b, EP, (), None, b in fenced, False))
+    delta.replay(TopicRecord("t", T))
+    for pid, (replicas, isr, leader) in enumerate(partitions):
+        delta.replay(PartitionRecord(pid, T, tuple(replicas), tuple(isr), (), (), leader, RECOVERED, 0, 0))
+    return delta.apply()
+
+
+def test_fencing_removes_the_broker_from_isrs_and_moves_leadership():
+    image = cluster(([1, 2, 3], [1, 2, 3], 1), ([2, 1], [2, 1], 2), ([1, 3], [1], 1), ([2, 3], [2, 3], 2))
+    records = changes_for_fenced_broker(image, 1)
+    by_pid = {r.partition_id: r for r in records}
+    assert set(by_pid) == {0, 1, 2}
+    assert (by_pid[0].isr, by_pid[0].leader) == ((2, 3), 2)
+    assert (by_pid[1].isr, by_pid[1].leader) == ((2,), LEADER_UNCHANGED)
+    assert (by_pid[2].isr, by_pid[2].leader) == (None, LEADER_NONE)  # last ISR member stays
+    assert [r.partition_id for r in records] == sorted(by_pid)
+
+
+def test_fencing_with_unclean_allowed_elects_outside_the_isr():
+    image = cluster(([1, 3], [1], 1))
+    (r,) = changes_for_fenced_broker(image, 1, unclean_allowed=lambda topic: topic.name == "t")
+    assert (r.leader, r.isr, r.leader_recovery_state) == (3, (3,), RECOVERING)
+
+
+def test_controlled_shutdown_moves_leadership_away():
+    image = cluster(([1, 2], [1, 2], 1))
+    (r,) = changes_for_controlled_shutdown(image, 1)
+    assert (r.leader, r.isr) == (2, (2,))
+
+
+def test_unfencing_gives_leaderless_partitions_a_leader():
+    image = cluster(([1, 2], [1], LEADER_NONE), ([2, 1], [2], LEADER_NONE), ([1, 2], [1, 2], 2),
+                    fenced=(1, 2))
+    records = changes_for_unfenced_broker(image, 1)
+    assert [(r.partition_id, r.leader, r.election) for r in records] == [(0, 1, "clean")]
+    records = changes_for_unfenced_broker(image, 1, unclean_allowed=lambda topic: True)
+    assert [(r.partition_id, r.leader, r.isr) for r in records] == [(0, 1, None), (1, 1, (1,))]
+
+
+def test_records_apply_cleanly():
+    image = cluster(([1, 2, 3], [1, 2, 3], 1), ([1, 3], [1], 1))
+    delta = MetadataDelta(image)
+    for r in changes_for_fenced_broker(image, 1):
+        delta.replay(r)
+    after = delta.apply()
+    assert after.partition(T, 0).leader == 2 and after.partition(T, 0).leader_epoch == 1
+    assert after.partition(T, 1).leader == LEADER_NONE and after.partition(T, 1).isr == (1,)
+    assert RECOVERY_UNCHANGED != RECOVERED and ONLINE == "online"
