@@ -42,19 +42,11 @@ class MetadataApplier:
         # Where our log stands in Raft terms: the entry of the last batch, and that batch's
         # position inside it. Entries up to last_raft_index - 1 are complete.
         self._last_raft_index = metadata_log.last_raft_index
-        self._last_position = self._position_of_last_batch()
+        self._last_position = metadata_log.last_raft_position if metadata_log.next_offset > 0 else -1
         self._lock = threading.Lock()
         self.fatal_error: BaseException | None = None
         self.applied_entries = 0
         self.applied_commands = 0
-
-    def _position_of_last_batch(self) -> int:
-        if self.log.next_offset == self.log.start_offset:
-            return -1
-        last = None
-        for batch in self.log.read_batches(max(self.log.start_offset, self.log.next_offset - 1)):
-            last = batch
-        return last.raft_position if last is not None else -1
 
     # ---- ApplyTarget --------------------------------------------------------------------------
 
@@ -102,7 +94,7 @@ class MetadataApplier:
         batch, response = self.state_machine.apply(command, raft_index, term, raft_position=position)
         if batch is None:
             return response, False
-        self.log.append_encoded(batch.encode(), batch)
+        self.log.append_encoded(self.state_machine.last_encoded or batch.encode(), batch)
         self._last_raft_index, self._last_position = raft_index, position
         return response, True
 

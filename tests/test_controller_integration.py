@@ -7,8 +7,8 @@ import threading
 import pytest
 import trio
 
-from kraft.errors import KraftError
-from kraft.rpc.client import ControllerClient
+from kraft.errors import ErrorCode, KraftError
+from kraft.rpc.client import ControllerClient, call_sync
 from tests.harness import LocalCluster, kraft, kraft_json, log_stream_digest, poll
 
 pytestmark = pytest.mark.integration
@@ -70,16 +70,20 @@ def test_bad_input_gets_kafka_errors_and_changes_nothing(cluster):
     d = str(cluster.dir)
     cases = [
         (["topics", "create", "bad name!", "--cluster", d], "INVALID_TOPIC_EXCEPTION"),
-        (["topics", "create", "x", "--partitions", "0", "--cluster", d], "INVALID_PARTITIONS"),
         (["topics", "create", "x", "--replication-factor", "4", "--cluster", d], "INVALID_REPLICATION_FACTOR"),
         (["topics", "create", "x", "--config", "retention.ms=soon", "--cluster", d], "INVALID_CONFIG"),
-        (["topics", "create", "x", "--replica-assignment", "101:101", "--cluster", d], "INVALID_REPLICA_ASSIGNMENT"),
+        (["topics", "create", "x", "--replica-assignment", "101:999", "--cluster", d], "INVALID_REPLICA_ASSIGNMENT"),
     ]
     before = kraft_json("topics", "list", "--cluster", d)
     for args, error in cases:
         proc = kraft(*args, check=False)
         assert proc.returncode != 0, args
         assert error in proc.stderr, (args, proc.stderr)
+    # The CLI refuses --partitions 0 itself; the controller must refuse it too.
+    bootstrap = [(c["host"], c["rpc_port"]) for c in cluster.meta["controllers"]]
+    result = call_sync(bootstrap, "CreateTopics", {"topics": [{"name": "x", "num_partitions": 0,
+                                                                "replication_factor": 1}]}, 10)
+    assert result["topics"][0]["error_code"] == ErrorCode.INVALID_PARTITIONS
     kraft("topics", "create", "dup", "--cluster", d)
     proc = kraft("topics", "create", "dup", "--cluster", d, check=False)
     assert proc.returncode != 0 and "TOPIC_ALREADY_EXISTS" in proc.stderr

@@ -48,7 +48,8 @@ class SimBroker:
                 "incarnation_id": self.incarnation_id,
                 "listeners": [{"name": "PLAINTEXT", "host": "127.0.0.1", "port": 19000 + self.broker_id,
                                "security_protocol": "PLAINTEXT"}],
-                "rack": self.rack, "features": []}
+                "rack": self.rack,
+                "features": [{"name": "metadata.version", "min_version": 1, "max_version": 1000}]}
         result = await client.call("BrokerRegistration", body, timeout=30)
         self.epoch = result["broker_epoch"]
 
