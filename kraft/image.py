@@ -509,13 +509,23 @@ class MetadataDelta:
         if not batch.records:
             raise ReplayError(f"batch at offset {batch.base_offset} is empty")
         handlers = self._handlers
+        topic_changes = self._topic_changes
         offset = batch.base_offset
         try:
             for record in batch.records:
-                handler = handlers.get(type(record))
-                if handler is None:
-                    raise ReplayError(f"no replay rule for record type {type(record).__name__}")
-                handler(record)
+                if type(record) is PartitionRecord:  # the bulk of big batches: inlined
+                    change = topic_changes.get(record.topic_id)
+                    if change is None:
+                        change = self._open_topic(record.topic_id)
+                    change.partitions[record.partition_id] = PartitionRegistration(
+                        record.replicas, record.isr, record.removing_replicas,
+                        record.adding_replicas, record.leader, record.leader_recovery_state,
+                        record.leader_epoch, record.partition_epoch)
+                else:
+                    handler = handlers.get(type(record))
+                    if handler is None:
+                        raise ReplayError(f"no replay rule for record type {type(record).__name__}")
+                    handler(record)
                 offset += 1
         except ReplayError as e:
             raise ReplayError(f"offset {offset}: {e}") from None

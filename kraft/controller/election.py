@@ -138,17 +138,19 @@ def build_partition_change(
         raise ValueError(f"unknown election type {election!r}")
     if election == ONLINE and unclean_allowed:
         election = UNCLEAN
-    replicas = tuple(partition.replicas if target_replicas is None else target_replicas)
-    isr = tuple(partition.isr if target_isr is None else target_isr)
-    removing = tuple(partition.removing_replicas if target_removing is None else target_removing)
-    adding = tuple(partition.adding_replicas if target_adding is None else target_adding)
+    replicas = partition.replicas if target_replicas is None else tuple(target_replicas)
+    isr = partition.isr if target_isr is None else tuple(target_isr)
+    removing = (partition.removing_replicas if target_removing is None
+                else tuple(target_removing))
+    adding = partition.adding_replicas if target_adding is None else tuple(target_adding)
     recovery = (partition.leader_recovery_state if target_recovery_state == RECOVERY_UNCHANGED
                 else target_recovery_state)
 
-    finished = complete_reassignment(replicas, isr, removing, adding)
-    if finished is not None:
-        replicas, isr = finished
-        removing, adding = (), ()
+    if removing or adding:
+        finished = complete_reassignment(replicas, isr, removing, adding)
+        if finished is not None:
+            replicas, isr = finished
+            removing, adding = (), ()
 
     leader, how = _elect(partition, replicas, isr, is_acceptable, election)
     leader_field = LEADER_UNCHANGED
@@ -157,14 +159,14 @@ def build_partition_change(
         if how == "unclean":
             isr = (leader,)
             recovery = RECOVERING
-    elif any(b not in replicas for b in partition.replicas):
+    elif replicas is not partition.replicas and any(b not in replicas for b in partition.replicas):
         leader_field, how = leader, "clean"  # a replica left: set the leader to bump its epoch
 
     # ELR disabled: an ISR is never emptied (the last member stays)
-    isr_field = isr if isr and isr != tuple(partition.isr) else None
-    replicas_field = replicas if replicas != tuple(partition.replicas) else None
-    removing_field = removing if removing != tuple(partition.removing_replicas) else None
-    adding_field = adding if adding != tuple(partition.adding_replicas) else None
+    isr_field = isr if isr and isr != partition.isr else None
+    replicas_field = replicas if replicas != partition.replicas else None
+    removing_field = removing if removing != partition.removing_replicas else None
+    adding_field = adding if adding != partition.adding_replicas else None
     recovery_field = recovery if recovery != partition.leader_recovery_state else RECOVERY_UNCHANGED
 
     if (leader_field == LEADER_UNCHANGED and isr_field is None and replicas_field is None
@@ -214,32 +216,34 @@ def elect_unclean_leader(topic_id: str, partition_id: int, partition: PartitionR
 # ---------------------------------------------------------------------------------------------
 
 
-def _partitions_in_name_order(image: MetadataImage) -> Iterator[tuple[TopicImage, int, PartitionRegistration]]:
+def _topics_in_name_order(image: MetadataImage) -> Iterator[TopicImage]:
     by_id, by_name = image.topics_by_id, image.topics_by_name
     for name in sorted(by_name):
-        topic = by_id[by_name[name]]
-        for pid, partition in sorted(topic.partitions.items()):
-            yield topic, pid, partition
+        yield by_id[by_name[name]]
+
+
+def _active_brokers_except(image: MetadataImage, broker_id: int) -> frozenset[int]:
+    return frozenset(b for b, reg in image.brokers.items()
+                     if b != broker_id and not reg.fenced and not reg.in_controlled_shutdown)
 
 
 def _changes_for_leaving_broker(image: MetadataImage, broker_id: int,
                                 unclean_allowed: UncleanAllowed) -> list[PartitionChangeRecord]:
-    def acceptable(b: int) -> bool:
-        return b != broker_id and image.is_active_broker(b)
-
+    acceptable = _active_brokers_except(image, broker_id).__contains__
     records: list[PartitionChangeRecord] = []
-    allowed: dict[str, bool] = {}
-    for topic, pid, partition in _partitions_in_name_order(image):
-        if broker_id not in partition.isr and partition.leader != broker_id:
+    for topic in _topics_in_name_order(image):
+        affected = sorted((pid, p) for pid, p in topic.partitions.items()
+                          if broker_id in p.isr or p.leader == broker_id)
+        if not affected:
             continue
-        if topic.topic_id not in allowed:
-            allowed[topic.topic_id] = unclean_allowed(topic)
-        target_isr = tuple(b for b in partition.isr if b != broker_id)
-        record = build_partition_change(topic.topic_id, pid, partition, acceptable,
-                                        target_isr=target_isr,
-                                        unclean_allowed=allowed[topic.topic_id])
-        if record is not None:
-            records.append(record)
+        allow_unclean = unclean_allowed(topic)
+        topic_id = topic.topic_id
+        for pid, partition in affected:
+            target_isr = tuple(b for b in partition.isr if b != broker_id)
+            record = build_partition_change(topic_id, pid, partition, acceptable,
+                                            target_isr=target_isr, unclean_allowed=allow_unclean)
+            if record is not None:
+                records.append(record)
     return records
 
 
@@ -263,20 +267,19 @@ def changes_for_unfenced_broker(image: MetadataImage, broker_id: int,
     it is in the ISR, uncleanly where the topic allows it). The returning broker counts as
     acceptable even though the image still shows it fenced."""
 
-    def acceptable(b: int) -> bool:
-        return b == broker_id or image.is_active_broker(b)
-
+    acceptable = (_active_brokers_except(image, broker_id) | {broker_id}).__contains__
     records: list[PartitionChangeRecord] = []
-    allowed: dict[str, bool] = {}
-    for topic, pid, partition in _partitions_in_name_order(image):
-        if partition.leader != LEADER_NONE or broker_id not in partition.replicas:
+    for topic in _topics_in_name_order(image):
+        leaderless = sorted((pid, p) for pid, p in topic.partitions.items()
+                            if p.leader == LEADER_NONE and broker_id in p.replicas)
+        if not leaderless:
             continue
-        if topic.topic_id not in allowed:
-            allowed[topic.topic_id] = unclean_allowed(topic)
-        if broker_id not in partition.isr and not allowed[topic.topic_id]:
-            continue
-        record = build_partition_change(topic.topic_id, pid, partition, acceptable,
-                                        unclean_allowed=allowed[topic.topic_id])
-        if record is not None:
-            records.append(record)
+        allow_unclean = unclean_allowed(topic)
+        for pid, partition in leaderless:
+            if broker_id not in partition.isr and not allow_unclean:
+                continue
+            record = build_partition_change(topic.topic_id, pid, partition, acceptable,
+                                            unclean_allowed=allow_unclean)
+            if record is not None:
+                records.append(record)
     return records
