@@ -422,3 +422,18 @@ def test_round_trip_through_records():
     assert copy == image
     assert copy.checksum() == image.checksum()
     assert copy.to_records() == image.to_records()
+
+
+def test_replay_batch_partition_records_fast_path():
+    image = base_image()
+    ok = make_batch(image, TopicRecord("c", T3), partition(T3, 0, [1, 2]), partition(T3, 1, [2, 1]),
+                    partition(T1, 0, [2, 1], leader_epoch=5, partition_epoch=5))
+    delta = MetadataDelta(image)
+    delta.replay_batch(ok)
+    after = delta.apply()
+    assert sorted(after.topic("c").partitions) == [0, 1]
+    assert after.partition(T1, 0).leader_epoch == 5
+    assert delta.changed_partitions == {T3: {0, 1}, T1: {0}}
+    bad = make_batch(image, NoOpRecord(), NoOpRecord(), partition(str(uuid.uuid4()), 0, [1]))
+    with pytest.raises(ReplayError, match="^offset 2: unknown topic"):
+        MetadataDelta(image).replay_batch(bad)
