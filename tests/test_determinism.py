@@ -152,3 +152,37 @@ def test_a_scripted_cluster_history_is_byte_identical():
     assert encodings == encodings_again
     assert a.image.checksum() == b.image.checksum() == again.image.checksum()
     assert sum(e is not None for e in encodings) >= len(script) - 3
+
+
+json_like = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 5) | st.sampled_from(["", "t", "x.y", "SET", "topic", "broker", "0"]),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(
+        st.sampled_from(["name", "topics", "count", "assignments", "configs", "num_partitions", "replication_factor",
+                         "names", "resources", "resource_type", "resource_name", "ops", "op", "value", "partitions",
+                         "partition", "topic", "topic_id", "isr", "leader_epoch", "partition_epoch", 0, 1]),
+        children, max_size=4),
+    max_leaves=12)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(api=st.sampled_from(["CreateTopics", "CreatePartitions", "DeleteTopics", "IncrementalAlterConfigs",
+                            "ElectLeaders", "BrokerRegistration", "UnregisterBroker", "FenceBroker", "UnfenceBroker",
+                            "BeginControlledShutdown", "AlterPartition", "AllocateProducerIds", "ActivateController"]),
+       body=st.dictionaries(st.sampled_from(["topics", "names", "resources", "partitions", "election_type",
+                                             "broker_id", "broker_epoch", "validate_only", "reason", "cluster_id",
+                                             "incarnation_id", "listeners", "leader_id", "term"]),
+                            json_like, max_size=5))
+def test_garbage_input_never_raises(api, body):
+    sm = QuorumStateMachine(SETTINGS)
+    sm.apply(Command("ActivateController", {"leader_id": 1, "term": 1}, "a"), 1, 1)
+    reg = {"broker_id": 0, "cluster_id": SETTINGS.cluster_id, "incarnation_id": str(uuid.UUID(int=1)), "listeners": []}
+    sm.apply(Command("BrokerRegistration", reg, "b"), 2, 1)
+    sm.apply(Command("UnfenceBroker", {"broker_id": 0, "broker_epoch": 2}, "c"), 3, 1)
+    sm.apply(Command("CreateTopics", {"topics": [{"name": "t", "num_partitions": 2}]}, "d"), 4, 1)
+    before = sm.image
+    batch, response = sm.apply(Command.decode(Command(api, body, "z", seed=3).encode()), 5, 1)
+    assert isinstance(response, dict)
+    if batch is None:
+        assert sm.image is before
+    else:
+        assert sm.image.offset == batch.last_offset

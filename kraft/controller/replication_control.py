@@ -303,7 +303,7 @@ def create_topics(image: MetadataImage, cmd: Command, settings: ControllerSettin
         try:
             if not isinstance(item, dict):
                 raise _fail(ErrorCode.INVALID_REQUEST, "Each topic must be a map with at least a name.")
-            if name in duplicates:
+            if isinstance(name, str) and name in duplicates:
                 raise _fail(ErrorCode.INVALID_REQUEST, f"Found multiple entries for topic '{name}' in one request.")
             if over_limit is not None:  # the request fails anyway: only report other errors
                 check_new_topic_name(image, name, planned)
@@ -379,7 +379,7 @@ def create_partitions(image: MetadataImage, cmd: Command, settings: ControllerSe
         try:
             if not isinstance(item, dict):
                 raise _fail(ErrorCode.INVALID_REQUEST, "Each topic must be a map {name, count, assignments?}.")
-            if name in duplicates:
+            if isinstance(name, str) and name in duplicates:
                 raise _fail(ErrorCode.INVALID_REQUEST, f"Found multiple entries for topic '{name}' in one request.")
             if over_limit is not None:
                 raise over_limit
