@@ -35,6 +35,7 @@ from kraft.snapshotter import Snapshotter
 log = logging.getLogger("kraft.controller")
 
 WRITE_TIMEOUT_S = 10.0
+_STEPPED_APIS = ("FenceBroker", "UnfenceBroker", "BeginControlledShutdown", "UnregisterBroker")
 MAX_FETCH_BYTES = 4 * 1024 * 1024
 
 
@@ -171,10 +172,7 @@ class ControllerNode:
                     log.info("node %d: activation in term %d failed (%s); will retry", self.node_id, term, e)
                 else:
                     self._active_term = term
-                    now = now_ms()
-                    self.heartbeats.reset_all(now)
-                    for b in self.state_machine.image.brokers.values():
-                        self.heartbeats.register(b.broker_id, b.epoch, now)
+                    self.heartbeats.reset_all(now_ms(), self.state_machine.image)
                     log.info("node %d: active controller in term %d", self.node_id, term)
             elif not self.quorum.is_leader and self._active_term != -1:
                 log.info("node %d: no longer the active controller", self.node_id)
@@ -240,6 +238,10 @@ class ControllerNode:
                           principal=principal, client_id=client_id, timestamp_ms=now_ms(),
                           seed=random.getrandbits(63), leader_id=self.node_id)
         result = await self.quorum.submit(command.encode(), timeout=WRITE_TIMEOUT_S)
+        if isinstance(result, dict) and result.get("incomplete") and api in _STEPPED_APIS:
+            # Broker transitions move at most one batch of partitions per command: repeat.
+            return await self._submit(api, dict(body, **({"continue": True} if api == "UnfenceBroker" else {})),
+                                      principal=principal, client_id=client_id)
         if result is None:
             raise KraftError(ErrorCode.UNKNOWN_SERVER_ERROR, "the command was applied without a result")
         code = result.get("error_code", 0) if isinstance(result, dict) else 0

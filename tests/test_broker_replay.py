@@ -167,7 +167,10 @@ class ControllerThread:
         trio.from_thread.run_sync(self.scopes[i].cancel, trio_token=self._token)
 
     def stop(self) -> None:
-        trio.from_thread.run_sync(self._root.cancel_scope.cancel, trio_token=self._token)
+        try:
+            trio.from_thread.run_sync(self._root.cancel_scope.cancel, trio_token=self._token)
+        except trio.RunFinishedError:
+            pass  # every port was already stopped, so the loop has ended
         self._thread.join(10)
 
 
