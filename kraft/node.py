@@ -346,12 +346,13 @@ class ControllerNode:
                 await client.aclose()
         commit_index = status.get("commit_index", 0)
         hw = self.log.next_offset
+        applied = await self._voter_applied_offsets()
         voters = []
         for vid, (host, port) in sorted(self.config.rpc_voters.items()):
             v = status.get("voters", {}).get(vid, {})
             voters.append({"node_id": vid, "host": host, "port": port,
                            "raft_match_index": v.get("match_index"),
-                           "applied_offset": hw - 1 if vid == self.node_id else v.get("applied_offset"),
+                           "applied_offset": hw - 1 if vid == self.node_id else applied.get(vid),
                            "lag": v.get("lag"), "last_contact_ms": v.get("last_contact_ms"),
                            "is_leader": vid == leader_id})
         now = now_ms()
@@ -361,9 +362,32 @@ class ControllerNode:
         return {"leader_id": leader_id if leader_id is not None else -1, "term": status.get("term", 0),
                 "commit_index": commit_index, "high_watermark": hw, "voters": voters, "observers": observers}
 
+    async def _voter_applied_offsets(self) -> dict[int, int]:
+        """Ask every other voter for its applied offset (1 s budget; silent ones are left out)."""
+        from kraft.rpc.client import ControllerClient
+
+        applied: dict[int, int] = {}
+
+        async def ask(vid: int, host: str, port: int) -> None:
+            client = ControllerClient([(host, port)], client_id=f"controller-{self.node_id}")
+            try:
+                with trio.move_on_after(1.0):
+                    reply = await client.call("DescribeNode", {"checksum": False}, timeout=1.0)
+                    applied[vid] = reply["applied_offset"]
+            except (KraftError, OSError):
+                pass
+            finally:
+                await client.aclose()
+
+        async with trio.open_nursery() as nursery:
+            for vid, (host, port) in self.config.rpc_voters.items():
+                if vid != self.node_id:
+                    nursery.start_soon(ask, vid, host, port)
+        return applied
+
     async def _api_DescribeNode(self, body: dict, ctx: Any) -> dict:
         image = self.state_machine.image
-        checksum = await trio.to_thread.run_sync(image.checksum)
+        checksum = await trio.to_thread.run_sync(image.checksum) if body.get("checksum", True) else None
         return {"node_id": self.node_id, "is_active": self.is_active, "applied_offset": image.offset,
                 "image_checksum": checksum, "log_start_offset": self.log.start_offset,
                 "log_end_offset": self.log.next_offset,
