@@ -128,8 +128,6 @@ CONTROLLER_SETTINGS = _COMMON + [
             "write a snapshot after this much new log"),
     Setting("metadata.log.max.snapshot.interval.ms", int, 3_600_000,
             "write a snapshot at least this often when there are new records (0 = never by time)"),
-    Setting("metadata.max.retention.bytes", int, -1, "delete history beyond this size (-1 = keep all)"),
-    Setting("metadata.max.retention.ms", int, -1, "delete history older than this (-1 = keep all)"),
     Setting("metadata.max.idle.interval.ms", int, 0,
             "write a NoOp record after this long without writes (0 = never; Kafka uses 500)"),
     Setting("num.partitions", int, 1, "partitions of a topic created without a count"),

@@ -74,6 +74,7 @@ def _maps(spec: dict[str, Callable[[Any], Any]]) -> Callable[[Any], tuple[dict, 
             out.append({k: spec[k](item[k]) for k in spec})
         return tuple(out)
 
+    check.keys = tuple(spec)  # type: ignore[attr-defined]  # canonical key order on encode
     return check
 
 
@@ -100,8 +101,12 @@ class Record:
     def to_dict(self) -> dict[str, Any]:
         """The record as the msgpack map that is written: type, version, then fields in order."""
         d: dict[str, Any] = {"type": self.TYPE, "version": self.VERSION}
-        for name, _ in self.FIELDS:
-            d[name] = getattr(self, name)
+        for name, kind in self.FIELDS:
+            value = getattr(self, name)
+            keys = getattr(kind, "keys", None)
+            if keys is not None:  # maps inside lists: always encode their keys in spec order
+                value = [{k: item[k] for k in keys} for item in value]
+            d[name] = value
         return d
 
     def fields_dict(self) -> dict[str, Any]:
