@@ -1,0 +1,1 @@
+"""Benchmarks for the pykraft controller (``python -m bench.run_all``)."""

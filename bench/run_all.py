@@ -1,0 +1,133 @@
+"""``python -m bench.run_all [--scale] [--no-peers]``: the pykraft controller benchmark, next to a bare
+PySyncObj quorum (run as a subprocess of /work/shared/bench/peers/run_pysyncobj.py, msync storage,
+batching off, in-process client, seq + 32 in flight, --quick), with the issue's targets.
+
+Prints progress on stderr, a markdown table on stdout and, as the LAST stdout line, one JSON line
+``{"system": "pykraft", "results": [...]}``. ``--scale`` is not implemented yet (prints so, exits 0).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+from bench import controller_bench as cb
+
+PEERS = "/work/shared/bench/peers/run_pysyncobj.py"
+PEERS_ARGS = ["--storages", "msync", "--batch", "off", "--clients", "inproc",
+              "--modes", "seq,inflight", "--quick", "--quiet-wait", "5"]
+
+
+def run_peers(timeout_s: float) -> tuple[list[dict], str | None]:
+    """Bare 3-node PySyncObj rows, or ([], note) when it could not be measured in time."""
+    if not os.path.exists(PEERS):
+        return [], f"bare PySyncObj not measured: {PEERS} not found"
+    cb.log(f"bare PySyncObj: running {PEERS} {' '.join(PEERS_ARGS)} (timeout {timeout_s:.0f}s)")
+    try:
+        proc = subprocess.run(["python3", PEERS, *PEERS_ARGS],
+                              capture_output=True, text=True, timeout=timeout_s,
+                              cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    except subprocess.TimeoutExpired:
+        return [], f"bare PySyncObj not measured: skipped after {timeout_s:.0f}s timeout"
+    lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
+    try:
+        doc = json.loads(lines[-1])
+    except (IndexError, ValueError):
+        return [], (f"bare PySyncObj not measured: runner exit {proc.returncode}, "
+                    f"stderr tail: {proc.stderr.strip()[-200:]}")
+    rows = []
+    for r in doc.get("results", []):
+        rows.append({"system": "pysyncobj", "config": r.get("config"), "metric": "small_command",
+                     "mode": r.get("mode"), "clients": r.get("clients"), "ops_s": r.get("ops_s"),
+                     "p50_ms": r.get("p50_ms"), "p99_ms": r.get("p99_ms"), "errors": r.get("errors"),
+                     "count": r.get("ops"), "seconds": r.get("window_s"),
+                     "quiet": (r.get("pre_row") or {}).get("quiet")})
+    cb.log(f"bare PySyncObj: {[(r['mode'], r['ops_s']) for r in rows]}")
+    return rows, None
+
+
+def targets(ours: list[dict], peers: list[dict]) -> list[dict]:
+    out = []
+
+    def find(rows, metric, mode):
+        return next((r for r in rows if r["metric"] == metric and r["mode"] == mode), None)
+
+    for mode in ("seq", "inflight"):
+        mine, base = find(ours, "small_command", mode), find(peers, "small_command", mode)
+        t = {"target": f"small-command throughput ({mode}) >= 70% of bare PySyncObj",
+             "value": mine and mine["ops_s"], "limit": None, "ratio": None, "met": None}
+        if mine and base and base.get("ops_s"):
+            t["limit"] = round(0.7 * base["ops_s"], 1)
+            t["baseline_ops_s"] = base["ops_s"]
+            t["ratio"] = round(mine["ops_s"] / base["ops_s"], 3)
+            t["met"] = t["ratio"] >= 0.7
+        else:
+            t["note"] = "bare PySyncObj not measured"
+        out.append(t)
+    big = find(ours, "create_1000x10", "inflight")
+    if big:
+        secs = big["seconds"] if big.get("completed") else None
+        out.append({"target": "create 1,000 topics x 10 partitions RF 3 <= 5 s", "value": secs,
+                    "limit": 5.0, "ratio": round(secs / 5.0, 3) if secs else None,
+                    "met": (secs is not None and secs <= 5.0)})
+    fo = next((r for r in ours if r["metric"] == "failover"), None)
+    if fo:
+        med = fo.get("median_s")
+        out.append({"target": "failover median <= 3 s", "value": med, "limit": 3.0,
+                    "ratio": round(med / 3.0, 3) if med is not None else None,
+                    "met": (med is not None and med <= 3.0), "count": fo.get("count")})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--scale", action="store_true", help="scale benchmark (not implemented yet)")
+    ap.add_argument("--no-peers", action="store_true", help="skip the bare PySyncObj comparison")
+    ap.add_argument("--peers-timeout", type=float, default=150.0)
+    ap.add_argument("--phase-s", type=float, default=5.0)
+    ap.add_argument("--failovers", type=int, default=10)
+    ap.add_argument("--failover-budget-s", type=float, default=100.0)
+    args = ap.parse_args(argv)
+    if args.scale:
+        print("bench --scale: not implemented yet")
+        return 0
+    started = time.perf_counter()
+    notes: list[str] = []
+    # Bare PySyncObj first, so the two systems never share the 2 cores.
+    peers, note = ([], "bare PySyncObj skipped (--no-peers)") if args.no_peers else run_peers(args.peers_timeout)
+    if note:
+        notes.append(note)
+        cb.log(note)
+    ours = cb.run(args.phase_s, 32, args.failovers, args.failover_budget_s)
+    fo = next((r for r in ours if r["metric"] == "failover"), None)
+    if fo and fo["count"] < args.failovers:
+        notes.append(f"failover: {fo['count']} of {args.failovers} rounds measured "
+                     f"(budget {args.failover_budget_s:.0f}s)")
+    tg = targets(ours, peers)
+
+    print("## pykraft controller (3 controllers, fsync always, 3 SimBrokers)\n")
+    print(cb.table(ours))
+    if peers:
+        print("\n## bare PySyncObj (3 nodes, msync storage, batching off, in-process client)\n")
+        print("| mode | clients | ops/s | p50 ms | p99 ms | errors | quiet machine |")
+        print("| --- | --- | --- | --- | --- | --- | --- |")
+        for r in peers:
+            print(f"| {r['mode']} | {r['clients']} | {r['ops_s']} | {r['p50_ms']} | {r['p99_ms']} | "
+                  f"{r['errors']} | {r['quiet']} |")
+    print("\n## targets\n")
+    print("| target | value | limit | ratio | met |")
+    print("| --- | --- | --- | --- | --- |")
+    for t in tg:
+        print(f"| {t['target']} | {t['value']} | {t['limit']} | {t['ratio']} | {t['met']} |")
+    for n in notes:
+        print(f"\nnote: {n}")
+    print(f"\ntotal wall time: {time.perf_counter() - started:.0f}s\n")
+    print(json.dumps({"system": "pykraft", "results": ours + peers, "targets": tg, "notes": notes}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
