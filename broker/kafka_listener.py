@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import struct
 from datetime import timedelta
-from typing import Awaitable, Callable
+from typing import Callable
 
 import trio
 from kio.schema.errors import ErrorCode

@@ -27,7 +27,6 @@ from kraft.records import (
     FENCE_UNCHANGED,
     LEADER_NONE,
     LEADER_UNCHANGED,
-    RECOVERED,
     RECOVERY_UNCHANGED,
     RESOURCE_TOPIC,
     UNFENCE,

@@ -9,7 +9,6 @@ import msgpack
 import pytest
 
 from kraft.image import (
-    BrokerRegistration,
     MetadataDelta,
     MetadataImage,
     PartitionMap,

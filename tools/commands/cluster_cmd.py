@@ -14,8 +14,8 @@ from tools import cluster as launcher
 from tools import output
 from tools.cluster import ClusterError, ClusterLayout, Readiness
 from tools.commands.common import (
-    ManualFormatter, UsageError, add_client_options, call, positive_float, positive_int,
-    print_json,
+    ManualFormatter, UsageError, add_client_options, call, non_negative_int, positive_float,
+    positive_int, print_json, show,
 )
 
 SIGNALS = {"KILL": signal.SIGKILL, "TERM": signal.SIGTERM, "STOP": signal.SIGSTOP,
@@ -350,28 +350,13 @@ def render_describe(resp: dict[str, Any]) -> str:
 
 
 def cmd_describe(args: argparse.Namespace) -> int:
-    resp = call(args, "DescribeCluster", {})
-    if args.json:
-        print_json(resp)
-    else:
-        print(render_describe(resp))
-    return output.EXIT_OK
+    return show(args, call(args, "DescribeCluster", {}), render_describe)
 
 
 # ---- parser ---------------------------------------------------------------------------------
 
-def _nonneg_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0: {text!r}")
-    return value
-
-
 def _port(text: str) -> int:
-    value = _nonneg_int(text)
+    value = non_negative_int(text)
     if not 1024 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"not a usable port: {text!r}")
     return value
@@ -420,7 +405,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     _dir_arg(up)
     up.add_argument("--controllers", type=positive_int, required=True, metavar="N",
                     help="number of controllers (voters), ids 1..N")
-    up.add_argument("--brokers", type=_nonneg_int, default=0, metavar="M",
+    up.add_argument("--brokers", type=non_negative_int, default=0, metavar="M",
                     help="number of brokers, ids 101..100+M (default 0)")
     up.add_argument("--racks", metavar="R1,R2,...",
                     help="assign broker.rack round-robin over these racks")

@@ -75,15 +75,23 @@ def positive_float(text: str) -> float:
     return value
 
 
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1: {text!r}")
-    return value
+def int_at_least(minimum: int) -> Callable[[str], int]:
+    """argparse type: an integer >= ``minimum``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}: {text!r}")
+        return value
+
+    return parse
+
+
+positive_int = int_at_least(1)
+non_negative_int = int_at_least(0)
 
 
 def parse_endpoint(text: str) -> tuple[str, int]:
@@ -191,3 +199,43 @@ def print_json(value: Any) -> None:
 
 def item_error_name(item: dict[str, Any]) -> str:
     return error_name(item.get("error_code") or 0)
+
+
+def show(args: argparse.Namespace, resp: dict[str, Any], render: Callable[[dict[str, Any]], str],
+         json_value: Any = None) -> int:
+    """Print a read response: JSON (``json_value`` or the response) with --json, else ``render``."""
+    if args.json:
+        print_json(resp if json_value is None else json_value)
+    else:
+        print(render(resp))
+    return output.EXIT_OK
+
+
+def report_items(args: argparse.Namespace, resp: dict[str, Any], key: str,
+                 label: Callable[[dict[str, Any]], str], ok_line: Callable[[dict[str, Any]], str],
+                 tolerated: tuple[int, Callable[[dict[str, Any]], str]] | None = None) -> int:
+    """Report the per-item results ``resp[key]`` of a batch response and return the exit code.
+
+    With --json: the response with an ``error`` name next to each item's code. Otherwise one
+    line per item: ``ok_line(item)`` on success, an ``Error:`` line on stderr on failure. An
+    error the user asked to tolerate (e.g. ``--if-exists``) is ``tolerated = (code, line)``:
+    printed with ``line(item)`` and not counted as a failure."""
+    items = resp.get(key, [])
+    failed = False
+    for item in items:
+        code = item.get("error_code") or 0
+        if tolerated is not None and code == tolerated[0]:
+            line = tolerated[1](item)
+        elif code:
+            failed = True
+            if not args.json:
+                print_item_error(label(item), item)
+            continue
+        else:
+            line = ok_line(item)
+        if not args.json:
+            print(line)
+    if args.json:
+        print_json({**resp, key: output.annotate_errors(items)})
+    return output.EXIT_ERROR if failed else output.EXIT_OK
+

@@ -6,8 +6,7 @@ from typing import Any
 
 from tools import output
 from tools.commands.common import (
-    ManualFormatter, UsageError, add_client_options, call, item_failed, parse_key_values,
-    print_item_error, print_json,
+    ManualFormatter, UsageError, add_client_options, call, parse_key_values, report_items,
 )
 
 # Kafka addresses cluster-wide broker defaults as the broker resource with an empty name.
@@ -46,21 +45,15 @@ def render_configs(resource: dict[str, Any]) -> str:
         ("NAME", "VALUE", "SOURCE", "NOTES"), rows, indent="  ")
 
 
+def _resource_label(item: dict[str, Any]) -> str:
+    return resource_label(item["resource_type"], item["resource_name"])
+
+
 def cmd_describe(args: argparse.Namespace) -> int:
     rtype, rname = resource_of(args)
     resp = call(args, "DescribeConfigs",
                 {"resources": [{"resource_type": rtype, "resource_name": rname}]})
-    resources = resp.get("resources", [])
-    failed = [r for r in resources if item_failed(r)]
-    if args.json:
-        print_json({**resp, "resources": output.annotate_errors(resources)})
-    else:
-        for r in resources:
-            if item_failed(r):
-                print_item_error(resource_label(r["resource_type"], r["resource_name"]), r)
-            else:
-                print(render_configs(r))
-    return output.EXIT_ERROR if failed else output.EXIT_OK
+    return report_items(args, resp, "resources", _resource_label, render_configs)
 
 
 def alter_ops(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -95,19 +88,9 @@ def alter_body(args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_alter(args: argparse.Namespace) -> int:
     resp = call(args, "IncrementalAlterConfigs", alter_body(args))
-    resources = resp.get("resources", [])
-    failed = [r for r in resources if item_failed(r)]
-    if args.json:
-        print_json({**resp, "resources": output.annotate_errors(resources)})
-    else:
-        for r in resources:
-            label = resource_label(r["resource_type"], r["resource_name"])
-            if item_failed(r):
-                print_item_error(label, r)
-            else:
-                verb = "Validated changes to" if args.validate_only else "Updated"
-                print(f"{verb} configs of {label}.")
-    return output.EXIT_ERROR if failed else output.EXIT_OK
+    verb = "Validated changes to" if args.validate_only else "Updated"
+    return report_items(args, resp, "resources", _resource_label,
+                        lambda item: f"{verb} configs of {_resource_label(item)}.")
 
 
 def _add_target(p: argparse.ArgumentParser) -> None:

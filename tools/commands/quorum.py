@@ -5,7 +5,7 @@ import argparse
 from typing import Any
 
 from tools import output
-from tools.commands.common import ManualFormatter, add_client_options, call, print_json
+from tools.commands.common import ManualFormatter, add_client_options, call, show
 
 
 def max_follower_lag(resp: dict[str, Any]) -> int | None:
@@ -51,11 +51,7 @@ def render_status(resp: dict[str, Any]) -> str:
 
 def cmd_status(args: argparse.Namespace) -> int:
     resp = call(args, "DescribeQuorum", {})
-    if args.json:
-        print_json({**resp, "max_follower_lag": max_follower_lag(resp)})
-    else:
-        print(render_status(resp))
-    return output.EXIT_OK
+    return show(args, resp, render_status, {**resp, "max_follower_lag": max_follower_lag(resp)})
 
 
 def register(sub: argparse._SubParsersAction) -> None:

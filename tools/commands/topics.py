@@ -8,7 +8,7 @@ from kraft.errors import ErrorCode
 from tools import output
 from tools.commands.common import (
     ManualFormatter, UsageError, add_client_options, call, item_failed, parse_key_values,
-    positive_int, print_item_error, print_json,
+    positive_int, print_item_error, print_json, report_items, show,
 )
 
 
@@ -66,29 +66,22 @@ def create_body(args: argparse.Namespace) -> dict[str, Any]:
     return {"topics": [topic], "validate_only": bool(args.validate_only)}
 
 
+def _topic_label(item: dict[str, Any]) -> str:
+    return f"topic {item.get('name')}"
+
+
 def cmd_create(args: argparse.Namespace) -> int:
     resp = call(args, "CreateTopics", create_body(args))
-    results = resp.get("topics", [])
-    failed = False
-    for item in results:
-        code = item.get("error_code") or 0
-        if code == ErrorCode.TOPIC_ALREADY_EXISTS and args.if_not_exists:
-            if not args.json:
-                print(f"Topic {item['name']} already exists.")
-            continue
-        if code:
-            failed = True
-            if not args.json:
-                print_item_error(f"topic {item.get('name')}", item)
-            continue
-        if not args.json:
-            verb = "Validated creation of" if args.validate_only else "Created"
-            print(f"{verb} topic {item['name']} with {item.get('num_partitions')} partition(s), "
-                  f"replication factor {item.get('replication_factor')}"
-                  + (f", id {item['topic_id']}." if item.get("topic_id") else "."))
-    if args.json:
-        print_json({**resp, "topics": output.annotate_errors(results)})
-    return output.EXIT_ERROR if failed else output.EXIT_OK
+    verb = "Validated creation of" if args.validate_only else "Created"
+
+    def created(item: dict[str, Any]) -> str:
+        return (f"{verb} topic {item['name']} with {item.get('num_partitions')} partition(s), "
+                f"replication factor {item.get('replication_factor')}"
+                + (f", id {item['topic_id']}." if item.get("topic_id") else "."))
+
+    tolerated = ((ErrorCode.TOPIC_ALREADY_EXISTS, lambda item: f"Topic {item['name']} already exists.")
+                 if args.if_not_exists else None)
+    return report_items(args, resp, "topics", _topic_label, created, tolerated)
 
 
 # ---- list -----------------------------------------------------------------------------------
@@ -103,12 +96,7 @@ def render_list(resp: dict[str, Any]) -> str:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    resp = call(args, "ListTopics", {})
-    if args.json:
-        print_json(resp)
-    else:
-        print(render_list(resp))
-    return output.EXIT_OK
+    return show(args, call(args, "ListTopics", {}), render_list)
 
 
 # ---- describe -------------------------------------------------------------------------------
@@ -166,23 +154,10 @@ def cmd_describe(args: argparse.Namespace) -> int:
 
 def cmd_delete(args: argparse.Namespace) -> int:
     resp = call(args, "DeleteTopics", {"names": list(args.names)})
-    results = resp.get("topics", [])
-    failed = False
-    for item in results:
-        code = item.get("error_code") or 0
-        if code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION and args.if_exists:
-            if not args.json:
-                print(f"Topic {item['name']} does not exist.")
-            continue
-        if code:
-            failed = True
-            if not args.json:
-                print_item_error(f"topic {item.get('name')}", item)
-        elif not args.json:
-            print(f"Deleted topic {item['name']}.")
-    if args.json:
-        print_json({**resp, "topics": output.annotate_errors(results)})
-    return output.EXIT_ERROR if failed else output.EXIT_OK
+    tolerated = ((ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, lambda item: f"Topic {item['name']} does not exist.")
+                 if args.if_exists else None)
+    return report_items(args, resp, "topics", _topic_label, lambda item: f"Deleted topic {item['name']}.",
+                        tolerated)
 
 
 # ---- add-partitions -------------------------------------------------------------------------
@@ -197,19 +172,9 @@ def add_partitions_body(args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_add_partitions(args: argparse.Namespace) -> int:
     resp = call(args, "CreatePartitions", add_partitions_body(args))
-    results = resp.get("topics", [])
-    failed = False
-    for item in results:
-        if item_failed(item):
-            failed = True
-            if not args.json:
-                print_item_error(f"topic {item.get('name')}", item)
-        elif not args.json:
-            verb = "Validated" if args.validate_only else "Done:"
-            print(f"{verb} topic {item['name']} now has {args.partitions} partition(s).")
-    if args.json:
-        print_json({**resp, "topics": output.annotate_errors(results)})
-    return output.EXIT_ERROR if failed else output.EXIT_OK
+    verb = "Validated" if args.validate_only else "Done:"
+    return report_items(args, resp, "topics", _topic_label,
+                        lambda item: f"{verb} topic {item['name']} now has {args.partitions} partition(s).")
 
 
 # ---- parser ---------------------------------------------------------------------------------
