@@ -1,11 +1,11 @@
 """The apply side of the quorum: committed Raft entries → state machine → metadata log.
 
-:class:`MetadataApplier` is the ``ApplyTarget`` that ``RaftQuorum`` calls on PySyncObj's thread
-for every committed entry. Each entry holds a group of commands; each command is applied by the
-deterministic :class:`QuorumStateMachine`, and every batch it produces is appended to the metadata
-log with the entry's Raft index and the command's position inside the entry. With
-``metadata.log.fsync=always`` the log is synced once per entry (group commit), before the results
-go back to the waiting callers.
+:class:`MetadataApplier` is the ``ApplyTarget`` that ``RaftQuorum`` calls for every committed
+entry; all of its methods run on PySyncObj's thread, one at a time. Each entry holds a group of
+commands; each command is applied by the deterministic :class:`QuorumStateMachine`, and every
+batch it produces is appended to the metadata log with the entry's Raft index and the command's
+position inside the entry. With ``metadata.log.fsync=always`` the log is synced once per entry
+(group commit), before the results go back to the waiting callers.
 
 Restart safety: PySyncObj re-applies its journal after a restart. Entries before the last one in
 our log are skipped; the last one is re-applied only from the command after the last batch it
@@ -15,13 +15,14 @@ after the last written batch were evaluated against the same state the first tim
 from __future__ import annotations
 
 import logging
-import threading
+import sys
 from typing import Any, Callable
 
 from kraft.controller.commands import Command
 from kraft.controller.state_machine import QuorumStateMachine
 from kraft.errors import ErrorCode
 from kraft.log.metadata_log import MetadataLog
+from kraft.snapshotter import Snapshotter
 
 log = logging.getLogger(__name__)
 
@@ -30,23 +31,18 @@ class MetadataApplier:
     """Applies committed command groups; owns the state machine and the metadata log writes."""
 
     def __init__(self, state_machine: QuorumStateMachine, metadata_log: MetadataLog,
-                 fsync: bool, on_applied: Callable[[], None] | None = None,
-                 on_loaded_snapshot: Callable[[bytes], None] | None = None,
-                 snapshotter: Any = None) -> None:
+                 snapshotter: Snapshotter, fsync: bool,
+                 on_applied: Callable[[], None] | None = None) -> None:
         self.state_machine = state_machine
         self.log = metadata_log
+        self.snapshotter = snapshotter
         self.fsync = fsync
         self._on_applied = on_applied or (lambda: None)
-        self._on_loaded_snapshot = on_loaded_snapshot
-        self._snapshotter = snapshotter
         # Where our log stands in Raft terms: the entry of the last batch, and that batch's
         # position inside it. Entries up to last_raft_index - 1 are complete.
         self._last_raft_index = metadata_log.last_raft_index
         self._last_position = metadata_log.last_raft_position if metadata_log.next_offset > 0 else -1
-        self._lock = threading.Lock()
         self.fatal_error: BaseException | None = None
-        self.applied_entries = 0
-        self.applied_commands = 0
 
     # ---- ApplyTarget --------------------------------------------------------------------------
 
@@ -58,31 +54,26 @@ class MetadataApplier:
         """Apply one committed entry's commands in order; return one response per command."""
         if self.fatal_error is not None:
             return [_error(ErrorCode.UNKNOWN_SERVER_ERROR, "controller has stopped applying")] * len(commands)
-        with self._lock:
-            skip_through = -1
-            if raft_index < self._last_raft_index:
-                return [None] * len(commands)
-            if raft_index == self._last_raft_index:
-                skip_through = self._last_position
-            results: list[Any] = []
-            appended = False
-            try:
-                for position, raw in enumerate(commands):
-                    if position <= skip_through:
-                        results.append(None)
-                        continue
-                    response, wrote = self._apply_one(raw, raft_index, term, position)
-                    results.append(response)
-                    appended = appended or wrote
-                if appended and self.fsync:
-                    self.log.sync()
-            except BaseException as e:  # a record that fails to replay is a fatal fault
-                self.fatal_error = e
-                log.critical("fatal: applying raft entry %d failed; this controller stops applying: %r",
-                             raft_index, e)
-                raise
-            self.applied_entries += 1
-            self.applied_commands += len(commands)
+        if raft_index < self._last_raft_index:
+            return [None] * len(commands)
+        skip_through = self._last_position if raft_index == self._last_raft_index else -1
+        results: list[Any] = []
+        appended = False
+        try:
+            for position, raw in enumerate(commands):
+                if position <= skip_through:
+                    results.append(None)
+                    continue
+                response, wrote = self._apply_one(raw, raft_index, term, position)
+                results.append(response)
+                appended = appended or wrote
+            if appended and self.fsync:
+                self.log.sync()
+        except BaseException as e:  # a record that fails to replay is a fatal fault
+            self.fatal_error = e
+            log.critical("fatal: applying raft entry %d failed; this controller stops applying: %r",
+                         raft_index, e)
+            raise
         self._on_applied()
         return results
 
@@ -100,26 +91,20 @@ class MetadataApplier:
 
     def dump(self) -> bytes:
         """PySyncObj compaction: write a snapshot of the current image and return its bytes."""
-        with self._lock:
-            image = self.state_machine.image
-        if self._snapshotter is None:
-            raise RuntimeError("no snapshotter configured")
-        return self._snapshotter.write(image).read_bytes()
+        return self.snapshotter.write(self.state_machine.image).read_bytes()
 
     def load(self, data: bytes) -> None:
-        """PySyncObj installed a dump: on restart our own log already covers it; a lagging
-        follower that received the leader's dump installs it as its new starting point."""
-        if self._snapshotter is None:
-            raise RuntimeError("no snapshotter configured")
-        image = self._snapshotter.peek_image(data)
-        with self._lock:
-            if image.raft_index <= self.state_machine.image.raft_index:
-                return
-            if self._on_loaded_snapshot is None:
-                raise RuntimeError("received a snapshot ahead of the local log and cannot install it")
-            self._on_loaded_snapshot(data)
+        """PySyncObj hands us a dump: on a restart our own log already covers it; a lagging
+        follower that received the leader's installs it as its new starting point."""
+        incoming = self.snapshotter.install(data, self.state_machine.image)
+        if incoming is None:
+            return
+        self.state_machine.reset(incoming)
+        # Everything up to the snapshot's last batch is in it; PySyncObj continues after the dump.
+        self._last_raft_index, self._last_position = incoming.raft_index, sys.maxsize
+        log.info("installed snapshot at offset %d (raft index %d)", incoming.offset, incoming.raft_index)
+        self._on_applied()
 
 
 def _error(code: ErrorCode, message: str) -> dict:
     return {"error_code": int(code), "error_message": message}
-

@@ -80,10 +80,9 @@ class ControllerNode:
         log.info("node %d: metadata log %s..%s recovered; image at offset %d (%d batches replayed)",
                  self.node_id, self.log.start_offset, self.log.next_offset, self.state_machine.image.offset,
                  replayed)
-        self.applier = MetadataApplier(self.state_machine, self.log,
+        self.applier = MetadataApplier(self.state_machine, self.log, self.snapshotter,
                                        fsync=config["metadata.log.fsync"] == "always",
-                                       on_applied=self._on_applied_from_raft_thread,
-                                       snapshotter=self.snapshotter)
+                                       on_applied=self._on_applied_from_raft_thread)
         self.heartbeats = BrokerHeartbeatManager(config["broker.session.timeout.ms"])
         self._trio_token: trio.lowlevel.TrioToken | None = None
         self._new_data = trio.Event()
@@ -159,25 +158,30 @@ class ControllerNode:
     # ---- leadership ---------------------------------------------------------------------------
 
     async def _leadership_loop(self) -> None:
-        """Activate when this node becomes the Raft leader: write ActivateController (which also
-        proves leadership by committing), then give every registered broker a fresh session."""
+        """Follow the quorum's leadership changes: activate on becoming leader, step down when not."""
         assert self.quorum is not None
-        while True:
-            if self.quorum.is_leader and self._active_term != self.quorum.term:
-                term = self.quorum.term
-                try:
-                    await self._submit("ActivateController", {"leader_id": self.node_id, "term": term},
-                                       request_id=f"activate-{self.node_id}-{term}", reason_api="ActivateController")
-                except KraftError as e:
-                    log.info("node %d: activation in term %d failed (%s); will retry", self.node_id, term, e)
-                else:
-                    self._active_term = term
-                    self.heartbeats.reset_all(now_ms(), self.state_machine.image)
-                    log.info("node %d: active controller in term %d", self.node_id, term)
-            elif not self.quorum.is_leader and self._active_term != -1:
+        async for is_leader, term in self.quorum.leadership_events():
+            if is_leader:
+                await self._activate(term)
+            elif self._active_term != -1:
                 log.info("node %d: no longer the active controller", self.node_id)
                 self._active_term = -1
-            await trio.sleep(0.05)
+
+    async def _activate(self, term: int) -> None:
+        """Write ActivateController (committing it also proves leadership), then give every
+        registered broker a fresh session. Retried while this node still leads in ``term``."""
+        assert self.quorum is not None
+        while self.quorum.is_leader and self.quorum.term == term and self._active_term != term:
+            try:
+                await self._submit("ActivateController", {"leader_id": self.node_id, "term": term},
+                                   request_id=f"activate-{self.node_id}-{term}")
+            except KraftError as e:
+                log.info("node %d: activation in term %d failed (%s); retrying", self.node_id, term, e)
+                await trio.sleep(0.1)
+            else:
+                self._active_term = term
+                self.heartbeats.reset_all(now_ms(), self.state_machine.image)
+                log.info("node %d: active controller in term %d", self.node_id, term)
 
     @property
     def is_active(self) -> bool:
@@ -230,26 +234,29 @@ class ControllerNode:
     # ---- writes -------------------------------------------------------------------------------
 
     async def _submit(self, api: str, body: dict, *, request_id: str | None = None, principal: str = "controller",
-                      client_id: str = "", reason_api: str | None = None) -> dict:
+                      client_id: str = "") -> dict:
+        """Replicate one command and return its response; a response error raises KraftError.
+        Broker transitions move at most one batch of partitions per command, so a stepped API
+        answered ``incomplete`` is repeated (as a new command) until it is done."""
         assert self.quorum is not None
-        if not self.quorum.is_leader:
-            raise _not_controller(self._leader_hint())
-        command = Command(api=api, body=body, request_id=request_id or str(uuid.uuid4()),
-                          principal=principal, client_id=client_id, timestamp_ms=now_ms(),
-                          seed=random.getrandbits(63), leader_id=self.node_id)
-        result = await self.quorum.submit(command.encode(), timeout=WRITE_TIMEOUT_S)
-        if isinstance(result, dict) and result.get("incomplete") and api in _STEPPED_APIS:
-            # Broker transitions move at most one batch of partitions per command: repeat.
-            return await self._submit(api, dict(body, **({"continue": True} if api == "UnfenceBroker" else {})),
-                                      principal=principal, client_id=client_id)
-        if result is None:
-            raise KraftError(ErrorCode.UNKNOWN_SERVER_ERROR, "the command was applied without a result")
-        code = result.get("error_code", 0) if isinstance(result, dict) else 0
-        if code:
-            err = KraftError(ErrorCode(code), result.get("error_message", ""))
-            err.body = result  # type: ignore[attr-defined]
-            raise err
-        return result
+        while True:
+            if not self.quorum.is_leader:
+                raise _not_controller(self._leader_hint())
+            command = Command(api=api, body=body, request_id=request_id or str(uuid.uuid4()),
+                              principal=principal, client_id=client_id, timestamp_ms=now_ms(),
+                              seed=random.getrandbits(63), leader_id=self.node_id)
+            result = await self.quorum.submit(command.encode(), timeout=WRITE_TIMEOUT_S)
+            if not isinstance(result, dict):
+                raise KraftError(ErrorCode.UNKNOWN_SERVER_ERROR, "the command was applied without a result")
+            if result.get("error_code"):
+                err = KraftError(ErrorCode(result["error_code"]), result.get("error_message", ""))
+                err.body = result  # type: ignore[attr-defined]
+                raise err
+            if not (result.get("incomplete") and api in _STEPPED_APIS):
+                return result
+            request_id = None
+            if api == "UnfenceBroker":
+                body = dict(body, **{"continue": True})
 
     # ---- RPC handling -------------------------------------------------------------------------
 

@@ -28,7 +28,7 @@ def image_to_snapshot(directory: Path, image: MetadataImage) -> Path:
     """Write ``image`` as a snapshot file in ``directory``; returns its path."""
     header = SnapshotHeader(end_offset=image.offset + 1, term=image.term, raft_index=image.raft_index,
                             timestamp_ms=image.timestamp_ms, last_hash=image.last_hash,
-                            record_count=0, image_checksum=image.checksum())
+                            record_count=image.record_count(), image_checksum=image.checksum())
     return write_snapshot(directory, header, image.to_records())
 
 
@@ -63,8 +63,18 @@ class Snapshotter:
         return parse_snapshot_name(path)[0]
 
     def load_image(self) -> MetadataImage:
-        """The image to start from: the newest snapshot the log continues from, else empty."""
-        for path in reversed(list_snapshots(self.directory)):
+        """The image to start from: the newest snapshot the log continues from, else empty.
+
+        An empty log next to a snapshot is a node that installed a snapshot and wrote nothing
+        after it: the log continues from that snapshot."""
+        snapshots = list_snapshots(self.directory)
+        if snapshots and self.log.next_offset == self.log.start_offset:
+            image = image_from_snapshot(snapshots[-1])
+            if image.offset + 1 > self.log.next_offset:
+                self._continue_log_from(image)
+                log.info("log continues from snapshot %s (offset %d)", snapshots[-1].name, image.offset)
+                return image
+        for path in reversed(snapshots):
             end = parse_snapshot_name(path)[0]
             if self.log.start_offset <= end <= self.log.next_offset:
                 image = image_from_snapshot(path)
@@ -97,18 +107,37 @@ class Snapshotter:
                      time.monotonic() - started)
             return path
 
-    def peek_image(self, data: bytes) -> MetadataImage:
-        """Decode snapshot bytes (e.g. a PySyncObj dump) into an image."""
-        fd, tmp = tempfile.mkstemp(prefix="peek-", suffix=".tmp", dir=self.directory)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            header, records = read_snapshot(Path(tmp))
-            return image_from_records(records, offset=header.end_offset - 1, term=header.term,
-                                      raft_index=header.raft_index, timestamp_ms=header.timestamp_ms,
-                                      last_hash=header.last_hash)
-        finally:
-            os.unlink(tmp)
+    def install(self, data: bytes, current: MetadataImage) -> MetadataImage | None:
+        """Adopt snapshot bytes (a PySyncObj dump) that are ahead of ``current``: verify them,
+        keep them as this node's snapshot file, and restart the metadata log right after it —
+        the history before the snapshot is then not on this node. Returns the installed image,
+        or None when ``current`` already covers the snapshot (the ordinary restart case)."""
+        with self._lock:
+            fd, tmp = tempfile.mkstemp(prefix="install-", suffix=".tmp", dir=self.directory)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                image = image_from_snapshot(Path(tmp))  # verifies CRCs, SHA-256 and count
+                if image.offset <= current.offset:
+                    os.unlink(tmp)
+                    return None
+                os.replace(tmp, self.directory / _name_for(image))
+            except BaseException:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+                raise
+            self._continue_log_from(image)
+            self._last_end_offset = image.offset + 1
+            self._last_log_bytes = self.log.size_bytes
+            log.warning("installed the leader's snapshot at offset %d; this node's history now starts there",
+                        image.offset)
+            return image
+
+    def _continue_log_from(self, image: MetadataImage) -> None:
+        self.log.reset(image.offset + 1, image.last_hash, last_term=image.term,
+                       last_raft_index=image.raft_index, last_timestamp_ms=image.timestamp_ms)
 
     def read_chunk(self, name: str, position: int, max_bytes: int) -> dict:
         """One chunk of a snapshot file for ``FetchSnapshot``."""

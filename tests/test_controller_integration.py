@@ -165,3 +165,40 @@ def test_stop_all_and_restart_keeps_topics_and_log(cluster):
     digests_after = {c["id"]: log_stream_digest(cluster.log_dir(c["id"])) for c in cluster.meta["controllers"]}
     # The restart added only the new leader's activation record on top of the same history.
     assert len(set(digests_after.values())) == 1
+
+
+def _describe_node(cluster: LocalCluster, node_id: int) -> dict:
+    c = cluster.controller(node_id)
+    return call_sync([(c["host"], c["rpc_port"])], "DescribeNode", {}, 10)
+
+
+def test_lagging_controller_installs_the_leaders_snapshot(cluster):
+    """A controller that was down while the others compacted their Raft journals gets the
+    leader's snapshot, continues its log from it, and keeps it across a restart."""
+    cluster.up(controllers=3)
+    cluster.down()
+    for c in cluster.meta["controllers"]:
+        with open(c["config"], "a") as f:
+            f.write("raft.compaction.min.entries=20\n")
+    cluster.start()
+    cluster.start_sim_brokers(1)
+    leader = poll(cluster.active_controller, 30, what="a leader")
+    lagging = next(c["id"] for c in cluster.meta["controllers"] if c["id"] != leader)
+    cluster.kill(lagging)
+    for i in range(60):
+        kraft("topics", "create", f"while-down-{i}", "--cluster", str(cluster.dir))
+    expected = {f"while-down-{i}" for i in range(60)}
+    cluster.start(lagging)
+    poll(lambda: expected <= _topic_names(cluster, lagging), 60, what="the lagging controller to catch up")
+
+    def same_image():
+        views = [_describe_node(cluster, c["id"]) for c in cluster.meta["controllers"]]
+        return views if len({(v["applied_offset"], v["image_checksum"]) for v in views}) == 1 else None
+    views = poll(same_image, 30, what="equal images on all controllers")
+    node = next(v for v in views if v["node_id"] == lagging)
+    assert node["log_start_offset"] > 0, "the lagging controller should have started from a snapshot"
+    cluster.kill(lagging)
+    cluster.start(lagging)
+    poll(lambda: expected <= _topic_names(cluster, lagging), 60, what="topics after restarting it")
+    kraft("topics", "create", "after-install", "--cluster", str(cluster.dir))
+    poll(lambda: "after-install" in _topic_names(cluster, lagging), 30, what="new writes on it")

@@ -1,0 +1,101 @@
+"""Images to snapshot files and back; the snapshot policy; installing a received snapshot."""
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from kraft.controller.commands import Command
+from kraft.controller.settings import ControllerSettings
+from kraft.controller.state_machine import QuorumStateMachine
+from kraft.log.metadata_log import MetadataLog
+from kraft.log.snapshot import CorruptSnapshotError
+from kraft.snapshotter import Snapshotter, image_from_snapshot, image_to_snapshot
+
+LISTENER = {"name": "PLAINTEXT", "host": "127.0.0.1", "port": 9092, "security_protocol": "PLAINTEXT"}
+FEATURES = [{"name": "metadata.version", "min_version": 1, "max_version": 1}]
+
+
+def _build_log(directory, topics: int) -> tuple[MetadataLog, QuorumStateMachine]:
+    """A metadata log written by a real state machine: activation, 3 brokers, ``topics`` topics."""
+    log = MetadataLog.open(directory, fsync="never")
+    sm = QuorumStateMachine(ControllerSettings(cluster_id="c"))
+    commands = [("ActivateController", {"leader_id": 1, "term": 1})]
+    commands += [("BrokerRegistration", {"broker_id": b, "cluster_id": "c", "incarnation_id": str(uuid.UUID(int=b)),
+                                         "listeners": [LISTENER], "rack": None, "features": FEATURES})
+                 for b in (1, 2, 3)]
+    commands += [("UnfenceBroker", {"broker_id": b, "broker_epoch": None}) for b in (1, 2, 3)]
+    commands += [("CreateTopics", {"topics": [{"name": f"t{i}", "num_partitions": 3, "replication_factor": 3}]})
+                 for i in range(topics)]
+    for raft_index, (api, body) in enumerate(commands, start=2):
+        if api == "UnfenceBroker":
+            body = dict(body, broker_epoch=sm.image.brokers[body["broker_id"]].epoch)
+        batch, response = sm.apply(Command(api=api, body=body, request_id=f"r{raft_index}", timestamp_ms=raft_index,
+                                           seed=raft_index, leader_id=1), raft_index, 1)
+        assert not response.get("error_code"), response
+        assert not any(t.get("error_code") for t in response.get("topics", [])), response
+        assert batch is not None, (api, response)
+        log.append_encoded(sm.last_encoded, batch)
+    return log, sm
+
+
+def test_image_round_trips_through_a_snapshot_file(tmp_path):
+    log, sm = _build_log(tmp_path / "log", topics=5)
+    path = image_to_snapshot(tmp_path / "snaps", sm.image)
+    back = image_from_snapshot(path)
+    assert back.checksum() == sm.image.checksum()
+    assert (back.offset, back.term, back.raft_index, back.last_hash) == \
+        (sm.image.offset, sm.image.term, sm.image.raft_index, sm.image.last_hash)
+    log.close()
+
+
+def test_snapshot_is_due_after_enough_new_log(tmp_path):
+    log, sm = _build_log(tmp_path / "log", topics=2)
+    snapshotter = Snapshotter(tmp_path / "log", log, max_bytes_between=1, max_interval_ms=0)
+    assert snapshotter.due(sm.image, now_ms=0) is False  # nothing written since it was opened
+    batch, _ = sm.apply(Command(api="CreateTopics", body={"topics": [{"name": "late", "num_partitions": 1,
+                                                                        "replication_factor": 1}]},
+                                 request_id="late", timestamp_ms=99, seed=99, leader_id=1), 99, 1)
+    log.append_encoded(sm.last_encoded, batch)
+    assert snapshotter.due(sm.image, now_ms=0) is True
+    path = snapshotter.write(sm.image)
+    assert snapshotter.latest() == path and snapshotter.due(sm.image, now_ms=0) is False
+    log.close()
+
+
+def test_installing_a_received_snapshot_restarts_the_log_after_it(tmp_path):
+    leader_log, leader = _build_log(tmp_path / "leader", topics=6)
+    data = image_to_snapshot(tmp_path / "out", leader.image).read_bytes()
+
+    follower_log, follower = _build_log(tmp_path / "follower", topics=1)
+    snapshotter = Snapshotter(tmp_path / "follower", follower_log, 1 << 30, 0)
+    assert snapshotter.install(data, leader.image) is None  # not ahead: nothing happens
+    assert follower_log.start_offset == 0
+
+    installed = snapshotter.install(data, follower.image)
+    assert installed is not None and installed.checksum() == leader.image.checksum()
+    assert (follower_log.start_offset, follower_log.next_offset) == (leader.image.offset + 1,) * 2
+    assert follower_log.last_hash == leader.image.last_hash
+    follower_log.close()
+
+    # Restart: the empty log continues from the installed snapshot.
+    reopened = MetadataLog.open(tmp_path / "follower", fsync="never")
+    image = Snapshotter(tmp_path / "follower", reopened, 1 << 30, 0).load_image()
+    assert image.checksum() == leader.image.checksum()
+    assert reopened.next_offset == leader.image.offset + 1
+    reopened.close()
+    leader_log.close()
+
+
+def test_a_corrupt_received_snapshot_is_refused_and_changes_nothing(tmp_path):
+    leader_log, leader = _build_log(tmp_path / "leader", topics=3)
+    data = bytearray(image_to_snapshot(tmp_path / "out", leader.image).read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    follower_log, follower = _build_log(tmp_path / "follower", topics=1)
+    before = (follower_log.start_offset, follower_log.next_offset, follower_log.last_hash)
+    with pytest.raises(CorruptSnapshotError):
+        Snapshotter(tmp_path / "follower", follower_log, 1 << 30, 0).install(bytes(data), follower.image)
+    assert (follower_log.start_offset, follower_log.next_offset, follower_log.last_hash) == before
+    assert not list((tmp_path / "follower").glob("*.tmp")) and not list((tmp_path / "follower").glob("*.checkpoint"))
+    follower_log.close()
+    leader_log.close()
