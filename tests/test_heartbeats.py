@@ -185,6 +185,18 @@ def test_shutdown_of_a_broker_leading_nothing_is_immediate():
     assert d.command == ("FenceBroker", {"broker_id": 1, "broker_epoch": 11, "reason": "controlled-shutdown"})
 
 
+def test_a_broker_told_to_shut_down_has_no_live_session():
+    """Its next process may register at once (no DUPLICATE_BROKER_REGISTRATION for a session)."""
+    m = BrokerHeartbeatManager(TIMEOUT)
+    image = with_partition(unfence(unfence(registered(1, 2), 1), 2), leader=2)
+    m.heartbeat(1, 11, 30, False, False, 0, image)
+    assert m.has_live_session(1, 1)
+    assert m.heartbeat(1, 11, 30, False, True, 1, image).should_shut_down
+    assert not m.has_live_session(1, 2)
+    m.register(1, 40, 3)  # the next process's registration starts a new session
+    assert m.has_live_session(1, 4)
+
+
 def test_controlled_shutdown_completes_when_leaderless_and_others_caught_up():
     clock = Clock()
     m = BrokerHeartbeatManager(TIMEOUT)

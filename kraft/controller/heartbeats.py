@@ -54,7 +54,7 @@ class HeartbeatDecision:
 class _Session:
     """What the manager knows about one broker."""
 
-    __slots__ = ("epoch", "last_contact_ms", "metadata_offset", "fenced", "shutdown_offset")
+    __slots__ = ("epoch", "last_contact_ms", "metadata_offset", "fenced", "shutdown_offset", "ended")
 
     def __init__(self, epoch: int, now_ms: int, fenced: bool | None) -> None:
         self.epoch = epoch
@@ -62,6 +62,7 @@ class _Session:
         self.metadata_offset = -1
         self.fenced = fenced  # None: not known yet (learned from the image on a heartbeat)
         self.shutdown_offset: int | None = None
+        self.ended = False  # the broker was told to shut down: its session is over
 
 
 class BrokerHeartbeatManager:
@@ -112,9 +113,11 @@ class BrokerHeartbeatManager:
         self._leads_cache = None
 
     def has_live_session(self, broker_id: int, now_ms: int) -> bool:
-        """Whether the broker was heard from within the session timeout."""
+        """Whether the broker was heard from within the session timeout and has not been told to
+        shut down (a cleanly stopped broker's next process may register at once)."""
         session = self._sessions.get(broker_id)
-        return session is not None and now_ms - session.last_contact_ms < self.session_timeout_ms
+        return (session is not None and not session.ended
+                and now_ms - session.last_contact_ms < self.session_timeout_ms)
 
     def next_expired(self, now_ms: int) -> int | None:
         """One broker not known to be fenced whose session expired (the oldest contact first), or
@@ -179,6 +182,7 @@ class BrokerHeartbeatManager:
         ident = {"broker_id": broker_id, "broker_epoch": reg.epoch}
 
         def decide(state: str, command: tuple[str, dict[str, Any]] | None = None) -> HeartbeatDecision:
+            session.ended = state == SHUTDOWN_NOW
             return HeartbeatDecision(caught_up, reg.fenced, state == SHUTDOWN_NOW, command, state)
 
         fence = ("FenceBroker", {**ident, "reason": "requested"})
