@@ -415,3 +415,13 @@ async def test_measure(tmp_path: Path, fsync: str) -> None:
               f"journal syncs {leader.stats()['journal_syncs']}")
     finally:
         cluster.close()
+
+
+def test_importing_the_quorum_keeps_socket_inet_ntop_working():
+    """PySyncObj replaces socket.inet_ntop with a Windows-only function on import."""
+    import socket
+
+    import kraft.quorum.raft  # noqa: F401
+
+    assert socket.inet_ntop(socket.AF_INET, b"\x7f\x00\x00\x01") == "127.0.0.1"
+    assert socket.inet_ntop(socket.AF_INET6, bytes(15) + b"\x01") == "::1"

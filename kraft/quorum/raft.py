@@ -66,14 +66,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
+import socket
+
 import msgpack
-import pysyncobj.syncobj as _syncobj_module
 import trio
-from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
-from pysyncobj.journal import FileJournal
-from pysyncobj.monotonic import monotonic as _monotonic
-from pysyncobj.node import TCPNode
-from pysyncobj.transport import TCPTransport
+
+# PySyncObj's win_inet_pton module (imported by its TCP code) replaces socket.inet_ntop with a
+# Windows-only function on every platform (its inet_pton replacement is guarded, the inet_ntop one
+# is not), which breaks inet_ntop for the whole process. Keep the real one.
+_real_inet_ntop = socket.inet_ntop
+import pysyncobj.syncobj as _syncobj_module  # noqa: E402
+from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated  # noqa: E402
+from pysyncobj.journal import FileJournal  # noqa: E402
+from pysyncobj.monotonic import monotonic as _monotonic  # noqa: E402
+from pysyncobj.node import TCPNode  # noqa: E402
+from pysyncobj.transport import TCPTransport  # noqa: E402
+
+socket.inet_ntop = _real_inet_ntop
 
 from kraft.errors import ErrorCode, KraftError
 from kraft.quorum.durable_journal import DurableJournalMixin, register_journal, unregister_journal
