@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from kio.index import load_response_schema
+from kio.index import KioIndexError, load_request_schema, load_response_schema
 from kio.serial import entity_writer
 
 API_PRODUCE, API_FETCH, API_METADATA, API_API_VERSIONS = 0, 1, 3, 18
@@ -103,8 +103,16 @@ class RequestHeader:
     client_id: str | None
 
 
+@lru_cache(maxsize=None)
 def is_flexible(api_key: int, version: int) -> bool:
-    return version >= _FLEXIBLE_FROM.get(api_key, 1 << 15)
+    """Whether this request version uses compact types and header v2 (kio's schema decides for
+    APIs outside ``_FLEXIBLE_FROM``; unknown API/version pairs count as not flexible)."""
+    if api_key in _FLEXIBLE_FROM:
+        return version >= _FLEXIBLE_FROM[api_key]
+    try:
+        return bool(load_request_schema(api_key, version).__flexible__)
+    except KioIndexError:
+        return False
 
 
 def read_header(frame: bytes) -> tuple[RequestHeader, Reader]:

@@ -1,4 +1,5 @@
-"""The broker's Kafka protocol listener (trio): ApiVersions and Metadata, answered from the image.
+"""The broker's Kafka protocol listener (trio): ApiVersions and Metadata, answered from the image,
+plus whatever APIs an :class:`AdminHandler` serves (merged into ApiVersions and dispatched to it).
 
 Per connection, requests are read and answered one at a time, so responses go out in request
 order even when clients pipeline. A garbage, oversized or truncated frame, an undecodable
@@ -12,7 +13,7 @@ from __future__ import annotations
 import logging
 import struct
 from datetime import timedelta
-from typing import Callable
+from typing import Awaitable, Callable, Protocol
 
 import trio
 from kio.schema.errors import ErrorCode
@@ -31,14 +32,27 @@ class _CloseConnection(Exception):
     """Internal: stop serving this connection."""
 
 
-Handler = Callable[[RequestHeader, Reader], bytes | None]
+Handler = Callable[[RequestHeader, Reader], Awaitable[bytes | None]]
+
+
+class AdminHandler(Protocol):
+    """Serves extra Kafka APIs (e.g. admin APIs forwarded to the controller) on the listener."""
+
+    def api_ranges(self) -> dict[int, tuple[int, int]]:
+        """API key -> (min version, max version) this handler answers."""
+        ...
+
+    async def handle(self, header: RequestHeader, reader: Reader) -> bytes:
+        """The full framed response to one request; may raise ``DecodeError``."""
+        ...
 
 
 class KafkaListener:
     """Serves Kafka clients on ``host:port`` from a :class:`MetadataCache`."""
 
     def __init__(self, cache: MetadataCache, host: str, port: int,
-                 max_request_bytes: int = MAX_REQUEST_BYTES) -> None:
+                 max_request_bytes: int = MAX_REQUEST_BYTES, *,
+                 admin: AdminHandler | None = None) -> None:
         self.cache = cache
         self.host = host
         self.port = port
@@ -48,6 +62,13 @@ class KafkaListener:
             API_API_VERSIONS: self._api_versions,
             API_METADATA: self._metadata,
         }
+        self._ranges: dict[int, tuple[int, int]] = dict(SUPPORTED)
+        if admin is not None:
+            for key, span in admin.api_ranges().items():
+                if key in self._handlers:
+                    raise ValueError(f"admin handler claims API {key}, which the listener serves")
+                self._ranges[key] = span
+                self._handlers[key] = admin.handle
 
     async def serve(self, *, task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED) -> None:
         """Listen until cancelled; ``task_status.started`` gets the bound port."""
@@ -66,7 +87,7 @@ class KafkaListener:
                     frame = await self._read_frame(stream, buf, peer)
                     if frame is None:
                         return
-                    response = self._handle(frame, peer)
+                    response = await self._handle(frame, peer)
                     if response is not None:
                         await stream.send_all(response)
         except _CloseConnection:
@@ -97,14 +118,14 @@ class KafkaListener:
         del buf[: 4 + size]
         return frame
 
-    def _handle(self, frame: bytes, peer: str) -> bytes | None:
+    async def _handle(self, frame: bytes, peer: str) -> bytes | None:
         try:
             header, reader = read_header(frame)
         except DecodeError as e:
             log.warning("Kafka connection from %s: bad request header (%s); closing", peer, e)
             raise _CloseConnection from None
         handler = self._handlers.get(header.api_key)
-        lo, hi = SUPPORTED.get(header.api_key, (0, -1))
+        lo, hi = self._ranges.get(header.api_key, (0, -1))
         if header.api_key == API_API_VERSIONS and not lo <= header.api_version <= hi:
             return self._api_versions_unsupported(header)
         if handler is None or not lo <= header.api_version <= hi:
@@ -112,19 +133,18 @@ class KafkaListener:
                         peer, header.client_id, header.api_key, header.api_version)
             raise _CloseConnection
         try:
-            return handler(header, reader)
+            return await handler(header, reader)
         except DecodeError as e:
             log.warning("Kafka connection from %s: undecodable API %d v%d request (%s); closing",
                         peer, header.api_key, header.api_version, e)
             raise _CloseConnection from None
 
     # ---- APIs -----------------------------------------------------------------------------
-    @staticmethod
-    def _api_keys() -> list[dict[str, int]]:
+    def _api_keys(self) -> list[dict[str, int]]:
         return [{"api_key": k, "min_version": lo, "max_version": hi}
-                for k, (lo, hi) in sorted(SUPPORTED.items())]
+                for k, (lo, hi) in sorted(self._ranges.items())]
 
-    def _api_versions(self, header: RequestHeader, reader: Reader) -> bytes:
+    async def _api_versions(self, header: RequestHeader, reader: Reader) -> bytes:
         # The body (client software name/version) is informational: not decoded.
         cls = response_class(API_API_VERSIONS, header.api_version)
         body = encode_body(build(cls, {"error_code": ErrorCode.none, "api_keys": self._api_keys(),
@@ -137,7 +157,7 @@ class KafkaListener:
                                        "api_keys": self._api_keys()}))
         return frame_response(cls, header.correlation_id, body)
 
-    def _metadata(self, header: RequestHeader, reader: Reader) -> bytes:
+    async def _metadata(self, header: RequestHeader, reader: Reader) -> bytes:
         req = read_metadata_request(header.api_version, reader)
         body = self.cache.encoded_metadata(header.api_version, req)
         return frame_response(response_class(API_METADATA, header.api_version),

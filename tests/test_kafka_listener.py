@@ -46,8 +46,9 @@ def build_image(port: int, fenced: tuple[int, ...] = ()):
 class ListenerThread:
     """Runs a KafkaListener in a trio loop on a background thread."""
 
-    def __init__(self, cache: MetadataCache) -> None:
+    def __init__(self, cache: MetadataCache, admin=None) -> None:
         self.cache = cache
+        self.admin = admin
         self.port: int | None = None
         self._token = None
         self._scope: trio.CancelScope | None = None
@@ -58,7 +59,7 @@ class ListenerThread:
         self._token = trio.lowlevel.current_trio_token()
         with trio.CancelScope() as self._scope:
             async with trio.open_nursery() as nursery:
-                self.port = await nursery.start(KafkaListener(self.cache, "127.0.0.1", 0).serve)
+                self.port = await nursery.start(KafkaListener(self.cache, "127.0.0.1", 0, admin=self.admin).serve)
                 self._ready.set()
 
     def start(self) -> int:
@@ -265,3 +266,40 @@ def test_metadata_response_cached_per_image(listener):
     assert cache.encoded_metadata(12, req) is a
     cache.set_image(build_image(port, fenced=(2,)))
     assert cache.encoded_metadata(12, req) != a
+
+
+class EchoAdmin:
+    """An AdminHandler for the hook test: serves DescribeCluster (API 60, flexible from v0) by
+    echoing the request's client id and body length in an otherwise empty response frame."""
+
+    def api_ranges(self) -> dict[int, tuple[int, int]]:
+        return {60: (0, 1)}
+
+    async def handle(self, header, reader) -> bytes:
+        await trio.sleep(0)
+        rest = reader.data[reader.pos:]
+        body = header.client_id.encode() + struct.pack(">i", len(rest))
+        return struct.pack(">ii", 4 + len(body), header.correlation_id) + body
+
+
+def test_admin_handler_advertised_and_dispatched():
+    cache = MetadataCache(CLUSTER_ID)
+    lt = ListenerThread(cache, admin=EchoAdmin())
+    port = lt.start()
+    try:
+        with connect(port) as s:
+            s.sendall(request(18, 0, 1, b"", flexible=False)
+                      + request(60, 1, 2, b"\x01\x02\x00", flexible=True)
+                      + request(18, 0, 3, b"", flexible=False))
+            resp = recv_frame(s)
+            corr, err, n = struct.unpack_from(">ihi", resp)
+            ranges = {struct.unpack_from(">hhh", resp, 10 + 6 * i)[0]: struct.unpack_from(">hhh", resp, 10 + 6 * i)[1:]
+                      for i in range(n)}
+            assert ranges[60] == (0, 1) and ranges[18] == (0, 4)
+            # header v2: the tag section after client_id was consumed, the body is 3 bytes
+            assert recv_frame(s) == struct.pack(">i", 2) + b"test" + struct.pack(">i", 3)
+            assert struct.unpack_from(">i", recv_frame(s))[0] == 3
+            s.sendall(request(60, 2, 4, b"", flexible=True))  # beyond the handler's range
+            assert is_closed(s)
+    finally:
+        lt.stop()
