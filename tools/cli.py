@@ -14,7 +14,7 @@ from typing import Sequence
 from kraft.errors import KraftError
 from tools import output
 from tools.commands import cluster_cmd, configs, quorum, topics
-from tools.commands import log_cmd
+from tools.commands import log_cmd, shell_cmd
 from tools.commands.common import ManualFormatter, UsageError
 
 DESCRIPTION = """\
@@ -98,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     topics.register(sub)
     configs.register(sub)
     log_cmd.register(sub)
+    shell_cmd.register(sub)
     return parser
 
 

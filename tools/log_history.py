@@ -22,7 +22,7 @@ from kraft.image import BrokerRegistration, MetadataImage, PartitionRegistration
 from kraft.records import (FENCE, RESOURCE_BROKER, RESOURCE_TOPIC, UNFENCE, Batch,
                            BrokerRegistrationChangeRecord, ConfigRecord, FeatureLevelRecord,
                            LeaderChangeRecord, PartitionChangeRecord, PartitionRecord,
-                           ProducerIdsRecord, Record, RegisterBrokerRecord, RemoveTopicRecord,
+                           ProducerIdsRecord, RegisterBrokerRecord, RemoveTopicRecord,
                            TopicRecord, UnregisterBrokerRecord)
 from tools.log_reader import History, LogReadError, replay
 

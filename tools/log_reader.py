@@ -26,7 +26,7 @@ from kraft.image import MetadataDelta, MetadataImage, ReplayError
 from kraft.log.segment import (OFFSET, ChainState, Problem, ScanEntry, list_segments,
                                parse_segment_name, scan_segment)
 from kraft.log.snapshot import SUFFIX as SNAPSHOT_SUFFIX
-from kraft.log.snapshot import list_snapshots, parse_snapshot_name
+from kraft.log.snapshot import parse_snapshot_name
 from kraft.records import Batch, RecordDecodeError, batch_hash, decode_batch
 
 FETCH_MAX_BYTES = 4 << 20

@@ -16,9 +16,10 @@ from typing import Any, Iterator
 
 from kraft.log.errors import CorruptSnapshotError
 from kraft.log.snapshot import read_snapshot
-from kraft.records import Batch, record_to_json
+from kraft.records import record_to_json
 from tools import output
 from tools.commands.common import ManualFormatter, UsageError, int_at_least
+from tools.log_format import record_item, render_item
 from tools.log_history import diff, iso_time, parse_point, render
 from tools.log_reader import History, LogReadError, is_snapshot_file, resolve_log_dir, scan_path
 
@@ -55,18 +56,9 @@ def dump_items(path: str | Path, from_offset: int = 0) -> Iterator[dict[str, Any
         damaged = problem is not None and problem.kind == "crc"
         for i, record in enumerate(batch.records):
             if batch.base_offset + i >= from_offset:
-                yield _record_item(batch, i, record, item.path, entry.position, damaged)
+                yield record_item(batch, i, record, item.path, entry.position, damaged)
     yield {"kind": "summary", "files": sorted(files), "batches": batches, "records": records,
            "first_offset": first, "last_offset": last, "problems": problems}
-
-
-def _record_item(batch: Batch, i: int, record: Any, path: Path, position: int,
-                 damaged: bool) -> dict[str, Any]:
-    return {"kind": "record", "offset": batch.base_offset + i, "batch_offset": batch.base_offset,
-            "term": batch.term, "raft_index": batch.raft_index,
-            "timestamp_ms": batch.timestamp_ms, "time": iso_time(batch.timestamp_ms),
-            "file": str(path), "position": position, "provenance": batch.provenance.to_dict(),
-            "record": record_to_json(record), "damaged": damaged}
 
 
 def _dump_snapshot(path: Path, from_index: int) -> Iterator[dict[str, Any]]:
@@ -90,36 +82,6 @@ def _dump_snapshot(path: Path, from_index: int) -> Iterator[dict[str, Any]]:
         return
     yield {"kind": "summary", "files": [path.name], "batches": 0, "records": count,
            "first_offset": None, "last_offset": header.end_offset - 1, "problems": 0}
-
-
-def _fields(record: dict[str, Any]) -> str:
-    return " ".join(f"{k}={output.cell(v) if isinstance(v, (list, dict)) else v}"
-                    for k, v in record.items() if k not in ("type", "version"))
-
-
-def render_item(item: dict[str, Any]) -> str:
-    """The text line of one dump object."""
-    kind = item["kind"]
-    if kind == "record":
-        p = item["provenance"]
-        who = p["principal"] + (f"/{p['client_id']}" if p["client_id"] else "")
-        mark = " DAMAGED" if item["damaged"] else ""
-        return (f"offset {item['offset']} term {item['term']} {item['time']} {who} {p['api']} "
-                f"({p['reason']}){mark}: {item['record']['type']} {_fields(item['record'])}").rstrip()
-    if kind == "problem":
-        return f"PROBLEM: {item['message']}"
-    if kind == "snapshot":
-        return (f"snapshot {Path(item['file']).name}: end offset {item['end_offset']}, term "
-                f"{item['term']}, {item['time']}, {item['record_count']} records, image checksum "
-                f"{item['image_checksum']}")
-    if kind == "snapshot_record":
-        return f"#{item['index']} {item['record']['type']} {_fields(item['record'])}".rstrip()
-    span = (f"offsets {item['first_offset']}..{item['last_offset']}"
-            if item["first_offset"] is not None else "no batches")
-    verdict = "all CRCs and the hash chain verified" if not item["problems"] else \
-        f"{item['problems']} PROBLEM(S)"
-    return (f"-- {item['records']} records in {item['batches']} batches ({span}) from "
-            f"{len(item['files'])} file(s): {verdict}")
 
 
 def cmd_dump(args: argparse.Namespace) -> int:
