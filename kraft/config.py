@@ -97,6 +97,13 @@ def _bool(v: str) -> bool:
     raise ValueError("expected true or false")
 
 
+def _positive(v: str) -> int:
+    n = int(v)
+    if n <= 0:
+        raise ValueError("expected a positive integer")
+    return n
+
+
 def _choice(*options: str) -> Callable[[str], str]:
     def parse(v: str) -> str:
         if v not in options:
@@ -122,8 +129,11 @@ CONTROLLER_SETTINGS = _COMMON + [
     Setting("metadata.log.dir", str, None, "where the Raft journal, metadata log and snapshots live"),
     Setting("metadata.log.segment.bytes", int, 16 * 1024 * 1024, "roll a metadata log segment at this size"),
     Setting("metadata.log.fsync", _choice("always", "never"), "always",
-            "always: a command is on disk on a majority before it is acknowledged; never: faster, "
-            "loses acknowledged writes on power loss"),
+            "always: a command is in the Raft journal on disk on a majority before it is "
+            "acknowledged; never: faster, loses acknowledged writes on power loss"),
+    Setting("metadata.log.flush.interval.ms", _positive, 100,
+            "how often the metadata log (derived from the Raft journal, re-derived from it after "
+            "a power loss) is synced; also synced before every snapshot"),
     Setting("metadata.log.max.record.bytes.between.snapshots", int, 20 * 1024 * 1024,
             "write a snapshot after this much new log"),
     Setting("metadata.log.max.snapshot.interval.ms", int, 3_600_000,

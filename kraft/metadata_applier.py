@@ -4,8 +4,13 @@
 entry; all of its methods run on PySyncObj's thread, one at a time. Each entry holds a group of
 commands; each command is applied by the deterministic :class:`QuorumStateMachine`, and every
 batch it produces is appended to the metadata log with the entry's Raft index and the command's
-position inside the entry. With ``metadata.log.fsync=always`` the log is synced once per entry
-(group commit), before the results go back to the waiting callers.
+position inside the entry.
+
+Durability: the results go back to the waiting callers without syncing the metadata log. The
+Raft journal is what makes an acknowledged command durable (``metadata.log.fsync=always``: it is
+synced on a majority before the commit); the metadata log is derived from it deterministically,
+is synced by the node every ``metadata.log.flush.interval.ms`` and before every snapshot, and a
+tail lost to a power cut is re-derived from the journal on restart (the skip rules below).
 
 Restart safety: PySyncObj re-applies its journal after a restart. Entries before the last one in
 our log are skipped; the last one is re-applied only from the command after the last batch it
@@ -31,12 +36,11 @@ class MetadataApplier:
     """Applies committed command groups; owns the state machine and the metadata log writes."""
 
     def __init__(self, state_machine: QuorumStateMachine, metadata_log: MetadataLog,
-                 snapshotter: Snapshotter, fsync: bool,
+                 snapshotter: Snapshotter,
                  on_applied: Callable[[], None] | None = None) -> None:
         self.state_machine = state_machine
         self.log = metadata_log
         self.snapshotter = snapshotter
-        self.fsync = fsync
         self._on_applied = on_applied or (lambda: None)
         # Where our log stands in Raft terms: the entry of the last batch, and that batch's
         # position inside it. Entries up to last_raft_index - 1 are complete.
@@ -58,17 +62,12 @@ class MetadataApplier:
             return [None] * len(commands)
         skip_through = self._last_position if raft_index == self._last_raft_index else -1
         results: list[Any] = []
-        appended = False
         try:
             for position, raw in enumerate(commands):
                 if position <= skip_through:
                     results.append(None)
                     continue
-                response, wrote = self._apply_one(raw, raft_index, term, position)
-                results.append(response)
-                appended = appended or wrote
-            if appended and self.fsync:
-                self.log.sync()
+                results.append(self._apply_one(raw, raft_index, term, position))
         except BaseException as e:  # a record that fails to replay is a fatal fault
             self.fatal_error = e
             log.critical("fatal: applying raft entry %d failed; this controller stops applying: %r",
@@ -77,17 +76,16 @@ class MetadataApplier:
         self._on_applied()
         return results
 
-    def _apply_one(self, raw: bytes, raft_index: int, term: int, position: int) -> tuple[Any, bool]:
+    def _apply_one(self, raw: bytes, raft_index: int, term: int, position: int) -> Any:
         try:
             command = Command.decode(raw)
         except ValueError as e:
-            return _error(ErrorCode.INVALID_REQUEST, f"undecodable command: {e}"), False
+            return _error(ErrorCode.INVALID_REQUEST, f"undecodable command: {e}")
         batch, response = self.state_machine.apply(command, raft_index, term, raft_position=position)
-        if batch is None:
-            return response, False
-        self.log.append_encoded(self.state_machine.last_encoded or batch.encode(), batch)
-        self._last_raft_index, self._last_position = raft_index, position
-        return response, True
+        if batch is not None:
+            self.log.append_encoded(self.state_machine.last_encoded or batch.encode(), batch)
+            self._last_raft_index, self._last_position = raft_index, position
+        return response
 
     def dump(self) -> bytes:
         """PySyncObj compaction: write a snapshot of the current image and return its bytes."""

@@ -81,7 +81,6 @@ class ControllerNode:
                  self.node_id, self.log.start_offset, self.log.next_offset, self.state_machine.image.offset,
                  replayed)
         self.applier = MetadataApplier(self.state_machine, self.log, self.snapshotter,
-                                       fsync=config["metadata.log.fsync"] == "always",
                                        on_applied=self._on_applied_from_raft_thread)
         self.heartbeats = BrokerHeartbeatManager(config["broker.session.timeout.ms"])
         self._trio_token: trio.lowlevel.TrioToken | None = None
@@ -137,6 +136,7 @@ class ControllerNode:
                 nursery.start_soon(self._leadership_loop)
                 nursery.start_soon(self._session_timer_loop)
                 nursery.start_soon(self._snapshot_loop)
+                nursery.start_soon(self._log_flush_loop)
                 if cfg["metadata.max.idle.interval.ms"] > 0:
                     nursery.start_soon(self._idle_noop_loop)
                 if cfg["metrics.port"]:
@@ -220,6 +220,15 @@ class ControllerNode:
             image = self.state_machine.image
             if self.snapshotter.due(image, now_ms()):
                 await trio.to_thread.run_sync(self.snapshotter.write, image)
+
+    async def _log_flush_loop(self) -> None:
+        """Sync the metadata log's appends every ``metadata.log.flush.interval.ms`` (off the
+        commit path: the Raft journal already made them durable; see metadata_applier)."""
+        interval = self.config["metadata.log.flush.interval.ms"] / 1000
+        while True:
+            await trio.sleep(interval)
+            if self.log.unsynced:
+                await trio.to_thread.run_sync(self.log.sync)
 
     async def _idle_noop_loop(self) -> None:
         interval = self.config["metadata.max.idle.interval.ms"]

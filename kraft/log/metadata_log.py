@@ -68,6 +68,8 @@ class MetadataLog:
         self.segment_bytes = segment_bytes
         self.fsync = fsync
         self._lock = threading.Lock()
+        self._sync_lock = threading.Lock()  # one sync at a time; appends go on meanwhile
+        self._dirty = False
         self._segments: list[_Segment] = []
         self._bases: list[int] = []
         self._fd: int | None = None
@@ -226,6 +228,7 @@ class MetadataLog:
             seg.size = position + HEADER_SIZE + len(encoded)
             seg.note_frame(batch.base_offset, position)
             self._next_offset = batch.next_offset
+            self._dirty = True
             self._last_hash = digest
             self._last_term = batch.term
             self._last_raft_index = batch.raft_index
@@ -287,11 +290,33 @@ class MetadataLog:
                 self._failed = e
             raise
 
-    def sync(self) -> None:
-        """Make every append durable (fsync); a no-op when ``fsync="never"``."""
-        with self._lock:
-            if self._fd is not None and self.fsync == "always":
-                os.fsync(self._fd)
+    def sync(self) -> bool:
+        """Make every append made before the call durable (fdatasync); a no-op when
+        ``fsync="never"`` or nothing was appended since the last sync. Thread-safe: appends
+        continue while the disk works (the sync runs on a duplicate of the descriptor).
+        Returns True when a sync happened."""
+        if self.fsync != "always":
+            return False
+        with self._sync_lock:
+            with self._lock:
+                if not self._dirty or self._fd is None:
+                    return False
+                fd = os.dup(self._fd)
+                self._dirty = False
+            try:
+                os.fdatasync(fd)
+            except BaseException:
+                with self._lock:
+                    self._dirty = True
+                raise
+            finally:
+                os.close(fd)
+            return True
+
+    @property
+    def unsynced(self) -> bool:
+        """True when appends are waiting for :meth:`sync`."""
+        return self._dirty and self.fsync == "always"
 
     def _close_fd(self) -> None:
         if self._fd is not None:
@@ -299,6 +324,7 @@ class MetadataLog:
                 os.fsync(self._fd)
             os.close(self._fd)
             self._fd = None
+            self._dirty = False
 
     # ------------------------------------------------------------------ reading
 

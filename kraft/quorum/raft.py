@@ -177,15 +177,18 @@ class _SyncingTransport(TCPTransport):
     letting the quorum look at incoming ones (``RaftQuorum._on_peer_message``)."""
 
     def __init__(self, syncObj: Any, selfNode: Any, otherNodes: Any, *,  # noqa: N803
-                 before_send: Callable[[], None],
+                 before_send: Callable[[Any], bool],
                  on_message: Callable[[Any, Any, Callable[[Any, Any], None]], None]) -> None:
         self._before_send = before_send
         self._on_message = on_message
         super().__init__(syncObj, selfNode, otherNodes)
 
     def send(self, node: Any, message: Any) -> bool:
-        self._before_send()
-        return super().send(node, message)
+        sync_after = self._before_send(message)
+        sent = super().send(node, message)
+        if sync_after:
+            self._before_send(None)
+        return sent
 
     def _onMessageReceived(self, node: Any, message: Any) -> None:  # noqa: N802
         self._on_message(node, message, super()._onMessageReceived)
@@ -315,7 +318,7 @@ class RaftQuorum:
             bindAddress=self.self_addr,
         )
         register_journal(_syncobj_module, journal_file, make_journal)
-        transport = functools.partial(_SyncingTransport, before_send=self._sync_journal,
+        transport = functools.partial(_SyncingTransport, before_send=self._sync_before_send,
                                       on_message=self._on_peer_message)
         try:
             so = _KraftSyncObj(self, self.self_addr, list(self.partners.values()), conf, transport)
@@ -520,6 +523,10 @@ class RaftQuorum:
         ``success=False, reset=True`` and PySyncObj repairs from that — so we restore it.
         Reads and writes PySyncObj's private ``__raftNextIndex`` (tick thread, raft.py only)."""
         so = self._so
+        if isinstance(message, dict) and message.get("type") == "next_node_idx":
+            # An ack can advance the commit index, and the leader counts its own copy: it must
+            # be on disk first (it was not synced before replication, see _sync_before_send).
+            self._sync_journal()
         if (so is None or not isinstance(message, dict) or message.get("type") != "next_node_idx"
                 or not message.get("success") or message.get("reset")):
             deliver(node, message)
@@ -530,6 +537,20 @@ class RaftQuorum:
         after = next_index.get(node)
         if before is not None and after is not None and after < before and so._isLeader():
             next_index[node] = before
+
+    def _sync_before_send(self, message: Any) -> bool:
+        """Sync the journal before a message that depends on it leaves this node; returns
+        True when the transport should call again (with None) right after sending.
+
+        The exception is the leader's ``append_entries``: it goes out first and the leader
+        syncs right after, so its own write overlaps the follower's receive-write-sync-ack
+        instead of preceding it. The leader also syncs before handling any follower's ack
+        (``_on_peer_message``): a commit needs acks, so every committed entry is on the
+        leader's disk and on the acking followers' disks (they sync before their ack)."""
+        if isinstance(message, dict) and message.get("type") == "append_entries":
+            return True
+        self._sync_journal()
+        return False
 
     def _sync_journal(self) -> None:
         journal = self._journal
