@@ -1,0 +1,176 @@
+"""Kafka admin APIs on the broker listener, forwarded to the active controller.
+
+:class:`KafkaAdmin` is the listener's ``admin=`` handler. It decodes CreateTopics,
+DeleteTopics, CreatePartitions, DescribeConfigs, IncrementalAlterConfigs and ElectLeaders with
+kio, forwards each as one controller RPC call through a :class:`ControllerClient` (which follows
+the active controller and retries until the request's timeout), and encodes the answer as the
+Kafka response with per-item error codes and messages. DescribeCluster is answered from the
+broker's metadata image. Writes carry ``<kafka client id>@broker-<id>`` as their client id, so
+the metadata log's provenance says which Kafka client asked through which broker.
+
+A request the controller cannot be reached for before its timeout gets ``REQUEST_TIMED_OUT`` on
+every item (the write may still be applied later, as in Kafka). An undecodable request raises
+``DecodeError`` (the listener closes that connection).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Awaitable, Callable
+
+from kio.index import load_request_schema
+from kio.schema.errors import ErrorCode as KafkaError
+from kio.serial import entity_reader
+
+from broker import admin_mapping as m
+from broker.kafka_codec import DecodeError, Reader, RequestHeader, build, encode_body, frame_response, response_class
+from broker.metadata_cache import MetadataCache
+from kraft.errors import KraftError
+from kraft.rpc.client import ControllerClient
+
+log = logging.getLogger(__name__)
+
+API_CREATE_TOPICS, API_DELETE_TOPICS, API_DESCRIBE_CONFIGS = 19, 20, 32
+API_CREATE_PARTITIONS, API_ELECT_LEADERS, API_INCREMENTAL_ALTER_CONFIGS = 37, 43, 44
+API_DESCRIBE_CLUSTER = 60
+
+# api key -> (min, max) version served: every version kio knows for these APIs
+RANGES: dict[int, tuple[int, int]] = {
+    API_CREATE_TOPICS: (2, 7),
+    API_DELETE_TOPICS: (1, 6),
+    API_DESCRIBE_CONFIGS: (1, 4),
+    API_CREATE_PARTITIONS: (0, 3),
+    API_ELECT_LEADERS: (0, 2),
+    API_INCREMENTAL_ALTER_CONFIGS: (0, 1),
+    API_DESCRIBE_CLUSTER: (0, 2),
+}
+DEFAULT_TIMEOUT_S = 30.0   # for requests whose timeout is 0 or absent
+MAX_TIMEOUT_S = 300.0
+
+
+def decode_request(header: RequestHeader, reader: Reader) -> Any:
+    """The kio request entity for this header's API and version; trailing bytes are ignored."""
+    try:
+        cls = load_request_schema(header.api_key, header.api_version)
+        entity, _ = entity_reader(cls)(reader.data, reader.pos)
+    except Exception as e:  # kio raises several types (KeyError, ValueError, ...) on bad input
+        raise DecodeError(f"API {header.api_key} v{header.api_version}: {type(e).__name__}: {e}") from None
+    return entity
+
+
+def request_timeout(req: Any) -> float:
+    """The request's own timeout in seconds, or the default when it gives none."""
+    timeout = getattr(req, "timeout", None)
+    seconds = timeout.total_seconds() if timeout is not None else 0.0
+    return min(seconds, MAX_TIMEOUT_S) if seconds > 0 else DEFAULT_TIMEOUT_S
+
+
+class KafkaAdmin:
+    """Admin API handler for :class:`broker.kafka_listener.KafkaListener` (``admin=``)."""
+
+    def __init__(self, cache: MetadataCache, client: ControllerClient, node_id: int) -> None:
+        self.cache = cache
+        self.client = client
+        self.node_id = node_id
+        self._apis: dict[int, Callable[[RequestHeader, Any], Awaitable[dict[str, Any]]]] = {
+            API_CREATE_TOPICS: self._create_topics,
+            API_DELETE_TOPICS: self._delete_topics,
+            API_DESCRIBE_CONFIGS: self._describe_configs,
+            API_CREATE_PARTITIONS: self._create_partitions,
+            API_ELECT_LEADERS: self._elect_leaders,
+            API_INCREMENTAL_ALTER_CONFIGS: self._incremental_alter_configs,
+            API_DESCRIBE_CLUSTER: self._describe_cluster,
+        }
+
+    def api_ranges(self) -> dict[int, tuple[int, int]]:
+        return dict(RANGES)
+
+    async def handle(self, header: RequestHeader, reader: Reader) -> bytes:
+        """Decode, answer (forwarding to the controller where needed) and frame the response."""
+        req = decode_request(header, reader)
+        try:
+            values = await self._apis[header.api_key](header, req)
+            cls = response_class(header.api_key, header.api_version)
+            return frame_response(cls, header.correlation_id, encode_body(build(cls, values)))
+        except Exception as e:  # a bug here must close one connection, not stop the broker
+            log.exception("API %d v%d from client %r failed", header.api_key, header.api_version,
+                          header.client_id)
+            raise DecodeError(f"internal error: {e}") from None
+
+    async def _forward(self, header: RequestHeader, api: str, body: dict[str, Any],
+                       timeout: float) -> dict[str, Any] | KraftError:
+        """One controller call; a failure comes back as the error instead of raising."""
+        # call() builds its request envelope (client id included) before its first await, so
+        # setting the id right before calling is safe: this client is used only from here.
+        self.client.client_id = f"{header.client_id or ''}@broker-{self.node_id}"
+        try:
+            return await self.client.call(api, body, timeout=timeout)
+        except KraftError as e:
+            log.info("%s from client %r: controller call failed: %s", api, header.client_id, e)
+            return e
+
+    async def _create_topics(self, header: RequestHeader, req: Any) -> dict[str, Any]:
+        body, refused = m.create_topics_body(req)
+        results: list[dict[str, Any]] = []
+        if body["topics"]:
+            resp = await self._forward(header, "CreateTopics", body, request_timeout(req))
+            results = _items(resp, "topics", len(body["topics"]))
+        return m.create_topics_values(req, results, refused)
+
+    async def _delete_topics(self, header: RequestHeader, req: Any) -> dict[str, Any]:
+        image = self.cache.image
+        name_of_id = {tid: t.name for tid, t in image.topics_by_id.items()} if image is not None else {}
+        requested = m.delete_topic_names(req, name_of_id)
+        names = [n for n, _ in requested if n is not None]
+        results: list[dict[str, Any]] = []
+        if names:
+            resp = await self._forward(header, "DeleteTopics", {"names": names}, request_timeout(req))
+            results = _items(resp, "topics", len(names))
+        return m.delete_topics_values(requested, results)
+
+    async def _create_partitions(self, header: RequestHeader, req: Any) -> dict[str, Any]:
+        body = m.create_partitions_body(req)
+        results: list[dict[str, Any]] = []
+        if body["topics"]:
+            resp = await self._forward(header, "CreatePartitions", body, request_timeout(req))
+            results = _items(resp, "topics", len(body["topics"]))
+        return m.create_partitions_values(req, results)
+
+    async def _describe_configs(self, header: RequestHeader, req: Any) -> dict[str, Any]:
+        body, refused = m.describe_configs_body(req)
+        results: list[dict[str, Any]] = []
+        if body["resources"]:
+            resp = await self._forward(header, "DescribeConfigs", body, DEFAULT_TIMEOUT_S)
+            results = _items(resp, "resources", len(body["resources"]))
+        return m.describe_configs_values(req, results, refused)
+
+    async def _incremental_alter_configs(self, header: RequestHeader, req: Any) -> dict[str, Any]:
+        body, refused = m.incremental_alter_configs_body(req)
+        results: list[dict[str, Any]] = []
+        if body["resources"]:
+            resp = await self._forward(header, "IncrementalAlterConfigs", body, DEFAULT_TIMEOUT_S)
+            results = _items(resp, "resources", len(body["resources"]))
+        return m.alter_configs_values(req, results, refused)
+
+    async def _elect_leaders(self, header: RequestHeader, req: Any) -> dict[str, Any]:
+        body = m.elect_leaders_body(req)
+        if isinstance(body, KafkaError):
+            return m.elect_leaders_values([], body, f"Unknown election type {req.election_type}.")
+        resp = await self._forward(header, "ElectLeaders", body, request_timeout(req))
+        if isinstance(resp, KraftError):
+            item = m.failed(resp)
+            return m.elect_leaders_values(m.elect_leaders_failed(req, item), m.kafka_error(resp.code),
+                                          item["error_message"])
+        return m.elect_leaders_values(resp.get("partitions", []))
+
+    async def _describe_cluster(self, header: RequestHeader, req: Any) -> dict[str, Any]:
+        return m.describe_cluster_values(self.cache.image, self.cache.cluster_id, self.cache.listener_name,
+                                         int(getattr(req, "endpoint_type", 1)),
+                                         bool(getattr(req, "include_fenced_brokers", False)))
+
+
+def _items(resp: dict[str, Any] | KraftError, key: str, count: int) -> list[dict[str, Any]]:
+    """The controller's per-item results, or ``count`` copies of a forwarding failure."""
+    if isinstance(resp, KraftError):
+        return [m.failed(resp)] * count
+    items = resp.get(key)
+    return list(items) if isinstance(items, list) else []
