@@ -57,8 +57,9 @@ class BrokerNode:
         self.cache = MetadataCache(config.cluster_id, name)
         self.replica_manager = ReplicaManager(config.node_id, config.log_dirs)
         client_id = f"broker-{config.node_id}"
-        self.fetch_client = ControllerClient(config.bootstrap, client_id=client_id)
-        self.control_client = ControllerClient(config.bootstrap, client_id=client_id)
+        creds = config.rpc_client_credentials
+        self.fetch_client = ControllerClient(config.bootstrap, client_id=client_id, credentials=creds)
+        self.control_client = ControllerClient(config.bootstrap, client_id=client_id, credentials=creds)
         self.loader = MetadataLoader(self.fetch_client, [self.cache, self.replica_manager, self],
                                      self.metadata_dir)
         self.listeners = [{"name": adv_name, "host": self.advertised_host,

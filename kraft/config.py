@@ -7,10 +7,13 @@ falls back to a default.
 """
 from __future__ import annotations
 
+import ipaddress
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
+
+from kraft.rpc.auth import AuthError, ClientCredentials, CredentialStore
 
 
 class ConfigError(ValueError):
@@ -113,6 +116,8 @@ def _choice(*options: str) -> Callable[[str], str]:
     return parse
 
 
+_CLIENT_CREDENTIALS = "controller.rpc.client.credentials.file"
+
 _COMMON = [
     Setting("node.id", int, None, "this node's id (required)"),
     Setting("process.roles", _choice("controller", "broker"), None, "controller or broker"),
@@ -146,6 +151,14 @@ CONTROLLER_SETTINGS = _COMMON + [
     Setting("controller.quorum.fetch.timeout.ms", int, 2500,
             "a leader that hears from no majority this long steps down"),
     Setting("controller.rpc.max.frame.bytes", int, 8 * 1024 * 1024, "largest RPC frame accepted"),
+    Setting("controller.rpc.max.connections", int, 1024, "RPC connections beyond this are closed at once"),
+    Setting("controller.rpc.io.timeout.ms", int, 10_000, "an RPC frame must arrive, a response be "
+            "taken, and (with auth) a connection authenticate within this"),
+    Setting("controller.rpc.idle.timeout.ms", int, 600_000, "close RPC connections idle this long"),
+    Setting("controller.rpc.auth.credentials.file", str, "", "users allowed to call the controller "
+            "RPC (name:pbkdf2_sha256$... lines); empty = no authentication"),
+    Setting(_CLIENT_CREDENTIALS, str, "", "this node's own RPC credentials (username=/password= "
+            "lines); required on controllers when controller.rpc.auth.credentials.file is set"),
     Setting("controller.raft.secret.file", str, "", "file holding the Raft cluster secret "
             "(or env KRAFT_RAFT_SECRET); required when Raft binds to a non-loopback address"),
     Setting("raft.compaction.min.entries", int, 100_000, "compact PySyncObj's journal after this many entries"),
@@ -162,6 +175,8 @@ BROKER_SETTINGS = _COMMON + [
     Setting("replica.lag.time.max.ms", int, 30000, "a follower lagging this long leaves the ISR"),
     Setting("replica.fetch.wait.max.ms", int, 500, "follower fetch long-poll"),
     Setting("min.insync.replicas", int, 1, "default min.insync.replicas for topics without one"),
+    Setting(_CLIENT_CREDENTIALS, str, "", "RPC credentials file (username=/password= lines) for "
+            "controllers that require authentication"),
 ]
 
 
@@ -195,6 +210,8 @@ class ControllerConfig:
     raft_voters: dict[int, tuple[str, int]]
     metadata_dir: Path
     raft_secret: str | None = field(default=None, repr=False)
+    rpc_credentials: CredentialStore | None = field(default=None, repr=False)
+    rpc_client_credentials: ClientCredentials | None = field(default=None, repr=False)
 
     @classmethod
     def from_properties(cls, props: dict[str, str], env: dict[str, str] | None = None) -> "ControllerConfig":
@@ -208,7 +225,22 @@ class ControllerConfig:
         if v["node.id"] not in rpc:
             raise ConfigError(f"node.id {v['node.id']} is not among controller.quorum.voters {sorted(rpc)}")
         secret = _read_secret(v["controller.raft.secret.file"], env if env is not None else os.environ)
-        return cls(v, v["node.id"], v["cluster.id"], rpc, raft, Path(v["metadata.log.dir"]), secret)
+        off_loopback = sorted(f"{h}:{p}" for h, p in raft.values() if not _is_loopback(h))
+        if secret is None and off_loopback:
+            raise ConfigError(f"controller.quorum.raft.voters: {', '.join(off_loopback)} is not a loopback "
+                              "address, so the Raft port needs the cluster secret (PySyncObj peers exchange "
+                              "pickles): set controller.raft.secret.file or KRAFT_RAFT_SECRET")
+        store = None
+        if v["controller.rpc.auth.credentials.file"]:
+            try:
+                store = CredentialStore.load(v["controller.rpc.auth.credentials.file"])
+            except AuthError as e:
+                raise ConfigError(f"controller.rpc.auth.credentials.file: {e}") from None
+            if not v[_CLIENT_CREDENTIALS]:
+                raise ConfigError(f"{_CLIENT_CREDENTIALS} is required when controller.rpc.auth.credentials.file "
+                                  "is set: controllers call each other's RPC")
+        return cls(v, v["node.id"], v["cluster.id"], rpc, raft, Path(v["metadata.log.dir"]), secret, store,
+                   _client_credentials(v[_CLIENT_CREDENTIALS]))
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "ControllerConfig":
@@ -230,6 +262,7 @@ class BrokerConfig:
     log_dirs: list[Path]
     bootstrap: list[tuple[str, int]]
     rack: str | None
+    rpc_client_credentials: ClientCredentials | None = field(default=None, repr=False)
 
     @classmethod
     def from_properties(cls, props: dict[str, str]) -> "BrokerConfig":
@@ -245,7 +278,7 @@ class BrokerConfig:
         bootstrap = parse_hostports(v["controller.quorum.bootstrap.servers"],
                                     "controller.quorum.bootstrap.servers")
         return cls(v, v["node.id"], v["cluster.id"], listener, advertised, log_dirs, bootstrap,
-                   v["broker.rack"] or None)
+                   v["broker.rack"] or None, _client_credentials(v[_CLIENT_CREDENTIALS]))
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "BrokerConfig":
@@ -265,3 +298,21 @@ def _read_secret(path: str, env: dict[str, str]) -> str | None:
             raise ConfigError(f"controller.raft.secret.file: {path} is empty")
         return secret
     return env.get("KRAFT_RAFT_SECRET") or None
+
+
+def _client_credentials(path: str) -> ClientCredentials | None:
+    if not path:
+        return None
+    try:
+        return ClientCredentials.load(path)
+    except AuthError as e:
+        raise ConfigError(f"{_CLIENT_CREDENTIALS}: {e}") from None
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -128,7 +128,11 @@ class ControllerNode:
             ),
         )
         rpc_host, rpc_port = cfg.rpc_voters[self.node_id]
-        server = RpcServer(rpc_host, rpc_port, self.handle, max_frame_bytes=cfg["controller.rpc.max.frame.bytes"])
+        server = RpcServer(rpc_host, rpc_port, self.handle, max_frame_bytes=cfg["controller.rpc.max.frame.bytes"],
+                           credentials=cfg.rpc_credentials,
+                           max_connections=cfg["controller.rpc.max.connections"],
+                           io_timeout=cfg["controller.rpc.io.timeout.ms"] / 1000,
+                           idle_timeout=cfg["controller.rpc.idle.timeout.ms"] / 1000)
         try:
             async with trio.open_nursery() as nursery:
                 self.quorum.start()
@@ -352,7 +356,8 @@ class ControllerNode:
         if not self.quorum.is_leader and hint is not None:
             # Only the leader knows its followers' progress; ask it (one hop).
             from kraft.rpc.client import ControllerClient
-            client = ControllerClient([(hint[1], hint[2])], client_id=f"controller-{self.node_id}")
+            client = ControllerClient([(hint[1], hint[2])], client_id=f"controller-{self.node_id}",
+                                      credentials=self.config.rpc_client_credentials)
             try:
                 with trio.fail_after(3):
                     return await client.call("DescribeQuorum", {"forwarded": True})
@@ -385,7 +390,8 @@ class ControllerNode:
         applied: dict[int, int] = {}
 
         async def ask(vid: int, host: str, port: int) -> None:
-            client = ControllerClient([(host, port)], client_id=f"controller-{self.node_id}")
+            client = ControllerClient([(host, port)], client_id=f"controller-{self.node_id}",
+                                      credentials=self.config.rpc_client_credentials)
             try:
                 with trio.move_on_after(1.0):
                     reply = await client.call("DescribeNode", {"checksum": False}, timeout=1.0)

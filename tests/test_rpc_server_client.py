@@ -204,7 +204,7 @@ async def test_garbage_and_oversized_frames_close_only_that_connection() -> None
 @trio_test
 async def test_slowloris_partial_frame_times_out() -> None:
     async with trio.open_nursery() as nursery:
-        _, port = await start(nursery, Recorder("a"), frame_timeout=0.3)
+        _, port = await start(nursery, Recorder("a"), io_timeout=0.3)
         stream = await trio.open_tcp_stream("127.0.0.1", port)
         await stream.send_all(struct.pack(">I", 100) + b"\x81")
         with trio.fail_after(5):

@@ -29,7 +29,10 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
+
+if TYPE_CHECKING:
+    from kraft.rpc.auth import ClientCredentials
 
 CLUSTER_FILE = "cluster.json"
 LOCK_FILE = ".cluster.lock"
@@ -92,6 +95,7 @@ class ClusterLayout:
     controllers: list[ControllerNode] = field(default_factory=list)
     brokers: list[BrokerNode] = field(default_factory=list)
     fsync: str = "always"
+    auth_dir: str | None = None  # --auth: RPC credentials (see enable_auth)
 
     def nodes(self) -> list[Node]:
         """Controllers then brokers."""
@@ -111,6 +115,7 @@ class ClusterLayout:
         return {
             "cluster_id": self.cluster_id,
             "fsync": self.fsync,
+            **({"auth_dir": self.auth_dir} if self.auth_dir else {}),
             "controllers": [asdict(c) for c in self.controllers],
             "brokers": [asdict(b) for b in self.brokers],
         }
@@ -122,6 +127,7 @@ class ClusterLayout:
             controllers=[ControllerNode(**c) for c in d.get("controllers", [])],
             brokers=[BrokerNode(**b) for b in d.get("brokers", [])],
             fsync=d.get("fsync", "always"),
+            auth_dir=d.get("auth_dir"),
         )
 
 
@@ -216,6 +222,7 @@ def controller_properties(layout: ClusterLayout, node: ControllerNode) -> dict[s
             f"{c.id}@{c.host}:{c.raft_port}" for c in layout.controllers),
         "metadata.log.dir": node.metadata_dir,
         "metadata.log.fsync": layout.fsync,
+        **auth_properties(layout, "controller"),
     }
 
 
@@ -234,7 +241,37 @@ def broker_properties(layout: ClusterLayout, node: BrokerNode) -> dict[str, str]
         props["broker.admin.port"] = str(node.admin_port)
     if node.rack:
         props["broker.rack"] = node.rack
+    props.update(auth_properties(layout, "broker"))
     return props
+
+
+def enable_auth(layout: ClusterLayout, directory: Path) -> None:
+    """``--auth``: random passwords for the users admin (the CLI), broker and controller in
+    ``DIR/auth`` (hashes in ``rpc-users``, client files mode 0600); nodes and CLI use them."""
+    from kraft.rpc.auth import write_cluster_credentials
+
+    auth_dir = directory.resolve() / "auth"
+    write_cluster_credentials(auth_dir)
+    layout.auth_dir = str(auth_dir)
+
+
+def auth_properties(layout: ClusterLayout, role: str) -> dict[str, str]:
+    """The RPC authentication keys of a node (none without ``--auth``)."""
+    if not layout.auth_dir:
+        return {}
+    props = {"controller.rpc.client.credentials.file": str(Path(layout.auth_dir) / f"{role}.credentials")}
+    if role == "controller":
+        props["controller.rpc.auth.credentials.file"] = str(Path(layout.auth_dir) / "rpc-users")
+    return props
+
+
+def admin_credentials(layout: ClusterLayout) -> "ClientCredentials | None":
+    """The CLI's credentials for a cluster started with ``--auth`` (None otherwise)."""
+    if not layout.auth_dir:
+        return None
+    from kraft.rpc.auth import ClientCredentials
+
+    return ClientCredentials.load(Path(layout.auth_dir) / "admin.credentials")
 
 
 def write_node_configs(layout: ClusterLayout) -> None:
@@ -495,10 +532,21 @@ def _default_call(bootstrap: list[tuple[str, int]], api: str, body: dict, timeou
     return call_sync(bootstrap, api, body, timeout)
 
 
+def _authenticated_call(credentials: "ClientCredentials") -> RpcCall:
+    from kraft.rpc.client import call_sync
+
+    def call(bootstrap: list[tuple[str, int]], api: str, body: dict, timeout: float) -> dict:
+        return call_sync(bootstrap, api, body, timeout, credentials=credentials)
+
+    return call
+
+
 def probe(layout: ClusterLayout, state: Readiness, call: RpcCall | None = None,
           timeout: float = 0.5) -> Readiness:
     """Ask each controller for its quorum view and, when brokers matter, for the brokers."""
-    call = call or _default_call
+    if call is None:
+        creds = admin_credentials(layout)
+        call = _default_call if creds is None else _authenticated_call(creds)
     for c in layout.controllers:
         try:
             q = call([(c.host, c.rpc_port)], "DescribeQuorum", {}, timeout)

@@ -11,6 +11,9 @@ until the call's deadline:
 
 Write requests carry a ``request_id`` (uuid4) that stays the same across retries, so a write
 that was committed before its answer was lost is deduplicated by the state machine.
+
+With ``credentials`` (:class:`~kraft.rpc.auth.ClientCredentials`) every new connection first
+sends ``SaslAuthenticate``; a refusal raises ``SASL_AUTHENTICATION_FAILED`` at once (no retry).
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ import trio
 
 from kraft.errors import ErrorCode, KraftError
 from kraft.rpc.apis import APIS
+from kraft.rpc.auth import AUTH_API, ClientCredentials
 from kraft.rpc.framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, FrameError, encode_frame
 
 logger = logging.getLogger(__name__)
@@ -136,8 +140,8 @@ class ControllerClient:
     """Calls controller RPC APIs on whichever controller is active."""
 
     def __init__(self, bootstrap: list[Address], client_id: str = "kraft-cli",
-                 request_timeout: float = 10.0, principal: str | None = None,
-                 credentials: Any = None, *, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+                 request_timeout: float = 10.0, credentials: ClientCredentials | None = None, *,
+                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
                  connect_timeout: float = 2.0, backoff_initial: float = 0.05,
                  backoff_max: float = 1.0) -> None:
         if not bootstrap:
@@ -145,8 +149,8 @@ class ControllerClient:
         self.bootstrap = [(h, int(p)) for h, p in bootstrap]
         self.client_id = client_id
         self.request_timeout = request_timeout
-        self.principal = principal
         self.credentials = credentials
+        self.principal: str | None = None  # as authenticated by the controller
         self.max_frame_bytes = max_frame_bytes
         self.connect_timeout = connect_timeout
         self.backoff_initial = backoff_initial
@@ -175,8 +179,6 @@ class ControllerClient:
                                     "client_id": self.client_id}
         if request_id is not None:
             envelope["request_id"] = request_id
-        if self.credentials is not None:
-            envelope["auth"] = self.credentials
         deadline = trio.current_time() + (self.request_timeout if timeout is None else timeout)
         backoff = self.backoff_initial
         last_error: KraftError | None = None
@@ -238,8 +240,26 @@ class ControllerClient:
                 address = self.bootstrap[self._next % len(self.bootstrap)]
             with trio.fail_after(min(self.connect_timeout, max(remaining, 0.001))):
                 stream = await trio.open_tcp_stream(*address)
-            self._conn = _Conn(address, stream, self.max_frame_bytes)
-            return self._conn
+            conn = _Conn(address, stream, self.max_frame_bytes)
+            if self.credentials is not None:
+                await self._authenticate(conn)
+            self._conn = conn
+            return conn
+
+    async def _authenticate(self, conn: _Conn) -> None:
+        """Send the connection's SaslAuthenticate; raise KraftError if the controller refuses."""
+        assert self.credentials is not None
+        try:
+            response = await conn.request({"api": AUTH_API, "version": 0, "client_id": self.client_id,
+                                           "body": self.credentials.handshake_body()})
+        except BaseException:
+            await conn.aclose()
+            raise
+        if response.get("error_code", 0):
+            await conn.aclose()
+            raise _error_from(response)
+        principal = (response.get("body") or {}).get("principal")
+        self.principal = principal if isinstance(principal, str) else None
 
     async def _drop_connection(self, conn: _Conn | None, rotate: bool) -> None:
         """Close ``conn`` if it is still current (None: just rotate after a failed connect)."""

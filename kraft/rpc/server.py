@@ -1,23 +1,31 @@
 """Controller RPC server (trio): frames in, handler, frames out.
 
 Per connection the server reads frames, checks the envelope ``{api, version, correlation_id,
-body}`` (+ optional ``client_id``, ``request_id``, ``auth``) and the body
+body}`` (+ optional ``client_id``, ``request_id``) and the body
 (:func:`kraft.rpc.apis.validate_request`), runs the handler — several requests of one
 connection concurrently — and writes ``{correlation_id, error_code, error_message, body}`` in
-request order. A garbage or oversized frame, or a frame left incomplete for too long (slowloris),
-closes that connection only.
+request order. A garbage or oversized frame, a frame left incomplete or a response left unread
+for longer than ``io_timeout`` (slowloris), or ``idle_timeout`` without a request, closes that
+connection only; connections beyond ``max_connections`` are closed at once.
+
+With a :class:`~kraft.rpc.auth.CredentialStore` the first request of a connection must be
+``SaslAuthenticate {mechanism: "PLAIN", username, password}`` (answered ``{principal}``), sent
+within ``io_timeout``; anything else, or a wrong password, is answered
+``SASL_AUTHENTICATION_FAILED`` and the connection is closed without running a handler. The
+authenticated principal is the one every later request of the connection carries.
 """
 from __future__ import annotations
 
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Awaitable, Callable
 
 import trio
 
 from kraft.errors import ErrorCode, KraftError
 from kraft.rpc.apis import validate_request
+from kraft.rpc.auth import AUTH_API, MECHANISM, CredentialStore
 from kraft.rpc.framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, FrameError, encode_frame
 
 logger = logging.getLogger(__name__)
@@ -39,8 +47,6 @@ class RequestContext:
 
 
 Handler = Callable[[str, dict, RequestContext], Awaitable[dict]]
-#: ``authenticator(auth, peer) -> principal``; raise ``KraftError`` to refuse the request.
-Authenticator = Callable[[Any, str], str]
 
 
 class _Slot:
@@ -58,23 +64,26 @@ class RpcServer:
 
     def __init__(self, host: str, port: int, handler: Handler, *,
                  max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
-                 authenticator: Authenticator | None = None,
+                 credentials: CredentialStore | None = None,
                  max_connections: int = 1024,
                  max_in_flight_per_connection: int = 64,
-                 frame_timeout: float = 10.0,
+                 io_timeout: float = 10.0,
                  idle_timeout: float = 600.0) -> None:
         self.host = host
         self.port = port
         self.handler = handler
         self.max_frame_bytes = max_frame_bytes
-        self.authenticator = authenticator
+        self.credentials = credentials
         self.max_connections = max_connections
         self.max_in_flight = max_in_flight_per_connection
-        self.frame_timeout = frame_timeout
+        self.io_timeout = io_timeout
         self.idle_timeout = idle_timeout
         self.connections = 0
         self.bound_port: int | None = None
         self.closed_for_garbage = 0
+        self.auth_failures = 0
+        # Password hashing is deliberately slow: at most two checks at a time, off the event loop.
+        self._hash_limiter = trio.CapacityLimiter(2)
 
     async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         """Bind, report the actual port through ``task_status``, serve until cancelled."""
@@ -97,7 +106,7 @@ class RpcServer:
         self.connections += 1
         try:
             await self._run_connection(stream, peer)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+        except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError, OSError) as exc:
             logger.debug("connection %s ended: %r", peer, exc)
         finally:
             self.connections -= 1
@@ -117,14 +126,17 @@ class RpcServer:
     async def _reader(self, stream: trio.SocketStream, peer: str, nursery: trio.Nursery,
                       slots: trio.MemorySendChannel[_Slot]) -> None:
         decoder = FrameDecoder(self.max_frame_bytes)
-        idle_deadline = trio.current_time() + self.idle_timeout
+        principal = ANONYMOUS if self.credentials is None else None
+        start = trio.current_time()
+        idle_deadline = start + (self.idle_timeout if principal else self.io_timeout)
         frame_deadline = math.inf
         while True:
             with trio.move_on_at(min(idle_deadline, frame_deadline)) as scope:
                 data = await stream.receive_some(65536)
             if scope.cancelled_caught:
                 logger.info("closing %s: %s", peer, "incomplete frame timed out"
-                            if frame_deadline <= idle_deadline else "idle")
+                            if frame_deadline <= idle_deadline else
+                            "idle" if principal else "not authenticated in time")
                 nursery.cancel_scope.cancel()
                 return
             if not data:
@@ -139,28 +151,61 @@ class RpcServer:
             now = trio.current_time()
             if decoder.buffered:
                 if frame_deadline == math.inf:
-                    frame_deadline = now + self.frame_timeout
+                    frame_deadline = now + self.io_timeout
             else:
                 frame_deadline = math.inf
-            if messages:
+            if messages and principal:
                 idle_deadline = now + self.idle_timeout
             for message in messages:
                 slot = _Slot()
                 await slots.send(slot)
-                nursery.start_soon(self._answer, message, peer, slot)
+                if principal is None:
+                    principal = await self._authenticate(message, peer, slot)
+                    if principal is None:
+                        return  # the writer sends the refusal, then the connection closes
+                    idle_deadline = trio.current_time() + self.idle_timeout
+                else:
+                    nursery.start_soon(self._answer, message, peer, principal, slot)
+
+    async def _authenticate(self, message: dict, peer: str, slot: _Slot) -> str | None:
+        """Answer a connection's first request: the principal, or None (refused)."""
+        assert self.credentials is not None
+        correlation_id = _correlation_id(message)
+        body = message.get("body")
+        principal = None
+        if message.get("api") != AUTH_API:
+            reason = f"authentication required: send {AUTH_API} first"
+        elif not isinstance(body, dict) or body.get("mechanism") != MECHANISM:
+            reason = f"unsupported mechanism: only {MECHANISM} is enabled"
+        else:
+            username, password = body.get("username"), body.get("password")
+            async with self._hash_limiter:
+                principal = await trio.to_thread.run_sync(self.credentials.verify, username, password)
+            reason = "invalid username or password"
+        if principal is None:
+            self.auth_failures += 1
+            logger.warning("refusing %s: %s", peer, reason)
+            slot.frame = encode_frame({"correlation_id": correlation_id,
+                                       "error_code": int(ErrorCode.SASL_AUTHENTICATION_FAILED),
+                                       "error_message": reason, "body": {}})
+        else:
+            logger.info("%s authenticated as %s", peer, principal)
+            slot.frame = encode_frame({"correlation_id": correlation_id, "error_code": 0,
+                                       "error_message": "", "body": {"principal": principal}})
+        slot.done.set()
+        return principal
 
     async def _writer(self, stream: trio.SocketStream, slots: trio.MemoryReceiveChannel[_Slot]) -> None:
         async with slots:
             async for slot in slots:
                 await slot.done.wait()
-                await stream.send_all(slot.frame)
+                with trio.fail_after(self.io_timeout):
+                    await stream.send_all(slot.frame)
 
-    async def _answer(self, message: dict, peer: str, slot: _Slot) -> None:
-        correlation_id = message.get("correlation_id")
-        if not isinstance(correlation_id, int) or isinstance(correlation_id, bool):
-            correlation_id = -1
+    async def _answer(self, message: dict, peer: str, principal: str, slot: _Slot) -> None:
+        correlation_id = _correlation_id(message)
         try:
-            body = await self._dispatch(message, peer, correlation_id)
+            body = await self._dispatch(message, peer, principal, correlation_id)
             response = {"correlation_id": correlation_id, "error_code": 0, "error_message": "",
                         "body": body}
         except KraftError as err:
@@ -181,7 +226,7 @@ class RpcServer:
                                        "error_message": "unencodable response", "body": {}})
         slot.done.set()
 
-    async def _dispatch(self, message: dict, peer: str, correlation_id: int) -> dict:
+    async def _dispatch(self, message: dict, peer: str, principal: str, correlation_id: int) -> dict:
         api = message.get("api")
         version = message.get("version", 0)
         if correlation_id < 0:
@@ -190,15 +235,16 @@ class RpcServer:
             raise KraftError(ErrorCode.INVALID_REQUEST, "api must be a string")
         if not isinstance(version, int) or isinstance(version, bool):
             raise KraftError(ErrorCode.INVALID_REQUEST, "version must be an int")
+        if api == AUTH_API:
+            raise KraftError(ErrorCode.ILLEGAL_SASL_STATE,
+                             "already authenticated" if self.credentials is not None
+                             else "authentication is not enabled on this controller")
         body = message.get("body")
         validate_request(api, body)
         client_id = message.get("client_id") or ""
         request_id = message.get("request_id")
         if not isinstance(client_id, str) or (request_id is not None and not isinstance(request_id, str)):
             raise KraftError(ErrorCode.INVALID_REQUEST, "client_id and request_id must be strings")
-        principal = ANONYMOUS
-        if self.authenticator is not None:
-            principal = self.authenticator(message.get("auth"), peer)
         ctx = RequestContext(peer=peer, principal=principal, client_id=client_id,
                              request_id=request_id, api_version=version,
                              correlation_id=correlation_id)
@@ -208,3 +254,10 @@ class RpcServer:
         if not isinstance(result, dict):
             raise TypeError(f"handler returned {type(result).__name__}, not a dict")
         return result
+
+
+def _correlation_id(message: dict) -> int:
+    correlation_id = message.get("correlation_id")
+    if not isinstance(correlation_id, int) or isinstance(correlation_id, bool):
+        return -1
+    return correlation_id

@@ -97,6 +97,8 @@ def _prepare_layout(args: argparse.Namespace, directory: Path) -> tuple[ClusterL
     except FileNotFoundError:
         layout = launcher.plan_cluster(directory, args.controllers, args.brokers,
                                        parse_racks(args.racks), args.base_port, args.fsync)
+        if args.auth:
+            launcher.enable_auth(layout, directory)
         launcher.write_node_configs(layout)
         launcher.write_cluster_json(directory, layout)
         return layout, False
@@ -413,6 +415,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help="return once the cluster is ready, leaving it running")
     up.add_argument("--fsync", choices=("always", "never"), default="always",
                     help="metadata.log.fsync of the controllers (default always)")
+    up.add_argument("--auth", action="store_true",
+                    help="require RPC authentication: random credentials in DIR/auth (users "
+                         "admin for the CLI, broker, controller); --cluster DIR picks them up")
     up.add_argument("--base-port", type=_port, metavar="P",
                     help="use consecutive ports from P instead of picking free ones: per "
                          "controller RPC then Raft, then per broker listener then admin")

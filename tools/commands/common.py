@@ -142,18 +142,38 @@ def resolve_bootstrap(args: argparse.Namespace) -> list[tuple[str, int]]:
                      "--cluster DIR")
 
 
+def resolve_credentials(args: argparse.Namespace) -> Any:
+    """RPC credentials: env ``KRAFT_RPC_CREDENTIALS_FILE`` or ``KRAFT_RPC_USERNAME``/``_PASSWORD``,
+    else those of a ``--cluster DIR`` started with ``--auth``, else None (never a CLI flag)."""
+    from kraft.rpc.auth import AuthError, ClientCredentials
+
+    try:
+        creds = ClientCredentials.from_env()
+        cluster_dir = getattr(args, "cluster", None) or os.environ.get(CLUSTER_DIR_ENV)
+        if creds is None and cluster_dir and not getattr(args, "bootstrap_controller", None):
+            from tools.cluster import admin_credentials, read_cluster_json
+
+            try:
+                creds = admin_credentials(read_cluster_json(Path(cluster_dir)))
+            except FileNotFoundError:
+                return None
+    except AuthError as e:
+        raise UsageError(str(e)) from None
+    return creds
+
+
 def call(args: argparse.Namespace, api: str, body: dict[str, Any]) -> dict[str, Any]:
     """Send one request to the controllers named by ``args``; raise KraftError on failure."""
-    return call_endpoints(resolve_bootstrap(args), api, body, args.timeout)
+    return call_endpoints(resolve_bootstrap(args), api, body, args.timeout, resolve_credentials(args))
 
 
 def call_endpoints(bootstrap: list[tuple[str, int]], api: str, body: dict[str, Any],
-                   timeout: float) -> dict[str, Any]:
+                   timeout: float, credentials: Any = None) -> dict[str, Any]:
     """``kraft.rpc.client.call_sync`` with transport failures turned into KraftError."""
     from kraft.rpc.client import call_sync
 
     try:
-        return call_sync(bootstrap, api, body, timeout)
+        return call_sync(bootstrap, api, body, timeout, credentials=credentials)
     except KraftError:
         raise
     except TimeoutError as e:
