@@ -348,10 +348,10 @@ def _leader(value: int) -> str:
 def describe(change: Change) -> str:
     """One line saying what ``change`` did (without who/why)."""
     d, s = change.details, change.subject
-    if change.kind == "topic-created":
-        return f"{s} created ({d['partitions']} partitions, id {d['topic_id']})"
-    if change.kind == "topic-deleted":
-        return f"{s} deleted ({d['partitions']} partitions, id {d['topic_id']})"
+    if change.kind in ("topic-created", "topic-deleted"):
+        n = d["partitions"]
+        return (f"{s} {change.kind.removeprefix('topic-')} ({n} partition{'s' if n != 1 else ''}, "
+                f"id {d['topic_id']})")
     if change.kind == "partition-created":
         return f"partition {s} created: replicas {_ids(d['replicas'])}, leader {_leader(d['leader'])}"
     if change.kind == "broker-registered":

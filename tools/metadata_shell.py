@@ -394,7 +394,7 @@ def split_commands(script: str) -> list[str]:
     lexer.whitespace_split = True
     out, words = [], []
     for token in lexer:
-        if token == ";":
+        if set(token) == {";"}:  # ";" and runs like ";;"
             if words:
                 out.append(shlex.join(words))
             words = []
