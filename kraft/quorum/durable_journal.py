@@ -4,7 +4,9 @@ PySyncObj's ``FileJournal`` writes entries through an mmap and never syncs: a pr
 loses nothing, but an OS crash or power loss can lose entries a node has already acknowledged,
 and then a "committed" entry may exist on fewer than a majority of disks. ``DurableJournal``
 is a subclass of it (no fork of PySyncObj) and tracks whether anything was appended or truncated
-since the last sync; ``sync()`` msyncs the mapping (``mmap.flush`` = ``msync(MS_SYNC)``). The
+since the last sync; ``sync()`` fdatasyncs the journal file, which writes back the pages dirtied
+through the mapping just as ``msync(MS_SYNC)`` would, but releases the GIL (``mmap.flush`` holds
+it, so every sync used to freeze the node's trio thread for the length of the disk write). The
 quorum calls ``sync()`` right before every outgoing Raft message (see ``raft._SyncingTransport``),
 so a follower's acknowledgement and a leader's replication request are always preceded by the
 sync of the entries they cover. Group commit makes that one sync per batch of appends: all
@@ -88,6 +90,9 @@ class DurableJournalMixin:
         self.synced_index = 0  # highest Raft index known to be on disk
         self._dirty = False
         super().__init__(path)  # type: ignore[call-arg]
+        # PySyncObj never replaces the journal file (it resizes it in place), so one descriptor
+        # of our own stays valid for syncing.
+        self._sync_fd = os.open(path, os.O_RDONLY) if fsync else -1
         if len(self):
             self.synced_index = self[-1][1]
         if fsync:
@@ -121,7 +126,7 @@ class DurableJournalMixin:
         self._dirty = False
         if not self.fsync:
             return False
-        self.flush()  # ResizableFile.flush -> mmap.flush -> msync(MS_SYNC)
+        os.fdatasync(self._sync_fd)
         self.journal_syncs += 1
         self.synced_index = self[-1][1] if len(self) else 0
         return True
@@ -137,3 +142,6 @@ class DurableJournalMixin:
     def _destroy(self) -> None:
         self.sync()
         super()._destroy()  # type: ignore[misc]
+        if self._sync_fd >= 0:
+            os.close(self._sync_fd)
+            self._sync_fd = -1
