@@ -72,6 +72,7 @@ class BrokerNode:
             registration_timeout=config["initial.broker.registration.timeout.ms"] / 1000)
         self._checksum: tuple[Any, str] = (None, "")
         self.admin_port = config["broker.admin.port"] or port + 1000
+        self.metrics: Any = None  # broker.metrics.BrokerMetrics when metrics.port is set
 
     # publisher: the first publish means the replica manager has opened its logs
     def publish(self, delta: Any, image: Any, full: bool = False) -> None:
@@ -90,9 +91,17 @@ class BrokerNode:
     def state(self) -> dict[str, Any]:
         return snapshot_state(self)
 
+    def _close_metrics(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
+            self.metrics = None
+
     async def run(self) -> int:
         check_log_dirs(self.config)
         self.loader.load_local()
+        if self.config["metrics.port"]:
+            from broker.metrics import serve_broker_metrics
+            self.metrics = serve_broker_metrics(self, self.config["metrics.host"], self.config["metrics.port"])
         _, host, port = self.config.listener
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as nursery:
@@ -128,12 +137,14 @@ class BrokerNode:
                 if "fatal" in result:
                     log.error("broker %d: fatal: %s", self.config.node_id, result["fatal"])
                     nursery.cancel_scope.cancel()
+                    self._close_metrics()
                     return 1
                 timeout = self.config["broker.session.timeout.ms"] / 1000
                 await self.lifecycle.controlled_shutdown(timeout)
                 with trio.CancelScope(shield=True):
                     await self.loader.checkpoint_now()
                 nursery.cancel_scope.cancel()
+        self._close_metrics()
         self.replica_manager.close()
         await self.fetch_client.aclose()
         await self.control_client.aclose()

@@ -86,7 +86,9 @@ class ControllerNode:
         self._trio_token: trio.lowlevel.TrioToken | None = None
         self._new_data = trio.Event()
         self._active_term = -1
-        self._observers: dict[int, tuple[int, int]] = {}  # broker id → (metadata offset, last contact ms)
+        # broker id → (metadata offset, last contact ms, last time it was caught up ms or -1)
+        self._observers: dict[int, tuple[int, int, int]] = {}
+        self.metrics: Any = None  # kraft.metrics.ControllerMetrics when metrics.port is set
         self._stopping = trio.Event()
         self.quorum: RaftQuorum | None = None
         self.rpc_port = config.rpc_voters[self.node_id][1]
@@ -145,13 +147,15 @@ class ControllerNode:
                     nursery.start_soon(self._idle_noop_loop)
                 if cfg["metrics.port"]:
                     from kraft.metrics import serve_controller_metrics
-                    serve_controller_metrics(self, cfg["metrics.host"], cfg["metrics.port"])
+                    self.metrics = serve_controller_metrics(self, cfg["metrics.host"], cfg["metrics.port"])
                 log.info("node %d: controller RPC on %s:%d, raft on %s:%d", self.node_id, rpc_host,
                          rpc_port, raft_host, raft_port)
                 task_status.started(self)
                 await self._stopping.wait()
                 nursery.cancel_scope.cancel()
         finally:
+            if self.metrics is not None:
+                self.metrics.close()
             self.quorum.close()
             self.log.close()
             log.info("node %d: stopped", self.node_id)
@@ -258,7 +262,10 @@ class ControllerNode:
             command = Command(api=api, body=body, request_id=request_id or str(uuid.uuid4()),
                               principal=principal, client_id=client_id, timestamp_ms=now_ms(),
                               seed=random.getrandbits(63), leader_id=self.node_id)
+            started = time.monotonic()
             result = await self.quorum.submit(command.encode(), timeout=WRITE_TIMEOUT_S)
+            if self.metrics is not None:
+                self.metrics.commit_latency.observe((time.monotonic() - started) * 1000)
             if not isinstance(result, dict):
                 raise KraftError(ErrorCode.UNKNOWN_SERVER_ERROR, "the command was applied without a result")
             if result.get("error_code"):
@@ -282,11 +289,16 @@ class ControllerNode:
                 raise KraftError(ErrorCode.CLUSTER_AUTHORIZATION_FAILED, f"{api} is issued by the controller itself")
             if not self.is_active:
                 raise _not_controller(self._leader_hint())
-            if api == "BrokerRegistration":
-                return await self._register_broker(body, ctx)
-            return await self._submit(api, body, request_id=getattr(ctx, "request_id", None),
-                                      principal=getattr(ctx, "principal", "ANONYMOUS") or "ANONYMOUS",
-                                      client_id=getattr(ctx, "client_id", "") or "")
+            started = time.monotonic()
+            try:
+                if api == "BrokerRegistration":
+                    return await self._register_broker(body, ctx)
+                return await self._submit(api, body, request_id=getattr(ctx, "request_id", None),
+                                          principal=getattr(ctx, "principal", "ANONYMOUS") or "ANONYMOUS",
+                                          client_id=getattr(ctx, "client_id", "") or "")
+            finally:
+                if self.metrics is not None:
+                    self.metrics.event_processing.observe((time.monotonic() - started) * 1000)
         return await getattr(self, f"_api_{api}")(body, ctx)
 
     async def _register_broker(self, body: dict, ctx: Any) -> dict:
@@ -307,7 +319,10 @@ class ControllerNode:
             raise _not_controller(self._leader_hint())
         broker_id = body["broker_id"]
         now = now_ms()
-        self._observers[broker_id] = (body["metadata_offset"], now)
+        caught_up = body["metadata_offset"] >= self.log.next_offset - 1
+        previous = self._observers.get(broker_id)
+        self._observers[broker_id] = (body["metadata_offset"], now,
+                                      now if caught_up else previous[2] if previous else -1)
         decision = self.heartbeats.heartbeat(broker_id, body["broker_epoch"], body["metadata_offset"],
                                              body["want_fence"], body["want_shutdown"], now,
                                              self.state_machine.image)
@@ -375,12 +390,16 @@ class ControllerNode:
                            "raft_match_index": v.get("match_index"),
                            "applied_offset": hw - 1 if vid == self.node_id else applied.get(vid),
                            "lag": v.get("lag"), "last_contact_ms": v.get("last_contact_ms"),
+                           # a follower whose last answer acknowledged the whole log was caught up then
+                           "last_caught_up_ms": v.get("last_contact_ms") if v.get("lag") == 0 else None,
                            "is_leader": vid == leader_id})
         now = now_ms()
         observers = [{"broker_id": b, "metadata_offset": off, "lag": max(hw - 1 - off, 0),
-                      "last_contact_ms": now - seen}
-                     for b, (off, seen) in sorted(self._observers.items())]
-        return {"leader_id": leader_id if leader_id is not None else -1, "term": status.get("term", 0),
+                      "last_contact_ms": now - seen,
+                      "last_caught_up_ms": now - caught if caught >= 0 else None}
+                     for b, (off, seen, caught) in sorted(dict(self._observers).items())]
+        return {"cluster_id": self.config.cluster_id,
+                "leader_id": leader_id if leader_id is not None else -1, "term": status.get("term", 0),
                 "commit_index": commit_index, "high_watermark": hw, "voters": voters, "observers": observers}
 
     async def _voter_applied_offsets(self) -> dict[int, int]:

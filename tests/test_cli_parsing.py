@@ -15,7 +15,6 @@ from tools import cli
 from tools.cluster import plan_cluster, write_cluster_json
 from tools.commands import common
 from tools.commands.common import UsageError, parse_endpoint, parse_endpoints, parse_key_values
-from tools.commands.quorum import max_follower_lag
 from tools.commands.topics import parse_replica_assignment
 
 BOOT = ["--bootstrap-controller", "127.0.0.1:9093"]
@@ -387,45 +386,7 @@ def test_configs_alter_item_error(capsys: pytest.CaptureFixture, rpc: FakeRpc) -
     assert "Error: INVALID_CONFIG: broker defaults: unknown config x" in err
 
 
-# ---- quorum and cluster describe -------------------------------------------------------------------
-
-QUORUM = {"leader_id": 2, "term": 5, "commit_index": 40, "high_watermark": 31, "voters": [
-    {"node_id": 1, "host": "127.0.0.1", "port": 9001, "applied_offset": 28, "lag": 3,
-     "last_contact_ms": 12, "is_leader": False},
-    {"node_id": 2, "host": "127.0.0.1", "port": 9002, "applied_offset": 31, "lag": 0,
-     "last_contact_ms": 0, "is_leader": True},
-    {"node_id": 3, "host": "127.0.0.1", "port": 9003, "applied_offset": None, "lag": None,
-     "last_contact_ms": -1, "is_leader": False}],
-    "observers": [{"broker_id": 101, "metadata_offset": 30, "lag": 0, "last_contact_ms": 200}]}
-
-
-def test_max_follower_lag() -> None:
-    assert max_follower_lag(QUORUM) == 3
-    assert max_follower_lag({"leader_id": 1, "voters": [{"node_id": 1, "lag": 0,
-                                                         "is_leader": True}]}) is None
-
-
-def test_quorum_status_table(capsys: pytest.CaptureFixture, rpc: FakeRpc) -> None:
-    rpc.responses["DescribeQuorum"] = QUORUM
-    code, out, _ = run(capsys, "quorum", "status", *BOOT)
-    assert code == 0
-    assert rpc.calls[0][1:3] == ("DescribeQuorum", {})
-    assert "Leader:           2" in out
-    assert "Max follower lag: 3" in out
-    rows = {line.split()[0]: line.split() for line in out.splitlines()
-            if line.startswith("  ") and line.split()[0].isdigit()}
-    assert rows["1"][:5] == ["1", "127.0.0.1:9001", "follower", "28", "3"]
-    assert rows["2"][2] == "leader"
-    assert rows["3"][3:] == ["-", "-", "-"]
-    assert rows["101"] == ["101", "30", "0", "200", "ms", "ago"]
-
-
-def test_quorum_status_json(capsys: pytest.CaptureFixture, rpc: FakeRpc) -> None:
-    rpc.responses["DescribeQuorum"] = QUORUM
-    code, out, _ = run(capsys, "quorum", "status", *BOOT, "--json")
-    assert code == 0
-    assert json.loads(out) == {**QUORUM, "max_follower_lag": 3}
-
+# ---- cluster describe (the quorum commands: test_quorum_cli.py) ----------------------------------
 
 def test_cluster_describe(capsys: pytest.CaptureFixture, rpc: FakeRpc) -> None:
     rpc.responses["DescribeCluster"] = {"offset": 7, "cluster_id": "cid", "controller_id": 1,

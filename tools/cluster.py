@@ -57,6 +57,7 @@ class ControllerNode:
     config: str
     metadata_dir: str
     log_file: str
+    metrics_port: int = 0  # Prometheus endpoint (metrics.port); 0 = off
 
     role = "controller"
 
@@ -76,6 +77,7 @@ class BrokerNode:
     rack: str | None
     log_file: str
     admin_port: int = 0
+    metrics_port: int = 0  # Prometheus endpoint (metrics.port); 0 = off
 
     role = "broker"
 
@@ -116,8 +118,8 @@ class ClusterLayout:
             "cluster_id": self.cluster_id,
             "fsync": self.fsync,
             **({"auth_dir": self.auth_dir} if self.auth_dir else {}),
-            "controllers": [asdict(c) for c in self.controllers],
-            "brokers": [asdict(b) for b in self.brokers],
+            "controllers": [_node_dict(c) for c in self.controllers],
+            "brokers": [_node_dict(b) for b in self.brokers],
         }
 
     @classmethod
@@ -129,6 +131,14 @@ class ClusterLayout:
             fsync=d.get("fsync", "always"),
             auth_dir=d.get("auth_dir"),
         )
+
+
+def _node_dict(node: Node) -> dict:
+    """A node's cluster.json entry; ``metrics_port`` only when metrics are on."""
+    d = asdict(node)
+    if not d["metrics_port"]:
+        del d["metrics_port"]
+    return d
 
 
 def new_cluster_id() -> str:
@@ -179,18 +189,21 @@ def ports_from_base(base: int, count: int, host: str = HOST) -> list[int]:
 
 def plan_cluster(directory: Path, controllers: int, brokers: int = 0,
                  racks: list[str] | None = None, base_port: int | None = None,
-                 fsync: str = "always", cluster_id: str | None = None) -> ClusterLayout:
+                 fsync: str = "always", cluster_id: str | None = None,
+                 metrics: bool = False) -> ClusterLayout:
     """Choose ids, ports and paths for a new cluster in ``directory`` (absolute paths).
 
-    Ports, in order: per controller RPC then Raft, then per broker listener then admin port.
+    Ports, in order: per controller RPC then Raft, then per broker listener then admin port,
+    then (``metrics``) one metrics port per node in the same node order.
     With ``base_port`` they are consecutive from it, otherwise free ports picked by the OS.
     """
     if controllers < 1:
         raise ClusterError("a cluster needs at least one controller")
     directory = directory.resolve()
     count = 2 * controllers + 2 * brokers
-    ports = ports_from_base(base_port, count) if base_port else pick_free_ports(count)
-    it = iter(ports)
+    total = count + (controllers + brokers if metrics else 0)
+    ports = ports_from_base(base_port, total) if base_port else pick_free_ports(total)
+    it = iter(ports[:count])
     layout = ClusterLayout(cluster_id or new_cluster_id(), fsync=fsync)
     for node_id in range(1, controllers + 1):
         home = directory / f"controller-{node_id}"
@@ -205,6 +218,9 @@ def plan_cluster(directory: Path, controllers: int, brokers: int = 0,
             id=node_id, host=HOST, port=next(it), admin_port=next(it), pid=None,
             config=str(home / "broker.properties"), log_dirs=str(home / "data"),
             rack=racks[i % len(racks)] if racks else None, log_file=str(home / "node.log")))
+    if metrics:
+        for node, port in zip(layout.nodes(), ports[count:]):
+            node.metrics_port = port
     return layout
 
 
@@ -222,6 +238,7 @@ def controller_properties(layout: ClusterLayout, node: ControllerNode) -> dict[s
             f"{c.id}@{c.host}:{c.raft_port}" for c in layout.controllers),
         "metadata.log.dir": node.metadata_dir,
         "metadata.log.fsync": layout.fsync,
+        **({"metrics.port": str(node.metrics_port)} if node.metrics_port else {}),
         **auth_properties(layout, "controller"),
     }
 
@@ -241,6 +258,8 @@ def broker_properties(layout: ClusterLayout, node: BrokerNode) -> dict[str, str]
         props["broker.admin.port"] = str(node.admin_port)
     if node.rack:
         props["broker.rack"] = node.rack
+    if node.metrics_port:
+        props["metrics.port"] = str(node.metrics_port)
     props.update(auth_properties(layout, "broker"))
     return props
 

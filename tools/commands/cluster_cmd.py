@@ -96,7 +96,8 @@ def _prepare_layout(args: argparse.Namespace, directory: Path) -> tuple[ClusterL
         layout = launcher.read_cluster_json(directory)
     except FileNotFoundError:
         layout = launcher.plan_cluster(directory, args.controllers, args.brokers,
-                                       parse_racks(args.racks), args.base_port, args.fsync)
+                                       parse_racks(args.racks), args.base_port, args.fsync,
+                                       metrics=args.metrics)
         if args.auth:
             launcher.enable_auth(layout, directory)
         launcher.write_node_configs(layout)
@@ -208,6 +209,10 @@ def cmd_up(args: argparse.Namespace) -> int:
         if layout.brokers:
             print("Kafka bootstrap servers: "
                   + ",".join(f"{b.host}:{b.port}" for b in layout.brokers))
+        metrics = [f"{n.name} http://{n.host}:{n.metrics_port}/metrics"
+                   for n in layout.nodes() if n.metrics_port]
+        if metrics:
+            print("Prometheus metrics: " + ", ".join(metrics))
         if args.detach:
             print(f"Running in the background; stop with 'kraft cluster down --dir {directory}'.")
             return output.EXIT_OK
@@ -421,6 +426,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--base-port", type=_port, metavar="P",
                     help="use consecutive ports from P instead of picking free ones: per "
                          "controller RPC then Raft, then per broker listener then admin")
+    up.add_argument("--metrics", action="store_true",
+                    help="serve Prometheus metrics from every node on a port of its own "
+                         "(metrics.port; listed in cluster.json as metrics_port)")
     up.add_argument("--ready-timeout", type=positive_float, default=60.0, metavar="S",
                     help="how long to wait for the cluster to be ready (default 60)")
     up.add_argument("--stop-timeout", type=positive_float, default=20.0, metavar="S",

@@ -1,4 +1,10 @@
-"""``kraft quorum status``: the controller quorum as one controller sees it (DescribeQuorum)."""
+"""``kraft quorum status|replication``: the controller quorum in the shape of Kafka's
+``kafka-metadata-quorum describe --status`` and ``--replication`` (one DescribeQuorum call).
+
+Lags here are in metadata log offsets: how many records a node's applied offset is behind the
+leader's high watermark (the leader's log end). ``--json`` adds the derived fields to the
+response; the raw per-voter Raft lag stays in ``voters[].lag``.
+"""
 from __future__ import annotations
 
 import argparse
@@ -8,68 +14,157 @@ from tools import output
 from tools.commands.common import ManualFormatter, add_client_options, call, show
 
 
+def _leader(resp: dict[str, Any]) -> int:
+    leader = resp.get("leader_id")
+    return leader if isinstance(leader, int) else -1
+
+
+def offset_lag(resp: dict[str, Any], applied: Any) -> int | None:
+    """Records ``applied`` is behind the high watermark (None when unknown)."""
+    hw = resp.get("high_watermark")
+    if not isinstance(applied, int) or not isinstance(hw, int):
+        return None
+    return max(hw - 1 - applied, 0)
+
+
+def _followers(resp: dict[str, Any]) -> list[dict[str, Any]]:
+    leader = _leader(resp)
+    return [v for v in resp.get("voters", []) if not v.get("is_leader") and v.get("node_id") != leader]
+
+
 def max_follower_lag(resp: dict[str, Any]) -> int | None:
-    """The largest ``lag`` among voters that are not the leader (None without followers)."""
-    lags = [v.get("lag") for v in resp.get("voters", [])
-            if not v.get("is_leader") and v.get("node_id") != resp.get("leader_id")
-            and v.get("lag") is not None]
+    """The largest metadata-offset lag among voters other than the leader (None if unknown)."""
+    lags = [lag for v in _followers(resp) if (lag := offset_lag(resp, v.get("applied_offset"))) is not None]
     return max(lags) if lags else None
 
 
-def _contact(ms: Any) -> str | None:
-    if ms is None or ms < 0:
-        return None
-    return f"{ms} ms ago"
+def _ago(ms: Any) -> int | None:
+    return ms if isinstance(ms, int) and ms >= 0 else None
+
+
+def max_follower_lag_time_ms(resp: dict[str, Any]) -> int | None:
+    """The longest time since a follower voter was last known caught up: its last caught-up
+    time, or (behind or silent) its last contact; None without followers or data."""
+    times = []
+    for v in _followers(resp):
+        caught_up = _ago(v.get("last_caught_up_ms"))
+        t = caught_up if caught_up is not None else _ago(v.get("last_contact_ms"))
+        if t is not None:
+            times.append(t)
+    return max(times) if times else None
+
+
+def status_document(resp: dict[str, Any]) -> dict[str, Any]:
+    """``quorum status --json``: the DescribeQuorum response plus the Kafka-shaped summary."""
+    return {**resp,
+            "leader_epoch": resp.get("term"),
+            "max_follower_lag": max_follower_lag(resp),
+            "max_follower_lag_time_ms": max_follower_lag_time_ms(resp),
+            "current_voters": sorted(v["node_id"] for v in resp.get("voters", [])),
+            "current_observers": sorted(o["broker_id"] for o in resp.get("observers", []))}
+
+
+def _ids(ids: list[int]) -> str:
+    return "[" + ",".join(map(str, ids)) + "]"
 
 
 def render_status(resp: dict[str, Any]) -> str:
-    """Summary lines, then a voters table and (when any) an observers table."""
-    leader = resp.get("leader_id", -1)
-    head = output.render_kv([
-        ("Leader", leader if leader is not None and leader >= 0 else "none"),
-        ("Term", resp.get("term")),
-        ("Commit index", resp.get("commit_index")),
-        ("High watermark", resp.get("high_watermark")),
-        ("Max follower lag", max_follower_lag(resp)),
+    """Kafka's ``describe --status`` block (plus pykraft's Raft commit index)."""
+    doc = status_document(resp)
+    leader = _leader(resp)
+    return output.render_kv([
+        ("ClusterId", doc.get("cluster_id")),
+        ("LeaderId", leader if leader >= 0 else "none"),
+        ("LeaderEpoch", doc.get("leader_epoch")),
+        ("HighWatermark", doc.get("high_watermark")),
+        ("CommitIndex", doc.get("commit_index")),
+        ("MaxFollowerLag", doc["max_follower_lag"]),
+        ("MaxFollowerLagTimeMs", doc["max_follower_lag_time_ms"]),
+        ("CurrentVoters", _ids(doc["current_voters"])),
+        ("CurrentObservers", _ids(doc["current_observers"])),
     ])
-    voters = sorted(resp.get("voters", []), key=lambda v: v["node_id"])
-    rows = [(v["node_id"], f"{v.get('host')}:{v.get('port')}",
-             "leader" if v.get("is_leader") or v["node_id"] == leader else "follower",
-             v.get("applied_offset"), v.get("lag"), _contact(v.get("last_contact_ms")))
-            for v in voters]
-    text = head + "\n\nVoters:\n" + output.render_table(
-        ("ID", "ENDPOINT", "ROLE", "APPLIED OFFSET", "LAG", "LAST CONTACT"), rows, indent="  ")
-    observers = sorted(resp.get("observers", []), key=lambda o: o["broker_id"])
-    if observers:
-        text += "\n\nObservers (brokers):\n" + output.render_table(
-            ("BROKER", "METADATA OFFSET", "LAG", "LAST CONTACT"),
-            [(o["broker_id"], o.get("metadata_offset"), o.get("lag"),
-              _contact(o.get("last_contact_ms")))
-             for o in observers], indent="  ")
-    return text
+
+
+def replication_rows(resp: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per voter (Leader/Follower) then per observer (broker), Kafka's --replication."""
+    leader = _leader(resp)
+    rows = []
+    for v in sorted(resp.get("voters", []), key=lambda v: v["node_id"]):
+        is_leader = bool(v.get("is_leader")) or v["node_id"] == leader
+        applied = v.get("applied_offset")
+        rows.append({"node_id": v["node_id"], "status": "Leader" if is_leader else "Follower",
+                     "applied_offset": applied, "lag": offset_lag(resp, applied),
+                     "last_fetch_ms_ago": 0 if is_leader else _ago(v.get("last_contact_ms")),
+                     "last_caught_up_ms_ago": 0 if is_leader else _ago(v.get("last_caught_up_ms"))})
+    for o in sorted(resp.get("observers", []), key=lambda o: o["broker_id"]):
+        applied = o.get("metadata_offset")
+        rows.append({"node_id": o["broker_id"], "status": "Observer", "applied_offset": applied,
+                     "lag": offset_lag(resp, applied),
+                     "last_fetch_ms_ago": _ago(o.get("last_contact_ms")),
+                     "last_caught_up_ms_ago": _ago(o.get("last_caught_up_ms"))})
+    return rows
+
+
+def replication_document(resp: dict[str, Any]) -> dict[str, Any]:
+    """``quorum replication --json``."""
+    return {"cluster_id": resp.get("cluster_id"), "leader_id": _leader(resp), "term": resp.get("term"),
+            "high_watermark": resp.get("high_watermark"), "replicas": replication_rows(resp)}
+
+
+def _ms_ago(ms: int | None) -> str | None:
+    return None if ms is None else f"{ms} ms ago"
+
+
+def render_replication(resp: dict[str, Any]) -> str:
+    """Kafka's ``describe --replication`` table (times as "N ms ago")."""
+    return output.render_table(
+        ("NODE ID", "APPLIED OFFSET", "LAG", "LAST FETCH", "LAST CAUGHT UP", "STATUS"),
+        [(r["node_id"], r["applied_offset"], r["lag"], _ms_ago(r["last_fetch_ms_ago"]),
+          _ms_ago(r["last_caught_up_ms_ago"]), r["status"]) for r in replication_rows(resp)])
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     resp = call(args, "DescribeQuorum", {})
-    return show(args, resp, render_status, {**resp, "max_follower_lag": max_follower_lag(resp)})
+    return show(args, resp, render_status, status_document(resp))
+
+
+def cmd_replication(args: argparse.Namespace) -> int:
+    resp = call(args, "DescribeQuorum", {})
+    return show(args, resp, render_replication, replication_document(resp))
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    """Add ``kraft quorum ...``."""
+    """Add ``kraft quorum status|replication``."""
     p = sub.add_parser(
         "quorum", help="inspect the controller Raft quorum", formatter_class=ManualFormatter,
-        description="Inspect the controller quorum that replicates the metadata log.")
+        description="Inspect the controller quorum that replicates the metadata log, in the "
+                    "shape of Kafka's kafka-metadata-quorum describe --status / --replication. "
+                    "Any controller can answer (a follower asks the leader).\n\n"
+                    "Lags are metadata records behind the leader's high watermark (its log end).")
     qsub = p.add_subparsers(dest="quorum_command", metavar="COMMAND", required=True)
     s = qsub.add_parser(
-        "status", help="leader, term, commit index and per-voter lag",
+        "status", help="leader, epoch, high watermark, max follower lag, voters, observers",
         formatter_class=ManualFormatter,
-        description="Show the quorum leader, the Raft term, the commit index and the metadata "
-                    "high watermark, then for every voter its RPC endpoint, the metadata offset "
-                    "it has applied, its lag behind the high watermark and when the leader last "
-                    "heard from it. Brokers replaying the log are listed as observers. Any "
-                    "controller can answer.",
+        description="Show the cluster id, the quorum leader and its epoch (the Raft term), the "
+                    "metadata high watermark, the Raft commit index, the largest follower lag "
+                    "(records) and the longest time since a follower was caught up, and the ids "
+                    "of the voters (controllers) and observers (brokers following the log).",
         epilog="examples:\n  kraft quorum status --cluster ./c\n"
                "  kraft quorum status --bootstrap-controller 127.0.0.1:9093 --json\n\n"
-               "--json prints the DescribeQuorum response plus \"max_follower_lag\".")
+               "--json prints the DescribeQuorum response plus leader_epoch, max_follower_lag,\n"
+               "max_follower_lag_time_ms, current_voters and current_observers.")
     add_client_options(s)
     s.set_defaults(handler=cmd_status)
+    r = qsub.add_parser(
+        "replication", help="per-node applied offset, lag and last contact",
+        formatter_class=ManualFormatter,
+        description="One row per voter and per observer: the metadata offset it has applied, "
+                    "its lag behind the leader's high watermark, when the leader last heard from "
+                    "it (a follower's Raft answer, a broker's heartbeat), when it was last caught "
+                    "up, and its status (Leader, Follower, Observer).",
+        epilog="examples:\n  kraft quorum replication --cluster ./c\n"
+               "  kraft quorum replication --cluster ./c --json\n\n"
+               "--json: {cluster_id, leader_id, term, high_watermark, replicas: [{node_id, status,\n"
+               "applied_offset, lag, last_fetch_ms_ago, last_caught_up_ms_ago}]}")
+    add_client_options(r)
+    r.set_defaults(handler=cmd_replication)

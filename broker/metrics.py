@@ -1,0 +1,91 @@
+"""Prometheus metrics of a broker, served on ``metrics.host:metrics.port`` (off by default).
+
+Names are what Prometheus' JMX exporter makes of Kafka's broker MBeans
+(``kafka.server<type=broker-metadata-metrics><>last-applied-record-offset`` →
+``kafka_server_broker_metadata_metrics_last_applied_record_offset``,
+``kafka.server<type=ReplicaManager, name=LeaderCount>`` → ``kafka_server_replicamanager_leadercount``).
+Every value is read from the live broker on each scrape (:class:`BrokerCollector`); see
+docs/design.md ("Metrics") for the mapping.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Iterator
+
+from prometheus_client import CollectorRegistry, disable_created_metrics, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+BMM = "kafka_server_broker_metadata_metrics_"
+RM = "kafka_server_replicamanager_"
+# Kafka's BrokerState values (kafka.server:type=KafkaServer,name=BrokerState).
+BROKER_STATE_VALUES = {"NOT_RUNNING": 0, "STARTING": 1, "RECOVERY": 2, "RUNNING": 3,
+                       "PENDING_CONTROLLED_SHUTDOWN": 6, "SHUTTING_DOWN": 7}
+
+
+def replica_counts(broker_id: int, partitions: list[Any]) -> tuple[int, int, int]:
+    """(partitions hosted, partitions led, led partitions whose ISR is smaller than the replicas)."""
+    led = [p for p in partitions if p.role == "leader" and p.leader == broker_id]
+    under = sum(1 for p in led if len(p.isr) < len(p.replicas))
+    return len(partitions), len(led), under
+
+
+class BrokerCollector(Collector):
+    """Reads a running :class:`broker.node.BrokerNode` on every scrape."""
+
+    def __init__(self, broker: Any) -> None:
+        self.broker = broker
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        b = self.broker
+        image = b.loader.image
+        now_ms = int(time.time() * 1000)
+        hosted, led, under = replica_counts(b.config.node_id, list(b.replica_manager.partitions.values()))
+        values = [
+            (BMM + "last_applied_record_offset", "offset of the last metadata record applied",
+             image.offset),
+            (BMM + "last_applied_record_timestamp", "append time (ms) of the last record applied",
+             image.timestamp_ms),
+            (BMM + "last_applied_record_lag_ms", "now minus the append time of the last record applied",
+             max(now_ms - image.timestamp_ms, 0) if image.offset >= 0 else 0),
+            (BMM + "metadata_load_error_count", "failed metadata fetches and replays", b.loader.errors),
+            ("pykraft_broker_metadata_high_watermark", "the controllers' metadata log end last seen",
+             b.loader.high_watermark),
+            (RM + "partitioncount", "partitions with a replica on this broker", hosted),
+            (RM + "leadercount", "partitions this broker leads", led),
+            (RM + "underreplicatedpartitions", "led partitions whose ISR is smaller than the replica set",
+             under),
+            ("kafka_server_kafkaserver_brokerstate", "Kafka's broker state number (3 = RUNNING)",
+             BROKER_STATE_VALUES.get(b.lifecycle.state.value, 0)),
+            ("pykraft_broker_fenced", "1 while the controllers keep this broker fenced",
+             1 if getattr(image.brokers.get(b.config.node_id), "fenced", True) else 0),
+        ]
+        for name, doc, value in values:
+            yield GaugeMetricFamily(name, doc, value=value)
+
+
+class BrokerMetrics:
+    """The broker's registry and the HTTP server that exposes it."""
+
+    def __init__(self, broker: Any) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(BrokerCollector(broker))
+        self._server: Any = None
+
+    def serve(self, host: str, port: int) -> None:
+        """Start the HTTP endpoint on a daemon thread."""
+        disable_created_metrics()  # no *_created series: they only add noise to a scrape
+        self._server, _thread = start_http_server(port, addr=host, registry=self.registry)
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+
+def serve_broker_metrics(broker: Any, host: str, port: int) -> BrokerMetrics:
+    """Expose ``broker``'s metrics on ``host:port``; returns them (call ``close`` on exit)."""
+    metrics = BrokerMetrics(broker)
+    metrics.serve(host, port)
+    return metrics
