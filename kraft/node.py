@@ -71,6 +71,7 @@ class ControllerNode:
                                        config["metadata.log.max.snapshot.interval.ms"])
         image = self.snapshotter.load_image()
         self.state_machine = QuorumStateMachine(self.settings, image)
+        self._seed_dedup_window(image.offset)
         replayed = 0
         for batch in self.log.read_batches(image.offset + 1):
             if batch.last_offset <= image.offset:
@@ -92,6 +93,20 @@ class ControllerNode:
         self._stopping = trio.Event()
         self.quorum: RaftQuorum | None = None
         self.rpc_port = config.rpc_voters[self.node_id][1]
+
+    def _seed_dedup_window(self, snapshot_offset: int) -> None:
+        """A snapshot holds no request ids: refill the dedup window from the batches just
+        before it, when the log still has them, so a client retrying across a restart gets
+        its earlier answer instead of a second write."""
+        window = self.settings.dedup_window
+        if snapshot_offset < 0 or window == 0 or self.log.start_offset > snapshot_offset:
+            return
+        batches = self.log.recent_batches_before(snapshot_offset, window,
+                                                 lambda b: bool(b.provenance.request_id))
+        for batch in batches:
+            self.state_machine.note_replayed_batch(batch)
+        log.info("node %d: dedup window seeded with %d request ids from before the snapshot",
+                 self.node_id, len(batches))
 
     # ---- raft thread → trio -------------------------------------------------------------------
 

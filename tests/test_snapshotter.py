@@ -16,9 +16,9 @@ LISTENER = {"name": "PLAINTEXT", "host": "127.0.0.1", "port": 9092, "security_pr
 FEATURES = [{"name": "metadata.version", "min_version": 1, "max_version": 1}]
 
 
-def _build_log(directory, topics: int) -> tuple[MetadataLog, QuorumStateMachine]:
+def _build_log(directory, topics: int, segment_bytes: int = 1 << 24) -> tuple[MetadataLog, QuorumStateMachine]:
     """A metadata log written by a real state machine: activation, 3 brokers, ``topics`` topics."""
-    log = MetadataLog.open(directory, fsync="never")
+    log = MetadataLog.open(directory, segment_bytes=segment_bytes, fsync="never")
     sm = QuorumStateMachine(ControllerSettings(cluster_id="c"))
     commands = [("ActivateController", {"leader_id": 1, "term": 1})]
     commands += [("BrokerRegistration", {"broker_id": b, "cluster_id": "c", "incarnation_id": str(uuid.UUID(int=b)),
@@ -99,3 +99,40 @@ def test_a_corrupt_received_snapshot_is_refused_and_changes_nothing(tmp_path):
     assert not list((tmp_path / "follower").glob("*.tmp")) and not list((tmp_path / "follower").glob("*.checkpoint"))
     follower_log.close()
     leader_log.close()
+
+
+def test_recent_batches_before_reads_backwards_across_segments(tmp_path):
+    log, sm = _build_log(tmp_path, topics=40, segment_bytes=2048)
+    assert len(log.segments) > 5
+    every = list(log.read_batches(0))
+    cut = every[30].last_offset
+    got = log.recent_batches_before(cut, 12, lambda b: b.provenance.request_id.endswith(("0", "5")))
+    expected = [b for b in every[:31] if b.provenance.request_id.endswith(("0", "5"))][-12:]
+    assert [b.base_offset for b in got] == [b.base_offset for b in expected]
+    assert log.recent_batches_before(cut, 10_000, lambda b: True) == every[:31]
+    assert log.recent_batches_before(-1, 5, lambda b: True) == []
+
+
+def test_a_controller_restarted_from_a_snapshot_still_knows_recent_request_ids(tmp_path):
+    from kraft.config import ControllerConfig
+    from kraft.node import ControllerNode
+
+    log, sm = _build_log(tmp_path / "log", topics=20, segment_bytes=4096)
+    snapshotter = Snapshotter(tmp_path / "log", log, 1 << 30, 0)
+    snapshotter.write(sm.image)
+    log.close()
+    node = ControllerNode(ControllerConfig.from_properties({
+        "node.id": "1", "process.roles": "controller", "cluster.id": "c",
+        "controller.quorum.voters": "1@127.0.0.1:9000",
+        "controller.quorum.raft.voters": "1@127.0.0.1:9001", "metadata.log.dir": str(tmp_path)}, env={}))
+    try:
+        assert node.state_machine.image.offset == sm.image.offset
+        assert node.state_machine.recent_request_ids == sm.recent_request_ids
+        # a retry of the last create is answered from the window, not written twice
+        retry = Command(api="CreateTopics", body={"topics": [{"name": "t19", "num_partitions": 3,
+                                                             "replication_factor": 3}]},
+                        request_id=sm.recent_request_ids[-1], timestamp_ms=10_000, seed=1, leader_id=1)
+        batch, response = node.state_machine.apply(retry, 10_000, 1)
+        assert batch is None and response.get("duplicate"), response
+    finally:
+        node.log.close()

@@ -10,8 +10,10 @@ User errors are response values; only a record that fails to replay (an internal
 inconsistency) raises. A window of recently written request ids answers a retried command with
 ``{"duplicate": true, ...}`` instead of writing it twice. Only requests that produced a batch are
 remembered, so the window is rebuilt by replaying the log's recent batches (``replay_batch`` or
-``note_replayed_batch``); after loading a snapshot, feed it the batches that precede the snapshot
-if the log still has them, or a retry arriving right then may be applied twice.
+``note_replayed_batch``); a controller starting from a snapshot feeds it the batches that precede
+the snapshot (``ControllerNode._seed_dedup_window``). A follower that installed the leader's
+snapshot has no such history: until new batches refill its window, a retry of a request older
+than the snapshot could be applied twice there (known gap: the window is not in the snapshot).
 """
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ import os
 import threading
 from bisect import bisect_right
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import Callable, BinaryIO, Iterator
 
 from crc32c import crc32c
 
@@ -334,6 +334,30 @@ class MetadataLog:
         Raises OffsetOutOfRangeError (now, not on iteration) below the start offset."""
         plan = self._plan(from_offset)
         return (decode_batch(p) for p in _read_payloads(plan, from_offset))
+
+    def recent_batches_before(self, end_offset: int, want: int,
+                              keep: Callable[[Batch], bool]) -> list[Batch]:
+        """The last ``want`` batches (oldest first) that end at or before ``end_offset`` and
+        satisfy ``keep``, reading whole segments backwards from the one holding ``end_offset``
+        — so the cost is a few segments, not the whole history."""
+        with self._lock:
+            bases = [b for b in self._bases if b <= end_offset]
+        found: list[Batch] = []
+        for i in range(len(bases) - 1, -1, -1):
+            upto = bases[i + 1] if i + 1 < len(bases) else end_offset + 1
+            chunk = []
+            try:
+                for batch in self.read_batches(bases[i]):
+                    if batch.base_offset >= upto or batch.last_offset > end_offset:
+                        break
+                    if keep(batch):
+                        chunk.append(batch)
+            except OffsetOutOfRangeError:  # retention removed it meanwhile
+                break
+            found[:0] = chunk
+            if len(found) >= want:
+                return found[-want:]
+        return found
 
     def read_encoded(self, from_offset: int, max_bytes: int) -> list[bytes]:
         """Raw batch payloads from the one containing ``from_offset``, up to ``max_bytes`` in
