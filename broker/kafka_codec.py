@@ -13,7 +13,7 @@ import struct
 import uuid
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from kio.index import KioIndexError, load_request_schema, load_response_schema
 from kio.serial import entity_writer
@@ -31,6 +31,16 @@ _FLEXIBLE_FROM = {API_METADATA: 9, API_API_VERSIONS: 3}
 
 class DecodeError(ValueError):
     """A request that cannot be read; the connection that sent it is closed."""
+
+
+class Deferred:
+    """A response that is not ready yet (produce purgatory, long-polling fetch): the listener
+    awaits ``wait()`` in request order, after the responses to earlier requests."""
+
+    __slots__ = ("wait",)
+
+    def __init__(self, wait: Callable[[], Awaitable[bytes | None]]) -> None:
+        self.wait = wait
 
 
 class Reader:
@@ -58,6 +68,13 @@ class Reader:
 
     def int32(self) -> int:
         return struct.unpack(">i", self._take(4))[0]
+
+    def int64(self) -> int:
+        return struct.unpack(">q", self._take(8))[0]
+
+    def take(self, n: int) -> bytes:
+        """The next ``n`` raw bytes."""
+        return self._take(n)
 
     def uuid(self) -> uuid.UUID:
         return uuid.UUID(bytes=self._take(16))

@@ -1,8 +1,14 @@
 """The broker's Kafka protocol listener (trio): ApiVersions and Metadata, answered from the image,
 plus whatever APIs an :class:`AdminHandler` serves (merged into ApiVersions and dispatched to it).
 
-Per connection, requests are read and answered one at a time, so responses go out in request
-order even when clients pipeline. A garbage, oversized or truncated frame, an undecodable
+Given a :class:`~broker.replica_manager.ReplicaManager` (:meth:`KafkaListener.serve_data`) it also serves the data plane: Produce,
+Fetch, ListOffsets and OffsetForLeaderEpoch (:mod:`broker.produce`, :mod:`broker.fetch`).
+
+Per connection, requests are read and handled in order; a handler may answer later (a
+:class:`~broker.kafka_codec.Deferred`: produce purgatory, long-polling fetch), and a writer task
+sends the responses strictly in request order. So pipelined produce requests are all appended
+at once while their acknowledgements wait for replication, and a long-polling Fetch holds up
+only its own connection. A garbage, oversized or truncated frame, an undecodable
 request or an API the broker does not serve closes that connection only (as Kafka does);
 trailing bytes after a request body and unknown tagged fields are ignored. ApiVersions with a
 version we do not know is answered Kafka's way: ApiVersions v0 carrying UNSUPPORTED_VERSION and
@@ -18,21 +24,30 @@ from typing import Awaitable, Callable, Protocol
 import trio
 from kio.schema.errors import ErrorCode
 
+from broker.data_codec import (
+    API_LIST_OFFSETS, API_OFFSET_FOR_LEADER_EPOCH, FETCH_VERSIONS, LIST_OFFSETS_VERSIONS,
+    OFFSET_FOR_LEADER_EPOCH_VERSIONS, PRODUCE_VERSIONS,
+)
+from broker.fetch import FetchHandler
 from broker.kafka_codec import (
-    API_API_VERSIONS, API_METADATA, SUPPORTED, DecodeError, RequestHeader, Reader, build,
-    encode_body, frame_response, read_header, read_metadata_request, response_class,
+    API_API_VERSIONS, API_FETCH, API_METADATA, API_PRODUCE, SUPPORTED, DecodeError, Deferred,
+    RequestHeader, Reader, build, encode_body, frame_response, read_header, read_metadata_request,
+    response_class,
 )
 from broker.metadata_cache import MetadataCache
+from broker.produce import ProduceHandler
+from broker.replica_manager import ReplicaManager
 
 log = logging.getLogger(__name__)
 MAX_REQUEST_BYTES = 104_857_600  # Kafka's socket.request.max.bytes
+MAX_IN_FLIGHT = 100  # requests read ahead of their responses, per connection
 
 
 class _CloseConnection(Exception):
     """Internal: stop serving this connection."""
 
 
-Handler = Callable[[RequestHeader, Reader], Awaitable[bytes | None]]
+Handler = Callable[[RequestHeader, Reader], Awaitable[bytes | Deferred | None]]
 
 
 class AdminHandler(Protocol):
@@ -68,7 +83,18 @@ class KafkaListener:
                 if key in self._handlers:
                     raise ValueError(f"admin handler claims API {key}, which the listener serves")
                 self._ranges[key] = span
-                self._handlers[key] = admin.handle
+                self._handlers[key] = _deferring(admin.handle)
+
+    def serve_data(self, replicas: ReplicaManager) -> None:
+        """Also serve Produce, Fetch, ListOffsets and OffsetForLeaderEpoch from ``replicas``."""
+        produce, fetch = ProduceHandler(replicas), FetchHandler(replicas)
+        for key, span, handler in (
+                (API_PRODUCE, PRODUCE_VERSIONS, produce.produce),
+                (API_FETCH, FETCH_VERSIONS, fetch.fetch),
+                (API_LIST_OFFSETS, LIST_OFFSETS_VERSIONS, fetch.list_offsets),
+                (API_OFFSET_FOR_LEADER_EPOCH, OFFSET_FOR_LEADER_EPOCH_VERSIONS, fetch.offset_for_leader_epoch)):
+            self._ranges[key] = span
+            self._handlers[key] = handler
 
     async def serve(self, *, task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED) -> None:
         """Listen until cancelled; ``task_status.started`` gets the bound port."""
@@ -81,19 +107,39 @@ class KafkaListener:
     async def _connection(self, stream: trio.SocketStream) -> None:
         peer = _peer(stream)
         buf = bytearray()
+        send, receive = trio.open_memory_channel[bytes | Deferred | None](MAX_IN_FLIGHT)
+        async with stream, trio.open_nursery() as nursery:
+            nursery.start_soon(self._write_responses, stream, receive, peer, nursery.cancel_scope)
+            async with send:
+                try:
+                    while True:
+                        frame = await self._read_frame(stream, buf, peer)
+                        if frame is None:
+                            return  # earlier requests are still answered, then the connection closes
+                        await send.send(await self._handle(frame, peer))
+                except _CloseConnection:
+                    pass
+                except (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError):
+                    log.debug("Kafka connection from %s lost", peer)
+                    nursery.cancel_scope.cancel()
+
+    @staticmethod
+    async def _write_responses(stream: trio.SocketStream, receive: trio.MemoryReceiveChannel,
+                               peer: str, scope: trio.CancelScope) -> None:
+        """Send responses in request order; on a failure, stop the whole connection."""
         try:
-            async with stream:
-                while True:
-                    frame = await self._read_frame(stream, buf, peer)
-                    if frame is None:
-                        return
-                    response = await self._handle(frame, peer)
-                    if response is not None:
-                        await stream.send_all(response)
-        except _CloseConnection:
-            pass
+            async with receive:
+                async for item in receive:
+                    if isinstance(item, Deferred):
+                        item = await item.wait()
+                    if item is not None:
+                        await stream.send_all(item)
+        except DecodeError as e:
+            log.warning("Kafka connection from %s: undecodable request (%s); closing", peer, e)
+            scope.cancel()
         except (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError):
             log.debug("Kafka connection from %s lost", peer)
+            scope.cancel()
 
     async def _read_frame(self, stream: trio.SocketStream, buf: bytearray, peer: str) -> bytes | None:
         while len(buf) < 4:
@@ -118,7 +164,7 @@ class KafkaListener:
         del buf[: 4 + size]
         return frame
 
-    async def _handle(self, frame: bytes, peer: str) -> bytes | None:
+    async def _handle(self, frame: bytes, peer: str) -> bytes | Deferred | None:
         try:
             header, reader = read_header(frame)
         except DecodeError as e:
@@ -162,6 +208,13 @@ class KafkaListener:
         body = self.cache.encoded_metadata(header.api_version, req)
         return frame_response(response_class(API_METADATA, header.api_version),
                               header.correlation_id, body)
+
+
+def _deferring(handle: Callable[[RequestHeader, Reader], Awaitable[bytes]]) -> Handler:
+    """Run ``handle`` in the response writer, so it sees requests one at a time, in order."""
+    async def handler(header: RequestHeader, reader: Reader) -> Deferred:
+        return Deferred(lambda: handle(header, reader))
+    return handler
 
 
 def _peer(stream: trio.SocketStream) -> str:

@@ -21,6 +21,7 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import crc32c
 
@@ -45,6 +46,8 @@ class BatchInfo:
     last_offset: int
     position: int
     size: int
+    max_timestamp: int = -1
+    leader_epoch: int = -1
 
 
 def parse_batches(data: bytes | memoryview, check_crc: bool = True) -> tuple[list[BatchInfo], int]:
@@ -68,7 +71,9 @@ def parse_batches(data: bytes | memoryview, check_crc: bool = True) -> tuple[lis
         (last_delta,) = struct.unpack_from(">i", view, pos + 23)
         if last_delta < 0:
             break
-        out.append(BatchInfo(base, base + last_delta, pos, size))
+        (epoch,) = struct.unpack_from(">i", view, pos + 12)
+        (max_ts,) = struct.unpack_from(">q", view, pos + 35)
+        out.append(BatchInfo(base, base + last_delta, pos, size, max_ts, epoch))
         pos += size
     return out, pos
 
@@ -89,6 +94,7 @@ class _Segment:
         self.path = path
         self.base_offset = base_offset
         self.batches: list[BatchInfo] = []
+        self.lasts: list[int] = []  # last offset of each batch, for bisect
         self.size = 0
         self.file = open(path, "a+b")
 
@@ -108,6 +114,7 @@ class _Segment:
                 del self.batches[i:]
                 break
         self.size = valid
+        self.lasts = [b.last_offset for b in self.batches]
         if valid != len(data):
             log.warning("partition log %s: invalid or torn batch at byte %d (file is %d bytes); "
                         "truncating to %d", self.path, valid, len(data), valid)
@@ -122,31 +129,34 @@ class _Segment:
         self.file.write(data)
         self.file.flush()
         for b in infos:
-            self.batches.append(BatchInfo(b.base_offset, b.last_offset, self.size + b.position, b.size))
+            self.batches.append(BatchInfo(b.base_offset, b.last_offset, self.size + b.position, b.size,
+                                          b.max_timestamp, b.leader_epoch))
+            self.lasts.append(b.last_offset)
         self.size += len(data)
 
     def find(self, offset: int) -> int:
         """Index of the first batch whose last offset is >= ``offset``."""
-        lasts = [b.last_offset for b in self.batches]
-        return bisect.bisect_left(lasts, offset)
+        return bisect.bisect_left(self.lasts, offset)
 
-    def read_from(self, index: int, max_bytes: int) -> bytes:
+    def read_from(self, index: int, max_bytes: int, max_offset: int) -> bytes:
+        """Whole batches from ``index`` on, below ``max_offset`` (exclusive), up to ``max_bytes``
+        (but at least one batch)."""
         if index >= len(self.batches):
             return b""
         start = self.batches[index].position
         end = start
         for b in self.batches[index:]:
-            if end > start and end + b.size - start > max_bytes:
+            if b.last_offset >= max_offset or (end > start and end + b.size - start > max_bytes):
                 break
             end = b.position + b.size
-        self.file.flush()
-        with open(self.path, "rb") as f:
-            f.seek(start)
-            return f.read(end - start)
+        if end == start:
+            return b""
+        return os.pread(self.file.fileno(), end - start, start)
 
     def truncate_at(self, index: int) -> None:
         pos = self.batches[index].position if index < len(self.batches) else self.size
         del self.batches[index:]
+        del self.lasts[index:]
         self.file.truncate(pos)
         self.file.flush()
         self.size = pos
@@ -165,6 +175,7 @@ class PartitionLog:
         self._segments: list[_Segment] = []
         self.epochs: list[tuple[int, int]] = []  # (leader epoch, start offset), ascending
         self.high_watermark = 0
+        self._checkpointed_hw = -1
 
     # ---- opening ------------------------------------------------------------------------
     @classmethod
@@ -215,6 +226,7 @@ class PartitionLog:
             except (ValueError, IndexError):
                 log.warning("partition log %s: unreadable %s; using 0", self.dir, HW_FILE)
         self.high_watermark = max(0, min(hw, end))
+        self._checkpointed_hw = hw if p.exists() else -1
 
     # ---- properties ---------------------------------------------------------------------
     @property
@@ -253,13 +265,40 @@ class PartitionLog:
             next_offset = last + 1
         if leader_epoch is not None and leader_epoch > self.latest_epoch:
             self.assign_epoch(leader_epoch, first)
+        self._write(bytes(buf), rebased)
+        return first, next_offset - 1
+
+    def append_as_follower(self, data: bytes) -> int:
+        """Append batches fetched from the leader, keeping their offsets and leader epochs
+        (batches wholly below the log end are skipped). Returns the new log end offset. Raises
+        :class:`InvalidBatchError` on a bad batch or an offset gap; nothing is appended then."""
+        infos, used = parse_batches(data)
+        if used != len(data):
+            raise InvalidBatchError(f"invalid or partial batch at byte {used} of {len(data)}")
+        end = self.log_end_offset
+        keep = [b for b in infos if b.last_offset >= end]
+        if not keep:
+            return end
+        if keep[0].base_offset != end:
+            raise InvalidBatchError(f"fetched batch starts at {keep[0].base_offset}, log ends at {end}")
+        for prev, b in zip(keep, keep[1:]):
+            if b.base_offset != prev.last_offset + 1:
+                raise InvalidBatchError(f"offset gap between {prev.last_offset} and {b.base_offset}")
+        for b in keep:
+            if b.leader_epoch > self.latest_epoch:
+                self.assign_epoch(b.leader_epoch, b.base_offset)
+        start = keep[0].position
+        self._write(bytes(data[start:]), [BatchInfo(b.base_offset, b.last_offset, b.position - start,
+                                                    b.size, b.max_timestamp, b.leader_epoch) for b in keep])
+        return self.log_end_offset
+
+    def _write(self, data: bytes, infos: list[BatchInfo]) -> None:
         seg = self._segments[-1]
-        if seg.size > 0 and seg.size + len(buf) > self.segment_bytes:
-            seg = self._roll(first)
-        seg.append(bytes(buf), rebased)
+        if seg.size > 0 and seg.size + len(data) > self.segment_bytes:
+            seg = self._roll(infos[0].base_offset)
+        seg.append(data, infos)
         if self.fsync:
             os.fsync(seg.file.fileno())
-        return first, next_offset - 1
 
     def _roll(self, base_offset: int) -> _Segment:
         seg = self._segments[-1]
@@ -284,10 +323,24 @@ class PartitionLog:
 
     def set_high_watermark(self, hw: int) -> None:
         """Set and checkpoint the high watermark (clamped to the log end)."""
-        hw = max(0, min(hw, self.log_end_offset))
-        if hw != self.high_watermark or not (self.dir / HW_FILE).exists():
-            self.high_watermark = hw
-            _write_atomic(self.dir / HW_FILE, f"0\n1\n{hw}\n")
+        self.high_watermark = max(0, min(hw, self.log_end_offset))
+        self.checkpoint_high_watermark()
+
+    def advance_high_watermark(self, hw: int) -> None:
+        """Set the high watermark in memory only (the hot path); :meth:`checkpoint_high_watermark`
+        writes it later, as Kafka checkpoints periodically. A restart may resume lower, never higher."""
+        self.high_watermark = max(0, min(hw, self.log_end_offset))
+
+    def checkpoint_high_watermark(self) -> None:
+        """Write the high watermark file if it differs from what is on disk."""
+        if self.high_watermark != self._checkpointed_hw:
+            _write_atomic(self.dir / HW_FILE, f"0\n1\n{self.high_watermark}\n")
+            self._checkpointed_hw = self.high_watermark
+
+    def epoch_for_offset(self, offset: int) -> int:
+        """The leader epoch the record at ``offset`` was written in (-1 if unknown)."""
+        i = bisect.bisect_right([o for _, o in self.epochs], offset) - 1
+        return self.epochs[i][0] if i >= 0 else -1
 
     def truncate_to(self, offset: int) -> None:
         """Remove every batch containing an offset >= ``offset`` (whole batches, as Kafka)."""
@@ -311,19 +364,50 @@ class PartitionLog:
         log.info("partition log %s: truncated to offset %d (log end %d)", self.dir, offset, end)
 
     # ---- reads --------------------------------------------------------------------------
-    def read(self, from_offset: int, max_bytes: int = 1 << 20) -> bytes:
+    def read(self, from_offset: int, max_bytes: int = 1 << 20, max_offset: int | None = None) -> bytes:
         """Raw batches starting with the one that contains ``from_offset`` (at least one batch
-        even if larger than ``max_bytes``). Empty at the log end; ValueError if out of range."""
+        even if larger than ``max_bytes``), only batches wholly below ``max_offset`` (e.g. the
+        high watermark; default the log end). Empty at the end; ValueError if out of range."""
         if from_offset < self.log_start_offset or from_offset > self.log_end_offset:
             raise ValueError(f"offset {from_offset} out of range "
                              f"[{self.log_start_offset}, {self.log_end_offset}]")
-        starts = [s.base_offset for s in self._segments]
-        i = max(0, bisect.bisect_right(starts, from_offset) - 1)
+        limit = self.log_end_offset if max_offset is None else max_offset
+        i = max(0, bisect.bisect_right([s.base_offset for s in self._segments], from_offset) - 1)
         for seg in self._segments[i:]:
             idx = seg.find(from_offset)
             if idx < len(seg.batches):
-                return seg.read_from(idx, max_bytes)
+                return seg.read_from(idx, max_bytes, limit)
         return b""
+
+    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
+        """Kafka's leader-epoch lookup: (largest known epoch <= ``epoch``, the start offset of the
+        next epoch or the log end). (-1, -1) when ``epoch`` is newer than every known one."""
+        if not self.epochs or epoch < 0 or epoch > self.latest_epoch:
+            return -1, -1
+        if epoch == self.latest_epoch:
+            return epoch, self.log_end_offset
+        higher = next(i for i, (e, _) in enumerate(self.epochs) if e > epoch)
+        if higher == 0:
+            return epoch, self.epochs[0][1]
+        return self.epochs[higher - 1][0], self.epochs[higher][1]
+
+    def batch_times(self, max_offset: int) -> Iterator[tuple[int, int]]:
+        """(max timestamp, base offset) of each batch wholly below ``max_offset``."""
+        for seg in self._segments:
+            for b in seg.batches:
+                if b.last_offset >= max_offset:
+                    return
+                yield b.max_timestamp, b.base_offset
+
+    def offset_for_timestamp(self, timestamp: int, max_offset: int) -> tuple[int, int] | None:
+        """(max timestamp, base offset) of the first batch below ``max_offset`` whose max
+        timestamp is >= ``timestamp``; None if there is none. Batch granularity: the offset is
+        the batch's first, which may precede the first record at or after ``timestamp``."""
+        return next(((t, o) for t, o in self.batch_times(max_offset) if t >= timestamp), None)
+
+    def max_timestamp_offset(self, max_offset: int) -> tuple[int, int] | None:
+        """(timestamp, base offset) of the batch with the largest timestamp below ``max_offset``."""
+        return max(self.batch_times(max_offset), key=lambda t: t[0], default=None)
 
     def flush(self) -> None:
         for seg in self._segments:
@@ -331,5 +415,7 @@ class PartitionLog:
             os.fsync(seg.file.fileno())
 
     def close(self) -> None:
+        """Checkpoint the high watermark and close the segment files."""
+        self.checkpoint_high_watermark()
         for seg in self._segments:
             seg.close()

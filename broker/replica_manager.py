@@ -7,8 +7,13 @@ and, in this order:
    first, because a deleted topic's name may be reused in the same delta;
 2. **leaders**: open/create ``<log.dir>/<topic>-<partition>/``, start the new leader epoch in
    the leader-epoch cache at the log end, adopt ISR and epochs, keep the high watermark;
-3. **followers**: open/create the log, truncate it to the high watermark, and remember the
-   leader to fetch from (fetching is a later issue).
+3. **followers**: open/create the log and remember the leader to fetch from; the follower's
+   fetcher (:mod:`broker.replica_fetcher`) truncates it by OffsetForLeaderEpoch before fetching
+   (never to the local high watermark, which may lag the leader's: KIP-101).
+
+A new leader epoch resets the leader's view of its followers. Anything waiting on a partition
+(produce purgatory, long-polling fetches) is woken on every transition so it can re-check.
+High watermarks move in memory and are checkpointed every few seconds and on close.
 
 A registration whose leader epoch is older than the one this broker already acts on is ignored
 with a state-change log line. Each partition directory holds ``partition.metadata`` with its
@@ -18,42 +23,18 @@ from __future__ import annotations
 
 import logging
 import shutil
-from dataclasses import dataclass, field
+import time
 from pathlib import Path
 from typing import Any
 
+import trio
+
+from broker.partition import Partition
 from broker.partition_log import PartitionLog
+from kraft.records import RESOURCE_TOPIC
 
 log = logging.getLogger("broker.state_change")
 PARTITION_METADATA = "partition.metadata"
-
-
-@dataclass
-class Partition:
-    """One local replica: its log and what the latest metadata says about it."""
-
-    topic: str
-    topic_id: str
-    partition: int
-    log: PartitionLog
-    role: str = "none"  # "leader" | "follower"
-    leader: int = -1
-    leader_epoch: int = -1
-    partition_epoch: int = -1
-    isr: tuple[int, ...] = ()
-    replicas: tuple[int, ...] = field(default_factory=tuple)
-
-    @property
-    def high_watermark(self) -> int:
-        return self.log.high_watermark
-
-    def describe(self) -> dict[str, Any]:
-        return {"topic": self.topic, "topic_id": self.topic_id, "partition": self.partition,
-                "role": self.role, "leader": self.leader, "leader_epoch": self.leader_epoch,
-                "partition_epoch": self.partition_epoch, "isr": list(self.isr),
-                "replicas": list(self.replicas), "high_watermark": self.log.high_watermark,
-                "log_start_offset": self.log.log_start_offset,
-                "log_end_offset": self.log.log_end_offset, "dir": str(self.log.dir)}
 
 
 def partition_dir_name(topic: str, partition: int) -> str:
@@ -82,12 +63,18 @@ class ReplicaManager:
     """Owns the partition logs under ``log_dirs`` for broker ``broker_id``."""
 
     def __init__(self, broker_id: int, log_dirs: list[Path], segment_bytes: int = 1 << 30,
-                 fsync: bool = False) -> None:
+                 fsync: bool = False, *, replica_lag_time_max_ms: int = 30000,
+                 min_insync_replicas: int = 1) -> None:
         self.broker_id = broker_id
         self.log_dirs = [Path(d) for d in log_dirs]
         self.segment_bytes = segment_bytes
         self.fsync = fsync
+        self.replica_lag_time_max_ms = replica_lag_time_max_ms
+        self.default_min_insync_replicas = min_insync_replicas
+        self.image: Any = None  # the last image applied
         self.partitions: dict[tuple[str, int], Partition] = {}  # (topic id, partition)
+        self.by_name: dict[tuple[str, int], Partition] = {}  # (topic name, partition)
+        self.isr_updater: Any = None  # broker.isr_updater.IsrUpdater, set by the node
         for d in self.log_dirs:
             d.mkdir(parents=True, exist_ok=True)
 
@@ -101,6 +88,7 @@ class ReplicaManager:
 
     def apply_delta(self, delta: Any, image: Any) -> None:
         """Apply what ``delta`` means for this broker: deletes, then leaders, then followers."""
+        self.image = image
         changes = delta.local_changes(self.broker_id)
         for topic, topic_id, pid in changes.deletes:
             self._delete(topic, topic_id, pid, reason="no longer a replica" if topic_id in
@@ -148,7 +136,10 @@ class ReplicaManager:
         if part is None:
             part = Partition(topic, topic_id, pid, self._open_log(topic, topic_id, pid))
             self.partitions[(topic_id, pid)] = part
+            self.by_name[(topic, pid)] = part
         new_epoch = reg.leader_epoch != part.leader_epoch or part.role != role
+        if not new_epoch and reg.partition_epoch < part.partition_epoch:
+            return  # already adopted a newer ISR from an AlterPartition answer
         part.role, part.leader = role, reg.leader
         part.leader_epoch, part.partition_epoch = reg.leader_epoch, reg.partition_epoch
         part.isr, part.replicas = tuple(reg.isr), tuple(reg.replicas)
@@ -156,11 +147,15 @@ class ReplicaManager:
         if role == "leader":
             if new_epoch:
                 plog.assign_epoch(reg.leader_epoch, plog.log_end_offset)
-            hw = plog.log_end_offset if part.isr == (self.broker_id,) else plog.high_watermark
-            plog.set_high_watermark(hw)
-        elif new_epoch:
-            plog.truncate_to(plog.high_watermark)
-            plog.set_high_watermark(plog.high_watermark)
+                part.reset_followers(self.broker_id, time.monotonic() * 1000)
+                part.isr_change_pending = False
+            else:
+                part.followers = {b: f for b, f in part.followers.items() if b in part.replicas}
+            part.maybe_advance_high_watermark()
+            plog.checkpoint_high_watermark()
+        else:
+            part.followers = {}
+        part.wake()
         log.info("broker %d: %s-%d (topic id %s) -> %s, leader %d, leader epoch %d, partition epoch "
                  "%d, isr %s, high watermark %d, log end %d (metadata offset %d)", self.broker_id,
                  topic, pid, topic_id, role, reg.leader, reg.leader_epoch, reg.partition_epoch,
@@ -169,6 +164,9 @@ class ReplicaManager:
     def _delete(self, topic: str, topic_id: str, pid: int, reason: str) -> None:
         part = self.partitions.pop((topic_id, pid), None)
         if part is not None:
+            self.by_name.pop((part.topic, pid), None)
+            part.role = "none"
+            part.wake()
             part.log.close()
             directory = part.log.dir
         else:
@@ -204,6 +202,32 @@ class ReplicaManager:
     # ---- queries ---------------------------------------------------------------------------
     def get(self, topic_id: str, pid: int) -> Partition | None:
         return self.partitions.get((topic_id, pid))
+
+    def get_by_name(self, topic: str, pid: int) -> Partition | None:
+        return self.by_name.get((topic, pid))
+
+    def topic_exists(self, topic: str) -> bool:
+        return self.image is not None and topic in self.image.topics_by_name
+
+    def min_insync_replicas(self, topic: str) -> int:
+        """The topic's ``min.insync.replicas`` (else the broker default)."""
+        value = self.image.config(RESOURCE_TOPIC, topic).get("min.insync.replicas") if self.image else None
+        return int(value) if value is not None else self.default_min_insync_replicas
+
+    def propose_isr(self, part: Partition, isr: tuple[int, ...], reason: str) -> None:
+        """Ask the controller (through the ISR updater, if any) to change a led partition's ISR."""
+        if self.isr_updater is not None:
+            self.isr_updater.propose(part, isr, reason)
+
+    def checkpoint_high_watermarks(self) -> None:
+        for part in list(self.partitions.values()):
+            part.log.checkpoint_high_watermark()
+
+    async def run_checkpoints(self, interval: float = 5.0) -> None:
+        """Checkpoint high watermarks every ``interval`` seconds until cancelled."""
+        while True:
+            await trio.sleep(interval)
+            self.checkpoint_high_watermarks()
 
     def describe(self) -> list[dict[str, Any]]:
         return [self.partitions[k].describe() for k in sorted(

@@ -1,0 +1,115 @@
+"""One local replica: its log, what the metadata says about it, and its replication state.
+
+As **leader** it appends client batches, tracks each follower's fetch position
+(:mod:`broker.isr_tracker`) and advances the high watermark to the smallest log end offset of
+the ISR. As **follower** it appends what its fetcher brings and takes the leader's high
+watermark (capped at its own log end). Anything waiting for progress — a produce in purgatory,
+a long-polling fetch — registers a :class:`trio.Event` in :attr:`Partition.waiters`; appends and
+high-watermark moves set them all (:meth:`Partition.wake`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from broker.isr_tracker import FollowerState, high_watermark, may_join, out_of_sync
+from broker.partition_log import PartitionLog
+
+
+@dataclass(eq=False)
+class Partition:
+    """One local replica: its log and what the latest metadata says about it."""
+
+    topic: str
+    topic_id: str
+    partition: int
+    log: PartitionLog
+    role: str = "none"  # "leader" | "follower"
+    leader: int = -1
+    leader_epoch: int = -1
+    partition_epoch: int = -1
+    isr: tuple[int, ...] = ()
+    replicas: tuple[int, ...] = field(default_factory=tuple)
+    followers: dict[int, FollowerState] = field(default_factory=dict)  # leader only
+    waiters: set[trio.Event] = field(default_factory=set)
+    isr_change_pending: bool = False
+
+    @property
+    def high_watermark(self) -> int:
+        return self.log.high_watermark
+
+    @property
+    def is_leader(self) -> bool:
+        return self.role == "leader"
+
+    def wake(self) -> None:
+        """Tell everything waiting on this partition that something changed."""
+        for e in self.waiters:
+            e.set()
+        self.waiters.clear()
+
+    # ---- leader ------------------------------------------------------------------------------
+    def reset_followers(self, broker_id: int, now_ms: float) -> None:
+        """A new leader epoch: follower positions are unknown, ISR members count as caught up now
+        (so they are not dropped before they had a chance to fetch)."""
+        self.followers = {b: FollowerState(last_caught_up_ms=now_ms) for b in self.replicas if b != broker_id}
+
+    def append_as_leader(self, data: bytes) -> tuple[int, int]:
+        """Append client batches in the current leader epoch; (first, last) offset."""
+        first, last = self.log.append(data, leader_epoch=self.leader_epoch)
+        self.maybe_advance_high_watermark()
+        self.wake()
+        return first, last
+
+    def maybe_advance_high_watermark(self) -> bool:
+        hw = high_watermark(self.leader, self.log.log_end_offset, self.isr, self.followers,
+                            self.log.high_watermark)
+        if hw > self.log.high_watermark:
+            self.log.advance_high_watermark(hw)
+            self.wake()
+            return True
+        return False
+
+    def on_follower_fetch(self, replica_id: int, fetch_offset: int, now_ms: float) -> bool:
+        """Record a follower's fetch position; True if that follower may now join the ISR."""
+        f = self.followers.get(replica_id)
+        if f is None:
+            if replica_id not in self.replicas:
+                return False
+            f = self.followers[replica_id] = FollowerState()
+        f.on_fetch(fetch_offset, self.log.log_end_offset, now_ms)
+        self.maybe_advance_high_watermark()
+        if replica_id in self.isr:
+            return False
+        epoch_start = self.log.epochs[-1][1] if self.log.epochs else 0
+        return may_join(f, self.log.high_watermark, epoch_start)
+
+    def out_of_sync_replicas(self, now_ms: float, lag_ms: int) -> list[int]:
+        return out_of_sync(self.leader, self.log.log_end_offset, self.isr, self.followers, now_ms, lag_ms)
+
+    def adopt_isr(self, isr: tuple[int, ...], partition_epoch: int) -> None:
+        """The controller accepted an ISR change (same leader epoch)."""
+        if partition_epoch > self.partition_epoch:
+            self.isr, self.partition_epoch = isr, partition_epoch
+            self.maybe_advance_high_watermark()
+            self.wake()
+
+    # ---- follower ----------------------------------------------------------------------------
+    def append_as_follower(self, data: bytes, leader_high_watermark: int) -> None:
+        """Append fetched batches and adopt the leader's high watermark (up to our log end)."""
+        if data:
+            self.log.append_as_follower(data)
+        hw = min(leader_high_watermark, self.log.log_end_offset)
+        if hw > self.log.high_watermark:
+            self.log.advance_high_watermark(hw)
+        self.wake()
+
+    def describe(self) -> dict[str, Any]:
+        return {"topic": self.topic, "topic_id": self.topic_id, "partition": self.partition,
+                "role": self.role, "leader": self.leader, "leader_epoch": self.leader_epoch,
+                "partition_epoch": self.partition_epoch, "isr": list(self.isr),
+                "replicas": list(self.replicas), "high_watermark": self.log.high_watermark,
+                "log_start_offset": self.log.log_start_offset,
+                "log_end_offset": self.log.log_end_offset, "dir": str(self.log.dir)}

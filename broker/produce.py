@@ -1,0 +1,130 @@
+"""Produce (v3–9): validate and append client record batches on the partition leader.
+
+Per partition, in order: unknown topic/partition → ``UNKNOWN_TOPIC_OR_PARTITION``; not the
+leader here → ``NOT_LEADER_OR_FOLLOWER``; ``acks`` not 0/1/-1 → ``INVALID_REQUIRED_ACKS``;
+``acks=-1`` with fewer in-sync replicas than ``min.insync.replicas`` → ``NOT_ENOUGH_REPLICAS``;
+bytes that are not whole magic-2 batches with good CRC32C → ``CORRUPT_MESSAGE`` (nothing of
+that partition is appended). Batches are stored as sent (compressed ones too); only the base
+offset and partition leader epoch, both outside the CRC, are rewritten.
+
+``acks=0`` gets no response, ``acks=1`` is answered once appended, ``acks=-1`` waits in the
+*produce purgatory* until the high watermark passes every appended batch, the partition
+changes leader (``NOT_LEADER_OR_FOLLOWER``), or ``timeout_ms`` passes (``REQUEST_TIMED_OUT``).
+If the ISR fell below ``min.insync.replicas`` meanwhile: ``NOT_ENOUGH_REPLICAS_AFTER_APPEND``.
+"""
+from __future__ import annotations
+
+import logging
+
+import trio
+from kio.schema.errors import ErrorCode
+
+from broker.data_codec import (
+    FLEXIBLE_FROM, PartitionProduceResult, frame_raw_response, read_produce, write_produce_response,
+)
+from broker.kafka_codec import API_PRODUCE, Deferred, RequestHeader, Reader
+from broker.partition import Partition
+from broker.partition_log import InvalidBatchError
+from broker.replica_manager import ReplicaManager
+
+log = logging.getLogger(__name__)
+
+
+class ProduceHandler:
+    """Appends produce requests through a :class:`ReplicaManager`."""
+
+    def __init__(self, replicas: ReplicaManager) -> None:
+        self.replicas = replicas
+
+    async def produce(self, header: RequestHeader, reader: Reader) -> bytes | Deferred | None:
+        req = read_produce(header.api_version, reader)
+        results: list[tuple[str, list[PartitionProduceResult]]] = []
+        waiting: list[tuple[PartitionProduceResult, Partition, int, int]] = []  # result, part, epoch, end
+        for name, parts in req.topics:
+            out = []
+            for pid, records in parts:
+                res, part, end = self._append(name, pid, records, req.acks)
+                out.append(res)
+                if part is not None and req.acks == -1:
+                    waiting.append((res, part, part.leader_epoch, end))
+            results.append((name, out))
+        if req.acks == 0:
+            return None
+        if not waiting:
+            return self._respond(header, results)
+        deadline = trio.current_time() + max(0, req.timeout_ms) / 1000
+
+        async def complete() -> bytes:
+            await self._await_replication(waiting, deadline)
+            return self._respond(header, results)
+        return Deferred(complete)
+
+    def _append(self, topic: str, pid: int, records: bytes | None,
+                acks: int) -> tuple[PartitionProduceResult, Partition | None, int]:
+        """Validate and append one partition's batches: (result, the partition if appended,
+        the high watermark that acknowledges them)."""
+        part = self.replicas.get_by_name(topic, pid)
+        if part is None:
+            code = ErrorCode.not_leader_or_follower if self._known(topic, pid) else ErrorCode.unknown_topic_or_partition
+            return PartitionProduceResult(pid, code.value), None, -1
+        if not part.is_leader:
+            return PartitionProduceResult(pid, ErrorCode.not_leader_or_follower.value), None, -1
+        if acks not in (0, 1, -1):
+            return PartitionProduceResult(pid, ErrorCode.invalid_required_acks.value), None, -1
+        min_isr = self.replicas.min_insync_replicas(topic)
+        if acks == -1 and len(part.isr) < min_isr:
+            return PartitionProduceResult(
+                pid, ErrorCode.not_enough_replicas.value,
+                error_message=f"ISR {list(part.isr)} is smaller than min.insync.replicas={min_isr}"), None, -1
+        if not records:
+            return PartitionProduceResult(pid, ErrorCode.corrupt_message.value, error_message="no records"), None, -1
+        try:
+            first, last = part.append_as_leader(records)
+        except InvalidBatchError as e:
+            log.warning("produce to %s-%d rejected: %s", topic, pid, e)
+            return PartitionProduceResult(pid, ErrorCode.corrupt_message.value, error_message=str(e)), None, -1
+        return PartitionProduceResult(pid, 0, first, part.log.log_start_offset), part, last + 1
+
+    def _known(self, topic: str, pid: int) -> bool:
+        image = self.replicas.image
+        tid = image.topics_by_name.get(topic) if image is not None else None
+        return tid is not None and pid in image.topics_by_id[tid].partitions
+
+    async def _await_replication(self, waiting: list[tuple[PartitionProduceResult, Partition, int, int]],
+                                 deadline: float) -> None:
+        pending = list(waiting)
+        while True:
+            still = []
+            for item in pending:
+                res, part, epoch, needed = item
+                if part.role != "leader" or part.leader_epoch != epoch:
+                    res.error_code = ErrorCode.not_leader_or_follower.value
+                elif part.high_watermark >= needed:
+                    if len(part.isr) < self.replicas.min_insync_replicas(part.topic):
+                        res.error_code = ErrorCode.not_enough_replicas_after_append.value
+                else:
+                    still.append(item)
+            pending = still
+            if not pending:
+                break
+            event = trio.Event()
+            for _, part, _, _ in pending:
+                part.waiters.add(event)
+            with trio.move_on_at(deadline):
+                await event.wait()
+            for _, part, _, _ in pending:
+                part.waiters.discard(event)
+            if trio.current_time() >= deadline:
+                for res, *_ in pending:
+                    res.error_code = ErrorCode.request_timed_out.value
+                break
+
+    @staticmethod
+    def _respond(header: RequestHeader, results: list[tuple[str, list[PartitionProduceResult]]]) -> bytes:
+        for _, parts in results:
+            for p in parts:
+                if p.error_code != 0:
+                    p.base_offset = p.log_start_offset = -1
+        body = write_produce_response(header.api_version, results)
+        return frame_raw_response(header.correlation_id, body,
+                                  header.api_version >= FLEXIBLE_FROM[API_PRODUCE])

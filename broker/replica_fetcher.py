@@ -1,0 +1,274 @@
+"""Follower replication: one fetcher task per source (leader) broker, speaking the Kafka API.
+
+:class:`ReplicaFetcherManager` is a metadata publisher: after each publish it hands every local
+follower partition to the fetcher of its leader (starting fetchers as needed, stopping idle
+ones). A partition that is new to its fetcher, or whose leader epoch changed, is first
+**truncated**: the fetcher sends OffsetForLeaderEpoch for the follower's latest epoch and cuts
+the log at min(leader's end offset for that epoch, our own end offset for the epoch the leader
+answered) — Kafka's KIP-101/279 rule, so a follower never keeps records the leader does not have
+and never drops committed ones. Then it **fetches** (Fetch v11, ``replica_id`` = our broker id,
+from our log end), appends what comes back with the leader's offsets and epochs, and takes the
+leader's high watermark. Epoch errors back off until the metadata brings the new epoch;
+connection errors reconnect with a short backoff.
+"""
+from __future__ import annotations
+
+import logging
+import struct
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+from kio.schema.errors import ErrorCode
+
+from broker.data_codec import (
+    API_OFFSET_FOR_LEADER_EPOCH, FOLLOWER_EPOCH_VERSION, FOLLOWER_FETCH_VERSION, EpochRequest,
+    FetchPartition, FetchRequest, frame_request, read_fetch_response,
+    read_offset_for_leader_epoch_response, write_fetch_request, write_offset_for_leader_epoch_request,
+)
+from broker.kafka_codec import API_FETCH, DecodeError, Reader
+from broker.partition import Partition
+from broker.partition_log import InvalidBatchError
+
+log = logging.getLogger("broker.fetcher")
+_ERRORS = (OSError, trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError, DecodeError,
+           trio.TooSlowError)
+
+
+class KafkaConnection:
+    """A request/response client connection to a broker's Kafka listener (non-flexible APIs)."""
+
+    def __init__(self, stream: trio.SocketStream, client_id: str) -> None:
+        self.stream = stream
+        self.client_id = client_id
+        self._buf = bytearray()
+        self._correlation = 0
+
+    @classmethod
+    async def open(cls, host: str, port: int, client_id: str, timeout: float) -> "KafkaConnection":
+        with trio.fail_after(timeout):
+            return cls(await trio.open_tcp_stream(host, port), client_id)
+
+    async def request(self, api_key: int, version: int, body: bytes, timeout: float) -> Reader:
+        """Send one request; a reader positioned at the response body."""
+        self._correlation += 1
+        with trio.fail_after(timeout):
+            await self.stream.send_all(frame_request(api_key, version, self._correlation, self.client_id, body))
+            await self._fill(4)
+            (size,) = struct.unpack_from(">i", self._buf)
+            await self._fill(4 + size)
+        frame = bytes(self._buf[4: 4 + size])
+        del self._buf[: 4 + size]
+        r = Reader(frame)
+        if r.int32() != self._correlation:
+            raise DecodeError("response correlation id does not match")
+        return r
+
+    async def _fill(self, n: int) -> None:
+        while len(self._buf) < n:
+            chunk = await self.stream.receive_some(max(65536, n - len(self._buf)))
+            if not chunk:
+                raise ConnectionError("connection closed by the leader")
+            self._buf += chunk
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
+
+
+@dataclass(slots=True)
+class _FetchState:
+    leader_epoch: int
+    truncate: bool = True
+    retry_at: float = 0.0
+
+
+class SourceFetcher:
+    """Replicates the partitions this broker follows from one leader broker."""
+
+    def __init__(self, manager: "ReplicaFetcherManager", leader_id: int) -> None:
+        self.manager = manager
+        self.leader_id = leader_id
+        self.states: dict[Partition, _FetchState] = {}
+        self.scope = trio.CancelScope()
+        self._changed = trio.Event()
+
+    def assign(self, parts: list[Partition]) -> None:
+        """Replace the partition set; new partitions and new leader epochs get truncated first."""
+        states = {}
+        for p in parts:
+            st = self.states.get(p)
+            if st is None or st.leader_epoch != p.leader_epoch:
+                st = _FetchState(p.leader_epoch)
+            states[p] = st
+        self.states = states
+        self._changed.set()
+
+    def _current(self, p: Partition, st: _FetchState) -> bool:
+        return (self.states.get(p) is st and p.role == "follower" and p.leader == self.leader_id
+                and p.leader_epoch == st.leader_epoch)
+
+    async def run(self) -> None:
+        m = self.manager
+        conn: KafkaConnection | None = None
+        with self.scope:
+            try:
+                while True:
+                    try:
+                        if conn is None:
+                            addr = m.address(self.leader_id)
+                            if addr is None:
+                                await self._idle(0.5)
+                                continue
+                            conn = await KafkaConnection.open(*addr, f"replica-fetcher-{m.broker_id}", m.timeout)
+                        if not await self._truncate(conn) and not await self._fetch(conn):
+                            await self._idle(0.2)
+                    except _ERRORS as e:
+                        log.info("fetcher for leader %d: %s; reconnecting", self.leader_id, e or type(e).__name__)
+                        if conn is not None:
+                            await conn.aclose()
+                            conn = None
+                        await trio.sleep(0.2)
+            finally:
+                if conn is not None:
+                    with trio.CancelScope(shield=True):
+                        await conn.aclose()
+
+    async def _idle(self, seconds: float) -> None:
+        with trio.move_on_after(seconds):
+            await self._changed.wait()
+        self._changed = trio.Event()
+
+    async def _truncate(self, conn: KafkaConnection) -> bool:
+        """Truncate every partition that needs it; True if any request was sent."""
+        now = time.monotonic()
+        todo = [(p, st) for p, st in self.states.items() if st.truncate and st.retry_at <= now]
+        asks: dict[str, list[tuple[int, int, int]]] = {}
+        for p, st in todo:
+            if p.log.latest_epoch < 0:  # nothing written in any epoch: keep only committed data
+                p.log.truncate_to(p.log.high_watermark)
+                st.truncate = False
+            else:
+                asks.setdefault(p.topic, []).append((p.partition, st.leader_epoch, p.log.latest_epoch))
+        if not asks:
+            return False
+        body = write_offset_for_leader_epoch_request(EpochRequest(self.manager.broker_id, list(asks.items())))
+        r = await conn.request(API_OFFSET_FOR_LEADER_EPOCH, FOLLOWER_EPOCH_VERSION, body, self.manager.timeout)
+        by_key = {(p.topic, p.partition): (p, st) for p, st in todo}
+        for name, parts in read_offset_for_leader_epoch_response(r):
+            for pid, err, epoch, end in parts:
+                p, st = by_key.get((name, pid), (None, None))
+                if p is None or not self._current(p, st):
+                    continue
+                if err:
+                    st.retry_at = time.monotonic() + 0.2
+                    log.info("%s-%d: OffsetForLeaderEpoch from leader %d: error %d; retrying", name, pid,
+                             self.leader_id, err)
+                    continue
+                self._truncate_one(p, epoch, end)
+                st.truncate = False
+        return True
+
+    def _truncate_one(self, p: Partition, epoch: int, end: int) -> None:
+        plog = p.log
+        if epoch < 0 or end < 0:
+            target = plog.high_watermark
+        elif epoch == plog.latest_epoch:
+            target = min(end, plog.log_end_offset)
+        else:
+            _, own_end = plog.end_offset_for_epoch(epoch)
+            target = min(end, own_end if own_end >= 0 else plog.high_watermark)
+        if target < plog.log_end_offset:
+            log.info("%s-%d: truncating from %d to %d (leader %d has epoch %d up to %d)", p.topic,
+                     p.partition, plog.log_end_offset, target, self.leader_id, epoch, end)
+            plog.truncate_to(target)
+
+    async def _fetch(self, conn: KafkaConnection) -> bool:
+        """One Fetch for every ready partition; True if a request was sent."""
+        m = self.manager
+        now = time.monotonic()
+        ready = [(p, st) for p, st in self.states.items() if not st.truncate and st.retry_at <= now]
+        if not ready:
+            return False
+        topics: dict[str, list[FetchPartition]] = {}
+        for p, st in ready:
+            topics.setdefault(p.topic, []).append(FetchPartition(
+                p.partition, st.leader_epoch, p.log.log_end_offset, p.log.log_start_offset, m.partition_max_bytes))
+        req = FetchRequest(m.broker_id, m.max_wait_ms, 1, m.max_bytes, 0, list(topics.items()))
+        r = await conn.request(API_FETCH, FOLLOWER_FETCH_VERSION, write_fetch_request(req),
+                               m.timeout + m.max_wait_ms / 1000)
+        error, results = read_fetch_response(FOLLOWER_FETCH_VERSION, r)
+        by_key = {(p.topic, p.partition): (p, st) for p, st in ready}
+        for name, parts in results:
+            for res in parts:
+                p, st = by_key.get((name, res.partition), (None, None))
+                if p is None or not self._current(p, st):
+                    continue
+                self._apply(p, st, res.error_code or error, res)
+        return True
+
+    def _apply(self, p: Partition, st: _FetchState, err: int, res: Any) -> None:
+        if err == 0:
+            try:
+                p.append_as_follower(res.records or b"", res.high_watermark)
+            except InvalidBatchError as e:
+                log.warning("%s-%d: bad data from leader %d (%s); re-truncating", p.topic, p.partition,
+                            self.leader_id, e)
+                st.truncate = True
+            return
+        if err == ErrorCode.offset_out_of_range.value:
+            st.truncate = True
+        st.retry_at = time.monotonic() + 0.2
+        log.info("%s-%d: fetch from leader %d: error %d", p.topic, p.partition, self.leader_id, err)
+
+
+class ReplicaFetcherManager:
+    """Publisher that keeps one :class:`SourceFetcher` per leader this broker follows."""
+
+    def __init__(self, replicas: Any, listener_name: str, *, max_wait_ms: int = 500,
+                 max_bytes: int = 16 << 20, partition_max_bytes: int = 4 << 20, timeout: float = 10.0) -> None:
+        self.replicas = replicas
+        self.broker_id = replicas.broker_id
+        self.listener_name = listener_name
+        self.max_wait_ms = max_wait_ms
+        self.max_bytes = max_bytes
+        self.partition_max_bytes = partition_max_bytes
+        self.timeout = timeout
+        self.fetchers: dict[int, SourceFetcher] = {}
+        self._image: Any = None
+        self._nursery: trio.Nursery | None = None
+
+    def publish(self, delta: Any, image: Any, full: bool = False) -> None:
+        """Publisher hook: re-plan fetchers after the replica manager applied ``delta``."""
+        self._image = image
+        self._reconcile()
+
+    async def run(self) -> None:
+        """Run the fetchers until cancelled."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            self._reconcile()
+            await trio.sleep_forever()
+
+    def address(self, broker_id: int) -> tuple[str, int] | None:
+        reg = self._image.brokers.get(broker_id) if self._image is not None else None
+        if reg is None or not reg.endpoints:
+            return None
+        ep = next((e for e in reg.endpoints if e.get("name") == self.listener_name), reg.endpoints[0])
+        return ep["host"], int(ep["port"])
+
+    def _reconcile(self) -> None:
+        if self._nursery is None:
+            return
+        wanted: dict[int, list[Partition]] = {}
+        for p in self.replicas.partitions.values():
+            if p.role == "follower" and p.leader >= 0 and p.leader != self.broker_id:
+                wanted.setdefault(p.leader, []).append(p)
+        for leader, parts in wanted.items():
+            f = self.fetchers.get(leader)
+            if f is None:
+                f = self.fetchers[leader] = SourceFetcher(self, leader)
+                self._nursery.start_soon(f.run)
+            f.assign(parts)
+        for leader in [b for b in self.fetchers if b not in wanted]:
+            self.fetchers.pop(leader).scope.cancel()
