@@ -14,10 +14,12 @@ from typing import Any
 
 import trio
 
+from broker.isr_updater import IsrUpdater
 from broker.kafka_listener import KafkaListener
 from broker.lifecycle import BrokerLifecycle, BrokerState, FatalBrokerError
 from broker.metadata_cache import MetadataCache
 from broker.metadata_loader import MetadataLoader
+from broker.replica_fetcher import ReplicaFetcherManager
 from broker.replica_manager import ReplicaManager
 from broker.state import serve_state, snapshot_state
 from kraft.config import BrokerConfig, ConfigError, load_properties, write_properties
@@ -55,12 +57,16 @@ class BrokerNode:
         self.kafka_port = port
         self.metadata_dir = config.log_dirs[0] / "metadata"
         self.cache = MetadataCache(config.cluster_id, name)
-        self.replica_manager = ReplicaManager(config.node_id, config.log_dirs)
+        self.replica_manager = ReplicaManager(
+            config.node_id, config.log_dirs, replica_lag_time_max_ms=config["replica.lag.time.max.ms"],
+            min_insync_replicas=config["min.insync.replicas"])
+        self.fetchers = ReplicaFetcherManager(self.replica_manager, name,
+                                              max_wait_ms=config["replica.fetch.wait.max.ms"])
         client_id = f"broker-{config.node_id}"
         creds = config.rpc_client_credentials
         self.fetch_client = ControllerClient(config.bootstrap, client_id=client_id, credentials=creds)
         self.control_client = ControllerClient(config.bootstrap, client_id=client_id, credentials=creds)
-        self.loader = MetadataLoader(self.fetch_client, [self.cache, self.replica_manager, self],
+        self.loader = MetadataLoader(self.fetch_client, [self.cache, self.replica_manager, self.fetchers, self],
                                      self.metadata_dir)
         self.listeners = [{"name": adv_name, "host": self.advertised_host,
                            "port": adv_port if adv_port else port, "security_protocol": "PLAINTEXT"}]
@@ -70,6 +76,9 @@ class BrokerNode:
             heartbeat_interval=config["broker.heartbeat.interval.ms"] / 1000,
             session_timeout=config["broker.session.timeout.ms"] / 1000,
             registration_timeout=config["initial.broker.registration.timeout.ms"] / 1000)
+        self.isr_updater = IsrUpdater(self.control_client, self.replica_manager,
+                                      lambda: self.lifecycle.broker_epoch, config["replica.lag.time.max.ms"])
+        self.replica_manager.isr_updater = self.isr_updater
         self._checksum: tuple[Any, str] = (None, "")
         self.admin_port = config["broker.admin.port"] or port + 1000
         self.metrics: Any = None  # broker.metrics.BrokerMetrics when metrics.port is set
@@ -106,7 +115,11 @@ class BrokerNode:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as nursery:
                 listener = KafkaListener(self.cache, host, port)
+                listener.serve_data(self.replica_manager)
                 self.kafka_port = await nursery.start(listener.serve)
+                nursery.start_soon(self.fetchers.run)
+                nursery.start_soon(self.isr_updater.run)
+                nursery.start_soon(self.replica_manager.run_checkpoints)
                 await nursery.start(serve_state, host, self.admin_port, self.state)
                 nursery.start_soon(self.loader.run)
                 lifecycle_done = trio.Event()
