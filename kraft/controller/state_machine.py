@@ -13,7 +13,8 @@ remembered, so the window is rebuilt by replaying the log's recent batches (``re
 ``note_replayed_batch``); a controller starting from a snapshot feeds it the batches that precede
 the snapshot (``ControllerNode._seed_dedup_window``). A follower that installed the leader's
 snapshot has no such history: until new batches refill its window, a retry of a request older
-than the snapshot could be applied twice there (known gap: the window is not in the snapshot).
+than the snapshot would be written by that follower but answered as a duplicate by the others, and
+its log would diverge. Known gap, to close by carrying the window in the snapshot header.
 """
 from __future__ import annotations
 
