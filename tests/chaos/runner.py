@@ -1,0 +1,407 @@
+"""The fault injector: run a workload against a :class:`ChaosCluster`, inject faults one round at a
+time, measure recovery, then collect the facts and run every history check.
+
+Fault kinds (a round injects one, holds it, heals it, and waits until the cluster is healthy):
+
+* ``kill-controller`` / ``kill-broker``: ``kill -9``, down 0.5-2 s, restart.
+* ``pause-controller`` / ``pause-broker``: SIGSTOP for longer than the election, fetch and broker
+  session timeouts, then SIGCONT.
+* ``partition-cut`` / ``partition-stall``: isolate the active controller (every Raft link and its
+  RPC proxy; connections reset, or silently stalled). A client on its side writes directly to it
+  (must not be acknowledged) while the majority must elect a new leader; then heal.
+
+Recovery time is from the heal (restart, SIGCONT, partition healed) until: every controller
+answers and agrees on one active leader and has caught up to it, every broker is registered and
+unfenced, and the workload had an operation acknowledged.
+"""
+from __future__ import annotations
+
+import random
+import signal
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import trio
+
+from broker.state import describe as describe_broker
+from kraft.log.metadata_log import MetadataLog
+from kraft.rpc.client import call_sync
+from tests.chaos.cluster import ChaosCluster
+from tests.chaos.history import (OK, Anomaly, History, check_images, check_leader_epochs,
+                                 check_logs_identical, check_operations, check_raft_terms, scan_log)
+from tests.chaos.workload import Workload, call_one_node, perform
+from tests.harness import log_stream_digest
+
+FAULT_KINDS = ("kill-controller", "kill-broker", "pause-controller", "pause-broker",
+               "partition-cut", "partition-stall")
+RECOVERY_TIMEOUT_S = 60.0
+
+
+@dataclass
+class FaultResult:
+    kind: str
+    target: int
+    held_s: float
+    recovery_s: float | None
+    note: str = ""
+
+
+@dataclass
+class ChaosReport:
+    faults: list[FaultResult] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+    anomalies: list[Anomaly] = field(default_factory=list)
+    minority_outcomes: list[str] = field(default_factory=list)
+    election_s: list[float] = field(default_factory=list)
+    terms_seen: int = 0
+    final_offset: int = -1
+
+    def summary(self) -> dict[str, Any]:
+        by_kind: dict[str, int] = {}
+        for f in self.faults:
+            by_kind[f.kind] = by_kind.get(f.kind, 0) + 1
+        rec = [f.recovery_s for f in self.faults if f.recovery_s is not None]
+        return {
+            "rounds": len(self.faults),
+            "faults": by_kind,
+            "operations": self.counts,
+            "anomalies": len(self.anomalies),
+            "anomaly_details": [f"{a.kind}: {a.detail}" for a in self.anomalies[:20]],
+            "recovery_s": {"p50": percentile(rec, 50), "p99": percentile(rec, 99),
+                           "max": max(rec) if rec else None},
+            "recovery_s_by_kind": {k: percentile([f.recovery_s for f in self.faults
+                                                  if f.kind == k and f.recovery_s is not None], 50)
+                                   for k in by_kind},
+            "minority_writes": {o: self.minority_outcomes.count(o) for o in sorted(set(self.minority_outcomes))},
+            "majority_election_s_p50": percentile(self.election_s, 50),
+            "raft_terms_seen": self.terms_seen,
+            "final_metadata_offset": self.final_offset,
+        }
+
+
+def percentile(values: list[float], p: float) -> float | None:
+    """Nearest-rank percentile, rounded to ms (None for no values)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), round(p / 100 * len(ordered) + 0.5)))
+    return round(ordered[rank - 1], 3)
+
+
+def describe_node(cluster: ChaosCluster, node_id: int, checksum: bool = False,
+                  timeout: float = 1.0) -> dict:
+    """A controller's DescribeNode, asked on its real port (not through its proxy)."""
+    return call_sync([cluster.real_rpc(node_id)], "DescribeNode", {"checksum": checksum}, timeout)
+
+
+class Sampler:
+    """Background observations: which controller says it leads in which Raft term, and the
+    brokers' per-partition (leader epoch, leader)."""
+
+    def __init__(self, cluster: ChaosCluster, interval: float = 0.2) -> None:
+        self.cluster = cluster
+        self.interval = interval
+        self.self_reports: set[tuple[int, int]] = set()       # (term, node id)
+        self.terms: set[int] = set()
+        self.partitions: set[tuple[str, int, int, int]] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="chaos-sampler", daemon=True)
+
+    def start(self) -> "Sampler":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def sample_once(self) -> None:
+        for cid in self.cluster.controller_ids:
+            if cid in self.cluster.paused:
+                continue
+            try:
+                raft = describe_node(self.cluster, cid, timeout=0.5)["raft"]
+            except Exception:  # down, paused or busy: nothing observed
+                continue
+            self.terms.add(raft.get("term", 0))
+            if raft.get("state") == "leader":
+                self.self_reports.add((raft["term"], cid))
+        for bid in self.cluster.broker_ids:
+            if bid in self.cluster.paused:
+                continue
+            b = self.cluster.node(bid)
+            try:
+                state = describe_broker(b.host, b.admin_port, timeout=0.5)
+            except (OSError, ValueError):
+                continue
+            for p in state.get("partitions", []):
+                if p.get("topic_id") and p.get("leader_epoch", -1) >= 0:
+                    self.partitions.add((p["topic_id"], p["partition"], p["leader_epoch"], p["leader"]))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.sample_once()
+
+
+class ChaosRun:
+    """One cluster, one workload, a sequence of fault rounds, then the verdict."""
+
+    def __init__(self, directory: Path, seed: int = 0, brokers: int = 3, workers: int = 3,
+                 log: Callable[[str], None] = lambda s: None) -> None:
+        self.cluster = ChaosCluster(directory, brokers=brokers, seed=seed)
+        self.rng = random.Random(seed)
+        self.history = History()
+        self.workload: Workload | None = None
+        self.workers = workers
+        self.brokers = brokers
+        self.seed = seed
+        self.sampler: Sampler | None = None
+        self.report = ChaosReport()
+        self.log = log
+        self._minority_n = 0
+
+    # ---- driving --------------------------------------------------------------------------------
+
+    def __enter__(self) -> "ChaosRun":
+        self.cluster.up()
+        self.workload = Workload(self.cluster.bootstrap(), self.history, seed=self.seed,
+                                 workers=self.workers, max_rf=max(1, self.brokers)).start()
+        self.sampler = Sampler(self.cluster).start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            if self.sampler is not None:
+                self.sampler.stop()
+            if self.workload is not None:
+                self.workload.stop()
+        finally:
+            self.cluster.down()
+
+    def run_round(self, kind: str) -> FaultResult:
+        """Inject one fault of ``kind``, heal it, wait for recovery."""
+        handler = getattr(self, "_" + kind.replace("-", "_"))
+        target, held, note = handler()
+        healed_at = time.monotonic()
+        recovery = self._wait_healthy(healed_at)
+        if recovery is None:
+            self.report.anomalies.append(Anomaly("no-recovery", f"{kind} on node {target}: cluster "
+                                                 f"not healthy {RECOVERY_TIMEOUT_S}s after healing"))
+        result = FaultResult(kind, target, round(held, 3), recovery, note)
+        self.report.faults.append(result)
+        self.log(f"round {len(self.report.faults)}: {kind} node {target} held {held:.1f}s, "
+                 f"recovered in {recovery if recovery is None else round(recovery, 2)}s {note}")
+        return result
+
+    def random_kind(self) -> str:
+        return self.rng.choice([k for k in FAULT_KINDS if self.brokers or "broker" not in k])
+
+    # ---- faults ---------------------------------------------------------------------------------
+
+    def _leader(self) -> int:
+        for cid in self.cluster.controller_ids:
+            try:
+                if describe_node(self.cluster, cid)["is_active"]:
+                    return cid
+            except Exception:
+                continue
+        return self.rng.choice(self.cluster.controller_ids)
+
+    def _controller_target(self) -> int:
+        return self._leader() if self.rng.random() < 0.6 else self.rng.choice(self.cluster.controller_ids)
+
+    def _kill_controller(self) -> tuple[int, float, str]:
+        return self._kill(self._controller_target())
+
+    def _kill_broker(self) -> tuple[int, float, str]:
+        return self._kill(self.rng.choice(self.cluster.broker_ids))
+
+    def _kill(self, node_id: int) -> tuple[int, float, str]:
+        t0 = time.monotonic()
+        self.cluster.kill(node_id, signal.SIGKILL)
+        time.sleep(self.rng.uniform(0.5, 2.0))  # the fault's duration, not a synchronisation
+        self.cluster.start(node_id)
+        return node_id, time.monotonic() - t0, ""
+
+    def _pause_hold_s(self) -> float:
+        c = self.cluster
+        return max(c.election_timeout_ms, c.fetch_timeout_ms, c.session_timeout_ms) / 1000 + 1.0
+
+    def _pause_controller(self) -> tuple[int, float, str]:
+        return self._pause(self._controller_target())
+
+    def _pause_broker(self) -> tuple[int, float, str]:
+        return self._pause(self.rng.choice(self.cluster.broker_ids))
+
+    def _pause(self, node_id: int) -> tuple[int, float, str]:
+        """SIGSTOP, hold, SIGCONT. A paused broker must be fenced before its pause ends."""
+        t0 = time.monotonic()
+        self.cluster.pause(node_id)
+        end = t0 + self._pause_hold_s()
+        fenced_after: float | None = None
+        while time.monotonic() < end:  # the fault's duration; meanwhile watch for the fence
+            if node_id in self.cluster.broker_ids and fenced_after is None:
+                if node_id not in self._unfenced_brokers(timeout=0.5):
+                    fenced_after = time.monotonic() - t0
+            time.sleep(0.1)
+        self.cluster.resume(node_id)
+        note = ""
+        if node_id in self.cluster.broker_ids:
+            if fenced_after is None:
+                self.report.anomalies.append(Anomaly("not-fenced", f"broker {node_id} paused "
+                                                     f"{end - t0:.1f}s was never fenced"))
+            note = f"fenced after {fenced_after:.2f}s" if fenced_after is not None else "never fenced"
+        return node_id, time.monotonic() - t0, note
+
+    def _unfenced_brokers(self, timeout: float) -> set[int]:
+        try:
+            d = call_sync(self.cluster.bootstrap(), "DescribeCluster", {}, timeout)
+        except Exception:  # no answer: count nobody as fenced yet
+            return set(self.cluster.broker_ids)
+        return {b["broker_id"] for b in d.get("brokers", []) if not b.get("fenced")}
+
+    def _partition_cut(self) -> tuple[int, float, str]:
+        return self._partition(stall=False)
+
+    def _partition_stall(self) -> tuple[int, float, str]:
+        return self._partition(stall=True)
+
+    def _partition(self, stall: bool) -> tuple[int, float, str]:
+        leader = self._leader()
+        t0 = time.monotonic()
+        self.cluster.isolate(leader, stall=stall)
+        self._minority_n += 1
+        probe_op: list = []
+        probe = threading.Thread(target=lambda: probe_op.append(self._minority_write(leader)),
+                                 daemon=True)
+        probe.start()
+        others = [c for c in self.cluster.controller_ids if c != leader]
+        elected = self._wait_new_leader(others, timeout=30.0)
+        if elected is None:
+            self.report.anomalies.append(Anomaly("no-majority-leader",
+                                                 f"controllers {others} elected no leader while "
+                                                 f"{leader} was isolated"))
+        else:
+            self.report.election_s.append(elected - t0)
+        probe.join(20.0)
+        outcome = probe_op[0].outcome if probe_op else "unfinished"
+        self.report.minority_outcomes.append(outcome)
+        if outcome == OK:
+            self.report.anomalies.append(Anomaly("minority-ack", f"isolated controller {leader} "
+                                                 f"acknowledged a write: {probe_op[0]}"))
+        self.cluster.heal()
+        note = f"minority write {outcome}" + ("" if elected is None else
+                                              f", new leader after {elected - t0:.2f}s")
+        return leader, time.monotonic() - t0, note
+
+    def _minority_write(self, leader: int) -> Any:
+        address = self.cluster.real_rpc(leader)
+        topic = f"minority-{self.seed}-{self._minority_n}"
+
+        async def call(api: str, body: dict, timeout: float, request_id: str) -> dict:
+            return await call_one_node(address, api, body, timeout, request_id)
+
+        return trio.run(perform, call, self.history, "create", topic,
+                        {"partitions": 1, "replication_factor": 1}, 12.0)
+
+    def _wait_new_leader(self, candidates: list[int], timeout: float) -> float | None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for cid in candidates:
+                try:
+                    if describe_node(self.cluster, cid, timeout=0.5)["is_active"]:
+                        return time.monotonic()
+                except Exception:
+                    pass
+            time.sleep(0.05)
+        return None
+
+    # ---- health ---------------------------------------------------------------------------------
+
+    def _healthy(self, since: float, target: list[int]) -> bool:
+        views = {cid: describe_node(self.cluster, cid, timeout=1.0) for cid in self.cluster.controller_ids}
+        active = [cid for cid, v in views.items() if v["is_active"]]
+        leaders = {v["raft"].get("leader_id") for v in views.values()}
+        if len(active) != 1 or leaders != {active[0]}:
+            return False
+        if not target:
+            target.append(views[active[0]]["log_end_offset"])
+        if any(v["log_end_offset"] < target[0] for v in views.values()):
+            return False
+        if self.cluster.broker_ids:
+            d = call_sync(self.cluster.bootstrap(), "DescribeCluster", {}, 1.0)
+            registered = {b["broker_id"]: b for b in d.get("brokers", []) if not b.get("fenced")}
+            for bid in self.cluster.broker_ids:
+                node = self.cluster.node(bid)
+                state = describe_broker(node.host, node.admin_port, timeout=1.0)
+                reg = registered.get(bid)
+                if (reg is None or state.get("state") != "RUNNING"
+                        or state.get("incarnation_id") != reg.get("incarnation_id")):
+                    return False
+        return self.workload is not None and self.workload.ok_since(since)
+
+    def _wait_healthy(self, since: float) -> float | None:
+        deadline = since + RECOVERY_TIMEOUT_S
+        target: list[int] = []
+        while time.monotonic() < deadline:
+            try:
+                if self._healthy(since, target):
+                    return time.monotonic() - since
+            except Exception:  # a node still starting: not healthy yet
+                pass
+            time.sleep(0.1)
+        return None
+
+    # ---- verdict --------------------------------------------------------------------------------
+
+    def finish(self, settle_timeout: float = 90.0) -> ChaosReport:
+        """Stop the workload, let every node converge, stop the cluster, run every check."""
+        assert self.workload is not None and self.sampler is not None
+        self.workload.stop()
+        self.workload = None
+        self.cluster.heal()
+        images = self._settled_images(settle_timeout)
+        self.sampler.sample_once()
+        self.sampler.stop()
+        self.cluster.down()
+        digests = {cid: log_stream_digest(self.cluster.log_dir(cid)) for cid in self.cluster.controller_ids}
+        with MetadataLog.open(self.cluster.log_dir(1), fsync="never") as mlog:
+            if mlog.start_offset != 0:
+                raise AssertionError(f"controller 1's log starts at {mlog.start_offset}; the checker "
+                                     "replays from offset 0 (raise the snapshot threshold)")
+            facts = scan_log(mlog.read_batches(0), checksum_at={off for off, _ in images.values()})
+        r = self.report
+        r.counts = self.history.counts()
+        r.final_offset = facts.final.offset
+        r.terms_seen = len(self.sampler.terms | {t for t, _ in facts.leader_changes})
+        r.anomalies += check_operations(self.history.ops, facts)
+        r.anomalies += check_logs_identical(digests)
+        r.anomalies += check_images(images, facts)
+        r.anomalies += check_leader_epochs(facts.leader_epochs, sorted(self.sampler.partitions))
+        r.anomalies += check_raft_terms(facts.leader_changes, sorted(self.sampler.self_reports))
+        return r
+
+    def _settled_images(self, timeout: float) -> dict[int, tuple[int, str]]:
+        """Once every node has applied the same offset: node id -> (offset, image checksum)."""
+        deadline = time.monotonic() + timeout
+        last: Any = None
+        while time.monotonic() < deadline:
+            try:
+                images = {cid: describe_node(self.cluster, cid, checksum=True, timeout=5.0)
+                          for cid in self.cluster.controller_ids}
+                seen = {cid: (v["applied_offset"], v["image_checksum"]) for cid, v in images.items()}
+                for bid in self.cluster.broker_ids:
+                    b = self.cluster.node(bid)
+                    s = describe_broker(b.host, b.admin_port, timeout=5.0)
+                    seen[bid] = (s["last_applied_offset"], s["image_checksum"])
+                last = seen
+                if len({off for off, _ in seen.values()}) == 1:
+                    return seen
+            except Exception as e:  # noqa: BLE001 - keep polling until the deadline
+                last = e
+            time.sleep(0.2)
+        raise AssertionError(f"nodes did not converge within {timeout}s: {last!r}")
