@@ -87,6 +87,7 @@ class KafkaAdmin:
     async def handle(self, header: RequestHeader, reader: Reader) -> bytes:
         """Decode, answer (forwarding to the controller where needed) and frame the response."""
         req = decode_request(header, reader)
+        log.info("Kafka admin API %d v%d from client %r", header.api_key, header.api_version, header.client_id)
         try:
             values = await self._apis[header.api_key](header, req)
             cls = response_class(header.api_key, header.api_version)

@@ -14,6 +14,7 @@ from typing import Any
 
 import trio
 
+from broker.kafka_admin import KafkaAdmin
 from broker.isr_updater import IsrUpdater
 from broker.kafka_listener import KafkaListener
 from broker.lifecycle import BrokerLifecycle, BrokerState, FatalBrokerError
@@ -66,6 +67,8 @@ class BrokerNode:
         creds = config.rpc_client_credentials
         self.fetch_client = ControllerClient(config.bootstrap, client_id=client_id, credentials=creds)
         self.control_client = ControllerClient(config.bootstrap, client_id=client_id, credentials=creds)
+        self.admin = KafkaAdmin(self.cache, ControllerClient(  # Kafka admin APIs, forwarded
+            config.bootstrap, client_id=client_id, credentials=self.control_client.credentials), config.node_id)
         self.loader = MetadataLoader(self.fetch_client, [self.cache, self.replica_manager, self.fetchers, self],
                                      self.metadata_dir)
         self.listeners = [{"name": adv_name, "host": self.advertised_host,
@@ -114,7 +117,7 @@ class BrokerNode:
         _, host, port = self.config.listener
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as nursery:
-                listener = KafkaListener(self.cache, host, port)
+                listener = KafkaListener(self.cache, host, port, admin=self.admin)
                 listener.serve_data(self.replica_manager)
                 self.kafka_port = await nursery.start(listener.serve)
                 nursery.start_soon(self.fetchers.run)
@@ -161,6 +164,7 @@ class BrokerNode:
         self.replica_manager.close()
         await self.fetch_client.aclose()
         await self.control_client.aclose()
+        await self.admin.client.aclose()
         log.info("broker %d: shut down (state %s, metadata offset %d)", self.config.node_id,
                  BrokerState.SHUTTING_DOWN.value, self.loader.offset)
         return 0
