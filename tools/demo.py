@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -94,7 +95,7 @@ def start_cluster() -> None:
         kraft("cluster", "down", "--dir", DIR, timeout=90, quiet=True, check=False)
         shutil.rmtree(DIR)
     kraft("cluster", "up", "--dir", DIR, "--controllers", "3", "--brokers", "3",
-          "--racks", "r1,r2,r3", "--detach", timeout=120)
+          "--racks", "r1,r2,r3", "--metrics", "--detach", timeout=120)
 
 
 def create_topics() -> None:
@@ -119,6 +120,25 @@ def controller_failover() -> None:
     print(f"Active controller: {old} -> {new}")
     kraft("cluster", "start", "--dir", DIR, "--node", str(old), "--wait", timeout=90)
     kraft("quorum", "status", *CLUSTER)
+    kraft("quorum", "replication", *CLUSTER)
+    show_active_controller_metric()
+
+
+def show_active_controller_metric() -> None:
+    """Each controller's Prometheus ActiveControllerCount (exactly one says 1)."""
+    from urllib.request import urlopen
+
+    info = json.loads(Path(DIR, "cluster.json").read_text())
+    for c in info["controllers"]:
+        url = f"http://{c['host']}:{c['metrics_port']}/metrics"
+        try:
+            with urlopen(url, timeout=5) as resp:
+                text = resp.read().decode()
+        except OSError as exc:
+            raise DemoError(f"cannot scrape {url}: {exc}") from None
+        value = next((line.split()[1] for line in text.splitlines()
+                      if line.startswith("kafka_controller_kafkacontroller_activecontrollercount ")), "?")
+        print(f"   controller {c['id']} {url}: ActiveControllerCount {value}")
 
 
 def broker_failover() -> None:
@@ -175,6 +195,7 @@ def main() -> int:
         print(f"\nDEMO FAILED: {exc}", file=sys.stderr)
         code = 1
     finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not skip the cleanup
         banner("6. Stop everything")
         try:
             if Path(DIR, "cluster.json").exists():
