@@ -261,7 +261,8 @@ class PartitionLog:
             if leader_epoch is not None:
                 struct.pack_into(">i", buf, b.position + 12, leader_epoch)
             last = next_offset + (b.last_offset - b.base_offset)
-            rebased.append(BatchInfo(next_offset, last, b.position, b.size))
+            rebased.append(BatchInfo(next_offset, last, b.position, b.size, b.max_timestamp,
+                                     leader_epoch if leader_epoch is not None else b.leader_epoch))
             next_offset = last + 1
         if leader_epoch is not None and leader_epoch > self.latest_epoch:
             self.assign_epoch(leader_epoch, first)
