@@ -122,7 +122,10 @@ def test_broken_hash_chain_reported(written, tmp_path, capsys):
 
 def test_snapshot_dump_and_corrupt_snapshot(written, tmp_path, capsys):
     image = written.images["fenced"]
-    path = image_to_snapshot(tmp_path, image)
+    log = copy_log(written.directory, tmp_path / "log")
+    path = image_to_snapshot(log, image)
+    code, items = dump(capsys, str(log))  # a directory's dump names its snapshots
+    assert code == 0 and items[-1]["snapshots"] == [path.name]
     code, items = dump(capsys, str(path))
     assert code == 0
     header = items[0]

@@ -120,5 +120,11 @@ def test_cli_c_at_offset_and_usage_errors(written, capsys):
     assert main(["shell", str(written.directory / "missing"), "-c", "ls"]) == 2
 
 
+def test_commands_piped_on_stdin(written, capsys, monkeypatch):
+    monkeypatch.setattr("sys.stdin", io.StringIO("cd /topics/orders\n\nls\n"))
+    assert main(["shell", str(written.directory)]) == 0
+    assert capsys.readouterr().out.splitlines() == ["topic_id", "0/", "1/", "2/"]
+
+
 def test_split_commands():
     assert split_commands("ls /topics; cat '/a;b' ;;  pwd") == ["ls /topics", "cat '/a;b'", "pwd"]

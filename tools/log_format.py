@@ -49,5 +49,7 @@ def render_item(item: dict[str, Any]) -> str:
             if item["first_offset"] is not None else "no batches")
     verdict = "all CRCs and the hash chain verified" if not item["problems"] else \
         f"{item['problems']} PROBLEM(S)"
+    snaps = (f"\n-- snapshots here (dump one by its path): {', '.join(item['snapshots'])}"
+             if item["snapshots"] else "")
     return (f"-- {item['records']} records in {item['batches']} batches ({span}) from "
-            f"{len(item['files'])} file(s): {verdict}")
+            f"{len(item['files'])} file(s): {verdict}{snaps}")

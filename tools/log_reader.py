@@ -20,7 +20,7 @@ import tempfile
 from bisect import bisect_right
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from kraft.image import MetadataDelta, MetadataImage, ReplayError
 from kraft.log.segment import (OFFSET, ChainState, Problem, ScanEntry, list_segments,
@@ -28,6 +28,9 @@ from kraft.log.segment import (OFFSET, ChainState, Problem, ScanEntry, list_segm
 from kraft.log.snapshot import SUFFIX as SNAPSHOT_SUFFIX
 from kraft.log.snapshot import parse_snapshot_name
 from kraft.records import Batch, RecordDecodeError, batch_hash, decode_batch
+
+if TYPE_CHECKING:
+    from kraft.rpc.client import ControllerClient
 
 FETCH_MAX_BYTES = 4 << 20
 
@@ -60,12 +63,12 @@ def resolve_log_dir(path: str | Path) -> Path:
     if not p.is_dir():
         raise LogReadError(f"{p} is not a directory")
     for candidate in (p, p / "log"):
-        if candidate.is_dir() and (list_segments(candidate) or _snapshots(candidate)):
+        if candidate.is_dir() and (list_segments(candidate) or snapshot_files(candidate)):
             return candidate
     raise LogReadError(f"{p} holds no metadata log segments (*.log) or snapshots (*.checkpoint)")
 
 
-def _snapshots(directory: Path) -> list[Path]:
+def snapshot_files(directory: Path) -> list[Path]:
     """Complete snapshots in ``directory``, oldest first, without touching leftovers."""
     found = []
     for p in directory.iterdir():
@@ -111,7 +114,7 @@ class History:
         self.batches = batches
         self.digests = digests
         self.source = source
-        self._last_offsets = [b.last_offset for b in batches]
+        self._first_offsets = [b.base_offset for b in batches]
 
     # ---- loading ------------------------------------------------------------------------------
 
@@ -207,8 +210,7 @@ class History:
         """How many batches make up the history through ``offset``: every batch whose first
         offset is <= ``offset`` (the batch holding ``offset`` is included whole — batches are
         atomic)."""
-        firsts = [b.base_offset for b in self.batches]
-        return bisect_right(firsts, offset)
+        return bisect_right(self._first_offsets, offset)
 
     def offset_at_time(self, timestamp_ms: int) -> int:
         """The last offset written at or before ``timestamp_ms`` (base.offset if none)."""
@@ -255,7 +257,7 @@ def _image_from_snapshot(path: Path) -> MetadataImage:
 def _snapshot_base(directory: Path, start: int | None) -> MetadataImage:
     """The oldest snapshot the log continues from (the log starts at ``start`` > 0, or has no
     segments at all: then the newest snapshot)."""
-    snaps = _snapshots(directory)
+    snaps = snapshot_files(directory)
     if start is None:
         if not snaps:
             raise LogReadError(f"{directory} holds no segments and no snapshot")
@@ -268,7 +270,7 @@ def _snapshot_base(directory: Path, start: int | None) -> MetadataImage:
                        "offsets before it")
 
 
-async def _pull(client, timeout: float) -> History:
+async def _pull(client: ControllerClient, timeout: float) -> History:
     base = MetadataImage.EMPTY
     batches: list[Batch] = []
     digests: list[bytes] = []
@@ -298,7 +300,7 @@ async def _pull(client, timeout: float) -> History:
     return history
 
 
-async def _fetch_snapshot(client, name: str, timeout: float) -> MetadataImage:
+async def _fetch_snapshot(client: ControllerClient, name: str, timeout: float) -> MetadataImage:
     if "/" in name or not name.endswith(SNAPSHOT_SUFFIX):
         raise LogReadError(f"controller offered a snapshot with a bad name {name!r}")
     position = 0

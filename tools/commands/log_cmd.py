@@ -21,7 +21,8 @@ from tools import output
 from tools.commands.common import ManualFormatter, UsageError, int_at_least
 from tools.log_format import record_item, render_item
 from tools.log_history import diff, iso_time, parse_point, render
-from tools.log_reader import History, LogReadError, is_snapshot_file, resolve_log_dir, scan_path
+from tools.log_reader import (History, LogReadError, is_snapshot_file, resolve_log_dir, scan_path,
+                              snapshot_files)
 
 
 # ------------------------------------------------------------------------------ dump
@@ -33,8 +34,7 @@ def dump_items(path: str | Path, from_offset: int = 0) -> Iterator[dict[str, Any
     if is_snapshot_file(p):
         yield from _dump_snapshot(p, from_offset)
         return
-    if not p.is_file():
-        resolve_log_dir(p)  # a clear error for a directory that is not a log
+    snapshots = [] if p.is_file() else [s.name for s in snapshot_files(resolve_log_dir(p))]
     files: set[str] = set()
     batches = records = problems = 0
     first = last = None
@@ -58,7 +58,8 @@ def dump_items(path: str | Path, from_offset: int = 0) -> Iterator[dict[str, Any
             if batch.base_offset + i >= from_offset:
                 yield record_item(batch, i, record, item.path, entry.position, damaged)
     yield {"kind": "summary", "files": sorted(files), "batches": batches, "records": records,
-           "first_offset": first, "last_offset": last, "problems": problems}
+           "first_offset": first, "last_offset": last, "problems": problems,
+           "snapshots": snapshots}
 
 
 def _dump_snapshot(path: Path, from_index: int) -> Iterator[dict[str, Any]]:
@@ -78,10 +79,11 @@ def _dump_snapshot(path: Path, from_index: int) -> Iterator[dict[str, Any]]:
         yield {"kind": "problem", "problem": "snapshot", "file": str(path), "position": e.position,
                "offset": None, "detail": e.reason, "message": str(e)}
         yield {"kind": "summary", "files": [path.name], "batches": 0, "records": count,
-               "first_offset": None, "last_offset": None, "problems": 1}
+               "first_offset": None, "last_offset": None, "problems": 1, "snapshots": []}
         return
     yield {"kind": "summary", "files": [path.name], "batches": 0, "records": count,
-           "first_offset": None, "last_offset": header.end_offset - 1, "problems": 0}
+           "first_offset": None, "last_offset": header.end_offset - 1, "problems": 0,
+           "snapshots": []}
 
 
 def cmd_dump(args: argparse.Namespace) -> int:
