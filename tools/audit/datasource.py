@@ -1,0 +1,129 @@
+"""The ``kraft-metadata`` PySpark data source: ``spark.read.format("kraft-metadata").load(DIR)``.
+
+One input partition per segment file (and per snapshot file when asked), each read by
+:mod:`tools.audit.columns` into Arrow record batches. Options:
+
+* ``fromOffset`` / ``toOffset``: inclusive bounds; segments wholly outside are not read.
+  Filters on ``offset`` (``=``, ``<``, ``<=``, ``>``, ``>=``) tighten the same bounds.
+* ``snapshots``: ``exclude`` (default: log only), ``include`` or ``only``.
+* ``segments``: comma-separated segment file names to read (default: all).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from pyspark.sql.datasource import (DataSource, DataSourceReader, EqualTo, GreaterThan,
+                                    GreaterThanOrEqual, InputPartition, LessThan,
+                                    LessThanOrEqual)
+
+from tools.audit.columns import SPARK_DDL, decode_segment, decode_snapshot
+
+_SNAPSHOT_MODES = ("exclude", "include", "only")
+
+
+def segment_ranges(log_dir: str | Path) -> list[tuple[Path, int, int | None]]:
+    """``(path, first offset, last offset or None for the newest)`` of every segment, by
+    their names: a segment ends where the next one begins."""
+    from kraft.log.segment import list_segments, parse_segment_name
+
+    paths = list_segments(log_dir)
+    bases = [parse_segment_name(p) or 0 for p in paths]
+    return [(p, b, bases[i + 1] - 1 if i + 1 < len(bases) else None)
+            for i, (p, b) in enumerate(zip(paths, bases))]
+
+
+def _int_option(options: dict, key: str) -> int | None:
+    raw = options.get(key)
+    if raw is None or raw == "":
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"option {key} must be an integer offset, got {raw!r}") from None
+
+
+class KraftMetadataDataSource(DataSource):
+    """Rows of the metadata log (see :data:`tools.audit.columns.COLUMNS`)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "kraft-metadata"
+
+    def schema(self) -> str:
+        return SPARK_DDL
+
+    def reader(self, schema) -> "KraftMetadataReader":
+        return KraftMetadataReader(dict(self.options))
+
+
+class KraftMetadataReader(DataSourceReader):
+    """Plans one partition per file and decodes it."""
+
+    def __init__(self, options: dict) -> None:
+        path = options.get("path")
+        if not path:
+            raise ValueError("kraft-metadata needs a log directory: .load(DIR)")
+        self.dir = Path(path)
+        if not self.dir.is_dir():
+            raise ValueError(f"kraft-metadata: {self.dir} is not a directory")
+        self.lo = _int_option(options, "fromOffset")
+        self.hi = _int_option(options, "toOffset")
+        self.snapshots = options.get("snapshots", "exclude")
+        if self.snapshots not in _SNAPSHOT_MODES:
+            raise ValueError(f"option snapshots must be one of {_SNAPSHOT_MODES}, "
+                             f"got {self.snapshots!r}")
+        names = options.get("segments")
+        self.only = {n.strip() for n in names.split(",") if n.strip()} if names else None
+
+    def pushFilters(self, filters: list) -> Iterator:
+        """Use offset comparisons to skip segments; every filter is still handed back for
+        Spark to apply to the rows."""
+        for f in filters:
+            col = getattr(f, "attribute", None)
+            value = getattr(f, "value", None)
+            if col == ("offset",) and type(value) is int:
+                if isinstance(f, EqualTo):
+                    self._tighten(value, value)
+                elif isinstance(f, GreaterThan):
+                    self._tighten(value + 1, None)
+                elif isinstance(f, GreaterThanOrEqual):
+                    self._tighten(value, None)
+                elif isinstance(f, LessThan):
+                    self._tighten(None, value - 1)
+                elif isinstance(f, LessThanOrEqual):
+                    self._tighten(None, value)
+            yield f
+
+    def _tighten(self, lo: int | None, hi: int | None) -> None:
+        if lo is not None:
+            self.lo = lo if self.lo is None else max(self.lo, lo)
+        if hi is not None:
+            self.hi = hi if self.hi is None else min(self.hi, hi)
+
+    def partitions(self) -> Sequence[InputPartition]:
+        parts: list[InputPartition] = []
+        if self.snapshots != "only":
+            for path, first, last in segment_ranges(self.dir):
+                if self.only is not None and path.name not in self.only:
+                    continue
+                if self.hi is not None and first > self.hi:
+                    continue
+                if self.lo is not None and last is not None and last < self.lo:
+                    continue
+                parts.append(InputPartition(("log", str(path), self.lo, self.hi)))
+        if self.snapshots != "exclude":
+            from kraft.log.snapshot import list_snapshots, parse_snapshot_name
+
+            for path in list_snapshots(self.dir):
+                last = parse_snapshot_name(path)[0] - 1
+                if (self.lo is None or last >= self.lo) and (self.hi is None or last <= self.hi):
+                    parts.append(InputPartition(("snapshot", str(path), None, None)))
+        return parts or [InputPartition(("none", "", None, None))]
+
+    def read(self, partition: InputPartition) -> Iterator:
+        kind, path, lo, hi = partition.value
+        if kind == "log":
+            yield from decode_segment(path, lo, hi)
+        elif kind == "snapshot":
+            yield from decode_snapshot(path)

@@ -1,0 +1,71 @@
+"""An incremental Parquet mirror of the log's sealed segments.
+
+Every segment but the newest is sealed (never appended to again), so it is decoded once and
+kept as Parquet under ``MIRROR/records/source=<segment file>/``; ``MIRROR/manifest.json`` records
+each mirrored segment's size and mtime. A segment that changed (or vanished) is re-decoded (or
+dropped). The newest segment is always read live through the data source.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession
+
+from tools.audit.columns import NAMES, SPARK_DDL
+from tools.audit.datasource import segment_ranges
+
+FORMAT = "kraft-metadata"
+
+
+def _stamp(path: Path) -> list[int]:
+    st = path.stat()
+    return [st.st_size, st.st_mtime_ns]
+
+
+def load_records(spark: SparkSession, log_dir: Path, mirror: Path,
+                 to_offset: int | None = None) -> tuple[DataFrame, dict]:
+    """The record table of ``log_dir`` (up to ``to_offset``): mirrored sealed segments plus the
+    newest segment read live. Returns it with ``{"decoded": [...], "reused": [...]}``."""
+    ranges = segment_ranges(log_dir)
+    if to_offset is not None:
+        ranges = [r for r in ranges if r[1] <= to_offset]
+    sealed = [p for p, _, last in ranges if last is not None]
+    newest = [p for p, _, last in ranges if last is None]
+    mirror.mkdir(parents=True, exist_ok=True)
+    manifest_path = mirror / "manifest.json"
+    manifest: dict[str, list[int]] = (json.loads(manifest_path.read_text())
+                                      if manifest_path.exists() else {})
+    records_dir = mirror / "records"
+    wanted = {p.name: _stamp(p) for p in sealed}
+    for name in list(manifest):
+        if name not in wanted or manifest[name] != wanted[name]:
+            shutil.rmtree(records_dir / f"source={name}", ignore_errors=True)
+            del manifest[name]
+    stale = [name for name in wanted if name not in manifest]
+    if stale:
+        (spark.read.format(FORMAT).option("segments", ",".join(stale)).load(str(log_dir))
+              .write.mode("append").partitionBy("source").parquet(str(records_dir)))
+        for name in stale:
+            manifest[name] = wanted[name]
+        manifest_path.write_text(json.dumps(manifest, indent=1, sort_keys=True))
+    parts: list[DataFrame] = []
+    if wanted:
+        paths = [str(records_dir / f"source={name}") for name in wanted]
+        parts.append(spark.read.schema(SPARK_DDL).option("basePath", str(records_dir))
+                          .parquet(*paths).select(*NAMES))
+    if newest or not parts:
+        reader = spark.read.format(FORMAT)
+        if newest:
+            reader = reader.option("segments", newest[0].name)
+        else:
+            reader = reader.option("segments", "-")
+        parts.append(reader.load(str(log_dir)))
+    df = parts[0]
+    for p in parts[1:]:
+        df = df.unionByName(p)
+    if to_offset is not None:
+        df = df.filter(df["offset"].isNull() | (df["offset"] <= to_offset))
+    return df, {"decoded": stale, "reused": [n for n in wanted if n not in stale],
+                "live": [p.name for p in newest]}

@@ -1,0 +1,68 @@
+"""A quiet SparkSession for the audit, with the ``kraft-metadata`` source registered.
+
+Spark's own output (JVM start-up warnings, log4j) goes to a log file instead of the
+terminal: the JVM inherits our stderr when it starts, so stderr points at the file while the
+session is created. Python workers use this interpreter (``PYSPARK_PYTHON``) so they import
+the same ``kraft`` and ``tools`` packages.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+CONF_DIR = Path(__file__).resolve().parent / "conf"
+REPO = Path(__file__).resolve().parents[2]
+
+
+@contextmanager
+def _stderr_to(path: Path | None) -> Iterator[None]:
+    if path is None:
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.dup2(fd, 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(fd)
+
+
+def build_session(master: str | None = "local[*]", spark_log: Path | None = None,
+                  app_name: str = "kraft-audit"):
+    """Get or create the SparkSession (``master`` None: whatever spark-submit configured) and
+    register the data source. ``spark_log``: where Spark's start-up output goes."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("SPARK_CONF_DIR", str(CONF_DIR))
+    from pyspark.sql import SparkSession
+
+    from tools.audit.datasource import KraftMetadataDataSource
+
+    builder = SparkSession.builder.appName(app_name)
+    if master:
+        builder = builder.master(master)
+    pythonpath = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    builder = (builder
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.session.timeZone", "UTC")
+               .config("spark.sql.python.filterPushdown.enabled", "true")
+               .config("spark.sql.shuffle.partitions", "8")
+               .config("spark.driver.extraJavaOptions",
+                       f"-Dlog4j2.configurationFile={CONF_DIR / 'log4j2.properties'}")
+               .config("spark.executorEnv.PYTHONPATH", pythonpath))
+    with _stderr_to(spark_log):
+        spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    spark.dataSource.register(KraftMetadataDataSource)
+    return spark
