@@ -89,7 +89,7 @@ class MetadataApplier:
 
     def dump(self) -> bytes:
         """PySyncObj compaction: write a snapshot of the current image and return its bytes."""
-        return self.snapshotter.write(self.state_machine.image).read_bytes()
+        return self.snapshotter.write(*self.state_machine.snapshot_state()).read_bytes()
 
     def load(self, data: bytes) -> None:
         """PySyncObj hands us a dump: on a restart our own log already covers it; a lagging
@@ -97,7 +97,7 @@ class MetadataApplier:
         incoming = self.snapshotter.install(data, self.state_machine.image)
         if incoming is None:
             return
-        self.state_machine.reset(incoming)
+        self.state_machine.reset(incoming, self.snapshotter.request_ids)
         # Everything up to the snapshot's last batch is in it; PySyncObj continues after the dump.
         self._last_raft_index, self._last_position = incoming.raft_index, sys.maxsize
         log.info("installed snapshot at offset %d (raft index %d)", incoming.offset, incoming.raft_index)

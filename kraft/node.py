@@ -95,10 +95,13 @@ class ControllerNode:
         self.rpc_port = config.rpc_voters[self.node_id][1]
 
     def _seed_dedup_window(self, snapshot_offset: int) -> None:
-        """A snapshot holds no request ids: refill the dedup window from the batches just
-        before it, when the log still has them, so a client retrying across a restart gets
-        its earlier answer instead of a second write."""
+        """Start with the dedup window of the snapshot we start from, so a client retrying
+        across a restart gets its earlier answer instead of a second write. A snapshot written
+        before snapshots carried the window is backed by the log batches just before it."""
         window = self.settings.dedup_window
+        if self.snapshotter.request_ids:
+            self.state_machine.seed(self.snapshotter.request_ids)
+            return
         if snapshot_offset < 0 or window == 0 or self.log.start_offset > snapshot_offset:
             return
         batches = self.log.recent_batches_before(snapshot_offset, window,
@@ -240,9 +243,9 @@ class ControllerNode:
     async def _snapshot_loop(self) -> None:
         while True:
             await trio.sleep(1.0)
-            image = self.state_machine.image
+            image, request_ids = self.state_machine.snapshot_state()
             if self.snapshotter.due(image, now_ms()):
-                await trio.to_thread.run_sync(self.snapshotter.write, image)
+                await trio.to_thread.run_sync(self.snapshotter.write, image, request_ids)
 
     async def _log_flush_loop(self) -> None:
         """Sync the metadata log's appends every ``metadata.log.flush.interval.ms`` (off the

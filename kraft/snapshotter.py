@@ -13,6 +13,7 @@ import os
 import tempfile
 import threading
 import time
+from typing import Any
 from pathlib import Path
 
 from kraft.image import MetadataImage, image_from_records
@@ -24,20 +25,31 @@ from kraft.errors import ErrorCode, KraftError
 log = logging.getLogger(__name__)
 
 
-def image_to_snapshot(directory: Path, image: MetadataImage) -> Path:
-    """Write ``image`` as a snapshot file in ``directory``; returns its path."""
+RequestIds = tuple[tuple[str, dict[str, Any]], ...]
+
+
+def image_to_snapshot(directory: Path, image: MetadataImage, request_ids: RequestIds = ()) -> Path:
+    """Write ``image`` (and the dedup window at its offset) as a snapshot file in
+    ``directory``; returns its path."""
     header = SnapshotHeader(end_offset=image.offset + 1, term=image.term, raft_index=image.raft_index,
                             timestamp_ms=image.timestamp_ms, last_hash=image.last_hash,
-                            record_count=image.record_count(), image_checksum=image.checksum())
+                            record_count=image.record_count(), image_checksum=image.checksum(),
+                            request_ids=tuple(request_ids))
     return write_snapshot(directory, header, image.to_records())
+
+
+def snapshot_state(path: Path) -> tuple[MetadataImage, RequestIds]:
+    """Read a snapshot file back into an image and its dedup window (verifying checksums)."""
+    header, records = read_snapshot(path)
+    image = image_from_records(records, offset=header.end_offset - 1, term=header.term,
+                               raft_index=header.raft_index, timestamp_ms=header.timestamp_ms,
+                               last_hash=header.last_hash)
+    return image, header.request_ids
 
 
 def image_from_snapshot(path: Path) -> MetadataImage:
     """Read a snapshot file back into an image (verifying its checksums)."""
-    header, records = read_snapshot(path)
-    return image_from_records(records, offset=header.end_offset - 1, term=header.term,
-                              raft_index=header.raft_index, timestamp_ms=header.timestamp_ms,
-                              last_hash=header.last_hash)
+    return snapshot_state(path)[0]
 
 
 class Snapshotter:
@@ -50,6 +62,8 @@ class Snapshotter:
         self.max_bytes_between = max_bytes_between
         self.max_interval_ms = max_interval_ms
         self._lock = threading.Lock()
+        # The dedup window stored in the snapshot that load_image or install last adopted.
+        self.request_ids: RequestIds = ()
         latest = self.latest()
         self._last_end_offset = parse_snapshot_name(latest)[0] if latest else 0
         self._last_log_bytes = metadata_log.size_bytes
@@ -69,15 +83,16 @@ class Snapshotter:
         after it: the log continues from that snapshot."""
         snapshots = list_snapshots(self.directory)
         if snapshots and self.log.next_offset == self.log.start_offset:
-            image = image_from_snapshot(snapshots[-1])
+            image, request_ids = snapshot_state(snapshots[-1])
             if image.offset + 1 > self.log.next_offset:
+                self.request_ids = request_ids
                 self._continue_log_from(image)
                 log.info("log continues from snapshot %s (offset %d)", snapshots[-1].name, image.offset)
                 return image
         for path in reversed(snapshots):
             end = parse_snapshot_name(path)[0]
             if self.log.start_offset <= end <= self.log.next_offset:
-                image = image_from_snapshot(path)
+                image, self.request_ids = snapshot_state(path)
                 log.info("loaded snapshot %s (offset %d)", path.name, image.offset)
                 return image
         if self.log.start_offset > 0:
@@ -92,8 +107,9 @@ class Snapshotter:
             return True
         return self.max_interval_ms > 0 and now_ms - self._last_time_ms >= self.max_interval_ms
 
-    def write(self, image: MetadataImage) -> Path:
-        """Write a snapshot of ``image`` (thread-safe; one at a time)."""
+    def write(self, image: MetadataImage, request_ids: RequestIds = ()) -> Path:
+        """Write a snapshot of ``image`` with the dedup window at its offset (thread-safe;
+        one at a time)."""
         with self._lock:
             existing = self.directory / _name_for(image)
             if existing.exists():
@@ -102,7 +118,7 @@ class Snapshotter:
             # The log through the image's offset reaches the disk before a snapshot that says
             # it does: after a power loss a snapshot must never stand beyond the log's end.
             self.log.sync()
-            path = image_to_snapshot(self.directory, image)
+            path = image_to_snapshot(self.directory, image, request_ids)
             self._last_end_offset = image.offset + 1
             self._last_log_bytes = self.log.size_bytes
             self._last_time_ms = int(time.time() * 1000)
@@ -122,7 +138,7 @@ class Snapshotter:
                     f.write(data)
                     f.flush()
                     os.fsync(f.fileno())
-                image = image_from_snapshot(Path(tmp))  # verifies CRCs, SHA-256 and count
+                image, request_ids = snapshot_state(Path(tmp))  # verifies CRCs, SHA-256, count
                 if image.offset <= current.offset:
                     os.unlink(tmp)
                     return None
@@ -132,6 +148,7 @@ class Snapshotter:
                     os.unlink(tmp)
                 raise
             self._continue_log_from(image)
+            self.request_ids = request_ids
             self._last_end_offset = image.offset + 1
             self._last_log_bytes = self.log.size_bytes
             log.warning("installed the leader's snapshot at offset %d; this node's history now starts there",

@@ -136,3 +136,32 @@ def test_a_controller_restarted_from_a_snapshot_still_knows_recent_request_ids(t
         assert batch is None and response.get("duplicate"), response
     finally:
         node.log.close()
+
+
+def test_the_dedup_window_travels_with_a_snapshot_to_a_follower_that_installs_it(tmp_path):
+    leader_log, leader = _build_log(tmp_path / "leader", topics=6)
+    image, window = leader.snapshot_state()
+    assert [rid for rid, _ in window] == leader.recent_request_ids and window
+    data = image_to_snapshot(tmp_path / "out", image, window).read_bytes()
+    follower_log = MetadataLog.open(tmp_path / "follower", fsync="never")
+    follower = QuorumStateMachine(ControllerSettings(cluster_id="c"))
+    snapshotter = Snapshotter(tmp_path / "follower", follower_log, 1 << 30, 0)
+    installed = snapshotter.install(data, follower.image)
+    assert installed is not None
+    follower.reset(installed, snapshotter.request_ids)
+    assert follower.recent_request_ids == leader.recent_request_ids
+    # the same retry is a duplicate on both: neither writes a batch, the logs stay identical
+    rid = leader.recent_request_ids[-1]
+    retry = Command(api="CreateTopics", body={"topics": [{"name": "t5", "num_partitions": 3,
+                                                         "replication_factor": 3}]},
+                    request_id=rid, timestamp_ms=99, seed=1, leader_id=1)
+    assert leader.apply(retry, 500, 1) == follower.apply(retry, 500, 1)
+    assert leader.apply(retry, 500, 1)[0] is None
+    # and a restart of the follower (history starts at the snapshot) keeps the window too
+    follower_log.close()
+    reopened = MetadataLog.open(tmp_path / "follower", fsync="never")
+    again = Snapshotter(tmp_path / "follower", reopened, 1 << 30, 0)
+    assert again.load_image().offset == image.offset
+    assert [rid for rid, _ in again.request_ids] == leader.recent_request_ids
+    reopened.close()
+    leader_log.close()

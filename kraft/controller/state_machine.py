@@ -10,16 +10,17 @@ User errors are response values; only a record that fails to replay (an internal
 inconsistency) raises. A window of recently written request ids answers a retried command with
 ``{"duplicate": true, ...}`` instead of writing it twice. Only requests that produced a batch are
 remembered, so the window is rebuilt by replaying the log's recent batches (``replay_batch`` or
-``note_replayed_batch``); a controller starting from a snapshot feeds it the batches that precede
-the snapshot (``ControllerNode._seed_dedup_window``). A follower that installed the leader's
-snapshot has no such history: until new batches refill its window, a retry of a request older
-than the snapshot would be written by that follower but answered as a duplicate by the others, and
-its log would diverge. Known gap, to close by carrying the window in the snapshot header.
+``note_replayed_batch``). Whether a retry is a duplicate decides whether a batch is written, so
+every controller must hold the same window at the same offset: snapshots carry it
+(``snapshot_state()`` → the snapshot header; ``reset(image, request_ids)`` on install, ``seed``
+on start-up), and a snapshot written before that existed is backed by the log batches before it
+(``ControllerNode._seed_dedup_window``).
 """
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Callable
+import threading
+from typing import Any, Callable, Iterable
 
 from kraft.controller import cluster_control, config_control, feature_control, replication_control
 from kraft.controller.commands import Command, ControllerResult, error_response
@@ -98,6 +99,7 @@ class QuorumStateMachine:
         self.settings = settings
         self.image = image
         self._recent: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._state_lock = threading.Lock()  # image + window change together (snapshot_state)
         self.last_encoded: bytes | None = None  # encoding of the last batch apply() produced
 
     # ---- writes -------------------------------------------------------------------------------
@@ -141,8 +143,10 @@ class QuorumStateMachine:
         """Replay a batch (from apply, or from the log at start-up) into the image."""
         delta = MetadataDelta(self.image)
         delta.replay_batch(batch, batch_hash(encoded) if encoded is not None else None)
-        self.note_replayed_batch(batch)
-        self.image = delta.apply()
+        image = delta.apply()
+        with self._state_lock:
+            self.note_replayed_batch(batch)
+            self.image = image
 
     def note_replayed_batch(self, batch: Batch) -> None:
         """Remember the batch's request id in the dedup window (bounded, oldest out first).
@@ -155,9 +159,25 @@ class QuorumStateMachine:
         while len(self._recent) > self.settings.dedup_window:
             self._recent.popitem(last=False)
 
-    def reset(self, image: MetadataImage) -> None:
-        """Adopt ``image`` (a snapshot was installed); the dedup window is kept."""
-        self.image = image
+    def reset(self, image: MetadataImage, request_ids: Iterable[tuple[str, dict[str, Any]]]) -> None:
+        """Adopt ``image`` and the dedup window stored with it (a snapshot was installed)."""
+        with self._state_lock:
+            self._recent = OrderedDict()
+            self.seed(request_ids)
+            self.image = image
+
+    def seed(self, request_ids: Iterable[tuple[str, dict[str, Any]]]) -> None:
+        """Add (request id, answer) pairs, oldest first, to the dedup window."""
+        for request_id, answer in request_ids:
+            self._recent.pop(request_id, None)
+            self._recent[request_id] = dict(answer)
+        while len(self._recent) > self.settings.dedup_window:
+            self._recent.popitem(last=False)
+
+    def snapshot_state(self) -> tuple[MetadataImage, tuple[tuple[str, dict[str, Any]], ...]]:
+        """The image and the dedup window at the same offset (for a snapshot), from any thread."""
+        with self._state_lock:
+            return self.image, tuple(self._recent.items())
 
     @property
     def recent_request_ids(self) -> list[str]:

@@ -56,13 +56,18 @@ class SnapshotHeader:
     record_count: int
     image_checksum: str
     format: int = SNAPSHOT_FORMAT
+    # The controller's dedup window at this offset: (request id, answer) pairs, oldest first.
+    # Optional (older snapshots lack it); not part of the image or its checksum.
+    request_ids: tuple[tuple[str, dict[str, Any]], ...] = ()
 
     @property
     def name(self) -> str:
         return snapshot_name(self.end_offset, self.term)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": "header", **asdict(self)}
+        d = {"kind": "header", **asdict(self)}
+        d["request_ids"] = [[rid, answer] for rid, answer in self.request_ids]
+        return d
 
     @classmethod
     def from_dict(cls, d: Any) -> "SnapshotHeader":
@@ -76,8 +81,14 @@ class SnapshotHeader:
             raise ValueError(f"unsupported snapshot format {d['format']}")
         if type(d.get("last_hash")) is not bytes or type(d.get("image_checksum")) is not str:
             raise ValueError("header last_hash must be bytes and image_checksum a string")
+        pairs = d.get("request_ids", [])
+        if not isinstance(pairs, list) or not all(
+                isinstance(p, list) and len(p) == 2 and type(p[0]) is str and isinstance(p[1], dict)
+                for p in pairs):
+            raise ValueError("header request_ids must be a list of [request id, answer] pairs")
         return cls(d["end_offset"], d["term"], d["raft_index"], d["timestamp_ms"], d["last_hash"],
-                   d["record_count"], d["image_checksum"], d["format"])
+                   d["record_count"], d["image_checksum"], d["format"],
+                   tuple((rid, answer) for rid, answer in pairs))
 
 
 # ------------------------------------------------------------------------------ names
