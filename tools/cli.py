@@ -15,6 +15,7 @@ from kraft.errors import KraftError
 from tools import output
 from tools.commands import cluster_cmd, configs, quorum, topics
 from tools.commands import log_cmd, shell_cmd
+from tools.commands import audit_cmd
 from tools.commands.common import ManualFormatter, UsageError
 
 DESCRIPTION = """\
@@ -99,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     configs.register(sub)
     log_cmd.register(sub)
     shell_cmd.register(sub)
+    audit_cmd.register(sub)
     return parser
 
 

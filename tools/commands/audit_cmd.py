@@ -1,0 +1,106 @@
+"""``kraft audit``: replay a metadata log in Spark and check it (see tools/audit)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+from tools.commands.common import ManualFormatter, UsageError
+
+DESCRIPTION = """\
+Audit a metadata log directory with Spark: every record as a row (offset, term, time,
+provenance: principal, client id, request id, API, reason; hashes; the record's fields),
+derived tables (partition history with election type and reason, broker history and fenced
+intervals, topic lifecycle with config old -> new values, under-replicated/offline intervals,
+who changed what), named checks with severities (offsets, CRCs, hash chain, terms, leader in
+ISR, epochs, fenced leaders, unclean elections, broker epochs, deleted topics, snapshots
+against the log), and a self-contained HTML report.
+
+Writes OUT/report.html, OUT/findings.json, OUT/tables/<table>/ (Parquet), OUT/spark.log
+(Spark's own output) and OUT/mirror/ (Parquet copy of sealed segments, so re-auditing a
+grown log only decodes the new segments). Runs on local[*] unless --master says otherwise;
+see README "Auditing the metadata log" for spark-submit.
+
+--from/--to take an offset (123) or a UTC time (2026-11-22T10:00:00Z). History before
+--from is still replayed; tables and findings show rows from --from on. Segments after --to
+are not read."""
+
+EPILOG = """\
+examples:
+  kraft audit --log-dir ./c/controller-1/metadata/log --out ./audit
+  kraft audit --log-dir LOG --out ./audit --from 1000 --to 5000
+  kraft audit --log-dir LOG --out ./audit --to 2026-11-22T10:30:00Z --state-at 4200
+  kraft audit --log-dir LOG --out ./audit --master spark://host:7077
+
+exit status: 0 every error-severity check passed, 1 a check failed (or Spark failed),
+2 bad arguments or no log in --log-dir."""
+
+
+def parse_point(text: str, option: str) -> tuple[str, int]:
+    """``("offset", n)`` or ``("time", epoch ms)`` from an offset or an ISO-8601 UTC time."""
+    t = text.strip()
+    if t.isdigit():
+        return "offset", int(t)
+    try:
+        when = datetime.fromisoformat(t.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise UsageError(f"{option} must be an offset (e.g. 1200) or a time "
+                         f"(e.g. 2026-11-22T10:00:00Z), got {text!r}") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return "time", int(when.timestamp() * 1000)
+
+
+def build_options(args: argparse.Namespace):
+    """The AuditOptions for parsed arguments (UsageError on bad values)."""
+    from tools.audit.run import AuditOptions
+
+    opts = AuditOptions(log_dir=Path(args.log_dir), out=Path(args.out), master=args.master,
+                        mirror=Path(args.mirror) if args.mirror else None)
+    for option, value, offset_attr, ms_attr in (
+            ("--from", args.start, "from_offset", "from_ms"),
+            ("--to", args.end, "to_offset", "to_ms"),
+            ("--state-at", args.state_at, "state_at_offset", "state_at_ms")):
+        if value is not None:
+            kind, n = parse_point(value, option)
+            setattr(opts, offset_attr if kind == "offset" else ms_attr, n)
+    return opts
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    try:
+        from tools.audit.run import AuditError, run_audit
+    except ImportError as e:
+        raise UsageError(f"kraft audit needs the spark extra: pip install -e '.[spark]' ({e})")
+    opts = build_options(args)
+    progress = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else (
+        lambda line: print(line, flush=True))
+    try:
+        result = run_audit(opts, progress=progress)
+    except AuditError as e:
+        raise UsageError(str(e)) from None
+    if args.json:
+        print(json.dumps(result.findings, indent=1, default=str))
+    return result.exit_code
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``kraft audit``."""
+    p = sub.add_parser("audit", help="audit a metadata log with Spark (tables, checks, report)",
+                       formatter_class=ManualFormatter, description=DESCRIPTION, epilog=EPILOG)
+    p.add_argument("--log-dir", required=True, metavar="DIR",
+                   help="a metadata log directory (segments, snapshots), e.g. "
+                        "CLUSTER/controller-1/metadata/log")
+    p.add_argument("--out", required=True, metavar="OUT", help="output directory")
+    p.add_argument("--from", dest="start", metavar="OFFSET|TIME", help="first offset or time shown")
+    p.add_argument("--to", dest="end", metavar="OFFSET|TIME", help="last offset or time read")
+    p.add_argument("--state-at", metavar="OFFSET|TIME",
+                   help="also write OUT/state.json: the image rebuilt at this point")
+    p.add_argument("--master", default="local[*]", metavar="URL",
+                   help="Spark master (default local[*])")
+    p.add_argument("--mirror", metavar="DIR", help="Parquet mirror directory (default OUT/mirror)")
+    p.add_argument("--json", action="store_true",
+                   help="print findings.json on stdout (progress goes to stderr)")
+    p.set_defaults(handler=cmd_audit)
