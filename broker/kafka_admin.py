@@ -8,9 +8,10 @@ Kafka response with per-item error codes and messages. DescribeCluster is answer
 broker's metadata image. Writes carry ``<kafka client id>@broker-<id>`` as their client id, so
 the metadata log's provenance says which Kafka client asked through which broker.
 
-A request the controller cannot be reached for before its timeout gets ``REQUEST_TIMED_OUT`` on
-every item (the write may still be applied later, as in Kafka). An undecodable request raises
-``DecodeError`` (the listener closes that connection).
+A request no active controller answers before its timeout (no quorum, controllers down) gets
+``REQUEST_TIMED_OUT`` on every item, never ``NOT_CONTROLLER`` (the write may still be applied
+later, as in Kafka). An undecodable request raises ``DecodeError`` (the listener closes that
+connection).
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from kio.serial import entity_reader
 from broker import admin_mapping as m
 from broker.kafka_codec import DecodeError, Reader, RequestHeader, build, encode_body, frame_response, response_class
 from broker.metadata_cache import MetadataCache
-from kraft.errors import KraftError
+from kraft.errors import ErrorCode, KraftError
 from kraft.rpc.client import ControllerClient
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,10 @@ RANGES: dict[int, tuple[int, int]] = {
     API_INCREMENTAL_ALTER_CONFIGS: (0, 1),
     API_DESCRIBE_CLUSTER: (0, 2),
 }
+# controller-side unavailability the Kafka client sees as a timeout (it cannot pick another
+# controller: any broker forwards to the same quorum)
+_NO_CONTROLLER = {ErrorCode.NOT_CONTROLLER, ErrorCode.NETWORK_EXCEPTION, ErrorCode.LEADER_NOT_AVAILABLE,
+                  ErrorCode.REQUEST_TIMED_OUT}
 DEFAULT_TIMEOUT_S = 30.0   # for requests whose timeout is 0 or absent
 MAX_TIMEOUT_S = 300.0
 
@@ -107,6 +112,9 @@ class KafkaAdmin:
             return await self.client.call(api, body, timeout=timeout)
         except KraftError as e:
             log.info("%s from client %r: controller call failed: %s", api, header.client_id, e)
+            if e.code in _NO_CONTROLLER:  # the client cannot do better than retry later
+                return KraftError(ErrorCode.REQUEST_TIMED_OUT,
+                                  f"No active controller answered within {timeout:g} s (last error: {e}).")
             return e
 
     async def _create_topics(self, header: RequestHeader, req: Any) -> dict[str, Any]:

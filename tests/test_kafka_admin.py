@@ -2,20 +2,26 @@
 from __future__ import annotations
 
 import io
+import socket
+import struct
 import sys
+import time
 import uuid
 from datetime import timedelta
 
 import pytest
+import trio
 from kio.index import load_request_schema
 from kio.schema.errors import ErrorCode as K
 from kio.serial import entity_reader, entity_writer
 
 from broker import admin_mapping as m
-from broker.kafka_admin import RANGES, decode_request, request_timeout, DEFAULT_TIMEOUT_S
+from broker.kafka_admin import DEFAULT_TIMEOUT_S, RANGES, KafkaAdmin, decode_request, request_timeout
 from broker.kafka_codec import DecodeError, Reader, RequestHeader, build, encode_body, response_class
 from kraft.errors import ErrorCode, KraftError
+from broker.metadata_cache import MetadataCache
 from kraft.image import BrokerRegistration
+from kraft.rpc.client import ControllerClient
 
 
 def request(api_key: int, version: int, values: dict) -> object:
@@ -289,3 +295,38 @@ def test_every_served_version_is_known_to_kio() -> None:
         for v in range(lo, hi + 1):
             load_request_schema(key, v)
             response_class(key, v)
+
+
+# ---- handle(): framing, and no controller to forward to ---------------------------------------
+
+def _unused_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_handle_without_a_reachable_controller_times_out_per_topic() -> None:
+    """A real ControllerClient whose controller refuses connections: every topic gets
+    REQUEST_TIMED_OUT after the request's own timeout, never NOT_CONTROLLER."""
+    cls = load_request_schema(19, 7)
+    buf = io.BytesIO()
+    entity_writer(cls)(buf, build(cls, {"topics": [
+        {"name": n, "num_partitions": 1, "replication_factor": 1, "assignments": [], "configs": []}
+        for n in ("a", "b")], "timeout": timedelta(milliseconds=500), "validate_only": False}))
+
+    async def main() -> bytes:
+        client = ControllerClient([("127.0.0.1", _unused_port())], connect_timeout=0.2)
+        try:
+            admin = KafkaAdmin(MetadataCache("cid"), client, 101)
+            return await admin.handle(RequestHeader(19, 7, 42, "app"), Reader(buf.getvalue()))
+        finally:
+            await client.aclose()
+
+    started = time.monotonic()
+    frame = trio.run(main)
+    assert time.monotonic() - started < 10
+    size, correlation_id = struct.unpack_from(">ii", frame)
+    assert size == len(frame) - 4 and correlation_id == 42
+    resp = entity_reader(response_class(19, 7))(frame, 9)[0]  # flexible response header: id + tags
+    assert [t.error_code for t in resp.topics] == [K.request_timed_out] * 2
+    assert resp.topics[0].error_message.startswith("No active controller answered within 0.5 s")

@@ -192,3 +192,12 @@ def test_every_broker_forwards_to_the_active_controller(cluster):
             "topics": [{"name": None, "topic_id": created.topic_id}], "timeout": timedelta(seconds=20)}
         ).responses[0].error_code == 0, 30, what=f"{name} deleted by id through broker {broker_id}")
     assert not any(n.startswith("via-") for n in topic_names(cluster))
+
+
+def test_follows_a_new_active_controller(cluster):
+    """Last in the module: it stops the active controller."""
+    cluster.kill(cluster.active_controller())
+    resp = kafka_call(broker_address(cluster, 102), 19, 7, {
+        "topics": [{"name": "after-failover", "num_partitions": 1, "replication_factor": 1, "assignments": [],
+                    "configs": []}], "timeout": timedelta(seconds=30), "validate_only": False})
+    assert resp.topics[0].error_code == 0, resp
