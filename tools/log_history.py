@@ -337,6 +337,10 @@ _SECTIONS = (
 )
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "es" if noun.endswith("h") else "s")
+
+
 def _ids(values: list[int]) -> str:
     return ",".join(map(str, values)) if values else "-"
 
@@ -349,8 +353,7 @@ def describe(change: Change) -> str:
     """One line saying what ``change`` did (without who/why)."""
     d, s = change.details, change.subject
     if change.kind in ("topic-created", "topic-deleted"):
-        n = d["partitions"]
-        return (f"{s} {change.kind.removeprefix('topic-')} ({n} partition{'s' if n != 1 else ''}, "
+        return (f"{s} {change.kind.removeprefix('topic-')} ({_count(d['partitions'], 'partition')}, "
                 f"id {d['topic_id']})")
     if change.kind == "partition-created":
         return f"partition {s} created: replicas {_ids(d['replicas'])}, leader {_leader(d['leader'])}"
@@ -407,7 +410,7 @@ def render(result: Diff) -> str:
             + (f" ({iso_time(s.timestamp_ms)})" if s.timestamp_ms else "")
             + f" through offset {e.offset}"
             + (f" ({iso_time(e.timestamp_ms)})" if e.timestamp_ms else "")
-            + f": {result.records} records in {result.batches} batches")
+            + f": {_count(result.records, 'record')} in {_count(result.batches, 'batch')}")
     lines = [head]
     if not result.changes:
         lines.append("No changes.")
