@@ -12,7 +12,7 @@ import sys
 from typing import Sequence
 
 from kraft.errors import KraftError
-from tools import output
+from tools import completion, output
 from tools.commands import cluster_cmd, configs, quorum, topics
 from tools.commands import log_cmd, shell_cmd
 from tools.commands import audit_cmd
@@ -30,15 +30,29 @@ controller will do) or --cluster DIR (a directory made by 'kraft cluster up'), -
 and --json."""
 
 EPILOG = """\
-examples:
-  kraft cluster up --dir ./c --controllers 3 --brokers 3 --detach
-  kraft quorum status --cluster ./c
+a tour:
+  kraft cluster up --dir ./c --controllers 3 --brokers 3 --metrics --detach
+  kraft quorum status --cluster ./c           # leader, epoch, high watermark, lag
+  kraft quorum replication --cluster ./c      # every voter and broker, lag, last contact
   kraft topics create orders --partitions 6 --replication-factor 3 --cluster ./c
   kraft topics describe orders --cluster ./c
   kraft configs alter --topic orders --set retention.ms=3600000 --cluster ./c
+  kraft cluster kill --dir ./c --node 1       # crash a controller; another takes over
+  kraft log dump ./c/controller-2/metadata    # who changed what, record by record
+  kraft shell --cluster ./c -c 'tree /brokers'
   kraft cluster down --dir ./c
 
-exit status: 0 success, 1 the request or an item of it failed, 2 bad arguments.
+environment:
+  KRAFT_BOOTSTRAP_CONTROLLER  default --bootstrap-controller
+  KRAFT_CLUSTER_DIR           default --cluster
+  KRAFT_LOG_LEVEL             log level of controller processes (default INFO)
+
+shell completion:
+  source <(kraft completion bash)      (zsh: kraft completion zsh)
+
+exit status: 0 success, 1 the request or an item of it failed, 2 bad arguments,
+130 interrupted.
+
 Run 'kraft COMMAND --help' for each command's manual."""
 
 
@@ -100,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     configs.register(sub)
     log_cmd.register(sub)
     shell_cmd.register(sub)
+    completion.register(sub, build_parser, ManualFormatter)
     audit_cmd.register(sub)
     return parser
 

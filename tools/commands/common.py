@@ -36,6 +36,16 @@ class ManualFormatter(argparse.HelpFormatter):
     def __init__(self, prog: str) -> None:
         super().__init__(prog, max_help_position=34)
 
+    def add_argument(self, action: argparse.Action) -> None:
+        """argparse measures sub-command names at their parent's indent but prints them deeper,
+        so a long name pushed its help to the next line; measure them where they are printed."""
+        super().add_argument(action)
+        if isinstance(action, argparse._SubParsersAction) and action.help is not argparse.SUPPRESS:
+            names = [len(self._format_action_invocation(a)) for a in action._get_subactions()]
+            if names:
+                deeper = max(names) + self._current_indent + self._indent_increment
+                self._action_max_length = max(self._action_max_length, deeper)
+
     def _fill_text(self, text: str, width: int, indent: str) -> str:
         paragraphs = []
         for para in text.split("\n\n"):
