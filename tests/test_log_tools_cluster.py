@@ -136,6 +136,8 @@ def test_diff_over_the_broker_kill_lists_fence_elections_and_isr_shrinks(scenari
     text = kraft("log", "diff", str(d), "--from", str(scenario["pre_offset"])).stdout
     assert f"broker {victim} fenced" in text and "by controller via FenceBroker: session-timeout" in text
     assert "clean election" in text and "ISR shrink" in text
+    live = kraft_json("log", "diff", "--cluster", str(scenario["cluster"].dir), "--from", str(scenario["pre_offset"]))
+    assert [c for c in live["changes"] if c["offset"] <= changes[-1]["offset"]] == changes
     # the same window by time: from the time of the pre-kill point (ISO-8601)
     pre_time = next(i["time"] for i in dump(d) if i["kind"] == "record" and i["offset"] == scenario["pre_offset"])
     assert main(["log", "diff", str(d), "--from", pre_time, "--json"]) == 0

@@ -18,7 +18,8 @@ from kraft.log.errors import CorruptSnapshotError
 from kraft.log.snapshot import read_snapshot
 from kraft.records import record_to_json
 from tools import output
-from tools.commands.common import ManualFormatter, UsageError, int_at_least
+from tools.commands.common import (DEFAULT_TIMEOUT_S, ManualFormatter, UsageError, int_at_least,
+                                   positive_float, resolve_bootstrap)
 from tools.log_format import record_item, render_item
 from tools.log_history import diff, iso_time, parse_point, render
 from tools.log_reader import (History, LogReadError, is_snapshot_file, resolve_log_dir, scan_path,
@@ -107,11 +108,47 @@ def _point(text: str):
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def cmd_diff(args: argparse.Namespace) -> int:
+def add_source_options(parser: argparse.ArgumentParser) -> None:
+    """PATH (offline) or --cluster/--bootstrap-controller (live), and --timeout."""
+    parser.add_argument("path", nargs="?", metavar="PATH",
+                        help="offline: a metadata log directory (or a controller's metadata "
+                             "dir), a segment from offset 0, or a snapshot")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--cluster", metavar="DIR",
+                       help="live: a directory made by 'kraft cluster up'")
+    where.add_argument("--bootstrap-controller", metavar="HOST:PORT[,HOST:PORT]",
+                       help="live: controller RPC endpoint(s); the log is pulled with FetchMetadata")
+    parser.add_argument("--timeout", type=positive_float, default=DEFAULT_TIMEOUT_S, metavar="S",
+                        help=f"live: give up reading the log after S seconds (default "
+                             f"{DEFAULT_TIMEOUT_S:g})")
+
+
+def load_history(args: argparse.Namespace) -> History | None:
+    """The history named by the source options. Bad arguments raise UsageError; a log that
+    cannot be read prints ``Error: ...`` and gives None (exit 1)."""
+    if args.path and (args.cluster or args.bootstrap_controller):
+        raise UsageError("give either PATH (offline) or --cluster/--bootstrap-controller (live), not both")
+    bootstrap = None
+    if args.path:
+        if not Path(args.path).exists():
+            raise UsageError(f"{args.path} does not exist")
+    else:
+        try:
+            bootstrap = resolve_bootstrap(args)
+        except UsageError as e:
+            raise UsageError(f"give a metadata log PATH, or a live cluster: {e}") from None
     try:
-        history = History.load(args.path)
+        if bootstrap is None:
+            return History.load(args.path)
+        return History.from_controllers(bootstrap, args.timeout)
     except LogReadError as e:
         print(f"Error: {e}", file=sys.stderr)
+        return None
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    history = load_history(args)
+    if history is None:
         return output.EXIT_ERROR
     start = args.from_point or parse_point("-1")
     end = args.to_point or parse_point(str(history.last_offset))
@@ -170,13 +207,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "Each change says who asked (principal and client id) and why (API and "
                     "reason). A point is an offset (the state after the batch holding it; -1 = "
                     "before the first record), epoch milliseconds (13+ digits) or an ISO-8601 "
-                    "time (no zone = UTC): the state after the last batch written at or before it.",
+                    "time (no zone = UTC): the state after the last batch written at or before it. "
+                    "Reads PATH offline, or pulls the log from a live controller.",
         epilog="examples:\n  kraft log diff ./c/controller-1/metadata --from 120 --to 180\n"
                "  kraft log diff ./c/controller-1/metadata --from 2026-11-22T10:00:00Z "
                "--to 2026-11-22T10:05:00Z\n"
-               "  kraft log diff ./c/controller-1/metadata --from 1795000000000 --json\n\n"
+               "  kraft log diff ./c/controller-1/metadata --from 1795000000000 --json\n"
+               "  kraft log diff --cluster ./c --from 2026-11-22T10:00:00Z\n\n"
                "--from defaults to the start of the history, --to to its end.")
-    f.add_argument("path", metavar="PATH", help="log directory, segment file (from offset 0)")
+    add_source_options(f)
     f.add_argument("--from", dest="from_point", type=_point, metavar="OFFSET|TIME",
                    help="the starting point (default: the beginning)")
     f.add_argument("--to", dest="to_point", type=_point, metavar="OFFSET|TIME",

@@ -7,31 +7,12 @@ import sys
 from pathlib import Path
 
 from tools import output
-from tools.commands.common import (DEFAULT_TIMEOUT_S, ManualFormatter, UsageError,
-                                   int_at_least, positive_float, resolve_bootstrap)
+from tools.commands.common import ManualFormatter, UsageError, int_at_least
+from tools.commands.log_cmd import add_source_options, load_history
 from tools.log_reader import History, LogReadError
 from tools.metadata_shell import MetadataShell
 
 HISTORY_ENV = "KRAFT_SHELL_HISTORY"
-
-
-def load_history(args: argparse.Namespace) -> History:
-    """Offline from PATH, or live from the controllers named by --cluster/--bootstrap-controller."""
-    if args.path and (args.cluster or args.bootstrap_controller):
-        raise UsageError("give either PATH (offline) or --cluster/--bootstrap-controller (live), not both")
-    if args.path:
-        bootstrap = None
-    else:
-        try:
-            bootstrap = resolve_bootstrap(args)
-        except UsageError as e:
-            raise UsageError(f"give a metadata log PATH, or a live cluster: {e}") from None
-    try:
-        if bootstrap is None:
-            return History.load(args.path)
-        return History.from_controllers(bootstrap, args.timeout)
-    except LogReadError as e:
-        raise UsageError(str(e)) from None
 
 
 def open_shell(history: History, at_offset: int | None) -> MetadataShell:
@@ -73,7 +54,10 @@ def _interactive(shell: MetadataShell) -> int:
 
 
 def cmd_shell(args: argparse.Namespace) -> int:
-    shell = open_shell(load_history(args), args.at_offset)
+    history = load_history(args)
+    if history is None:
+        return output.EXIT_ERROR
+    shell = open_shell(history, args.at_offset)
     if args.command_text is not None:
         return output.EXIT_OK if shell.run_script(args.command_text) else output.EXIT_ERROR
     if not sys.stdin.isatty():  # commands piped in, one per line
@@ -104,15 +88,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                "-c runs ';'-separated commands and exits (status 1 if one failed); commands "
                f"piped on stdin run the same way. Readline history: ~/.kraft_shell_history "
                f"(env {HISTORY_ENV}).")
-    p.add_argument("path", nargs="?", metavar="PATH", help="metadata log directory, segment or snapshot")
-    where = p.add_mutually_exclusive_group()
-    where.add_argument("--cluster", metavar="DIR", help="live: a directory made by 'kraft cluster up'")
-    where.add_argument("--bootstrap-controller", metavar="HOST:PORT[,HOST:PORT]",
-                       help="live: controller RPC endpoint(s)")
+    add_source_options(p)
     p.add_argument("--at-offset", type=int_at_least(-1), metavar="N",
                    help="the image after the batch holding offset N (default: latest)")
     p.add_argument("-c", dest="command_text", metavar="COMMANDS",
                    help="run ';'-separated commands and exit")
-    p.add_argument("--timeout", type=positive_float, default=DEFAULT_TIMEOUT_S, metavar="S",
-                   help=f"live: give up reading the log after S seconds (default {DEFAULT_TIMEOUT_S:g})")
     p.set_defaults(handler=cmd_shell)
