@@ -2,7 +2,10 @@
 confluent-kafka (zstd-compressed batches) and kafka-python move 10,000 messages each through a
 3-partition RF-3 topic with acks=all and read them back exactly (assign mode); ListOffsets by
 time; a batch with a bad CRC is refused with CORRUPT_MESSAGE and nothing is appended; every
-replica ends with byte-identical logs."""
+replica ends with byte-identical logs. Replication: a stalled follower leaves the ISR
+(AlterPartition, reason isr-shrink) and rejoins (isr-expand); killing the leader (kill -9) while an
+acks=all producer runs loses no acknowledged message, and the old leader comes back, truncates,
+catches up and re-enters the ISR."""
 from __future__ import annotations
 
 import shutil
@@ -15,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from broker.state import describe as describe_broker
-from tests.harness import LocalCluster, kraft, poll
+from tests.harness import LocalCluster, kraft, kraft_json, poll
 
 pytestmark = pytest.mark.integration
 N = 10_000
@@ -218,3 +221,83 @@ def test_bad_crc_is_corrupt_message_and_nothing_is_appended(cluster):
     assert part["log_end_offset"] == 2
     assert subprocess.run(["kcat", "-C", "-b", bootstrap(cluster), "-t", "crc", "-e", "-q", "-f", "%s\n"],
                           text=True, check=True, timeout=60, capture_output=True).stdout == "one\ntwo\n"
+
+
+# ---- replication: ISR shrink/expand, leader failover ----------------------------------------------
+
+def describe_partition(c: LocalCluster, topic: str, pid: int = 0) -> dict:
+    return kraft_json("topics", "describe", topic, "--cluster", str(c.dir))["topics"][0]["partitions"][pid]
+
+
+def isr_changes(c: LocalCluster, topic_id: str) -> list[tuple[str, str, tuple[int, ...]]]:
+    """(api, reason, new ISR) of every metadata batch that changed an ISR of ``topic_id``, read
+    from the active controller's metadata log."""
+    from kraft.log.metadata_log import MetadataLog
+    from kraft.records import PartitionChangeRecord
+
+    out = []
+    with MetadataLog.open(c.log_dir(c.active_controller()), fsync="never") as mlog:
+        for batch in mlog.read_batches(mlog.start_offset):
+            for r in batch.records:
+                if isinstance(r, PartitionChangeRecord) and r.topic_id == topic_id and r.isr is not None:
+                    out.append((batch.provenance.api, batch.provenance.reason, tuple(r.isr)))
+    return out
+
+
+def test_stalled_follower_leaves_the_isr_and_rejoins(cluster):
+    from confluent_kafka import Producer
+
+    create_topic(cluster, "shrink", partitions=1)
+    part = describe_partition(cluster, "shrink")
+    follower = next(b for b in part["replicas"] if b != part["leader"])
+    topic_id = kraft_json("topics", "describe", "shrink", "--cluster", str(cluster.dir))["topics"][0]["topic_id"]
+    cluster.kill(follower, "STOP")
+    try:
+        producer = Producer({"bootstrap.servers": bootstrap(cluster), "acks": "all"})
+        acked = []
+        producer.produce("shrink", b"while-stalled", on_delivery=lambda err, m: acked.append(err))
+        assert producer.flush(30) == 0 and acked == [None]  # completed once the ISR shrank
+        assert follower not in describe_partition(cluster, "shrink")["isr"]
+    finally:
+        cluster.kill(follower, "CONT")
+    poll(lambda: follower in describe_partition(cluster, "shrink")["isr"], 60, what="follower back in the ISR")
+    changes = [(api, reason.split(":")[0]) for api, reason, isr in isr_changes(cluster, topic_id)]
+    assert changes[:2] == [("AlterPartition", "isr-shrink"), ("AlterPartition", "isr-expand")], changes
+    poll(lambda: replicas_identical(cluster, "shrink", 0), 30, what="identical replicas")
+
+
+def test_kill_leader_during_acks_all_produce_loses_nothing_acknowledged(cluster):
+    from confluent_kafka import Producer
+
+    create_topic(cluster, "failover", partitions=1)
+    topic_id = kraft_json("topics", "describe", "failover", "--cluster", str(cluster.dir))["topics"][0]["topic_id"]
+    victim = describe_partition(cluster, "failover")["leader"]
+    producer = Producer({"bootstrap.servers": bootstrap(cluster), "acks": "all", "linger.ms": 2,
+                         "message.timeout.ms": 60000})
+    acked: list[bytes] = []
+    failed: list = []
+
+    def on_delivery(err, msg):
+        (failed if err else acked).append(err or msg.value())
+    i, killed_at = 0, None
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        producer.produce("failover", f"m-{i}".encode(), on_delivery=on_delivery)
+        i += 1
+        producer.poll(0 if i % 50 else 0.01)
+        if killed_at is None and len(acked) >= 2000:
+            cluster.kill(victim, "KILL")
+            killed_at = len(acked)
+        if killed_at is not None and len(acked) >= killed_at + 2000:
+            break
+    producer.flush(60)
+    assert killed_at is not None and len(acked) >= killed_at + 2000, (killed_at, len(acked), failed[:3])
+    after = describe_partition(cluster, "failover")
+    assert after["leader"] not in (victim, -1) and victim not in after["isr"]
+    got = consume_all(bootstrap(cluster), "failover", 1, len(acked))
+    assert set(acked) <= set(got)  # every acknowledged message survived the failover
+    cluster.start(victim)
+    poll(lambda: victim in describe_partition(cluster, "failover")["isr"], 60, what="old leader back in the ISR")
+    rejoin = [c for c in isr_changes(cluster, topic_id) if victim in c[2]][-1]
+    assert rejoin[0] == "AlterPartition" and rejoin[1].startswith("isr-expand"), rejoin
+    poll(lambda: replicas_identical(cluster, "failover", 0), 30, what="the old leader truncated and caught up")
