@@ -141,6 +141,12 @@ CONTROLLER_SETTINGS = _COMMON + [
             "a power loss) is synced; also synced before every snapshot"),
     Setting("metadata.log.max.record.bytes.between.snapshots", int, 20 * 1024 * 1024,
             "write a snapshot after this much new log"),
+    Setting("metadata.max.retention.ms", int, -1,
+            "delete metadata log segments older than this once a snapshot covers them "
+            "(-1: keep the whole history, the default)"),
+    Setting("metadata.max.retention.bytes", int, -1,
+            "delete the oldest metadata log segments covered by a snapshot while the log is "
+            "larger than this (-1: no limit, the default)"),
     Setting("metadata.log.max.snapshot.interval.ms", int, 3_600_000,
             "write a snapshot at least this often when there are new records (0 = never by time)"),
     Setting("metadata.max.idle.interval.ms", int, 0,

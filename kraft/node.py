@@ -246,6 +246,11 @@ class ControllerNode:
             image, request_ids = self.state_machine.snapshot_state()
             if self.snapshotter.due(image, now_ms()):
                 await trio.to_thread.run_sync(self.snapshotter.write, image, request_ids)
+            max_ms, max_bytes = (self.config["metadata.max.retention.ms"],
+                                 self.config["metadata.max.retention.bytes"])
+            if max_ms >= 0 or max_bytes >= 0:
+                await trio.to_thread.run_sync(self.snapshotter.enforce_retention, now_ms(),
+                                              max_ms, max_bytes)
 
     async def _log_flush_loop(self) -> None:
         """Sync the metadata log's appends every ``metadata.log.flush.interval.ms`` (off the

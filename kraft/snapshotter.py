@@ -13,14 +13,15 @@ import os
 import tempfile
 import threading
 import time
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 from kraft.image import MetadataImage, image_from_records
 from kraft.log.metadata_log import MetadataLog
-from kraft.log.snapshot import (SnapshotHeader, latest_snapshot, list_snapshots, parse_snapshot_name,
-                                read_snapshot, write_snapshot)
+from kraft.log.snapshot import (SnapshotHeader, delete_snapshots_before, latest_snapshot,
+                                list_snapshots, parse_snapshot_name, read_snapshot, write_snapshot)
 from kraft.errors import ErrorCode, KraftError
+from kraft.retention import SegmentInfo, retention_cut
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +126,30 @@ class Snapshotter:
             log.info("wrote snapshot %s (%d partitions) in %.2fs", path.name, image.partition_count(),
                      time.monotonic() - started)
             return path
+
+    def enforce_retention(self, now_ms: int, max_ms: int, max_bytes: int) -> list[Path]:
+        """Delete the log segments the retention limits let go (see ``kraft/retention.py``)
+        and the snapshots that end before the new log start; returns the deleted segments."""
+        with self._lock:
+            latest = self.latest()
+            if latest is None:
+                return []
+            sizes = self.log.segment_sizes()
+            infos = []
+            for i, (path, base, size) in enumerate(sizes):
+                try:
+                    mtime_ms = int(path.stat().st_mtime * 1000)
+                except FileNotFoundError:
+                    return []
+                infos.append(SegmentInfo(base, sizes[i + 1][1] if i + 1 < len(sizes) else None,
+                                         size, mtime_ms))
+            cut = retention_cut(infos, parse_snapshot_name(latest)[0], now_ms, max_ms, max_bytes)
+            if cut is None:
+                return []
+            deleted = self.log.truncate_before(cut)
+            if deleted:
+                delete_snapshots_before(self.directory, self.log.start_offset)
+            return deleted
 
     def install(self, data: bytes, current: MetadataImage) -> MetadataImage | None:
         """Adopt snapshot bytes (a PySyncObj dump) that are ahead of ``current``: verify them,

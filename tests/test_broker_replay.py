@@ -11,9 +11,8 @@ Kafka clients are in test_broker_integration.py):
   or cause a second registration;
 * a broker with another cluster's id exits 1 and says why.
 
-Not covered: loading a controller snapshot with FetchSnapshot (the old fake-controller test).
-Real controllers keep their whole log (retention is not implemented), so they never answer
-FetchMetadata with a snapshot; add that test once log truncation behind snapshots exists.
+Loading a controller snapshot with FetchSnapshot (a broker behind a controller whose retention
+deleted the segments it needs) is in test_retention.py.
 """
 from __future__ import annotations
 

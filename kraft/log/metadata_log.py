@@ -201,6 +201,11 @@ class MetadataLog:
         with self._lock:
             return sum(s.size for s in self._segments)
 
+    def segment_sizes(self) -> list[tuple[Path, int, int]]:
+        """(path, base offset, size in bytes) of every segment, oldest first."""
+        with self._lock:
+            return [(s.path, s.base_offset, s.size) for s in self._segments]
+
     @property
     def segments(self) -> list[Path]:
         """Segment file paths, oldest first."""
