@@ -29,11 +29,24 @@ from broker.data_codec import (
 )
 from broker.kafka_codec import API_FETCH, DecodeError, Reader
 from broker.partition import Partition
-from broker.partition_log import InvalidBatchError
+from broker.partition_log import InvalidBatchError, PartitionLog
 
 log = logging.getLogger("broker.fetcher")
 _ERRORS = (OSError, trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError, DecodeError,
            trio.TooSlowError)
+
+
+def truncation_offset(plog: PartitionLog, leader_epoch: int, leader_end: int) -> int:
+    """Where a follower cuts its log, given the leader's OffsetForLeaderEpoch answer
+    (``leader_epoch``, ``leader_end``) for the follower's latest epoch: unknown → the high
+    watermark; the same epoch → the leader's end for it; an older epoch → the smaller of the
+    leader's and our own end offsets for that epoch. Never beyond our log end."""
+    if leader_epoch < 0 or leader_end < 0:
+        return min(plog.high_watermark, plog.log_end_offset)
+    if leader_epoch == plog.latest_epoch:
+        return min(leader_end, plog.log_end_offset)
+    _, own_end = plog.end_offset_for_epoch(leader_epoch)
+    return min(leader_end, own_end if own_end >= 0 else plog.high_watermark, plog.log_end_offset)
 
 
 class KafkaConnection:
@@ -171,13 +184,7 @@ class SourceFetcher:
 
     def _truncate_one(self, p: Partition, epoch: int, end: int) -> None:
         plog = p.log
-        if epoch < 0 or end < 0:
-            target = plog.high_watermark
-        elif epoch == plog.latest_epoch:
-            target = min(end, plog.log_end_offset)
-        else:
-            _, own_end = plog.end_offset_for_epoch(epoch)
-            target = min(end, own_end if own_end >= 0 else plog.high_watermark)
+        target = truncation_offset(plog, epoch, end)
         if target < plog.log_end_offset:
             log.info("%s-%d: truncating from %d to %d (leader %d has epoch %d up to %d)", p.topic,
                      p.partition, plog.log_end_offset, target, self.leader_id, epoch, end)
