@@ -126,5 +126,15 @@ def test_commands_piped_on_stdin(written, capsys, monkeypatch):
     assert capsys.readouterr().out.splitlines() == ["topic_id", "0/", "1/", "2/"]
 
 
+def test_path_completion(history):
+    shell, _, _ = shell_at(history)
+    assert shell.completedefault("/topics/or", "cd /topics/or", 3, 13) == ["/topics/orders/"]
+    assert shell.completedefault("/f", "ls /f", 3, 5) == ["/features/"]
+    shell.run_line("cd /topics/orders")
+    assert shell.completedefault("0/leader_", "cat 0/leader_", 4, 13) == [
+        "0/leader_epoch", "0/leader_recovery_state"]
+    assert shell.completedefault("nope/x", "cat nope/x", 4, 10) == []
+
+
 def test_split_commands():
     assert split_commands("ls /topics; cat '/a;b' ;;  pwd") == ["ls /topics", "cat '/a;b'", "pwd"]

@@ -242,6 +242,13 @@ class MetadataShell(cmd.Cmd):
             self.stderr.write(f"error: {e}\n")
             return False
 
+    def preloop(self) -> None:
+        try:
+            import readline
+        except ImportError:
+            return
+        readline.set_completer_delims(" \t\n;")  # complete whole paths, '/' included
+
     def emptyline(self) -> bool:
         return False
 
