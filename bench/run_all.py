@@ -107,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
         notes.append(f"failover: {fo['count']} of {args.failovers} rounds measured "
                      f"(budget {args.failover_budget_s:.0f}s)")
     tg = targets(ours, peers)
+    from bench import broker_bench
+    broker_rows, broker_targets = broker_bench.run()
+    tg += broker_targets
 
     print("## pykraft controller (3 controllers, fsync always, 3 SimBrokers)\n")
     print(cb.table(ours))
@@ -117,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         for r in peers:
             print(f"| {r['mode']} | {r['clients']} | {r['ops_s']} | {r['p50_ms']} | {r['p99_ms']} | "
                   f"{r['errors']} | {r['quiet']} |")
+    print("\n## brokers: metadata propagation and replay (bench/broker_bench.py)\n")
+    print(broker_bench.table(broker_rows, []))
     print("\n## targets\n")
     print("| target | value | limit | ratio | met |")
     print("| --- | --- | --- | --- | --- |")
@@ -125,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     for n in notes:
         print(f"\nnote: {n}")
     print(f"\ntotal wall time: {time.perf_counter() - started:.0f}s\n")
-    print(json.dumps({"system": "pykraft", "results": ours + peers, "targets": tg, "notes": notes}))
+    print(json.dumps({"system": "pykraft", "results": ours + peers + broker_rows, "targets": tg,
+                      "notes": notes}))
     return 0
 
 
