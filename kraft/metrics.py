@@ -144,7 +144,10 @@ class ControllerMetrics:
     def serve(self, host: str, port: int) -> None:
         """Start the HTTP endpoint (``/metrics``; any path works) on a daemon thread."""
         disable_created_metrics()  # no *_created series: they only add noise to a scrape
-        self._server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        try:
+            self._server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        except OSError as e:
+            raise OSError(e.errno, f"metrics.port: cannot serve metrics on {host}:{port}: {e.strerror}") from None
 
     def close(self) -> None:
         if self._server is not None:

@@ -479,7 +479,18 @@ def main(config_path: str) -> int:
             await node.run()
             nursery.cancel_scope.cancel()
 
-    trio.run(run)
+    try:
+        trio.run(run)
+    except BaseExceptionGroup as group:  # a port in use (RPC, Raft, metrics.port): say which
+        ports, rest = group.split(OSError)
+        if ports is None or rest is not None:
+            raise
+        error: BaseException = ports
+        while isinstance(error, BaseExceptionGroup):
+            error = error.exceptions[0]
+        log.critical("stopped: %s", error)
+        print(f"Error: {error}", file=sys.stderr)
+        return 1
     return 0
 
 

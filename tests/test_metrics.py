@@ -4,6 +4,7 @@ text parser, before and after the active controller is killed; on the same clust
 ``kraft quorum replication`` lists the 3 voters and the brokers as observers with sane offsets."""
 from __future__ import annotations
 
+import socket
 import urllib.request
 import uuid
 from pathlib import Path
@@ -56,7 +57,27 @@ def test_replica_counts() -> None:
     assert replica_counts(7, []) == (0, 0, 0)
 
 
-# ---- a real cluster -------------------------------------------------------------------------------
+# ---- real processes -------------------------------------------------------------------------------
+
+@pytest.mark.integration
+def test_a_metrics_port_in_use_stops_the_controller_with_a_clear_error(tmp_path: Path) -> None:
+    from tools.cluster import pick_free_ports
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        rpc, raft = pick_free_ports(2)
+        config = tmp_path / "controller.properties"
+        config.write_text(f"node.id=1\nprocess.roles=controller\ncluster.id=c\n"
+                          f"controller.quorum.voters=1@127.0.0.1:{rpc}\n"
+                          f"controller.quorum.raft.voters=1@127.0.0.1:{raft}\n"
+                          f"metadata.log.dir={tmp_path / 'meta'}\nmetrics.port={port}\n")
+        proc = kraft("controller", "--config", str(config), check=False, timeout=60)
+    assert proc.returncode == 1
+    assert f"Error: [Errno 98] metrics.port: cannot serve metrics on 127.0.0.1:{port}" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
 
 def scrape(port: int) -> dict[str, float]:
     """name → value of every sample (histogram samples keep their _count/_sum/_bucket names)."""
