@@ -90,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--phase-s", type=float, default=5.0)
     ap.add_argument("--failovers", type=int, default=10)
     ap.add_argument("--failover-budget-s", type=float, default=100.0)
+    ap.add_argument("--produce-messages", type=int, default=100_000,
+                    help="messages per data-plane produce run (0 = skip bench/produce_bench.py)")
     args = ap.parse_args(argv)
     if args.scale:
         print("bench --scale: not implemented yet")
@@ -110,6 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     from bench import broker_bench
     broker_rows, broker_targets = broker_bench.run()
     tg += broker_targets
+    from bench import produce_bench
+    data_rows = produce_bench.run(args.produce_messages) if args.produce_messages > 0 else []
+    if data_rows:
+        tg.append(produce_bench.target(data_rows))
 
     print("## pykraft controller (3 controllers, fsync always, 3 SimBrokers)\n")
     print(cb.table(ours))
@@ -122,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['errors']} | {r['quiet']} |")
     print("\n## brokers: metadata propagation and replay (bench/broker_bench.py)\n")
     print(broker_bench.table(broker_rows, []))
+    if data_rows:
+        print("\n## data plane: produce/consume, 1 KB messages, RF 3 (bench/produce_bench.py)\n")
+        print(produce_bench.table(data_rows))
     print("\n## targets\n")
     print("| target | value | limit | ratio | met |")
     print("| --- | --- | --- | --- | --- |")
@@ -130,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     for n in notes:
         print(f"\nnote: {n}")
     print(f"\ntotal wall time: {time.perf_counter() - started:.0f}s\n")
-    print(json.dumps({"system": "pykraft", "results": ours + peers + broker_rows, "targets": tg,
+    print(json.dumps({"system": "pykraft", "results": ours + peers + broker_rows + data_rows, "targets": tg,
                       "notes": notes}))
     return 0
 

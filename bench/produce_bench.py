@@ -1,0 +1,195 @@
+"""Data-plane benchmark: a real cluster (3 controllers, 3 brokers), confluent-kafka as the load
+generator, 1 KB messages to a 3-partition RF-3 topic.
+
+Measures (progress on stderr):
+  1. produce throughput (MB/s, msgs/s) with acks=1 and with acks=all — batched (linger.ms 5),
+     from the first produce() to the last delivery report;
+  2. consume throughput of what was produced (assign mode, from the beginning);
+  3. end-to-end latency (produce with acks=all → consumer receives), one message at a time at
+     a modest rate, p50/p99.
+
+``run(messages) -> list[dict]`` returns result rows; ``main()`` prints a markdown table and, as the
+last stdout line, ``{"system": "pykraft", "results": [...]}``. Target: >= 20 MB/s acks=all RF 3.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+MSG_BYTES = 1024
+TARGET_MB_S = 20.0
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def kraft(*args: str, timeout: float = 120) -> str:
+    proc = subprocess.run([sys.executable, "-m", "tools.cli", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"kraft {' '.join(args)}: {proc.stderr.strip()[-500:]}")
+    return proc.stdout
+
+
+def pct(sorted_vals: list[float], p: float) -> float | None:
+    if not sorted_vals:
+        return None
+    return sorted_vals[min(len(sorted_vals) - 1, max(0, int(round(p / 100 * len(sorted_vals))) - 1))]
+
+
+def produce(bs: str, topic: str, acks: str, messages: int) -> dict:
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bs, "acks": acks, "linger.ms": 5, "batch.size": 1 << 20,
+                         "queue.buffering.max.kbytes": 1 << 20, "message.timeout.ms": 120000})
+    payload = b"x" * MSG_BYTES
+    done = {"ok": 0, "err": 0}
+
+    def on_delivery(err, msg):
+        done["err" if err else "ok"] += 1
+    start = time.perf_counter()
+    for i in range(messages):
+        while True:
+            try:
+                producer.produce(topic, payload, partition=i % 3, on_delivery=on_delivery)
+                break
+            except BufferError:
+                producer.poll(0.01)
+        if i % 1000 == 0:
+            producer.poll(0)
+    producer.flush(180)
+    secs = time.perf_counter() - start
+    return {"metric": "produce", "mode": f"acks={acks}", "messages": messages, "errors": done["err"],
+            "seconds": round(secs, 2), "msgs_s": round(done["ok"] / secs), "mb_s": round(done["ok"] * MSG_BYTES / secs / 1e6, 1)}
+
+
+def consume(bs: str, topic: str, messages: int) -> dict:
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bs, "group.id": "bench", "enable.auto.commit": False,
+                         "fetch.max.bytes": 50 << 20, "max.partition.fetch.bytes": 8 << 20})
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(3)])
+    got, size = 0, 0
+    start = time.perf_counter()
+    deadline = start + 180
+    while got < messages and time.perf_counter() < deadline:
+        for m in consumer.consume(10000, timeout=0.5):
+            if m.error() is None:
+                got += 1
+                size += len(m.value())
+    secs = time.perf_counter() - start
+    consumer.close()
+    return {"metric": "consume", "mode": "from beginning", "messages": got, "errors": messages - got,
+            "seconds": round(secs, 2), "msgs_s": round(got / secs), "mb_s": round(size / secs / 1e6, 1)}
+
+
+def latency(bs: str, topic: str, count: int) -> dict:
+    from confluent_kafka import OFFSET_END, Consumer, Producer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bs, "group.id": "bench-e2e", "enable.auto.commit": False,
+                         "fetch.wait.max.ms": 100})
+    consumer.assign([TopicPartition(topic, 0, OFFSET_END)])
+    lat: list[float] = []
+    stop = threading.Event()
+
+    def reader():
+        while not stop.is_set() and len(lat) < count:
+            m = consumer.poll(0.1)
+            if m is not None and m.error() is None:
+                lat.append((time.perf_counter() - float(m.value().decode())) * 1000)
+    t = threading.Thread(target=reader)
+    t.start()
+    time.sleep(1.0)  # let the consumer reach the end before the first message
+    producer = Producer({"bootstrap.servers": bs, "acks": "all", "linger.ms": 0})
+    for _ in range(count):
+        producer.produce(topic, repr(time.perf_counter()).encode(), partition=0)
+        producer.flush(10)
+        time.sleep(0.01)
+    deadline = time.monotonic() + 10
+    while len(lat) < count and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stop.set()
+    t.join(10)
+    consumer.close()
+    lat.sort()
+    return {"metric": "e2e_latency", "mode": "acks=all", "messages": len(lat), "errors": count - len(lat),
+            "p50_ms": round(pct(lat, 50), 2) if lat else None, "p99_ms": round(pct(lat, 99), 2) if lat else None}
+
+
+def run(messages: int) -> list[dict]:
+    """Start a cluster in a temporary directory, measure, tear it down."""
+    workdir = Path(tempfile.mkdtemp(prefix="produce-bench-"))
+    cdir = workdir / "cluster"
+    rows: list[dict] = []
+    try:
+        log("starting 3 controllers + 3 brokers")
+        kraft("cluster", "up", "--dir", str(cdir), "--controllers", "3", "--brokers", "3", "--detach",
+              "--fsync", "never")
+        meta = json.loads((cdir / "cluster.json").read_text())
+        bs = ",".join(f"{b['host']}:{b['port']}" for b in meta["brokers"])
+        for acks in ("1", "all"):
+            topic = f"bench-acks-{acks}"
+            kraft("topics", "create", topic, "--partitions", "3", "--replication-factor", "3", "--cluster", str(cdir))
+            time.sleep(1.0)  # brokers take their roles
+            log(f"produce {messages} x {MSG_BYTES} B, acks={acks}")
+            rows.append(produce(bs, topic, acks, messages))
+            log(f"  {rows[-1]}")
+            if acks == "all":
+                log("consume")
+                rows.append(consume(bs, topic, messages))
+                log(f"  {rows[-1]}")
+        kraft("topics", "create", "bench-e2e", "--partitions", "1", "--replication-factor", "3", "--cluster", str(cdir))
+        time.sleep(1.0)
+        log("end-to-end latency")
+        rows.append(latency(bs, "bench-e2e", 300))
+        log(f"  {rows[-1]}")
+    finally:
+        try:
+            kraft("cluster", "down", "--dir", str(cdir), "--timeout", "20")
+        except Exception as e:  # noqa: BLE001 - report and clean up anyway
+            log(f"cluster down failed: {e}")
+        shutil.rmtree(workdir, ignore_errors=True)
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    out = ["| metric | mode | messages | errors | seconds | msgs/s | MB/s | p50 ms | p99 ms |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        out.append(f"| {r['metric']} | {r['mode']} | {r['messages']} | {r['errors']} | {r.get('seconds', '')} | "
+                   f"{r.get('msgs_s', '')} | {r.get('mb_s', '')} | {r.get('p50_ms', '')} | {r.get('p99_ms', '')} |")
+    return "\n".join(out)
+
+
+def target(rows: list[dict]) -> dict:
+    row = next((r for r in rows if r["metric"] == "produce" and r["mode"] == "acks=all"), None)
+    value = row and row["mb_s"]
+    return {"target": f"produce acks=all RF 3, 1 KB messages >= {TARGET_MB_S} MB/s", "value": value,
+            "limit": TARGET_MB_S, "ratio": round(value / TARGET_MB_S, 3) if value else None,
+            "met": bool(value and value >= TARGET_MB_S)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--messages", type=int, default=100_000, help="messages per produce run (default 100000)")
+    args = ap.parse_args(argv)
+    rows = run(args.messages)
+    t = target(rows)
+    print("## pykraft data plane (3 brokers, RF 3, 3 partitions, 1 KB messages, confluent-kafka)\n")
+    print(table(rows))
+    print(f"\ntarget: {t['target']}: {t['value']} ({'met' if t['met'] else 'NOT met'})\n")
+    print(json.dumps({"system": "pykraft", "results": rows, "targets": [t]}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
