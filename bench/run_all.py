@@ -3,7 +3,7 @@ PySyncObj quorum (run as a subprocess of /work/shared/bench/peers/run_pysyncobj.
 batching off, in-process client, seq + 32 in flight, --quick), with the issue's targets.
 
 Prints progress on stderr, a markdown table on stdout and, as the LAST stdout line, one JSON line
-``{"system": "pykraft", "results": [...]}``. ``--scale`` is not implemented yet (prints so, exits 0).
+``{"system": "pykraft", "results": [...]}``. ``--scale`` runs bench/scale_bench.py (1M partitions, 33 simulated brokers; long).
 """
 from __future__ import annotations
 
@@ -84,7 +84,8 @@ def targets(ours: list[dict], peers: list[dict]) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--scale", action="store_true", help="scale benchmark (not implemented yet)")
+    ap.add_argument("--scale", action="store_true",
+                    help="run the 1M-partition scale benchmark (bench/scale_bench.py) instead")
     ap.add_argument("--no-peers", action="store_true", help="skip the bare PySyncObj comparison")
     ap.add_argument("--peers-timeout", type=float, default=150.0)
     ap.add_argument("--phase-s", type=float, default=5.0)
@@ -94,8 +95,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="messages per data-plane produce run (0 = skip bench/produce_bench.py)")
     args = ap.parse_args(argv)
     if args.scale:
-        print("bench --scale: not implemented yet")
-        return 0
+        from bench import scale_bench
+        return scale_bench.main([])
     started = time.perf_counter()
     notes: list[str] = []
     # Bare PySyncObj first, so the two systems never share the 2 cores.

@@ -1,0 +1,398 @@
+"""Scale benchmark (issue 8, ``make bench-scale``): a metadata image of ``topics`` x ``partitions``
+partitions (default 10,000 x 100 = 1M, RF 3) on a real 3-controller quorum with ``brokers``
+simulated brokers (``tools/sim_broker.py``: real registration, heartbeats and FetchMetadata, no
+partition logs), then:
+
+* bulk: the first 1,000 topics x 100 partitions created and applied on every controller and every
+  (simulated) broker — seconds;
+* the full image: creation rate, every controller's RSS;
+* snapshot write: the controller's own "wrote snapshot" timing for the largest snapshot;
+* failover: kill -9 the active controller → next write committed (seconds);
+* cold start: the killed controller restarted → applied offset equal to the leader's (seconds);
+* broker kill: a simulated broker stops heartbeating → from its session expiry to the last
+  partition change for it and its fence record (timestamps in the leader's log) — seconds;
+* controlled shutdown of a simulated broker: request → told to shut down (seconds);
+* catch-up: a new **real** broker process replays the full image and reports RUNNING (seconds).
+
+Progress on stderr; ``run(...) -> (rows, targets)``; ``python -m bench.scale_bench`` prints a
+markdown table and a JSON line. Smaller shapes (``--topics 300``) make a quick smoke run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import trio
+
+from kraft.errors import KraftError
+from kraft.rpc.client import ControllerClient, call_sync
+from tools.sim_broker import SimBroker, wait_unfenced
+
+REPO = Path(__file__).resolve().parent.parent
+ENV = dict(os.environ, PYTHONPATH=str(REPO))
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] scale bench: {msg}", file=sys.stderr, flush=True)
+
+
+def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tools.cli", *args], cwd=REPO, env=ENV,
+                          capture_output=True, text=True, timeout=timeout, check=True)
+
+
+class Scale:
+    def __init__(self, directory: Path, topics: int, partitions: int, brokers: int,
+                 per_request: int, inflight: int) -> None:
+        self.dir = directory
+        self.topics = topics
+        self.partitions = partitions
+        self.n_brokers = brokers
+        self.per_request = per_request
+        self.inflight = inflight
+        self.rows: list[dict] = []
+        self.meta: dict = {}
+        self.boot: list[tuple[str, int]] = []
+        self.sims: list[SimBroker] = []
+        self.sim_scopes: dict[int, trio.CancelScope] = {}
+
+    # ---- helpers ----------------------------------------------------------------------------
+    def load_meta(self) -> None:
+        self.meta = json.loads((self.dir / "cluster.json").read_text())
+        self.boot = [(c["host"], c["rpc_port"]) for c in self.meta["controllers"]]
+
+    def controller(self, cid: int) -> dict:
+        return next(c for c in self.meta["controllers"] if c["id"] == cid)
+
+    async def describe_node(self, cid: int) -> dict | None:
+        c = self.controller(cid)
+        client = ControllerClient([(c["host"], c["rpc_port"])])  # DescribeNode: answered by this node
+        try:
+            return await client.call("DescribeNode", {"checksum": False}, timeout=5)
+        except (KraftError, trio.TooSlowError, OSError):
+            return None
+        finally:
+            await client.aclose()
+
+    async def leader(self, client: ControllerClient) -> int | None:
+        try:
+            return (await client.call("DescribeQuorum", {}, timeout=5)).get("leader_id")
+        except (KraftError, trio.TooSlowError, OSError):
+            return None
+
+    async def applied_everywhere(self, offset: int, timeout: float) -> float:
+        """Seconds until every controller and every running sim broker has ``offset``."""
+        start = time.perf_counter()
+        with trio.fail_after(timeout):
+            while True:
+                views = [await self.describe_node(c["id"]) for c in self.meta["controllers"]]
+                if all(v and v["applied_offset"] >= offset for v in views) and all(
+                        b.metadata_offset >= offset for b in self.sims if not b.shut_down
+                        and b.broker_id in self.sim_scopes):
+                    return time.perf_counter() - start
+                await trio.sleep(0.05)
+
+    def row(self, metric: str, **figures) -> None:
+        r = {"metric": metric, **figures}
+        self.rows.append(r)
+        log(f"  -> {r}")
+
+    # ---- phases -----------------------------------------------------------------------------
+    async def create(self, client_pool: list[ControllerClient], first: int, count: int) -> tuple[int, float, int]:
+        """Create topics ``first .. first+count`` (``per_request`` per CreateTopics); returns
+        (the leader's applied offset once all are acknowledged, seconds, errors)."""
+        next_topic = first
+        end = first + count
+        errors = 0
+        start = time.perf_counter()
+
+        async def worker(w: int) -> None:
+            nonlocal next_topic, errors
+            client = client_pool[w % len(client_pool)]
+            while next_topic < end:
+                lo = next_topic
+                hi = min(end, lo + self.per_request)
+                next_topic = hi
+                body = {"topics": [{"name": f"s-{i:06d}", "num_partitions": self.partitions,
+                                    "replication_factor": 3} for i in range(lo, hi)]}
+                for _ in range(5):
+                    try:
+                        r = await client.call("CreateTopics", body, timeout=60)
+                        bad = [t for t in r["topics"] if t["error_code"] and t["error_code"] != 36]
+                        if bad:
+                            errors += 1
+                            log(f"    create error: {bad[0]}")
+                        break
+                    except (KraftError, trio.TooSlowError, OSError) as e:
+                        log(f"    create retry: {e!r}")
+                        await trio.sleep(0.5)
+                else:
+                    errors += 1
+
+        async with trio.open_nursery() as n:
+            for w in range(self.inflight):
+                n.start_soon(worker, w)
+        secs = time.perf_counter() - start
+        leader = await self.leader(client_pool[0])
+        view = await self.describe_node(leader) if leader else None
+        return (view or {}).get("applied_offset", -1), secs, errors
+
+    async def run_sim(self, b: SimBroker, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        with trio.CancelScope() as scope:
+            self.sim_scopes[b.broker_id] = scope
+            task_status.started()
+            await b.run()
+        self.sim_scopes.pop(b.broker_id, None)
+
+    async def main(self) -> None:
+        self.load_meta()
+        cluster_id = self.meta["cluster_id"]
+        self.sims = [SimBroker(101 + i, self.boot, cluster_id, rack=f"r{i % 3}", heartbeat_interval_s=1.0)
+                     for i in range(self.n_brokers)]
+        async with trio.open_nursery() as nursery:
+            for b in self.sims:
+                await nursery.start(self.run_sim, b)
+            await wait_unfenced(self.sims, 120)
+            log(f"{self.n_brokers} simulated brokers unfenced")
+            pool = [ControllerClient(self.boot) for _ in range(4)]
+            await self.phase_create(pool)
+            await self.phase_rss_snapshot()
+            await self.phase_failover(pool[0])
+            await self.phase_broker_kill(pool[0], nursery)
+            await self.phase_controlled_shutdown()
+            for c in pool:
+                await c.aclose()
+            nursery.cancel_scope.cancel()
+
+    async def phase_create(self, pool: list[ControllerClient]) -> None:
+        bulk = min(1000, self.topics)
+        log(f"creating {bulk} topics x {self.partitions} partitions (bulk phase)")
+        t0 = time.perf_counter()
+        highest, secs, errors = await self.create(pool, 0, bulk)
+        applied = await self.applied_everywhere(highest, 120)
+        self.row("bulk_create", topics=bulk, partitions=bulk * self.partitions,
+                 commit_s=round(secs, 2), applied_everywhere_s=round(time.perf_counter() - t0, 2),
+                 lag_after_commit_s=round(applied, 2), errors=errors)
+        log(f"creating the remaining {self.topics - bulk} topics")
+        highest, secs, errors = await self.create(pool, bulk, self.topics - bulk)
+        await self.applied_everywhere(highest, 600)
+        total = self.topics * self.partitions
+        self.row("full_image", topics=self.topics, partitions=total, seconds=round(secs, 1),
+                 partitions_s=round((self.topics - bulk) * self.partitions / secs) if secs else None,
+                 errors=errors, final_offset=highest)
+
+    async def phase_rss_snapshot(self) -> None:
+        rss = {}
+        for c in self.meta["controllers"]:
+            try:
+                rss[c["id"]] = round(psutil.Process(c["pid"]).memory_info().rss / 2**20)
+            except psutil.Error:
+                rss[c["id"]] = None
+        timings = []
+        for c in self.meta["controllers"]:
+            text = Path(c["log_file"]).read_text(errors="replace")
+            for line in text.splitlines():
+                if "wrote snapshot" in line:
+                    parts = line.rsplit(" in ", 1)
+                    try:
+                        n = int(line.split("(")[1].split(" partitions")[0])
+                        timings.append((n, float(parts[1].rstrip("s"))))
+                    except (IndexError, ValueError):
+                        pass
+        biggest = max(timings) if timings else (None, None)
+        self.row("controller_memory_snapshot", rss_mib=rss, max_rss_mib=max(v for v in rss.values() if v),
+                 snapshot_partitions=biggest[0], snapshot_write_s=biggest[1])
+
+    async def phase_failover(self, client: ControllerClient) -> None:
+        leader = await self.leader(client)
+        log(f"failover: kill -9 active controller {leader}")
+        os.kill(self.controller(leader)["pid"], signal.SIGKILL)
+        t0 = time.perf_counter()
+        body = {"resources": [{"resource_type": "topic", "resource_name": "s-000000",
+                               "ops": [{"name": "retention.ms", "op": "SET", "value": "123456"}]}]}
+        while True:
+            try:
+                await client.call("IncrementalAlterConfigs", body, timeout=2)
+                break
+            except (KraftError, trio.TooSlowError, OSError):
+                await trio.sleep(0.05)
+        failover = time.perf_counter() - t0
+        log(f"restarting controller {leader} (cold start from snapshot + log)")
+        t1 = time.perf_counter()
+        await trio.to_thread.run_sync(lambda: cli("cluster", "start", "--dir", str(self.dir),
+                                                  "--node", str(leader)))
+        self.load_meta()
+        target = max((v or {}).get("applied_offset", -1) for v in
+                     [await self.describe_node(c["id"]) for c in self.meta["controllers"]])
+        with trio.fail_after(300):
+            while True:
+                v = await self.describe_node(leader)
+                if v and v["applied_offset"] >= target:
+                    break
+                await trio.sleep(0.1)
+        self.row("failover_cold_start", failover_s=round(failover, 2),
+                 cold_start_s=round(time.perf_counter() - t1, 2))
+
+    async def phase_broker_kill(self, client: ControllerClient, nursery: trio.Nursery) -> None:
+        from kraft.log.metadata_log import MetadataLog
+
+        victim = self.sims[0]
+        log(f"broker kill: simulated broker {victim.broker_id} stops heartbeating")
+        self.sim_scopes[victim.broker_id].cancel()
+        with trio.fail_after(120):
+            while True:
+                try:
+                    r = await client.call("DescribeCluster", {}, timeout=5)
+                    entry = next((b for b in r.get("brokers", []) if b.get("broker_id") == victim.broker_id), None)
+                    if entry is not None and entry.get("fenced"):
+                        break
+                except (KraftError, trio.TooSlowError, OSError):
+                    pass
+                await trio.sleep(0.2)
+        leader = await self.leader(client)
+        log_dir = Path(self.controller(leader)["metadata_dir"]) / "log"
+
+        def scan() -> tuple[int | None, int | None, int, int]:
+            first = last = None
+            changes = fence = 0
+            with MetadataLog.open(log_dir, fsync="never") as mlog:
+                start = max(mlog.start_offset, mlog.next_offset - 2_000_000)
+                for b in mlog.read_batches(start):
+                    if b.provenance.reason != "session-timeout":
+                        continue
+                    first = b.timestamp_ms if first is None else first
+                    last = b.timestamp_ms
+                    for rec in b.records:
+                        name = type(rec).__name__
+                        changes += name == "PartitionChangeRecord"
+                        fence += name == "BrokerRegistrationChangeRecord"
+            return first, last, changes, fence
+
+        first, last, changes, fence = await trio.to_thread.run_sync(scan)
+        self.row("broker_kill", broker=victim.broker_id, partition_changes=changes, fence_records=fence,
+                 reelect_s=round((last - first) / 1000, 2) if first is not None else None)
+
+    async def phase_controlled_shutdown(self) -> None:
+        b = self.sims[1]
+        log(f"controlled shutdown of simulated broker {b.broker_id}")
+        t0 = time.perf_counter()
+        b.want_shutdown = True
+        with trio.fail_after(120):
+            while not b.shut_down:
+                await trio.sleep(0.02)
+        self.row("controlled_shutdown", broker=b.broker_id, seconds=round(time.perf_counter() - t0, 2))
+
+    def catch_up(self) -> None:
+        """A new real broker process replays the whole image and reports RUNNING."""
+        from broker.state import describe
+
+        bdir = self.dir / "broker-900"
+        bdir.mkdir(parents=True, exist_ok=True)
+        ports = []
+        for _ in range(2):
+            import socket
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                ports.append(s.getsockname()[1])
+        props = {
+            "node.id": "900", "process.roles": "broker", "cluster.id": self.meta["cluster_id"],
+            "log.dirs": str(bdir / "data"), "listeners": f"PLAINTEXT://127.0.0.1:{ports[0]}",
+            "broker.admin.port": str(ports[1]),
+            "controller.quorum.bootstrap.servers": ",".join(f"{h}:{p}" for h, p in self.boot)}
+        cfg = bdir / "broker.properties"
+        cfg.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+        log("catch-up: starting a new real broker (id 900)")
+        t0 = time.perf_counter()
+        with open(bdir / "node.log", "w") as out:
+            proc = subprocess.Popen([sys.executable, "-m", "tools.cli", "broker", "--config", str(cfg)],
+                                    cwd=REPO, env=ENV, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 300
+            state = None
+            while time.monotonic() < deadline:
+                try:
+                    state = describe("127.0.0.1", ports[1], timeout=5)
+                    if state.get("state") == "RUNNING":
+                        break
+                except (OSError, ValueError):
+                    pass
+                time.sleep(0.2)
+            secs = time.perf_counter() - t0
+            rss = round(psutil.Process(proc.pid).memory_info().rss / 2**20)
+            self.row("new_broker_catch_up", seconds=round(secs, 2),
+                     running=bool(state and state.get("state") == "RUNNING"),
+                     offset=state and state.get("last_applied_offset"), rss_mib=rss)
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(30)
+
+
+def targets(rows: list[dict]) -> list[dict]:
+    def get(metric: str, key: str):
+        r = next((r for r in rows if r["metric"] == metric), None)
+        return None if r is None else r.get(key)
+
+    spec = [("1,000 topics x 100 partitions applied everywhere <= 10 s", get("bulk_create", "applied_everywhere_s"), 10),
+            ("controller RSS <= 2 GiB (MiB)", get("controller_memory_snapshot", "max_rss_mib"), 2048),
+            ("snapshot write <= 10 s", get("controller_memory_snapshot", "snapshot_write_s"), 10),
+            ("cold start from snapshot + log <= 20 s", get("failover_cold_start", "cold_start_s"), 20),
+            ("failover -> next write <= 3 s", get("failover_cold_start", "failover_s"), 3),
+            ("killed broker's partitions re-elected <= 5 s after fence", get("broker_kill", "reelect_s"), 5),
+            ("controlled shutdown <= 10 s", get("controlled_shutdown", "seconds"), 10),
+            ("new broker catches up on the full image <= 15 s", get("new_broker_catch_up", "seconds"), 15)]
+    return [{"target": name, "value": v, "limit": limit,
+             "ratio": round(v / limit, 3) if isinstance(v, (int, float)) else None,
+             "met": (v <= limit) if isinstance(v, (int, float)) else None} for name, v, limit in spec]
+
+
+def run(topics: int = 10_000, partitions: int = 100, brokers: int = 33, per_request: int = 10,
+        inflight: int = 8) -> tuple[list[dict], list[dict]]:
+    work = Path(tempfile.mkdtemp(prefix="kraft-bench-scale-"))
+    cdir = work / "c"
+    bench = Scale(cdir, topics, partitions, brokers, per_request, inflight)
+    try:
+        log("starting 3 controllers")
+        cli("cluster", "up", "--dir", str(cdir), "--controllers", "3", "--detach")
+        trio.run(bench.main)
+        bench.catch_up()
+    finally:
+        subprocess.run([sys.executable, "-m", "tools.cli", "cluster", "down", "--dir", str(cdir),
+                        "--timeout", "30"], cwd=REPO, env=ENV, capture_output=True, timeout=120)
+        shutil.rmtree(work, ignore_errors=True)
+    return bench.rows, targets(bench.rows)
+
+
+def table(rows: list[dict], tg: list[dict]) -> str:
+    lines = ["| phase | figures |", "| --- | --- |"]
+    for r in rows:
+        lines.append(f"| {r['metric']} | " + ", ".join(f"{k}={v}" for k, v in r.items() if k != "metric") + " |")
+    lines += ["", "| target | value | limit | ratio | met |", "| --- | --- | --- | --- | --- |"]
+    lines += [f"| {t['target']} | {t['value']} | {t['limit']} | {t['ratio']} | {t['met']} |" for t in tg]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--topics", type=int, default=10_000)
+    ap.add_argument("--partitions", type=int, default=100)
+    ap.add_argument("--brokers", type=int, default=33)
+    ap.add_argument("--per-request", type=int, default=10, help="topics per CreateTopics request")
+    ap.add_argument("--inflight", type=int, default=8)
+    a = ap.parse_args(argv)
+    rows, tg = run(a.topics, a.partitions, a.brokers, a.per_request, a.inflight)
+    print(table(rows, tg))
+    print(json.dumps({"system": "pykraft", "bench": "scale", "results": rows, "targets": tg}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
