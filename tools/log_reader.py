@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
 from kraft.image import MetadataDelta, MetadataImage, ReplayError
-from kraft.log.segment import (OFFSET, ChainState, Problem, ScanEntry, list_segments,
+from kraft.log.segment import (OFFSET, TORN, ChainState, Problem, ScanEntry, list_segments,
                                parse_segment_name, scan_segment)
 from kraft.log.snapshot import SUFFIX as SNAPSHOT_SUFFIX
 from kraft.log.snapshot import parse_snapshot_name
@@ -150,7 +150,7 @@ class History:
             if pending is not None:  # a torn frame is only harmless as the very last thing
                 raise LogReadError(f"{source}: {pending}")
             if item.problem is not None:
-                if item.problem.kind == "torn":
+                if item.problem.kind == TORN:
                     pending = item.problem
                     continue
                 raise LogReadError(f"{source}: {item.problem} (run 'kraft log dump' for every problem)")
