@@ -53,6 +53,15 @@ def test_tree_is_built_from_the_parser() -> None:
     assert tree["controller"].values["--config"] == "@file"
 
 
+def test_every_command_that_reports_has_json() -> None:
+    """--json everywhere: every leaf command but the node runners, the interactive shell and the
+    completion script (its output is a script) offers --json."""
+    tree = command_tree(cli.build_parser())
+    leaves = {p for p, i in tree.items() if p and not [s for s in i.subcommands if f"{p} {s}" in tree]}
+    without = {p for p in leaves if "--json" not in tree[p].options}
+    assert without == {"controller", "broker", "shell", "completion"}
+
+
 @pytest.mark.skipif(shutil.which("bash") is None, reason="bash is not installed")
 def test_bash_completes_commands_options_choices_and_dirs(script: Path, tmp_path: Path) -> None:
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0

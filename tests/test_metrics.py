@@ -160,7 +160,9 @@ def test_metrics_and_replication_across_a_failover(tmp_path: Path) -> None:
         before = check_replication_settled(cluster)
         assert before["leader_id"] == old
 
-        cluster.kill(old)
+        killed = kraft_json("cluster", "kill", "--dir", str(cluster.dir), "--node", str(old))
+        assert killed == {"node": old, "role": "controller", "pid": killed["pid"], "signal": "KILL",
+                          "exited": True}
         survivors = [i for i in (1, 2, 3) if i != old]
 
         def new_active() -> dict[int, dict[str, float]] | None:
@@ -190,5 +192,11 @@ def test_metrics_and_replication_across_a_failover(tmp_path: Path) -> None:
         text = kraft("quorum", "replication", "--cluster", str(cluster.dir)).stdout
         assert text.splitlines()[0].startswith("NODE ID")
         assert sum(line.endswith("Observer") for line in text.splitlines()) == 2
+
+        restarted = kraft_json("cluster", "start", "--dir", str(cluster.dir), "--node", str(old), "--wait")
+        assert [n["id"] for n in restarted["started"]] == [old]
+        assert "1/1 restarted controllers joined" in restarted["ready"]
+        assert poll(lambda: scrape(ports[old]), 30, what="the restarted controller's endpoint")[
+            KC + "activecontrollercount"] == 0  # a follower now
     finally:
         cluster.down()

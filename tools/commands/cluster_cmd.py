@@ -185,6 +185,19 @@ def _restore(handlers: dict[int, Any] | None) -> None:
         signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
 
+def _print_ready(directory: Path, layout: ClusterLayout, state: Readiness) -> None:
+    print(render_layout(layout))
+    print(f"\nReady: {state.summary()}.")
+    bootstrap = ",".join(f"{h}:{p}" for h, p in layout.controller_endpoints())
+    print(f"Controllers: --bootstrap-controller {bootstrap}   (or --cluster {directory})")
+    if layout.brokers:
+        print("Kafka bootstrap servers: " + ",".join(f"{b.host}:{b.port}" for b in layout.brokers))
+    metrics = [f"{n.name} http://{n.host}:{n.metrics_port}/metrics"
+               for n in layout.nodes() if n.metrics_port]
+    if metrics:
+        print("Prometheus metrics: " + ", ".join(metrics))
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     directory = Path(args.dir).resolve()
     if args.racks is not None and not args.brokers:
@@ -202,19 +215,14 @@ def cmd_up(args: argparse.Namespace) -> int:
                                         required_brokers={b.id for b in layout.brokers})
         finally:
             progress.done()
-        print(render_layout(layout))
-        print(f"\nReady: {state.summary()}.")
-        bootstrap = ",".join(f"{h}:{p}" for h, p in layout.controller_endpoints())
-        print(f"Controllers: --bootstrap-controller {bootstrap}   (or --cluster {directory})")
-        if layout.brokers:
-            print("Kafka bootstrap servers: "
-                  + ",".join(f"{b.host}:{b.port}" for b in layout.brokers))
-        metrics = [f"{n.name} http://{n.host}:{n.metrics_port}/metrics"
-                   for n in layout.nodes() if n.metrics_port]
-        if metrics:
-            print("Prometheus metrics: " + ", ".join(metrics))
+        if args.json:
+            print_json({**status_document(directory, layout), "leader_id": state.leader_id,
+                        "ready": state.summary()})
+        else:
+            _print_ready(directory, layout, state)
         if args.detach:
-            print(f"Running in the background; stop with 'kraft cluster down --dir {directory}'.")
+            if not args.json:
+                print(f"Running in the background; stop with 'kraft cluster down --dir {directory}'.")
             return output.EXIT_OK
         print("Running in the foreground; press Ctrl-C to stop every node.", flush=True)
         _monitor(children, layout)
@@ -268,11 +276,13 @@ def cmd_start(args: argparse.Namespace) -> int:
         for node in targets:
             children[node.id] = launcher.start_node(node)
         launcher.write_cluster_json(directory, layout)
-    if not targets:
+    if not targets and not args.json:
         print("Every node is already running.")
         return output.EXIT_OK
-    for node in targets:
-        print(f"Started {node.name} (pid {node.pid}); log: {node.log_file}")
+    if not args.json:
+        for node in targets:
+            print(f"Started {node.name} (pid {node.pid}); log: {node.log_file}")
+    state = None
     if args.wait:
         progress = Progress()
         required_brokers = {n.id for n in layout.brokers if launcher.node_alive(n)}
@@ -283,7 +293,12 @@ def cmd_start(args: argparse.Namespace) -> int:
                 required_brokers=required_brokers)
         finally:
             progress.done()
-        print(f"Ready: {state.summary()}.")
+        if not args.json:
+            print(f"Ready: {state.summary()}.")
+    if args.json:
+        print_json({"started": [{"id": n.id, "role": n.role, "pid": n.pid, "log_file": n.log_file}
+                                for n in targets],
+                    "ready": state.summary() if state is not None else None})
     return output.EXIT_OK
 
 
@@ -294,14 +309,20 @@ def cmd_kill(args: argparse.Namespace) -> int:
     sig = SIGNALS[args.signal]
     if not launcher.signal_node(node, sig):
         raise ClusterError(f"{node.name} is not running")
-    print(f"Sent SIG{args.signal} to {node.name} (pid {node.pid}).")
+    doc: dict[str, Any] = {"node": node.id, "role": node.role, "pid": node.pid,
+                           "signal": args.signal, "exited": None}
+    if not args.json:
+        print(f"Sent SIG{args.signal} to {node.name} (pid {node.pid}).")
     if sig in (signal.SIGKILL, signal.SIGTERM, signal.SIGINT) and not args.no_wait:
-        if not launcher.wait_until(lambda: not launcher.node_alive(node), args.timeout):
+        doc["exited"] = launcher.wait_until(lambda: not launcher.node_alive(node), args.timeout)
+        if not doc["exited"]:
             print(f"Error: {node.name} (pid {node.pid}) is still running after "
                   f"{args.timeout:g}s", file=sys.stderr)
-            return output.EXIT_ERROR
-        print(f"{node.name} exited.")
-    return output.EXIT_OK
+        elif not args.json:
+            print(f"{node.name} exited.")
+    if args.json:
+        print_json(doc)
+    return output.EXIT_OK if doc["exited"] is not False else output.EXIT_ERROR
 
 
 def status_document(directory: Path, layout: ClusterLayout) -> dict[str, Any]:
@@ -433,6 +454,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help="how long to wait for the cluster to be ready (default 60)")
     up.add_argument("--stop-timeout", type=positive_float, default=20.0, metavar="S",
                     help="on stop, how long each node gets before SIGKILL (default 20)")
+    up.add_argument("--json", action="store_true",
+                    help="once ready, print cluster.json plus alive, leader_id and ready (progress "
+                         "stays on stderr)")
     up.set_defaults(handler=cmd_up)
 
     down = csub.add_parser(
@@ -464,6 +488,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                             "are unfenced")
     start.add_argument("--ready-timeout", type=positive_float, default=60.0, metavar="S",
                        help="with --wait: how long to wait (default 60)")
+    start.add_argument("--json", action="store_true",
+                       help='print {"started": [{id, role, pid, log_file}], "ready": summary or null}')
     start.set_defaults(handler=cmd_start)
 
     kill = csub.add_parser(
@@ -481,6 +507,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     kill.add_argument("--timeout", type=positive_float, default=10.0, metavar="S",
                       help="how long to wait for the node to exit (default 10)")
     kill.add_argument("--no-wait", action="store_true", help="do not wait for the node to exit")
+    kill.add_argument("--json", action="store_true",
+                      help='print {"node", "role", "pid", "signal", "exited": true/false/null}')
     kill.set_defaults(handler=cmd_kill)
 
     status = csub.add_parser(
