@@ -130,7 +130,7 @@ class MetadataLog:
         seg = _Segment(path, base)
         for entry in scan_buffer(path, data, state):
             if entry.problem is not None:
-                self._handle_problem(entry.problem, last)
+                self._handle_problem(entry.problem, last, data)
                 break  # torn tail truncated: it was the final frame
             batch = entry.batch
             assert batch is not None and entry.digest is not None
@@ -148,9 +148,17 @@ class MetadataLog:
             return
         self._segments.append(seg)
 
-    def _handle_problem(self, problem: Problem, last: bool) -> None:
-        """Truncate a torn tail of the last segment; raise for anything else."""
-        torn = problem.kind == TORN or (problem.kind == CRC and problem.at_eof)
+    def _handle_problem(self, problem: Problem, last: bool, data: bytes) -> None:
+        """Truncate a torn tail of the last segment (a partial final frame, or zeros where the
+        file grew but the data never reached the disk); raise for anything else, including a
+        frame running past the end with an intact frame after it (a damaged length)."""
+        torn = (problem.kind == TORN or (problem.kind == CRC and problem.at_eof)
+                or not data[problem.position:].strip(b"\x00"))
+        follower = _intact_frame_after(data, problem.position) if last and torn else None
+        if follower is not None:
+            raise CorruptLogError(problem.path, problem.position, problem.offset,
+                                  f"{problem}; an intact frame follows at byte {follower}, so this "
+                                  "is damage, not a torn write")
         if not (last and torn):
             raise CorruptLogError(problem.path, problem.position, problem.offset, str(problem))
         log.warning("metadata log %s: truncating torn tail at byte %d (offset %s, %d bytes "
@@ -464,6 +472,17 @@ def _read_payloads(plan: list[tuple[Path, int, int]], from_offset: int) -> Itera
         with f:
             pos = _seek_containing(f, path, start, end, from_offset) if n == 0 else start
             yield from _read_frames(f, path, pos, end)
+
+
+def _intact_frame_after(data: bytes, start: int) -> int | None:
+    """Position of the first non-empty frame with a matching CRC after ``start``, if any."""
+    view = memoryview(data)
+    for pos in range(start + 1, len(data) - HEADER_SIZE):
+        length, crc = FRAME_HEADER.unpack_from(view, pos)
+        end = pos + HEADER_SIZE + length
+        if 0 < length and end <= len(data) and crc32c(view[pos + HEADER_SIZE:end]) == crc:
+            return pos
+    return None
 
 
 def _read_header(f: BinaryIO, path: Path, pos: int) -> tuple[int, int]:
