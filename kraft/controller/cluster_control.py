@@ -142,13 +142,14 @@ def _leave(image: MetadataImage, settings: ControllerSettings, broker_id: int, f
     a batch holds at most ``max_records_per_batch`` records, so a broker with more partitions
     moves them over several commands. An incomplete step omits ``last`` and answers
     ``{"incomplete": true, "remaining": n}``; repeating the same command continues."""
-    changes = broker_leaving_changes(image, settings, broker_id, controlled_shutdown)
-    room = settings.max_records_per_batch - len(first) - len(last)
-    if len(changes) <= room:
-        return ControllerResult([*first, *changes, *last], error_fields(), reason)
     room = settings.max_records_per_batch - len(first)
-    return ControllerResult([*first, *changes[:room]],
-                            {**error_fields(), "incomplete": True, "remaining": len(changes) - room}, reason)
+    # Only the records this step writes are built; the rest are counted (a later step builds
+    # them from the image it then sees).
+    changes = broker_leaving_changes(image, settings, broker_id, controlled_shutdown, limit=room)
+    if not changes.remaining and len(changes) <= room - len(last):
+        return ControllerResult([*first, *changes, *last], error_fields(), reason)
+    return ControllerResult([*first, *changes],
+                            {**error_fields(), "incomplete": True, "remaining": changes.remaining}, reason)
 
 
 def fence_broker(image: MetadataImage, cmd: Command, settings: ControllerSettings) -> ControllerResult:
@@ -177,11 +178,11 @@ def unfence_broker(image: MetadataImage, cmd: Command, settings: ControllerSetti
     first: list[Record] = [BrokerRegistrationChangeRecord(reg.broker_id, reg.epoch, UNFENCE, 0)] if reg.fenced else []
     if not first and not incomplete_continuation(cmd):
         return ControllerResult([], error_fields(), reason)
-    changes = broker_returning_changes(image, settings, reg.broker_id)
     room = settings.max_records_per_batch - len(first)
-    response = error_fields() if len(changes) <= room else {
-        **error_fields(), "incomplete": True, "remaining": len(changes) - room}
-    return ControllerResult([*first, *changes[:room]], response, reason)
+    changes = broker_returning_changes(image, settings, reg.broker_id, limit=room)
+    response = error_fields() if not changes.remaining else {
+        **error_fields(), "incomplete": True, "remaining": changes.remaining}
+    return ControllerResult([*first, *changes], response, reason)
 
 
 def incomplete_continuation(cmd: Command) -> bool:

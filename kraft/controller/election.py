@@ -32,6 +32,7 @@ from kraft.records import (
 )
 
 __all__ = [
+    "Changes",
     "ONLINE", "PREFERRED", "UNCLEAN",
     "ElectionOutcome",
     "build_partition_change",
@@ -227,59 +228,86 @@ def _active_brokers_except(image: MetadataImage, broker_id: int) -> frozenset[in
                      if b != broker_id and not reg.fenced and not reg.in_controlled_shutdown)
 
 
-def _changes_for_leaving_broker(image: MetadataImage, broker_id: int,
-                                unclean_allowed: UncleanAllowed) -> list[PartitionChangeRecord]:
-    acceptable = _active_brokers_except(image, broker_id).__contains__
-    records: list[PartitionChangeRecord] = []
+class Changes(list):
+    """Partition changes in deterministic order; ``remaining`` counts the affected partitions
+    not examined because ``limit`` records were reached (a stepped transition continues there)."""
+
+    remaining: int = 0
+
+
+def _collect(candidates: Iterator[tuple[TopicImage, int, PartitionRegistration]],
+             build: Callable[[TopicImage, int, PartitionRegistration], PartitionChangeRecord | None],
+             limit: int | None) -> Changes:
+    """Build records from ``candidates`` until ``limit`` of them exist; count the rest (a cheap
+    scan instead of building records a later step would recompute anyway)."""
+    out = Changes()
+    for topic, pid, partition in candidates:
+        if limit is not None and len(out) >= limit:
+            out.remaining = 1 + sum(1 for _ in candidates)
+            break
+        record = build(topic, pid, partition)
+        if record is not None:
+            out.append(record)
+    return out
+
+
+def _partitions_where(image: MetadataImage, cond: Callable[[PartitionRegistration], bool]
+                      ) -> Iterator[tuple[TopicImage, int, PartitionRegistration]]:
     for topic in _topics_in_name_order(image):
-        affected = sorted((pid, p) for pid, p in topic.partitions.items()
-                          if broker_id in p.isr or p.leader == broker_id)
-        if not affected:
-            continue
-        allow_unclean = unclean_allowed(topic)
-        topic_id = topic.topic_id
-        for pid, partition in affected:
-            target_isr = tuple(b for b in partition.isr if b != broker_id)
-            record = build_partition_change(topic_id, pid, partition, acceptable,
-                                            target_isr=target_isr, unclean_allowed=allow_unclean)
-            if record is not None:
-                records.append(record)
-    return records
+        parts = topic.partitions
+        affected = [pid for pid, p in parts.items() if cond(p)]
+        for pid in sorted(affected):
+            yield topic, pid, parts[pid]
+
+
+def _changes_for_leaving_broker(image: MetadataImage, broker_id: int, unclean_allowed: UncleanAllowed,
+                                limit: int | None = None) -> Changes:
+    acceptable = _active_brokers_except(image, broker_id).__contains__
+    allowed: dict[str, bool] = {}
+
+    def build(topic: TopicImage, pid: int, partition: PartitionRegistration) -> PartitionChangeRecord | None:
+        if topic.topic_id not in allowed:
+            allowed[topic.topic_id] = unclean_allowed(topic)
+        target_isr = tuple(b for b in partition.isr if b != broker_id)
+        return build_partition_change(topic.topic_id, pid, partition, acceptable, target_isr=target_isr,
+                                      unclean_allowed=allowed[topic.topic_id])
+
+    return _collect(_partitions_where(image, lambda p: broker_id in p.isr or p.leader == broker_id),
+                    build, limit)
 
 
 def changes_for_fenced_broker(image: MetadataImage, broker_id: int,
-                              unclean_allowed: UncleanAllowed = _never) -> list[PartitionChangeRecord]:
+                              unclean_allowed: UncleanAllowed = _never, limit: int | None = None) -> Changes:
     """Fencing ``broker_id`` (session timeout, want-fence, shutdown-now, unregistration): drop it
     from every ISR (the last member stays) and move leadership to another acceptable replica;
-    the fenced broker is never acceptable. ``unclean_allowed(topic)`` is the topic's setting."""
-    return _changes_for_leaving_broker(image, broker_id, unclean_allowed)
+    the fenced broker is never acceptable. ``unclean_allowed(topic)`` is the topic's setting;
+    at most ``limit`` records (see :class:`Changes`)."""
+    return _changes_for_leaving_broker(image, broker_id, unclean_allowed, limit)
 
 
 def changes_for_controlled_shutdown(image: MetadataImage, broker_id: int,
-                                    unclean_allowed: UncleanAllowed = _never) -> list[PartitionChangeRecord]:
+                                    unclean_allowed: UncleanAllowed = _never,
+                                    limit: int | None = None) -> Changes:
     """A broker entering controlled shutdown leaves ISRs and leadership like a fenced one."""
-    return _changes_for_leaving_broker(image, broker_id, unclean_allowed)
+    return _changes_for_leaving_broker(image, broker_id, unclean_allowed, limit)
 
 
 def changes_for_unfenced_broker(image: MetadataImage, broker_id: int,
-                                unclean_allowed: UncleanAllowed = _never) -> list[PartitionChangeRecord]:
+                                unclean_allowed: UncleanAllowed = _never, limit: int | None = None) -> Changes:
     """Unfencing ``broker_id``: each leaderless partition it can lead gets a leader (cleanly when
     it is in the ISR, uncleanly where the topic allows it). The returning broker counts as
     acceptable even though the image still shows it fenced."""
 
     acceptable = (_active_brokers_except(image, broker_id) | {broker_id}).__contains__
-    records: list[PartitionChangeRecord] = []
-    for topic in _topics_in_name_order(image):
-        leaderless = sorted((pid, p) for pid, p in topic.partitions.items()
-                            if p.leader == LEADER_NONE and broker_id in p.replicas)
-        if not leaderless:
-            continue
-        allow_unclean = unclean_allowed(topic)
-        for pid, partition in leaderless:
-            if broker_id not in partition.isr and not allow_unclean:
-                continue
-            record = build_partition_change(topic.topic_id, pid, partition, acceptable,
-                                            unclean_allowed=allow_unclean)
-            if record is not None:
-                records.append(record)
-    return records
+    allowed: dict[str, bool] = {}
+
+    def build(topic: TopicImage, pid: int, partition: PartitionRegistration) -> PartitionChangeRecord | None:
+        if topic.topic_id not in allowed:
+            allowed[topic.topic_id] = unclean_allowed(topic)
+        if broker_id not in partition.isr and not allowed[topic.topic_id]:
+            return None
+        return build_partition_change(topic.topic_id, pid, partition, acceptable,
+                                      unclean_allowed=allowed[topic.topic_id])
+
+    return _collect(_partitions_where(image, lambda p: p.leader == LEADER_NONE and broker_id in p.replicas),
+                    build, limit)

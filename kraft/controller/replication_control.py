@@ -20,6 +20,7 @@ from kraft.controller.commands import Command, ControllerResult, derive_rng, err
 from kraft.controller.configs import is_true, validate_value
 from kraft.controller.election import (
     build_partition_change,
+    Changes,
     changes_for_controlled_shutdown,
     changes_for_fenced_broker,
     changes_for_unfenced_broker,
@@ -84,20 +85,21 @@ def _sorted_partitions(topic: TopicImage) -> Iterator[tuple[int, PartitionRegist
 
 
 def broker_leaving_changes(image: MetadataImage, settings: ControllerSettings, broker_id: int,
-                           controlled_shutdown: bool = False) -> list[PartitionChangeRecord]:
+                           controlled_shutdown: bool = False, limit: int | None = None) -> Changes:
     """Fencing, controlled shutdown or unregistration of ``broker_id``: drop it from every ISR
-    (the last member stays) and move leadership away (kraft.controller.election)."""
+    (the last member stays) and move leadership away (kraft.controller.election); at most
+    ``limit`` records, ``.remaining`` partitions left for a later step."""
     allowed = lambda topic: unclean_allowed(image, settings, topic.name)  # noqa: E731
     if controlled_shutdown:
-        return changes_for_controlled_shutdown(image, broker_id, allowed)
-    return changes_for_fenced_broker(image, broker_id, allowed)
+        return changes_for_controlled_shutdown(image, broker_id, allowed, limit)
+    return changes_for_fenced_broker(image, broker_id, allowed, limit)
 
 
 def broker_returning_changes(image: MetadataImage, settings: ControllerSettings,
-                             broker_id: int) -> list[PartitionChangeRecord]:
+                             broker_id: int, limit: int | None = None) -> Changes:
     """Unfencing ``broker_id``: leaderless partitions it can lead get it as leader."""
     return changes_for_unfenced_broker(image, broker_id,
-                                       lambda topic: unclean_allowed(image, settings, topic.name))
+                                       lambda topic: unclean_allowed(image, settings, topic.name), limit)
 
 
 # ---------------------------------------------------------------------------------------------
