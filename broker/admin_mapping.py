@@ -86,9 +86,11 @@ def create_topics_body(req: Any) -> tuple[dict[str, Any], dict[int, dict[str, An
     return {"topics": topics, "validate_only": bool(getattr(req, "validate_only", False))}, refused
 
 
-def create_topics_values(req: Any, results: list[dict[str, Any]],
-                         refused: Mapping[int, dict[str, Any]]) -> dict[str, Any]:
-    """Controller CreateTopics results (one per forwarded topic, in order) → response values."""
+def create_topics_values(req: Any, results: list[dict[str, Any]], refused: Mapping[int, dict[str, Any]],
+                         configs: Mapping[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Controller CreateTopics results (one per forwarded topic, in order) → response values.
+    ``configs`` maps a created topic to its controller DescribeConfigs item (v5+ responses
+    carry the new topic's configs; a failed describe sets ``topic_config_error_code``)."""
     forwarded = iter(results)
     out = []
     for i, t in enumerate(req.topics):
@@ -96,11 +98,19 @@ def create_topics_values(req: Any, results: list[dict[str, Any]],
         code, message = error_of(item)
         ok = code == KafkaError.none
         topic_id = item.get("topic_id") if ok else None
+        described = (configs or {}).get(t.name) if ok else None
+        config_code = error_of(described)[0] if described is not None else KafkaError.none
+        entries = None
+        if described is not None and config_code == KafkaError.none:
+            entries = [{"name": c["name"], "value": c["value"], "read_only": c["read_only"],
+                        "config_source": c["config_source"], "is_sensitive": c["is_sensitive"]}
+                       for c in config_entries(RESOURCE_TOPIC, t.name, described.get("configs", []),
+                                               None, False, False)]
         out.append({"name": t.name, "topic_id": uuid.UUID(topic_id) if topic_id else NO_ID,
-                    "error_code": code, "error_message": message, "topic_config_error_code": 0,
+                    "error_code": code, "error_message": message, "topic_config_error_code": int(config_code),
                     "num_partitions": int(item.get("num_partitions", -1)) if ok else -1,
                     "replication_factor": int(item.get("replication_factor", -1)) if ok else -1,
-                    "configs": None})
+                    "configs": entries})
     return {"throttle_time": NO_THROTTLE, "topics": out}
 
 
@@ -226,7 +236,7 @@ def describe_configs_values(req: Any, results: list[dict[str, Any]],
         code, message = error_of(item)
         configs = []
         if code == KafkaError.none:
-            keys = tuple(r.configuration_keys) if r.configuration_keys is not None else None
+            keys = tuple(r.configuration_keys) if r.configuration_keys else None  # empty = all, as Kafka
             configs = config_entries(int(r.resource_type), r.resource_name, item.get("configs", []),
                                      keys, synonyms, documentation)
         out.append({"error_code": code, "error_message": message, "resource_type": r.resource_type,

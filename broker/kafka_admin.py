@@ -15,7 +15,12 @@ connection).
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
+import sys
+import types
+import typing
+from functools import lru_cache
 from typing import Any, Awaitable, Callable
 
 from kio.index import load_request_schema
@@ -23,7 +28,7 @@ from kio.schema.errors import ErrorCode as KafkaError
 from kio.serial import entity_reader
 
 from broker import admin_mapping as m
-from broker.kafka_codec import DecodeError, Reader, RequestHeader, build, encode_body, frame_response, response_class
+from broker.kafka_codec import DecodeError, Reader, RequestHeader, encode_body, frame_response, response_class
 from broker.metadata_cache import MetadataCache
 from kraft.errors import ErrorCode, KraftError
 from kraft.rpc.client import ControllerClient
@@ -50,6 +55,39 @@ _NO_CONTROLLER = {ErrorCode.NOT_CONTROLLER, ErrorCode.NETWORK_EXCEPTION, ErrorCo
                   ErrorCode.REQUEST_TIMED_OUT}
 DEFAULT_TIMEOUT_S = 30.0   # for requests whose timeout is 0 or absent
 MAX_TIMEOUT_S = 300.0
+
+
+@lru_cache(maxsize=None)
+def _nested(cls: type) -> dict[str, type]:
+    """Field name -> entity class of the field's items, for array fields (nullable ones too,
+    which ``kafka_codec.build`` leaves alone)."""
+    hints = typing.get_type_hints(cls, vars(sys.modules[cls.__module__]))
+    out = {}
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+        for option in options:
+            args = typing.get_args(option)
+            if args and dataclasses.is_dataclass(args[0]):
+                out[f.name] = args[0]
+    return out
+
+
+def build_entity(cls: type, values: dict[str, Any]) -> Any:
+    """A kio entity from ``values`` for any version: keys the version lacks are dropped, lists
+    of dicts become tuples of the item entity, None stays None."""
+    nested = _nested(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for key, value in values.items():
+        if key not in names:
+            continue
+        if key in nested and value is not None:
+            value = tuple(build_entity(nested[key], item) for item in value)
+        elif isinstance(value, list):
+            value = tuple(value)
+        kwargs[key] = value
+    return cls(**kwargs)
 
 
 def decode_request(header: RequestHeader, reader: Reader) -> Any:
@@ -96,7 +134,7 @@ class KafkaAdmin:
         try:
             values = await self._apis[header.api_key](header, req)
             cls = response_class(header.api_key, header.api_version)
-            return frame_response(cls, header.correlation_id, encode_body(build(cls, values)))
+            return frame_response(cls, header.correlation_id, encode_body(build_entity(cls, values)))
         except Exception as e:  # a bug here must close one connection, not stop the broker
             log.exception("API %d v%d from client %r failed", header.api_key, header.api_version,
                           header.client_id)
@@ -123,7 +161,14 @@ class KafkaAdmin:
         if body["topics"]:
             resp = await self._forward(header, "CreateTopics", body, request_timeout(req))
             results = _items(resp, "topics", len(body["topics"]))
-        return m.create_topics_values(req, results, refused)
+        configs = None
+        created = [r["name"] for r in results if not r.get("error_code") and r.get("name")]
+        if header.api_version >= 5 and created and not body["validate_only"]:
+            # v5+ answers with the new topics' configs: ask the controller that just created them
+            resources = [{"resource_type": "topic", "resource_name": n} for n in created]
+            described = await self._forward(header, "DescribeConfigs", {"resources": resources}, DEFAULT_TIMEOUT_S)
+            configs = dict(zip(created, _items(described, "resources", len(created))))
+        return m.create_topics_values(req, results, refused, configs)
 
     async def _delete_topics(self, header: RequestHeader, req: Any) -> dict[str, Any]:
         image = self.cache.image

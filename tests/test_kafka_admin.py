@@ -4,7 +4,6 @@ from __future__ import annotations
 import io
 import socket
 import struct
-import sys
 import time
 import uuid
 from datetime import timedelta
@@ -16,8 +15,10 @@ from kio.schema.errors import ErrorCode as K
 from kio.serial import entity_reader, entity_writer
 
 from broker import admin_mapping as m
-from broker.kafka_admin import DEFAULT_TIMEOUT_S, RANGES, KafkaAdmin, decode_request, request_timeout
-from broker.kafka_codec import DecodeError, Reader, RequestHeader, build, encode_body, response_class
+from broker.kafka_admin import (
+    DEFAULT_TIMEOUT_S, RANGES, KafkaAdmin, build_entity, decode_request, request_timeout,
+)
+from broker.kafka_codec import DecodeError, Reader, RequestHeader, encode_body, response_class
 from kraft.errors import ErrorCode, KraftError
 from broker.metadata_cache import MetadataCache
 from kraft.image import BrokerRegistration
@@ -28,19 +29,14 @@ def request(api_key: int, version: int, values: dict) -> object:
     """A request entity as a client would send it: built, encoded, then decoded by the broker."""
     cls = load_request_schema(api_key, version)
     buf = io.BytesIO()
-    entity_writer(cls)(buf, build(cls, values))
+    entity_writer(cls)(buf, build_entity(cls, values))
     return decode_request(RequestHeader(api_key, version, 1, "test"), Reader(buf.getvalue() + b"\x00\x01"))
-
-
-def nested(api_key: int, version: int, name: str, **fields: object) -> object:
-    """A nested request entity (build() leaves items of nullable arrays alone)."""
-    return getattr(sys.modules[load_request_schema(api_key, version).__module__], name)(**fields)
 
 
 def encodes(api_key: int, version: int, values: dict) -> object:
     """Encode response values for a version and decode them back (proves the shape is valid)."""
     cls = response_class(api_key, version)
-    data = encode_body(build(cls, values))
+    data = encode_body(build_entity(cls, values))
     return entity_reader(cls)(data, 0)[0]
 
 
@@ -87,7 +83,9 @@ def test_create_topics_body_and_response(version: int) -> None:
         {"name": "manual", "topic_id": "", "error_code": int(ErrorCode.TOPIC_ALREADY_EXISTS),
          "error_message": "Topic 'manual' already exists.", "num_partitions": -1, "replication_factor": -1},
     ]
-    resp = encodes(19, version, m.create_topics_values(req, results, refused))
+    described = {"orders": {"resource_type": "topic", "resource_name": "orders", "error_code": 0,
+                            "error_message": "", "configs": CONTROLLER_CONFIGS}}
+    resp = encodes(19, version, m.create_topics_values(req, results, refused, described))
     assert [t.name for t in resp.topics] == ["orders", "manual", "dup", "nullcfg"]
     ok, exists, dup, null = resp.topics
     assert ok.error_code == K.none and ok.error_message is None
@@ -95,9 +93,23 @@ def test_create_topics_body_and_response(version: int) -> None:
     assert dup.error_code == null.error_code == K.invalid_config
     if version >= 5:
         assert (ok.num_partitions, ok.replication_factor) == (3, 2)
-        assert exists.num_partitions == -1
+        assert exists.num_partitions == -1 and exists.configs is None
+        assert [(c.name, c.value, c.config_source) for c in ok.configs] == [
+            ("cleanup.policy", "compact", m.SOURCE_DYNAMIC_TOPIC), ("retention.ms", "604800000", m.SOURCE_DEFAULT)]
     if version >= 7:
         assert ok.topic_id == uuid.UUID(TOPIC_ID) and exists.topic_id in (None, m.NO_ID)  # kio reads zero as None
+
+
+def test_create_topics_configs_not_described() -> None:
+    req = request(19, 7, {"topics": [{"name": "t", "num_partitions": 1, "replication_factor": 1,
+                                      "assignments": [], "configs": []}], "timeout": timedelta(0),
+                          "validate_only": False})
+    created = [{"name": "t", "topic_id": TOPIC_ID, "error_code": 0, "error_message": "",
+                "num_partitions": 1, "replication_factor": 1}]
+    late = m.failed(KraftError(ErrorCode.REQUEST_TIMED_OUT, "late"))
+    topic = encodes(19, 7, m.create_topics_values(req, created, {}, {"t": late})).topics[0]
+    assert topic.error_code == K.none and topic.topic_config_error_code == K.request_timed_out
+    assert topic.configs is None
 
 
 def test_create_topics_forwarding_failure_fails_every_topic() -> None:
@@ -146,10 +158,9 @@ def test_delete_topics(version: int) -> None:
 
 @pytest.mark.parametrize("version", versions(37))
 def test_create_partitions(version: int) -> None:
-    assignment = nested(37, version, "CreatePartitionsAssignment", broker_ids=(103, 101))
     req = request(37, version, {"topics": [
         {"name": "orders", "count": 4, "assignments": None},
-        {"name": "audit", "count": 2, "assignments": (assignment,)}],
+        {"name": "audit", "count": 2, "assignments": [{"broker_ids": [103, 101]}]}],
         "timeout": timedelta(seconds=1), "validate_only": False})
     assert m.create_partitions_body(req) == {"validate_only": False, "topics": [
         {"name": "orders", "count": 4}, {"name": "audit", "count": 2, "assignments": [[103, 101]]}]}
@@ -174,12 +185,14 @@ def test_describe_configs(version: int) -> None:
         {"resource_type": 2, "resource_name": "orders", "configuration_keys": None},
         {"resource_type": 8, "resource_name": "101", "configuration_keys": None},
         {"resource_type": 4, "resource_name": "", "configuration_keys": ["retention.ms"]},
-        {"resource_type": 2, "resource_name": "ghost", "configuration_keys": None}],
+        {"resource_type": 2, "resource_name": "ghost", "configuration_keys": None},
+        {"resource_type": 2, "resource_name": "orders", "configuration_keys": []}],
         "include_synonyms": True, "include_documentation": True})
     body, refused = m.describe_configs_body(req)
     assert body == {"resources": [{"resource_type": "topic", "resource_name": "orders"},
                                   {"resource_type": "broker", "resource_name": ""},
-                                  {"resource_type": "topic", "resource_name": "ghost"}]}
+                                  {"resource_type": "topic", "resource_name": "ghost"},
+                                  {"resource_type": "topic", "resource_name": "orders"}]}
     assert list(refused) == [1] and refused[1]["error_code"] == K.invalid_request
     results = [
         {"resource_type": "topic", "resource_name": "orders", "error_code": 0, "error_message": "",
@@ -188,9 +201,12 @@ def test_describe_configs(version: int) -> None:
          "configs": [{**c, "source": "dynamic"} for c in CONTROLLER_CONFIGS]},
         {"resource_type": "topic", "resource_name": "ghost", "error_code": 3,
          "error_message": "Topic 'ghost' does not exist.", "configs": []},
+        {"resource_type": "topic", "resource_name": "orders", "error_code": 0, "error_message": "",
+         "configs": CONTROLLER_CONFIGS},
     ]
     resp = encodes(32, version, m.describe_configs_values(req, results, refused))
-    topic, logger, defaults, ghost = resp.results
+    topic, logger, defaults, ghost, empty_keys = resp.results
+    assert len(empty_keys.configs) == 2  # an empty key list means all keys, as in Kafka
     assert topic.error_code == K.none and [c.name for c in topic.configs] == ["cleanup.policy", "retention.ms"]
     assert [c.config_source for c in topic.configs] == [m.SOURCE_DYNAMIC_TOPIC, m.SOURCE_DEFAULT]
     assert topic.configs[0].synonyms[0].name == "cleanup.policy"
@@ -233,9 +249,8 @@ def test_incremental_alter_configs(version: int) -> None:
 
 @pytest.mark.parametrize("version", versions(43))
 def test_elect_leaders(version: int) -> None:
-    req = request(43, version, {"election_type": 1, "timeout": timedelta(seconds=1), "topic_partitions": (
-        nested(43, version, "TopicPartitions", topic="orders", partitions=(0, 1)),
-        nested(43, version, "TopicPartitions", topic="audit", partitions=(0,)))})
+    req = request(43, version, {"election_type": 1, "timeout": timedelta(seconds=1), "topic_partitions": [
+        {"topic": "orders", "partitions": [0, 1]}, {"topic": "audit", "partitions": [0]}]})
     body = m.elect_leaders_body(req)
     assert body == {"election_type": "unclean" if version >= 1 else "preferred", "partitions": [
         {"topic": "orders", "partition": 0}, {"topic": "orders", "partition": 1}, {"topic": "audit", "partition": 0}]}
@@ -250,8 +265,8 @@ def test_elect_leaders(version: int) -> None:
 
 
 def test_elect_leaders_bad_type_and_failure() -> None:
-    req = request(43, 2, {"election_type": 7, "timeout": timedelta(0), "topic_partitions": (
-        nested(43, 2, "TopicPartitions", topic="orders", partitions=(0,)),)})
+    req = request(43, 2, {"election_type": 7, "timeout": timedelta(0), "topic_partitions": [
+        {"topic": "orders", "partitions": [0]}]})
     assert m.elect_leaders_body(req) == K.invalid_request
     failed = m.elect_leaders_failed(req, m.failed(KraftError(ErrorCode.REQUEST_TIMED_OUT, "late")))
     resp = encodes(43, 2, m.elect_leaders_values(failed, K.request_timed_out, "late"))
@@ -310,7 +325,7 @@ def test_handle_without_a_reachable_controller_times_out_per_topic() -> None:
     REQUEST_TIMED_OUT after the request's own timeout, never NOT_CONTROLLER."""
     cls = load_request_schema(19, 7)
     buf = io.BytesIO()
-    entity_writer(cls)(buf, build(cls, {"topics": [
+    entity_writer(cls)(buf, build_entity(cls, {"topics": [
         {"name": n, "num_partitions": 1, "replication_factor": 1, "assignments": [], "configs": []}
         for n in ("a", "b")], "timeout": timedelta(milliseconds=500), "validate_only": False}))
 

@@ -63,8 +63,10 @@ def test_kafka_python_admin_client(cluster):
     admin = kafka_admin.KafkaAdminClient(bootstrap_servers=broker_address(cluster, 102),
                                          client_id="kp-admin", request_timeout_ms=30000)
     try:
-        admin.create_topics({"kp-orders": {"num_partitions": 3, "replication_factor": 2,
-                                           "configs": {"retention.ms": "3600000"}}})
+        created = admin.create_topics({"kp-orders": {"num_partitions": 3, "replication_factor": 2,
+                                                     "configs": {"retention.ms": "3600000"}}})["topics"][0]
+        assert created["configs"]["retention.ms"]["value"] == "3600000"  # v5+: the new topic's configs
+        assert created["configs"]["segment.ms"]["config_source"] == "DEFAULT_CONFIG"
         with pytest.raises(TopicAlreadyExistsError):
             admin.create_topics({"kp-orders": {"num_partitions": 1, "replication_factor": 1}})
         bad = admin.create_topics({"bad name!": {"num_partitions": 1, "replication_factor": 1}},
@@ -160,6 +162,7 @@ def test_confluent_admin_client(cluster):
     assert gone.value.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART
     poll(lambda: not {"ck-orders", "ck-validate"} & set(admin.list_topics(timeout=10).topics), 30,
          what="ck-orders gone")
+    del admin  # librdkafka stops its threads and connections now, not when the cluster is gone
 
 
 # ---- any broker forwards ---------------------------------------------------------------------
