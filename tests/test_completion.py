@@ -84,3 +84,32 @@ def test_zsh_script_loads() -> None:
     proc = subprocess.run(["zsh", "-f", "-c", generated("zsh") + "\nwhence -w _kraft_complete"],
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0 and "function" in proc.stdout, proc.stderr
+
+
+# ---- progress ---------------------------------------------------------------------------------------
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_only_on_a_terminal() -> None:
+    from tools.cluster import Readiness
+    from tools.commands.cluster_cmd import Progress
+
+    piped = io.StringIO()
+    progress = Progress(piped)
+    progress(Readiness(), 0.5)
+    progress.done()
+    assert piped.getvalue() == ""
+
+    tty = _Terminal()
+    progress = Progress(tty)
+    progress(Readiness(), 0.5)
+    progress(Readiness(leader_id=1, term=1, controllers_with_leader={1}), 1.25)
+    progress.done()
+    frames = tty.getvalue().split("\r")
+    assert frames[1].startswith("Waiting for the cluster: quorum: no leader yet [0.5s]")
+    assert frames[2].rstrip() == "Waiting for the cluster: quorum: leader 1 (term 1) [1.2s]"
+    assert len(frames[2]) >= len(frames[1].rstrip())  # the longer old line is overwritten
+    assert frames[3].strip() == "" and frames[4] == ""  # cleared, cursor back at the start

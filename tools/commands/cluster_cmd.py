@@ -23,7 +23,8 @@ SIGNALS = {"KILL": signal.SIGKILL, "TERM": signal.SIGTERM, "STOP": signal.SIGSTO
 
 
 class Progress:
-    """One status line on stderr: rewritten in place on a terminal, else printed on change."""
+    """One status line on stderr, rewritten in place, cleared when done; only on a terminal
+    (logs and pipes get the result, not the spinner)."""
 
     def __init__(self, stream: TextIO | None = None) -> None:
         self.stream = stream or sys.stderr
@@ -38,13 +39,11 @@ class Progress:
             self.stream.write("\r" + line.ljust(self.width))
             self.width = len(line)
             self.stream.flush()
-        elif text != self.last:
-            print(text, file=self.stream, flush=True)
         self.last = text
 
     def done(self) -> None:
         if self.tty and self.width:
-            self.stream.write("\n")
+            self.stream.write("\r" + " " * self.width + "\r")
             self.stream.flush()
             self.width = 0
 
