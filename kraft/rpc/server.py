@@ -106,7 +106,9 @@ class RpcServer:
         self.connections += 1
         try:
             await self._run_connection(stream, peer)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError, OSError) as exc:
+        except* (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError, OSError) as exc:
+            # except*: the connection's nursery wraps a reset peer in an ExceptionGroup, and
+            # a plain except would let it escape and stop the whole RPC server.
             logger.debug("connection %s ended: %r", peer, exc)
         finally:
             self.connections -= 1
