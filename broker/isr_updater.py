@@ -21,6 +21,7 @@ from broker.partition import Partition
 from kraft.errors import KraftError
 
 log = logging.getLogger("broker.isr")
+REFUSED_BACKOFF_S = 1.0
 
 
 class IsrUpdater:
@@ -41,6 +42,8 @@ class IsrUpdater:
         """Queue an ISR change for ``part`` unless one is already in flight."""
         if part.isr_change_pending or not part.is_leader or tuple(isr) == part.isr:
             return
+        if time.monotonic() < part.isr_retry_at:
+            return  # refused a moment ago (e.g. the replica is still fenced): not on every fetch
         part.isr_change_pending = True
         self._send.send_nowait((part, tuple(isr), reason, part.leader_epoch, part.partition_epoch))
 
@@ -105,6 +108,7 @@ class IsrUpdater:
             if ans is None:
                 continue
             if ans.get("error_code", 0):
+                part.isr_retry_at = time.monotonic() + REFUSED_BACKOFF_S
                 log.info("%s-%d: ISR change to %s refused: %s", part.topic, part.partition, list(isr),
                          ans.get("error_message"))
             elif ans["leader_epoch"] == part.leader_epoch == leader_epoch:

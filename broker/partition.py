@@ -35,6 +35,7 @@ class Partition:
     followers: dict[int, FollowerState] = field(default_factory=dict)  # leader only
     waiters: set[trio.Event] = field(default_factory=set)
     isr_change_pending: bool = False
+    isr_retry_at: float = 0.0  # monotonic time before which a refused ISR change is not re-proposed
 
     @property
     def high_watermark(self) -> int:

@@ -46,9 +46,10 @@ def build_image(port: int, fenced: tuple[int, ...] = ()):
 class ListenerThread:
     """Runs a KafkaListener in a trio loop on a background thread."""
 
-    def __init__(self, cache: MetadataCache, admin=None) -> None:
+    def __init__(self, cache: MetadataCache, admin=None, replicas=None) -> None:
         self.cache = cache
         self.admin = admin
+        self.replicas = replicas
         self.port: int | None = None
         self._token = None
         self._scope: trio.CancelScope | None = None
@@ -59,7 +60,10 @@ class ListenerThread:
         self._token = trio.lowlevel.current_trio_token()
         with trio.CancelScope() as self._scope:
             async with trio.open_nursery() as nursery:
-                self.port = await nursery.start(KafkaListener(self.cache, "127.0.0.1", 0, admin=self.admin).serve)
+                listener = KafkaListener(self.cache, "127.0.0.1", 0, admin=self.admin)
+                if self.replicas is not None:
+                    listener.serve_data(self.replicas)
+                self.port = await nursery.start(listener.serve)
                 self._ready.set()
 
     def start(self) -> int:
@@ -303,3 +307,62 @@ def test_admin_handler_advertised_and_dispatched():
             assert is_closed(s)
     finally:
         lt.stop()
+
+
+def test_delayed_fetch_woken_by_follower_progress_and_answered_in_order(tmp_path):
+    """A consumer's long-poll Fetch on connection A waits; a produce (acks=1) on B appends but the
+    HW holds (follower 2 has not fetched); follower 2's Fetch on C moves the HW, which completes
+    A's fetch long before max_wait, and A's pipelined ApiVersions is answered after it."""
+    import datetime
+
+    from broker.data_codec import (
+        FetchPartition, FetchRequest, frame_request, read_fetch_response, write_fetch_request,
+    )
+    from broker.kafka_codec import Reader, build
+    from broker.replica_manager import ReplicaManager
+    from kio.index import load_request_schema
+    from kio.serial import entity_writer
+    from kraft.image import MetadataDelta, MetadataImage
+    from tests.test_partition_log import make_batch, values_in
+
+    image = build_image(1)
+    delta = MetadataDelta(MetadataImage.EMPTY)
+    for r in image.to_records():
+        delta.replay(r)
+    rm = ReplicaManager(1, [tmp_path])
+    rm.apply_delta(delta, delta.apply())  # broker 1 leads orders-0 (replicas 1, 2; ISR 1, 2)
+    lt = ListenerThread(MetadataCache(CLUSTER_ID), replicas=rm)
+    port = lt.start()
+
+    def fetch(replica_id: int, offset: int, corr: int) -> bytes:
+        req = FetchRequest(replica_id, 10_000, 1, 1 << 20, 0, [("orders", [FetchPartition(0, -1, offset, 0, 1 << 20)])])
+        return frame_request(1, 11, corr, "t", write_fetch_request(req))
+
+    produce_cls = load_request_schema(0, 8)
+    buf = __import__("io").BytesIO()
+    entity_writer(produce_cls)(buf, build(produce_cls, {
+        "transactional_id": None, "acks": 1, "timeout": datetime.timedelta(seconds=5),
+        "topic_data": [{"name": "orders", "partition_data": [{"index": 0, "records": make_batch([b"p", b"q"])}]}]}))
+    try:
+        a, b, c = connect(port), connect(port), connect(port)
+        a.settimeout(15)
+        started = time.monotonic()
+        a.sendall(fetch(-1, 0, 1) + request(18, 0, 2, b"", flexible=False))
+        b.sendall(frame_request(0, 8, 7, "t", buf.getvalue()))
+        assert struct.unpack_from(">i", recv_frame(b))[0] == 7
+        assert rm.get_by_name("orders", 0).high_watermark == 0
+        c.sendall(fetch(2, 2, 3))  # follower 2 reports log end 2 (and long-polls for more)
+        resp = recv_frame(a)
+        assert time.monotonic() - started < 8  # woken, not timed out
+        r = Reader(resp)
+        assert r.int32() == 1
+        _, results = read_fetch_response(11, r)
+        part = results[0][1][0]
+        assert (part.error_code, part.high_watermark) == (0, 2)
+        assert values_in(part.records) == [(0, b"p"), (1, b"q")]
+        assert struct.unpack_from(">ih", recv_frame(a)) == (2, 0)
+        for s in (a, b, c):
+            s.close()
+    finally:
+        lt.stop()
+        rm.close()
