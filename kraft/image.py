@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 from operator import itemgetter
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar, Iterable, Iterator, Mapping
+from typing import Any, Callable, ClassVar, Iterable, Iterator, Mapping
 
 import msgpack
 
@@ -470,29 +470,15 @@ class MetadataDelta:
         self._config_changes: dict[tuple[int, str], dict[str, str]] = {}
         self._next_producer_id = image.next_producer_id
         self._controller_id = image.controller_id
-        self._handlers = {
-            RegisterBrokerRecord: self._replay_register_broker,
-            UnregisterBrokerRecord: self._replay_unregister_broker,
-            BrokerRegistrationChangeRecord: self._replay_broker_change,
-            TopicRecord: self._replay_topic,
-            PartitionRecord: self._replay_partition,
-            PartitionChangeRecord: self._replay_partition_change,
-            RemoveTopicRecord: self._replay_remove_topic,
-            ConfigRecord: self._replay_config,
-            FeatureLevelRecord: self._replay_feature_level,
-            ProducerIdsRecord: self._replay_producer_ids,
-            LeaderChangeRecord: self._replay_leader_change,
-            NoOpRecord: _ignore,
-        }
 
     # ---- replay -----------------------------------------------------------------------------
 
     def replay(self, record: Record) -> None:
         """Replay one record; raises ReplayError if it does not fit."""
-        handler = self._handlers.get(type(record))
+        handler = _DELTA_HANDLERS.get(type(record))
         if handler is None:
             raise ReplayError(f"no replay rule for record type {type(record).__name__}")
-        handler(record)
+        handler(self, record)
 
     def replay_batch(self, batch: Batch, batch_hash_bytes: bytes | None = None) -> None:
         """Replay every record of ``batch``, then adopt its last offset, term, raft index, time
@@ -507,7 +493,7 @@ class MetadataDelta:
                               f"{self._last_hash.hex()[:16]}…")
         if not batch.records:
             raise ReplayError(f"batch at offset {batch.base_offset} is empty")
-        handlers = self._handlers
+        handlers = _DELTA_HANDLERS
         topic_changes = self._topic_changes
         offset = batch.base_offset
         try:
@@ -524,7 +510,7 @@ class MetadataDelta:
                     handler = handlers.get(type(record))
                     if handler is None:
                         raise ReplayError(f"no replay rule for record type {type(record).__name__}")
-                    handler(record)
+                    handler(self, record)
                 offset += 1
         except ReplayError as e:
             raise ReplayError(f"offset {offset}: {e}") from None
@@ -789,8 +775,21 @@ class MetadataDelta:
             controller_id=self._controller_id)
 
 
-def _ignore(record: Record) -> None:
-    """Replay rule for records that change nothing (NoOpRecord)."""
+# Replay rule per record type (PartitionRecord is inlined in replay_batch as well).
+_DELTA_HANDLERS: dict[type, Callable[..., None]] = {
+    RegisterBrokerRecord: MetadataDelta._replay_register_broker,
+    UnregisterBrokerRecord: MetadataDelta._replay_unregister_broker,
+    BrokerRegistrationChangeRecord: MetadataDelta._replay_broker_change,
+    TopicRecord: MetadataDelta._replay_topic,
+    PartitionRecord: MetadataDelta._replay_partition,
+    PartitionChangeRecord: MetadataDelta._replay_partition_change,
+    RemoveTopicRecord: MetadataDelta._replay_remove_topic,
+    ConfigRecord: MetadataDelta._replay_config,
+    FeatureLevelRecord: MetadataDelta._replay_feature_level,
+    ProducerIdsRecord: MetadataDelta._replay_producer_ids,
+    LeaderChangeRecord: MetadataDelta._replay_leader_change,
+    NoOpRecord: lambda delta, record: None,  # changes nothing
+}
 
 
 def _as_partition_map(partitions: Mapping[int, PartitionRegistration]) -> PartitionMap:

@@ -128,6 +128,11 @@ def _parse(spec: str) -> tuple[str, tuple[type, ...], bool]:
     return name, _TYPES[type_name.rstrip("?")], optional
 
 
+# Request field specs parsed once (validate_request runs for every request, twice for writes).
+_REQUEST_FIELDS: dict[str, tuple[tuple[str, tuple[type, ...], bool], ...]] = {
+    a.name: tuple(_parse(spec) for spec in a.request) for a in _APIS}
+
+
 def validate_request(api_name: str, body: Any) -> Api:
     """Return the API if ``body`` has its required fields with the right types, else raise
     ``KraftError(INVALID_REQUEST)``; an unknown API raises ``UNSUPPORTED_VERSION``."""
@@ -136,8 +141,7 @@ def validate_request(api_name: str, body: Any) -> Api:
         raise KraftError(ErrorCode.UNSUPPORTED_VERSION, f"unknown API {api_name!r}")
     if not isinstance(body, dict):
         raise KraftError(ErrorCode.INVALID_REQUEST, f"{api.name}: the body must be a map")
-    for spec in api.request:
-        name, types, optional = _parse(spec)
+    for name, types, optional in _REQUEST_FIELDS[api.name]:
         value = body.get(name)
         if value is None:
             if optional:
