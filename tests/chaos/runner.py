@@ -4,6 +4,8 @@ time, measure recovery, then collect the facts and run every history check.
 Fault kinds (a round injects one, holds it, heals it, and waits until the cluster is healthy):
 
 * ``kill-controller`` / ``kill-broker``: ``kill -9``, down 0.5-2 s, restart.
+* ``kill-in-election``: ``kill -9`` the leader, and while the others elect a new one ``kill -9``
+  one of them too; restart both at staggered moments (a voter crash-restarted mid-election).
 * ``pause-controller`` / ``pause-broker``: SIGSTOP for longer than the election, fetch and broker
   session timeouts, then SIGCONT.
 * ``partition-cut`` / ``partition-stall``: isolate the active controller (every Raft link and its
@@ -36,8 +38,8 @@ from tests.chaos.history import (OK, Anomaly, History, check_images, check_leade
 from tests.chaos.workload import Workload, call_one_node, perform
 from tests.harness import log_stream_digest
 
-FAULT_KINDS = ("kill-controller", "kill-broker", "pause-controller", "pause-broker",
-               "partition-cut", "partition-stall")
+FAULT_KINDS = ("kill-controller", "kill-broker", "kill-in-election", "pause-controller",
+               "pause-broker", "partition-cut", "partition-stall")
 RECOVERY_TIMEOUT_S = 60.0
 
 
@@ -151,7 +153,7 @@ class ChaosRun:
     """One cluster, one workload, a sequence of fault rounds, then the verdict."""
 
     def __init__(self, directory: Path, seed: int = 0, brokers: int = 3, workers: int = 3,
-                 log: Callable[[str], None] = lambda s: None) -> None:
+                 log: Callable[[str], None] = lambda s: None, sample_interval: float = 0.2) -> None:
         self.cluster = ChaosCluster(directory, brokers=brokers, seed=seed)
         self.rng = random.Random(seed)
         self.history = History()
@@ -162,15 +164,20 @@ class ChaosRun:
         self.sampler: Sampler | None = None
         self.report = ChaosReport()
         self.log = log
+        self.sample_interval = sample_interval
         self._minority_n = 0
 
     # ---- driving --------------------------------------------------------------------------------
 
     def __enter__(self) -> "ChaosRun":
-        self.cluster.up()
-        self.workload = Workload(self.cluster.bootstrap(), self.history, seed=self.seed,
-                                 workers=self.workers, max_rf=max(1, self.brokers)).start()
-        self.sampler = Sampler(self.cluster).start()
+        try:
+            self.cluster.up()
+            self.workload = Workload(self.cluster.bootstrap(), self.history, seed=self.seed,
+                                     workers=self.workers, max_rf=max(1, self.brokers)).start()
+            self.sampler = Sampler(self.cluster, self.sample_interval).start()
+        except BaseException:
+            self.__exit__()
+            raise
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -211,11 +218,16 @@ class ChaosRun:
                 continue
         return self.rng.choice(self.cluster.controller_ids)
 
-    def _controller_target(self) -> int:
-        return self._leader() if self.rng.random() < 0.6 else self.rng.choice(self.cluster.controller_ids)
+    def _controller_target(self) -> tuple[int, str]:
+        """The leader (60%) or a random controller, and a note saying which it was."""
+        leader = self._leader()
+        target = leader if self.rng.random() < 0.6 else self.rng.choice(self.cluster.controller_ids)
+        return target, "the leader" if target == leader else "a follower"
 
     def _kill_controller(self) -> tuple[int, float, str]:
-        return self._kill(self._controller_target())
+        target, role = self._controller_target()
+        node_id, held, _ = self._kill(target)
+        return node_id, held, role
 
     def _kill_broker(self) -> tuple[int, float, str]:
         return self._kill(self.rng.choice(self.cluster.broker_ids))
@@ -227,12 +239,27 @@ class ChaosRun:
         self.cluster.start(node_id)
         return node_id, time.monotonic() - t0, ""
 
+    def _kill_in_election(self) -> tuple[int, float, str]:
+        leader = self._leader()
+        second = self.rng.choice([c for c in self.cluster.controller_ids if c != leader])
+        t0 = time.monotonic()
+        self.cluster.kill(leader, signal.SIGKILL)
+        # fault timing, not synchronisation: land inside the election (timeout 0.4-1.0 x max)
+        time.sleep(self.rng.uniform(0.1, self.cluster.election_timeout_ms / 1000))
+        self.cluster.kill(second, signal.SIGKILL)
+        self.cluster.start(leader)
+        time.sleep(self.rng.uniform(0.2, 1.0))
+        self.cluster.start(second)
+        return leader, time.monotonic() - t0, f"then killed {second} mid-election"
+
     def _pause_hold_s(self) -> float:
         c = self.cluster
         return max(c.election_timeout_ms, c.fetch_timeout_ms, c.session_timeout_ms) / 1000 + 1.0
 
     def _pause_controller(self) -> tuple[int, float, str]:
-        return self._pause(self._controller_target())
+        target, role = self._controller_target()
+        node_id, held, _ = self._pause(target)
+        return node_id, held, role
 
     def _pause_broker(self) -> tuple[int, float, str]:
         return self._pause(self.rng.choice(self.cluster.broker_ids))
