@@ -21,32 +21,57 @@ PEERS_ARGS = ["--storages", "msync", "--batch", "off", "--clients", "inproc",
               "--modes", "seq,inflight", "--quick", "--quiet-wait", "5"]
 
 
-def run_peers(timeout_s: float) -> tuple[list[dict], str | None]:
-    """Bare 3-node PySyncObj rows, or ([], note) when it could not be measured in time."""
-    if not os.path.exists(PEERS):
-        return [], f"bare PySyncObj not measured: {PEERS} not found"
-    cb.log(f"bare PySyncObj: running {PEERS} {' '.join(PEERS_ARGS)} (timeout {timeout_s:.0f}s)")
+ETCD = "/work/shared/bench/peers/run_etcd.py"
+ETCD_ARGS = ["--clients", "grpc", "--modes", "seq,inflight", "--quick", "--quiet-wait", "5"]
+
+
+def run_peers(timeout_s: float, runner: str = PEERS, runner_args: list[str] = PEERS_ARGS,
+              system: str = "pysyncobj") -> tuple[list[dict], str | None]:
+    """A peer's 3-node rows (bare PySyncObj by default, or etcd), or ([], note) when it could
+    not be measured in time."""
+    label = "bare PySyncObj" if system == "pysyncobj" else system
+    if not os.path.exists(runner):
+        return [], f"{label} not measured: {runner} not found"
+    cb.log(f"{label}: running {runner} {' '.join(runner_args)} (timeout {timeout_s:.0f}s)")
     try:
-        proc = subprocess.run(["python3", PEERS, *PEERS_ARGS],
+        proc = subprocess.run(["python3", runner, *runner_args],
                               capture_output=True, text=True, timeout=timeout_s,
                               cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     except subprocess.TimeoutExpired:
-        return [], f"bare PySyncObj not measured: skipped after {timeout_s:.0f}s timeout"
+        return [], f"{label} not measured: skipped after {timeout_s:.0f}s timeout"
     lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
     try:
         doc = json.loads(lines[-1])
     except (IndexError, ValueError):
-        return [], (f"bare PySyncObj not measured: runner exit {proc.returncode}, "
+        return [], (f"{label} not measured: runner exit {proc.returncode}, "
                     f"stderr tail: {proc.stderr.strip()[-200:]}")
     rows = []
     for r in doc.get("results", []):
-        rows.append({"system": "pysyncobj", "config": r.get("config"), "metric": "small_command",
+        rows.append({"system": system, "config": r.get("config"), "metric": "small_command",
                      "mode": r.get("mode"), "clients": r.get("clients"), "ops_s": r.get("ops_s"),
                      "p50_ms": r.get("p50_ms"), "p99_ms": r.get("p99_ms"), "errors": r.get("errors"),
                      "count": r.get("ops"), "seconds": r.get("window_s"),
                      "quiet": (r.get("pre_row") or {}).get("quiet")})
-    cb.log(f"bare PySyncObj: {[(r['mode'], r['ops_s']) for r in rows]}")
+    cb.log(f"{label}: {[(r['mode'], r['ops_s']) for r in rows]}")
     return rows, None
+
+
+def etcd_targets(ours: list[dict], etcd: list[dict]) -> list[dict]:
+    """Issue 8's commit-path goals against etcd measured in the same run."""
+    mine = {r["mode"]: r for r in ours if r["metric"] == "small_command"}
+    theirs = {r["mode"]: r for r in etcd if r["mode"] in ("seq", "inflight")}
+    out = []
+    if "inflight" in mine and "inflight" in theirs and theirs["inflight"].get("ops_s"):
+        ratio = mine["inflight"]["ops_s"] / theirs["inflight"]["ops_s"]
+        out.append({"target": "small commands, 32 in flight >= 1.0x etcd (same run)",
+                    "value": mine["inflight"]["ops_s"], "limit": theirs["inflight"]["ops_s"],
+                    "ratio": round(ratio, 3), "met": ratio >= 1.0})
+    if "seq" in mine and mine["seq"].get("p50_ms") is not None:
+        p50 = mine["seq"]["p50_ms"]
+        out.append({"target": "sequential commit p50 <= 1.5 ms", "value": p50, "limit": 1.5,
+                    "ratio": round(p50 / 1.5, 3), "met": p50 <= 1.5,
+                    "etcd_seq_p50_ms": theirs.get("seq", {}).get("p50_ms")})
+    return out
 
 
 def targets(ours: list[dict], peers: list[dict]) -> list[dict]:
@@ -104,12 +129,17 @@ def main(argv: list[str] | None = None) -> int:
     if note:
         notes.append(note)
         cb.log(note)
+    etcd, note = (([], "etcd skipped (--no-peers)") if args.no_peers else
+                  run_peers(args.peers_timeout + 150, ETCD, ETCD_ARGS, "etcd"))
+    if note:
+        notes.append(note)
+        cb.log(note)
     ours = cb.run(args.phase_s, 32, args.failovers, args.failover_budget_s)
     fo = next((r for r in ours if r["metric"] == "failover"), None)
     if fo and fo["count"] < args.failovers:
         notes.append(f"failover: {fo['count']} of {args.failovers} rounds measured "
                      f"(budget {args.failover_budget_s:.0f}s)")
-    tg = targets(ours, peers)
+    tg = targets(ours, peers) + etcd_targets(ours, etcd)
     from bench import broker_bench
     broker_rows, broker_targets = broker_bench.run()
     tg += broker_targets
@@ -132,6 +162,13 @@ def main(argv: list[str] | None = None) -> int:
     if data_rows:
         print("\n## data plane: produce/consume, 1 KB messages, RF 3 (bench/produce_bench.py)\n")
         print(produce_bench.table(data_rows))
+    if etcd:
+        print("\n## etcd 3.4 (3 nodes, fsync, grpc client to the leader), same run\n")
+        print("| mode | clients | ops/s | p50 ms | p99 ms | errors | quiet machine |")
+        print("| --- | --- | --- | --- | --- | --- | --- |")
+        for r in etcd:
+            print(f"| {r['mode']} | {r['clients']} | {r['ops_s']} | {r['p50_ms']} | {r['p99_ms']} | "
+                  f"{r['errors']} | {r['quiet']} |")
     print("\n## targets\n")
     print("| target | value | limit | ratio | met |")
     print("| --- | --- | --- | --- | --- |")
@@ -140,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     for n in notes:
         print(f"\nnote: {n}")
     print(f"\ntotal wall time: {time.perf_counter() - started:.0f}s\n")
-    print(json.dumps({"system": "pykraft", "results": ours + peers + broker_rows + data_rows, "targets": tg,
+    print(json.dumps({"system": "pykraft", "results": ours + peers + etcd + broker_rows + data_rows, "targets": tg,
                       "notes": notes}))
     return 0
 
