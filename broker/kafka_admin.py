@@ -2,7 +2,7 @@
 
 :class:`KafkaAdmin` is the listener's ``admin=`` handler. It decodes CreateTopics,
 DeleteTopics, CreatePartitions, DescribeConfigs, IncrementalAlterConfigs and ElectLeaders with
-kio, forwards each as one controller RPC call through a :class:`ControllerClient` (which follows
+kio (:mod:`broker.admin_decode`), forwards each as one controller RPC call through a :class:`ControllerClient` (which follows
 the active controller and retries until the request's timeout), and encodes the answer as the
 Kafka response with per-item error codes and messages. DescribeCluster is answered from the
 broker's metadata image. Writes carry ``<kafka client id>@broker-<id>`` as their client id, so
@@ -23,11 +23,10 @@ import typing
 from functools import lru_cache
 from typing import Any, Awaitable, Callable
 
-from kio.index import load_request_schema
 from kio.schema.errors import ErrorCode as KafkaError
-from kio.serial import entity_reader
 
 from broker import admin_mapping as m
+from broker.admin_decode import decode_request
 from broker.kafka_codec import DecodeError, Reader, RequestHeader, encode_body, frame_response, response_class
 from broker.metadata_cache import MetadataCache
 from kraft.errors import ErrorCode, KraftError
@@ -88,16 +87,6 @@ def build_entity(cls: type, values: dict[str, Any]) -> Any:
             value = tuple(value)
         kwargs[key] = value
     return cls(**kwargs)
-
-
-def decode_request(header: RequestHeader, reader: Reader) -> Any:
-    """The kio request entity for this header's API and version; trailing bytes are ignored."""
-    try:
-        cls = load_request_schema(header.api_key, header.api_version)
-        entity, _ = entity_reader(cls)(reader.data, reader.pos)
-    except Exception as e:  # kio raises several types (KeyError, ValueError, ...) on bad input
-        raise DecodeError(f"API {header.api_key} v{header.api_version}: {type(e).__name__}: {e}") from None
-    return entity
 
 
 def request_timeout(req: Any) -> float:

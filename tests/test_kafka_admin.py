@@ -15,9 +15,8 @@ from kio.schema.errors import ErrorCode as K
 from kio.serial import entity_reader, entity_writer
 
 from broker import admin_mapping as m
-from broker.kafka_admin import (
-    DEFAULT_TIMEOUT_S, RANGES, KafkaAdmin, build_entity, decode_request, request_timeout,
-)
+from broker.admin_decode import decode_request, strip_tagged_fields
+from broker.kafka_admin import DEFAULT_TIMEOUT_S, RANGES, KafkaAdmin, build_entity, request_timeout
 from broker.kafka_codec import DecodeError, Reader, RequestHeader, encode_body, response_class
 from kraft.errors import ErrorCode, KraftError
 from broker.metadata_cache import MetadataCache
@@ -345,3 +344,58 @@ def test_handle_without_a_reachable_controller_times_out_per_topic() -> None:
     resp = entity_reader(response_class(19, 7))(frame, 9)[0]  # flexible response header: id + tags
     assert [t.error_code for t in resp.topics] == [K.request_timed_out] * 2
     assert resp.topics[0].error_message.startswith("No active controller answered within 0.5 s")
+
+
+# ---- lenient decoding: unknown tagged fields are ignored, as Kafka does ---------------------------
+
+TAG = bytes([1, 9, 3, 0xAA, 0xBB, 0xCC])  # one tagged field: tag 9, 3 bytes
+
+
+def test_unknown_tagged_fields_are_skipped_at_every_level() -> None:
+    """CreateTopics v7 with a tagged field in a config, in the topic and in the request itself."""
+    cls = load_request_schema(19, 7)
+    values = {"topics": [{"name": "t", "num_partitions": 2, "replication_factor": 1,
+                          "assignments": [{"partition_index": 0, "broker_ids": [101]}],
+                          "configs": [{"name": "retention.ms", "value": "5"}, {"name": "x", "value": None}]}],
+              "timeout": timedelta(seconds=3), "validate_only": True}
+    buf = io.BytesIO()
+    entity_writer(cls)(buf, build_entity(cls, values))
+    plain = buf.getvalue()
+    # Each entity ends with its tag count (0). The body ends with config "x" (name, null value,
+    # tags), the topic's tags, timeout 3000, validate_only, the request's tags.
+    assert plain.endswith(b"\x02x\x00\x00" + b"\x00" + b"\x00\x00\x0b\xb8\x01\x00")
+    tagged = plain[:-8] + TAG + TAG + b"\x00\x00\x0b\xb8\x01" + TAG
+    header = RequestHeader(19, 7, 1, "t")
+    with pytest.raises(KeyError):
+        entity_reader(cls)(tagged, 0)  # kio alone refuses
+    assert decode_request(header, Reader(tagged + b"trailing")) == decode_request(header, Reader(plain))
+    assert strip_tagged_fields(cls, tagged, 0) == plain
+
+
+@pytest.mark.parametrize("api_key", sorted(RANGES))
+def test_every_flexible_version_can_be_stripped(api_key: int) -> None:
+    """The schema walk knows every field type of every served flexible request version."""
+    samples = {
+        19: {"topics": [{"name": "t", "num_partitions": 1, "replication_factor": 1, "assignments": [],
+                         "configs": []}], "timeout": timedelta(0), "validate_only": False},
+        20: {"topics": [{"name": "t", "topic_id": uuid.uuid4()}], "topic_names": ["t"], "timeout": timedelta(0)},
+        32: {"resources": [{"resource_type": 2, "resource_name": "t", "configuration_keys": ["a"]}],
+             "include_synonyms": False, "include_documentation": False},
+        37: {"topics": [{"name": "t", "count": 2, "assignments": [{"broker_ids": [1]}]}],
+             "timeout": timedelta(0), "validate_only": False},
+        43: {"election_type": 0, "topic_partitions": [{"topic": "t", "partitions": [0]}], "timeout": timedelta(0)},
+        44: {"resources": [{"resource_type": 2, "resource_name": "t",
+                            "configs": [{"name": "a", "config_operation": 0, "value": "1"}]}],
+             "validate_only": False},
+        60: {"include_cluster_authorized_operations": False, "endpoint_type": 1, "include_fenced_brokers": True},
+    }
+    for version in versions(api_key):
+        cls = load_request_schema(api_key, version)
+        if not cls.__flexible__:
+            continue
+        buf = io.BytesIO()
+        entity_writer(cls)(buf, build_entity(cls, samples[api_key]))
+        plain = buf.getvalue()
+        tagged = plain[:-1] + TAG  # the request's own tagged fields
+        decoded = decode_request(RequestHeader(api_key, version, 1, "t"), Reader(tagged))
+        assert decoded == entity_reader(cls)(plain, 0)[0]
