@@ -74,7 +74,7 @@ class ChaosReport:
             "anomalies": len(self.anomalies),
             "anomaly_details": [f"{a.kind}: {a.detail}" for a in self.anomalies[:20]],
             "recovery_s": {"p50": percentile(rec, 50), "p99": percentile(rec, 99),
-                           "max": max(rec) if rec else None},
+                           "max": round(max(rec), 3) if rec else None},
             "recovery_s_by_kind": {k: percentile([f.recovery_s for f in self.faults
                                                   if f.kind == k and f.recovery_s is not None], 50)
                                    for k in by_kind},
@@ -153,7 +153,8 @@ class ChaosRun:
     """One cluster, one workload, a sequence of fault rounds, then the verdict."""
 
     def __init__(self, directory: Path, seed: int = 0, brokers: int = 3, workers: int = 3,
-                 log: Callable[[str], None] = lambda s: None, sample_interval: float = 0.2) -> None:
+                 log: Callable[[str], None] = lambda s: None, sample_interval: float = 0.2,
+                 op_pause_s: float = 0.05) -> None:
         self.cluster = ChaosCluster(directory, brokers=brokers, seed=seed)
         self.rng = random.Random(seed)
         self.history = History()
@@ -165,6 +166,7 @@ class ChaosRun:
         self.report = ChaosReport()
         self.log = log
         self.sample_interval = sample_interval
+        self.op_pause_s = op_pause_s
         self._minority_n = 0
 
     # ---- driving --------------------------------------------------------------------------------
@@ -173,7 +175,8 @@ class ChaosRun:
         try:
             self.cluster.up()
             self.workload = Workload(self.cluster.bootstrap(), self.history, seed=self.seed,
-                                     workers=self.workers, max_rf=max(1, self.brokers)).start()
+                                     workers=self.workers, max_rf=max(1, self.brokers),
+                                     pause_s=self.op_pause_s).start()
             self.sampler = Sampler(self.cluster, self.sample_interval).start()
         except BaseException:
             self.__exit__()

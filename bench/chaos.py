@@ -1,0 +1,102 @@
+"""``python -m bench.chaos --rounds N``: a chaos soak of a real local cluster (3 controllers,
+3 brokers on loopback behind cuttable proxies) under a topic workload.
+
+Each round injects one fault (kinds cycle in a shuffled order: kill -9 + restart of a controller
+or broker, a controller crash-restart in the middle of an election, SIGSTOP/SIGCONT longer than
+the election and session timeouts, the active controller partitioned away with reset or stalled
+links), heals it and waits until the cluster is healthy again. Then the history checker runs
+(tests/chaos/history.py): anomalies must be 0.
+
+Prints progress on stderr, a markdown table on stdout and, as the LAST stdout line, one JSON line
+``{"system": "pykraft", "bench": "chaos", ...}`` (see ``ChaosReport.summary``). Exit status 1 when
+the checker found anomalies.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.chaos.runner import FAULT_KINDS, ChaosRun  # noqa: E402
+
+
+def schedule(rounds: int, seed: int) -> list[str]:
+    """``rounds`` fault kinds: every kind once per cycle, each cycle shuffled."""
+    rng = random.Random(seed)
+    out: list[str] = []
+    while len(out) < rounds:
+        cycle = list(FAULT_KINDS)
+        rng.shuffle(cycle)
+        out += cycle
+    return out[:rounds]
+
+
+def table(summary: dict, wall_s: float) -> str:
+    rec = summary["recovery_s"]
+    ops = summary["operations"]
+    rows = [
+        ("rounds", summary["rounds"]),
+        ("faults by kind", ", ".join(f"{k} {v}" for k, v in sorted(summary["faults"].items()))),
+        ("operations acknowledged / failed / indeterminate", f"{ops['ok']} / {ops['fail']} / {ops['info']}"),
+        ("anomalies", summary["anomalies"]),
+        ("recovery after a fault p50 / p99 / max (s)", f"{rec['p50']} / {rec['p99']} / {rec['max']}"),
+        ("recovery p50 by kind (s)", ", ".join(f"{k} {v}" for k, v in sorted(summary["recovery_s_by_kind"].items()))),
+        ("writes to an isolated leader", ", ".join(f"{k} {v}" for k, v in summary["minority_writes"].items()) or "-"),
+        ("majority elects a new leader, p50 (s)", summary["majority_election_s_p50"]),
+        ("raft terms seen", summary["raft_terms_seen"]),
+        ("final metadata offset", summary["final_metadata_offset"]),
+        ("wall time (s)", round(wall_s, 1)),
+    ]
+    lines = ["| chaos | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=14, help="faults to inject (default 14)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--brokers", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=3, help="concurrent workload clients")
+    parser.add_argument("--op-pause", type=float, default=0.2,
+                        help="seconds each workload client waits between operations")
+    parser.add_argument("--dir", help="cluster directory (default: a fresh temporary one)")
+    args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    directory = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="pykraft-chaos-"))
+    start = time.monotonic()
+
+    def log(msg: str) -> None:
+        print(f"[{time.monotonic() - start:7.1f}s] {msg}", file=sys.stderr, flush=True)
+
+    log(f"cluster in {directory}")
+    with ChaosRun(directory / "cluster", seed=args.seed, brokers=args.brokers, workers=args.workers,
+                  log=log, op_pause_s=args.op_pause) as run:
+        log("cluster ready; workload running")
+        for kind in schedule(args.rounds, args.seed):
+            run.run_round(kind)
+        report = run.finish()
+    summary = report.summary()
+    wall = time.monotonic() - start
+    for a in summary["anomaly_details"]:
+        log(f"ANOMALY {a}")
+    print(table(summary, wall))
+    print(json.dumps({"system": "pykraft", "bench": "chaos", "seed": args.seed,
+                      "wall_s": round(wall, 1), **summary}))
+    if summary["anomalies"]:
+        log(f"logs and data kept in {directory}")
+        return 1
+    if not args.dir:
+        shutil.rmtree(directory, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
