@@ -351,7 +351,9 @@ def test_unauthenticated_process_changes_nothing_over_either_port(secured: Local
         proc = subprocess.run([sys.executable, "-m", "tools.cli", *alter, "--bootstrap-controller", bootstrap,
                                "--json"], cwd=REPO, env=dict(ENV, **env), capture_output=True, text=True,
                               timeout=60)
-        assert proc.returncode == 1 and json.loads(proc.stdout)["error"] == "SASL_AUTHENTICATION_FAILED"
+        answer = json.loads(proc.stdout)
+        assert proc.returncode == 1 and answer["error"] == "SASL_AUTHENTICATION_FAILED"
+        assert ("KRAFT_RPC_CREDENTIALS_FILE" in answer["message"]) == (not env), answer  # a hint
     answers = trio.run(_raw, c["rpc_port"], dict(WRITE, api="IncrementalAlterConfigs", body={
         "resources": [{"resource_type": "broker", "resource_name": "", "ops": [
             {"name": "background.threads", "op": "SET", "value": "9"}]}]}))[0]

@@ -184,7 +184,11 @@ def call_endpoints(bootstrap: list[tuple[str, int]], api: str, body: dict[str, A
 
     try:
         return call_sync(bootstrap, api, body, timeout, credentials=credentials)
-    except KraftError:
+    except KraftError as e:
+        if e.code == ErrorCode.SASL_AUTHENTICATION_FAILED and credentials is None:
+            raise KraftError(e.code, f"{e.message} (these controllers require credentials: set "
+                                     "KRAFT_RPC_CREDENTIALS_FILE, or use --cluster DIR for a cluster "
+                                     "started with --auth)") from None
         raise
     except TimeoutError as e:
         raise KraftError(ErrorCode.REQUEST_TIMED_OUT,
