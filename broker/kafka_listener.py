@@ -1,4 +1,5 @@
 """The broker's Kafka protocol listener (trio): ApiVersions and Metadata, answered from the image,
+FindCoordinator (no coordinator yet: :mod:`broker.coordinator`),
 plus whatever APIs an :class:`AdminHandler` serves (merged into ApiVersions and dispatched to it).
 
 Given a :class:`~broker.replica_manager.ReplicaManager` (:meth:`KafkaListener.serve_data`) it also serves the data plane: Produce,
@@ -28,6 +29,7 @@ from broker.data_codec import (
     API_LIST_OFFSETS, API_OFFSET_FOR_LEADER_EPOCH, FETCH_VERSIONS, LIST_OFFSETS_VERSIONS,
     OFFSET_FOR_LEADER_EPOCH_VERSIONS, PRODUCE_VERSIONS,
 )
+from broker.coordinator import API_FIND_COORDINATOR, FIND_COORDINATOR_VERSIONS, find_coordinator
 from broker.fetch import FetchHandler
 from broker.kafka_codec import (
     API_API_VERSIONS, API_FETCH, API_METADATA, API_PRODUCE, SUPPORTED, DecodeError, Deferred,
@@ -76,8 +78,9 @@ class KafkaListener:
         self._handlers: dict[int, Handler] = {
             API_API_VERSIONS: self._api_versions,
             API_METADATA: self._metadata,
+            API_FIND_COORDINATOR: find_coordinator,
         }
-        self._ranges: dict[int, tuple[int, int]] = dict(SUPPORTED)
+        self._ranges: dict[int, tuple[int, int]] = {**SUPPORTED, API_FIND_COORDINATOR: FIND_COORDINATOR_VERSIONS}
         if admin is not None:
             for key, span in admin.api_ranges().items():
                 if key in self._handlers:

@@ -213,7 +213,7 @@ def test_api_versions_unsupported_version_answers_v0(listener):
         assert (corr, err) == (7, 35)
         ranges = {struct.unpack_from(">hhh", resp, 10 + 6 * i)[0]: struct.unpack_from(">hhh", resp, 10 + 6 * i)[1:]
                   for i in range(n)}
-        assert ranges[18] == (0, 4) and ranges[3] == (0, 13)
+        assert ranges[18] == (0, 4) and ranges[3] == (0, 13) and ranges[10] == (0, 4)
 
 
 def metadata_v12_body(topics: list[str] | None, tags: bytes = b"\x00") -> bytes:
@@ -366,3 +366,20 @@ def test_delayed_fetch_woken_by_follower_progress_and_answered_in_order(tmp_path
     finally:
         lt.stop()
         rm.close()
+
+
+@pytest.mark.parametrize("version", [0, 1, 3, 4])
+def test_find_coordinator_says_not_available(listener, version):
+    from kio.index import load_response_schema
+    from kio.serial import entity_reader
+
+    _, port = listener
+    key = uvarint(6) + b"group" if version >= 3 else struct.pack(">h", 5) + b"group"
+    body = {0: key, 1: key + b"\x00", 3: key + b"\x00\x00", 4: b"\x00" + uvarint(2) + uvarint(6) + b"group" + b"\x00"}[version]
+    with connect(port) as s:
+        s.sendall(request(10, version, 5, body, flexible=version >= 3))
+        frame = recv_frame(s)
+    head = 5 if version >= 3 else 4
+    resp, _ = entity_reader(load_response_schema(10, version))(frame, head)
+    err = resp.coordinators[0].error_code if version >= 4 else resp.error_code
+    assert err.value == 15  # COORDINATOR_NOT_AVAILABLE
