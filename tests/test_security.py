@@ -110,6 +110,24 @@ def test_client_credentials_from_file_or_env_only(tmp_path: Path) -> None:
         ClientCredentials.load(tmp_path / "bad")
 
 
+def test_add_user_command_appends_a_hashed_line(tmp_path: Path) -> None:
+    users = tmp_path / "users"
+    for name, password in (("alice", "pw-a"), ("bob", "pw-b")):
+        proc = subprocess.run([sys.executable, "-m", "kraft.rpc.auth", "add-user", str(users), name],
+                              input=password + "\n", capture_output=True, text=True, cwd=REPO, env=ENV,
+                              timeout=60)
+        assert proc.returncode == 0, proc.stderr
+    assert "pw-a" not in users.read_text() and oct(users.stat().st_mode & 0o777) == "0o600"
+    store = CredentialStore.load(users)
+    assert store.verify("alice", "pw-a") == "User:alice" and store.verify("bob", "pw-a") is None
+    bad = subprocess.run([sys.executable, "-m", "kraft.rpc.auth", "add-user", str(users), "no way"],
+                         input="x\n", capture_output=True, text=True, cwd=REPO, env=ENV, timeout=60)
+    assert bad.returncode == 2 and "bad user name" in bad.stderr
+    again = subprocess.run([sys.executable, "-m", "kraft.rpc.auth", "add-user", str(users), "alice"],
+                           input="x\n", capture_output=True, text=True, cwd=REPO, env=ENV, timeout=60)
+    assert again.returncode == 2 and "already listed" in again.stderr
+
+
 def _controller_props(tmp_path: Path, raft_host: str = "127.0.0.1") -> dict[str, str]:
     return {"node.id": "1", "process.roles": "controller", "cluster.id": "c",
             "controller.quorum.voters": "1@127.0.0.1:9000",

@@ -16,6 +16,7 @@ command-line argument. The authenticated principal is ``User:<name>``.
 from __future__ import annotations
 
 import base64
+import getpass
 import hashlib
 import hmac
 import os
@@ -207,10 +208,18 @@ def _main(argv: list[str]) -> int:
               f"{ENV_PASSWORD})", file=sys.stderr)
         return 2
     path, name = argv[1], argv[2]
-    password = os.environ.get(ENV_PASSWORD) or sys.stdin.readline().rstrip("\n")
+    if os.environ.get(ENV_PASSWORD):
+        password = os.environ[ENV_PASSWORD]
+    elif sys.stdin.isatty():
+        password = getpass.getpass(f"password for {name}: ")
+    else:
+        password = sys.stdin.readline().rstrip("\n")
     try:
         if not _NAME.match(name):
             raise AuthError(f"bad user name {name!r}: letters, digits, '._-' only")
+        if Path(path).exists() and any(line.startswith(f"{name}:") for line in
+                                       Path(path).read_text(encoding="utf-8").splitlines()):
+            raise AuthError(f"{name} is already listed in {path}")
         line = f"{name}:{hash_password(password)}\n"
     except AuthError as e:
         print(f"Error: {e}", file=sys.stderr)
