@@ -69,7 +69,8 @@ def poll(what: str, check: Callable[[], Any], deadline_s: float = 60) -> Any:
 def leader_id() -> int | None:
     """The active controller per `kraft quorum status`, or None while there is none."""
     status = kraft_json("quorum", "status", *CLUSTER)
-    return status.get("leader_id") if isinstance(status, dict) else None
+    lid = status.get("leader_id") if isinstance(status, dict) else None
+    return lid if isinstance(lid, int) and lid >= 0 else None  # -1: no leader known yet
 
 
 def broker_states() -> dict[int, str]:
