@@ -17,6 +17,7 @@ import argparse
 import json
 import random
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -58,6 +59,14 @@ def table(summary: dict, wall_s: float) -> str:
     return "\n".join(lines)
 
 
+def _stop_requested() -> list[bool]:
+    """A list that becomes non-empty (truthy) on SIGINT/SIGTERM, so a soak ends with a verdict."""
+    flag: list[bool] = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: flag.append(True))
+    return flag
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=14, help="faults to inject (default 14)")
@@ -79,8 +88,12 @@ def main(argv: list[str] | None = None) -> int:
     log(f"cluster in {directory}")
     with ChaosRun(directory / "cluster", seed=args.seed, brokers=args.brokers, workers=args.workers,
                   log=log, op_pause_s=args.op_pause) as run:
-        log("cluster ready; workload running")
+        log("cluster ready; workload running (Ctrl-C: stop after this round and check)")
+        stop = _stop_requested()
         for kind in schedule(args.rounds, args.seed):
+            if stop:
+                log("stopping early")
+                break
             run.run_round(kind)
         report = run.finish()
     summary = report.summary()

@@ -13,8 +13,9 @@ Fault kinds (a round injects one, holds it, heals it, and waits until the cluste
   (must not be acknowledged) while the majority must elect a new leader; then heal.
 
 Recovery time is from the heal (restart, SIGCONT, partition healed) until: every controller
-answers and agrees on one active leader and has caught up to it, every broker is registered and
-unfenced, and the workload had an operation acknowledged.
+answers and agrees on one active leader and has caught up to it, every broker runs with its
+current incarnation registered and unfenced and has heartbeated the active controller within
+three heartbeat intervals, and the workload had an operation acknowledged.
 """
 from __future__ import annotations
 
@@ -372,6 +373,12 @@ class ChaosRun:
                 if (reg is None or state.get("state") != "RUNNING"
                         or state.get("incarnation_id") != reg.get("incarnation_id")):
                     return False
+            # ... and every broker heartbeats the active controller again
+            q = call_sync([self.cluster.real_rpc(active[0])], "DescribeQuorum", {}, 1.0)
+            contact = {o["broker_id"]: o["last_contact_ms"] for o in q.get("observers", [])}
+            fresh_ms = 3 * self.cluster.heartbeat_interval_ms
+            if any(contact.get(bid, fresh_ms + 1) > fresh_ms for bid in self.cluster.broker_ids):
+                return False
         return self.workload is not None and self.workload.ok_since(since)
 
     def _wait_healthy(self, since: float) -> float | None:
