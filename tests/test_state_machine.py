@@ -850,3 +850,42 @@ def test_broker_transitions_beyond_one_batch_continue_over_several_commands():
     assert steps == 2 and h.image.brokers[1].in_controlled_shutdown
     assert all(h.part(f"t{i}").leader == 0 for i in range(5))
     assert h.fails("BeginControlledShutdown", body)["error_code"] == 0  # nothing left to move
+
+
+def test_stepped_transitions_write_the_same_batches_with_or_without_the_pending_rest():
+    """A stepped fence/shutdown hands its unwritten changes to the next step; a controller that
+    lost them (restarted mid-way, or something else was written in between) recomputes them and
+    must write byte-identical batches."""
+    hits = []
+
+    def run(forget: bool, interleave: bool) -> list[bytes]:
+        h = Harness(brokers=3, max_records_per_batch=4)
+        for i in range(6):
+            h.ok("CreateTopics", {"topics": [{"name": f"t{i}", "num_partitions": 2, "replication_factor": 3}]})
+        out = []
+        for api, bid, extra in (("BeginControlledShutdown", 1, {}),
+                                ("FenceBroker", 2, {"reason": "session-timeout"})):
+            r = {"incomplete": True}
+            steps = 0
+            while r.get("incomplete"):
+                if forget:
+                    h.sm._pending = None
+                if interleave and steps == 1:
+                    batch, _ = h.ok("IncrementalAlterConfigs", {"resources": [{
+                        "resource_type": "topic", "resource_name": "t0",
+                        "ops": [{"name": "retention.ms", "op": "SET", "value": str(bid)}]}]})
+                    out.append(batch.encode())
+                body = {"broker_id": bid, "broker_epoch": h.epoch(bid), **extra}
+                hits.append(h.sm._pending_for(Command(api, body)) is not None)
+                batch, r = h.ok(api, body)
+                out.append(batch.encode() if batch is not None else b"")
+                steps += 1
+            assert steps > 2
+        assert h.image.brokers[2].fenced and h.image.brokers[1].in_controlled_shutdown
+        assert all(p.leader == 0 for t in h.image.topics_by_id.values() for p in t.partitions.values())
+        return out
+
+    assert run(forget=False, interleave=False) == run(forget=True, interleave=False)
+    assert any(hits) and not any(hits[len(hits) // 2:])  # used when kept, never when forgotten
+    hits.clear()
+    assert run(forget=False, interleave=True) == run(forget=True, interleave=True)

@@ -116,14 +116,16 @@ def register_broker(image: MetadataImage, cmd: Command, settings: ControllerSett
     return ControllerResult([record], {**error_fields(), "broker_epoch": epoch}, "broker-registration")
 
 
-def unregister_broker(image: MetadataImage, cmd: Command, settings: ControllerSettings) -> ControllerResult:
+def unregister_broker(image: MetadataImage, cmd: Command, settings: ControllerSettings,
+                      pending: tuple[Record, ...] | None = None) -> ControllerResult:
     """UnregisterBroker: drop it from ISRs and leadership, then UnregisterBrokerRecord."""
     broker_id = cmd.body["broker_id"]
     reg = image.broker(broker_id)
     if reg is None:
         error = KraftError(ErrorCode.BROKER_ID_NOT_REGISTERED, f"Broker {broker_id} is not registered.")
         return ControllerResult([], error_fields(error), "user-request")
-    return _leave(image, settings, broker_id, [], [UnregisterBrokerRecord(broker_id, reg.epoch)], "user-request")
+    return _leave(image, settings, broker_id, [], [UnregisterBrokerRecord(broker_id, reg.epoch)], "user-request",
+                  pending=pending)
 
 
 def _transition(image: MetadataImage, cmd: Command, reason: str) -> tuple[BrokerRegistration | None, ControllerResult | None]:
@@ -137,22 +139,28 @@ def _transition(image: MetadataImage, cmd: Command, reason: str) -> tuple[Broker
 
 
 def _leave(image: MetadataImage, settings: ControllerSettings, broker_id: int, first: list[Record],
-           last: list[Record], reason: str, controlled_shutdown: bool = False) -> ControllerResult:
+           last: list[Record], reason: str, controlled_shutdown: bool = False,
+           pending: tuple[Record, ...] | None = None) -> ControllerResult:
     """``first`` + the partition changes of ``broker_id`` leaving + ``last``, split if needed:
     a batch holds at most ``max_records_per_batch`` records, so a broker with more partitions
-    moves them over several commands. An incomplete step omits ``last`` and answers
-    ``{"incomplete": true, "remaining": n}``; repeating the same command continues."""
+    moves them over several commands. An incomplete step omits ``last``, answers
+    ``{"incomplete": true, "remaining": n}`` and returns the rest as ``pending``; repeating the
+    same command continues. ``pending`` from the previous step (given only when nothing else
+    was written since) is exactly what computing the changes again would give: each partition
+    appears once, and those not yet written are unchanged — it saves rescanning the image."""
     room = settings.max_records_per_batch - len(first)
-    # Only the records this step writes are built; the rest are counted (a later step builds
-    # them from the image it then sees).
-    changes = broker_leaving_changes(image, settings, broker_id, controlled_shutdown, limit=room)
-    if not changes.remaining and len(changes) <= room - len(last):
+    changes = list(pending) if pending is not None else list(
+        broker_leaving_changes(image, settings, broker_id, controlled_shutdown))
+    if len(changes) <= room - len(last):
         return ControllerResult([*first, *changes, *last], error_fields(), reason)
-    return ControllerResult([*first, *changes],
-                            {**error_fields(), "incomplete": True, "remaining": changes.remaining}, reason)
+    rest = tuple(changes[room:])
+    return ControllerResult([*first, *changes[:room]],
+                            {**error_fields(), "incomplete": True, "remaining": len(rest)}, reason,
+                            pending=rest)
 
 
-def fence_broker(image: MetadataImage, cmd: Command, settings: ControllerSettings) -> ControllerResult:
+def fence_broker(image: MetadataImage, cmd: Command, settings: ControllerSettings,
+                 pending: tuple[Record, ...] | None = None) -> ControllerResult:
     """FenceBroker (session timeout or want_fence): leave ISRs and leadership, then fenced=1
     (written last, so a fenced broker has left everything). Already fenced: nothing to write."""
     reason = cmd.body.get("reason") or "session-timeout"
@@ -162,7 +170,7 @@ def fence_broker(image: MetadataImage, cmd: Command, settings: ControllerSetting
     if reg.fenced:
         return ControllerResult([], error_fields(), reason)
     fence = BrokerRegistrationChangeRecord(reg.broker_id, reg.epoch, FENCE, 0)
-    return _leave(image, settings, reg.broker_id, [], [fence], reason)
+    return _leave(image, settings, reg.broker_id, [], [fence], reason, pending=pending)
 
 
 def unfence_broker(image: MetadataImage, cmd: Command, settings: ControllerSettings) -> ControllerResult:
@@ -190,7 +198,8 @@ def incomplete_continuation(cmd: Command) -> bool:
     return cmd.body.get("continue") is True
 
 
-def begin_controlled_shutdown(image: MetadataImage, cmd: Command, settings: ControllerSettings) -> ControllerResult:
+def begin_controlled_shutdown(image: MetadataImage, cmd: Command, settings: ControllerSettings,
+                              pending: tuple[Record, ...] | None = None) -> ControllerResult:
     """BeginControlledShutdown: in_controlled_shutdown=1, then leave ISRs and leadership. A
     fenced broker: nothing to write. Already shutting down: only what is left to move (if an
     earlier step was incomplete)."""
@@ -202,7 +211,8 @@ def begin_controlled_shutdown(image: MetadataImage, cmd: Command, settings: Cont
         return ControllerResult([], error_fields(), reason)
     first: list[Record] = [] if reg.in_controlled_shutdown else [
         BrokerRegistrationChangeRecord(reg.broker_id, reg.epoch, FENCE_UNCHANGED, 1)]
-    return _leave(image, settings, reg.broker_id, first, [], reason, controlled_shutdown=True)
+    return _leave(image, settings, reg.broker_id, first, [], reason, controlled_shutdown=True,
+                  pending=pending if not first else None)
 
 
 def allocate_producer_ids(image: MetadataImage, cmd: Command, settings: ControllerSettings) -> ControllerResult:

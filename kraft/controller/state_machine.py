@@ -33,6 +33,7 @@ from kraft.records import (
     PartitionRecord,
     ProducerIdsRecord,
     Provenance,
+    Record,
     RegisterBrokerRecord,
     RemoveTopicRecord,
     TopicRecord,
@@ -58,6 +59,9 @@ WRITES: dict[str, Handler] = {
     "ActivateController": feature_control.activate_controller,
     "NoOp": feature_control.no_op,
 }
+
+# Stepped broker transitions whose handlers take ``pending`` (see cluster_control._leave).
+_RESUMABLE = frozenset({"FenceBroker", "BeginControlledShutdown", "UnregisterBroker"})
 
 
 def batch_summary(batch: Batch, image: MetadataImage) -> dict[str, Any]:
@@ -100,6 +104,8 @@ class QuorumStateMachine:
         self.image = image
         self._recent: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._state_lock = threading.Lock()  # image + window change together (snapshot_state)
+        # (api, broker id, image offset, image hash) -> records a stepped transition has left
+        self._pending: tuple[tuple[Any, ...], tuple[Record, ...]] | None = None
         self.last_encoded: bytes | None = None  # encoding of the last batch apply() produced
 
     # ---- writes -------------------------------------------------------------------------------
@@ -119,7 +125,10 @@ class QuorumStateMachine:
                 return None, dict(seen)
         try:
             validate_request(command.api, command.body)
-            result = handler(self.image, command, self.settings)
+            if command.api in _RESUMABLE:
+                result = handler(self.image, command, self.settings, pending=self._pending_for(command))
+            else:
+                result = handler(self.image, command, self.settings)
         except KraftError as e:
             return None, error_response(e.code, e.message)
         except Exception as e:  # malformed nested input the handler did not anticipate
@@ -137,7 +146,22 @@ class QuorumStateMachine:
         encoded = batch.encode()
         self.replay_batch(batch, encoded)  # a ReplayError here is fatal: let it propagate
         self.last_encoded = encoded
+        self._pending = None if result.pending is None else (
+            self._pending_key(command, self.image), result.pending)
         return batch, result.response
+
+    @staticmethod
+    def _pending_key(command: Command, image: MetadataImage) -> tuple[Any, ...]:
+        return command.api, command.body.get("broker_id"), image.offset, image.last_hash
+
+    def _pending_for(self, command: Command) -> tuple[Record, ...] | None:
+        """The rest of a stepped transition, if this command continues it and nothing else was
+        written since the previous step (same offset and hash); a pure function of the log, so
+        controllers that have it and controllers that recompute write the same batch."""
+        pending = self._pending
+        if pending is None or pending[0] != self._pending_key(command, self.image):
+            return None
+        return pending[1]
 
     def replay_batch(self, batch: Batch, encoded: bytes | None = None) -> None:
         """Replay a batch (from apply, or from the log at start-up) into the image."""
@@ -165,6 +189,7 @@ class QuorumStateMachine:
             self._recent = OrderedDict()
             self.seed(request_ids)
             self.image = image
+            self._pending = None
 
     def seed(self, request_ids: Iterable[tuple[str, dict[str, Any]]]) -> None:
         """Add (request id, answer) pairs, oldest first, to the dedup window."""
