@@ -14,6 +14,7 @@ ROUNDS = ["kill-controller", "partition-cut", "pause-broker", "kill-broker", "pa
           "partition-stall", "kill-in-election"]
 
 
+@pytest.mark.timeout(480)  # ~110 s on 2 loaded cores; a hang still fails
 def test_chaos_run_has_no_anomalies(tmp_path) -> None:
     with ChaosRun(tmp_path / "cluster", seed=7, brokers=3, workers=3, log=print) as run:
         for kind in ROUNDS:
