@@ -9,7 +9,8 @@ is sampled.
     python bench/fuzz.py --seconds 60 [--target rpc|kafka|both] [--seed 1]
 
 Prints a markdown table and, as the last stdout line, ``{"system": "pykraft-fuzz", "results": [...]}``.
-A result with ``crashed``, ``internal_errors`` or ``unhealthy_checks`` non-zero is a finding.
+A result with ``crashed``, ``internal_errors``, ``unhealthy_checks`` or ``refused_connections``
+non-zero is a finding (stderr shows the input, in hex, that preceded a dead server).
 """
 from __future__ import annotations
 
@@ -79,11 +80,20 @@ def run_target(name: str, seconds: float, seed: int, send: Callable[[bytes], lis
     healthy()
     base_rss = max_rss = rss()
     latencies: list[float] = []
-    sent = internal = unhealthy = 0
+    sent = internal = unhealthy = refused = 0
     started = time.monotonic()
     while time.monotonic() - started < seconds and alive():
         data = make_input(rng)
-        answers = send(data)
+        try:
+            answers = send(data)
+        except OSError as e:  # refused or reset: did the server die?
+            refused += 1
+            deadline = time.monotonic() + 5
+            while alive() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            print(f"[{name}] connection failed after {sent} inputs ({e!r}); alive: {alive()}; "
+                  f"last input: {data.hex()}", file=sys.stderr)
+            continue
         internal += sum(1 for a in answers if a.get("error_code") == ErrorCode.UNKNOWN_SERVER_ERROR)
         sent += 1
         if sent % CHECK_EVERY == 0:
@@ -98,6 +108,7 @@ def run_target(name: str, seconds: float, seed: int, send: Callable[[bytes], lis
     return {"target": name, "seconds": round(time.monotonic() - started, 1), "seed": seed,
             "inputs": sent, "inputs_per_s": round(sent / max(time.monotonic() - started, 1e-9)),
             "crashed": not alive(), "internal_errors": internal, "unhealthy_checks": unhealthy,
+            "refused_connections": refused,
             "health_p50_ms": round(pct(latencies, 50), 1), "health_p99_ms": round(pct(latencies, 99), 1),
             "rss_start_mb": round(base_rss / 2**20, 1), "rss_max_mb": round(max_rss / 2**20, 1)}
 
@@ -153,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in results:
         print("| " + " | ".join(str(r[k]) for k in keys) + " |")
     print(json.dumps({"system": "pykraft-fuzz", "results": results}))
-    bad = any(r["crashed"] or r["internal_errors"] or r["unhealthy_checks"] for r in results)
+    bad = any(r["crashed"] or r["internal_errors"] or r["unhealthy_checks"] or r["refused_connections"]
+              for r in results)
     return 1 if bad else 0
 
 
