@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import random
 import signal
-import statistics
 import threading
 import time
 from dataclasses import dataclass, field
