@@ -255,9 +255,11 @@ class ChaosRun:
         self.cluster.start(second)
         return leader, time.monotonic() - t0, f"then killed {second} mid-election"
 
-    def _pause_hold_s(self) -> float:
+    def _pause_hold_s(self, broker: bool) -> float:
+        """Longer than every timeout; a broker's pause leaves time for its fence to commit."""
         c = self.cluster
-        return max(c.election_timeout_ms, c.fetch_timeout_ms, c.session_timeout_ms) / 1000 + 1.0
+        longest = max(c.election_timeout_ms, c.fetch_timeout_ms, c.session_timeout_ms) / 1000
+        return longest + (3.0 if broker else 1.0)
 
     def _pause_controller(self) -> tuple[int, float, str]:
         target, role = self._controller_target()
@@ -271,7 +273,7 @@ class ChaosRun:
         """SIGSTOP, hold, SIGCONT. A paused broker must be fenced before its pause ends."""
         t0 = time.monotonic()
         self.cluster.pause(node_id)
-        end = t0 + self._pause_hold_s()
+        end = t0 + self._pause_hold_s(broker=node_id in self.cluster.broker_ids)
         fenced_after: float | None = None
         while time.monotonic() < end:  # the fault's duration; meanwhile watch for the fence
             if node_id in self.cluster.broker_ids and fenced_after is None:
