@@ -181,6 +181,15 @@ BROKER_SETTINGS = _COMMON + [
     Setting("replica.lag.time.max.ms", int, 30000, "a follower lagging this long leaves the ISR"),
     Setting("replica.fetch.wait.max.ms", int, 500, "follower fetch long-poll"),
     Setting("min.insync.replicas", int, 1, "default min.insync.replicas for topics without one"),
+    Setting("listener.security.protocol.map", str, "", "NAME:PROTOCOL,... for listeners not named "
+            "after their protocol (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL)"),
+    Setting("ssl.certificate.location", str, "", "PEM certificate chain of an SSL/SASL_SSL listener"),
+    Setting("ssl.key.location", str, "", "PEM private key of an SSL/SASL_SSL listener"),
+    Setting("ssl.client.auth", str, "none", "none | requested | required (mutual TLS)"),
+    Setting("ssl.ca.location", str, "", "PEM CA certificates that sign client certificates"),
+    Setting("sasl.enabled.mechanisms", str, "PLAIN", "SASL mechanisms of a SASL_* listener (PLAIN only)"),
+    Setting("sasl.plain.users.file", str, "", "hashed SASL/PLAIN users (python -m kraft.rpc.auth "
+            "add-user FILE NAME)"),
     Setting(_CLIENT_CREDENTIALS, str, "", "RPC credentials file (username=/password= lines) for "
             "controllers that require authentication"),
 ]
