@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 
+from bench import audit_bench
 from bench import controller_bench as cb
 
 PEERS = "/work/shared/bench/peers/run_pysyncobj.py"
@@ -116,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--phase-s", type=float, default=5.0)
     ap.add_argument("--failovers", type=int, default=10)
     ap.add_argument("--failover-budget-s", type=float, default=100.0)
+    ap.add_argument("--audit-records", type=int, default=2_000_000,
+                    help="records in the generated log for the Spark audit benchmark (0 = skip)")
     ap.add_argument("--produce-messages", type=int, default=100_000,
                     help="messages per data-plane produce run (0 = skip bench/produce_bench.py)")
     args = ap.parse_args(argv)
@@ -147,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     data_rows = produce_bench.run(args.produce_messages) if args.produce_messages > 0 else []
     if data_rows:
         tg.append(produce_bench.target(data_rows))
+    audit_rows, audit_targets = (audit_bench.run(args.audit_records, audit_bench.default_work())
+                                 if args.audit_records > 0 else ([], []))
+    tg += audit_targets
 
     print("## pykraft controller (3 controllers, fsync always, 3 SimBrokers)\n")
     print(cb.table(ours))
@@ -162,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     if data_rows:
         print("\n## data plane: produce/consume, 1 KB messages, RF 3 (bench/produce_bench.py)\n")
         print(produce_bench.table(data_rows))
+    if audit_rows:
+        print("\n" + audit_bench.markdown(audit_rows, audit_targets))
     if etcd:
         print("\n## etcd 3.4 (3 nodes, fsync, grpc client to the leader), same run\n")
         print("| mode | clients | ops/s | p50 ms | p99 ms | errors | quiet machine |")
@@ -177,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     for n in notes:
         print(f"\nnote: {n}")
     print(f"\ntotal wall time: {time.perf_counter() - started:.0f}s\n")
-    print(json.dumps({"system": "pykraft", "results": ours + peers + etcd + broker_rows + data_rows, "targets": tg,
+    print(json.dumps({"system": "pykraft", "results": ours + peers + etcd + broker_rows + data_rows + audit_rows, "targets": tg,
                       "notes": notes}))
     return 0
 

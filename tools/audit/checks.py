@@ -152,13 +152,16 @@ def partition_rules(history: DataFrame) -> DataFrame:
 
 
 def leader_eligible(history: DataFrame, brokers: DataFrame) -> DataFrame:
-    """Each newly named leader must be a registered, unfenced broker at that offset."""
+    """Each newly named leader must be a registered, unfenced broker at that point: after
+    every broker record before it, or in the same batch (a batch is applied atomically)."""
     elected = (history.filter((F.col("leader_changed") | (F.col("change") == "created")) &
                               (F.col("leader") >= 0))
-                      .select("offset", "topic_name", "partition_id", "leader"))
-    states = brokers.select("broker_id", F.col("offset").alias("b_offset"), "state")
+                      .select("offset", "topic_name", "partition_id", "leader", "batch_base_offset"))
+    states = brokers.select("broker_id", F.col("offset").alias("b_offset"),
+                            F.col("batch_base_offset").alias("b_batch"), "state")
     j = (elected.join(states, (F.col("leader") == F.col("broker_id")) &
-                      (F.col("b_offset") < F.col("offset")), "left")
+                      ((F.col("b_offset") < F.col("offset")) |
+                       (F.col("b_batch") == F.col("batch_base_offset"))), "left")
                 .groupBy("offset", "topic_name", "partition_id", "leader")
                 .agg(F.max_by("state", "b_offset").alias("broker_state")))
     bad = j.filter(F.col("broker_state").isNull() | (F.col("broker_state") != "unfenced"))

@@ -13,15 +13,16 @@ are LeaderChangeRecord's ``leader_id`` / ``term``. Damaged frames give one row w
 from __future__ import annotations
 
 import gc
-import json
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
+
+import orjson
 
 import pyarrow as pa
 
 from kraft.log.segment import CRC, ChainState, scan_segment
 from kraft.log.snapshot import read_snapshot
-from kraft.records import Batch, Record, batch_hash, record_to_json
+from kraft.records import RECORD_TYPES, Batch, Record, batch_hash
 
 I32, I64, STR, BOOL = pa.int32(), pa.int64(), pa.string(), pa.bool_()
 INTS = pa.list_(pa.field("element", pa.int32()))
@@ -87,45 +88,97 @@ _RENAMES = {
     "FeatureLevelRecord": {"name": "feature_name"},
     "LeaderChangeRecord": {"leader_id": "controller_id", "term": "controller_term"},
 }
-_SKIP = {"endpoints", "features", "removing_replicas", "adding_replicas"}  # JSON only
+_JSON_ONLY = {"endpoints", "features", "removing_replicas", "adding_replicas"}
+BATCH_COLUMNS = ("source", "source_kind", "position", "batch_base_offset", "batch_last_offset",
+                 "term", "raft_index", "timestamp_ms", "principal", "client_id", "request_id",
+                 "api", "reason", "batch_hash", "prev_hash", "crc_ok", "problem")
+_ROW_COLUMNS = ("offset", "index_in_batch", "record_type", "record_version", "record_json")
+_SPARSE = tuple(n for n in NAMES if n not in BATCH_COLUMNS and n not in _ROW_COLUMNS)
+
+
+def _fenced(v: Any) -> int:
+    return (1 if v else -1) if type(v) is bool else v
+
+
+def _plan(cls: type[Record]) -> tuple[tuple[str, str, Any], ...]:
+    """(field, column, converter or None) for the typed columns a record type fills."""
+    renames = _RENAMES.get(cls.NAME, {})
+    plan = []
+    for name, _ in cls.FIELDS:
+        if name in _JSON_ONLY:
+            continue
+        conv = _fenced if name == "fenced" else int if name == "in_controlled_shutdown" else None
+        plan.append((name, renames.get(name, name), conv))
+    return tuple(plan)
+
+
+_PLANS = {cls: _plan(cls) for cls in RECORD_TYPES.values()}
 
 
 class _Builder:
-    """Column lists for one Arrow batch."""
+    """Columns for one Arrow batch: batch-level columns are extended once per batch, typed
+    record columns are sparse (only the rows whose record has the field)."""
 
     def __init__(self) -> None:
-        self.cols: dict[str, list[Any]] = {n: [] for n in NAMES}
         self.rows = 0
+        self.batch_cols: dict[str, list[Any]] = {n: [] for n in BATCH_COLUMNS}
+        self.row_cols: dict[str, list[Any]] = {n: [] for n in _ROW_COLUMNS}
+        self.sparse: dict[str, tuple[list[int], list[Any]]] = {n: ([], []) for n in _SPARSE}
 
-    def add(self, meta: dict[str, Any], record: Record | None) -> None:
-        cols = self.cols
-        values: dict[str, Any] = dict(meta)
-        if record is not None:
-            values["record_type"] = record.NAME
-            values["record_version"] = record.VERSION
-            renames = _RENAMES.get(record.NAME, {})
-            for name, _ in record.FIELDS:
-                if name in _SKIP:
-                    continue
+    def add_batch(self, meta: dict[str, Any], first_offset: int,
+                  records: Sequence[tuple[int, Record]], same_offset: bool = False) -> None:
+        """Rows for ``records`` (``(index in batch, record)``) sharing the batch ``meta``; the
+        offset is ``first_offset + index`` (or ``first_offset`` for all when ``same_offset``)."""
+        step = 0 if same_offset else 1
+        k = len(records)
+        for n, col in self.batch_cols.items():
+            col.extend([meta.get(n)] * k)
+        rc = self.row_cols
+        offsets, indexes = rc["offset"], rc["index_in_batch"]
+        types, versions, jsons = rc["record_type"], rc["record_version"], rc["record_json"]
+        sparse = self.sparse
+        row = self.rows
+        for i, record in records:
+            offsets.append(first_offset + step * i)
+            indexes.append(i)
+            types.append(record.NAME)
+            versions.append(record.VERSION)
+            doc = {"type": record.NAME, "version": record.VERSION}
+            for name, column, conv in _PLANS[type(record)]:
                 v = getattr(record, name)
-                if name == "fenced" and type(v) is bool:
-                    v = 1 if v else -1
-                elif name == "in_controlled_shutdown" and type(v) is bool:
-                    v = int(v)
-                elif type(v) is tuple:
-                    v = list(v)
-                values[renames.get(name, name)] = v
-            values["record_json"] = json.dumps(record_to_json(record), separators=(",", ":"))
-        for n in NAMES:
-            cols[n].append(values.get(n))
+                idx, vals = sparse[column]
+                idx.append(row)
+                vals.append(v if conv is None else conv(v))
+            for name, _ in record.FIELDS:
+                doc[name] = getattr(record, name)
+            jsons.append(orjson.dumps(doc).decode())
+            row += 1
+        self.rows = row
+
+    def add_problem(self, meta: dict[str, Any]) -> None:
+        """A row for a frame that holds no decodable batch."""
+        for n, col in self.batch_cols.items():
+            col.append(meta.get(n))
+        for n, col in self.row_cols.items():
+            col.append(meta.get(n))
         self.rows += 1
 
     def flush(self) -> pa.RecordBatch:
-        batch = pa.RecordBatch.from_arrays(
-            [pa.array(self.cols[n], type=t) for n, t, _ in COLUMNS], schema=ARROW_SCHEMA)
-        self.cols = {n: [] for n in NAMES}
-        self.rows = 0
-        return batch
+        n = self.rows
+        arrays = []
+        for name, typ, _ in COLUMNS:
+            if name in self.batch_cols:
+                values = self.batch_cols[name]
+            elif name in self.row_cols:
+                values = self.row_cols[name]
+            else:
+                idx, vals = self.sparse[name]
+                values = [None] * n
+                for i, v in zip(idx, vals):
+                    values[i] = v
+            arrays.append(pa.array(values, type=typ))
+        self.__init__()
+        return pa.RecordBatch.from_arrays(arrays, schema=ARROW_SCHEMA)
 
 
 def _batch_meta(source: str, kind: str, position: int, batch: Batch, digest: bytes | None,
@@ -161,9 +214,9 @@ def decode_segment(path: str | Path, from_offset: int | None = None, to_offset: 
             if batch is None:
                 kind = prob.kind if prob is not None else "decode"
                 detail = f"{kind}: {prob.detail}" if prob is not None else kind
-                out.add({"source": name, "source_kind": "log", "position": entry.position,
-                         "crc_ok": kind != CRC, "problem": detail,
-                         "offset": prob.offset if prob is not None else None}, None)
+                out.add_problem({"source": name, "source_kind": "log", "position": entry.position,
+                                 "crc_ok": kind != CRC, "problem": detail,
+                                 "offset": prob.offset if prob is not None else None})
             else:
                 if batch.last_offset < lo or batch.base_offset > hi:
                     continue
@@ -173,12 +226,11 @@ def decode_segment(path: str | Path, from_offset: int | None = None, to_offset: 
                     digest = batch_hash(batch.encode())
                 meta = _batch_meta(name, "log", entry.position, batch, digest, crc_ok,
                                    None if crc_ok else "crc")
-                for i, record in enumerate(batch.records):
-                    off = batch.base_offset + i
-                    if lo <= off <= hi:
-                        meta["offset"] = off
-                        meta["index_in_batch"] = i
-                        out.add(meta, record)
+                base = batch.base_offset
+                records = list(enumerate(batch.records))
+                if base < lo or batch.last_offset > hi:
+                    records = [(i, r) for i, r in records if lo <= base + i <= hi]
+                out.add_batch(meta, base, records)
             if out.rows >= rows_per_batch:
                 yield out.flush()
     finally:
@@ -199,11 +251,15 @@ def decode_snapshot(path: str | Path, rows_per_batch: int = 8192) -> Iterator[pa
             "raft_index": header.raft_index, "timestamp_ms": header.timestamp_ms,
             "batch_hash": header.last_hash.hex(), "crc_ok": True}
     out = _Builder()
+    chunk: list[tuple[int, Record]] = []
     for i, record in enumerate(records):
-        meta["index_in_batch"] = i
-        out.add(meta, record)
-        if out.rows >= rows_per_batch:
+        chunk.append((i, record))
+        if len(chunk) >= rows_per_batch:
+            out.add_batch(meta, meta["offset"], chunk, same_offset=True)
+            chunk = []
             yield out.flush()
+    if chunk:
+        out.add_batch(meta, meta["offset"], chunk, same_offset=True)
     if out.rows:
         yield out.flush()
 

@@ -122,8 +122,8 @@ def broker_history(records: DataFrame) -> DataFrame:
     state_code = (F.when(t == "UnregisterBrokerRecord", F.lit("unregistered"))
                    .when(fenced == 1, F.lit("fenced")).when(fenced == -1, F.lit("unfenced")))
     return (records.filter(t.isin(*BROKER_TYPES))
-                   .select("offset", "ts", "timestamp_ms", "broker_id", "broker_epoch",
-                           "incarnation_id", "rack", "record_type", event.alias("event"),
+                   .select("offset", "ts", "timestamp_ms", "batch_base_offset", "broker_id",
+                           "broker_epoch", "incarnation_id", "rack", "record_type", event.alias("event"),
                            state_code.alias("state_code"), "reason", "api", "principal",
                            "client_id")
                    .withColumn("state", F.last("state_code", True).over(cum))

@@ -57,7 +57,7 @@ def build_options(args: argparse.Namespace):
     """The AuditOptions for parsed arguments (UsageError on bad values)."""
     from tools.audit.run import AuditOptions
 
-    opts = AuditOptions(log_dir=Path(args.log_dir), out=Path(args.out), master=args.master,
+    opts = AuditOptions(log_dir=Path(args.log_dir), out=Path(args.out), master=args.master or None,
                         mirror=Path(args.mirror) if args.mirror else None)
     for option, value, offset_attr, ms_attr in (
             ("--from", args.start, "from_offset", "from_ms"),
@@ -99,7 +99,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--state-at", metavar="OFFSET|TIME",
                    help="also write OUT/state.json: the image rebuilt at this point")
     p.add_argument("--master", default="local[*]", metavar="URL",
-                   help="Spark master (default local[*])")
+                   help="Spark master (default local[*]; '' = whatever spark-submit set)")
     p.add_argument("--mirror", metavar="DIR", help="Parquet mirror directory (default OUT/mirror)")
     p.add_argument("--json", action="store_true",
                    help="print findings.json on stdout (progress goes to stderr)")

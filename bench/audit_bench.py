@@ -1,0 +1,261 @@
+"""``python -m bench.audit_bench``: the Spark audit on a generated 2-million-record log.
+
+Measures, on ``local[2]``: the single-process pure-Python decode floor (the project codec over
+the same files, and the same decode into Arrow columns), the ``kraft-metadata`` data source's
+read rate, the whole ``kraft audit`` in a fresh process (Spark start-up, read + decode, all
+tables, checks, report), and a re-audit after one new segment is appended (Parquet mirror).
+Progress on stderr; a markdown table, then one JSON line on stdout.
+
+The generated log is a plausible cluster: 20 brokers register, 2,000 topics of 10 partitions
+(RF 3) are created, then ISR shrinks/expands and clean leader changes among the ISR, plus
+config changes and controller LeaderChange records, chained and framed like a real log.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from kraft.log.metadata_log import MetadataLog
+from kraft.log.segment import encode_frame, iter_frames, list_segments, scan_segment, segment_name
+from kraft.records import (
+    LEADER_UNCHANGED, RECOVERY_UNCHANGED, ZERO_HASH, Batch, ConfigRecord, LeaderChangeRecord,
+    NoOpRecord, PartitionChangeRecord, PartitionRecord, Provenance, RegisterBrokerRecord,
+    BrokerRegistrationChangeRecord, TopicRecord, batch_hash, decode_batch)
+
+REPO = Path(__file__).resolve().parent.parent
+FEATURES = ({"name": "metadata.version", "min_version": 1, "max_version": 1},)
+TARGETS = {"datasource_rec_s": 500_000, "audit_s": 60.0, "reaudit_s": 20.0}
+
+
+def log(msg: str) -> None:
+    print(f"[audit-bench] {msg}", file=sys.stderr, flush=True)
+
+
+class _Writer:
+    def __init__(self, mlog: MetadataLog) -> None:
+        self.mlog, self.offset, self.prev, self.term, self.ts, self.index = mlog, 0, ZERO_HASH, 1, \
+            1_790_000_000_000, 0
+
+    def write(self, prov: Provenance, records: tuple) -> None:
+        self.index += 1
+        self.ts += 7
+        batch = Batch(self.offset, self.term, self.index, self.ts, prov, self.prev, records)
+        encoded = batch.encode()
+        self.mlog.append_encoded(encoded, batch)
+        self.prev, self.offset = batch_hash(encoded), batch.next_offset
+
+
+def generate(directory: Path, records: int, seed: int = 7) -> int:
+    """Write a log of at least ``records`` records into ``directory``; returns the count."""
+    rnd = random.Random(seed)
+    brokers = list(range(1, 21))
+    ctl = lambda api, reason: Provenance("controller", "", uuid.UUID(int=rnd.getrandbits(128)).hex,  # noqa: E731
+                                          api, reason)
+    with MetadataLog.open(directory, fsync="never") as mlog:
+        w = _Writer(mlog)
+        w.write(ctl("ActivateController", "bootstrap"), (LeaderChangeRecord(1, 1),))
+        for b in brokers:
+            w.write(Provenance("User:ANONYMOUS", f"broker-{b}", "r", "BrokerRegistration",
+                               "broker-registration"),
+                    (RegisterBrokerRecord(b, str(uuid.UUID(int=b)), w.offset, (), FEATURES,
+                                          f"r{b % 3}", True, False),))
+            w.write(ctl("UnfenceBroker", "broker-unfenced"),
+                    (BrokerRegistrationChangeRecord(b, w.offset - 1, -1, 0),))
+        parts: list[list] = []  # [topic_id, pid, replicas, isr, leader]
+        for t in range(2000):
+            tid = str(uuid.UUID(int=rnd.getrandbits(128), version=4))
+            recs: list = [TopicRecord(f"topic-{t:04d}", tid)]
+            for p in range(10):
+                reps = tuple(rnd.sample(brokers, 3))
+                recs.append(PartitionRecord(p, tid, reps, reps, (), (), reps[0], 0, 0, 0))
+                parts.append([tid, p, reps, list(reps), reps[0]])
+            w.write(Provenance("User:alice", "admin", "c", "CreateTopics", "user-request"), tuple(recs))
+        n = 0
+        while w.offset < records:
+            n += 1
+            if n % 500 == 0:
+                w.term += 1
+                w.write(ctl("ActivateController", "controller-activated"),
+                        (LeaderChangeRecord(1 + w.term % 3, w.term),))
+                continue
+            if n % 97 == 0:
+                t = rnd.randrange(2000)
+                w.write(Provenance("User:bob", "ops", "c", "IncrementalAlterConfigs", "user-request"),
+                        (ConfigRecord(2, f"topic-{t:04d}", "retention.ms", str(rnd.randrange(1, 10**8))),))
+                continue
+            changes = []
+            kind = rnd.choice(("isr-shrink", "isr-expand", "preferred-election"))
+            for s in rnd.sample(parts, 100):
+                tid, pid, reps, isr, leader = s
+                if kind == "isr-shrink" and len(isr) > 1:
+                    isr.remove(rnd.choice([r for r in isr if r != leader]))
+                    changes.append(PartitionChangeRecord(pid, tid, tuple(isr), LEADER_UNCHANGED, None,
+                                                         None, None, RECOVERY_UNCHANGED, None))
+                elif kind == "isr-expand" and len(isr) < 3:
+                    isr.append(next(r for r in reps if r not in isr))
+                    changes.append(PartitionChangeRecord(pid, tid, tuple(isr), LEADER_UNCHANGED, None,
+                                                         None, None, RECOVERY_UNCHANGED, None))
+                elif kind == "preferred-election" and len(isr) > 1:
+                    s[4] = rnd.choice([r for r in isr if r != leader])
+                    changes.append(PartitionChangeRecord(pid, tid, None, s[4], None, None, None,
+                                                         RECOVERY_UNCHANGED, "clean"))
+            if changes:
+                w.write(ctl("AlterPartition", kind), tuple(changes))
+        return w.offset
+
+
+def ensure_log(directory: Path, records: int) -> int:
+    marker = directory / "GENERATED.json"
+    if marker.exists() and json.loads(marker.read_text()).get("requested") == records:
+        return json.loads(marker.read_text())["records"]
+    if directory.exists():
+        import shutil
+
+        shutil.rmtree(directory)
+    directory.mkdir(parents=True)
+    started = time.perf_counter()
+    n = generate(directory, records)
+    marker.write_text(json.dumps({"requested": records, "records": n}))
+    log(f"generated {n:,} records in {len(list_segments(directory))} segments "
+        f"({time.perf_counter() - started:.1f}s)")
+    return n
+
+
+def append_segment(directory: Path) -> int:
+    """Fill the newest segment past the roll size and start a new one (NoOp batches)."""
+    segs = list_segments(directory)
+    last_frame = list(iter_frames(segs[-1].read_bytes()))[-1]
+    last = decode_batch(bytes(last_frame.payload))
+    prev, offset, added = batch_hash(bytes(last_frame.payload)), last.next_offset, 0
+    target = segs[-1]
+    while True:
+        size = target.stat().st_size
+        if target == segs[-1] and size >= 16 * 1024 * 1024:
+            target = directory / segment_name(offset)
+        elif target != segs[-1] and size >= 64 * 1024:
+            return added
+        batch = Batch(offset, last.term, last.raft_index + 1, last.timestamp_ms + 1,
+                      Provenance("controller", "", "", "NoOp", "noop"), prev,
+                      tuple(NoOpRecord() for _ in range(100)))
+        encoded = batch.encode()
+        with open(target, "ab") as f:
+            f.write(encode_frame(encoded))
+        prev, offset, added = batch_hash(encoded), batch.next_offset, added + 100
+
+
+def decode_floor(directory: Path) -> dict:
+    """Single-process decode of every segment: the codec alone, and into Arrow columns."""
+    from tools.audit.columns import decode_segment
+
+    t = time.perf_counter()
+    n = sum(len(e.batch.records) for p in list_segments(directory) for e in scan_segment(p)
+            if e.batch is not None)
+    codec_s = time.perf_counter() - t
+    t = time.perf_counter()
+    m = sum(rb.num_rows for p in list_segments(directory) for rb in decode_segment(p))
+    arrow_s = time.perf_counter() - t
+    return {"records": n, "codec_rec_s": round(n / codec_s), "arrow_rec_s": round(m / arrow_s)}
+
+
+def datasource_rate(directory: Path) -> dict:
+    from pyspark.sql import functions as F
+
+    from tools.audit.session import build_session
+
+    t = time.perf_counter()
+    spark = build_session("local[2]", Path("/tmp/kraft-audit-bench-spark.log"))
+    start_s = time.perf_counter() - t
+    df = spark.read.format("kraft-metadata").load(str(directory))
+    first = list_segments(directory)[0].name
+    spark.read.format("kraft-metadata").option("segments", first).load(str(directory)).count()  # warm workers
+    t = time.perf_counter()
+    row = df.agg(F.count("*").alias("n"), F.sum("offset"), F.max(F.length("record_json"))).first()
+    read_s = time.perf_counter() - t
+    spark.stop()
+    return {"spark_start_s": round(start_s, 1), "records": row["n"], "read_s": round(read_s, 1),
+            "datasource_rec_s": round(row["n"] / read_s)}
+
+
+def timed_audit(directory: Path, out: Path) -> tuple[float, int, str]:
+    t = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "tools.cli", "audit", "--log-dir", str(directory),
+                           "--out", str(out), "--master", "local[2]"], cwd=REPO,
+                          capture_output=True, text=True, timeout=1800)
+    return time.perf_counter() - t, proc.returncode, proc.stdout[-600:] + proc.stderr[-600:]
+
+
+def run(records: int, work: Path) -> tuple[list[dict], list[dict]]:
+    logdir, out = work / "log", work / "out"
+    n = ensure_log(logdir, records)
+    import shutil
+
+    shutil.rmtree(out, ignore_errors=True)
+    floor = decode_floor(logdir)
+    log(f"decode floor: {floor}")
+    ds = datasource_rate(logdir)
+    log(f"data source: {ds}")
+    audit_s, code, tail = timed_audit(logdir, out)
+    log(f"audit: {audit_s:.1f}s exit {code}\n{tail}")
+    added = append_segment(logdir)
+    re_s, re_code, re_tail = timed_audit(logdir, out)
+    log(f"re-audit after +1 segment ({added} records): {re_s:.1f}s exit {re_code}\n{re_tail}")
+    (logdir / "GENERATED.json").unlink()  # the appended NoOps change the log: regenerate next time
+    rows = [
+        {"metric": "decode_floor_codec", "records": floor["records"], "rec_s": floor["codec_rec_s"]},
+        {"metric": "decode_floor_arrow", "records": floor["records"], "rec_s": floor["arrow_rec_s"]},
+        {"metric": "datasource_read_local2", "records": ds["records"], "rec_s": ds["datasource_rec_s"],
+         "seconds": ds["read_s"], "spark_start_s": ds["spark_start_s"]},
+        {"metric": "audit_local2", "records": n, "seconds": round(audit_s, 1), "exit": code},
+        {"metric": "reaudit_one_new_segment", "records": n + added, "seconds": round(re_s, 1),
+         "exit": re_code},
+    ]
+    targets = [
+        {"target": "data source >= 0.5 M records/s on local[2]", "value": ds["datasource_rec_s"],
+         "limit": TARGETS["datasource_rec_s"],
+         "ratio": round(ds["datasource_rec_s"] / TARGETS["datasource_rec_s"], 3),
+         "met": ds["datasource_rec_s"] >= TARGETS["datasource_rec_s"]},
+        {"target": "audit of 2 M records <= 60 s incl. start-up", "value": round(audit_s, 1),
+         "limit": TARGETS["audit_s"], "ratio": round(audit_s / TARGETS["audit_s"], 3),
+         "met": audit_s <= TARGETS["audit_s"] and code in (0, 1)},
+        {"target": "re-audit after one new segment <= 20 s", "value": round(re_s, 1),
+         "limit": TARGETS["reaudit_s"], "ratio": round(re_s / TARGETS["reaudit_s"], 3),
+         "met": re_s <= TARGETS["reaudit_s"] and re_code in (0, 1)},
+    ]
+    return rows, targets
+
+
+def markdown(rows: list[dict], targets: list[dict]) -> str:
+    lines = ["## kraft audit (local[2])", "", "| metric | records | rec/s | seconds |",
+             "| --- | --- | --- | --- |"]
+    lines += [f"| {r['metric']} | {r['records']:,} | {r.get('rec_s', '')} | {r.get('seconds', '')} |"
+              for r in rows]
+    lines += ["", "| target | value | limit | met |", "| --- | --- | --- | --- |"]
+    lines += [f"| {t['target']} | {t['value']} | {t['limit']} | {t['met']} |" for t in targets]
+    return "\n".join(lines)
+
+
+def default_work() -> Path:
+    """Where the generated log and the audit output live (reused between runs)."""
+    return Path(os.environ.get("TMPDIR", "/tmp")) / "kraft-audit-bench"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--records", type=int, default=2_000_000)
+    ap.add_argument("--work", type=Path, default=default_work())
+    args = ap.parse_args(argv)
+    rows, targets = run(args.records, args.work)
+    print(markdown(rows, targets))
+    print(json.dumps({"system": "pykraft-audit", "results": rows, "targets": targets}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
