@@ -1,5 +1,5 @@
 """Produce and fetch with real clients against 3 controllers + 3 brokers on loopback: kcat,
-confluent-kafka (zstd-compressed batches) and kafka-python move 10,000 messages each through a
+confluent-kafka (zstd and LZ4 batches, stored as sent) and kafka-python move 10,000 messages each through a
 3-partition RF-3 topic with acks=all and read them back exactly (assign mode); ListOffsets by
 time; a batch with a bad CRC is refused with CORRUPT_MESSAGE and nothing is appended; every
 replica ends with byte-identical logs. Replication: a stalled follower leaves the ISR
@@ -151,6 +151,18 @@ def test_confluent_kafka_zstd_acks_all_and_offsets_for_times(cluster):
         assert (lo, hi) == (0, len(range(0, N, 3)))
     finally:
         consumer.close()
+    lz4 = Producer({"bootstrap.servers": bs, "acks": "all", "compression.type": "lz4"})
+    for i in range(100):
+        lz4.produce("confluent", value=b"lz4-%d" % i, partition=0)
+    assert lz4.flush(30) == 0
+    codecs = set()
+    data = log_bytes(cluster.meta["brokers"][0], "confluent", 0)
+    pos = 0
+    while pos < len(data):  # the compression codec of every stored batch (attributes & 7)
+        length, attributes = struct.unpack_from(">i", data, pos + 8)[0], struct.unpack_from(">h", data, pos + 21)[0]
+        codecs.add(attributes & 7)
+        pos += 12 + length
+    assert codecs == {3, 4}  # LZ4 and zstd, as the clients sent them
 
 
 def test_kafka_python_produces_and_consumes(cluster):
