@@ -332,36 +332,41 @@ def test_payload_executes_on_a_raft_port_without_password(tmp_path: Path) -> Non
 
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """Three controllers (Raft secret from the environment, RPC auth) and one broker."""
     directory = tmp_path_factory.mktemp("secured") / "c"
     env = dict(ENV, KRAFT_RAFT_SECRET="raft-secret-for-tests")
     cluster = LocalCluster(directory)
     try:
         proc = subprocess.run([sys.executable, "-m", "tools.cli", "cluster", "up", "--dir", str(directory),
-                               "--controllers", "1", "--auth", "--detach", "--fsync", "never"],
-                              cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+                               "--controllers", "3", "--brokers", "1", "--auth", "--detach", "--fsync", "never"],
+                              cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
         assert proc.returncode == 0, proc.stderr
         yield cluster
     finally:
         cluster.down()
 
 
-def _admin_call(cluster: LocalCluster, api: str, body: dict) -> dict:
-    creds = ClientCredentials.load(Path(cluster.meta["auth_dir"]) / "admin.credentials")
-    c = cluster.controller(1)
+def _admin_call(cluster: LocalCluster, api: str, body: dict, node_id: int = 1) -> dict:
     from kraft.rpc.client import call_sync
-    return call_sync([(c["host"], c["rpc_port"])], api, body, 20, credentials=creds)
+
+    creds = ClientCredentials.load(Path(cluster.meta["auth_dir"]) / "admin.credentials")
+    c = cluster.controller(node_id)
+    return call_sync([(c["host"], c["rpc_port"])], api, body, 30, credentials=creds)
 
 
-def _log_end(cluster: LocalCluster) -> int:
-    return _admin_call(cluster, "DescribeNode", {"checksum": False})["log_end_offset"]
+def _log_ends(cluster: LocalCluster) -> list[int]:
+    """Every controller's own metadata log end (DescribeNode is answered by the node asked)."""
+    return [_admin_call(cluster, "DescribeNode", {"checksum": False}, c["id"])["log_end_offset"]
+            for c in cluster.meta["controllers"]]
 
 
 @pytest.mark.integration
 def test_unauthenticated_process_changes_nothing_over_either_port(secured: LocalCluster, tmp_path: Path) -> None:
     cluster = secured
     c = cluster.controller(1)
-    bootstrap = f"{c['host']}:{c['rpc_port']}"
-    before = _log_end(cluster)
+    bootstrap = ",".join(f"{n['host']}:{n['rpc_port']}" for n in cluster.meta["controllers"])
+    before = poll(lambda: (lambda ends: ends if len(set(ends)) == 1 else None)(_log_ends(cluster)), 60,
+                  what="the controllers to agree on the log end")
     alter = ("configs", "alter", "--broker-defaults", "--set", "background.threads=7")
 
     # RPC: no credentials, wrong credentials, a client-claimed principal: all refused.
@@ -372,34 +377,42 @@ def test_unauthenticated_process_changes_nothing_over_either_port(secured: Local
         answer = json.loads(proc.stdout)
         assert proc.returncode == 1 and answer["error"] == "SASL_AUTHENTICATION_FAILED"
         assert ("KRAFT_RPC_CREDENTIALS_FILE" in answer["message"]) == (not env), answer  # a hint
-    answers = trio.run(_raw, c["rpc_port"], dict(WRITE, api="IncrementalAlterConfigs", body={
-        "resources": [{"resource_type": "broker", "resource_name": "", "ops": [
-            {"name": "background.threads", "op": "SET", "value": "9"}]}]}))[0]
-    assert answers[0]["error_code"] == ErrorCode.SASL_AUTHENTICATION_FAILED
+    for node in cluster.meta["controllers"]:
+        answers = trio.run(_raw, node["rpc_port"], dict(WRITE, api="IncrementalAlterConfigs", body={
+            "resources": [{"resource_type": "broker", "resource_name": "", "ops": [
+                {"name": "background.threads", "op": "SET", "value": "9"}]}]}))[0]
+        assert answers[0]["error_code"] == ErrorCode.SASL_AUTHENTICATION_FAILED
 
-    # Raft port (password-protected): garbage, a huge length prefix, byte-at-a-time junk, and
-    # PySyncObj-shaped pickles that would run code if unpickled.
+    # Raft ports (password-protected): garbage, a huge length prefix, byte-at-a-time junk, and
+    # PySyncObj-shaped pickles that would run code if unpickled (append_entries to followers too).
     marker = tmp_path / "pwned"
     evil = _evil_frames(marker)
-    raft_port = c["raft_port"]
-    _send_raw(raft_port, os.urandom(4096))
-    _send_raw(raft_port, struct.pack("i", 2**31 - 1) + b"x" * 1000)
-    _send_raw(raft_port, struct.pack("i", -5) + b"junk")
-    _send_raw(raft_port, evil)
-    _send_raw(raft_port, evil[:40], chunk=1)
-    _send_raw(raft_port, evil + evil + os.urandom(100), chunk=7)
+    for node in cluster.meta["controllers"]:
+        raft_port = node["raft_port"]
+        _send_raw(raft_port, os.urandom(4096))
+        _send_raw(raft_port, struct.pack("i", 2**31 - 1) + b"x" * 1000)
+        _send_raw(raft_port, struct.pack("i", -5) + b"junk")
+        _send_raw(raft_port, evil)
+        _send_raw(raft_port, evil[:40], chunk=1)
+        _send_raw(raft_port, evil + evil + os.urandom(100), chunk=7)
     assert not marker.exists()
-    assert _log_end(cluster) == before
+    assert _log_ends(cluster) == before
 
-    # The controller still works, and what it writes carries the authenticated principal.
+    # The quorum still works, and what it writes carries the authenticated principal: the
+    # broker registered as User:broker, the CLI writes as User:admin.
     proc = subprocess.run([sys.executable, "-m", "tools.cli", *alter, "--cluster", str(cluster.dir)],
                           cwd=REPO, env=ENV, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    fetched = _admin_call(cluster, "FetchMetadata", {"from_offset": before, "max_wait_ms": 0})
+    after = poll(lambda: (lambda ends: ends if len(set(ends)) == 1 and ends != before else None)(
+        _log_ends(cluster)), 60, what="the write to reach every controller")
+    assert after[0] == before[0] + 1
+    fetched = _admin_call(cluster, "FetchMetadata", {"from_offset": 0, "max_wait_ms": 0})
     batches = [decode_batch(b) for b in fetched["batches"]]
-    assert [b.provenance.principal for b in batches] == ["User:admin"]
-    assert not marker.exists()
-    assert cluster.meta["controllers"][0]["pid"] and _is_alive(cluster.meta["controllers"][0]["pid"])
+    principals = {b.provenance.api: b.provenance.principal for b in batches}
+    assert principals["BrokerRegistration"] == "User:broker"
+    assert principals["IncrementalAlterConfigs"] == "User:admin"
+    assert batches[-1].base_offset == before[0] and not marker.exists()
+    assert all(_is_alive(n["pid"]) for n in cluster.meta["controllers"])
 
 
 def _is_alive(pid: int) -> bool:
