@@ -3,7 +3,8 @@ generator, 1 KB messages to a 3-partition RF-3 topic.
 
 Measures (progress on stderr):
   1. produce throughput (MB/s, msgs/s) with acks=1 and with acks=all — batched (linger.ms 5),
-     from the first produce() to the last delivery report;
+     from the first produce() to the last delivery report; the same with kcat (no Python in the
+     client, so closer to what the brokers can take);
   2. consume throughput of what was produced (assign mode, from the beginning);
   3. end-to-end latency (produce with acks=all → consumer receives), one message at a time at
      a modest rate, p50/p99.
@@ -70,6 +71,19 @@ def produce(bs: str, topic: str, acks: str, messages: int) -> dict:
     secs = time.perf_counter() - start
     return {"metric": "produce", "mode": f"acks={acks}", "messages": messages, "errors": done["err"],
             "seconds": round(secs, 2), "msgs_s": round(done["ok"] / secs), "mb_s": round(done["ok"] * MSG_BYTES / secs / 1e6, 1)}
+
+
+def produce_kcat(bs: str, topic: str, acks: str, messages: int, workdir: Path) -> dict:
+    """The same load from kcat (C, no Python in the client): the broker's side of the cost."""
+    data = workdir / "messages.txt"
+    data.write_bytes((b"k" * (MSG_BYTES - 1) + b"\n") * messages)
+    start = time.perf_counter()
+    proc = subprocess.run(["kcat", "-P", "-b", bs, "-t", topic, "-X", f"acks={acks}", "-X", "linger.ms=5",
+                           "-X", "batch.size=1000000", "-l", str(data)], capture_output=True, timeout=300)
+    secs = time.perf_counter() - start
+    ok = messages if proc.returncode == 0 else 0
+    return {"metric": "produce", "mode": f"acks={acks} (kcat)", "messages": messages, "errors": messages - ok,
+            "seconds": round(secs, 2), "msgs_s": round(ok / secs), "mb_s": round(ok * MSG_BYTES / secs / 1e6, 1)}
 
 
 def consume(bs: str, topic: str, messages: int) -> dict:
@@ -147,6 +161,13 @@ def run(messages: int) -> list[dict]:
                 log("consume")
                 rows.append(consume(bs, topic, messages))
                 log(f"  {rows[-1]}")
+            if shutil.which("kcat"):
+                kraft("topics", "create", f"{topic}-kcat", "--partitions", "3", "--replication-factor", "3",
+                      "--cluster", str(cdir))
+                time.sleep(1.0)
+                log(f"produce {messages} x {MSG_BYTES} B with kcat, acks={acks}")
+                rows.append(produce_kcat(bs, f"{topic}-kcat", acks, messages, workdir))
+                log(f"  {rows[-1]}")
         kraft("topics", "create", "bench-e2e", "--partitions", "1", "--replication-factor", "3", "--cluster", str(cdir))
         time.sleep(1.0)
         log("end-to-end latency")
@@ -171,7 +192,7 @@ def table(rows: list[dict]) -> str:
 
 
 def target(rows: list[dict]) -> dict:
-    row = next((r for r in rows if r["metric"] == "produce" and r["mode"] == "acks=all"), None)
+    row = next((r for r in rows if r["metric"] == "produce" and r["mode"] == "acks=all"), None)  # confluent-kafka
     value = row and row["mb_s"]
     return {"target": f"produce acks=all RF 3, 1 KB messages >= {TARGET_MB_S} MB/s", "value": value,
             "limit": TARGET_MB_S, "ratio": round(value / TARGET_MB_S, 3) if value else None,
