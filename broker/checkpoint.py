@@ -42,7 +42,7 @@ def image_from_snapshot(path: Path) -> MetadataImage:
         raise
     except Exception as e:  # a ReplayError or decode error inside: the file is unusable
         raise CorruptSnapshotError(path, 0, f"records do not replay: {e}") from None
-    if image.checksum() != header.image_checksum:
+    if image.checksum(header.checksum_version) != header.image_checksum:
         raise CorruptSnapshotError(path, 0, "image checksum does not match the header")
     return image
 

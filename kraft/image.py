@@ -16,8 +16,8 @@ one. Replay rules follow Kafka's (kraft-reference §3, §5, §8).
 from __future__ import annotations
 
 import hashlib
-from operator import itemgetter
-from dataclasses import dataclass, replace
+from operator import attrgetter, itemgetter
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, ClassVar, Iterable, Iterator, Mapping
 
 import msgpack
@@ -49,6 +49,7 @@ from kraft.records import (
 )
 
 __all__ = [
+    "CHECKSUM_VERSION",
     "BrokerRegistration",
     "LocalChanges",
     "MetadataDelta",
@@ -59,6 +60,10 @@ __all__ = [
     "TopicImage",
     "image_from_records",
 ]
+
+
+CHECKSUM_VERSION = 2
+"""The definition :meth:`MetadataImage.checksum` computes by default (1 = the legacy one)."""
 
 
 class ReplayError(Exception):
@@ -226,6 +231,14 @@ class PartitionMap(Mapping):
         for ci in sorted(self._chunks):
             yield from self._chunks[ci].values()
 
+    def sorted_items(self) -> list[tuple[int, PartitionRegistration]]:
+        """``(partition id, registration)`` pairs by id."""
+        out: list[tuple[int, PartitionRegistration]] = []
+        for ci in sorted(self._chunks):
+            chunk = self._chunks[ci]
+            out += sorted(chunk.items(), key=_first)
+        return out
+
     def __repr__(self) -> str:
         return f"PartitionMap({dict(self.items())!r})"
 
@@ -272,6 +285,23 @@ class TopicImage:
     name: str
     topic_id: str
     partitions: Mapping[int, PartitionRegistration]
+    # Cache of digest() (the topic is immutable; images share unchanged topics, so an image's
+    # checksum re-hashes only the topics that changed since an earlier image's checksum).
+    _digest: bytes | None = field(default=None, init=False, compare=False, repr=False)
+
+    def digest(self) -> bytes:
+        """SHA-256 of ``msgpack([name, topic_id, [partition ids...], [[replicas, isr,
+        removing_replicas, adding_replicas, leader, leader_recovery_state, leader_epoch,
+        partition_epoch] per partition...]])``, partitions by id (checksum version 2)."""
+        d = self._digest
+        if d is None:
+            items = _sorted_items(self.partitions)
+            pids = [pid for pid, _ in items]
+            rows = list(map(_registration_fields, [reg for _, reg in items]))
+            d = hashlib.sha256(msgpack.packb([self.name, self.topic_id, pids, rows],
+                                             use_bin_type=True)).digest()
+            object.__setattr__(self, "_digest", d)
+        return d
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,6 +334,7 @@ class MetadataImage:
     configs: Mapping[tuple[int, str], Mapping[str, str]]
     next_producer_id: int
     controller_id: int
+    _checksum: str | None = field(default=None, init=False, compare=False, repr=False)
 
     EMPTY: ClassVar["MetadataImage"]
 
@@ -358,7 +389,7 @@ class MetadataImage:
             topic_id = self.topics_by_name[name]
             yield TopicRecord(name, topic_id)
             if with_partitions:
-                for pid, reg in sorted(self.topics_by_id[topic_id].partitions.items(), key=_first):
+                for pid, reg in _sorted_items(self.topics_by_id[topic_id].partitions):
                     yield reg.to_record(topic_id, pid)
         for resource in sorted(self.configs):
             entries = self.configs[resource]
@@ -378,9 +409,38 @@ class MetadataImage:
     def to_records(self) -> list[Record]:
         return list(self.iter_records())
 
-    def checksum(self) -> str:
-        """Hex SHA-256 of ``msgpack([offset, [record.to_dict() ...]])`` in canonical order,
-        hashed in chunks so memory stays bounded."""
+    def checksum(self, version: int = CHECKSUM_VERSION) -> str:
+        """Hex SHA-256 of the image's canonical records and offset; every node computes the same.
+
+        Version 2 (default; snapshot format 2): ``msgpack([2, offset, [head records], [topic
+        digests], [tail records]])`` where head = FeatureLevel and RegisterBroker records, tail =
+        Config, ProducerIds and LeaderChange records (each ``record.to_dict()``, canonical order,
+        as :meth:`iter_records`), and one :meth:`TopicImage.digest` per topic by name. Topic
+        digests are cached on the shared immutable topics and the result on the image, so the
+        checksum of an image after a small change costs O(topics), not O(partitions).
+        Version 1 (snapshot format 1): ``msgpack([offset, [record.to_dict() ...]])``."""
+        if version == 1:
+            return self._checksum_v1()
+        if version != 2:
+            raise ValueError(f"unknown image checksum version {version}")
+        cached = self._checksum
+        if cached is None:
+            head: list[dict[str, Any]] = []
+            tail: list[dict[str, Any]] = []
+            for record in self.iter_records(with_partitions=False):
+                if type(record) is TopicRecord:
+                    continue
+                (head if type(record) in _HEAD_TYPES else tail).append(record.to_dict())
+            topics = self.topics_by_id
+            digests = [topics[self.topics_by_name[name]].digest()
+                       for name in sorted(self.topics_by_name)]
+            payload = msgpack.packb([2, self.offset, head, digests, tail], use_bin_type=True)
+            cached = hashlib.sha256(payload).hexdigest()
+            object.__setattr__(self, "_checksum", cached)
+        return cached
+
+    def _checksum_v1(self) -> str:
+        """The version 1 checksum, hashed in chunks so memory stays bounded."""
         packer = msgpack.Packer(use_bin_type=True)
         pack = packer.pack
         h = hashlib.sha256()
@@ -405,7 +465,7 @@ class MetadataImage:
                 continue
             yield record.to_dict()
             topic_id = record.topic_id
-            for pid, reg in sorted(self.topics_by_id[topic_id].partitions.items(), key=_first):
+            for pid, reg in _sorted_items(self.topics_by_id[topic_id].partitions):
                 # Same keys, same order as PartitionRecord.to_dict() (a test holds them equal).
                 yield {"type": partition_type, "version": partition_version, "partition_id": pid,
                        "topic_id": topic_id, "replicas": reg.replicas, "isr": reg.isr,
@@ -417,6 +477,16 @@ class MetadataImage:
 
 _EMPTY_MAP: Mapping[Any, Any] = {}
 _first = itemgetter(0)
+_HEAD_TYPES = (FeatureLevelRecord, RegisterBrokerRecord)
+_registration_fields = attrgetter("replicas", "isr", "removing_replicas", "adding_replicas",
+                                  "leader", "leader_recovery_state", "leader_epoch",
+                                  "partition_epoch")
+
+
+def _sorted_items(partitions: Mapping[int, PartitionRegistration]) -> list[tuple[int, PartitionRegistration]]:
+    if isinstance(partitions, PartitionMap):
+        return partitions.sorted_items()
+    return sorted(partitions.items(), key=_first)
 
 MetadataImage.EMPTY = MetadataImage(
     offset=-1, term=0, raft_index=0, timestamp_ms=0, last_hash=ZERO_HASH, features={},
@@ -609,6 +679,23 @@ class MetadataDelta:
             r.replicas, r.isr, r.removing_replicas, r.adding_replicas, r.leader,
             r.leader_recovery_state, r.leader_epoch, r.partition_epoch)
 
+    def replay_partition_rows(self, rows: Iterable[tuple]) -> None:
+        """Replay PartitionRecords given as rows of field values in ``PartitionRecord.FIELDS``
+        order (a snapshot chunk, values already type-checked): same rules as :meth:`replay`."""
+        topic_changes = self._topic_changes
+        registration = PartitionRegistration
+        topic_id: str | None = None
+        partitions: dict[int, PartitionRegistration] = {}
+        for row in rows:
+            if row[1] != topic_id:
+                topic_id = row[1]
+                change = topic_changes.get(topic_id)
+                if change is None:
+                    change = self._open_topic(topic_id)
+                partitions = change.partitions
+            partitions[row[0]] = registration(row[2], row[3], row[4], row[5], row[6], row[7],
+                                              row[8], row[9])
+
     def _replay_partition_change(self, r: PartitionChangeRecord) -> None:
         change = self._topic_changes.get(r.topic_id)
         if change is None:
@@ -800,11 +887,24 @@ def image_from_records(records: Iterable[Record], *, offset: int, term: int = 0,
                        raft_index: int = 0, timestamp_ms: int = 0,
                        last_hash: bytes = ZERO_HASH) -> MetadataImage:
     """Build an image from a snapshot's records (as written by ``MetadataImage.iter_records``),
-    positioned at ``offset`` (the last offset the snapshot includes)."""
+    positioned at ``offset`` (the last offset the snapshot includes).
+
+    If ``records`` also offers ``iter_chunks()`` (as ``kraft.log.snapshot.read_snapshot``'s
+    records do), it is read as ``(record class, rows of checked field values)`` chunks and
+    PartitionRecord rows become registrations directly, without record objects."""
     delta = MetadataDelta(MetadataImage.EMPTY)
     replay = delta.replay
-    for record in records:
-        replay(record)
+    iter_chunks = getattr(records, "iter_chunks", None)
+    if iter_chunks is not None:
+        for cls, rows in iter_chunks():
+            if cls is PartitionRecord:
+                delta.replay_partition_rows(rows)
+            else:
+                for row in rows:
+                    replay(cls(*row))
+    else:
+        for record in records:
+            replay(record)
     delta.set_provenance(offset=offset, term=term, raft_index=raft_index,
                          timestamp_ms=timestamp_ms, last_hash=last_hash)
     return delta.apply()

@@ -400,10 +400,26 @@ def test_to_records_canonical_order():
 
 def test_checksum_matches_the_definition_and_is_stable():
     image = full_image()
-    expected = hashlib.sha256(msgpack.packb([image.offset, [r.to_dict() for r in image.to_records()]],
+    records = image.to_records()
+    legacy = hashlib.sha256(msgpack.packb([image.offset, [r.to_dict() for r in records]],
+                                          use_bin_type=True)).hexdigest()
+    assert image.checksum(1) == legacy
+    assert MetadataImage.EMPTY.checksum(1) == hashlib.sha256(msgpack.packb([-1, []])).hexdigest()
+    # version 2: head records, one digest per topic (by name), tail records
+    head = [r.to_dict() for r in records if isinstance(r, (FeatureLevelRecord, RegisterBrokerRecord))]
+    tail = [r.to_dict() for r in records
+            if not isinstance(r, (FeatureLevelRecord, RegisterBrokerRecord, TopicRecord, PartitionRecord))]
+    digests = []
+    for t in (r for r in records if isinstance(r, TopicRecord)):
+        parts = [r for r in records if isinstance(r, PartitionRecord) and r.topic_id == t.topic_id]
+        body = [t.name, t.topic_id, [r.partition_id for r in parts],
+                [[r.replicas, r.isr, r.removing_replicas, r.adding_replicas, r.leader,
+                  r.leader_recovery_state, r.leader_epoch, r.partition_epoch] for r in parts]]
+        digests.append(hashlib.sha256(msgpack.packb(body, use_bin_type=True)).digest())
+    expected = hashlib.sha256(msgpack.packb([2, image.offset, head, digests, tail],
                                             use_bin_type=True)).hexdigest()
-    assert image.checksum() == expected
-    assert MetadataImage.EMPTY.checksum() == hashlib.sha256(msgpack.packb([-1, []])).hexdigest()
+    assert image.checksum() == image.checksum(2) == expected
+    assert MetadataImage.EMPTY.checksum() == hashlib.sha256(msgpack.packb([2, -1, [], [], []])).hexdigest()
     # order of replay does not matter for the checksum; content and offset do
     shuffled = build(*reversed([r for r in image.to_records() if not isinstance(r, (TopicRecord, PartitionRecord))]),
                      *[r for r in image.to_records() if isinstance(r, (TopicRecord, PartitionRecord))])
@@ -411,6 +427,37 @@ def test_checksum_matches_the_definition_and_is_stable():
     assert shuffled.checksum() == image.checksum()
     assert dataclasses.replace(image, offset=image.offset + 1).checksum() != image.checksum()
     assert build(change(T1, 0, isr=[1]), image=image).checksum() != image.checksum()
+
+
+def test_checksum_after_a_change_rehashes_the_changed_topic_only():
+    image = full_image()
+    before = image.checksum()  # caches the topic digests on the shared topics
+    after = build(change(T1, 0, isr=[1]), image=image)
+    assert after.topics_by_id[T2] is image.topics_by_id[T2]  # shared, digest reused
+    fresh = image_from_records(after.to_records(), offset=after.offset, term=after.term)
+    assert after.checksum() == fresh.checksum() != before
+    assert after.checksum(1) == fresh.checksum(1)
+    with pytest.raises(ValueError, match="checksum version 3"):
+        image.checksum(3)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_broker_checkpoint_verifies_the_checksum_version_its_format_names(tmp_path, version):
+    from broker.checkpoint import image_from_snapshot
+    from kraft.log import CorruptSnapshotError, SnapshotHeader, write_snapshot
+
+    image = full_image()
+
+    def snapshot(checksum: str):
+        header = SnapshotHeader(end_offset=image.offset + 1, term=image.term,
+                                raft_index=image.raft_index, timestamp_ms=image.timestamp_ms,
+                                last_hash=image.last_hash, record_count=image.record_count(),
+                                image_checksum=checksum, format=version)
+        return write_snapshot(tmp_path, header, image.iter_records())
+
+    assert image_from_snapshot(snapshot(image.checksum(version))) == image
+    with pytest.raises(CorruptSnapshotError, match="image checksum does not match"):
+        image_from_snapshot(snapshot(image.checksum(3 - version)))
 
 
 def test_round_trip_through_records():

@@ -209,3 +209,71 @@ def test_chunks_hold_at_most_1000_records(tmp_path):
     chunks = [msgpack.unpackb(p, raw=False) for p in payloads(path)[1:-1]]
     assert all(len(c["rows"]) <= 1000 for c in chunks)
     assert sum(len(c["rows"]) for c in chunks) == len(recs)
+
+
+def _rewrite_partition_rows(path, edit):
+    """Apply ``edit(rows)`` to every PartitionRecord chunk and re-seal the file (footer SHA-256)."""
+    import hashlib
+
+    frames = payloads(path)
+    for i, p in enumerate(frames[1:-1], 1):
+        chunk = msgpack.unpackb(p, raw=False)
+        if chunk["type"] == PartitionRecord.TYPE:
+            edit(chunk["rows"])
+            frames[i] = msgpack.packb(chunk, use_bin_type=True)
+    footer = msgpack.unpackb(frames[-1], raw=False)
+    footer["sha256"] = hashlib.sha256(b"".join(frames[:-1])).digest()
+    frames[-1] = msgpack.packb(footer, use_bin_type=True)
+    path.write_bytes(b"".join(encode_frame(p) for p in frames))
+
+
+@pytest.mark.parametrize("column, value, field", [
+    (6, True, "leader"),                       # a bool is not an integer
+    (6, None, "leader"),
+    (0, "7", "partition_id"),
+    (1, 5, "topic_id"),
+    (2, [1, "2"], "replicas"),                 # a string inside a list of integers
+    (3, [1, False], "isr"),
+    (4, None, "removing_replicas"),            # not optional
+    (9, 1.5, "partition_epoch"),
+])
+def test_ill_typed_partition_value_refused_naming_row_and_field(tmp_path, column, value, field):
+    """The column-wise strict check refuses exactly what the per-value validators refuse, and
+    names the chunk position, the row and the field, for records and for chunk readers alike."""
+    from kraft.image import image_from_records
+
+    path, _ = written(tmp_path, partitions=1500)
+
+    def edit(rows):
+        if len(rows) > 300:
+            rows[300][column] = value
+    _rewrite_partition_rows(path, edit)
+    with pytest.raises(CorruptSnapshotError, match=rf"at byte \d+: bad record chunk: row 300: PartitionRecord\.{field}"):
+        list(read_snapshot(path)[1])
+    with pytest.raises(CorruptSnapshotError, match=rf"row 300: PartitionRecord\.{field}"):
+        image_from_records(read_snapshot(path)[1], offset=0)
+
+
+def test_short_partition_row_refused(tmp_path):
+    path, _ = written(tmp_path, partitions=1500)
+    _rewrite_partition_rows(path, lambda rows: rows[5].pop())
+    with pytest.raises(CorruptSnapshotError, match="does not have 10 values"):
+        list(read_snapshot(path)[1])
+
+
+def test_chunks_and_records_agree(tmp_path):
+    path, recs = written(tmp_path, partitions=2500)
+    records = read_snapshot(path)[1]
+    assert [cls(*row) for cls, rows in records.iter_chunks() for row in rows] == recs
+    assert list(records) == recs
+
+
+def test_format_1_snapshots_are_still_read(tmp_path):
+    recs = sample_records(10)
+    header = replace(header_for(recs), format=1)
+    path = write_snapshot(tmp_path, header, recs)
+    got, records = read_snapshot(path)
+    assert got.format == got.checksum_version == 1
+    assert list(records) == recs
+    assert read_snapshot_header(path).checksum_version == 1
+    assert header_for(recs).checksum_version == 2

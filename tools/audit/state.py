@@ -84,8 +84,8 @@ def replay(log_dir: str | Path, upto: int | None = None, upto_ms: int | None = N
 def compare(image: MetadataImage, snapshot: Path) -> dict:
     """The rebuilt image's checksum against a snapshot's (header and records)."""
     header = read_snapshot_header(snapshot)
-    rebuilt = image.checksum()
-    from_records = image_from_snapshot(snapshot).checksum()
+    rebuilt = image.checksum(header.checksum_version)  # the version the snapshot's format holds
+    from_records = image_from_snapshot(snapshot).checksum(header.checksum_version)
     return {"snapshot": snapshot.name, "offset": header.end_offset - 1,
             "rebuilt_checksum": rebuilt, "snapshot_checksum": header.image_checksum,
             "snapshot_records_checksum": from_records,
