@@ -14,13 +14,17 @@ request or an API the broker does not serve closes that connection only (as Kafk
 trailing bytes after a request body and unknown tagged fields are ignored. ApiVersions with a
 version we do not know is answered Kafka's way: ApiVersions v0 carrying UNSUPPORTED_VERSION and
 our ranges, so the client retries with one we support.
+
+A :class:`~broker.kafka_security.ListenerSecurity` adds TLS (an ``SSLListener`` around the TCP
+listener) and SASL/PLAIN (a :class:`~broker.kafka_security.SaslSession` per connection: nothing
+but ApiVersions, SaslHandshake and SaslAuthenticate until it has authenticated).
 """
 from __future__ import annotations
 
 import logging
 import struct
 from datetime import timedelta
-from typing import Awaitable, Callable, Protocol
+from typing import Any, Awaitable, Callable, Protocol
 
 import trio
 from kio.schema.errors import ErrorCode
@@ -36,6 +40,7 @@ from broker.kafka_codec import (
     RequestHeader, Reader, build, encode_body, frame_response, read_header, read_metadata_request,
     response_class,
 )
+from broker.kafka_security import SASL_APIS, ListenerSecurity, SaslClose, SaslSession
 from broker.metadata_cache import MetadataCache
 from broker.produce import ProduceHandler
 from broker.replica_manager import ReplicaManager
@@ -69,8 +74,9 @@ class KafkaListener:
 
     def __init__(self, cache: MetadataCache, host: str, port: int,
                  max_request_bytes: int = MAX_REQUEST_BYTES, *,
-                 admin: AdminHandler | None = None) -> None:
+                 admin: AdminHandler | None = None, security: ListenerSecurity | None = None) -> None:
         self.cache = cache
+        self.security = security or ListenerSecurity()
         self.host = host
         self.port = port
         self.max_request_bytes = max_request_bytes
@@ -81,6 +87,8 @@ class KafkaListener:
             API_FIND_COORDINATOR: find_coordinator,
         }
         self._ranges: dict[int, tuple[int, int]] = {**SUPPORTED, API_FIND_COORDINATOR: FIND_COORDINATOR_VERSIONS}
+        if self.security.sasl:
+            self._ranges.update(SASL_APIS)  # answered per connection by its SaslSession
         if admin is not None:
             for key, span in admin.api_ranges().items():
                 if key in self._handlers:
@@ -101,14 +109,18 @@ class KafkaListener:
 
     async def serve(self, *, task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED) -> None:
         """Listen until cancelled; ``task_status.started`` gets the bound port."""
-        listeners = await trio.open_tcp_listeners(self.port, host=self.host)
+        listeners: list[Any] = await trio.open_tcp_listeners(self.port, host=self.host)
         self.bound_port = listeners[0].socket.getsockname()[1]
-        log.info("Kafka listener on %s:%d", self.host, self.bound_port)
+        if self.security.ssl_context is not None:
+            listeners = [trio.SSLListener(lst, self.security.ssl_context, https_compatible=False)
+                         for lst in listeners]
+        log.info("Kafka listener on %s:%d (%s)", self.host, self.bound_port, self.security.protocol)
         task_status.started(self.bound_port)
         await trio.serve_listeners(self._connection, listeners)
 
     async def _connection(self, stream: trio.SocketStream) -> None:
         peer = _peer(stream)
+        session = SaslSession(self.security.users) if self.security.users is not None else None
         buf = bytearray()
         send, receive = trio.open_memory_channel[bytes | Deferred | None](MAX_IN_FLIGHT)
         async with stream, trio.open_nursery() as nursery:
@@ -119,9 +131,13 @@ class KafkaListener:
                         frame = await self._read_frame(stream, buf, peer)
                         if frame is None:
                             return  # earlier requests are still answered, then the connection closes
-                        await send.send(await self._handle(frame, peer))
+                        await send.send(await self._handle(frame, peer, session))
                 except _CloseConnection:
                     pass
+                except SaslClose as e:  # answer (e.g. SASL_AUTHENTICATION_FAILED), then close
+                    log.warning("Kafka connection from %s: %s; closing", peer, e)
+                    if e.response is not None:
+                        await send.send(e.response)
                 except (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError):
                     log.debug("Kafka connection from %s lost", peer)
                     nursery.cancel_scope.cancel()
@@ -167,12 +183,26 @@ class KafkaListener:
         del buf[: 4 + size]
         return frame
 
-    async def _handle(self, frame: bytes, peer: str) -> bytes | Deferred | None:
+    async def _handle(self, frame: bytes, peer: str,
+                      session: SaslSession | None = None) -> bytes | Deferred | None:
         try:
             header, reader = read_header(frame)
         except DecodeError as e:
             log.warning("Kafka connection from %s: bad request header (%s); closing", peer, e)
             raise _CloseConnection from None
+        if session is not None:
+            if not session.allows(header.api_key):
+                log.warning("Kafka connection from %s (client %r): API %d before SASL "
+                            "authentication; closing", peer, header.client_id, header.api_key)
+                raise _CloseConnection
+            if header.api_key in SASL_APIS:
+                lo, hi = SASL_APIS[header.api_key]
+                if not lo <= header.api_version <= hi:
+                    raise _CloseConnection
+                try:
+                    return session.handle(header, reader)
+                except DecodeError as e:
+                    raise SaslClose(None, f"undecodable SASL request ({e})") from None
         handler = self._handlers.get(header.api_key)
         lo, hi = self._ranges.get(header.api_key, (0, -1))
         if header.api_key == API_API_VERSIONS and not lo <= header.api_version <= hi:
@@ -220,7 +250,8 @@ def _deferring(handle: Callable[[RequestHeader, Reader], Awaitable[bytes]]) -> H
     return handler
 
 
-def _peer(stream: trio.SocketStream) -> str:
+def _peer(stream: Any) -> str:
+    stream = getattr(stream, "transport_stream", stream)  # under TLS: the TCP stream
     try:
         host, port = stream.socket.getpeername()[:2]
         return f"{host}:{port}"

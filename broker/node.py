@@ -17,6 +17,7 @@ import trio
 from broker.kafka_admin import KafkaAdmin
 from broker.isr_updater import IsrUpdater
 from broker.kafka_listener import KafkaListener
+from broker.kafka_security import SecurityConfigError, listener_security, protocol_of
 from broker.lifecycle import BrokerLifecycle, BrokerState, FatalBrokerError
 from broker.metadata_cache import MetadataCache
 from broker.metadata_loader import MetadataLoader
@@ -53,26 +54,35 @@ class BrokerNode:
         self.config = config
         name, host, port = config.listener
         self.listener_name = name
-        adv_name, adv_host, adv_port = config.advertised
+        _, adv_host, _ = config.advertised
         self.advertised_host = adv_host if adv_host not in ("", "0.0.0.0", "::") else "127.0.0.1"
         self.kafka_port = port
         self.metadata_dir = config.log_dirs[0] / "metadata"
-        self.cache = MetadataCache(config.cluster_id, name)
+        # one metadata cache per listener: Metadata answers name that listener's endpoints
+        self.caches = {n: MetadataCache(config.cluster_id, n) for n, _, _ in config.listeners}
+        self.cache = self.caches[name]
         self.replica_manager = ReplicaManager(
             config.node_id, config.log_dirs, replica_lag_time_max_ms=config["replica.lag.time.max.ms"],
             min_insync_replicas=config["min.insync.replicas"])
-        self.fetchers = ReplicaFetcherManager(self.replica_manager, name,
+        self.fetchers = ReplicaFetcherManager(self.replica_manager,
+                                              config["inter.broker.listener.name"] or name,
                                               max_wait_ms=config["replica.fetch.wait.max.ms"])
         client_id = f"broker-{config.node_id}"
         creds = config.rpc_client_credentials
         self.fetch_client = ControllerClient(config.bootstrap, client_id=client_id, credentials=creds)
         self.control_client = ControllerClient(config.bootstrap, client_id=client_id, credentials=creds)
-        self.admin = KafkaAdmin(self.cache, ControllerClient(  # Kafka admin APIs, forwarded
-            config.bootstrap, client_id=client_id, credentials=self.control_client.credentials), config.node_id)
-        self.loader = MetadataLoader(self.fetch_client, [self.cache, self.replica_manager, self.fetchers, self],
-                                     self.metadata_dir)
-        self.listeners = [{"name": adv_name, "host": self.advertised_host,
-                           "port": adv_port if adv_port else port, "security_protocol": "PLAINTEXT"}]
+        admin_client = ControllerClient(  # Kafka admin APIs, forwarded
+            config.bootstrap, client_id=client_id, credentials=self.control_client.credentials)
+        self.admins = {n: KafkaAdmin(cache, admin_client, config.node_id) for n, cache in self.caches.items()}
+        self.admin = self.admins[name]
+        self.loader = MetadataLoader(self.fetch_client, [*self.caches.values(), self.replica_manager,
+                                                         self.fetchers, self], self.metadata_dir)
+        protocol_map = config["listener.security.protocol.map"]
+        self.protocols = {n: protocol_of(n, protocol_map) for n, _, _ in config.listeners}
+        self.security = {n: listener_security(self.protocols[n], config.values) for n in self.protocols}
+        self.listeners = [{"name": n, "host": h if h not in ("", "0.0.0.0", "::") else "127.0.0.1",
+                           "port": p, "security_protocol": self.protocols[n]}
+                          for n, h, p in config.advertised_listeners]
         self.lifecycle = BrokerLifecycle(
             self.control_client, config.node_id, config.cluster_id, self.listeners, config.rack,
             lambda: self.loader.offset,
@@ -117,9 +127,13 @@ class BrokerNode:
         _, host, port = self.config.listener
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as nursery:
-                listener = KafkaListener(self.cache, host, port, admin=self.admin)
-                listener.serve_data(self.replica_manager)
-                self.kafka_port = await nursery.start(listener.serve)
+                for n, lhost, lport in self.config.listeners:
+                    listener = KafkaListener(self.caches[n], lhost, lport, admin=self.admins[n],
+                                             security=self.security[n])
+                    listener.serve_data(self.replica_manager)
+                    bound = await nursery.start(listener.serve)
+                    if n == self.listener_name:
+                        self.kafka_port = bound
                 nursery.start_soon(self.fetchers.run)
                 nursery.start_soon(self.isr_updater.run)
                 nursery.start_soon(self.replica_manager.run_checkpoints)
@@ -186,7 +200,12 @@ def main(config_path: str) -> int:
         log.error("bad broker config: %s", e)
         return 2
     try:
-        return trio.run(BrokerNode(config).run)
+        node = BrokerNode(config)
+    except SecurityConfigError as e:
+        log.error("bad broker config: %s", e)
+        return 2
+    try:
+        return trio.run(node.run)
     except FatalBrokerError as e:
         log.error("broker %d: fatal: %s", config.node_id, e)
         return 1

@@ -172,7 +172,8 @@ CONTROLLER_SETTINGS = _COMMON + [
 
 BROKER_SETTINGS = _COMMON + [
     Setting("broker.rack", str, "", "rack of this broker (rack-aware placement)"),
-    Setting("listeners", str, "PLAINTEXT://127.0.0.1:9092", "Kafka listener NAME://host:port"),
+    Setting("listeners", str, "PLAINTEXT://127.0.0.1:9092", "Kafka listeners NAME://host:port,... "
+            "(NAME is the security protocol, or mapped by listener.security.protocol.map)"),
     Setting("advertised.listeners", str, "", "what clients are told to connect to (default: listeners)"),
     Setting("log.dirs", str, None, "where partition logs live (comma-separated)"),
     Setting("controller.quorum.bootstrap.servers", str, None, "host:port,... of the controllers' RPC endpoints"),
@@ -181,6 +182,8 @@ BROKER_SETTINGS = _COMMON + [
     Setting("replica.lag.time.max.ms", int, 30000, "a follower lagging this long leaves the ISR"),
     Setting("replica.fetch.wait.max.ms", int, 500, "follower fetch long-poll"),
     Setting("min.insync.replicas", int, 1, "default min.insync.replicas for topics without one"),
+    Setting("inter.broker.listener.name", str, "", "the listener followers fetch from "
+            "(default: the first of listeners)"),
     Setting("listener.security.protocol.map", str, "", "NAME:PROTOCOL,... for listeners not named "
             "after their protocol (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL)"),
     Setting("ssl.certificate.location", str, "", "PEM certificate chain of an SSL/SASL_SSL listener"),
@@ -278,22 +281,40 @@ class BrokerConfig:
     bootstrap: list[tuple[str, int]]
     rack: str | None
     rpc_client_credentials: ClientCredentials | None = field(default=None, repr=False)
+    # every listener (name, host, port) and what each advertises; ``listener``/``advertised``
+    # are the first of them (the one that answers the broker's admin endpoint)
+    listeners: tuple[tuple[str, str, int], ...] = ()
+    advertised_listeners: tuple[tuple[str, str, int], ...] = ()
 
     @classmethod
     def from_properties(cls, props: dict[str, str]) -> "BrokerConfig":
         v = _resolve(props, BROKER_SETTINGS, "broker")
         if v["process.roles"] != "broker":
             raise ConfigError("process.roles must be 'broker' for a broker node")
-        listener = parse_listener(v["listeners"].split(",")[0], "listeners")
-        advertised = (parse_listener(v["advertised.listeners"].split(",")[0], "advertised.listeners")
-                      if v["advertised.listeners"] else listener)
+        listeners = tuple(parse_listener(x.strip(), "listeners") for x in v["listeners"].split(",") if x.strip())
+        if not listeners:
+            raise ConfigError("listeners: no listener given")
+        names = [n for n, _, _ in listeners]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"listeners: names must be unique, got {names}")
+        given = {n: (n, h, p) for n, h, p in (parse_listener(x.strip(), "advertised.listeners")
+                                              for x in v["advertised.listeners"].split(",") if x.strip())}
+        unknown = sorted(set(given) - set(names))
+        if unknown:
+            raise ConfigError(f"advertised.listeners: {unknown} are not in listeners {names}")
+        advertised_all = tuple(given.get(n, (n, h, p)) for n, h, p in listeners)
+        inter = v["inter.broker.listener.name"]
+        if inter and inter not in names:
+            raise ConfigError(f"inter.broker.listener.name: {inter!r} is not one of the listeners {names}")
+        listener, advertised = listeners[0], advertised_all[0]
         log_dirs = [Path(p.strip()) for p in v["log.dirs"].split(",") if p.strip()]
         if not log_dirs:
             raise ConfigError("log.dirs: no directory given")
         bootstrap = parse_hostports(v["controller.quorum.bootstrap.servers"],
                                     "controller.quorum.bootstrap.servers")
         return cls(v, v["node.id"], v["cluster.id"], listener, advertised, log_dirs, bootstrap,
-                   v["broker.rack"] or None, _client_credentials(v[_CLIENT_CREDENTIALS]))
+                   v["broker.rack"] or None, _client_credentials(v[_CLIENT_CREDENTIALS]),
+                   listeners, advertised_all)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "BrokerConfig":
