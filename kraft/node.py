@@ -152,7 +152,8 @@ class ControllerNode:
                            credentials=cfg.rpc_credentials,
                            max_connections=cfg["controller.rpc.max.connections"],
                            io_timeout=cfg["controller.rpc.io.timeout.ms"] / 1000,
-                           idle_timeout=cfg["controller.rpc.idle.timeout.ms"] / 1000)
+                           idle_timeout=cfg["controller.rpc.idle.timeout.ms"] / 1000,
+                           max_buffered_bytes=cfg["controller.rpc.max.buffered.bytes"])
         try:
             async with trio.open_nursery() as nursery:
                 self.quorum.start()

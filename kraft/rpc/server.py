@@ -6,7 +6,9 @@ body}`` (+ optional ``client_id``, ``request_id``) and the body
 connection concurrently — and writes ``{correlation_id, error_code, error_message, body}`` in
 request order. A garbage or oversized frame, a frame left incomplete or a response left unread
 for longer than ``io_timeout`` (slowloris), or ``idle_timeout`` without a request, closes that
-connection only; connections beyond ``max_connections`` are closed at once.
+connection only; connections beyond ``max_connections`` are closed at once, and a connection whose
+incomplete frame takes the bytes held by all connections over ``max_buffered_bytes`` is closed
+(so memory stays bounded however many clients upload large frames slowly).
 
 With a :class:`~kraft.rpc.auth.CredentialStore` the first request of a connection must be
 ``SaslAuthenticate {mechanism: "PLAIN", username, password}`` (answered ``{principal}``), sent
@@ -68,7 +70,8 @@ class RpcServer:
                  max_connections: int = 1024,
                  max_in_flight_per_connection: int = 64,
                  io_timeout: float = 10.0,
-                 idle_timeout: float = 600.0) -> None:
+                 idle_timeout: float = 600.0,
+                 max_buffered_bytes: int = 256 * 1024 * 1024) -> None:
         self.host = host
         self.port = port
         self.handler = handler
@@ -82,6 +85,9 @@ class RpcServer:
         self.bound_port: int | None = None
         self.closed_for_garbage = 0
         self.auth_failures = 0
+        self.max_buffered_bytes = max_buffered_bytes
+        self.buffered_bytes = 0  # incomplete frames held by all connections
+        self.closed_for_memory = 0
         # Password hashing is deliberately slow: at most two checks at a time, off the event loop.
         self._hash_limiter = trio.CapacityLimiter(2)
 
@@ -132,42 +138,54 @@ class RpcServer:
         start = trio.current_time()
         idle_deadline = start + (self.idle_timeout if principal else self.io_timeout)
         frame_deadline = math.inf
-        while True:
-            with trio.move_on_at(min(idle_deadline, frame_deadline)) as scope:
-                data = await stream.receive_some(65536)
-            if scope.cancelled_caught:
-                logger.info("closing %s: %s", peer, "incomplete frame timed out"
-                            if frame_deadline <= idle_deadline else
-                            "idle" if principal else "not authenticated in time")
-                nursery.cancel_scope.cancel()
-                return
-            if not data:
-                return
-            try:
-                messages = decoder.feed(data)
-            except FrameError as exc:
-                self.closed_for_garbage += 1
-                logger.warning("closing %s: %s", peer, exc)
-                nursery.cancel_scope.cancel()
-                return
-            now = trio.current_time()
-            if decoder.buffered:
-                if frame_deadline == math.inf:
-                    frame_deadline = now + self.io_timeout
-            else:
-                frame_deadline = math.inf
-            if messages and principal:
-                idle_deadline = now + self.idle_timeout
-            for message in messages:
-                slot = _Slot()
-                await slots.send(slot)
-                if principal is None:
-                    principal = await self._authenticate(message, peer, slot)
-                    if principal is None:
-                        return  # the writer sends the refusal, then the connection closes
-                    idle_deadline = trio.current_time() + self.idle_timeout
+        held = 0  # this connection's bytes in self.buffered_bytes
+        try:
+            while True:
+                with trio.move_on_at(min(idle_deadline, frame_deadline)) as scope:
+                    data = await stream.receive_some(65536)
+                if scope.cancelled_caught:
+                    logger.info("closing %s: %s", peer, "incomplete frame timed out"
+                                if frame_deadline <= idle_deadline else
+                                "idle" if principal else "not authenticated in time")
+                    nursery.cancel_scope.cancel()
+                    return
+                if not data:
+                    return
+                try:
+                    messages = decoder.feed(data)
+                except FrameError as exc:
+                    self.closed_for_garbage += 1
+                    logger.warning("closing %s: %s", peer, exc)
+                    nursery.cancel_scope.cancel()
+                    return
+                self.buffered_bytes += decoder.buffered - held
+                held = decoder.buffered
+                if held and self.buffered_bytes > self.max_buffered_bytes:
+                    self.closed_for_memory += 1
+                    logger.warning("closing %s: incomplete frames of all connections hold %d bytes, over "
+                                   "the limit of %d", peer, self.buffered_bytes, self.max_buffered_bytes)
+                    nursery.cancel_scope.cancel()
+                    return
+                now = trio.current_time()
+                if decoder.buffered:
+                    if frame_deadline == math.inf:
+                        frame_deadline = now + self.io_timeout
                 else:
-                    nursery.start_soon(self._answer, message, peer, principal, slot)
+                    frame_deadline = math.inf
+                if messages and principal:
+                    idle_deadline = now + self.idle_timeout
+                for message in messages:
+                    slot = _Slot()
+                    await slots.send(slot)
+                    if principal is None:
+                        principal = await self._authenticate(message, peer, slot)
+                        if principal is None:
+                            return  # the writer sends the refusal, then the connection closes
+                        idle_deadline = trio.current_time() + self.idle_timeout
+                    else:
+                        nursery.start_soon(self._answer, message, peer, principal, slot)
+        finally:
+            self.buffered_bytes -= held
 
     async def _authenticate(self, message: dict, peer: str, slot: _Slot) -> str | None:
         """Answer a connection's first request: the principal, or None (refused)."""
