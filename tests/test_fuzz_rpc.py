@@ -345,3 +345,52 @@ def test_many_large_incomplete_frames_keep_memory_bounded(controller: Controller
     finally:
         for s in socks:
             s.close()
+
+
+@FUZZ
+@given(rng=st.randoms(use_true_random=False), value=msgpack_values())
+def test_mutated_handshakes_never_reach_a_handler(tmp_path_factory: pytest.TempPathFactory, rng: random.Random,
+                                                  value: Any) -> None:
+    """Against an authenticating server (in process): mutated SaslAuthenticate frames and
+    handshakes with random field values are refused or closed; no request is ever handled."""
+    import threading
+
+    import trio
+
+    from kraft.rpc.auth import CredentialStore, hash_password
+    from kraft.rpc.server import RpcServer
+
+    users = tmp_path_factory.mktemp("users") / "users"
+    users.write_text(f"alice:{hash_password('right', iterations=1000)}\n")
+    handled: list[str] = []
+
+    async def handler(api: str, body: dict, ctx: Any) -> dict:
+        handled.append(api)
+        return {}
+
+    handshake = {"api": "SaslAuthenticate", "version": 0, "correlation_id": 1,
+                 "body": {"mechanism": "PLAIN", "username": "alice", "password": "wrong"}}
+    write = seed_frame(4, correlation_id=2)
+    inputs = [mutate(encode_frame(handshake), rng) + write,
+              encode_frame(retype(handshake, rng, value)) + write]
+    ready, box = threading.Event(), {}
+
+    async def serve() -> None:
+        async with trio.open_nursery() as nursery:
+            server = RpcServer("127.0.0.1", 0, handler, credentials=CredentialStore.load(users), io_timeout=1.0)
+            box["port"] = await nursery.start(server.serve)
+            box["stop"] = (trio.lowlevel.current_trio_token(), nursery.cancel_scope.cancel)
+            ready.set()
+
+    thread = threading.Thread(target=trio.run, args=(serve,), daemon=True)
+    thread.start()
+    assert ready.wait(10)
+    try:
+        for data in inputs:
+            answers, _ = exchange(box["port"], data, wait=3.0)
+            assert all(a.get("error_code") for a in answers), answers
+    finally:
+        token, cancel = box["stop"]
+        trio.from_thread.run_sync(cancel, trio_token=token)
+        thread.join(10)
+    assert handled == []
