@@ -28,8 +28,9 @@ class FakeRpc:
         self.responses: dict[str, Any] = {}
 
     def __call__(self, bootstrap: list[tuple[str, int]], api: str, body: dict,
-                 timeout: float) -> dict:
+                 timeout: float, credentials: Any = None) -> dict:
         self.calls.append((bootstrap, api, body, timeout))
+        self.credentials = credentials
         answer = self.responses.get(api, {})
         if isinstance(answer, Exception):
             raise answer

@@ -30,7 +30,7 @@ controller will do) or --cluster DIR (a directory made by 'kraft cluster up'), -
 and --json."""
 
 EPILOG = """\
-a tour:
+examples (a tour):
   kraft cluster up --dir ./c --controllers 3 --brokers 3 --metrics --detach
   kraft quorum status --cluster ./c           # leader, epoch, high watermark, lag
   kraft quorum replication --cluster ./c      # every voter and broker, lag, last contact
@@ -114,8 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     configs.register(sub)
     log_cmd.register(sub)
     shell_cmd.register(sub)
-    completion.register(sub, build_parser, ManualFormatter)
     audit_cmd.register(sub)
+    completion.register(sub, build_parser, ManualFormatter)
     return parser
 
 
