@@ -309,63 +309,163 @@ def test_admin_handler_advertised_and_dispatched():
         lt.stop()
 
 
-def test_delayed_fetch_woken_by_follower_progress_and_answered_in_order(tmp_path):
-    """A consumer's long-poll Fetch on connection A waits; a produce (acks=1) on B appends but the
-    HW holds (follower 2 has not fetched); follower 2's Fetch on C moves the HW, which completes
-    A's fetch long before max_wait, and A's pipelined ApiVersions is answered after it."""
-    import datetime
+# ---- data plane: produce purgatory, long-poll fetch, per-partition errors -----------------------
 
-    from broker.data_codec import (
-        FetchPartition, FetchRequest, frame_request, read_fetch_response, write_fetch_request,
-    )
-    from broker.kafka_codec import Reader, build
-    from broker.replica_manager import ReplicaManager
-    from kio.index import load_request_schema
-    from kio.serial import entity_writer
-    from kraft.image import MetadataDelta, MetadataImage
+class DataPlane:
+    """A listener serving the data plane from broker 1's ReplicaManager: broker 1 leads orders-0
+    (replicas 1, 2; ISR 1, 2; leader epoch 5), follows orders-2 and has no replica of orders-1."""
+
+    def __init__(self, tmp_path) -> None:
+        from broker.replica_manager import ReplicaManager
+        from kraft.image import MetadataImage
+
+        self.image = MetadataImage.EMPTY
+        self.rm = ReplicaManager(1, [tmp_path])
+        self.step(*build_image(1).to_records())
+        self.thread = ListenerThread(MetadataCache(CLUSTER_ID), replicas=self.rm)
+        self.port = self.thread.start()
+        self.corr = 0
+
+    def step(self, *records) -> None:
+        from kraft.image import MetadataDelta
+
+        delta = MetadataDelta(self.image)
+        for r in records:
+            delta.replay(r)
+        self.image = delta.apply()
+        self.rm.apply_delta(delta, self.image)
+
+    def close(self) -> None:
+        self.thread.stop()
+        self.rm.close()
+
+    def frame(self, api_key: int, version: int, values: dict) -> bytes:
+        """A request encoded by kio (header v1 or v2 as the version needs)."""
+        import io
+
+        from broker.kafka_codec import build
+        from kio.index import load_request_schema
+        from kio.serial import entity_writer
+
+        cls = load_request_schema(api_key, version)
+        buf = io.BytesIO()
+        entity_writer(cls)(buf, build(cls, values))
+        self.corr += 1
+        return request(api_key, version, self.corr, buf.getvalue(), flexible=cls.__flexible__)
+
+    def produce(self, topic: str, pid: int, records: bytes, acks: int = -1, timeout_ms: int = 5000,
+                sock=None) -> tuple[int, int]:
+        """(error code, base offset) of a Produce v8."""
+        import datetime
+
+        from kio.index import load_response_schema
+        from kio.serial import entity_reader
+
+        data = self.frame(0, 8, {"transactional_id": None, "acks": acks, "timeout": datetime.timedelta(milliseconds=timeout_ms),
+                                 "topic_data": [{"name": topic, "partition_data": [{"index": pid, "records": records}]}]})
+        with connect(self.port) as s:
+            s.settimeout(15)
+            s.sendall(data)
+            resp, _ = entity_reader(load_response_schema(0, 8))(recv_frame(s), 4)
+        p = resp.responses[0].partition_responses[0]
+        return p.error_code.value, p.base_offset
+
+    def fetch_frame(self, replica_id: int, topic: str, pid: int, offset: int, epoch: int = -1,
+                    max_wait_ms: int = 0) -> bytes:
+        from broker.data_codec import FetchPartition, FetchRequest, frame_request, write_fetch_request
+
+        self.corr += 1
+        req = FetchRequest(replica_id, max_wait_ms, 1, 1 << 20, 0, [(topic, [FetchPartition(pid, epoch, offset, 0, 1 << 20)])])
+        return frame_request(1, 11, self.corr, "t", write_fetch_request(req))
+
+    @staticmethod
+    def fetch_result(frame: bytes):
+        from broker.data_codec import read_fetch_response
+        from broker.kafka_codec import Reader
+
+        r = Reader(frame)
+        r.int32()
+        return read_fetch_response(11, r)[1][0][1][0]
+
+    def fetch(self, *args, **kwargs):
+        with connect(self.port) as s:
+            s.sendall(self.fetch_frame(*args, **kwargs))
+            return self.fetch_result(recv_frame(s))
+
+
+@pytest.fixture()
+def data(tmp_path):
+    dp = DataPlane(tmp_path)
+    yield dp
+    dp.close()
+
+
+def test_delayed_fetch_woken_by_follower_progress_and_answered_in_order(data):
+    """A consumer's long-poll Fetch on connection A waits; a produce (acks=1) appends but the HW
+    holds (follower 2 has not fetched); follower 2's Fetch on C moves the HW, which completes A's
+    fetch long before max_wait, and A's pipelined ApiVersions is answered after it."""
     from tests.test_partition_log import make_batch, values_in
 
-    image = build_image(1)
-    delta = MetadataDelta(MetadataImage.EMPTY)
-    for r in image.to_records():
-        delta.replay(r)
-    rm = ReplicaManager(1, [tmp_path])
-    rm.apply_delta(delta, delta.apply())  # broker 1 leads orders-0 (replicas 1, 2; ISR 1, 2)
-    lt = ListenerThread(MetadataCache(CLUSTER_ID), replicas=rm)
-    port = lt.start()
+    a, c = connect(data.port), connect(data.port)
+    a.settimeout(15)
+    started = time.monotonic()
+    a.sendall(data.fetch_frame(-1, "orders", 0, 0, max_wait_ms=10_000) + request(18, 0, 999, b"", flexible=False))
+    assert data.produce("orders", 0, make_batch([b"p", b"q"]), acks=1) == (0, 0)
+    assert data.rm.get_by_name("orders", 0).high_watermark == 0
+    c.sendall(data.fetch_frame(2, "orders", 0, 2, max_wait_ms=10_000))  # follower 2 is at 2 (and long-polls)
+    part = data.fetch_result(recv_frame(a))
+    assert time.monotonic() - started < 8  # woken, not timed out
+    assert (part.error_code, part.high_watermark) == (0, 2)
+    assert values_in(part.records) == [(0, b"p"), (1, b"q")]
+    assert struct.unpack_from(">ih", recv_frame(a)) == (999, 0)
+    a.close()
+    c.close()
 
-    def fetch(replica_id: int, offset: int, corr: int) -> bytes:
-        req = FetchRequest(replica_id, 10_000, 1, 1 << 20, 0, [("orders", [FetchPartition(0, -1, offset, 0, 1 << 20)])])
-        return frame_request(1, 11, corr, "t", write_fetch_request(req))
 
-    produce_cls = load_request_schema(0, 8)
-    buf = __import__("io").BytesIO()
-    entity_writer(produce_cls)(buf, build(produce_cls, {
-        "transactional_id": None, "acks": 1, "timeout": datetime.timedelta(seconds=5),
-        "topic_data": [{"name": "orders", "partition_data": [{"index": 0, "records": make_batch([b"p", b"q"])}]}]}))
-    try:
-        a, b, c = connect(port), connect(port), connect(port)
-        a.settimeout(15)
-        started = time.monotonic()
-        a.sendall(fetch(-1, 0, 1) + request(18, 0, 2, b"", flexible=False))
-        b.sendall(frame_request(0, 8, 7, "t", buf.getvalue()))
-        assert struct.unpack_from(">i", recv_frame(b))[0] == 7
-        assert rm.get_by_name("orders", 0).high_watermark == 0
-        c.sendall(fetch(2, 2, 3))  # follower 2 reports log end 2 (and long-polls for more)
-        resp = recv_frame(a)
-        assert time.monotonic() - started < 8  # woken, not timed out
-        r = Reader(resp)
-        assert r.int32() == 1
-        _, results = read_fetch_response(11, r)
-        part = results[0][1][0]
-        assert (part.error_code, part.high_watermark) == (0, 2)
-        assert values_in(part.records) == [(0, b"p"), (1, b"q")]
-        assert struct.unpack_from(">ih", recv_frame(a)) == (2, 0)
-        for s in (a, b, c):
-            s.close()
-    finally:
-        lt.stop()
-        rm.close()
+def test_produce_purgatory_timeout_min_isr_and_partition_errors(data):
+    from kraft.records import RESOURCE_TOPIC, ConfigRecord
+    from tests.test_partition_log import make_batch
+
+    batch = make_batch([b"v"])
+    started = time.monotonic()
+    assert data.produce("orders", 0, batch, acks=-1, timeout_ms=300) == (7, -1)  # REQUEST_TIMED_OUT
+    assert time.monotonic() - started < 5
+    plog = data.rm.get_by_name("orders", 0).log
+    assert plog.log_end_offset == 1  # appended, only not acknowledged (as Kafka)
+    assert data.produce("orders", 0, batch, acks=1) == (0, 1)
+    assert data.produce("orders", 0, batch, acks=2) == (21, -1)            # INVALID_REQUIRED_ACKS
+    data.step(ConfigRecord(RESOURCE_TOPIC, "orders", "min.insync.replicas", "3"))
+    assert data.produce("orders", 0, batch, acks=-1) == (19, -1)           # NOT_ENOUGH_REPLICAS
+    assert data.produce("orders", 2, batch, acks=1) == (6, -1)             # follower here
+    assert data.produce("orders", 1, batch, acks=1) == (6, -1)             # no replica here
+    assert data.produce("nope", 0, batch, acks=1) == (3, -1)               # UNKNOWN_TOPIC_OR_PARTITION
+    assert data.produce("orders", 0, b"\x00" * 70, acks=1) == (2, -1)     # CORRUPT_MESSAGE
+    assert plog.log_end_offset == 2
+
+
+def test_fetch_epoch_and_range_errors_and_list_offsets(data):
+    from kio.index import load_response_schema
+    from kio.serial import entity_reader
+    from tests.test_partition_log import make_batch
+
+    data.produce("orders", 0, make_batch([b"a", b"b", b"c"]), acks=1)
+    data.fetch(2, "orders", 0, 3)  # follower 2 caught up: HW 3
+    assert data.fetch(-1, "orders", 0, 0, epoch=5).error_code == 0
+    assert data.fetch(-1, "orders", 0, 0, epoch=4).error_code == 74   # FENCED_LEADER_EPOCH
+    assert data.fetch(-1, "orders", 0, 0, epoch=6).error_code == 75   # UNKNOWN_LEADER_EPOCH
+    assert data.fetch(-1, "orders", 0, 4).error_code == 1             # OFFSET_OUT_OF_RANGE
+    assert data.fetch(-1, "orders", 2, 0).error_code == 6             # NOT_LEADER_OR_FOLLOWER
+    with connect(data.port) as s:
+        s.sendall(data.frame(2, 7, {"replica_id": -1, "isolation_level": 0, "topics": [{"name": "orders", "partitions": [
+            {"partition_index": 0, "current_leader_epoch": -1, "timestamp": t} for t in (-2, -1, 0)]}]}))
+        resp, _ = entity_reader(load_response_schema(2, 7))(recv_frame(s), 5)
+    assert [(p.error_code.value, p.offset) for p in resp.topics[0].partitions] == [(0, 0), (0, 3), (0, 0)]
+    with connect(data.port) as s:
+        s.sendall(data.frame(23, 4, {"replica_id": -1, "topics": [{"topic": "orders", "partitions": [
+            {"partition": 0, "current_leader_epoch": 5, "leader_epoch": 5}]}]}))
+        resp, _ = entity_reader(load_response_schema(23, 4))(recv_frame(s), 5)
+    p = resp.topics[0].partitions[0]
+    assert (p.error_code.value, p.leader_epoch, p.end_offset) == (0, 5, 3)
 
 
 @pytest.mark.parametrize("version", [0, 1, 3, 4])
