@@ -48,7 +48,7 @@ class FetchHandler:
         """The partition if we lead it and the caller's epoch matches; else (None, error code)."""
         part = self.replicas.get_by_name(topic, pid)
         if part is None:
-            known = self.replicas.image is not None and self._known(topic, pid)
+            known = self.replicas.has_partition(topic, pid)
             return None, (ErrorCode.not_leader_or_follower if known else ErrorCode.unknown_topic_or_partition).value
         if current_epoch >= 0 and current_epoch < part.leader_epoch:
             return None, ErrorCode.fenced_leader_epoch.value
@@ -57,11 +57,6 @@ class FetchHandler:
         if not part.is_leader:
             return None, ErrorCode.not_leader_or_follower.value
         return part, 0
-
-    def _known(self, topic: str, pid: int) -> bool:
-        image = self.replicas.image
-        tid = image.topics_by_name.get(topic)
-        return tid is not None and pid in image.topics_by_id[tid].partitions
 
     # ---- Fetch ---------------------------------------------------------------------------------
     async def fetch(self, header: RequestHeader, reader: Reader) -> bytes | Deferred:

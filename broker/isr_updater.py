@@ -36,7 +36,6 @@ class IsrUpdater:
         self.request_timeout = request_timeout
         self._send, self._receive = trio.open_memory_channel[tuple[Partition, tuple[int, ...], str, int, int]](
             float("inf"))
-        self.sent = 0
 
     def propose(self, part: Partition, isr: tuple[int, ...], reason: str) -> None:
         """Queue an ISR change for ``part`` unless one is already in flight."""
@@ -93,7 +92,6 @@ class IsrUpdater:
                 "topics": [{"topic_id": t, "partitions": ps} for t, ps in topics.items()]}
         answers: dict[tuple[str, int], dict] = {}
         try:
-            self.sent += 1
             resp = await self.client.call("AlterPartition", body, timeout=self.request_timeout)
             if resp.get("error_code", 0):
                 log.warning("AlterPartition refused: %s", resp.get("error_message"))

@@ -65,7 +65,7 @@ class ProduceHandler:
         the high watermark that acknowledges them)."""
         part = self.replicas.get_by_name(topic, pid)
         if part is None:
-            code = ErrorCode.not_leader_or_follower if self._known(topic, pid) else ErrorCode.unknown_topic_or_partition
+            code = ErrorCode.not_leader_or_follower if self.replicas.has_partition(topic, pid) else ErrorCode.unknown_topic_or_partition
             return PartitionProduceResult(pid, code.value), None, -1
         if not part.is_leader:
             return PartitionProduceResult(pid, ErrorCode.not_leader_or_follower.value), None, -1
@@ -84,11 +84,6 @@ class ProduceHandler:
             log.warning("produce to %s-%d rejected: %s", topic, pid, e)
             return PartitionProduceResult(pid, ErrorCode.corrupt_message.value, error_message=str(e)), None, -1
         return PartitionProduceResult(pid, 0, first, part.log.log_start_offset), part, last + 1
-
-    def _known(self, topic: str, pid: int) -> bool:
-        image = self.replicas.image
-        tid = image.topics_by_name.get(topic) if image is not None else None
-        return tid is not None and pid in image.topics_by_id[tid].partitions
 
     async def _await_replication(self, waiting: list[tuple[PartitionProduceResult, Partition, int, int]],
                                  deadline: float) -> None:

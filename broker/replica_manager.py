@@ -206,8 +206,10 @@ class ReplicaManager:
     def get_by_name(self, topic: str, pid: int) -> Partition | None:
         return self.by_name.get((topic, pid))
 
-    def topic_exists(self, topic: str) -> bool:
-        return self.image is not None and topic in self.image.topics_by_name
+    def has_partition(self, topic: str, pid: int) -> bool:
+        """Whether the metadata knows ``topic``-``pid`` (hosted here or not)."""
+        tid = self.image.topics_by_name.get(topic) if self.image is not None else None
+        return tid is not None and pid in self.image.topics_by_id[tid].partitions
 
     def min_insync_replicas(self, topic: str) -> int:
         """The topic's ``min.insync.replicas`` (else the broker default)."""
