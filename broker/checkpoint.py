@@ -14,7 +14,7 @@ from pathlib import Path
 
 from kraft.image import MetadataImage, image_from_records
 from kraft.log.errors import CorruptSnapshotError
-from kraft.log.snapshot import SnapshotHeader, list_snapshots, read_snapshot, write_snapshot
+from kraft.log.snapshot import SnapshotHeader, list_snapshots, read_snapshot, write_snapshot_runs
 
 log = logging.getLogger(__name__)
 KEEP = 2
@@ -25,7 +25,7 @@ def write_checkpoint(directory: Path, image: MetadataImage) -> Path:
     header = SnapshotHeader(end_offset=image.offset + 1, term=image.term, raft_index=image.raft_index,
                             timestamp_ms=image.timestamp_ms, last_hash=image.last_hash,
                             record_count=image.record_count(), image_checksum=image.checksum())
-    path = write_snapshot(directory, header, image.iter_records())
+    path = write_snapshot_runs(directory, header, image.record_runs())
     for old in list_snapshots(directory)[:-KEEP]:
         old.unlink(missing_ok=True)
     return path

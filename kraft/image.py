@@ -400,6 +400,28 @@ class MetadataImage:
         if self.controller_id >= 0:
             yield LeaderChangeRecord(self.controller_id, self.term)
 
+    def record_runs(self) -> Iterator[tuple[type[Record], list[tuple]]]:
+        """:meth:`iter_records` as runs of consecutive records of one type: ``(record class,
+        rows)``, each row the values of ``cls.FIELDS`` in order; partition rows come straight from
+        the registrations (for ``kraft.log.snapshot.write_snapshot_runs``)."""
+        cls: type[Record] | None = None
+        rows: list[tuple] = []
+        for record in self.iter_records(with_partitions=False):
+            if type(record) is not cls:
+                if rows:
+                    yield cls, rows  # type: ignore[misc]
+                cls, rows = type(record), []
+            rows.append(tuple([getattr(record, name) for name, _ in record.FIELDS]))
+            if cls is TopicRecord:
+                topic_id = record.topic_id  # type: ignore[attr-defined]
+                items = _sorted_items(self.topics_by_id[topic_id].partitions)
+                if items:
+                    yield cls, rows
+                    cls, rows = PartitionRecord, [(pid, topic_id) + _registration_fields(reg)
+                                                  for pid, reg in items]
+        if rows:
+            yield cls, rows  # type: ignore[misc]
+
     def record_count(self) -> int:
         """How many records :meth:`iter_records` yields."""
         return (len(self.features) + len(self.brokers) + len(self.topics_by_id)
@@ -540,6 +562,33 @@ class MetadataDelta:
         self._config_changes: dict[tuple[int, str], dict[str, str]] = {}
         self._next_producer_id = image.next_producer_id
         self._controller_id = image.controller_id
+
+    @classmethod
+    def full(cls, image: MetadataImage) -> "MetadataDelta":
+        """A delta from the empty image that, applied, gives ``image`` (a full publish): the same
+        changes as replaying ``image.iter_records()`` into ``MetadataDelta(MetadataImage.EMPTY)``
+        and setting its provenance, built from the image's (immutable) registrations without
+        records. More batches may be replayed into it."""
+        delta = cls(MetadataImage.EMPTY)
+        delta._feature_changes = dict(image.features)
+        delta._broker_changes = dict(image.brokers)
+        for name in sorted(image.topics_by_name):
+            topic = image.topics_by_id[image.topics_by_name[name]]
+            change = delta._topic_changes[topic.topic_id] = _TopicChange(name, topic.topic_id, None)
+            partitions = topic.partitions
+            if isinstance(partitions, PartitionMap):
+                chunks = partitions._chunks
+                for ci in sorted(chunks):
+                    change.partitions.update(chunks[ci])
+            else:
+                change.partitions.update(sorted(partitions.items(), key=_first))
+            delta._created_names[name] = topic.topic_id
+        delta._config_changes = {key: dict(entries) for key, entries in image.configs.items()}
+        delta._next_producer_id = image.next_producer_id
+        delta._controller_id = image.controller_id
+        delta.set_provenance(offset=image.offset, term=image.term, raft_index=image.raft_index,
+                             timestamp_ms=image.timestamp_ms, last_hash=image.last_hash)
+        return delta
 
     # ---- replay -----------------------------------------------------------------------------
 

@@ -19,7 +19,8 @@ from typing import Any
 from kraft.image import MetadataImage, image_from_records
 from kraft.log.metadata_log import MetadataLog
 from kraft.log.snapshot import (SnapshotHeader, delete_snapshots_before, latest_snapshot,
-                                list_snapshots, parse_snapshot_name, read_snapshot, write_snapshot)
+                                list_snapshots, parse_snapshot_name, read_snapshot,
+                                write_snapshot_runs)
 from kraft.errors import ErrorCode, KraftError
 from kraft.retention import SegmentInfo, retention_cut
 
@@ -36,7 +37,7 @@ def image_to_snapshot(directory: Path, image: MetadataImage, request_ids: Reques
                             timestamp_ms=image.timestamp_ms, last_hash=image.last_hash,
                             record_count=image.record_count(), image_checksum=image.checksum(),
                             request_ids=tuple(request_ids))
-    return write_snapshot(directory, header, image.to_records())
+    return write_snapshot_runs(directory, header, image.record_runs())
 
 
 def snapshot_state(path: Path) -> tuple[MetadataImage, RequestIds]:

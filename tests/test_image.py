@@ -460,6 +460,28 @@ def test_broker_checkpoint_verifies_the_checksum_version_its_format_names(tmp_pa
         image_from_snapshot(snapshot(image.checksum(3 - version)))
 
 
+def test_full_delta_equals_replaying_the_image_records():
+    image = full_image()
+    replayed = MetadataDelta(MetadataImage.EMPTY)
+    for record in image.iter_records():
+        replayed.replay(record)
+    replayed.set_provenance(offset=image.offset, term=image.term, raft_index=image.raft_index,
+                            timestamp_ms=image.timestamp_ms, last_hash=image.last_hash)
+    full = MetadataDelta.full(image)
+    assert full.apply() == replayed.apply() == image
+    assert full.created_topics == replayed.created_topics
+    assert full.changed_partitions == replayed.changed_partitions
+    assert full.changed_brokers == replayed.changed_brokers
+    assert full.changed_configs == replayed.changed_configs
+    assert full.changed_features == replayed.changed_features
+    for broker_id in (1, 2, 3):
+        assert full.local_changes(broker_id) == replayed.local_changes(broker_id)
+    # it goes on like any delta: later batches replay on top of it
+    for delta in (full, replayed):
+        delta.replay_batch(make_batch(image, change(T1, 0, isr=[1])))
+    assert full.apply() == replayed.apply() != image
+
+
 def test_round_trip_through_records():
     image = full_image()
     copy = image_from_records(image.to_records(), offset=image.offset, term=image.term,

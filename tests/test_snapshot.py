@@ -277,3 +277,21 @@ def test_format_1_snapshots_are_still_read(tmp_path):
     assert list(records) == recs
     assert read_snapshot_header(path).checksum_version == 1
     assert header_for(recs).checksum_version == 2
+
+
+def test_writing_runs_gives_the_same_bytes_as_writing_records(tmp_path):
+    """``write_snapshot_runs(image.record_runs())`` == ``write_snapshot(image.iter_records())``,
+    byte for byte: topics without partitions (adjacent TopicRecords), topics of more than
+    CHUNK_RECORDS partitions, brokers, configs."""
+    from kraft.image import image_from_records
+    from kraft.log.snapshot import write_snapshot_runs
+
+    recs = sample_records(2500)
+    recs[4:4] = [TopicRecord("empty-a", "t-a"), TopicRecord("empty-b", "t-b")]
+    recs += [TopicRecord("small", "t-s"), *(PartitionRecord(i, "t-s", (2,), (2,), (), (), 2, 0, 0, 0)
+                                           for i in range(3))]
+    image = image_from_records(recs, offset=200)
+    header = header_for(list(image.iter_records()))
+    a = write_snapshot(tmp_path / "a", header, image.iter_records()).read_bytes()
+    b = write_snapshot_runs(tmp_path / "b", header, image.record_runs()).read_bytes()
+    assert a == b
