@@ -4,10 +4,12 @@ real controller RPC client (:class:`kraft.rpc.client.ControllerClient`), recorde
 
 Each worker owns its topics: it creates a fresh name, then issues one operation at a time on it
 (add partitions, set a config, delete). After an indeterminate outcome it leaves that topic alone,
-so each topic's history stays a simple sequence. The workload runs in its own thread and trio run.
+so each topic's history stays a simple sequence. A worker keeps at most ``max_live`` topics,
+deleting its oldest, so long runs stay the same size. The workload runs in its own thread.
 """
 from __future__ import annotations
 
+import collections
 import random
 import threading
 import time
@@ -119,7 +121,7 @@ class Workload:
 
     def __init__(self, bootstrap: list[tuple[str, int]], history: History, seed: int = 0,
                  workers: int = 3, max_rf: int = 3, op_timeout: float = 8.0,
-                 pause_s: float = 0.05, prefix: str = "chaos") -> None:
+                 pause_s: float = 0.05, prefix: str = "chaos", max_live: int = 10) -> None:
         self.bootstrap = bootstrap
         self.history = history
         self.rng = random.Random(seed)
@@ -128,6 +130,7 @@ class Workload:
         self.op_timeout = op_timeout
         self.pause_s = pause_s
         self.prefix = prefix
+        self.max_live = max_live
         self._stop = threading.Event()
         self._thread = threading.Thread(target=lambda: trio.run(self._main), name="chaos-workload",
                                         daemon=True)
@@ -154,6 +157,7 @@ class Workload:
             self._error = e
 
     async def _worker(self, w: int, rng: random.Random) -> None:
+        live: collections.deque[str] = collections.deque()  # this worker's topics that exist
         client = ControllerClient(self.bootstrap, client_id=f"chaos-{w}", request_timeout=self.op_timeout)
 
         async def call(api: str, body: dict, timeout: float, request_id: str) -> dict:
@@ -163,18 +167,23 @@ class Workload:
             n = 0
             while not self._stop.is_set():
                 n += 1
-                await self._topic_life(call, f"{self.prefix}-{w}-{n}", rng)
+                topic = f"{self.prefix}-{w}-{n}"
+                if await self._topic_life(call, topic, rng):
+                    live.append(topic)
+                while len(live) > self.max_live and not self._stop.is_set():
+                    await perform(call, self.history, "delete", live.popleft(), {}, self.op_timeout)
         finally:
             await client.aclose()
 
-    async def _topic_life(self, call: Callable, topic: str, rng: random.Random) -> None:
+    async def _topic_life(self, call: Callable, topic: str, rng: random.Random) -> bool:
+        """Create ``topic`` and change it a few times; True when it surely still exists."""
         partitions = rng.randint(1, 3)
         op = await perform(call, self.history, "create", topic,
                            {"partitions": partitions, "replication_factor": rng.randint(1, self.max_rf)},
                            self.op_timeout)
         for _ in range(rng.randint(0, 3)):
             if op.outcome != OK or self._stop.is_set():
-                return
+                return op.outcome == OK
             await trio.sleep(self.pause_s)
             if rng.random() < 0.5:
                 partitions += rng.randint(1, 2)
@@ -184,10 +193,12 @@ class Workload:
                 op = await perform(call, self.history, "config", topic,
                                    {"key": "retention.ms", "value": str(rng.randrange(60_000, 10**9))},
                                    self.op_timeout)
-        if op.outcome == OK and rng.random() < 0.5 and not self._stop.is_set():
-            await trio.sleep(self.pause_s)
-            await perform(call, self.history, "delete", topic, {}, self.op_timeout)
         await trio.sleep(self.pause_s)
+        if op.outcome == OK and rng.random() < 0.5 and not self._stop.is_set():
+            op = await perform(call, self.history, "delete", topic, {}, self.op_timeout)
+            await trio.sleep(self.pause_s)
+            return False
+        return op.outcome == OK
 
     def ok_since(self, t: float) -> bool:
         """Whether some operation invoked at or after monotonic time ``t`` was acknowledged."""
