@@ -441,6 +441,13 @@ def test_produce_purgatory_timeout_min_isr_and_partition_errors(data):
     assert data.produce("nope", 0, batch, acks=1) == (3, -1)               # UNKNOWN_TOPIC_OR_PARTITION
     assert data.produce("orders", 0, b"\x00" * 70, acks=1) == (2, -1)     # CORRUPT_MESSAGE
     assert plog.log_end_offset == 2
+    import datetime
+    with connect(data.port) as s:  # acks=0: appended, no response; the next request is answered
+        s.sendall(data.frame(0, 8, {"transactional_id": None, "acks": 0, "timeout": datetime.timedelta(seconds=5),
+                                    "topic_data": [{"name": "orders", "partition_data": [{"index": 0, "records": batch}]}]})
+                  + request(18, 0, 4242, b"", flexible=False))
+        assert struct.unpack_from(">ih", recv_frame(s)) == (4242, 0)
+    assert plog.log_end_offset == 3
 
 
 def test_fetch_epoch_and_range_errors_and_list_offsets(data):
