@@ -160,6 +160,10 @@ def record_from_dict(d: Any) -> Record:
                 ) if s
             )
         )
+    try:  # fast path; the loop below only runs to name what is wrong
+        return cls(*[kind(d[name]) for name, kind in cls.FIELDS])
+    except (KeyError, TypeError):
+        pass
     values = []
     for name, kind in cls.FIELDS:
         if name not in d:
