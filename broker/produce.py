@@ -101,7 +101,11 @@ class ProduceHandler:
                     still.append(item)
             pending = still
             if not pending:
-                break
+                return
+            if trio.current_time() >= deadline:
+                for res, *_ in pending:
+                    res.error_code = ErrorCode.request_timed_out.value
+                return
             event = trio.Event()
             for _, part, _, _ in pending:
                 part.waiters.add(event)
@@ -109,10 +113,6 @@ class ProduceHandler:
                 await event.wait()
             for _, part, _, _ in pending:
                 part.waiters.discard(event)
-            if trio.current_time() >= deadline:
-                for res, *_ in pending:
-                    res.error_code = ErrorCode.request_timed_out.value
-                break
 
     @staticmethod
     def _respond(header: RequestHeader, results: list[tuple[str, list[PartitionProduceResult]]]) -> bytes:
