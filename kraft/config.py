@@ -161,6 +161,8 @@ CONTROLLER_SETTINGS = _COMMON + [
     Setting("controller.rpc.io.timeout.ms", int, 10_000, "an RPC frame must arrive, a response be "
             "taken, and (with auth) a connection authenticate within this"),
     Setting("controller.rpc.idle.timeout.ms", int, 600_000, "close RPC connections idle this long"),
+    Setting("controller.rpc.max.buffered.bytes", int, 256 * 1024 * 1024, "incomplete RPC frames of all "
+            "connections together may hold this much memory; the connection going over is closed"),
     Setting("controller.rpc.auth.credentials.file", str, "", "users allowed to call the controller "
             "RPC (name:pbkdf2_sha256$... lines); empty = no authentication"),
     Setting(_CLIENT_CREDENTIALS, str, "", "this node's own RPC credentials (username=/password= "
