@@ -15,7 +15,9 @@ one. Replay rules follow Kafka's (kraft-reference §3, §5, §8).
 """
 from __future__ import annotations
 
+import gc
 import hashlib
+from contextlib import contextmanager
 from operator import attrgetter, itemgetter
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, ClassVar, Iterable, Iterator, Mapping
@@ -932,6 +934,19 @@ def _as_partition_map(partitions: Mapping[int, PartitionRegistration]) -> Partit
     return partitions if isinstance(partitions, PartitionMap) else PartitionMap.of(partitions)
 
 
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector: building an image allocates up to millions of acyclic
+    objects, and every collection on the way would rescan all of them (~20% of a load)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def image_from_records(records: Iterable[Record], *, offset: int, term: int = 0,
                        raft_index: int = 0, timestamp_ms: int = 0,
                        last_hash: bytes = ZERO_HASH) -> MetadataImage:
@@ -944,16 +959,17 @@ def image_from_records(records: Iterable[Record], *, offset: int, term: int = 0,
     delta = MetadataDelta(MetadataImage.EMPTY)
     replay = delta.replay
     iter_chunks = getattr(records, "iter_chunks", None)
-    if iter_chunks is not None:
-        for cls, rows in iter_chunks():
-            if cls is PartitionRecord:
-                delta.replay_partition_rows(rows)
-            else:
-                for row in rows:
-                    replay(cls(*row))
-    else:
-        for record in records:
-            replay(record)
-    delta.set_provenance(offset=offset, term=term, raft_index=raft_index,
-                         timestamp_ms=timestamp_ms, last_hash=last_hash)
-    return delta.apply()
+    with _gc_paused():
+        if iter_chunks is not None:
+            for cls, rows in iter_chunks():
+                if cls is PartitionRecord:
+                    delta.replay_partition_rows(rows)
+                else:
+                    for row in rows:
+                        replay(cls(*row))
+        else:
+            for record in records:
+                replay(record)
+        delta.set_provenance(offset=offset, term=term, raft_index=raft_index,
+                             timestamp_ms=timestamp_ms, last_hash=last_hash)
+        return delta.apply()

@@ -314,7 +314,7 @@ def read_snapshot(path: str | Path, strict: bool = True) -> tuple[SnapshotHeader
         raise CorruptSnapshotError(path, frames[-1].position,
                                    f"footer count {footer.get('record_count')} != header count "
                                    f"{header.record_count}")
-    body = [(fr.position, bytes(fr.payload)) for fr in frames[1:-1]]
+    body = [(fr.position, fr.payload) for fr in frames[1:-1]]  # views of ``data``: no copy
     return header, SnapshotRecords(path, body, header.record_count, frames[-1].position, strict)
 
 
@@ -351,7 +351,7 @@ class SnapshotRecords(Iterator[Record]):
     chunk's position, when iteration reaches it; so does a record count that differs from the
     header's, at the end."""
 
-    def __init__(self, path: Path, body: list[tuple[int, bytes]], expected: int,
+    def __init__(self, path: Path, body: list[tuple[int, memoryview]], expected: int,
                  footer_pos: int, strict: bool) -> None:
         self._path, self._body, self._expected = path, body, expected
         self._footer_pos, self._strict = footer_pos, strict
