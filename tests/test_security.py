@@ -293,17 +293,16 @@ def _evil_frames(marker: Path) -> bytes:
 
 
 def _send_raw(port: int, data: bytes, chunk: int | None = None) -> None:
+    """Send ``data`` (``chunk`` bytes at a time), then read until the peer closes or 0.5 s of
+    silence; the peer dropping the connection part-way is an answer too."""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-        if chunk:
-            for i in range(0, len(data), chunk):
-                s.sendall(data[i:i + chunk])
-        else:
-            s.sendall(data)
-        s.settimeout(0.5)
         try:
+            for i in range(0, len(data), chunk or len(data)):
+                s.sendall(data[i:i + (chunk or len(data))])
+            s.settimeout(0.5)
             while s.recv(65536):
                 pass
-        except (socket.timeout, ConnectionResetError):
+        except (socket.timeout, ConnectionResetError, BrokenPipeError):
             pass
 
 
