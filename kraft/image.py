@@ -881,7 +881,9 @@ class MetadataDelta:
 
         topics_by_id, topics_by_name = image.topics_by_id, image.topics_by_name
         if self._deleted_topics or self._topic_changes:
-            topics_by_id, topics_by_name = dict(topics_by_id), dict(topics_by_name)
+            topics_by_id = dict(topics_by_id)
+            if self._deleted_topics or self._created_names:  # else every name keeps its id
+                topics_by_name = dict(topics_by_name)
             for topic_id, old in self._deleted_topics.items():
                 del topics_by_id[topic_id]
                 if topics_by_name.get(old.name) == topic_id:
@@ -894,7 +896,8 @@ class MetadataDelta:
                 else:
                     continue
                 topics_by_id[topic_id] = TopicImage(change.name, topic_id, partitions)
-                topics_by_name[change.name] = topic_id
+                if change.base is None:
+                    topics_by_name[change.name] = topic_id
 
         configs = image.configs
         if self._config_changes:

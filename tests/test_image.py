@@ -434,6 +434,7 @@ def test_checksum_after_a_change_rehashes_the_changed_topic_only():
     before = image.checksum()  # caches the topic digests on the shared topics
     after = build(change(T1, 0, isr=[1]), image=image)
     assert after.topics_by_id[T2] is image.topics_by_id[T2]  # shared, digest reused
+    assert after.topics_by_name is image.topics_by_name  # no topic created or deleted
     fresh = image_from_records(after.to_records(), offset=after.offset, term=after.term)
     assert after.checksum() == fresh.checksum() != before
     assert after.checksum(1) == fresh.checksum(1)
