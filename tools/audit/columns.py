@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import gc
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from operator import attrgetter
+from typing import Any, Callable, Iterator, Sequence
 
 import orjson
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from kraft.log.segment import CRC, ChainState, scan_segment
 from kraft.log.snapshot import read_snapshot
@@ -93,65 +95,81 @@ BATCH_COLUMNS = ("source", "source_kind", "position", "batch_base_offset", "batc
                  "term", "raft_index", "timestamp_ms", "principal", "client_id", "request_id",
                  "api", "reason", "batch_hash", "prev_hash", "crc_ok", "problem")
 _ROW_COLUMNS = ("offset", "index_in_batch", "record_type", "record_version", "record_json")
-_SPARSE = tuple(n for n in NAMES if n not in BATCH_COLUMNS and n not in _ROW_COLUMNS)
 
 
 def _fenced(v: Any) -> int:
     return (1 if v else -1) if type(v) is bool else v
 
 
-def _plan(cls: type[Record]) -> tuple[tuple[str, str, Any], ...]:
-    """(field, column, converter or None) for the typed columns a record type fills."""
-    renames = _RENAMES.get(cls.NAME, {})
-    plan = []
-    for name, _ in cls.FIELDS:
-        if name in _JSON_ONLY:
-            continue
-        conv = _fenced if name == "fenced" else int if name == "in_controlled_shutdown" else None
-        plan.append((name, renames.get(name, name), conv))
-    return tuple(plan)
+class _TypePlan:
+    """How one record type fills the table: a C-level getter for all its field values, the
+    typed columns it fills (column → (index into the values, converter)), and its JSON keys."""
+
+    __slots__ = ("get", "columns", "names", "head")
+
+    def __init__(self, cls: type[Record]) -> None:
+        names = tuple(n for n, _ in cls.FIELDS)
+        if not names:
+            self.get: Callable[[Record], tuple] = lambda r: ()
+        elif len(names) == 1:
+            self.get = lambda r, n=names[0]: (getattr(r, n),)
+        else:
+            self.get = attrgetter(*names)
+        renames = _RENAMES.get(cls.NAME, {})
+        self.columns: dict[str, tuple[int, Callable[[Any], Any] | None]] = {}
+        for i, name in enumerate(names):
+            if name in _JSON_ONLY:
+                continue
+            conv = _fenced if name == "fenced" else int if name == "in_controlled_shutdown" else None
+            self.columns[renames.get(name, name)] = (i, conv)
+        self.names = names
+        self.head = {"type": cls.NAME, "version": cls.VERSION}
 
 
-_PLANS = {cls: _plan(cls) for cls in RECORD_TYPES.values()}
+_PLANS = {cls: _TypePlan(cls) for cls in RECORD_TYPES.values()}
 
 
 class _Builder:
-    """Columns for one Arrow batch: batch-level columns are extended once per batch, typed
-    record columns are sparse (only the rows whose record has the field)."""
+    """Columns for one Arrow batch. Batch-level columns are extended once per batch; record
+    values are kept per record type (one getter call per record) and scattered into row order
+    at :meth:`flush` with Arrow's ``take``."""
 
     def __init__(self) -> None:
         self.rows = 0
         self.batch_cols: dict[str, list[Any]] = {n: [] for n in BATCH_COLUMNS}
         self.row_cols: dict[str, list[Any]] = {n: [] for n in _ROW_COLUMNS}
-        self.sparse: dict[str, tuple[list[int], list[Any]]] = {n: ([], []) for n in _SPARSE}
+        self.by_type: dict[Any, tuple[list[int], list[tuple]]] = {}
 
     def add_batch(self, meta: dict[str, Any], first_offset: int,
                   records: Sequence[tuple[int, Record]], same_offset: bool = False) -> None:
         """Rows for ``records`` (``(index in batch, record)``) sharing the batch ``meta``; the
         offset is ``first_offset + index`` (or ``first_offset`` for all when ``same_offset``)."""
-        step = 0 if same_offset else 1
         k = len(records)
         for n, col in self.batch_cols.items():
             col.extend([meta.get(n)] * k)
         rc = self.row_cols
         offsets, indexes = rc["offset"], rc["index_in_batch"]
         types, versions, jsons = rc["record_type"], rc["record_version"], rc["record_json"]
-        sparse = self.sparse
+        by_type = self.by_type
+        step = 0 if same_offset else 1
         row = self.rows
+        dumps = orjson.dumps
         for i, record in records:
+            cls = type(record)
+            plan = _PLANS[cls]
+            values = plan.get(record)
+            group = by_type.get(cls)
+            if group is None:
+                group = by_type[cls] = ([], [])
+            group[0].append(row)
+            group[1].append(values)
             offsets.append(first_offset + step * i)
             indexes.append(i)
-            types.append(record.NAME)
-            versions.append(record.VERSION)
-            doc = {"type": record.NAME, "version": record.VERSION}
-            for name, column, conv in _PLANS[type(record)]:
-                v = getattr(record, name)
-                idx, vals = sparse[column]
-                idx.append(row)
-                vals.append(v if conv is None else conv(v))
-            for name, _ in record.FIELDS:
-                doc[name] = getattr(record, name)
-            jsons.append(orjson.dumps(doc).decode())
+            types.append(cls.NAME)
+            versions.append(cls.VERSION)
+            doc = dict(plan.head)
+            doc.update(zip(plan.names, values))
+            jsons.append(dumps(doc).decode())
             row += 1
         self.rows = row
 
@@ -161,24 +179,39 @@ class _Builder:
             col.append(meta.get(n))
         for n, col in self.row_cols.items():
             col.append(meta.get(n))
+        group = self.by_type.setdefault(None, ([], []))
+        group[0].append(self.rows)
+        group[1].append(())
         self.rows += 1
 
     def flush(self) -> pa.RecordBatch:
-        n = self.rows
+        groups = list(self.by_type.items())
+        order = pc.sort_indices(pa.array([r for _, (rows, _) in groups for r in rows], pa.int64()))
         arrays = []
         for name, typ, _ in COLUMNS:
             if name in self.batch_cols:
-                values = self.batch_cols[name]
+                arrays.append(pa.array(self.batch_cols[name], type=typ))
             elif name in self.row_cols:
-                values = self.row_cols[name]
+                arrays.append(pa.array(self.row_cols[name], type=typ))
             else:
-                idx, vals = self.sparse[name]
-                values = [None] * n
-                for i, v in zip(idx, vals):
-                    values[i] = v
-            arrays.append(pa.array(values, type=typ))
+                arrays.append(self._sparse(name, typ, groups).take(order))
         self.__init__()
         return pa.RecordBatch.from_arrays(arrays, schema=ARROW_SCHEMA)
+
+    @staticmethod
+    def _sparse(name: str, typ: pa.DataType, groups: list) -> pa.Array:
+        chunks = []
+        for cls, (rows, values) in groups:
+            spec = _PLANS[cls].columns.get(name) if cls is not None else None
+            if spec is None:
+                chunks.append(pa.nulls(len(rows), typ))
+                continue
+            j, conv = spec
+            col = [v[j] for v in values]
+            if conv is not None:
+                col = [conv(v) for v in col]
+            chunks.append(pa.array(col, type=typ))
+        return pa.concat_arrays(chunks) if len(chunks) != 1 else chunks[0]
 
 
 def _batch_meta(source: str, kind: str, position: int, batch: Batch, digest: bytes | None,

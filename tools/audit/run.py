@@ -94,7 +94,7 @@ def run_audit(opts: AuditOptions, spark: SparkSession | None = None,
     validate(opts)
     out = opts.out
     out.mkdir(parents=True, exist_ok=True)
-    steps = _Steps(progress, 8)
+    steps = _Steps(progress, 7)
     if spark is None:
         steps(f"starting Spark ({opts.master or 'spark-submit master'}; its log: {out / 'spark.log'})")
         spark = build_session(opts.master, out / "spark.log")

@@ -36,6 +36,16 @@ def _stderr_to(path: Path | None) -> Iterator[None]:
         os.close(fd)
 
 
+def _local_cores(master: str | None) -> int | None:
+    """Cores of a ``local[N]`` / ``local[*]`` / ``local`` master (None for a cluster): the
+    audit's shuffles then use that many partitions instead of Spark's 200."""
+    if not master or not master.startswith("local"):
+        return None
+    inside = master[master.find("[") + 1:master.find("]")] if "[" in master else "1"
+    inside = inside.split(",")[0]
+    return os.cpu_count() or 2 if inside == "*" else max(int(inside), 1)
+
+
 def build_session(master: str | None = "local[*]", spark_log: Path | None = None,
                   app_name: str = "kraft-audit"):
     """Get or create the SparkSession (``master`` None: whatever spark-submit configured) and
@@ -57,7 +67,7 @@ def build_session(master: str | None = "local[*]", spark_log: Path | None = None
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.session.timeZone", "UTC")
                .config("spark.sql.python.filterPushdown.enabled", "true")
-               .config("spark.sql.shuffle.partitions", "8")
+               .config("spark.sql.shuffle.partitions", str(_local_cores(master) or 200))
                .config("spark.driver.extraJavaOptions",
                        f"-Dlog4j2.configurationFile={CONF_DIR / 'log4j2.properties'}")
                .config("spark.executorEnv.PYTHONPATH", pythonpath))
