@@ -12,7 +12,8 @@ from kraft.controller.settings import ControllerSettings
 from kraft.controller.state_machine import QuorumStateMachine
 from kraft.records import Batch, PartitionChangeRecord, Provenance
 from tests.chaos.history import (FAIL, INFO, OK, History, check_images, check_leader_epochs,
-                                 check_logs_identical, check_operations, check_raft_terms, scan_log)
+                                 check_logs_identical, check_operations, check_raft_terms, leader_reports,
+                                 scan_log)
 from tests.chaos.workload import request
 
 
@@ -171,6 +172,14 @@ def test_raft_terms() -> None:
     assert check_raft_terms([(1, 1), (2, 3), (5, 2)], [(2, 3), (6, 1)]) == []
     [a] = check_raft_terms([(1, 1), (2, 3)], [(2, 1)])
     assert a.kind == "two-leaders-one-term" and "term 2" in a.detail
+
+
+def test_leader_reports_parse_controller_logs() -> None:
+    text = ("2026-11-22 11:13:03,476 INFO kraft.quorum.raft: raft member 3: leader in term 105\n"
+            "2026-11-22 11:13:03,493 INFO kraft.quorum.raft: raft member 2: not leader in term 106\n"
+            "2026-11-22 11:13:03,553 INFO kraft.quorum.raft: raft member 2: leader in term 106\n")
+    assert leader_reports(text) == [(105, 3), (106, 2)]
+    assert check_raft_terms([(106, 2)], leader_reports(text)) == []
 
 
 def test_history_rejects_unknown_kinds_and_outcomes() -> None:

@@ -11,6 +11,7 @@ operation at a time per topic, so each topic's expected state is a set of possib
 """
 from __future__ import annotations
 
+import re
 import threading
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -241,10 +242,22 @@ def _same_epoch(leaders: dict, tid: str, pid: int, epoch: int, leader: int, src:
     return []
 
 
+_LEADER_LINE = re.compile(r"raft member (\d+): leader in term (\d+)")
+
+
+def leader_reports(node_log: str) -> list[tuple[int, int]]:
+    """(term, node id) for every "raft member N: leader in term T" line of a controller's log.
+
+    ``kraft.quorum.raft`` writes that line on PySyncObj's own thread when leadership changes, so
+    state and term are read together; a status read from another thread (DescribeNode) can
+    catch a leader that has just adopted a higher term but not yet stepped down."""
+    return [(int(t), int(n)) for n, t in _LEADER_LINE.findall(node_log)]
+
+
 def check_raft_terms(leader_changes: Iterable[tuple[int, int]],
                      self_reports: Iterable[tuple[int, int]] = ()) -> list[Anomaly]:
     """Never two leaders in one Raft term: (term, leader id) from LeaderChange records and from
-    controllers that reported themselves leader in a term."""
+    controllers' own leadership reports (:func:`leader_reports`)."""
     leaders: dict[int, set[int]] = defaultdict(set)
     for term, leader_id in [*leader_changes, *self_reports]:
         leaders[term].add(leader_id)

@@ -34,7 +34,8 @@ from kraft.log.metadata_log import MetadataLog
 from kraft.rpc.client import call_sync
 from tests.chaos.cluster import ChaosCluster
 from tests.chaos.history import (OK, Anomaly, History, check_images, check_leader_epochs,
-                                 check_logs_identical, check_operations, check_raft_terms, scan_log)
+                                 check_logs_identical, check_operations, check_raft_terms,
+                                 leader_reports, scan_log)
 from tests.chaos.workload import Workload, call_one_node, perform
 from tests.harness import log_stream_digest
 
@@ -60,6 +61,7 @@ class ChaosReport:
     minority_outcomes: list[str] = field(default_factory=list)
     election_s: list[float] = field(default_factory=list)
     terms_seen: int = 0
+    leader_reports: list[tuple[int, int]] = field(default_factory=list)   # (term, node id)
     final_offset: int = -1
 
     def summary(self) -> dict[str, Any]:
@@ -81,6 +83,7 @@ class ChaosReport:
             "minority_writes": {o: self.minority_outcomes.count(o) for o in sorted(set(self.minority_outcomes))},
             "majority_election_s_p50": percentile(self.election_s, 50),
             "raft_terms_seen": self.terms_seen,
+            "terms_with_a_leader": len({t for t, _ in self.leader_reports}),
             "final_metadata_offset": self.final_offset,
         }
 
@@ -101,13 +104,12 @@ def describe_node(cluster: ChaosCluster, node_id: int, checksum: bool = False,
 
 
 class Sampler:
-    """Background observations: which controller says it leads in which Raft term, and the
-    brokers' per-partition (leader epoch, leader)."""
+    """Background observations: the Raft terms controllers report and the brokers'
+    per-partition (leader epoch, leader)."""
 
     def __init__(self, cluster: ChaosCluster, interval: float = 0.2) -> None:
         self.cluster = cluster
         self.interval = interval
-        self.self_reports: set[tuple[int, int]] = set()       # (term, node id)
         self.terms: set[int] = set()
         self.partitions: set[tuple[str, int, int, int]] = set()
         self._stop = threading.Event()
@@ -130,8 +132,6 @@ class Sampler:
             except Exception:  # down, paused or busy: nothing observed
                 continue
             self.terms.add(raft.get("term", 0))
-            if raft.get("state") == "leader":
-                self.self_reports.add((raft["term"], cid))
         for bid in self.cluster.broker_ids:
             if bid in self.cluster.paused:
                 continue
@@ -415,12 +415,15 @@ class ChaosRun:
         r = self.report
         r.counts = self.history.counts()
         r.final_offset = facts.final.offset
+        r.leader_reports = sorted({rep for cid in self.cluster.controller_ids
+                                   for rep in leader_reports(Path(self.cluster.node(cid).log_file)
+                                                             .read_text(errors="replace"))})
         r.terms_seen = len(self.sampler.terms | {t for t, _ in facts.leader_changes})
         r.anomalies += check_operations(self.history.ops, facts)
         r.anomalies += check_logs_identical(digests)
         r.anomalies += check_images(images, facts)
         r.anomalies += check_leader_epochs(facts.leader_epochs, sorted(self.sampler.partitions))
-        r.anomalies += check_raft_terms(facts.leader_changes, sorted(self.sampler.self_reports))
+        r.anomalies += check_raft_terms(facts.leader_changes, r.leader_reports)
         return r
 
     def _settled_images(self, timeout: float) -> dict[int, tuple[int, str]]:
