@@ -163,7 +163,10 @@ def read_metadata_request(version: int, r: Reader) -> MetadataRequest:
             name = r.compact_string() if flexible else r.string()
             if flexible:
                 r.skip_tags()
-            topics.append((name, None if topic_id is None or topic_id.int == 0 else topic_id))
+            topic_id = None if topic_id is None or topic_id.int == 0 else topic_id
+            if name is None and topic_id is None:  # Kafka refuses such a request too
+                raise DecodeError("Metadata request names a topic by neither name nor id")
+            topics.append((name, topic_id))
     if version == 0 and not topics:
         topics = None  # v0: empty list = all topics
     auto = r.boolean() if version >= 4 else True

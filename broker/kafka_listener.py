@@ -156,6 +156,9 @@ class KafkaListener:
         except DecodeError as e:
             log.warning("Kafka connection from %s: undecodable request (%s); closing", peer, e)
             scope.cancel()
+        except Exception:  # a bug in a deferred answer closes this connection only
+            log.exception("Kafka connection from %s: answering a request failed; closing", peer)
+            scope.cancel()
         except (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError):
             log.debug("Kafka connection from %s lost", peer)
             scope.cancel()
@@ -216,6 +219,10 @@ class KafkaListener:
         except DecodeError as e:
             log.warning("Kafka connection from %s: undecodable API %d v%d request (%s); closing",
                         peer, header.api_key, header.api_version, e)
+            raise _CloseConnection from None
+        except Exception:  # a bug answering one request must not take the broker down
+            log.exception("Kafka connection from %s: API %d v%d request failed; closing",
+                          peer, header.api_key, header.api_version)
             raise _CloseConnection from None
 
     # ---- APIs -----------------------------------------------------------------------------
