@@ -74,8 +74,14 @@ class KafkaListener:
 
     def __init__(self, cache: MetadataCache, host: str, port: int,
                  max_request_bytes: int = MAX_REQUEST_BYTES, *,
-                 admin: AdminHandler | None = None, security: ListenerSecurity | None = None) -> None:
+                 admin: AdminHandler | None = None, security: ListenerSecurity | None = None,
+                 idle_timeout_s: float = 600.0, read_timeout_s: float = 30.0,
+                 max_connections: int = 10_000) -> None:
         self.cache = cache
+        self.idle_timeout_s = idle_timeout_s  # no request started for this long: close
+        self.read_timeout_s = read_timeout_s  # a started request must arrive whole within this
+        self.max_connections = max_connections
+        self.connections = 0
         self.security = security or ListenerSecurity()
         self.host = host
         self.port = port
@@ -119,6 +125,18 @@ class KafkaListener:
         await trio.serve_listeners(self._connection, listeners)
 
     async def _connection(self, stream: trio.SocketStream) -> None:
+        if self.connections >= self.max_connections:
+            log.warning("Kafka listener: refusing a connection from %s: %d open (max.connections)",
+                        _peer(stream), self.connections)
+            await stream.aclose()
+            return
+        self.connections += 1
+        try:
+            await self._serve_connection(stream)
+        finally:
+            self.connections -= 1
+
+    async def _serve_connection(self, stream: trio.SocketStream) -> None:
         peer = _peer(stream)
         session = SaslSession(self.security.users) if self.security.users is not None else None
         buf = bytearray()
@@ -163,9 +181,20 @@ class KafkaListener:
             log.debug("Kafka connection from %s lost", peer)
             scope.cancel()
 
+    async def _receive(self, stream: trio.SocketStream, max_bytes: int, deadline: float, peer: str,
+                       why: str) -> bytes:
+        with trio.move_on_at(deadline):
+            return await stream.receive_some(max_bytes)
+        log.warning("Kafka connection from %s: %s; closing", peer, why)
+        raise _CloseConnection
+
     async def _read_frame(self, stream: trio.SocketStream, buf: bytearray, peer: str) -> bytes | None:
+        now = trio.current_time()
+        deadline = now + (self.read_timeout_s if buf else self.idle_timeout_s)
         while len(buf) < 4:
-            chunk = await stream.receive_some(65536)
+            chunk = await self._receive(stream, 65536, deadline, peer,
+                                        "request incomplete too long" if buf else "idle too long")
+            deadline = min(deadline, trio.current_time() + self.read_timeout_s)
             if not chunk:
                 if buf:
                     log.warning("Kafka connection from %s: truncated frame header; closing", peer)
@@ -176,7 +205,8 @@ class KafkaListener:
             log.warning("Kafka connection from %s: invalid frame size %d; closing", peer, size)
             raise _CloseConnection
         while len(buf) < 4 + size:
-            chunk = await stream.receive_some(max(65536, 4 + size - len(buf)))
+            chunk = await self._receive(stream, max(65536, 4 + size - len(buf)), deadline, peer,
+                                        "request incomplete too long")
             if not chunk:
                 log.warning("Kafka connection from %s: truncated frame (%d of %d bytes); closing",
                             peer, len(buf) - 4, size)

@@ -128,8 +128,11 @@ class BrokerNode:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as nursery:
                 for n, lhost, lport in self.config.listeners:
-                    listener = KafkaListener(self.caches[n], lhost, lport, admin=self.admins[n],
-                                             security=self.security[n])
+                    listener = KafkaListener(
+                        self.caches[n], lhost, lport, admin=self.admins[n], security=self.security[n],
+                        idle_timeout_s=self.config["connections.max.idle.ms"] / 1000,
+                        read_timeout_s=self.config["request.read.timeout.ms"] / 1000,
+                        max_connections=self.config["max.connections"])
                     listener.serve_data(self.replica_manager)
                     bound = await nursery.start(listener.serve)
                     if n == self.listener_name:

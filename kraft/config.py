@@ -184,6 +184,11 @@ BROKER_SETTINGS = _COMMON + [
     Setting("replica.lag.time.max.ms", int, 30000, "a follower lagging this long leaves the ISR"),
     Setting("replica.fetch.wait.max.ms", int, 500, "follower fetch long-poll"),
     Setting("min.insync.replicas", int, 1, "default min.insync.replicas for topics without one"),
+    Setting("connections.max.idle.ms", int, 600_000, "close a Kafka connection with no request "
+            "started for this long"),
+    Setting("request.read.timeout.ms", int, 30_000, "a started Kafka request must arrive whole "
+            "within this (slow senders are closed)"),
+    Setting("max.connections", int, 10_000, "Kafka connections per listener; more are refused"),
     Setting("inter.broker.listener.name", str, "", "the listener followers fetch from "
             "(default: the first of listeners)"),
     Setting("listener.security.protocol.map", str, "", "NAME:PROTOCOL,... for listeners not named "

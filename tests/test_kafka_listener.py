@@ -46,9 +46,10 @@ def build_image(port: int, fenced: tuple[int, ...] = ()):
 class ListenerThread:
     """Runs a KafkaListener in a trio loop on a background thread."""
 
-    def __init__(self, cache: MetadataCache, admin=None, replicas=None) -> None:
+    def __init__(self, cache: MetadataCache, admin=None, replicas=None, **listener_kw) -> None:
         self.cache = cache
         self.admin = admin
+        self.listener_kw = listener_kw
         self.replicas = replicas
         self.port: int | None = None
         self._token = None
@@ -60,7 +61,7 @@ class ListenerThread:
         self._token = trio.lowlevel.current_trio_token()
         with trio.CancelScope() as self._scope:
             async with trio.open_nursery() as nursery:
-                listener = KafkaListener(self.cache, "127.0.0.1", 0, admin=self.admin)
+                listener = KafkaListener(self.cache, "127.0.0.1", 0, admin=self.admin, **self.listener_kw)
                 if self.replicas is not None:
                     listener.serve_data(self.replicas)
                 self.port = await nursery.start(listener.serve)
@@ -490,3 +491,27 @@ def test_find_coordinator_says_not_available(listener, version):
     resp, _ = entity_reader(load_response_schema(10, version))(frame, head)
     err = resp.coordinators[0].error_code if version >= 4 else resp.error_code
     assert err.value == 15  # COORDINATOR_NOT_AVAILABLE
+
+
+def test_idle_slow_and_surplus_connections_are_closed():
+    """connections.max.idle.ms, request.read.timeout.ms and max.connections: an idle connection
+    and a byte-at-a-time sender are closed, a connection over the cap is refused, and a normal
+    client is served throughout."""
+    cache = MetadataCache(CLUSTER_ID)
+    lt = ListenerThread(cache, idle_timeout_s=1.0, read_timeout_s=1.0, max_connections=3)
+    port = lt.start()
+    cache.set_image(build_image(port))
+    try:
+        idle = connect(port)
+        slow = connect(port)
+        slow.sendall(request(18, 0, 1, b"", flexible=False)[:6])  # a frame started, never finished
+        assert is_closed(idle) and is_closed(slow)
+        held = [connect(port) for _ in range(3)]
+        extra = connect(port)
+        assert is_closed(extra)  # over max.connections
+        held[0].sendall(request(18, 0, 5, b"", flexible=False))
+        assert struct.unpack_from(">i", recv_frame(held[0]))[0] == 5
+        for s in held:
+            s.close()
+    finally:
+        lt.stop()
