@@ -603,7 +603,8 @@ class MetadataDelta:
 
     def replay_batch(self, batch: Batch, batch_hash_bytes: bytes | None = None) -> None:
         """Replay every record of ``batch``, then adopt its last offset, term, raft index, time
-        and hash. ``batch_hash_bytes`` (= ``batch_hash(encoded)``) saves re-encoding the batch.
+        and hash. ``batch_hash_bytes`` (= ``batch_hash(encoded)``) or, for a batch from
+        ``decode_batch``, its ``digest`` saves re-encoding the batch.
         The batch must continue the delta: base offset = offset + 1 and prev_hash = last hash."""
         if batch.base_offset != self._offset + 1:
             raise ReplayError(f"batch at offset {batch.base_offset} does not follow offset "
@@ -639,7 +640,9 @@ class MetadataDelta:
         self._term = batch.term
         self._raft_index = batch.raft_index
         self._timestamp_ms = batch.timestamp_ms
-        self._last_hash = batch_hash(batch.encode()) if batch_hash_bytes is None else batch_hash_bytes
+        if batch_hash_bytes is None:  # decoded batches know the hash of the bytes they came from
+            batch_hash_bytes = batch.digest if batch.digest is not None else batch_hash(batch.encode())
+        self._last_hash = batch_hash_bytes
 
     def set_provenance(self, *, offset: int, term: int, raft_index: int, timestamp_ms: int,
                        last_hash: bytes) -> None:

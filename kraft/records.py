@@ -393,6 +393,9 @@ class Batch:
     prev_hash: bytes
     records: tuple[Record, ...] = field(default=())
     raft_position: int = 0  # index of the command within its (group-committed) Raft entry
+    # batch_hash of the bytes decode_batch read this batch from (None when built in memory), so a
+    # replay adopts its hash without re-encoding it. Not compared; dataclasses.replace drops it.
+    digest: bytes | None = field(default=None, init=False, compare=False, repr=False)
 
     @property
     def last_offset(self) -> int:
@@ -431,7 +434,9 @@ def decode_batch(encoded: bytes) -> Batch:
         d = msgpack.unpackb(encoded, raw=False, strict_map_key=False)
     except Exception as e:
         raise RecordDecodeError(f"not a msgpack batch: {e}") from None
-    return batch_from_dict(d)
+    batch = batch_from_dict(d)
+    object.__setattr__(batch, "digest", batch_hash(encoded))
+    return batch
 
 
 def batch_from_dict(d: Any) -> Batch:

@@ -483,6 +483,17 @@ def test_full_delta_equals_replaying_the_image_records():
     assert full.apply() == replayed.apply() != image
 
 
+def test_replay_of_a_decoded_batch_adopts_the_hash_of_its_bytes():
+    from kraft.records import decode_batch
+
+    image = base_image()
+    encoded = make_batch(image, change(T1, 0, isr=[1])).encode()
+    for batch in (decode_batch(encoded), dataclasses.replace(decode_batch(encoded))):
+        delta = MetadataDelta(image)
+        delta.replay_batch(batch)  # no hash given: the digest, or (replaced) a re-encode
+        assert delta.apply().last_hash == batch_hash(encoded)
+
+
 def test_round_trip_through_records():
     image = full_image()
     copy = image_from_records(image.to_records(), offset=image.offset, term=image.term,

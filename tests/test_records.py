@@ -73,3 +73,16 @@ def test_bool_is_not_an_int_and_garbage_is_refused():
         R.decode_record(b"\xc1\xff garbage")
     with pytest.raises(R.RecordDecodeError):
         R.decode_batch(msgpack.packb({"format": 1}))
+
+
+def test_decoded_batch_carries_the_hash_of_its_bytes():
+    import dataclasses
+
+    batch = R.Batch(5, 2, 9, 1234, R.Provenance(api="Test"), bytes(32),
+                    (R.TopicRecord("a", "id-a"), R.NoOpRecord()))
+    assert batch.digest is None
+    encoded = batch.encode()
+    decoded = R.decode_batch(encoded)
+    assert decoded.digest == R.batch_hash(encoded)
+    assert decoded == batch  # not part of equality
+    assert dataclasses.replace(decoded, records=()).digest is None  # a changed batch re-hashes
