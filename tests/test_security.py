@@ -420,3 +420,20 @@ def _is_alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+@pytest.mark.integration
+def test_tools_log_in_to_a_cluster_with_auth(secured: LocalCluster) -> None:
+    """The live shell (FetchMetadata) and simulated brokers use the cluster's credentials."""
+    proc = kraft("shell", "--cluster", str(secured.dir), "-c", "ls /brokers", timeout=90)
+    assert "101/" in proc.stdout.split(), proc.stdout
+    sim = subprocess.Popen([sys.executable, "-m", "tools.sim_broker", "--cluster", str(secured.dir),
+                            "--count", "1", "--first-id", "201"], cwd=REPO, env=ENV, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    try:  # it prints "ready" once registered, following the log and unfenced: it logged in
+        assert poll(lambda: sim.stdout.readline(), 90, what="the simulated broker").strip() == "ready"
+        cluster = _admin_call(secured, "DescribeCluster", {})
+        assert any(b["broker_id"] == 201 and not b["fenced"] for b in cluster["brokers"])
+    finally:
+        sim.kill()
+        sim.wait(10)

@@ -20,7 +20,7 @@ import tempfile
 from bisect import bisect_right
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from kraft.image import MetadataDelta, MetadataImage, ReplayError
 from kraft.log.segment import (OFFSET, TORN, ChainState, Problem, ScanEntry, list_segments,
@@ -164,14 +164,17 @@ class History:
         return history
 
     @classmethod
-    def from_controllers(cls, bootstrap: list[tuple[str, int]], timeout: float) -> "History":
-        """Pull the whole log from the controllers with FetchMetadata (any controller answers)."""
+    def from_controllers(cls, bootstrap: list[tuple[str, int]], timeout: float,
+                         credentials: Any = None) -> "History":
+        """Pull the whole log from the controllers with FetchMetadata (any controller answers);
+        ``credentials`` for controllers that require RPC authentication."""
         import trio
 
         from kraft.rpc.client import ControllerClient
 
         async def pull() -> History:
-            client = ControllerClient(bootstrap, client_id="kraft-shell", request_timeout=timeout)
+            client = ControllerClient(bootstrap, client_id="kraft-shell", request_timeout=timeout,
+                                      credentials=credentials)
             try:
                 with trio.fail_after(timeout):
                     return await _pull(client, timeout)

@@ -8,6 +8,7 @@ would a real broker. Many of them run in one trio process.
 from __future__ import annotations
 
 import uuid
+from typing import Any
 from dataclasses import dataclass, field
 
 import trio
@@ -29,10 +30,12 @@ class SimBroker:
     incarnation_id: str = field(default_factory=lambda: str(uuid.uuid4()))
     want_shutdown: bool = False
     shut_down: bool = False
+    credentials: Any = None  # kraft.rpc.auth.ClientCredentials for clusters with RPC auth
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Register, then follow the log and heartbeat until cancelled or shut down."""
-        client = ControllerClient(self.bootstrap, client_id=f"sim-broker-{self.broker_id}")
+        client = ControllerClient(self.bootstrap, client_id=f"sim-broker-{self.broker_id}",
+                                  credentials=self.credentials)
         try:
             await self._register(client)
             async with trio.open_nursery() as nursery:
@@ -54,7 +57,8 @@ class SimBroker:
         self.epoch = result["broker_epoch"]
 
     async def _follow_log(self) -> None:
-        client = ControllerClient(self.bootstrap, client_id=f"sim-broker-{self.broker_id}-fetch")
+        client = ControllerClient(self.bootstrap, client_id=f"sim-broker-{self.broker_id}-fetch",
+                                  credentials=self.credentials)
         try:
             while True:
                 try:
@@ -109,8 +113,13 @@ def main(argv: list[str] | None = None) -> int:
     meta = json.loads((Path(args.cluster) / "cluster.json").read_text())
     bootstrap = [(c["host"], c["rpc_port"]) for c in meta["controllers"]]
     racks = [r for r in args.racks.split(",") if r]
+    credentials = None
+    if meta.get("auth_dir"):  # a cluster started with --auth: log in as its broker user
+        from kraft.rpc.auth import ClientCredentials
+        credentials = ClientCredentials.load(Path(meta["auth_dir"]) / "broker.credentials")
     brokers = [SimBroker(args.first_id + i, bootstrap, meta["cluster_id"],
-                         rack=racks[i % len(racks)] if racks else None) for i in range(args.count)]
+                         rack=racks[i % len(racks)] if racks else None, credentials=credentials)
+               for i in range(args.count)]
 
     async def run() -> None:
         async with trio.open_nursery() as nursery:

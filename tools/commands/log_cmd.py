@@ -19,7 +19,7 @@ from kraft.log.snapshot import read_snapshot
 from kraft.records import record_to_json
 from tools import output
 from tools.commands.common import (DEFAULT_TIMEOUT_S, ManualFormatter, UsageError, int_at_least,
-                                   positive_float, resolve_bootstrap)
+                                   positive_float, resolve_bootstrap, resolve_credentials)
 from tools.log_format import record_item, render_item
 from tools.log_history import diff, iso_time, parse_point, render
 from tools.log_reader import (History, LogReadError, is_snapshot_file, resolve_log_dir, scan_path,
@@ -140,7 +140,7 @@ def load_history(args: argparse.Namespace) -> History | None:
     try:
         if bootstrap is None:
             return History.load(args.path)
-        return History.from_controllers(bootstrap, args.timeout)
+        return History.from_controllers(bootstrap, args.timeout, resolve_credentials(args))
     except LogReadError as e:
         print(f"Error: {e}", file=sys.stderr)
         return None
