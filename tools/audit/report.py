@@ -195,8 +195,8 @@ def render(data: dict[str, Any]) -> str:
         parts.append(table(("severity", "offset", "detail"),
                            [(s["severity"], s["offset"], s["detail"]) for s in f["samples"]]))
     parts += [
-        "<h2>Leadership timeline</h2><p>Leader of each partition over time (most changed "
-        f"partitions first; red = no leader).</p>",
+        "<h2>Leadership timeline</h2><p>Leader of each partition over time (up to 30 partitions, "
+        "those with the most leader changes; red = no leader).</p>",
         interval_chart(data["leadership"], t0, t1, brokers, "leadership timeline"),
         _legend([(f"broker {b}", _color(b, brokers)) for b in brokers] + [("offline", OFFLINE)]),
         "<h2>Broker states</h2><p>Fenced (red), unfenced (green), unregistered (grey).</p>",
