@@ -207,8 +207,13 @@ class PartitionLog:
         if p.exists():
             try:
                 lines = p.read_text().split("\n")
+                if lines[0].strip() != "0":
+                    raise ValueError(f"version {lines[0]!r}")
                 count = int(lines[1])
-                for line in lines[2: 2 + count]:
+                entries = lines[2: 2 + count]
+                if len(entries) != count:
+                    raise ValueError(f"{len(entries)} entries, header says {count}")
+                for line in entries:
                     e, o = line.split()
                     self.epochs.append((int(e), int(o)))
             except (ValueError, IndexError):
@@ -222,7 +227,10 @@ class PartitionLog:
         hw = 0
         if p.exists():
             try:
-                hw = int(p.read_text().split("\n")[2])
+                lines = p.read_text().split("\n")
+                if lines[0].strip() != "0" or lines[1].strip() != "1":
+                    raise ValueError(f"header {lines[:2]!r}")
+                hw = int(lines[2])
             except (ValueError, IndexError):
                 log.warning("partition log %s: unreadable %s; using 0", self.dir, HW_FILE)
         self.high_watermark = max(0, min(hw, end))

@@ -368,7 +368,8 @@ def test_partition_log_mid_log_corruption_truncates_from_the_bad_batch(partition
     assert any(first.name in r.getMessage() and "byte 0" in r.getMessage() for r in caplog.records), caplog.text
 
 
-@pytest.mark.parametrize("content", ["", "garbage", "0\n1\n", "0\n1\nnot-a-number\n"])
+@pytest.mark.parametrize("content", ["", "garbage", "0\n1\n", "0\n1\nnot-a-number\n", "7\n1\n5\n",
+                                     "0\n3\n5\n"])
 def test_partition_checkpoint_files_damaged(partition_dir: Path, content: str,
                                             caplog: pytest.LogCaptureFixture) -> None:
     (partition_dir / HW_FILE).write_text(content)
