@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import time
@@ -116,8 +117,6 @@ def ensure_log(directory: Path, records: int) -> int:
     if marker.exists() and json.loads(marker.read_text()).get("requested") == records:
         return json.loads(marker.read_text())["records"]
     if directory.exists():
-        import shutil
-
         shutil.rmtree(directory)
     directory.mkdir(parents=True)
     started = time.perf_counter()
@@ -194,8 +193,6 @@ def timed_audit(directory: Path, out: Path) -> tuple[float, int, str]:
 def run(records: int, work: Path) -> tuple[list[dict], list[dict]]:
     logdir, out = work / "log", work / "out"
     n = ensure_log(logdir, records)
-    import shutil
-
     shutil.rmtree(out, ignore_errors=True)
     floor = decode_floor(logdir)
     log(f"decode floor: {floor}")

@@ -17,6 +17,8 @@ from pyspark.sql.datasource import (DataSource, DataSourceReader, EqualTo, Great
                                     GreaterThanOrEqual, InputPartition, LessThan,
                                     LessThanOrEqual)
 
+from kraft.log.segment import list_segments, parse_segment_name
+from kraft.log.snapshot import list_snapshots, parse_snapshot_name
 from tools.audit.columns import SPARK_DDL, decode_segment, decode_snapshot
 
 _SNAPSHOT_MODES = ("exclude", "include", "only")
@@ -25,8 +27,6 @@ _SNAPSHOT_MODES = ("exclude", "include", "only")
 def segment_ranges(log_dir: str | Path) -> list[tuple[Path, int, int | None]]:
     """``(path, first offset, last offset or None for the newest)`` of every segment, by
     their names: a segment ends where the next one begins."""
-    from kraft.log.segment import list_segments, parse_segment_name
-
     paths = list_segments(log_dir)
     bases = [parse_segment_name(p) or 0 for p in paths]
     return [(p, b, bases[i + 1] - 1 if i + 1 < len(bases) else None)
@@ -113,8 +113,6 @@ class KraftMetadataReader(DataSourceReader):
                     continue
                 parts.append(InputPartition(("log", str(path), self.lo, self.hi)))
         if self.snapshots != "exclude":
-            from kraft.log.snapshot import list_snapshots, parse_snapshot_name
-
             for path in list_snapshots(self.dir):
                 last = parse_snapshot_name(path)[0] - 1
                 if (self.lo is None or last >= self.lo) and (self.hi is None or last <= self.hi):
