@@ -425,3 +425,36 @@ def test_importing_the_quorum_keeps_socket_inet_ntop_working():
 
     assert socket.inet_ntop(socket.AF_INET, b"\x7f\x00\x00\x01") == "127.0.0.1"
     assert socket.inet_ntop(socket.AF_INET6, bytes(15) + b"\x01") == "::1"
+
+
+@trio_test
+async def test_a_peer_announcing_a_huge_raft_frame_is_cut_off(tmp_path: Path) -> None:
+    """PySyncObj would buffer an announced 2 GiB frame before rejecting it (even with a
+    password); the quorum closes such a connection at once and keeps working."""
+    import struct
+
+    port, = free_ports(1)
+    q = RaftQuorum(1, f"127.0.0.1:{port}", {}, tmp_path, ListTarget(),
+                   RaftSettings(password="s3cret", fsync="never"))
+    q.start()
+    try:
+        await wait_for(lambda: q.is_leader, 10, "single member to lead")
+        sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+        sock.sendall(struct.pack("i", 2**31 - 1))
+        junk = os.urandom(1 << 16)
+        sent = 0
+        closed = False
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and sent < 512 << 20:
+            try:
+                sock.sendall(junk)
+                sent += len(junk)
+            except OSError:  # reset: the member closed us
+                closed = True
+                break
+            await trio.sleep(0)
+        sock.close()
+        assert closed and sent < 64 << 20, sent
+        assert await q.submit(b"still-works", timeout=5) is not None
+    finally:
+        q.close()

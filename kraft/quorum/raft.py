@@ -80,9 +80,48 @@ from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated  # noqa: E40
 from pysyncobj.journal import FileJournal  # noqa: E402
 from pysyncobj.monotonic import monotonic as _monotonic  # noqa: E402
 from pysyncobj.node import TCPNode  # noqa: E402
+from pysyncobj.tcp_connection import TcpConnection  # noqa: E402
 from pysyncobj.transport import TCPTransport  # noqa: E402
 
 socket.inet_ntop = _real_inet_ntop
+
+# PySyncObj reads a whole announced frame before it decrypts (or rejects) it, so a peer that
+# announces 2 GiB and streams junk makes it buffer without bound — even with a password. Our own
+# messages are far smaller (entries <= group_max_bytes, dump chunks 256 KiB, both compressed):
+# a frame announcing more than this, or a negative length, closes the connection at once.
+MAX_RAFT_FRAME_BYTES = 64 << 20
+_parse_frame = TcpConnection._TcpConnection__processParseMessage  # type: ignore[attr-defined]
+
+
+def _bounded_parse_frame(conn: Any) -> Any:
+    buf = conn._TcpConnection__readBuffer
+    if len(buf) >= 4:
+        (size,) = struct.unpack("i", bytes(buf[:4]))
+        if not 0 <= size <= MAX_RAFT_FRAME_BYTES:
+            logger.warning("raft: closing a connection that announced a %d-byte frame (max %d)",
+                           size, MAX_RAFT_FRAME_BYTES)
+            conn.disconnect()
+            return None
+    return _parse_frame(conn)
+
+
+_read_some = TcpConnection._TcpConnection__processRead  # type: ignore[attr-defined]
+
+
+def _bounded_read(conn: Any) -> bool:
+    """PySyncObj reads while data is available before parsing; stop once the buffer holds an
+    oversized announcement (or too much), so the parse above can close the connection."""
+    more = _read_some(conn)
+    buf = conn._TcpConnection__readBuffer
+    if more and len(buf) >= 4:
+        (size,) = struct.unpack("i", bytes(buf[:4]))
+        if not 0 <= size <= MAX_RAFT_FRAME_BYTES or len(buf) > MAX_RAFT_FRAME_BYTES + 4:
+            return False
+    return more
+
+
+TcpConnection._TcpConnection__processParseMessage = _bounded_parse_frame  # type: ignore[attr-defined]
+TcpConnection._TcpConnection__processRead = _bounded_read  # type: ignore[attr-defined]
 
 from kraft.errors import ErrorCode, KraftError
 from kraft.quorum.durable_journal import DurableJournalMixin, register_journal, unregister_journal
