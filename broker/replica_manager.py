@@ -24,13 +24,14 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import trio
 
 from broker.partition import Partition
-from broker.partition_log import PartitionLog
+from broker.partition_log import PartitionLog, batched_syncs
 from kraft.records import RESOURCE_TOPIC
 
 log = logging.getLogger("broker.state_change")
@@ -73,6 +74,7 @@ class ReplicaManager:
         self.default_min_insync_replicas = min_insync_replicas
         self.image: Any = None  # the last image applied
         self.partitions: dict[tuple[str, int], Partition] = {}  # (topic id, partition)
+        self._dir_counts: Counter[Path] = Counter()  # our partitions per log dir
         self.by_name: dict[tuple[str, int], Partition] = {}  # (topic name, partition)
         self.isr_updater: Any = None  # broker.isr_updater.IsrUpdater, set by the node
         for d in self.log_dirs:
@@ -90,13 +92,14 @@ class ReplicaManager:
         """Apply what ``delta`` means for this broker: deletes, then leaders, then followers."""
         self.image = image
         changes = delta.local_changes(self.broker_id)
-        for topic, topic_id, pid in changes.deletes:
-            self._delete(topic, topic_id, pid, reason="no longer a replica" if topic_id in
-                         image.topics_by_id else "topic deleted")
-        for (topic, pid), (topic_id, reg) in sorted(changes.leaders.items()):
-            self._become(topic, topic_id, pid, reg, "leader", image.offset)
-        for (topic, pid), (topic_id, reg) in sorted(changes.followers.items()):
-            self._become(topic, topic_id, pid, reg, "follower", image.offset)
+        with batched_syncs():  # one filesystem sync for every checkpoint this delta writes
+            for topic, topic_id, pid in changes.deletes:
+                self._delete(topic, topic_id, pid, reason="no longer a replica" if topic_id in
+                             image.topics_by_id else "topic deleted")
+            for (topic, pid), (topic_id, reg) in sorted(changes.leaders.items()):
+                self._become(topic, topic_id, pid, reg, "leader", image.offset)
+            for (topic, pid), (topic_id, reg) in sorted(changes.followers.items()):
+                self._become(topic, topic_id, pid, reg, "follower", image.offset)
 
     def remove_strays(self, image: Any) -> list[Path]:
         """Delete partition directories the image does not give this broker (a deleted topic,
@@ -164,6 +167,7 @@ class ReplicaManager:
     def _delete(self, topic: str, topic_id: str, pid: int, reason: str) -> None:
         part = self.partitions.pop((topic_id, pid), None)
         if part is not None:
+            self._dir_counts[part.log.dir.parent] -= 1
             self.by_name.pop((part.topic, pid), None)
             part.role = "none"
             part.wake()
@@ -189,10 +193,10 @@ class ReplicaManager:
                         self.broker_id, directory, _read_topic_id(directory), topic_id)
             shutil.rmtree(directory, ignore_errors=True)
             directory = None
-        if directory is None:
-            counts = {d: sum(1 for p in self.partitions.values() if p.log.dir.parent == d)
-                      for d in self.log_dirs}
+        if directory is None:  # the log dir holding the fewest of our partitions
+            counts = self._dir_counts
             directory = min(self.log_dirs, key=lambda d: counts[d]) / partition_dir_name(topic, pid)
+        self._dir_counts[directory.parent] += 1
         plog = PartitionLog.open(directory, self.segment_bytes, self.fsync)
         meta = directory / PARTITION_METADATA
         if not meta.exists():

@@ -131,3 +131,26 @@ def test_restart_keeps_data_and_removes_strays(tmp_path):
     rm3 = ReplicaManager(ME, [tmp_path])
     Cluster(rm3).step(TopicRecord("keep", t3), partition(t3, 0, [1], 1))
     assert rm3.get(t3, 0).log.log_end_offset == 0
+
+
+def test_a_delta_syncs_its_checkpoints_once_not_per_partition(tmp_path, monkeypatch):
+    """Hundreds of partitions moving in one delta: each partition's checkpoints are written
+    (atomically) but the disk sync happens once, not twice per partition on the event loop."""
+    import os
+
+    import broker.partition_log as pl
+
+    fsyncs, syncfs = [], []
+    real_fsync = os.fsync
+    monkeypatch.setattr(pl.os, "fsync", lambda fd: (fsyncs.append(fd), real_fsync(fd))[1])
+    monkeypatch.setattr(pl, "_libc_syncfs", lambda fd: syncfs.append(fd) or 0)
+    rm = ReplicaManager(ME, [tmp_path / "a", tmp_path / "b"])
+    c = Cluster(rm)
+    tid = str(uuid.uuid4())
+    fsyncs.clear()
+    c.step(TopicRecord("many", tid), *[partition(tid, p, [1, 2], 1) for p in range(200)])
+    assert len(rm.partitions) == 200 and len(syncfs) == 1
+    assert len(fsyncs) < 20, len(fsyncs)  # not 2 x 200
+    assert all((p.log.dir / LEADER_EPOCH_FILE).read_text() == "0\n1\n0 0\n" for p in rm.partitions.values())
+    counts = sorted(sum(1 for p in rm.partitions.values() if p.log.dir.parent == d) for d in rm.log_dirs)
+    assert counts == [100, 100]  # still spread evenly over the log dirs
