@@ -28,7 +28,7 @@ from kraft.log.snapshot import list_snapshots, read_snapshot_header  # noqa: E40
 from kraft.records import (Batch, PartitionChangeRecord, Provenance, RECOVERY_UNCHANGED,  # noqa: E402
                            batch_hash, decode_batch)
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
 
 def _now_ms() -> int:
