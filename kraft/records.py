@@ -428,18 +428,20 @@ def batch_hash(encoded: bytes) -> bytes:
     return hashlib.sha256(encoded).digest()
 
 
-def decode_batch(encoded: bytes) -> Batch:
-    """Strictly decode a batch from its canonical bytes."""
+def decode_batch(encoded: bytes, check_records: bool = True) -> Batch:
+    """Strictly decode a batch from its canonical bytes. ``check_records=False`` (start-up
+    recovery, which needs only the batch fields and the record count) leaves the records as
+    undecoded maps: half the cost; whoever reads the batch later decodes it strictly."""
     try:
         d = msgpack.unpackb(encoded, raw=False, strict_map_key=False)
     except Exception as e:
         raise RecordDecodeError(f"not a msgpack batch: {e}") from None
-    batch = batch_from_dict(d)
+    batch = batch_from_dict(d, check_records)
     object.__setattr__(batch, "digest", batch_hash(encoded))
     return batch
 
 
-def batch_from_dict(d: Any) -> Batch:
+def batch_from_dict(d: Any, check_records: bool = True) -> Batch:
     if not isinstance(d, dict) or tuple(d) != _BATCH_KEYS:
         keys = sorted(map(str, d)) if isinstance(d, dict) else type(d).__name__
         raise RecordDecodeError(f"a batch must be a map with keys {list(_BATCH_KEYS)}, got {keys}")
@@ -455,7 +457,7 @@ def batch_from_dict(d: Any) -> Batch:
         raise RecordDecodeError("batch prev_hash must be 32 bytes")
     if type(d["records"]) is not list:
         raise RecordDecodeError("batch records must be a list")
-    records = tuple(record_from_dict(r) for r in d["records"])
+    records = tuple(record_from_dict(r) for r in d["records"]) if check_records else tuple(d["records"])
     return Batch(d["base_offset"], d["term"], d["raft_index"], d["timestamp_ms"],
                  Provenance(**{k: p[k] for k in _PROVENANCE_KEYS}), d["prev_hash"], records,
                  d["raft_position"])

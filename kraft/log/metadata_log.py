@@ -128,7 +128,9 @@ class MetadataLog:
     def _load_segment(self, path: Path, base: int, state: ChainState, last: bool) -> None:
         data = path.read_bytes()
         seg = _Segment(path, base)
-        for entry in scan_buffer(path, data, state):
+        # Start-up checks frames, offsets and the hash chain; records are decoded strictly by
+        # whoever reads them (replay, FetchMetadata readers), not twice.
+        for entry in scan_buffer(path, data, state, check_records=False):
             if entry.problem is not None:
                 self._handle_problem(entry.problem, last, data)
                 break  # torn tail truncated: it was the final frame

@@ -198,8 +198,10 @@ class ScanEntry:
     problem: Problem | None
 
 
-def scan_buffer(path: Path, data: bytes | memoryview, state: ChainState) -> Iterator[ScanEntry]:
+def scan_buffer(path: Path, data: bytes | memoryview, state: ChainState,
+                check_records: bool = True) -> Iterator[ScanEntry]:
     """Scan a segment's bytes, checking every frame against ``state`` (which is advanced).
+    ``check_records=False``: batches carry their records undecoded (see ``decode_batch``).
 
     Never raises on bad data."""
     size = len(data)
@@ -211,7 +213,7 @@ def scan_buffer(path: Path, data: bytes | memoryview, state: ChainState) -> Iter
                             Problem(path, frame.position, expected, TORN, detail, -1, size))
             return
         try:
-            batch = decode_batch(frame.payload)
+            batch = decode_batch(frame.payload, check_records)
         except RecordDecodeError as e:
             batch, err = None, str(e)
         if not frame.crc_ok:
@@ -230,7 +232,7 @@ def scan_buffer(path: Path, data: bytes | memoryview, state: ChainState) -> Iter
             yield ScanEntry(frame.position, frame.end, None, None,
                             Problem(path, frame.position, expected, DECODE, err, frame.end, size))
             continue
-        digest = batch_hash(frame.payload)
+        digest = batch.digest or batch_hash(frame.payload)
         bad = state.check(batch)
         problem = None
         if bad is not None:
