@@ -61,6 +61,9 @@ def build_session(master: str | None = "local[*]", spark_log: Path | None = None
     builder = SparkSession.builder.appName(app_name)
     if master:
         builder = builder.master(master)
+    if _local_cores(master):  # local mode: the driver is the executor; Spark's 1g is too small
+        builder = builder.config("spark.driver.memory",
+                                 os.environ.get("KRAFT_AUDIT_DRIVER_MEMORY", "3g"))
     pythonpath = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
     builder = (builder
                .config("spark.ui.enabled", "false")
