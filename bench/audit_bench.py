@@ -128,18 +128,13 @@ def ensure_log(directory: Path, records: int) -> int:
 
 
 def append_segment(directory: Path) -> int:
-    """Fill the newest segment past the roll size and start a new one (NoOp batches)."""
-    segs = list_segments(directory)
-    last_frame = list(iter_frames(segs[-1].read_bytes()))[-1]
+    """Start one new segment after the newest (about 64 KiB of NoOp batches, chained): the
+    previous newest segment becomes sealed, as when a controller rolls its log."""
+    last_frame = list(iter_frames(list_segments(directory)[-1].read_bytes()))[-1]
     last = decode_batch(bytes(last_frame.payload))
     prev, offset, added = batch_hash(bytes(last_frame.payload)), last.next_offset, 0
-    target = segs[-1]
-    while True:
-        size = target.stat().st_size
-        if target == segs[-1] and size >= 16 * 1024 * 1024:
-            target = directory / segment_name(offset)
-        elif target != segs[-1] and size >= 64 * 1024:
-            return added
+    target = directory / segment_name(offset)
+    while not target.exists() or target.stat().st_size < 64 * 1024:
         batch = Batch(offset, last.term, last.raft_index + 1, last.timestamp_ms + 1,
                       Provenance("controller", "", "", "NoOp", "noop"), prev,
                       tuple(NoOpRecord() for _ in range(100)))
@@ -147,6 +142,7 @@ def append_segment(directory: Path) -> int:
         with open(target, "ab") as f:
             f.write(encode_frame(encoded))
         prev, offset, added = batch_hash(encoded), batch.next_offset, added + 100
+    return added
 
 
 def decode_floor(directory: Path) -> dict:
