@@ -21,8 +21,10 @@ system-deps:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kcat) >/dev/null \
 	  || echo "warning: could not install kcat; kcat tests will be skipped"; }
 
+# Two workers, one test module each (modules share their clusters): the integration tests
+# mostly wait on processes, so two of them fit on two cores.
 test: $(STAMP) system-deps
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile tests
 
 unit: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider tests -m "not integration"

@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -392,7 +393,12 @@ def test_up_foreground_stops_every_node_on_interrupt(fake_nodes: dict[str, str],
     seen: dict[str, Any] = {}
 
     def interrupt(children: dict, layout: launcher.ClusterLayout) -> None:
-        seen["alive"] = [launcher.node_alive(n) for n in layout.nodes()]
+        deadline = time.monotonic() + 10  # a loaded machine may still be starting a node
+        while True:
+            seen["alive"] = [launcher.node_alive(n) for n in layout.nodes()]
+            if all(seen["alive"]) or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
         raise KeyboardInterrupt
 
     monkeypatch.setattr(cluster_cmd, "_monitor", interrupt)
