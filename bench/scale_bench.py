@@ -37,6 +37,7 @@ import trio
 
 from kraft.errors import KraftError
 from kraft.rpc.client import ControllerClient, call_sync
+from bench.broker_bench import table
 from tools.sim_broker import SimBroker, wait_unfenced
 
 REPO = Path(__file__).resolve().parent.parent
@@ -433,15 +434,6 @@ def run(topics: int = 10_000, partitions: int = 100, brokers: int = 33, per_requ
     if real_topics:
         bench.rows.append(real_brokers(real_topics, partitions))
     return bench.rows, targets(bench.rows)
-
-
-def table(rows: list[dict], tg: list[dict]) -> str:
-    lines = ["| phase | figures |", "| --- | --- |"]
-    for r in rows:
-        lines.append(f"| {r['metric']} | " + ", ".join(f"{k}={v}" for k, v in r.items() if k != "metric") + " |")
-    lines += ["", "| target | value | limit | ratio | met |", "| --- | --- | --- | --- | --- |"]
-    lines += [f"| {t['target']} | {t['value']} | {t['limit']} | {t['ratio']} | {t['met']} |" for t in tg]
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:

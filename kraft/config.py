@@ -250,7 +250,7 @@ class ControllerConfig:
         if v["node.id"] not in rpc:
             raise ConfigError(f"node.id {v['node.id']} is not among controller.quorum.voters {sorted(rpc)}")
         secret = _read_secret(v["controller.raft.secret.file"], env if env is not None else os.environ)
-        off_loopback = sorted(f"{h}:{p}" for h, p in raft.values() if not _is_loopback(h))
+        off_loopback = sorted(f"{h}:{p}" for h, p in raft.values() if not is_loopback(h))
         if secret is None and off_loopback:
             raise ConfigError(f"controller.quorum.raft.voters: {', '.join(off_loopback)} is not a loopback "
                               "address, so the Raft port needs the cluster secret (PySyncObj peers exchange "
@@ -352,7 +352,8 @@ def _client_credentials(path: str) -> ClientCredentials | None:
         raise ConfigError(f"{_CLIENT_CREDENTIALS}: {e}") from None
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or an address) is this machine's loopback."""
     if host == "localhost":
         return True
     try:

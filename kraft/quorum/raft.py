@@ -57,7 +57,6 @@ PySyncObj settings, chosen on purpose
 from __future__ import annotations
 
 import functools
-import ipaddress
 import logging
 import os
 import struct
@@ -123,6 +122,7 @@ def _bounded_read(conn: Any) -> bool:
 TcpConnection._TcpConnection__processParseMessage = _bounded_parse_frame  # type: ignore[attr-defined]
 TcpConnection._TcpConnection__processRead = _bounded_read  # type: ignore[attr-defined]
 
+from kraft.config import is_loopback
 from kraft.errors import ErrorCode, KraftError
 from kraft.quorum.durable_journal import DurableJournalMixin, register_journal, unregister_journal
 from kraft.quorum.group_commit import GroupCommitter
@@ -183,15 +183,6 @@ def _host_of(addr: str) -> str:
     if not host or not port.isdigit():
         raise ValueError(f"Raft address {addr!r} is not host:port")
     return host.strip("[]")
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class DurableJournal(DurableJournalMixin, FileJournal):
@@ -279,7 +270,7 @@ class RaftQuorum:
         settings = settings or RaftSettings()
         settings.validate()
         hosts = [_host_of(self_addr)] + [_host_of(a) for a in partners.values()]
-        if settings.password is None and not all(_is_loopback(h) for h in hosts):
+        if settings.password is None and not all(is_loopback(h) for h in hosts):
             raise ValueError(
                 f"refusing to run Raft on a non-loopback address ({self_addr}, peers "
                 f"{sorted(partners.values())}) without a password: PySyncObj peers exchange "
