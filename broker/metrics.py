@@ -12,9 +12,10 @@ from __future__ import annotations
 import time
 from typing import Any, Iterator
 
-from prometheus_client import CollectorRegistry, disable_created_metrics, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from kraft.metrics import MetricsEndpoint
 
 BMM = "kafka_server_broker_metadata_metrics_"
 RM = "kafka_server_replicamanager_"
@@ -64,27 +65,11 @@ class BrokerCollector(Collector):
             yield GaugeMetricFamily(name, doc, value=value)
 
 
-class BrokerMetrics:
+class BrokerMetrics(MetricsEndpoint):
     """The broker's registry and the HTTP server that exposes it."""
 
     def __init__(self, broker: Any) -> None:
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(BrokerCollector(broker))
-        self._server: Any = None
-
-    def serve(self, host: str, port: int) -> None:
-        """Start the HTTP endpoint on a daemon thread."""
-        disable_created_metrics()  # no *_created series: they only add noise to a scrape
-        try:
-            self._server, _thread = start_http_server(port, addr=host, registry=self.registry)
-        except OSError as e:
-            raise OSError(e.errno, f"metrics.port: cannot serve metrics on {host}:{port}: {e.strerror}") from None
-
-    def close(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
+        super().__init__(BrokerCollector(broker))
 
 
 def serve_broker_metrics(broker: Any, host: str, port: int) -> BrokerMetrics:

@@ -125,20 +125,12 @@ class ControllerCollector(Collector):
         yield from (m for m in metrics if m is not None)
 
 
-class ControllerMetrics:
-    """The controller's registry, its histograms and the HTTP server that exposes them."""
+class MetricsEndpoint:
+    """A registry served over HTTP on a daemon thread (controllers and brokers alike)."""
 
-    def __init__(self, node: Any) -> None:
+    def __init__(self, collector: Collector) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(ControllerCollector(node))
-        self.commit_latency = Histogram(
-            RAFT + "commit_latency_ms",
-            "ms from handing a command to the quorum until it is committed and applied",
-            registry=self.registry, buckets=MS_BUCKETS)
-        self.event_processing = Histogram(
-            "kafka_controller_controllereventmanager_eventqueueprocessingtimems",
-            "ms the active controller spends on one write request (validation, every commit "
-            "of a stepped transition, the response)", registry=self.registry, buckets=MS_BUCKETS)
+        self.registry.register(collector)
         self._server: Any = None
 
     def serve(self, host: str, port: int) -> None:
@@ -154,6 +146,22 @@ class ControllerMetrics:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+
+class ControllerMetrics(MetricsEndpoint):
+    """The controller's registry, its histograms and the HTTP server that exposes them."""
+
+    def __init__(self, node: Any) -> None:
+        super().__init__(ControllerCollector(node))
+        self.commit_latency = Histogram(
+            RAFT + "commit_latency_ms",
+            "ms from handing a command to the quorum until it is committed and applied",
+            registry=self.registry, buckets=MS_BUCKETS)
+        self.event_processing = Histogram(
+            "kafka_controller_controllereventmanager_eventqueueprocessingtimems",
+            "ms the active controller spends on one write request (validation, every commit "
+            "of a stepped transition, the response)", registry=self.registry, buckets=MS_BUCKETS)
+
 
 
 def serve_controller_metrics(node: Any, host: str, port: int) -> ControllerMetrics:
