@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from harness import LocalCluster, kraft, poll
 from test_fuzz_rpc import mutate
+from test_kafka_listener import recv_frame as read_frame
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -86,20 +87,6 @@ def seed_requests() -> list[bytes]:
 
 
 SEEDS = seed_requests()
-
-
-def read_frame(sock: socket.socket) -> bytes:
-    def exact(n: int) -> bytes:
-        buf = b""
-        while len(buf) < n:
-            chunk = sock.recv(n - len(buf))
-            if not chunk:
-                raise ConnectionError("closed")
-            buf += chunk
-        return buf
-
-    (size,) = struct.unpack(">i", exact(4))
-    return exact(size)
 
 
 def send_and_drain(port: int, data: bytes, wait: float = 2.0) -> None:
