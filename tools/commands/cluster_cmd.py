@@ -120,8 +120,17 @@ def _start_all(directory: Path, layout: ClusterLayout,
     """Start every node, recording each pid in cluster.json as soon as it exists."""
     with launcher.locked(directory):
         for node in layout.nodes():
-            children[node.id] = launcher.start_node(node)
-            launcher.write_cluster_json(directory, layout)
+            # A Ctrl-C between spawning a node and recording its pid would leave a node that
+            # 'cluster down' cannot see: hold SIGINT until the pid is on disk, then raise it.
+            held: list[int] = []
+            previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+            try:
+                children[node.id] = launcher.start_node(node)
+                launcher.write_cluster_json(directory, layout)
+            finally:
+                signal.signal(signal.SIGINT, previous)
+            if held:
+                raise KeyboardInterrupt
 
 
 def _stop_and_clear(directory: Path, children: dict[int, subprocess.Popen],
