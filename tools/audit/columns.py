@@ -84,13 +84,13 @@ ARROW_SCHEMA = pa.schema([pa.field(n, t) for n, t, _ in COLUMNS])
 SPARK_DDL = ", ".join(f"`{n}` {s}" for n, _, s in COLUMNS)
 
 # record field -> column, where the names differ
-_RENAMES = {
+RENAMES = {
     "TopicRecord": {"name": "topic_name"},
     "ConfigRecord": {"name": "config_name", "value": "config_value"},
     "FeatureLevelRecord": {"name": "feature_name"},
     "LeaderChangeRecord": {"leader_id": "controller_id", "term": "controller_term"},
 }
-_JSON_ONLY = {"endpoints", "features", "removing_replicas", "adding_replicas"}
+JSON_ONLY = {"endpoints", "features", "removing_replicas", "adding_replicas"}
 BATCH_COLUMNS = ("source", "source_kind", "position", "batch_base_offset", "batch_last_offset",
                  "term", "raft_index", "timestamp_ms", "principal", "client_id", "request_id",
                  "api", "reason", "batch_hash", "prev_hash", "crc_ok", "problem")
@@ -115,10 +115,10 @@ class _TypePlan:
             self.get = lambda r, n=names[0]: (getattr(r, n),)
         else:
             self.get = attrgetter(*names)
-        renames = _RENAMES.get(cls.NAME, {})
+        renames = RENAMES.get(cls.NAME, {})
         self.columns: dict[str, tuple[int, Callable[[Any], Any] | None]] = {}
         for i, name in enumerate(names):
-            if name in _JSON_ONLY:
+            if name in JSON_ONLY:
                 continue
             conv = _fenced if name == "fenced" else int if name == "in_controlled_shutdown" else None
             self.columns[renames.get(name, name)] = (i, conv)
@@ -129,8 +129,8 @@ class _TypePlan:
 _PLANS = {cls: _TypePlan(cls) for cls in RECORD_TYPES.values()}
 
 
-class _Builder:
-    """Columns for one Arrow batch. Batch-level columns are extended once per batch; record
+class Builder:
+    """The strict path's columns for one Arrow batch. Batch-level columns are extended once per batch; record
     values are kept per record type (one getter call per record) and scattered into row order
     at :meth:`flush` with Arrow's ``take``."""
 
@@ -214,7 +214,7 @@ class _Builder:
         return pa.concat_arrays(chunks) if len(chunks) != 1 else chunks[0]
 
 
-def _batch_meta(source: str, kind: str, position: int, batch: Batch, digest: bytes | None,
+def batch_meta(source: str, kind: str, position: int, batch: Batch, digest: bytes | None,
                 crc_ok: bool, problem: str | None) -> dict[str, Any]:
     p = batch.provenance
     return {"source": source, "source_kind": kind, "position": position,
@@ -237,7 +237,7 @@ def decode_segment(path: str | Path, from_offset: int | None = None, to_offset: 
     name = path.name
     lo = -1 if from_offset is None else from_offset
     hi = (1 << 62) if to_offset is None else to_offset
-    out = _Builder()
+    out = Builder()
     gc_was = gc.isenabled()
     gc.disable()  # building many small objects: the cyclic GC only slows this down
     try:
@@ -257,7 +257,7 @@ def decode_segment(path: str | Path, from_offset: int | None = None, to_offset: 
                 digest = entry.digest
                 if not crc_ok:  # hash what the edited bytes decode to: the chain breaks here
                     digest = batch_hash(batch.encode())
-                meta = _batch_meta(name, "log", entry.position, batch, digest, crc_ok,
+                meta = batch_meta(name, "log", entry.position, batch, digest, crc_ok,
                                    None if crc_ok else "crc")
                 base = batch.base_offset
                 records = list(enumerate(batch.records))
@@ -283,7 +283,7 @@ def decode_snapshot(path: str | Path, rows_per_batch: int = 8192) -> Iterator[pa
             "batch_last_offset": header.end_offset - 1, "term": header.term,
             "raft_index": header.raft_index, "timestamp_ms": header.timestamp_ms,
             "batch_hash": header.last_hash.hex(), "crc_ok": True}
-    out = _Builder()
+    out = Builder()
     chunk: list[tuple[int, Record]] = []
     for i, record in enumerate(records):
         chunk.append((i, record))

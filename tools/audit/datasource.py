@@ -1,7 +1,9 @@
 """The ``kraft-metadata`` PySpark data source: ``spark.read.format("kraft-metadata").load(DIR)``.
 
 One input partition per segment file (and per snapshot file when asked), each read by
-:mod:`tools.audit.columns` into Arrow record batches. Options:
+:mod:`tools.audit.fastdecode` (segments; the same rows as the strict
+:mod:`tools.audit.columns`) or :mod:`tools.audit.columns` (snapshots) into Arrow record batches.
+Options:
 
 * ``fromOffset`` / ``toOffset``: inclusive bounds; segments wholly outside are not read.
   Filters on ``offset`` (``=``, ``<``, ``<=``, ``>``, ``>=``) tighten the same bounds.
@@ -19,7 +21,8 @@ from pyspark.sql.datasource import (DataSource, DataSourceReader, EqualTo, Great
 
 from kraft.log.segment import list_segments, parse_segment_name
 from kraft.log.snapshot import list_snapshots, parse_snapshot_name
-from tools.audit.columns import SPARK_DDL, decode_segment, decode_snapshot
+from tools.audit.columns import SPARK_DDL, decode_snapshot
+from tools.audit.fastdecode import decode_segment_fast
 
 _SNAPSHOT_MODES = ("exclude", "include", "only")
 
@@ -122,6 +125,6 @@ class KraftMetadataReader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator:
         kind, path, lo, hi = partition.value
         if kind == "log":
-            yield from decode_segment(path, lo, hi)
+            yield from decode_segment_fast(path, lo, hi)
         elif kind == "snapshot":
             yield from decode_snapshot(path)
