@@ -20,14 +20,14 @@ from __future__ import annotations
 import logging
 import math
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Iterable, Protocol
 
 import trio
 
 from broker.checkpoint import image_from_snapshot, load_checkpoint, write_checkpoint
 from kraft.errors import KraftError
 from kraft.image import MetadataDelta, MetadataImage, ReplayError
-from kraft.records import RecordDecodeError, batch_hash, decode_batch
+from kraft.records import RecordDecodeError, decode_batch
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,20 @@ class Publisher(Protocol):
 def full_delta(image: MetadataImage) -> MetadataDelta:
     """A delta from the empty image that, applied, gives ``image`` (for full publishes)."""
     return MetadataDelta.full(image)  # = replaying image.iter_records(), without the records
+
+
+def replay_encoded(delta: MetadataDelta, batches: Iterable[bytes]) -> int:
+    """Strictly decode FetchMetadata batches and replay those ``delta`` does not hold yet into
+    it; returns how many were replayed. A backlog goes into one delta (one publish) however
+    many batches it has, so catching up costs O(records), not O(batches x image)."""
+    n = 0
+    for encoded in batches:
+        batch = decode_batch(encoded)  # its digest is the hash replay_batch adopts
+        if batch.last_offset <= delta.offset:
+            continue
+        delta.replay_batch(batch)
+        n += 1
+    return n
 
 
 class MetadataLoader:
@@ -102,7 +116,7 @@ class MetadataLoader:
                 delta, full = full_delta(image), True
                 continue
             try:
-                n = self._replay(delta, resp.get("batches") or [])
+                n = replay_encoded(delta, resp.get("batches") or [])
             except (ReplayError, RecordDecodeError) as e:
                 log.error("metadata replay failed at offset %d: %s; discarding local metadata and "
                           "refetching from offset 0", delta.offset + 1, e)
@@ -115,16 +129,6 @@ class MetadataLoader:
                 self._publish(delta, full)
                 delta, full = MetadataDelta(self.image), False
                 await self._maybe_checkpoint()
-
-    def _replay(self, delta: MetadataDelta, batches: list[bytes]) -> int:
-        n = 0
-        for encoded in batches:
-            batch = decode_batch(encoded)
-            if batch.last_offset <= delta.offset:
-                continue
-            delta.replay_batch(batch, batch_hash(encoded))
-            n += 1
-        return n
 
     def _publish(self, delta: MetadataDelta, full: bool) -> None:
         image = delta.apply()

@@ -18,9 +18,11 @@ from __future__ import annotations
 import gc
 import hashlib
 from contextlib import contextmanager
+from functools import partial
+from itertools import groupby
 from operator import attrgetter, itemgetter
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, ClassVar, Iterable, Iterator, Mapping
+from typing import Any, Callable, ClassVar, Iterable, Iterator, Mapping, NamedTuple
 
 import msgpack
 
@@ -106,9 +108,12 @@ class BrokerRegistration:
                                     self.in_controlled_shutdown)
 
 
-@dataclass(frozen=True, slots=True, init=False)
-class PartitionRegistration:
-    """One partition's replicas (preferred order first), ISR, leader and epochs."""
+class PartitionRegistration(NamedTuple):
+    """One partition's replicas (preferred order first), ISR, leader and epochs.
+
+    A named tuple of exactly these fields in this order (immutable), so that a snapshot row's
+    values ``row[2:]`` become a registration in one C call and a topic's checksum digest packs
+    registrations as they are."""
 
     replicas: tuple
     isr: tuple
@@ -119,29 +124,12 @@ class PartitionRegistration:
     leader_epoch: int
     partition_epoch: int
 
-    def __init__(self, replicas: tuple, isr: tuple, removing_replicas: tuple,
-                 adding_replicas: tuple, leader: int, leader_recovery_state: int,
-                 leader_epoch: int, partition_epoch: int) -> None:
-        # Hand-written because the frozen dataclass __init__ (object.__setattr__ per field) is
-        # ~2x slower, and one registration is built per replayed partition record.
-        _set_replicas(self, replicas)
-        _set_isr(self, isr)
-        _set_removing(self, removing_replicas)
-        _set_adding(self, adding_replicas)
-        _set_leader(self, leader)
-        _set_recovery(self, leader_recovery_state)
-        _set_leader_epoch(self, leader_epoch)
-        _set_partition_epoch(self, partition_epoch)
-
     @classmethod
     def from_record(cls, r: PartitionRecord) -> "PartitionRegistration":
-        return cls(r.replicas, r.isr, r.removing_replicas, r.adding_replicas, r.leader,
-                   r.leader_recovery_state, r.leader_epoch, r.partition_epoch)
+        return _new_registration(_partition_record_values(r))
 
     def to_record(self, topic_id: str, partition_id: int) -> PartitionRecord:
-        return PartitionRecord(partition_id, topic_id, self.replicas, self.isr,
-                               self.removing_replicas, self.adding_replicas, self.leader,
-                               self.leader_recovery_state, self.leader_epoch, self.partition_epoch)
+        return PartitionRecord(partition_id, topic_id, *self)
 
     @property
     def has_leader(self) -> bool:
@@ -155,25 +143,23 @@ class PartitionRegistration:
     def merge(self, change: PartitionChangeRecord) -> "PartitionRegistration":
         """The registration after ``change``: unchanged fields stay, partition epoch + 1 always,
         leader epoch + 1 iff the change sets the leader (even to the same broker)."""
-        leader_set = change.leader != LEADER_UNCHANGED
-        return PartitionRegistration(
-            self.replicas if change.replicas is None else change.replicas,
-            self.isr if change.isr is None else change.isr,
-            self.removing_replicas if change.removing_replicas is None else change.removing_replicas,
-            self.adding_replicas if change.adding_replicas is None else change.adding_replicas,
-            change.leader if leader_set else self.leader,
-            self.leader_recovery_state if change.leader_recovery_state == RECOVERY_UNCHANGED
-            else change.leader_recovery_state,
-            self.leader_epoch + 1 if leader_set else self.leader_epoch,
-            self.partition_epoch + 1,
-        )
+        replicas, isr, removing, adding, leader, recovery, leader_epoch, partition_epoch = self
+        if change.leader != LEADER_UNCHANGED:
+            leader, leader_epoch = change.leader, leader_epoch + 1
+        if change.leader_recovery_state != RECOVERY_UNCHANGED:
+            recovery = change.leader_recovery_state
+        return _new_registration((
+            replicas if change.replicas is None else change.replicas,
+            isr if change.isr is None else change.isr,
+            removing if change.removing_replicas is None else change.removing_replicas,
+            adding if change.adding_replicas is None else change.adding_replicas,
+            leader, recovery, leader_epoch, partition_epoch + 1))
 
 
-(_set_replicas, _set_isr, _set_removing, _set_adding, _set_leader, _set_recovery,
- _set_leader_epoch, _set_partition_epoch) = (
-    PartitionRegistration.__dict__[name].__set__ for name in (
-        "replicas", "isr", "removing_replicas", "adding_replicas", "leader",
-        "leader_recovery_state", "leader_epoch", "partition_epoch"))
+# PartitionRegistration from a tuple of its 8 values, without the keyword-handling __new__.
+_new_registration: Callable[[tuple], PartitionRegistration] = partial(tuple.__new__, PartitionRegistration)
+# A PartitionRecord's values after partition_id and topic_id: its registration's fields.
+_partition_record_values = attrgetter(*PartitionRegistration._fields)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -299,8 +285,8 @@ class TopicImage:
         if d is None:
             items = _sorted_items(self.partitions)
             pids = [pid for pid, _ in items]
-            rows = list(map(_registration_fields, [reg for _, reg in items]))
-            d = hashlib.sha256(msgpack.packb([self.name, self.topic_id, pids, rows],
+            regs = [reg for _, reg in items]  # a registration packs as the list of its fields
+            d = hashlib.sha256(msgpack.packb([self.name, self.topic_id, pids, regs],
                                              use_bin_type=True)).digest()
             object.__setattr__(self, "_digest", d)
         return d
@@ -419,7 +405,7 @@ class MetadataImage:
                 items = _sorted_items(self.topics_by_id[topic_id].partitions)
                 if items:
                     yield cls, rows
-                    cls, rows = PartitionRecord, [(pid, topic_id) + _registration_fields(reg)
+                    cls, rows = PartitionRecord, [(pid, topic_id, *reg)
                                                   for pid, reg in items]
         if rows:
             yield cls, rows  # type: ignore[misc]
@@ -500,11 +486,9 @@ class MetadataImage:
 
 
 _EMPTY_MAP: Mapping[Any, Any] = {}
-_first = itemgetter(0)
+_first, _second = itemgetter(0), itemgetter(1)
+_registration_values = itemgetter(slice(2, None))  # a PartitionRecord row's registration fields
 _HEAD_TYPES = (FeatureLevelRecord, RegisterBrokerRecord)
-_registration_fields = attrgetter("replicas", "isr", "removing_replicas", "adding_replicas",
-                                  "leader", "leader_recovery_state", "leader_epoch",
-                                  "partition_epoch")
 
 
 def _sorted_items(partitions: Mapping[int, PartitionRegistration]) -> list[tuple[int, PartitionRegistration]]:
@@ -619,15 +603,26 @@ class MetadataDelta:
         topic_changes = self._topic_changes
         offset = batch.base_offset
         try:
-            for record in batch.records:
-                if type(record) is PartitionRecord:  # the bulk of big batches: inlined
+            for record in batch.records:  # the bulk of big batches (partitions) inlined
+                cls = type(record)
+                if cls is PartitionChangeRecord:
                     change = topic_changes.get(record.topic_id)
                     if change is None:
                         change = self._open_topic(record.topic_id)
-                    change.partitions[record.partition_id] = PartitionRegistration(
-                        record.replicas, record.isr, record.removing_replicas,
-                        record.adding_replicas, record.leader, record.leader_recovery_state,
-                        record.leader_epoch, record.partition_epoch)
+                    pid = record.partition_id
+                    reg = change.partitions.get(pid)
+                    if reg is None:
+                        reg = change.current(pid)
+                        if reg is None:
+                            raise ReplayError(f"PartitionChangeRecord: unknown partition "
+                                              f"{record.topic_id}:{pid}")
+                    change.partitions[pid] = reg.merge(record)
+                elif cls is PartitionRecord:
+                    change = topic_changes.get(record.topic_id)
+                    if change is None:
+                        change = self._open_topic(record.topic_id)
+                    change.partitions[record.partition_id] = _new_registration(
+                        _partition_record_values(record))
                 else:
                     handler = handlers.get(type(record))
                     if handler is None:
@@ -729,26 +724,19 @@ class MetadataDelta:
         change = self._topic_changes.get(r.topic_id)
         if change is None:
             change = self._open_topic(r.topic_id)
-        change.partitions[r.partition_id] = PartitionRegistration(
-            r.replicas, r.isr, r.removing_replicas, r.adding_replicas, r.leader,
-            r.leader_recovery_state, r.leader_epoch, r.partition_epoch)
+        change.partitions[r.partition_id] = _new_registration(_partition_record_values(r))
 
     def replay_partition_rows(self, rows: Iterable[tuple]) -> None:
         """Replay PartitionRecords given as rows of field values in ``PartitionRecord.FIELDS``
         order (a snapshot chunk, values already type-checked): same rules as :meth:`replay`."""
         topic_changes = self._topic_changes
-        registration = PartitionRegistration
-        topic_id: str | None = None
-        partitions: dict[int, PartitionRegistration] = {}
-        for row in rows:
-            if row[1] != topic_id:
-                topic_id = row[1]
-                change = topic_changes.get(topic_id)
-                if change is None:
-                    change = self._open_topic(topic_id)
-                partitions = change.partitions
-            partitions[row[0]] = registration(row[2], row[3], row[4], row[5], row[6], row[7],
-                                              row[8], row[9])
+        for topic_id, group in groupby(rows, _second):  # rows come sorted by topic
+            change = topic_changes.get(topic_id)
+            if change is None:
+                change = self._open_topic(topic_id)
+            group = tuple(group)
+            change.partitions.update(zip(map(_first, group),
+                                         map(_new_registration, map(_registration_values, group))))
 
     def _replay_partition_change(self, r: PartitionChangeRecord) -> None:
         change = self._topic_changes.get(r.topic_id)

@@ -106,10 +106,15 @@ def test_partition_merge_bumps_epochs():
 
 def test_registrations_are_frozen():
     reg = PartitionRegistration((1,), (1,), (), (), 1, 0, 0, 0)
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(AttributeError):
         reg.leader = 2  # type: ignore[misc]
-    assert dataclasses.replace(reg, leader=5).leader == 5
+    assert reg._replace(leader=5).leader == 5
     assert reg == PartitionRegistration((1,), (1,), (), (), 1, 0, 0, 0)
+    # a registration is its fields in order: a snapshot row's tail, and what a digest packs
+    row = (7, "t", (1,), (1,), (), (), 1, 0, 0, 0)
+    assert PartitionRegistration(*row[2:]) == reg == PartitionRegistration.from_record(
+        PartitionRecord(*row))
+    assert reg.to_record("t", 7) == PartitionRecord(*row)
     assert hash(reg) == hash(PartitionRegistration((1,), (1,), (), (), 1, 0, 0, 0))
 
 

@@ -86,3 +86,53 @@ def test_decoded_batch_carries_the_hash_of_its_bytes():
     assert decoded.digest == R.batch_hash(encoded)
     assert decoded == batch  # not part of equality
     assert dataclasses.replace(decoded, records=()).digest is None  # a changed batch re-hashes
+
+
+# ---- the fast decoders accept and refuse exactly what the generic strict decoder does ---------
+
+_BAD_VALUES = [True, False, 0, -3, 1.5, "x", b"x", None, (), (1, 2), (1, "2"), (True,), (1.0,),
+               [1, 2], {"a": 1}, ({"name": "x"},)]
+
+
+def _generic(d):
+    try:
+        return R._record_from_dict_checked(d)
+    except R.RecordDecodeError:
+        return "refused"
+
+
+def _fast_or_generic(d):
+    try:
+        return R.record_from_dict(d)
+    except R.RecordDecodeError:
+        return "refused"
+
+
+@settings(max_examples=300, deadline=None)
+@given(any_record, st.data())
+def test_fast_decoder_matches_the_generic_decoder(record, data):
+    d = msgpack.unpackb(record.encode(), raw=False, use_list=False)  # as decode_batch reads it
+    assert R._FAST_DECODERS[record.TYPE](d) == record == R.record_from_dict(d)
+    names = ["type", "version", *(n for n, _ in record.FIELDS)]
+    mutated = dict(d)
+    for name in data.draw(st.lists(st.sampled_from(names), max_size=3)):
+        mutated[name] = data.draw(st.sampled_from(_BAD_VALUES))
+    if data.draw(st.booleans()):
+        mutated.pop(data.draw(st.sampled_from(names)))
+    if data.draw(st.booleans()):
+        mutated[data.draw(st.sampled_from(["extra", 5]))] = 1
+    assert _fast_or_generic(mutated) == _generic(mutated)
+
+
+@pytest.mark.parametrize("field, value", [
+    ("type", True), ("type", 3.0), ("version", True), ("version", 0.0), ("leader", True),
+    ("replicas", (1, True)), ("isr", [1, 2]), ("isr", (1, 2.0)), ("removing_replicas", None),
+    ("topic_id", b"t"),
+])
+def test_fast_path_refuses_or_defers_like_the_generic_decoder(field, value):
+    """Values the generic decoder refuses are refused; values it normalises (a list where a
+    tuple is expected, version False == 0) go through it and come out the same."""
+    d = msgpack.unpackb(R.PartitionRecord(0, "t", (1,), (1,), (), (), 1, 0, 0, 0).encode(),
+                        raw=False, use_list=False)
+    d[field] = value
+    assert _fast_or_generic(d) == _generic(d)

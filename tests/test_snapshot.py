@@ -295,3 +295,64 @@ def test_writing_runs_gives_the_same_bytes_as_writing_records(tmp_path):
     a = write_snapshot(tmp_path / "a", header, image.iter_records()).read_bytes()
     b = write_snapshot_runs(tmp_path / "b", header, image.record_runs()).read_bytes()
     assert a == b
+
+
+# ---- the broker's load: partition values proven by the image checksum ------------------------
+
+def _broker_snapshot(tmp_path, partitions=1500):
+    """A snapshot as a broker checkpoint writes it (real image checksum in the header)."""
+    from broker.checkpoint import write_checkpoint
+    from kraft.image import image_from_records
+
+    recs = sample_records(partitions)
+    image = image_from_records(recs, offset=len(recs) - 1, term=3)
+    return write_checkpoint(tmp_path, image), image
+
+
+def test_broker_load_equals_the_strict_load(tmp_path):
+    from broker.checkpoint import image_from_snapshot
+    from kraft.image import image_from_records
+
+    path, image = _broker_snapshot(tmp_path)
+    header, records = read_snapshot(path)
+    strict = image_from_records(records, offset=header.end_offset - 1, term=header.term,
+                                raft_index=header.raft_index, timestamp_ms=header.timestamp_ms,
+                                last_hash=header.last_hash)
+    loaded = image_from_snapshot(path)
+    assert loaded == strict == image and loaded.checksum() == image.checksum()
+    unchecked = read_snapshot(path, unchecked_partitions=True)[1]
+    assert [r for r in unchecked] == [r for r in read_snapshot(path)[1]]
+
+
+@pytest.mark.parametrize("column, value, field", [
+    (6, True, "leader"), (6, None, "leader"), (0, "7", "partition_id"), (0, 1.0, "partition_id"),
+    (1, 5, "topic_id"), (2, [1, "2"], "replicas"), (3, [1, False], "isr"),
+    (4, None, "removing_replicas"), (9, 1.5, "partition_epoch"), (8, b"\x01", "leader_epoch"),
+])
+def test_broker_load_refuses_what_strict_decoding_refuses(tmp_path, column, value, field):
+    """A writer bug (valid file checksum, a badly typed partition value): the broker's load skips
+    the per-value checks, but the image checksum catches the value and the strict re-read names
+    it, as the strict reader does."""
+    from broker.checkpoint import image_from_snapshot
+
+    path, _ = _broker_snapshot(tmp_path)
+
+    def edit(rows):
+        if len(rows) > 300:
+            rows[300][column] = value
+    _rewrite_partition_rows(path, edit)
+    with pytest.raises(CorruptSnapshotError, match=rf"row 300: PartitionRecord\.{field}"):
+        image_from_snapshot(path)
+
+
+def test_broker_load_refuses_a_well_typed_wrong_value(tmp_path):
+    from broker.checkpoint import image_from_snapshot
+
+    path, _ = _broker_snapshot(tmp_path)
+
+    def edit(rows):
+        if len(rows) > 300:
+            rows[300][8] += 1  # a leader epoch the image checksum does not cover
+    _rewrite_partition_rows(path, edit)
+    with pytest.raises(CorruptSnapshotError, match="image checksum does not match"):
+        image_from_snapshot(path)

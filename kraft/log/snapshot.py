@@ -35,8 +35,8 @@ import msgpack
 
 from kraft.log.errors import CorruptSnapshotError
 from kraft.log.segment import FRAME_HEADER, HEADER_SIZE, frame_header, fsync_dir, iter_frames
-from kraft.records import (BOOL, INT, INTS, OPT_INT, OPT_INTS, OPT_STR, RECORD_TYPES, STR, Record,
-                           RecordDecodeError)
+from kraft.records import (BOOL, INT, INTS, OPT_INT, OPT_INTS, OPT_STR, RECORD_TYPES, STR,
+                           PartitionRecord, Record, RecordDecodeError)
 
 log = logging.getLogger(__name__)
 
@@ -282,13 +282,18 @@ def read_snapshot_header(path: str | Path) -> SnapshotHeader:
     return _parse_header(path, frame)
 
 
-def read_snapshot(path: str | Path, strict: bool = True) -> tuple[SnapshotHeader, "SnapshotRecords"]:
+def read_snapshot(path: str | Path, strict: bool = True, unchecked_partitions: bool = False
+                  ) -> tuple[SnapshotHeader, "SnapshotRecords"]:
     """Verify a snapshot (CRCs, structure, footer checksum and count) and return its header and
     a lazy iterator of its records. Raises CorruptSnapshotError (records: while iterating).
 
     ``strict=False`` skips the per-field type checks of each record (about twice as fast): the
     footer SHA-256 already proves the bytes are exactly what a pykraft writer produced from typed
-    records; record type, version and field names are still checked per chunk."""
+    records; record type, version and field names are still checked per chunk.
+    ``unchecked_partitions=True`` skips them for PartitionRecord chunks only (the bulk of a big
+    snapshot; their shape is still checked): for a caller that then compares the image's
+    ``MetadataImage.checksum`` with the header's, which covers the exact encoding of every
+    partition value (``broker.checkpoint.image_from_snapshot``)."""
     path = Path(path)
     data = path.read_bytes()
     frames = list(iter_frames(data))
@@ -315,7 +320,9 @@ def read_snapshot(path: str | Path, strict: bool = True) -> tuple[SnapshotHeader
                                    f"footer count {footer.get('record_count')} != header count "
                                    f"{header.record_count}")
     body = [(fr.position, fr.payload) for fr in frames[1:-1]]  # views of ``data``: no copy
-    return header, SnapshotRecords(path, body, header.record_count, frames[-1].position, strict)
+    unchecked = frozenset({PartitionRecord.TYPE}) if unchecked_partitions else frozenset()
+    return header, SnapshotRecords(path, body, header.record_count, frames[-1].position, strict,
+                                   unchecked)
 
 
 def _parse_header(path: Path, frame: Any) -> SnapshotHeader:
@@ -352,9 +359,9 @@ class SnapshotRecords(Iterator[Record]):
     header's, at the end."""
 
     def __init__(self, path: Path, body: list[tuple[int, memoryview]], expected: int,
-                 footer_pos: int, strict: bool) -> None:
+                 footer_pos: int, strict: bool, unchecked_types: frozenset[int] = frozenset()) -> None:
         self._path, self._body, self._expected = path, body, expected
-        self._footer_pos, self._strict = footer_pos, strict
+        self._footer_pos, self._strict, self._unchecked = footer_pos, strict, unchecked_types
         self._records: Iterator[Record] | None = None
 
     def iter_chunks(self) -> Iterator[tuple[type[Record], tuple[tuple, ...]]]:
@@ -364,7 +371,9 @@ class SnapshotRecords(Iterator[Record]):
         for position, payload in self._body:
             chunk = _unpack(self._path, position, payload, use_list=False)
             try:
-                cls, rows = _decode_rows(chunk, self._strict)
+                strict = self._strict and not (type(chunk) is dict
+                                               and chunk.get("type") in self._unchecked)
+                cls, rows = _decode_rows(chunk, strict)
             except (RecordDecodeError, TypeError) as e:
                 raise CorruptSnapshotError(self._path, position, f"bad record chunk: {e}") from None
             count += len(rows)
