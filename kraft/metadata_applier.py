@@ -26,7 +26,9 @@ from typing import Any, Callable
 from kraft.controller.commands import Command
 from kraft.controller.state_machine import QuorumStateMachine
 from kraft.errors import ErrorCode
+from kraft.heap import HeapFreezer, freeze_heap
 from kraft.log.metadata_log import MetadataLog
+from kraft.records import Batch
 from kraft.snapshotter import Snapshotter
 
 log = logging.getLogger(__name__)
@@ -47,6 +49,10 @@ class MetadataApplier:
         self._last_raft_index = metadata_log.last_raft_index
         self._last_position = metadata_log.last_raft_position if metadata_log.next_offset > 0 else -1
         self.fatal_error: BaseException | None = None
+        # The image replayed so far (snapshot + log at start-up) leaves the cyclic GC's reach,
+        # and so does every further 100k records' growth (kraft/heap.py).
+        self._heap = HeapFreezer()
+        freeze_heap()
 
     # ---- ApplyTarget --------------------------------------------------------------------------
 
@@ -62,12 +68,19 @@ class MetadataApplier:
             return [None] * len(commands)
         skip_through = self._last_position if raft_index == self._last_raft_index else -1
         results: list[Any] = []
+        written: list[tuple[bytes, Batch]] = []  # the entry's batches: appended with one write
         try:
-            for position, raw in enumerate(commands):
-                if position <= skip_through:
-                    results.append(None)
-                    continue
-                results.append(self._apply_one(raw, raft_index, term, position))
+            try:
+                for position, raw in enumerate(commands):
+                    if position <= skip_through:
+                        results.append(None)
+                        continue
+                    results.append(self._apply_one(raw, raft_index, term, position, written))
+            finally:
+                if written:
+                    self.log.append_many(written)
+                    self._last_raft_index = raft_index
+                    self._last_position = written[-1][1].raft_position
         except BaseException as e:  # a record that fails to replay is a fatal fault
             self.fatal_error = e
             log.critical("fatal: applying raft entry %d failed; this controller stops applying: %r",
@@ -76,15 +89,16 @@ class MetadataApplier:
         self._on_applied()
         return results
 
-    def _apply_one(self, raw: bytes, raft_index: int, term: int, position: int) -> Any:
+    def _apply_one(self, raw: bytes, raft_index: int, term: int, position: int,
+                   written: list[tuple[bytes, Batch]]) -> Any:
         try:
             command = Command.decode(raw)
         except ValueError as e:
             return _error(ErrorCode.INVALID_REQUEST, f"undecodable command: {e}")
         batch, response = self.state_machine.apply(command, raft_index, term, raft_position=position)
         if batch is not None:
-            self.log.append_encoded(self.state_machine.last_encoded or batch.encode(), batch)
-            self._last_raft_index, self._last_position = raft_index, position
+            written.append((self.state_machine.last_encoded or batch.encode(), batch))
+            self._heap.note(len(batch.records))
         return response
 
     def dump(self) -> bytes:
@@ -101,6 +115,7 @@ class MetadataApplier:
         # Everything up to the snapshot's last batch is in it; PySyncObj continues after the dump.
         self._last_raft_index, self._last_position = incoming.raft_index, sys.maxsize
         log.info("installed snapshot at offset %d (raft index %d)", incoming.offset, incoming.raft_index)
+        freeze_heap()
         self._on_applied()
 
 

@@ -889,3 +889,31 @@ def test_stepped_transitions_write_the_same_batches_with_or_without_the_pending_
     assert any(hits) and not any(hits[len(hits) // 2:])  # used when kept, never when forgotten
     hits.clear()
     assert run(forget=False, interleave=True) == run(forget=True, interleave=True)
+
+
+def test_broker_transition_steps_are_capped_by_transition_step_records(monkeypatch):
+    """A fence moves at most ``transition_step_records`` partitions per command even when a user
+    batch may hold more, and later steps work from the unexamined partitions handed over, not
+    from a rescan of the image."""
+    from kraft.controller import election
+
+    h = Harness(brokers=2, transition_step_records=4)
+    h.ok("CreateTopics", {"topics": [{"name": "t", "assignments": {i: [0, 1] for i in range(10)}}]})
+    body = {"broker_id": 0, "broker_epoch": h.epoch(0), "reason": "session-timeout"}
+    scans = []
+    original = election.leaving_candidates
+
+    def counting(image, broker_id):
+        scans.append(broker_id)
+        return original(image, broker_id)
+
+    sizes = []
+    monkeypatch.setattr("kraft.controller.replication_control.leaving_candidates", counting)
+    r = {"incomplete": True}
+    while r.get("incomplete"):
+        batch, r = h.ok("FenceBroker", body)
+        sizes.append(len(batch.records))
+    assert sizes == [4, 4, 3] and scans == [0]  # 10 changes + the fence record; one scan
+    assert h.image.brokers[0].fenced and all(p.leader == 1 for p in h.image.topic("t").partitions.values())
+    with pytest.raises(ValueError):
+        ControllerSettings(CLUSTER, transition_step_records=1)

@@ -13,9 +13,10 @@ the current one (STALE_BROKER_EPOCH).
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Any, Sequence
 
 from kraft.controller.commands import Command, ControllerResult, error_fields
+from kraft.controller.election import Candidate
 from kraft.controller.replication_control import broker_leaving_changes, broker_returning_changes
 from kraft.controller.settings import ControllerSettings
 from kraft.errors import ErrorCode, KraftError
@@ -117,7 +118,7 @@ def register_broker(image: MetadataImage, cmd: Command, settings: ControllerSett
 
 
 def unregister_broker(image: MetadataImage, cmd: Command, settings: ControllerSettings,
-                      pending: tuple[Record, ...] | None = None) -> ControllerResult:
+                      pending: Sequence[Candidate] | None = None) -> ControllerResult:
     """UnregisterBroker: drop it from ISRs and leadership, then UnregisterBrokerRecord."""
     broker_id = cmd.body["broker_id"]
     reg = image.broker(broker_id)
@@ -139,28 +140,25 @@ def _transition(image: MetadataImage, cmd: Command, reason: str) -> tuple[Broker
 
 
 def _leave(image: MetadataImage, settings: ControllerSettings, broker_id: int, first: list[Record],
-           last: list[Record], reason: str, controlled_shutdown: bool = False,
-           pending: tuple[Record, ...] | None = None) -> ControllerResult:
+           last: list[Record], reason: str, pending: Sequence[Candidate] | None = None) -> ControllerResult:
     """``first`` + the partition changes of ``broker_id`` leaving + ``last``, split if needed:
-    a batch holds at most ``max_records_per_batch`` records, so a broker with more partitions
+    a step holds at most ``settings.step_records`` records, so a broker with more partitions
     moves them over several commands. An incomplete step omits ``last``, answers
-    ``{"incomplete": true, "remaining": n}`` and returns the rest as ``pending``; repeating the
-    same command continues. ``pending`` from the previous step (given only when nothing else
-    was written since) is exactly what computing the changes again would give: each partition
-    appears once, and those not yet written are unchanged — it saves rescanning the image."""
-    room = settings.max_records_per_batch - len(first)
-    changes = list(pending) if pending is not None else list(
-        broker_leaving_changes(image, settings, broker_id, controlled_shutdown))
-    if len(changes) <= room - len(last):
+    ``{"incomplete": true, "remaining": n}`` (n partitions not examined yet) and returns those
+    as ``pending``; repeating the same command continues. ``pending`` from the previous step
+    (given only when nothing else was written since) is exactly what scanning the image again
+    would find still to change — it saves the O(image) scan, so a step costs O(its records)."""
+    room = settings.step_records - len(first)
+    changes, rest = broker_leaving_changes(image, settings, broker_id, pending, room)
+    if not rest and len(changes) <= room - len(last):
         return ControllerResult([*first, *changes, *last], error_fields(), reason)
-    rest = tuple(changes[room:])
-    return ControllerResult([*first, *changes[:room]],
+    return ControllerResult([*first, *changes],
                             {**error_fields(), "incomplete": True, "remaining": len(rest)}, reason,
-                            pending=rest)
+                            pending=tuple(rest))
 
 
 def fence_broker(image: MetadataImage, cmd: Command, settings: ControllerSettings,
-                 pending: tuple[Record, ...] | None = None) -> ControllerResult:
+                 pending: Sequence[Candidate] | None = None) -> ControllerResult:
     """FenceBroker (session timeout or want_fence): leave ISRs and leadership, then fenced=1
     (written last, so a fenced broker has left everything). Already fenced: nothing to write."""
     reason = cmd.body.get("reason") or "session-timeout"
@@ -186,7 +184,7 @@ def unfence_broker(image: MetadataImage, cmd: Command, settings: ControllerSetti
     first: list[Record] = [BrokerRegistrationChangeRecord(reg.broker_id, reg.epoch, UNFENCE, 0)] if reg.fenced else []
     if not first and not incomplete_continuation(cmd):
         return ControllerResult([], error_fields(), reason)
-    room = settings.max_records_per_batch - len(first)
+    room = settings.step_records - len(first)
     changes = broker_returning_changes(image, settings, reg.broker_id, limit=room)
     response = error_fields() if not changes.remaining else {
         **error_fields(), "incomplete": True, "remaining": changes.remaining}
@@ -199,7 +197,7 @@ def incomplete_continuation(cmd: Command) -> bool:
 
 
 def begin_controlled_shutdown(image: MetadataImage, cmd: Command, settings: ControllerSettings,
-                              pending: tuple[Record, ...] | None = None) -> ControllerResult:
+                              pending: Sequence[Candidate] | None = None) -> ControllerResult:
     """BeginControlledShutdown: in_controlled_shutdown=1, then leave ISRs and leadership. A
     fenced broker: nothing to write. Already shutting down: only what is left to move (if an
     earlier step was incomplete)."""
@@ -211,7 +209,7 @@ def begin_controlled_shutdown(image: MetadataImage, cmd: Command, settings: Cont
         return ControllerResult([], error_fields(), reason)
     first: list[Record] = [] if reg.in_controlled_shutdown else [
         BrokerRegistrationChangeRecord(reg.broker_id, reg.epoch, FENCE_UNCHANGED, 1)]
-    return _leave(image, settings, reg.broker_id, first, [], reason, controlled_shutdown=True,
+    return _leave(image, settings, reg.broker_id, first, [], reason,
                   pending=pending if not first else None)
 
 

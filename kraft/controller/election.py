@@ -39,6 +39,8 @@ __all__ = [
     "changes_for_fenced_broker",
     "changes_for_controlled_shutdown",
     "changes_for_unfenced_broker",
+    "leaving_candidates",
+    "leaving_changes",
     "elect_preferred_leader",
     "elect_unclean_leader",
     "complete_reassignment",
@@ -260,20 +262,57 @@ def _partitions_where(image: MetadataImage, cond: Callable[[PartitionRegistratio
             yield topic, pid, parts[pid]
 
 
-def _changes_for_leaving_broker(image: MetadataImage, broker_id: int, unclean_allowed: UncleanAllowed,
-                                limit: int | None = None) -> Changes:
+Candidate = tuple[str, int]  # (topic id, partition id)
+
+
+def leaving_candidates(image: MetadataImage, broker_id: int) -> list[Candidate]:
+    """The partitions ``broker_id`` is in the ISR of or leads, topics by name, partitions by id:
+    the only ones its fencing, controlled shutdown or unregistration can change. One pass over
+    the image with the test inlined (~0.3 s CPU for 1M partitions)."""
+    out: list[Candidate] = []
+    by_id, by_name = image.topics_by_id, image.topics_by_name
+    for name in sorted(by_name):
+        topic = by_id[by_name[name]]
+        affected = [pid for pid, p in topic.partitions.items() if broker_id in p.isr or p.leader == broker_id]
+        if affected:
+            affected.sort()
+            topic_id = topic.topic_id
+            out += [(topic_id, pid) for pid in affected]
+    return out
+
+
+def leaving_changes(image: MetadataImage, broker_id: int, candidates: Sequence[Candidate],
+                    unclean_allowed: UncleanAllowed = _never,
+                    limit: int | None = None) -> tuple[Changes, Sequence[Candidate]]:
+    """The partition changes of ``broker_id`` leaving for ``candidates`` (in their order) until
+    ``limit`` records exist, and the candidates not examined yet. Building them later from a
+    later image gives the same records as long as nothing else was written in between (the
+    unexamined partitions and the active brokers are unchanged), so a stepped transition keeps
+    only the unexamined candidates, not records."""
     acceptable = _active_brokers_except(image, broker_id).__contains__
     allowed: dict[str, bool] = {}
-
-    def build(topic: TopicImage, pid: int, partition: PartitionRegistration) -> PartitionChangeRecord | None:
-        if topic.topic_id not in allowed:
-            allowed[topic.topic_id] = unclean_allowed(topic)
+    out = Changes()
+    topics = image.topics_by_id
+    for i, (topic_id, pid) in enumerate(candidates):
+        if limit is not None and len(out) >= limit:
+            rest = candidates[i:]
+            out.remaining = len(rest)
+            return out, rest
+        topic = topics[topic_id]
+        if topic_id not in allowed:
+            allowed[topic_id] = unclean_allowed(topic)
+        partition = topic.partitions[pid]
         target_isr = tuple(b for b in partition.isr if b != broker_id)
-        return build_partition_change(topic.topic_id, pid, partition, acceptable, target_isr=target_isr,
-                                      unclean_allowed=allowed[topic.topic_id])
+        record = build_partition_change(topic_id, pid, partition, acceptable, target_isr=target_isr,
+                                        unclean_allowed=allowed[topic_id])
+        if record is not None:
+            out.append(record)
+    return out, ()
 
-    return _collect(_partitions_where(image, lambda p: broker_id in p.isr or p.leader == broker_id),
-                    build, limit)
+
+def _changes_for_leaving_broker(image: MetadataImage, broker_id: int, unclean_allowed: UncleanAllowed,
+                                limit: int | None = None) -> Changes:
+    return leaving_changes(image, broker_id, leaving_candidates(image, broker_id), unclean_allowed, limit)[0]
 
 
 def changes_for_fenced_broker(image: MetadataImage, broker_id: int,

@@ -104,8 +104,8 @@ class QuorumStateMachine:
         self.image = image
         self._recent: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._state_lock = threading.Lock()  # image + window change together (snapshot_state)
-        # (api, broker id, image offset, image hash) -> records a stepped transition has left
-        self._pending: tuple[tuple[Any, ...], tuple[Record, ...]] | None = None
+        # (api, broker id, image offset, image hash) -> partitions a stepped transition has left
+        self._pending: tuple[tuple[Any, ...], tuple[Any, ...]] | None = None
         self.last_encoded: bytes | None = None  # encoding of the last batch apply() produced
 
     # ---- writes -------------------------------------------------------------------------------
@@ -154,7 +154,7 @@ class QuorumStateMachine:
     def _pending_key(command: Command, image: MetadataImage) -> tuple[Any, ...]:
         return command.api, command.body.get("broker_id"), image.offset, image.last_hash
 
-    def _pending_for(self, command: Command) -> tuple[Record, ...] | None:
+    def _pending_for(self, command: Command) -> tuple[Any, ...] | None:
         """The rest of a stepped transition, if this command continues it and nothing else was
         written since the previous step (same offset and hash); a pure function of the log, so
         controllers that have it and controllers that recompute write the same batch."""
