@@ -43,7 +43,7 @@ def image_from_snapshot(path: Path) -> MetadataImage:
     try:
         image = image_from_records(records, offset=header.end_offset - 1, term=header.term,
                                    raft_index=header.raft_index, timestamp_ms=header.timestamp_ms,
-                                   last_hash=header.last_hash)
+                                   last_hash=header.last_hash, freeze=True)  # kept for long
         problem = (None if image.checksum(header.checksum_version) == header.image_checksum
                    else "image checksum does not match the header")
     except CorruptSnapshotError:

@@ -485,7 +485,14 @@ def test_full_delta_equals_replaying_the_image_records():
     # it goes on like any delta: later batches replay on top of it
     for delta in (full, replayed):
         delta.replay_batch(make_batch(image, change(T1, 0, isr=[1])))
-    assert full.apply() == replayed.apply() != image
+    after = full.apply()
+    assert after == replayed.apply() != image
+    assert full.changed_partitions == replayed.changed_partitions
+    for broker_id in (1, 2, 3):
+        assert full.local_changes(broker_id) == replayed.local_changes(broker_id)
+    # O(topics): topics nothing changed are the image's own objects (their digests cached too)
+    assert all(after.topics_by_id[tid] is t for tid, t in image.topics_by_id.items() if tid != T1)
+    assert after.topics_by_id[T1] is not image.topics_by_id[T1]
 
 
 def test_replay_of_a_decoded_batch_adopts_the_hash_of_its_bytes():
