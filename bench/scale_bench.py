@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -38,9 +39,10 @@ import trio
 from kraft.errors import KraftError
 from kraft.rpc.client import ControllerClient, call_sync
 from bench.broker_bench import table
-from tools.sim_broker import SimBroker, wait_unfenced
+from tools.sim_broker import SharedReplay, SimBroker, wait_unfenced
 
 REPO = Path(__file__).resolve().parent.parent
+SNAPSHOT_LINE = re.compile(r"wrote snapshot \S+ \((\d+) partitions\) in ([\d.]+)s(?: \(([\d.]+)s CPU\))?")
 ENV = dict(os.environ, PYTHONPATH=str(REPO))
 
 
@@ -67,6 +69,7 @@ class Scale:
         self.boot: list[tuple[str, int]] = []
         self.sims: list[SimBroker] = []
         self.sim_scopes: dict[int, trio.CancelScope] = {}
+        self.failed = False
 
     # ---- helpers ----------------------------------------------------------------------------
     def load_meta(self) -> None:
@@ -108,6 +111,18 @@ class Scale:
         r = {"metric": metric, **figures}
         self.rows.append(r)
         log(f"  -> {r}")
+        for t in targets([r]):
+            if t["value"] is not None:
+                log(f"     target {t['target']}: {t['value']} (ratio {t['ratio']}, "
+                    f"{'met' if t['met'] else 'MISSED'})")
+
+    async def phase(self, metric: str, fn, *args) -> None:
+        """Run one phase; a failure is recorded as that metric's error and the run goes on."""
+        try:
+            await fn(*args)
+        except (Exception, trio.TooSlowError) as e:  # noqa: B014 - say which phase broke, keep going
+            self.failed = True
+            self.row(metric, error=f"{type(e).__name__}: {e}"[:300])
 
     # ---- phases -----------------------------------------------------------------------------
     async def create(self, client_pool: list[ControllerClient], first: int, count: int) -> tuple[int, float, int]:
@@ -159,7 +174,9 @@ class Scale:
     async def main(self) -> None:
         self.load_meta()
         cluster_id = self.meta["cluster_id"]
-        self.sims = [SimBroker(101 + i, self.boot, cluster_id, rack=f"r{i % 3}", heartbeat_interval_s=1.0)
+        replay = SharedReplay()
+        self.sims = [SimBroker(101 + i, self.boot, cluster_id, rack=f"r{i % 3}", heartbeat_interval_s=1.0,
+                               replay=replay)
                      for i in range(self.n_brokers)]
         async with trio.open_nursery() as nursery:
             for b in self.sims:
@@ -167,14 +184,16 @@ class Scale:
             await wait_unfenced(self.sims, 120)
             log(f"{self.n_brokers} simulated brokers unfenced")
             pool = [ControllerClient(self.boot) for _ in range(4)]
-            await self.phase_create(pool)
-            await self.phase_rss_snapshot()
-            await self.phase_failover(pool[0])
-            await self.phase_broker_kill(pool[0], nursery)
-            await self.phase_controlled_shutdown()
-            for c in pool:
-                await c.aclose()
-            nursery.cancel_scope.cancel()
+            try:
+                await self.phase("bulk_create", self.phase_create, pool)
+                await self.phase("controller_memory_snapshot", self.phase_rss_snapshot)
+                await self.phase("failover_cold_start", self.phase_failover, pool[0])
+                await self.phase("broker_kill", self.phase_broker_kill, pool[0])
+                await self.phase("controlled_shutdown", self.phase_controlled_shutdown)
+            finally:
+                for c in pool:
+                    await c.aclose()
+                nursery.cancel_scope.cancel()
 
     async def phase_create(self, pool: list[ControllerClient]) -> None:
         bulk = min(1000, self.topics)
@@ -200,20 +219,14 @@ class Scale:
                 rss[c["id"]] = round(psutil.Process(c["pid"]).memory_info().rss / 2**20)
             except psutil.Error:
                 rss[c["id"]] = None
-        timings = []
+        timings = []  # (partitions, wall s, CPU s of the writing thread) from kraft.snapshotter's log line
         for c in self.meta["controllers"]:
             text = Path(c["log_file"]).read_text(errors="replace")
-            for line in text.splitlines():
-                if "wrote snapshot" in line:
-                    parts = line.rsplit(" in ", 1)
-                    try:
-                        n = int(line.split("(")[1].split(" partitions")[0])
-                        timings.append((n, float(parts[1].rstrip("s"))))
-                    except (IndexError, ValueError):
-                        pass
-        biggest = max(timings) if timings else (None, None)
+            for m in SNAPSHOT_LINE.finditer(text):
+                timings.append((int(m[1]), float(m[2]), float(m[3]) if m[3] else None))
+        biggest = max(timings) if timings else (None, None, None)
         self.row("controller_memory_snapshot", rss_mib=rss, max_rss_mib=max(v for v in rss.values() if v),
-                 snapshot_partitions=biggest[0], snapshot_write_s=biggest[1])
+                 snapshot_partitions=biggest[0], snapshot_write_s=biggest[1], snapshot_write_cpu_s=biggest[2])
 
     async def phase_failover(self, client: ControllerClient) -> None:
         leader = await self.leader(client)
@@ -245,44 +258,58 @@ class Scale:
         self.row("failover_cold_start", failover_s=round(failover, 2),
                  cold_start_s=round(time.perf_counter() - t1, 2))
 
-    async def phase_broker_kill(self, client: ControllerClient, nursery: trio.Nursery) -> None:
+    def session_timeout_s(self) -> float:
+        """``broker.session.timeout.ms`` of the controllers (their properties, else the default)."""
+        from kraft.config import ControllerConfig
+
+        return ControllerConfig.load(self.meta["controllers"][0]["config"])["broker.session.timeout.ms"] / 1000
+
+    async def phase_broker_kill(self, client: ControllerClient) -> None:
+        """A simulated broker stops heartbeating: from its session expiry (its last answered
+        heartbeat + the session timeout) until a controller shows it fenced — the fence record is
+        written after all its partition changes, so that is "re-elected and committed"."""
         from kraft.log.metadata_log import MetadataLog
 
         victim = self.sims[0]
+        leader = await self.leader(client)
+        before = (await self.describe_node(leader) or {}).get("applied_offset", -1) if leader else -1
         log(f"broker kill: simulated broker {victim.broker_id} stops heartbeating")
         self.sim_scopes[victim.broker_id].cancel()
+        expiry = (victim.last_heartbeat or time.monotonic()) + self.session_timeout_s()
+        fenced_at = None
         with trio.fail_after(120):
-            while True:
+            while fenced_at is None:
                 try:
                     r = await client.call("DescribeCluster", {}, timeout=5)
                     entry = next((b for b in r.get("brokers", []) if b.get("broker_id") == victim.broker_id), None)
                     if entry is not None and entry.get("fenced"):
-                        break
+                        fenced_at = time.monotonic()
                 except (KraftError, trio.TooSlowError, OSError):
                     pass
-                await trio.sleep(0.2)
-        leader = await self.leader(client)
+                await trio.sleep(0.05)
+        leader = await self.leader(client) or leader
         log_dir = Path(self.controller(leader)["metadata_dir"]) / "log"
 
-        def scan() -> tuple[int | None, int | None, int, int]:
+        def scan() -> tuple[int | None, int | None, int, int, int]:
             first = last = None
-            changes = fence = 0
+            changes = fence = batches = 0
             with MetadataLog.open(log_dir, fsync="never") as mlog:
-                start = max(mlog.start_offset, mlog.next_offset - 2_000_000)
-                for b in mlog.read_batches(start):
+                for b in mlog.read_batches(max(before + 1, mlog.start_offset)):
                     if b.provenance.reason != "session-timeout":
                         continue
                     first = b.timestamp_ms if first is None else first
                     last = b.timestamp_ms
+                    batches += 1
                     for rec in b.records:
                         name = type(rec).__name__
                         changes += name == "PartitionChangeRecord"
                         fence += name == "BrokerRegistrationChangeRecord"
-            return first, last, changes, fence
+            return first, last, changes, fence, batches
 
-        first, last, changes, fence = await trio.to_thread.run_sync(scan)
+        first, last, changes, fence, batches = await trio.to_thread.run_sync(scan)
         self.row("broker_kill", broker=victim.broker_id, partition_changes=changes, fence_records=fence,
-                 reelect_s=round((last - first) / 1000, 2) if first is not None else None)
+                 steps=batches, reelect_s=round(fenced_at - expiry, 2),
+                 log_span_s=round((last - first) / 1000, 2) if first is not None else None)
 
     async def phase_controlled_shutdown(self) -> None:
         b = self.sims[1]
@@ -392,9 +419,28 @@ def real_brokers(topics: int = 100, partitions: int = 100) -> dict:
                 "create_and_replicas_s": round(created, 1), "restart_to_running_s": round(up, 2),
                 "broker_rss_mib": rss}
     finally:
+        stop_cluster(cdir)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def stop_cluster(cdir: Path) -> None:
+    """``kraft cluster down``, then SIGKILL whatever node of cluster.json is still alive."""
+    try:
         subprocess.run([sys.executable, "-m", "tools.cli", "cluster", "down", "--dir", str(cdir),
                         "--timeout", "30"], cwd=REPO, env=ENV, capture_output=True, timeout=120)
-        shutil.rmtree(work, ignore_errors=True)
+    except subprocess.TimeoutExpired:
+        log("cluster down timed out; killing the nodes")
+    try:
+        meta = json.loads((cdir / "cluster.json").read_text())
+    except (OSError, ValueError):
+        return
+    for node in meta.get("controllers", []) + meta.get("brokers", []):
+        pid = node.get("pid")
+        try:
+            if pid and str(cdir) in " ".join(psutil.Process(pid).cmdline()):
+                psutil.Process(pid).kill()
+        except psutil.Error:
+            pass
 
 
 def targets(rows: list[dict]) -> list[dict]:
@@ -418,7 +464,9 @@ def targets(rows: list[dict]) -> list[dict]:
 
 
 def run(topics: int = 10_000, partitions: int = 100, brokers: int = 33, per_request: int = 10,
-        inflight: int = 8, real_topics: int = 100) -> tuple[list[dict], list[dict]]:
+        inflight: int = 8, real_topics: int = 100, keep: bool = False) -> tuple[list[dict], list[dict]]:
+    """All phases; the cluster is always stopped. Its directory (node logs) is kept when a phase
+    failed or ``keep`` is set."""
     work = Path(tempfile.mkdtemp(prefix="kraft-bench-scale-"))
     cdir = work / "c"
     bench = Scale(cdir, topics, partitions, brokers, per_request, inflight)
@@ -427,10 +475,15 @@ def run(topics: int = 10_000, partitions: int = 100, brokers: int = 33, per_requ
         cli("cluster", "up", "--dir", str(cdir), "--controllers", "3", "--detach")
         trio.run(bench.main)
         bench.catch_up()
+    except BaseException:
+        bench.failed = True
+        raise
     finally:
-        subprocess.run([sys.executable, "-m", "tools.cli", "cluster", "down", "--dir", str(cdir),
-                        "--timeout", "30"], cwd=REPO, env=ENV, capture_output=True, timeout=120)
-        shutil.rmtree(work, ignore_errors=True)
+        stop_cluster(cdir)
+        if keep or bench.failed:
+            log(f"cluster directory kept for inspection: {cdir}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
     if real_topics:
         bench.rows.append(real_brokers(real_topics, partitions))
     return bench.rows, targets(bench.rows)
@@ -445,8 +498,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--inflight", type=int, default=8)
     ap.add_argument("--real-topics", type=int, default=100,
                     help="topics (x --partitions, RF 3) for the 3-real-broker restart (0 = skip)")
+    ap.add_argument("--keep", action="store_true", help="keep the cluster directory (node logs)")
     a = ap.parse_args(argv)
-    rows, tg = run(a.topics, a.partitions, a.brokers, a.per_request, a.inflight, a.real_topics)
+    rows, tg = run(a.topics, a.partitions, a.brokers, a.per_request, a.inflight, a.real_topics, a.keep)
     print(table(rows, tg))
     print(json.dumps({"system": "pykraft", "bench": "scale", "results": rows, "targets": tg}))
     return 0

@@ -1,12 +1,16 @@
 """Lightweight simulated brokers for benchmarks and controller tests.
 
 A :class:`SimBroker` speaks the real controller RPC: it registers with a fresh incarnation id,
-long-polls ``FetchMetadata`` to learn the log end it has "replayed" (it keeps no partition logs
-and builds no image), and heartbeats with that offset, so the controller unfences it exactly as it
-would a real broker. Many of them run in one trio process.
+long-polls ``FetchMetadata`` and replays what it fetched, and heartbeats with the offset it has
+replayed, so the controller unfences it exactly as it would a real broker. It keeps no partition
+logs. Many of them run in one trio process and share one :class:`SharedReplay`: every fetched
+batch is hashed and chained per broker (base offset and ``prev_hash`` must continue that broker's
+own log), and strictly decoded and replayed into the shared image the first time any broker of
+the process sees it — the brokers all follow the same log, so one image serves them all.
 """
 from __future__ import annotations
 
+import time
 import uuid
 from typing import Any
 from dataclasses import dataclass, field
@@ -14,7 +18,41 @@ from dataclasses import dataclass, field
 import trio
 
 from kraft.errors import ErrorCode, KraftError
+from kraft.heap import HeapFreezer
+from kraft.image import MetadataDelta, MetadataImage, ReplayError
+from kraft.records import ZERO_HASH, batch_hash, decode_batch
 from kraft.rpc.client import ControllerClient
+
+
+class SharedReplay:
+    """The metadata image of the log every simulated broker of this process follows."""
+
+    def __init__(self) -> None:
+        self.image = MetadataImage.EMPTY
+        self._delta = MetadataDelta(self.image)
+        # batch hash -> (base offset, last offset, prev_hash) of every batch replayed
+        self._known: dict[bytes, tuple[int, int, bytes]] = {}
+        self._heap = HeapFreezer()
+
+    def verify(self, encoded: bytes) -> tuple[int, int, bytes, bytes]:
+        """(base offset, last offset, prev_hash, hash) of ``encoded``; strictly decoded and
+        replayed the first time it is seen. Raises ReplayError (or RecordDecodeError) for a batch
+        that does not continue the shared log."""
+        digest = batch_hash(encoded)
+        known = self._known.get(digest)
+        if known is None:
+            batch = decode_batch(encoded)
+            self._delta.replay_batch(batch, digest)
+            known = self._known[digest] = (batch.base_offset, batch.last_offset, batch.prev_hash)
+            self._heap.note(len(batch.records))
+        return (*known, digest)
+
+    def publish(self) -> MetadataImage:
+        """Apply what was replayed since the last call; returns the shared image."""
+        if self._delta.offset != self.image.offset:
+            self.image = self._delta.apply()
+            self._delta = MetadataDelta(self.image)
+        return self.image
 
 
 @dataclass
@@ -31,6 +69,9 @@ class SimBroker:
     want_shutdown: bool = False
     shut_down: bool = False
     credentials: Any = None  # kraft.rpc.auth.ClientCredentials for clusters with RPC auth
+    replay: SharedReplay = field(default_factory=SharedReplay)
+    last_hash: bytes = ZERO_HASH
+    last_heartbeat: float | None = None  # time.monotonic() when the last heartbeat was sent and answered
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Register, then follow the log and heartbeat until cancelled or shut down."""
@@ -67,12 +108,30 @@ class SimBroker:
                 except KraftError:
                     await trio.sleep(0.1)
                     continue
-                self.metadata_offset = max(self.metadata_offset, result["high_watermark"] - 1)
+                if result.get("snapshot"):
+                    raise RuntimeError(f"simulated broker {self.broker_id}: the controllers' log starts after "
+                                       f"offset {self.metadata_offset + 1}; simulated brokers follow it from "
+                                       "the start and do not load snapshots")
+                self._replay(result.get("batches") or [])
         finally:
             await client.aclose()
 
+    def _replay(self, batches: list[bytes]) -> None:
+        """Verify and replay fetched batches: each must continue this broker's own chain."""
+        for encoded in batches:
+            base, last, prev_hash, digest = self.replay.verify(encoded)
+            if last <= self.metadata_offset:
+                continue
+            if base != self.metadata_offset + 1 or prev_hash != self.last_hash:
+                raise ReplayError(f"simulated broker {self.broker_id}: batch at offset {base} does not "
+                                  f"continue its log at offset {self.metadata_offset}")
+            self.metadata_offset, self.last_hash = last, digest
+        if batches:
+            self.replay.publish()
+
     async def _heartbeat_loop(self, client: ControllerClient) -> None:
         while True:
+            sent = time.monotonic()
             try:
                 reply = await client.call("BrokerHeartbeat", {
                     "broker_id": self.broker_id, "broker_epoch": self.epoch,
@@ -84,6 +143,7 @@ class SimBroker:
                 else:
                     await trio.sleep(0.1)
                 continue
+            self.last_heartbeat = sent
             self.fenced = reply["is_fenced"]
             if reply["should_shut_down"]:
                 self.shut_down = True
@@ -117,8 +177,10 @@ def main(argv: list[str] | None = None) -> int:
     if meta.get("auth_dir"):  # a cluster started with --auth: log in as its broker user
         from kraft.rpc.auth import ClientCredentials
         credentials = ClientCredentials.load(Path(meta["auth_dir"]) / "broker.credentials")
+    replay = SharedReplay()
     brokers = [SimBroker(args.first_id + i, bootstrap, meta["cluster_id"],
-                         rack=racks[i % len(racks)] if racks else None, credentials=credentials)
+                         rack=racks[i % len(racks)] if racks else None, credentials=credentials,
+                         replay=replay)
                for i in range(args.count)]
 
     async def run() -> None:
