@@ -116,13 +116,32 @@ class Scale:
                 log(f"     target {t['target']}: {t['value']} (ratio {t['ratio']}, "
                     f"{'met' if t['met'] else 'MISSED'})")
 
+    def cpu(self) -> dict[str, float]:
+        """CPU seconds (user + system) so far of each controller process and of this process."""
+        out = {"bench": time.process_time()}
+        for c in self.meta["controllers"]:
+            try:
+                t = psutil.Process(c["pid"]).cpu_times()
+                out[f"c{c['id']}"] = t.user + t.system
+            except psutil.Error:
+                pass
+        return out
+
     async def phase(self, metric: str, fn, *args) -> None:
-        """Run one phase; a failure is recorded as that metric's error and the run goes on."""
+        """Run one phase; a failure is recorded as that metric's error and the run goes on. The
+        rows it adds get ``cpu_s``: CPU seconds each controller and this process spent in it
+        (the machine is shared: wall times are noisy, CPU seconds much less so)."""
+        first_row, before = len(self.rows), self.cpu()
         try:
             await fn(*args)
         except (Exception, trio.TooSlowError) as e:  # noqa: B014 - say which phase broke, keep going
             self.failed = True
             self.row(metric, error=f"{type(e).__name__}: {e}"[:300])
+        after = self.cpu()
+        spent = {k: round(v - before[k], 1) for k, v in after.items() if k in before}
+        log(f"  {metric}: CPU s {spent}")
+        for r in self.rows[first_row:]:
+            r["cpu_s"] = spent
 
     # ---- phases -----------------------------------------------------------------------------
     async def create(self, client_pool: list[ControllerClient], first: int, count: int) -> tuple[int, float, int]:
@@ -185,7 +204,8 @@ class Scale:
             log(f"{self.n_brokers} simulated brokers unfenced")
             pool = [ControllerClient(self.boot) for _ in range(4)]
             try:
-                await self.phase("bulk_create", self.phase_create, pool)
+                await self.phase("bulk_create", self.phase_bulk, pool)
+                await self.phase("full_image", self.phase_full, pool)
                 await self.phase("controller_memory_snapshot", self.phase_rss_snapshot)
                 await self.phase("failover_cold_start", self.phase_failover, pool[0])
                 await self.phase("broker_kill", self.phase_broker_kill, pool[0])
@@ -195,7 +215,7 @@ class Scale:
                     await c.aclose()
                 nursery.cancel_scope.cancel()
 
-    async def phase_create(self, pool: list[ControllerClient]) -> None:
+    async def phase_bulk(self, pool: list[ControllerClient]) -> None:
         bulk = min(1000, self.topics)
         log(f"creating {bulk} topics x {self.partitions} partitions (bulk phase)")
         t0 = time.perf_counter()
@@ -204,6 +224,9 @@ class Scale:
         self.row("bulk_create", topics=bulk, partitions=bulk * self.partitions,
                  commit_s=round(secs, 2), applied_everywhere_s=round(time.perf_counter() - t0, 2),
                  lag_after_commit_s=round(applied, 2), errors=errors)
+
+    async def phase_full(self, pool: list[ControllerClient]) -> None:
+        bulk = min(1000, self.topics)
         log(f"creating the remaining {self.topics - bulk} topics")
         highest, secs, errors = await self.create(pool, bulk, self.topics - bulk)
         await self.applied_everywhere(highest, 600)
