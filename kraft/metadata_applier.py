@@ -2,9 +2,9 @@
 
 :class:`MetadataApplier` is the ``ApplyTarget`` that ``RaftQuorum`` calls for every committed
 entry; all of its methods run on PySyncObj's thread, one at a time. Each entry holds a group of
-commands; each command is applied by the deterministic :class:`QuorumStateMachine`, and every
-batch it produces is appended to the metadata log with the entry's Raft index and the command's
-position inside the entry.
+commands; each command is applied by the deterministic :class:`QuorumStateMachine`, and the
+batches an entry produces are appended to the metadata log together (one write), each with the
+entry's Raft index and its command's position inside the entry.
 
 Durability: the results go back to the waiting callers without syncing the metadata log. The
 Raft journal is what makes an acknowledged command durable (``metadata.log.fsync=always``: it is

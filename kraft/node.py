@@ -244,8 +244,9 @@ class ControllerNode:
     async def _snapshot_loop(self) -> None:
         while True:
             await trio.sleep(1.0)
-            image, request_ids = self.state_machine.snapshot_state()
-            if self.snapshotter.due(image, now_ms()):
+            if self.snapshotter.due(self.state_machine.image, now_ms()):
+                # the dedup window is copied only for a snapshot that will be written
+                image, request_ids = self.state_machine.snapshot_state()
                 await trio.to_thread.run_sync(self.snapshotter.write, image, request_ids)
             max_ms, max_bytes = (self.config["metadata.max.retention.ms"],
                                  self.config["metadata.max.retention.bytes"])

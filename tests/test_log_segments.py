@@ -137,6 +137,31 @@ def test_read_encoded_max_bytes(tmp_path):
         assert got == [e for _, e in batches[5:]]
 
 
+def test_tail_cache_answers_like_the_files(tmp_path, monkeypatch):
+    """read_encoded serves recent batches from memory; every answer equals the one read from
+    the segment files by a fresh handle (empty cache), including offsets before the cache,
+    mid-batch offsets, byte limits, and after retention or a reset."""
+    import kraft.log.metadata_log as metadata_log
+    monkeypatch.setattr(metadata_log, "TAIL_CACHE_BYTES", 2000)
+    with MetadataLog.open(tmp_path, segment_bytes=700) as mlog:
+        batches = fill(mlog, [2, 1, 3] * 30)
+        size = len(batches[-1][1])
+        assert 0 < len(mlog._tail_payloads) < len(batches)  # bounded: the oldest were dropped
+        with MetadataLog.open(tmp_path, segment_bytes=700) as fresh:
+            assert fresh._tail_payloads == []
+            for offset in range(0, mlog.next_offset + 1, 7):
+                for limit in (1, size * 3 + 1, 1 << 20):
+                    assert mlog.read_encoded(offset, limit) == fresh.read_encoded(offset, limit)
+        mlog.truncate_before(mlog.next_offset - 5)
+        with pytest.raises(OffsetOutOfRangeError):
+            mlog.read_encoded(0, 100)
+        assert mlog.read_encoded(mlog.next_offset - 1, 100) == [batches[-1][1]]
+        mlog.reset(500, ZERO_HASH)
+        assert mlog.read_encoded(500, 100) == []
+        more = fill(mlog, [1, 2])
+        assert mlog.read_encoded(500, 1 << 20) == [e for _, e in more]
+
+
 def test_reopen_continues(tmp_path):
     with MetadataLog.open(tmp_path, segment_bytes=600) as mlog:
         batches = fill(mlog, [2, 1, 3] * 10)
@@ -260,3 +285,26 @@ def test_property_append_reopen_read(tmp_path_factory, rounds, segment_bytes, pr
         assert list(mlog.read_batches(end)) == []
         for p in mlog.segments:
             assert verify_segment(p) == []
+
+
+def test_append_many_writes_the_same_files_as_one_by_one(tmp_path):
+    """append_many (a Raft entry's batches in one write per segment) leaves byte-identical
+    segments and state, rolls segments at the same places, and refuses a broken chain before
+    writing anything."""
+    batches = make_batches([3, 1, 2, 5] * 25)
+    with MetadataLog.open(tmp_path / "one", segment_bytes=900) as one:
+        for b, enc in batches:
+            one.append_encoded(enc, b)
+    with MetadataLog.open(tmp_path / "many", segment_bytes=900) as many:
+        many.append_many([(enc, b) for b, enc in batches[:7]])
+        many.append_many([(enc, b) for b, enc in batches[7:]])
+        (b0, e0), (b1, e1) = batches[0], batches[1]
+        size = many.size_bytes
+        with pytest.raises(ValueError):
+            many.append_many([(e0, b0), (e1, b1)])  # does not continue the log
+        assert many.size_bytes == size
+        assert many.read_encoded(0, 1 << 30) == [e for _, e in batches]
+    files = lambda d: {p.name: p.read_bytes() for p in sorted(d.iterdir())}  # noqa: E731
+    assert len(files(tmp_path / "one")) > 3
+    assert files(tmp_path / "one") == files(tmp_path / "many")
+    assert verify_log(tmp_path / "many") == []

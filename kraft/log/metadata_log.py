@@ -3,6 +3,10 @@
 Writes go straight to the OS with one ``writev`` per frame (no user-space buffer), so readers
 with their own file handles see every completed append; ``sync()`` makes them durable. Readers
 take a point-in-time view of the segment list under the lock and then read without it.
+
+The newest appended batches (up to ``TAIL_CACHE_BYTES``) are also kept in memory: brokers
+long-polling the tail (``read_encoded``) are answered from there, with no file opened, sought or
+re-checked for every commit.
 """
 from __future__ import annotations
 
@@ -28,6 +32,8 @@ DEFAULT_SEGMENT_BYTES = 16 * 1024 * 1024
 INDEX_INTERVAL_BYTES = 4096
 _PEEK_BYTES = 64
 _READ_BUFFER = 64 * 1024
+TAIL_CACHE_BYTES = 4 * 1024 * 1024
+_MAX_FRAMES_PER_WRITE = 500  # two iovecs a frame; IOV_MAX is 1024
 
 
 class _Segment:
@@ -82,6 +88,10 @@ class MetadataLog:
         self._last_raft_index = 0
         self._last_raft_position = 0
         self._last_timestamp_ms = 0
+        # The newest appended batches, oldest first: base offsets and encoded payloads.
+        self._tail_bases: list[int] = []
+        self._tail_payloads: list[bytes] = []
+        self._tail_bytes = 0
 
     # ------------------------------------------------------------------ opening and recovery
 
@@ -242,13 +252,69 @@ class MetadataLog:
             self._write_frame(header, encoded, position)
             seg.size = position + HEADER_SIZE + len(encoded)
             seg.note_frame(batch.base_offset, position)
-            self._next_offset = batch.next_offset
             self._dirty = True
-            self._last_hash = digest
-            self._last_term = batch.term
-            self._last_raft_index = batch.raft_index
-            self._last_raft_position = batch.raft_position
-            self._last_timestamp_ms = batch.timestamp_ms
+            self._note_appended(batch, digest, encoded)
+
+    def append_many(self, items: list[tuple[bytes, Batch]]) -> None:
+        """Append consecutive batches (``(encoding, batch)`` pairs, e.g. one Raft entry's) with
+        one write per segment they land in. The whole chain is checked before anything is
+        written; the files end up exactly as with one ``append_encoded`` per batch."""
+        if len(items) <= 1:
+            for encoded, batch in items:
+                self.append_encoded(encoded, batch)
+            return
+        frames = [(FRAME_HEADER.pack(len(enc), crc32c(enc)), enc, batch, batch_hash(enc))
+                  for enc, batch in items]
+        with self._lock:
+            self._check_writable()
+            chain = (self._next_offset, self._last_hash, self._last_term)
+            for _, _, batch, digest in frames:
+                _check_continues(batch, *chain)
+                chain = (batch.next_offset, digest, batch.term)
+            i = 0
+            while i < len(frames):
+                seg = self._active_segment()
+                position = end = seg.size
+                group = []
+                while i < len(frames) and len(group) < _MAX_FRAMES_PER_WRITE and (
+                        not group or end < self.segment_bytes):
+                    group.append(frames[i])
+                    end += HEADER_SIZE + len(frames[i][1])
+                    i += 1
+                self._write_parts([part for h, e, _, _ in group for part in (h, e)], position)
+                for _, encoded, batch, digest in group:
+                    seg.note_frame(batch.base_offset, position)
+                    position += HEADER_SIZE + len(encoded)
+                    self._note_appended(batch, digest, encoded)
+                seg.size = position
+                self._dirty = True
+
+    def _note_appended(self, batch: Batch, digest: bytes, encoded: bytes) -> None:
+        self._next_offset = batch.next_offset
+        self._last_hash = digest
+        self._last_term = batch.term
+        self._last_raft_index = batch.raft_index
+        self._last_raft_position = batch.raft_position
+        self._last_timestamp_ms = batch.timestamp_ms
+        self._remember_tail(batch.base_offset, encoded)
+
+    def _remember_tail(self, base_offset: int, encoded: bytes) -> None:
+        """Keep the batch in the tail cache; past 1.5x the budget, drop the oldest down to it."""
+        self._tail_bases.append(base_offset)
+        self._tail_payloads.append(encoded)
+        self._tail_bytes += len(encoded)
+        if self._tail_bytes > TAIL_CACHE_BYTES * 3 // 2 and len(self._tail_payloads) > 1:
+            drop = 0
+            while self._tail_bytes > TAIL_CACHE_BYTES and drop < len(self._tail_payloads) - 1:
+                self._tail_bytes -= len(self._tail_payloads[drop])
+                drop += 1
+            del self._tail_bases[:drop]
+            del self._tail_payloads[:drop]
+
+    def _clear_tail(self) -> None:
+        self._tail_bases.clear()
+        self._tail_payloads.clear()
+        self._tail_bytes = 0
 
     def _check_writable(self) -> None:
         if self._closed:
@@ -257,15 +323,7 @@ class MetadataLog:
             raise OSError(f"metadata log unusable after a failed write: {self._failed}")
 
     def _check_follows(self, batch: Batch) -> None:
-        if not batch.records:
-            raise ValueError("cannot append an empty batch")
-        if batch.base_offset != self._next_offset:
-            raise ValueError(f"batch base offset {batch.base_offset} != log next offset {self._next_offset}")
-        if batch.prev_hash != self._last_hash:
-            raise ValueError(f"batch prev_hash {batch.prev_hash.hex()[:16]}… != log last hash "
-                             f"{self._last_hash.hex()[:16]}…")
-        if batch.term < self._last_term:
-            raise ValueError(f"batch term {batch.term} < log last term {self._last_term}")
+        _check_continues(batch, self._next_offset, self._last_hash, self._last_term)
 
     def _active_segment(self) -> _Segment:
         """The segment to append to, rolling to a new file when the current one is full."""
@@ -290,12 +348,17 @@ class MetadataLog:
         return seg
 
     def _write_frame(self, header: bytes, encoded: bytes, position: int) -> None:
+        self._write_parts([header, encoded], position)
+
+    def _write_parts(self, parts: list[bytes], position: int) -> None:
+        """Write frames (header and payload parts) at the end of the active segment, which is
+        at ``position``; on failure truncate back to it, so no partial frame stays."""
         assert self._fd is not None
         try:
-            written = os.writev(self._fd, (header, encoded))
-            total = HEADER_SIZE + len(encoded)
+            written = os.writev(self._fd, parts)
+            total = sum(map(len, parts))
             if written < total:  # short write (rare: disk full, signals): finish it
-                rest = (header + encoded)[written:]
+                rest = b"".join(parts)[written:]
                 while rest:
                     rest = rest[os.write(self._fd, rest):]
         except BaseException as e:
@@ -377,6 +440,9 @@ class MetadataLog:
     def read_encoded(self, from_offset: int, max_bytes: int) -> list[bytes]:
         """Raw batch payloads from the one containing ``from_offset``, up to ``max_bytes`` in
         total (always at least one batch if any exists)."""
+        cached = self._read_tail(from_offset, max_bytes)
+        if cached is not None:
+            return cached
         out: list[bytes] = []
         total = 0
         for payload in _read_payloads(self._plan(from_offset), from_offset):
@@ -387,6 +453,29 @@ class MetadataLog:
             if total >= max_bytes:
                 break
         return out
+
+    def _read_tail(self, from_offset: int, max_bytes: int) -> list[bytes] | None:
+        """``read_encoded`` from the tail cache, or None when it does not reach back that far."""
+        with self._lock:
+            if self._closed:
+                raise ValueError("metadata log is closed")
+            if from_offset < self._start_offset:
+                raise OffsetOutOfRangeError(from_offset, self._start_offset)
+            if from_offset >= self._next_offset:
+                return []
+            bases = self._tail_bases
+            if not bases or bases[0] > from_offset:
+                return None
+            i = bisect_right(bases, from_offset) - 1
+            payloads = self._tail_payloads
+            out = [payloads[i]]
+            total = len(payloads[i])
+            for payload in payloads[i + 1:]:
+                if total >= max_bytes or total + len(payload) > max_bytes:
+                    break
+                out.append(payload)
+                total += len(payload)
+            return out
 
     def _plan(self, from_offset: int) -> list[tuple[Path, int, int]]:
         """A point-in-time view: (path, start position, end position) of each segment to read."""
@@ -435,6 +524,7 @@ class MetadataLog:
                 seg.path.unlink()
             self._segments.clear()
             self._bases.clear()
+            self._clear_tail()
             if self.fsync == "always":
                 fsync_dir(self.directory)
             self._start_offset = self._next_offset = next_offset
@@ -462,6 +552,19 @@ class MetadataLog:
     def __repr__(self) -> str:
         return (f"MetadataLog({str(self.directory)!r}, start={self._start_offset}, "
                 f"next={self._next_offset}, segments={len(self._segments)})")
+
+
+def _check_continues(batch: Batch, next_offset: int, last_hash: bytes, last_term: int) -> None:
+    """Raise ValueError unless ``batch`` may follow a log at that offset, hash and term."""
+    if not batch.records:
+        raise ValueError("cannot append an empty batch")
+    if batch.base_offset != next_offset:
+        raise ValueError(f"batch base offset {batch.base_offset} != log next offset {next_offset}")
+    if batch.prev_hash != last_hash:
+        raise ValueError(f"batch prev_hash {batch.prev_hash.hex()[:16]}… != log last hash "
+                         f"{last_hash.hex()[:16]}…")
+    if batch.term < last_term:
+        raise ValueError(f"batch term {batch.term} < log last term {last_term}")
 
 
 def _read_payloads(plan: list[tuple[Path, int, int]], from_offset: int) -> Iterator[bytes]:

@@ -42,12 +42,16 @@ class _ConnectionLost(Exception):
     """The connection broke while a call was outstanding."""
 
 
+SEND_TIMEOUT_S = 10.0
+
+
 class _Pending:
-    __slots__ = ("response", "error")
+    __slots__ = ("response", "error", "lot")
 
     def __init__(self) -> None:
         self.response: dict | None = None
         self.error: BaseException | None = None
+        self.lot = trio.lowlevel.ParkingLot()
 
     @property
     def done(self) -> bool:
@@ -55,16 +59,21 @@ class _Pending:
 
 
 class _Conn:
-    """One pipelined connection. Callers park until their answer arrives; if nobody is reading,
-    the caller becomes the reader and dispatches every answer it sees, waking the others."""
+    """One pipelined connection.
+
+    Requests queue their frames in an outbox; whichever caller finds no write in progress sends
+    everything queued in one write (callers woken together by one read leave together). Callers
+    park until their answer arrives; if nobody is reading, the caller becomes the reader and
+    dispatches every answer it sees, waking exactly the callers answered — and, when it leaves
+    with its own answer, one caller still waiting, to read next."""
 
     def __init__(self, address: Address, stream: trio.SocketStream, max_frame_bytes: int) -> None:
         self.address = address
         self.stream = stream
         self.decoder = FrameDecoder(max_frame_bytes)
         self.max_frame_bytes = max_frame_bytes
-        self.send_lock = trio.Lock()
-        self.lot = trio.lowlevel.ParkingLot()
+        self.outbox: list[bytes] = []
+        self.flushing = False
         self.reading = False
         self.pending: dict[int, _Pending] = {}
         self.ids = itertools.count(1)
@@ -83,14 +92,12 @@ class _Conn:
         waiter = _Pending()
         self.pending[correlation_id] = waiter
         try:
-            try:
-                async with self.send_lock:
-                    await self.stream.send_all(frame)
-            except _CONN_ERRORS as exc:
-                self._break(exc)
+            self.outbox.append(frame)
+            if not self.flushing:
+                await self._flush()
             while not waiter.done:
                 if self.reading:
-                    await self.lot.park()
+                    await waiter.lot.park()
                 else:
                     await self._read_until(waiter)
         finally:
@@ -99,6 +106,25 @@ class _Conn:
             raise _ConnectionLost(str(waiter.error))
         assert waiter.response is not None
         return waiter.response
+
+    async def _flush(self) -> None:
+        """Send the outbox until it is empty (frames queued meanwhile go in the next write).
+        The write is shielded from the caller's cancellation — it carries other callers' frames,
+        and a frame cut in half would corrupt the stream — and bounded by its own timeout."""
+        self.flushing = True
+        try:
+            while self.outbox and self.broken is None:
+                data = self.outbox[0] if len(self.outbox) == 1 else b"".join(self.outbox)
+                self.outbox.clear()
+                with trio.CancelScope(shield=True):
+                    with trio.move_on_after(SEND_TIMEOUT_S) as scope:
+                        await self.stream.send_all(data)
+                if scope.cancelled_caught:
+                    raise trio.TooSlowError(f"sending to {self.address} took over {SEND_TIMEOUT_S}s")
+        except (*_CONN_ERRORS, trio.TooSlowError) as exc:
+            self._break(exc)
+        finally:
+            self.flushing = False
 
     async def _read_until(self, waiter: _Pending) -> None:
         self.reading = True
@@ -114,21 +140,24 @@ class _Conn:
                     return
                 for frame in frames:
                     other = self.pending.get(frame.get("correlation_id"))  # type: ignore[arg-type]
-                    if other is not None:
+                    if other is not None and not other.done:
                         other.response = frame
-                if frames:
-                    self.lot.unpark_all()
+                        other.lot.unpark_all()
         finally:
             self.reading = False
-            self.lot.unpark_all()
+            for other in self.pending.values():  # hand the reading over to one still waiting
+                if not other.done and other is not waiter:
+                    other.lot.unpark_all()
+                    break
 
     def _break(self, exc: BaseException) -> None:
         if self.broken is None:
             self.broken = exc
+        self.outbox.clear()
         for waiter in self.pending.values():
             if not waiter.done:
                 waiter.error = exc
-        self.lot.unpark_all()
+            waiter.lot.unpark_all()
 
     async def aclose(self) -> None:
         self._break(ConnectionError("closed"))

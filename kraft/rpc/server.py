@@ -216,11 +216,34 @@ class RpcServer:
         return principal
 
     async def _writer(self, stream: trio.SocketStream, slots: trio.MemoryReceiveChannel[_Slot]) -> None:
+        """Send answers in request order; answers already done behind the first one leave in the
+        same write (a committed group answers many pipelined requests at once)."""
         async with slots:
-            async for slot in slots:
-                await slot.done.wait()
+            head: _Slot | None = None
+            ended = False
+            while not ended:
+                if head is None:
+                    try:
+                        head = await slots.receive()
+                    except trio.EndOfChannel:
+                        return
+                await head.done.wait()
+                frames = [head.frame]
+                head = None
+                while True:
+                    try:
+                        slot = slots.receive_nowait()
+                    except trio.WouldBlock:
+                        break
+                    except trio.EndOfChannel:
+                        ended = True
+                        break
+                    if not slot.done.is_set():
+                        head = slot
+                        break
+                    frames.append(slot.frame)
                 with trio.fail_after(self.io_timeout):
-                    await stream.send_all(slot.frame)
+                    await stream.send_all(frames[0] if len(frames) == 1 else b"".join(frames))
 
     async def _answer(self, message: dict, peer: str, principal: str, slot: _Slot) -> None:
         correlation_id = _correlation_id(message)
