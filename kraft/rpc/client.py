@@ -42,9 +42,6 @@ class _ConnectionLost(Exception):
     """The connection broke while a call was outstanding."""
 
 
-SEND_TIMEOUT_S = 10.0
-
-
 class _Pending:
     __slots__ = ("response", "error", "lot")
 
@@ -109,20 +106,20 @@ class _Conn:
 
     async def _flush(self) -> None:
         """Send the outbox until it is empty (frames queued meanwhile go in the next write).
-        The write is shielded from the caller's cancellation — it carries other callers' frames,
-        and a frame cut in half would corrupt the stream — and bounded by its own timeout."""
+        The write carries other callers' frames too: if the flushing caller is cancelled
+        during it (its deadline), the connection is broken — a frame may be half sent — and the
+        other callers retry on a new one (writes keep their request id: deduplicated)."""
         self.flushing = True
         try:
             while self.outbox and self.broken is None:
                 data = self.outbox[0] if len(self.outbox) == 1 else b"".join(self.outbox)
                 self.outbox.clear()
-                with trio.CancelScope(shield=True):
-                    with trio.move_on_after(SEND_TIMEOUT_S) as scope:
-                        await self.stream.send_all(data)
-                if scope.cancelled_caught:
-                    raise trio.TooSlowError(f"sending to {self.address} took over {SEND_TIMEOUT_S}s")
-        except (*_CONN_ERRORS, trio.TooSlowError) as exc:
+                await self.stream.send_all(data)
+        except _CONN_ERRORS as exc:
             self._break(exc)
+        except trio.Cancelled:
+            self._break(ConnectionError("a request was cancelled while its connection was sending"))
+            raise
         finally:
             self.flushing = False
 

@@ -221,29 +221,33 @@ class RpcServer:
         async with slots:
             head: _Slot | None = None
             ended = False
-            while not ended:
-                if head is None:
-                    try:
-                        head = await slots.receive()
-                    except trio.EndOfChannel:
-                        return
-                await head.done.wait()
-                frames = [head.frame]
-                head = None
-                while True:
-                    try:
-                        slot = slots.receive_nowait()
-                    except trio.WouldBlock:
-                        break
-                    except trio.EndOfChannel:
-                        ended = True
-                        break
-                    if not slot.done.is_set():
-                        head = slot
-                        break
-                    frames.append(slot.frame)
-                with trio.fail_after(self.io_timeout):
+            with trio.CancelScope() as send_scope:  # armed around each send (io timeout)
+                while not ended:
+                    if head is None:
+                        try:
+                            head = await slots.receive()
+                        except trio.EndOfChannel:
+                            return
+                    await head.done.wait()
+                    frames = [head.frame]
+                    head = None
+                    while True:
+                        try:
+                            slot = slots.receive_nowait()
+                        except trio.WouldBlock:
+                            break
+                        except trio.EndOfChannel:
+                            ended = True
+                            break
+                        if not slot.done.is_set():
+                            head = slot
+                            break
+                        frames.append(slot.frame)
+                    send_scope.deadline = trio.current_time() + self.io_timeout
                     await stream.send_all(frames[0] if len(frames) == 1 else b"".join(frames))
+                    send_scope.deadline = math.inf
+            if send_scope.cancelled_caught:
+                raise trio.TooSlowError(f"an answer took over {self.io_timeout}s to send")
 
     async def _answer(self, message: dict, peer: str, principal: str, slot: _Slot) -> None:
         correlation_id = _correlation_id(message)
