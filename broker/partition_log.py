@@ -240,9 +240,13 @@ class PartitionLog:
              fsync: bool = False) -> "PartitionLog":
         """Open (creating if needed) the log in ``directory`` and recover a torn tail."""
         d = Path(directory)
-        d.mkdir(parents=True, exist_ok=True)
+        try:  # one listing instead of a glob and a stat per checkpoint file (brokers open
+            d.mkdir(parents=True)  # thousands of logs at start-up)
+            files: set[str] = set()
+        except FileExistsError:
+            files = set(os.listdir(d))
         plog = cls(d, segment_bytes, fsync)
-        names = sorted(p for p in d.glob("*.log") if p.stem.isdigit())
+        names = sorted(d / f for f in files if f.endswith(".log") and f[:-4].isdigit())
         for i, p in enumerate(names):
             seg = _Segment(p, int(p.stem))
             intact = seg.recover()
@@ -254,14 +258,15 @@ class PartitionLog:
                 break
         if not plog._segments:
             plog._segments.append(_Segment(d / f"{0:020d}.log", 0))
-        plog._load_checkpoints()
+        plog._load_checkpoints(files)
         return plog
 
-    def _load_checkpoints(self) -> None:
+    def _load_checkpoints(self, files: set[str]) -> None:
+        """Read the checkpoint files among ``files`` (the directory's names)."""
         end = self.log_end_offset
         self.epochs = []
         p = self.dir / LEADER_EPOCH_FILE
-        if p.exists():
+        if LEADER_EPOCH_FILE in files:
             try:
                 lines = p.read_text().split("\n")
                 if lines[0].strip() != "0":
@@ -282,7 +287,7 @@ class PartitionLog:
             self._write_epochs()
         p = self.dir / HW_FILE
         hw = 0
-        if p.exists():
+        if HW_FILE in files:
             try:
                 lines = p.read_text().split("\n")
                 if lines[0].strip() != "0" or lines[1].strip() != "1":
@@ -291,7 +296,7 @@ class PartitionLog:
             except (ValueError, IndexError):
                 log.warning("partition log %s: unreadable %s; using 0", self.dir, HW_FILE)
         self.high_watermark = max(0, min(hw, end))
-        self._checkpointed_hw = hw if p.exists() else -1
+        self._checkpointed_hw = hw  # a missing file reads as 0: nothing to write for 0
 
     # ---- properties ---------------------------------------------------------------------
     @property

@@ -22,6 +22,7 @@ topic id, so a directory left by a deleted topic of the same name is recognised 
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import time
 from collections import Counter
@@ -79,6 +80,9 @@ class ReplicaManager:
         self.isr_updater: Any = None  # broker.isr_updater.IsrUpdater, set by the node
         for d in self.log_dirs:
             d.mkdir(parents=True, exist_ok=True)
+        # Names of the directories in each log dir, listed once and kept up to date here (the
+        # only writer), so opening thousands of partitions costs no stat per partition.
+        self._listing: dict[Path, set[str]] | None = None
 
     # ---- publisher entry point -------------------------------------------------------------
     def publish(self, delta: Any, image: Any, full: bool = False) -> None:
@@ -113,10 +117,13 @@ class ReplicaManager:
                 removed.append(part.log.dir)
                 self._delete(part.topic, tid, pid, reason="not in the loaded metadata")
         for d in self.log_dirs:
-            for sub in sorted(p for p in d.iterdir() if p.is_dir()):
-                parsed = _parse_dir_name(sub.name)
+            with os.scandir(d) as entries:
+                names = sorted(e.name for e in entries if e.is_dir())
+            for name in names:
+                parsed = _parse_dir_name(name)
                 if parsed is None:
                     continue
+                sub = d / name
                 topic, pid = parsed
                 tid = image.topics_by_name.get(topic)
                 owned = (tid is not None and (tid, pid) in self.partitions
@@ -124,7 +131,7 @@ class ReplicaManager:
                 if not owned:
                     log.warning("broker %d: removing stray partition directory %s (topic id on disk "
                                 "%s, in metadata %s)", self.broker_id, sub, _read_topic_id(sub), tid)
-                    shutil.rmtree(sub, ignore_errors=True)
+                    self._remove_dir(sub)
                     removed.append(sub)
         return removed
 
@@ -177,30 +184,43 @@ class ReplicaManager:
             directory = self._existing_dir(topic, pid)
             if directory is None or _read_topic_id(directory) not in (None, topic_id):
                 return
-        shutil.rmtree(directory, ignore_errors=True)
+        self._remove_dir(directory)
         log.info("broker %d: deleted replica %s-%d (topic id %s): %s; removed %s", self.broker_id,
                  topic, pid, topic_id, reason, directory)
 
     # ---- logs on disk ----------------------------------------------------------------------
+    def _dirs_listing(self) -> dict[Path, set[str]]:
+        if self._listing is None:
+            self._listing = {}
+            for d in self.log_dirs:
+                with os.scandir(d) as entries:
+                    self._listing[d] = {e.name for e in entries if e.is_dir()}
+        return self._listing
+
     def _existing_dir(self, topic: str, pid: int) -> Path | None:
         name = partition_dir_name(topic, pid)
-        return next((d / name for d in self.log_dirs if (d / name).is_dir()), None)
+        return next((d / name for d, names in self._dirs_listing().items() if name in names), None)
+
+    def _remove_dir(self, directory: Path) -> None:
+        shutil.rmtree(directory, ignore_errors=True)
+        self._dirs_listing().get(directory.parent, set()).discard(directory.name)
 
     def _open_log(self, topic: str, topic_id: str, pid: int) -> PartitionLog:
         directory = self._existing_dir(topic, pid)
-        if directory is not None and _read_topic_id(directory) not in (None, topic_id):
+        on_disk = None if directory is None else _read_topic_id(directory)
+        if on_disk not in (None, topic_id):
             log.warning("broker %d: %s belongs to an older topic id %s; removing it for %s",
-                        self.broker_id, directory, _read_topic_id(directory), topic_id)
-            shutil.rmtree(directory, ignore_errors=True)
+                        self.broker_id, directory, on_disk, topic_id)
+            self._remove_dir(directory)  # type: ignore[arg-type]
             directory = None
         if directory is None:  # the log dir holding the fewest of our partitions
             counts = self._dir_counts
             directory = min(self.log_dirs, key=lambda d: counts[d]) / partition_dir_name(topic, pid)
         self._dir_counts[directory.parent] += 1
         plog = PartitionLog.open(directory, self.segment_bytes, self.fsync)
-        meta = directory / PARTITION_METADATA
-        if not meta.exists():
-            meta.write_text(f"version: 0\ntopic_id: {topic_id}\n")
+        self._dirs_listing().setdefault(directory.parent, set()).add(directory.name)
+        if on_disk is None:  # a new directory, or one whose metadata file is missing
+            (directory / PARTITION_METADATA).write_text(f"version: 0\ntopic_id: {topic_id}\n")
         return plog
 
     # ---- queries ---------------------------------------------------------------------------
