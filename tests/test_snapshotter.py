@@ -165,3 +165,33 @@ def test_the_dedup_window_travels_with_a_snapshot_to_a_follower_that_installs_it
     assert [rid for rid, _ in again.request_ids] == leader.recent_request_ids
     reopened.close()
     leader_log.close()
+
+
+def test_snapshot_load_checks_partition_values_by_the_image_checksum(tmp_path):
+    """Partition values load unchecked, so the image checksum must catch a typed-wrong value and
+    a mismatching header; the strict re-read then names the bad value."""
+    import dataclasses
+
+    from kraft.log.snapshot import SnapshotHeader, write_snapshot_runs
+    from kraft.records import PartitionRecord
+
+    log, sm = _build_log(tmp_path / "log", topics=3)
+    image = sm.image
+    header = SnapshotHeader(end_offset=image.offset + 1, term=image.term, raft_index=image.raft_index,
+                            timestamp_ms=image.timestamp_ms, last_hash=image.last_hash,
+                            record_count=image.record_count(), image_checksum=image.checksum())
+
+    def bad_leader(runs):  # the first partition's leader as a float: same value, other encoding
+        for cls, rows in runs:
+            if cls is PartitionRecord and rows and not isinstance(rows[0][6], float):
+                rows = [rows[0][:6] + (float(rows[0][6]),) + rows[0][7:], *rows[1:]]
+            yield cls, rows
+
+    path = write_snapshot_runs(tmp_path / "bad", header, bad_leader(image.record_runs()))
+    with pytest.raises(CorruptSnapshotError, match="leader"):
+        image_from_snapshot(path)
+    wrong = dataclasses.replace(header, image_checksum="0" * 64)
+    path = write_snapshot_runs(tmp_path / "wrong", wrong, image.record_runs())
+    with pytest.raises(CorruptSnapshotError, match="checksum"):
+        image_from_snapshot(path)
+    log.close()
