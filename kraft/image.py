@@ -845,10 +845,10 @@ class MetadataDelta:
         for topic_id, change in self._topic_changes.items():
             if change.created:  # every partition is new
                 name = change.name
-                for pid, reg in change.items():
-                    if broker_id in reg.replicas:
-                        target = leaders if reg.leader == broker_id else followers
-                        target[(name, pid)] = (topic_id, reg)
+                items = change.items() if change.partitions else change.base.partitions.items()  # type: ignore[union-attr]
+                for pid, reg in [item for item in items if broker_id in item[1][0]]:  # [0]: replicas
+                    target = leaders if reg.leader == broker_id else followers
+                    target[(name, pid)] = (topic_id, reg)
                 continue
             base_partitions = change.base.partitions if change.base is not None else _EMPTY_MAP
             for pid, reg in change.partitions.items():
