@@ -13,7 +13,9 @@ Stages, on an image of ``topics`` x ``partitions`` partitions (RF 3 over ``broke
   does with a loaded snapshot before publishing it.
 * ``delta_replay`` — ``decode_batch`` + ``MetadataDelta.replay_batch`` + ``apply`` of
   ``log_batches`` batches of 100 partition changes (hash of the bytes passed, as brokers do);
-  ``cold_start_log_replay`` the same without it (as a controller replays its log at start).
+  ``cold_start_log_replay`` the same without it (as a controller replays its log at start);
+  ``broker_log_replay``: the same batches through the broker loader's ``replay_encoded`` into
+  one delta, applied once (how a broker replays a backlog).
 
 CPU time (``time.process_time``) rather than wall time, so results hold on a loaded machine.
 ``--before-json FILE`` adds a before/after comparison (run once on the old code with
@@ -93,7 +95,7 @@ def change_batches(image: Any, count: int, per_batch: int = 100) -> list[bytes]:
 
 def run(topics: int, partitions: int, brokers: int, log_batches: int) -> dict[str, Any]:
     from broker.checkpoint import image_from_snapshot
-    from broker.metadata_loader import full_delta
+    from broker.metadata_loader import full_delta, replay_encoded
     from kraft.image import MetadataDelta, image_from_records
     from kraft.log.snapshot import read_snapshot
     from kraft.records import batch_hash, decode_batch
@@ -148,6 +150,13 @@ def run(topics: int, partitions: int, brokers: int, log_batches: int) -> dict[st
         return img
     after, s = _cpu(replay)
     row("delta_replay", s, 100 * log_batches)
+
+    def broker_replay() -> Any:  # as the broker's loader: a backlog into one delta, one publish
+        delta = MetadataDelta(image)
+        replay_encoded(delta, encoded)
+        return delta.apply()
+    _, s = _cpu(broker_replay)
+    row("broker_log_replay", s, 100 * log_batches)
 
     def cold_start_replay() -> Any:  # as a controller replays its log at start: no hash passed
         img = image
