@@ -818,11 +818,14 @@ def test_broker_transitions_beyond_one_batch_continue_over_several_commands():
     for i in range(5):
         h.ok("CreateTopics", {"topics": [{"name": f"t{i}", "assignments": {0: [0, 1]}}]})
     body = {"broker_id": 0, "broker_epoch": h.epoch(0), "reason": "session-timeout"}
-    batch, r = h.ok("FenceBroker", body)
-    assert r["incomplete"] and r["remaining"] == 2 and len(batch.records) == 3
+    batch, r = h.ok("FenceBroker", body)  # 2 changes + room for the fence record
+    assert r["incomplete"] and len(batch.records) == 2
     assert not h.image.brokers[0].fenced
     batch, r = h.ok("FenceBroker", body)
-    assert "incomplete" not in r and isinstance(batch.records[-1], BrokerRegistrationChangeRecord)
+    assert r["incomplete"] and len(batch.records) == 2
+    batch, r = h.ok("FenceBroker", body)
+    assert "incomplete" not in r and len(batch.records) == 2
+    assert isinstance(batch.records[-1], BrokerRegistrationChangeRecord)
     assert h.image.brokers[0].fenced and all(h.part(f"t{i}").leader == 1 for i in range(5))
 
     while h.fence(1)[1].get("incomplete"):  # every partition ends leaderless, ISR [1]
@@ -893,27 +896,30 @@ def test_stepped_transitions_write_the_same_batches_with_or_without_the_pending_
 
 def test_broker_transition_steps_are_capped_by_transition_step_records(monkeypatch):
     """A fence moves at most ``transition_step_records`` partitions per command even when a user
-    batch may hold more, and later steps work from the unexamined partitions handed over, not
-    from a rescan of the image."""
+    batch may hold more, and each later step resumes where the previous one stopped instead of
+    scanning from the first topic."""
     from kraft.controller import election
 
     h = Harness(brokers=2, transition_step_records=4)
-    h.ok("CreateTopics", {"topics": [{"name": "t", "assignments": {i: [0, 1] for i in range(10)}}]})
+    for t in ("a", "b", "c"):
+        h.ok("CreateTopics", {"topics": [{"name": t, "assignments": {i: [0, 1] for i in range(3)}}]})
     body = {"broker_id": 0, "broker_epoch": h.epoch(0), "reason": "session-timeout"}
-    scans = []
-    original = election.leaving_candidates
+    resumed = []
+    original = election.leaving_changes
 
-    def counting(image, broker_id):
-        scans.append(broker_id)
-        return original(image, broker_id)
+    def spy(image, broker_id, unclean_allowed, limit=None, resume=None):
+        resumed.append(resume)
+        return original(image, broker_id, unclean_allowed, limit, resume)
 
     sizes = []
-    monkeypatch.setattr("kraft.controller.replication_control.leaving_candidates", counting)
+    monkeypatch.setattr("kraft.controller.replication_control.leaving_changes", spy)
     r = {"incomplete": True}
     while r.get("incomplete"):
         batch, r = h.ok("FenceBroker", body)
         sizes.append(len(batch.records))
-    assert sizes == [4, 4, 3] and scans == [0]  # 10 changes + the fence record; one scan
-    assert h.image.brokers[0].fenced and all(p.leader == 1 for p in h.image.topic("t").partitions.values())
+    # 9 changes, 3 per step (one record of room kept for the fence record, written with the last)
+    assert sizes == [3, 3, 4] and resumed == [None, ("b", 0), ("c", 0)]
+    assert h.image.brokers[0].fenced
+    assert all(p.leader == 1 and p.isr == (1,) for t in "abc" for p in h.image.topic(t).partitions.values())
     with pytest.raises(ValueError):
         ControllerSettings(CLUSTER, transition_step_records=1)

@@ -13,10 +13,10 @@ the current one (STALE_BROKER_EPOCH).
 from __future__ import annotations
 
 import uuid
-from typing import Any, Sequence
+from typing import Any
 
 from kraft.controller.commands import Command, ControllerResult, error_fields
-from kraft.controller.election import Candidate
+from kraft.controller.election import Resume
 from kraft.controller.replication_control import broker_leaving_changes, broker_returning_changes
 from kraft.controller.settings import ControllerSettings
 from kraft.errors import ErrorCode, KraftError
@@ -118,7 +118,7 @@ def register_broker(image: MetadataImage, cmd: Command, settings: ControllerSett
 
 
 def unregister_broker(image: MetadataImage, cmd: Command, settings: ControllerSettings,
-                      pending: Sequence[Candidate] | None = None) -> ControllerResult:
+                      pending: Resume | None = None) -> ControllerResult:
     """UnregisterBroker: drop it from ISRs and leadership, then UnregisterBrokerRecord."""
     broker_id = cmd.body["broker_id"]
     reg = image.broker(broker_id)
@@ -140,25 +140,24 @@ def _transition(image: MetadataImage, cmd: Command, reason: str) -> tuple[Broker
 
 
 def _leave(image: MetadataImage, settings: ControllerSettings, broker_id: int, first: list[Record],
-           last: list[Record], reason: str, pending: Sequence[Candidate] | None = None) -> ControllerResult:
+           last: list[Record], reason: str, pending: Resume | None = None) -> ControllerResult:
     """``first`` + the partition changes of ``broker_id`` leaving + ``last``, split if needed:
     a step holds at most ``settings.step_records`` records, so a broker with more partitions
-    moves them over several commands. An incomplete step omits ``last``, answers
-    ``{"incomplete": true, "remaining": n}`` (n partitions not examined yet) and returns those
-    as ``pending``; repeating the same command continues. ``pending`` from the previous step
-    (given only when nothing else was written since) is exactly what scanning the image again
-    would find still to change — it saves the O(image) scan, so a step costs O(its records)."""
+    moves them over several commands. A step that filled up omits ``last``, answers
+    ``{"incomplete": true}`` and returns where the next step resumes as ``pending``; repeating
+    the same command continues. ``pending`` from the previous step (given only when nothing
+    else was written since) saves rescanning the partitions before it (see
+    ``election.leaving_changes``), so every step costs O(its records)."""
     room = settings.step_records - len(first)
-    changes, rest = broker_leaving_changes(image, settings, broker_id, pending, room)
-    if not rest and len(changes) <= room - len(last):
+    changes, resume = broker_leaving_changes(image, settings, broker_id, pending, room - len(last))
+    if resume is None:
         return ControllerResult([*first, *changes, *last], error_fields(), reason)
-    return ControllerResult([*first, *changes],
-                            {**error_fields(), "incomplete": True, "remaining": len(rest)}, reason,
-                            pending=tuple(rest))
+    return ControllerResult([*first, *changes], {**error_fields(), "incomplete": True}, reason,
+                            pending=resume)
 
 
 def fence_broker(image: MetadataImage, cmd: Command, settings: ControllerSettings,
-                 pending: Sequence[Candidate] | None = None) -> ControllerResult:
+                 pending: Resume | None = None) -> ControllerResult:
     """FenceBroker (session timeout or want_fence): leave ISRs and leadership, then fenced=1
     (written last, so a fenced broker has left everything). Already fenced: nothing to write."""
     reason = cmd.body.get("reason") or "session-timeout"
@@ -197,7 +196,7 @@ def incomplete_continuation(cmd: Command) -> bool:
 
 
 def begin_controlled_shutdown(image: MetadataImage, cmd: Command, settings: ControllerSettings,
-                              pending: Sequence[Candidate] | None = None) -> ControllerResult:
+                              pending: Resume | None = None) -> ControllerResult:
     """BeginControlledShutdown: in_controlled_shutdown=1, then leave ISRs and leadership. A
     fenced broker: nothing to write. Already shutting down: only what is left to move (if an
     earlier step was incomplete)."""

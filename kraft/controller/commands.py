@@ -93,9 +93,9 @@ class ControllerResult:
     records: list[Record] = field(default_factory=list)
     response: dict[str, Any] = field(default_factory=dict)
     reason: str = "user-request"
-    # A stepped broker transition's partitions ((topic id, partition id), in order) not examined
-    # yet (the state machine hands them to the next step when nothing else happened in between).
-    pending: tuple[tuple[str, int], ...] | None = None
+    # Where a stepped broker transition resumes: (topic name, partition id) of the next partition
+    # to examine (the state machine hands it to the next step when nothing else happened since).
+    pending: tuple[str, int] | None = None
 
 
 def error_fields(error: KraftError | None = None) -> dict[str, Any]:

@@ -19,6 +19,7 @@ is (its last member stays, so it can lead cleanly when it returns).
 """
 from __future__ import annotations
 
+from bisect import bisect_left
 from typing import Callable, Iterator, NamedTuple, Sequence
 
 from kraft.errors import ErrorCode
@@ -39,7 +40,6 @@ __all__ = [
     "changes_for_fenced_broker",
     "changes_for_controlled_shutdown",
     "changes_for_unfenced_broker",
-    "leaving_candidates",
     "leaving_changes",
     "elect_preferred_leader",
     "elect_unclean_leader",
@@ -253,57 +253,55 @@ def _collect(candidates: Iterator[tuple[TopicImage, int, PartitionRegistration]]
     return out
 
 
-Candidate = tuple[str, int]  # (topic id, partition id)
+Resume = tuple[str, int]  # (topic name, partition id): where a stepped transition continues
 
 
-def leaving_candidates(image: MetadataImage, broker_id: int) -> list[Candidate]:
-    """The partitions ``broker_id`` is in the ISR of or leads, topics by name, partitions by id:
-    the only ones its fencing, controlled shutdown or unregistration can change. One pass over
-    the image with the test inlined (~0.3 s CPU for 1M partitions)."""
-    out: list[Candidate] = []
-    by_id, by_name = image.topics_by_id, image.topics_by_name
-    for name in sorted(by_name):
-        topic = by_id[by_name[name]]
-        affected = [pid for pid, p in topic.partitions.items() if broker_id in p.isr or p.leader == broker_id]
-        if affected:
-            affected.sort()
-            topic_id = topic.topic_id
-            out += [(topic_id, pid) for pid in affected]
-    return out
+def leaving_changes(image: MetadataImage, broker_id: int, unclean_allowed: UncleanAllowed = _never,
+                    limit: int | None = None, resume: Resume | None = None
+                    ) -> tuple[Changes, Resume | None]:
+    """The partition changes of ``broker_id`` leaving (fencing, controlled shutdown,
+    unregistration): the partitions it is in the ISR of or leads, topics by name, partitions by
+    id, from ``resume`` on (inclusive), until ``limit`` records exist. Returns the records and
+    where the next step resumes — the next partition not examined — or None when the scan is
+    done. Scanning stops with the step, so a step costs O(its records), not O(image).
 
-
-def leaving_changes(image: MetadataImage, broker_id: int, candidates: Sequence[Candidate],
-                    unclean_allowed: UncleanAllowed = _never,
-                    limit: int | None = None) -> tuple[Changes, Sequence[Candidate]]:
-    """The partition changes of ``broker_id`` leaving for ``candidates`` (in their order) until
-    ``limit`` records exist, and the candidates not examined yet. Building them later from a
-    later image gives the same records as long as nothing else was written in between (the
-    unexamined partitions and the active brokers are unchanged), so a stepped transition keeps
-    only the unexamined candidates, not records."""
+    Resuming is only an optimisation: partitions before ``resume`` were changed by earlier steps
+    (or need no change) and yield nothing when examined again, so a controller that scans from
+    the start instead gets the same records, provided nothing else was written in between (the
+    state machine only hands ``resume`` over then)."""
     acceptable = _active_brokers_except(image, broker_id).__contains__
-    allowed: dict[str, bool] = {}
     out = Changes()
-    topics = image.topics_by_id
-    for i, (topic_id, pid) in enumerate(candidates):
-        if limit is not None and len(out) >= limit:
-            rest = candidates[i:]
-            out.remaining = len(rest)
-            return out, rest
-        topic = topics[topic_id]
-        if topic_id not in allowed:
-            allowed[topic_id] = unclean_allowed(topic)
-        partition = topic.partitions[pid]
-        target_isr = tuple(b for b in partition.isr if b != broker_id)
-        record = build_partition_change(topic_id, pid, partition, acceptable, target_isr=target_isr,
-                                        unclean_allowed=allowed[topic_id])
-        if record is not None:
-            out.append(record)
-    return out, ()
+    by_id, by_name = image.topics_by_id, image.topics_by_name
+    names = sorted(by_name)
+    first = bisect_left(names, resume[0]) if resume is not None else 0
+    for name in names[first:]:
+        topic = by_id[by_name[name]]
+        partitions = topic.partitions
+        affected = [pid for pid, p in partitions.items() if broker_id in p.isr or p.leader == broker_id]
+        if not affected:
+            continue
+        if resume is not None and name == resume[0]:
+            affected = [pid for pid in affected if pid >= resume[1]]
+        affected.sort()
+        topic_id = topic.topic_id
+        allowed: bool | None = None
+        for pid in affected:
+            if limit is not None and len(out) >= limit:
+                return out, (name, pid)
+            if allowed is None:
+                allowed = unclean_allowed(topic)
+            partition = partitions[pid]
+            target_isr = tuple(b for b in partition.isr if b != broker_id)
+            record = build_partition_change(topic_id, pid, partition, acceptable, target_isr=target_isr,
+                                            unclean_allowed=allowed)
+            if record is not None:
+                out.append(record)
+    return out, None
 
 
 def _changes_for_leaving_broker(image: MetadataImage, broker_id: int, unclean_allowed: UncleanAllowed,
                                 limit: int | None = None) -> Changes:
-    return leaving_changes(image, broker_id, leaving_candidates(image, broker_id), unclean_allowed, limit)[0]
+    return leaving_changes(image, broker_id, unclean_allowed, limit)[0]
 
 
 def changes_for_fenced_broker(image: MetadataImage, broker_id: int,

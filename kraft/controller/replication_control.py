@@ -14,16 +14,15 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping
 
 from kraft.controller.commands import Command, ControllerResult, derive_rng, error_fields
 from kraft.controller.configs import is_true, validate_value
 from kraft.controller.election import (
     build_partition_change,
-    Candidate,
     Changes,
+    Resume,
     changes_for_unfenced_broker,
-    leaving_candidates,
     leaving_changes,
     elect_preferred_leader,
     elect_unclean_leader,
@@ -86,16 +85,13 @@ def _sorted_partitions(topic: TopicImage) -> Iterator[tuple[int, PartitionRegist
 
 
 def broker_leaving_changes(image: MetadataImage, settings: ControllerSettings, broker_id: int,
-                           candidates: Sequence[Candidate] | None = None, limit: int | None = None
-                           ) -> tuple[Changes, Sequence[Candidate]]:
+                           resume: Resume | None = None, limit: int | None = None
+                           ) -> tuple[Changes, Resume | None]:
     """Fencing, controlled shutdown or unregistration of ``broker_id``: drop it from every ISR
-    (the last member stays) and move leadership away (kraft.controller.election) for
-    ``candidates`` (default: all of them, ``leaving_candidates``), at most ``limit`` records;
-    returns the records and the candidates left for a later step."""
-    if candidates is None:
-        candidates = leaving_candidates(image, broker_id)
-    return leaving_changes(image, broker_id, candidates,
-                           lambda topic: unclean_allowed(image, settings, topic.name), limit)
+    (the last member stays) and move leadership away (kraft.controller.election), at most
+    ``limit`` records from ``resume`` on; returns them and where the next step resumes."""
+    return leaving_changes(image, broker_id, lambda topic: unclean_allowed(image, settings, topic.name),
+                           limit, resume)
 
 
 def broker_returning_changes(image: MetadataImage, settings: ControllerSettings,
