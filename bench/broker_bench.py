@@ -263,6 +263,8 @@ def replay(topics: int, partitions: int, brokers: int, log_batches: int) -> dict
                "cpu_s": round(out["snapshot_cpu_s"] + out["log_cpu_s"], 2),
                "snapshot_cpu_s": round(out["snapshot_cpu_s"], 2), "log_cpu_s": round(out["log_cpu_s"], 2),
                "records_s": round((snapshot_records + out["log_records"]) / total_s),
+               "records_per_cpu_s": round((snapshot_records + out["log_records"])
+                                          / (out["snapshot_cpu_s"] + out["log_cpu_s"])),
                "snapshot_records_s": round(snapshot_records / out["snapshot_s"]),
                "log_records_s": round(out["log_records"] / out["log_s"]) if out["log_s"] else None,
                "peak_rss_mib": round(out["peak_rss_mib"])}
