@@ -65,14 +65,22 @@ class _Rack:
     def take_follower(self, chosen: list[int]) -> int | None:
         """The rack's next broker not in ``chosen``: unfenced first, then fenced; None if the
         rack has no broker left for this partition."""
-        for members, cursor in ((self.unfenced, "next_unfenced"), (self.fenced, "next_fenced")):
-            n = len(members)
-            start = getattr(self, cursor)
-            for k in range(n):
-                broker = members[(start + k) % n]
-                if broker not in chosen:
-                    setattr(self, cursor, start + k + 1)
-                    return broker
+        members = self.unfenced
+        n = len(members)
+        start = self.next_unfenced
+        for k in range(n):
+            broker = members[(start + k) % n]
+            if broker not in chosen:
+                self.next_unfenced = start + k + 1
+                return broker
+        members = self.fenced
+        n = len(members)
+        start = self.next_fenced
+        for k in range(n):
+            broker = members[(start + k) % n]
+            if broker not in chosen:
+                self.next_fenced = start + k + 1
+                return broker
         return None
 
 

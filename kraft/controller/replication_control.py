@@ -170,9 +170,13 @@ def _parse_assignments(image: MetadataImage, raw: Any) -> list[tuple[int, ...]]:
 
 
 def new_partition(image: MetadataImage, topic_id: str, pid: int, replicas: tuple[int, ...],
-                  empty_isr_code: ErrorCode) -> PartitionRecord:
-    """A PartitionRecord: ISR = the active replicas, leader = the first of them, epochs 0."""
-    isr = tuple(b for b in replicas if image.is_active_broker(b))
+                  empty_isr_code: ErrorCode, active: frozenset[int] | None = None) -> PartitionRecord:
+    """A PartitionRecord: ISR = the active replicas, leader = the first of them, epochs 0.
+    ``active`` (the image's active broker ids, when the caller has them) saves looking each up."""
+    if active is None:
+        isr = tuple(b for b in replicas if image.is_active_broker(b))
+    else:
+        isr = replicas if all(b in active for b in replicas) else tuple(b for b in replicas if b in active)
     if not isr:
         raise _fail(empty_isr_code, f"Unable to create partition {pid}: none of its replicas "
                                     f"{list(replicas)} is unfenced and out of controlled shutdown.")
@@ -277,7 +281,8 @@ def _create_topic(image: MetadataImage, settings: ControllerSettings, cmd: Comma
         empty_isr = ErrorCode.INVALID_REPLICATION_FACTOR
     planned_ids = set(planned.values())
     topic_id = derive_topic_id(cmd.seed, name, lambda t: t in image.topics_by_id or t in planned_ids)
-    partitions = [new_partition(image, topic_id, pid, replicas, empty_isr)
+    active = frozenset(b for b, reg in image.brokers.items() if reg.is_active)
+    partitions = [new_partition(image, topic_id, pid, replicas, empty_isr, active)
                   for pid, replicas in enumerate(assignments)]
     records: list[Record] = [TopicRecord(name, topic_id), *configs, *partitions]
     result = {"name": name, "topic_id": topic_id, **error_fields(),
