@@ -116,13 +116,13 @@ class Scale:
                 log(f"     target {t['target']}: {t['value']} (ratio {t['ratio']}, "
                     f"{'met' if t['met'] else 'MISSED'})")
 
-    def cpu(self) -> dict[str, float]:
-        """CPU seconds (user + system) so far of each controller process and of this process."""
-        out = {"bench": time.process_time()}
+    def cpu(self) -> dict[str, tuple[int, float]]:
+        """(pid, CPU seconds so far: user + system) of each controller process and of this one."""
+        out = {"bench": (os.getpid(), time.process_time())}
         for c in self.meta["controllers"]:
             try:
                 t = psutil.Process(c["pid"]).cpu_times()
-                out[f"c{c['id']}"] = t.user + t.system
+                out[f"c{c['id']}"] = (c["pid"], t.user + t.system)
             except psutil.Error:
                 pass
         return out
@@ -137,8 +137,9 @@ class Scale:
         except (Exception, trio.TooSlowError) as e:  # noqa: B014 - say which phase broke, keep going
             self.failed = True
             self.row(metric, error=f"{type(e).__name__}: {e}"[:300])
-        after = self.cpu()
-        spent = {k: round(v - before[k], 1) for k, v in after.items() if k in before}
+        after = self.cpu()  # a restarted controller (new pid) counts from its start
+        spent = {k: round(v - (before[k][1] if before.get(k, (None,))[0] == pid else 0), 1)
+                 for k, (pid, v) in after.items()}
         log(f"  {metric}: CPU s {spent}")
         for r in self.rows[first_row:]:
             r["cpu_s"] = spent
@@ -278,8 +279,14 @@ class Scale:
                 if v and v["applied_offset"] >= target:
                     break
                 await trio.sleep(0.1)
-        self.row("failover_cold_start", failover_s=round(failover, 2),
-                 cold_start_s=round(time.perf_counter() - t1, 2))
+        cold = time.perf_counter() - t1
+        try:
+            t = psutil.Process(self.controller(leader)["pid"]).cpu_times()
+            cold_cpu = round(t.user + t.system, 1)
+        except psutil.Error:
+            cold_cpu = None
+        self.row("failover_cold_start", failover_s=round(failover, 2), cold_start_s=round(cold, 2),
+                 cold_start_cpu_s=cold_cpu)
 
     def session_timeout_s(self) -> float:
         """``broker.session.timeout.ms`` of the controllers (their properties, else the default)."""
