@@ -32,11 +32,12 @@ from typing import Any
 import trio
 
 from broker.partition import Partition
-from broker.partition_log import PartitionLog, batched_syncs
+from broker.partition_log import PartitionLog, batched_syncs, write_small_file
 from kraft.records import RESOURCE_TOPIC
 
 log = logging.getLogger("broker.state_change")
 PARTITION_METADATA = "partition.metadata"
+DETAIL_LINES_MAX = 1000  # transitions in one delta logged one line each at INFO
 
 
 def partition_dir_name(topic: str, partition: int) -> str:
@@ -83,6 +84,7 @@ class ReplicaManager:
         # Names of the directories in each log dir, listed once and kept up to date here (the
         # only writer), so opening thousands of partitions costs no stat per partition.
         self._listing: dict[Path, set[str]] | None = None
+        self._detail_level = logging.INFO
 
     # ---- publisher entry point -------------------------------------------------------------
     def publish(self, delta: Any, image: Any, full: bool = False) -> None:
@@ -96,6 +98,14 @@ class ReplicaManager:
         """Apply what ``delta`` means for this broker: deletes, then leaders, then followers."""
         self.image = image
         changes = delta.local_changes(self.broker_id)
+        count = len(changes.deletes) + len(changes.leaders) + len(changes.followers)
+        # One line per transition, at INFO unless the delta moves thousands (a start-up or a
+        # topic creation of that size): then a summary at INFO and the lines at DEBUG.
+        self._detail_level = logging.INFO if count <= DETAIL_LINES_MAX else logging.DEBUG
+        if count > DETAIL_LINES_MAX:
+            log.info("broker %d: metadata offset %d: %d replicas deleted, %d become leader, %d become "
+                     "follower (one line each at DEBUG)", self.broker_id, image.offset,
+                     len(changes.deletes), len(changes.leaders), len(changes.followers))
         with batched_syncs():  # one filesystem sync for every checkpoint this delta writes
             for topic, topic_id, pid in changes.deletes:
                 self._delete(topic, topic_id, pid, reason="no longer a replica" if topic_id in
@@ -166,10 +176,10 @@ class ReplicaManager:
         else:
             part.followers = {}
         part.wake()
-        log.info("broker %d: %s-%d (topic id %s) -> %s, leader %d, leader epoch %d, partition epoch "
-                 "%d, isr %s, high watermark %d, log end %d (metadata offset %d)", self.broker_id,
-                 topic, pid, topic_id, role, reg.leader, reg.leader_epoch, reg.partition_epoch,
-                 list(part.isr), plog.high_watermark, plog.log_end_offset, offset)
+        log.log(self._detail_level, "broker %d: %s-%d (topic id %s) -> %s, leader %d, leader epoch "
+                "%d, partition epoch %d, isr %s, high watermark %d, log end %d (metadata offset %d)",
+                self.broker_id, topic, pid, topic_id, role, reg.leader, reg.leader_epoch,
+                reg.partition_epoch, list(part.isr), plog.high_watermark, plog.log_end_offset, offset)
 
     def _delete(self, topic: str, topic_id: str, pid: int, reason: str) -> None:
         part = self.partitions.pop((topic_id, pid), None)
@@ -185,8 +195,8 @@ class ReplicaManager:
             if directory is None or _read_topic_id(directory) not in (None, topic_id):
                 return
         self._remove_dir(directory)
-        log.info("broker %d: deleted replica %s-%d (topic id %s): %s; removed %s", self.broker_id,
-                 topic, pid, topic_id, reason, directory)
+        log.log(self._detail_level, "broker %d: deleted replica %s-%d (topic id %s): %s; removed %s",
+                self.broker_id, topic, pid, topic_id, reason, directory)
 
     # ---- logs on disk ----------------------------------------------------------------------
     def _dirs_listing(self) -> dict[Path, set[str]]:
@@ -220,7 +230,8 @@ class ReplicaManager:
         plog = PartitionLog.open(directory, self.segment_bytes, self.fsync)
         self._dirs_listing().setdefault(directory.parent, set()).add(directory.name)
         if on_disk is None:  # a new directory, or one whose metadata file is missing
-            (directory / PARTITION_METADATA).write_text(f"version: 0\ntopic_id: {topic_id}\n")
+            write_small_file(directory / PARTITION_METADATA,
+                             f"version: 0\ntopic_id: {topic_id}\n".encode())
         return plog
 
     # ---- queries ---------------------------------------------------------------------------

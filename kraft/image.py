@@ -845,7 +845,9 @@ class MetadataDelta:
         for topic_id, change in self._topic_changes.items():
             if change.created:  # every partition is new
                 name = change.name
-                items = change.items() if change.partitions else change.base.partitions.items()  # type: ignore[union-attr]
+                base = change.base
+                items = base.partitions.items() if base is not None and not change.partitions \
+                    else change.items()
                 for pid, reg in [item for item in items if broker_id in item[1][0]]:  # [0]: replicas
                     target = leaders if reg.leader == broker_id else followers
                     target[(name, pid)] = (topic_id, reg)

@@ -15,7 +15,6 @@ This module is the one codec shared by the controller, the broker, the CLI and t
 from __future__ import annotations
 
 import hashlib
-from itertools import chain
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, ClassVar
 
@@ -223,7 +222,7 @@ _FAST_DECODERS: dict[int, Callable[[dict], "Record | None"]] = {}
 
 def _fast_decoder(cls: type["Record"]) -> Callable[[dict], "Record | None"]:
     names = [name for name, _ in cls.FIELDS]
-    env: dict[str, Any] = {"_cls": cls, "_new": object.__new__, "_chain": chain,
+    env: dict[str, Any] = {"_cls": cls, "_new": object.__new__,
                            "_only_ints": frozenset({int}).issuperset}
     lines = ["def decode(d):", f"    if len(d) != {len(names) + 2}:", "        return None",
              "    try:", "        version = d['version']"]
@@ -241,8 +240,7 @@ def _fast_decoder(cls: type["Record"]) -> Callable[[dict], "Record | None"]:
             lines += ["    try:", f"        v{i} = _k{i}(v{i})", "    except TypeError:",
                       "        return None"]
     if int_lists:
-        items = int_lists[0] if len(int_lists) == 1 else f"_chain({', '.join(int_lists)})"
-        checks.append(f"_only_ints(map(type, {items}))")
+        checks.append(f"_only_ints(map(type, {' + '.join(int_lists)}))")  # (tuples: checked first)
     if checks:
         lines += [f"    if not ({' and '.join(checks)}):", "        return None"]
     lines.append("    r = _new(_cls)")

@@ -154,3 +154,29 @@ def test_a_delta_syncs_its_checkpoints_once_not_per_partition(tmp_path, monkeypa
     assert all((p.log.dir / LEADER_EPOCH_FILE).read_text() == "0\n1\n0 0\n" for p in rm.partitions.values())
     counts = sorted(sum(1 for p in rm.partitions.values() if p.log.dir.parent == d) for d in rm.log_dirs)
     assert counts == [100, 100]  # still spread evenly over the log dirs
+
+
+def test_a_start_up_sized_delta_logs_a_summary_and_restarts_from_disk(tmp_path, caplog):
+    """Thousands of transitions in one delta: one INFO summary (the per-partition lines go to
+    DEBUG); the logs, checkpoints and partition.metadata are on disk, and a new replica
+    manager (a restart) reopens every one of them from its directory listing."""
+    from broker.replica_manager import DETAIL_LINES_MAX, PARTITION_METADATA
+
+    n = DETAIL_LINES_MAX + 1
+    rm = ReplicaManager(ME, [tmp_path])
+    c = Cluster(rm)
+    tid = str(uuid.uuid4())
+    with caplog.at_level(logging.INFO, logger="broker.state_change"):
+        c.step(TopicRecord("big", tid), *[partition(tid, p, [1, 2], 1 if p % 2 else 2) for p in range(n)])
+    infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    led = sum(1 for p in range(n) if p % 2)  # broker 1 (ME) leads the odd ones
+    assert infos == [f"broker {ME}: metadata offset {c.image.offset}: 0 replicas deleted, "
+                     f"{led} become leader, {n - led} become follower (one line each at DEBUG)"]
+    part = rm.get(tid, 7)
+    assert (part.log.dir / PARTITION_METADATA).read_text() == f"version: 0\ntopic_id: {tid}\n"
+    rm.close()
+    again = ReplicaManager(ME, [tmp_path])
+    again.publish(MetadataDelta.full(c.image), c.image, full=True)
+    assert len(again.partitions) == n and again.remove_strays(c.image) == []
+    assert again.get(tid, 7).log.dir == part.log.dir
+    again.close()
