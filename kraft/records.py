@@ -166,8 +166,9 @@ def record_from_dict(d: Any) -> Record:
 
 
 def _record_from_dict_checked(d: Any) -> Record:
-    """The generic strict decoder: accepts exactly what the fast decoders accept, plus lists
-    where tuples are expected, and names what is wrong in everything it refuses."""
+    """The generic strict decoder: accepts what the fast decoders accept plus what they leave
+    to it (lists where tuples are expected, a version equal to but not an int), and names what
+    is wrong in everything it refuses."""
     if not isinstance(d, dict):
         raise RecordDecodeError(f"a record must be a map, got {type(d).__name__}")
     type_id = d.get("type")
