@@ -228,6 +228,8 @@ def test_controlled_shutdown_waits_while_still_leading_and_want_fence_ends_it():
     m.note_controlled_shutdown_offset(1, image.offset)
     d = m.heartbeat(1, 11, 50, False, True, 0, image)
     assert d.state == "CONTROLLED_SHUTDOWN" and not d.should_shut_down  # still leads t-0
+    # e.g. a failover cut the shutdown's steps short: the active controller continues them
+    assert d.command == ("BeginControlledShutdown", {"broker_id": 1, "broker_epoch": 11})
     d = m.heartbeat(1, 11, 50, True, True, 0, image)
     assert d.should_shut_down and d.command[0] == "FenceBroker"
     # once fenced, further heartbeats just say shut down

@@ -14,6 +14,8 @@ controlled shutdown):
 * UNFENCED + want-shutdown → CONTROLLED_SHUTDOWN when it leads a partition:
   ``BeginControlledShutdown``; when it leads nothing → SHUTDOWN_NOW: ``FenceBroker``;
 * CONTROLLED_SHUTDOWN + want-fence → SHUTDOWN_NOW: ``FenceBroker``;
+* CONTROLLED_SHUTDOWN while it still leads a partition: ``BeginControlledShutdown`` again (its
+  steps may have been cut short by a failover; one with nothing left to move writes nothing);
 * CONTROLLED_SHUTDOWN → SHUTDOWN_NOW once it leads nothing and the lowest metadata offset among
   active brokers has reached the offset where its shutdown records were written: ``FenceBroker``.
 
@@ -206,8 +208,11 @@ class BrokerHeartbeatManager:
             return decide(SHUTDOWN_NOW, fence)
         if session.shutdown_offset is None:  # e.g. after a failover: wait for what is there now
             session.shutdown_offset = image.offset
-        if (not self.leads_any_partition(image, broker_id)
-                and self.lowest_active_offset(image) >= session.shutdown_offset):
+        if self.leads_any_partition(image, broker_id):
+            # BeginControlledShutdown moves leaders in steps; a failover can interrupt them, and
+            # the new active controller continues them (a step with nothing to move writes nothing)
+            return decide(CONTROLLED_SHUTDOWN, ("BeginControlledShutdown", dict(ident)))
+        if self.lowest_active_offset(image) >= session.shutdown_offset:
             return decide(SHUTDOWN_NOW, ("FenceBroker", {**ident, "reason": "controlled-shutdown"}))
         return decide(CONTROLLED_SHUTDOWN)
 
