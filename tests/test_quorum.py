@@ -458,3 +458,24 @@ async def test_a_peer_announcing_a_huge_raft_frame_is_cut_off(tmp_path: Path) ->
         assert await q.submit(b"still-works", timeout=5) is not None
     finally:
         q.close()
+
+
+@trio_test
+async def test_encrypted_members_replicate_bare_and_compressed_messages(tmp_path: Path) -> None:
+    """Messages under COMPRESS_MIN_BYTES travel as the bare pickle, larger ones zlib-compressed;
+    with a password both are encrypted, and every member applies the same commands."""
+    from kraft.quorum.raft import COMPRESS_MIN_BYTES
+
+    cluster = Cluster(tmp_path, password="s3cret", fsync="never")
+    try:
+        for nid in cluster.addrs:
+            cluster.start(nid)
+        leader = await cluster.leader()
+        big = os.urandom(COMPRESS_MIN_BYTES // 2) * 3  # compressible, over the threshold
+        sent = [b"small-1", big, b"small-2"]
+        for command in sent:
+            await leader.submit(command, timeout=10)
+        await wait_for(lambda: all(t.commands[-3:] == sent for t in cluster.targets.values()),
+                       10, "every member to apply the three commands")
+    finally:
+        cluster.close()
