@@ -1,19 +1,23 @@
 """An incremental Parquet mirror of the log's sealed segments.
 
 Every segment but the newest is sealed (never appended to again), so it is decoded once and
-kept as Parquet under ``MIRROR/records/source=<segment file>/``; ``MIRROR/manifest.json`` records
-each mirrored segment's size and mtime. A segment that changed (or vanished) is re-decoded (or
-dropped). The newest segment is always read live through the data source.
+kept as Parquet under ``MIRROR/records/source=<segment file>/part-0.parquet``;
+``MIRROR/manifest.json`` records each mirrored segment's size and mtime. A segment that changed
+(or vanished) is re-decoded (or dropped). The newest segment is always read live through the
+data source. Stale segments are decoded in one Spark job, one task per segment: each task runs
+the columnar decoder and writes its Parquet file with pyarrow (no row conversion in the JVM, no
+sort by partition), then renames it into place.
 """
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 
-from tools.audit.columns import NAMES, SPARK_DDL
+from tools.audit.columns import ARROW_SCHEMA, NAMES, SPARK_DDL
 from tools.audit.datasource import segment_ranges
 
 FORMAT = "kraft-metadata"
@@ -22,6 +26,24 @@ FORMAT = "kraft-metadata"
 def _stamp(path: Path) -> list[int]:
     st = path.stat()
     return [st.st_size, st.st_mtime_ns]
+
+
+def write_segment(item: tuple[str, str]) -> None:
+    """Decode one segment into ``DIR/part-0.parquet`` (without the ``source`` column, which
+    the directory name gives). Runs on a Spark worker."""
+    import pyarrow.parquet as pq
+
+    from tools.audit.fastdecode import decode_segment_fast
+
+    segment, directory = item
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / ".part-0.parquet.tmp"
+    schema = ARROW_SCHEMA.remove(ARROW_SCHEMA.get_field_index("source"))
+    with pq.ParquetWriter(tmp, schema, compression="snappy") as writer:
+        for rb in decode_segment_fast(segment):
+            writer.write_batch(rb.drop_columns(["source"]))
+    os.replace(tmp, out / "part-0.parquet")
 
 
 def load_records(spark: SparkSession, log_dir: Path, mirror: Path,
@@ -45,8 +67,8 @@ def load_records(spark: SparkSession, log_dir: Path, mirror: Path,
             del manifest[name]
     stale = [name for name in wanted if name not in manifest]
     if stale:
-        (spark.read.format(FORMAT).option("segments", ",".join(stale)).load(str(log_dir))
-              .write.mode("append").partitionBy("source").parquet(str(records_dir)))
+        items = [(str(log_dir / name), str(records_dir / f"source={name}")) for name in stale]
+        spark.sparkContext.parallelize(items, len(items)).foreach(write_segment)
         for name in stale:
             manifest[name] = wanted[name]
         manifest_path.write_text(json.dumps(manifest, indent=1, sort_keys=True))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -94,6 +95,27 @@ def run_audit(opts: AuditOptions, spark: SparkSession | None = None,
     validate(opts)
     out = opts.out
     out.mkdir(parents=True, exist_ok=True)
+    with ThreadPoolExecutor(1, thread_name_prefix="kraft-audit-replay") as pool:
+        # the driver-side replay runs while the JVM starts and Spark works
+        replaying = pool.submit(_replay, opts)
+        return _run(opts, spark, progress, replaying)
+
+
+def _replay(opts: AuditOptions) -> tuple[state.Replay, dict | None]:
+    """Replay the log against its snapshots (and to ``--state-at``): pure Python, sequential."""
+    replayed = state.replay(opts.log_dir, opts.to_offset, opts.to_ms)
+    state_doc = None
+    if opts.state_at_offset is not None or opts.state_at_ms is not None:
+        at = state.replay(opts.log_dir, opts.state_at_offset, opts.state_at_ms)
+        state_doc = {**state.summary(at.image), "replay_error": at.error,
+                     "snapshot": next((c for c in at.comparisons
+                                       if c["offset"] == at.image.offset), None)}
+    return replayed, state_doc
+
+
+def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str], None],
+         replaying: Future) -> AuditResult:
+    out = opts.out
     steps = _Steps(progress, 7)
     if spark is None:
         steps(f"starting Spark ({opts.master or 'spark-submit master'}; its log: {out / 'spark.log'})")
@@ -155,18 +177,12 @@ def run_audit(opts: AuditOptions, spark: SparkSession | None = None,
     steps.done("checks_s")
 
     steps("replaying the log against snapshots")
-    upto = opts.to_offset
-    replayed = state.replay(opts.log_dir, upto, opts.to_ms)
+    replayed, state_doc = replaying.result()
     snapshot_rows = [{"rule": "snapshot-matches-log", "severity": "error", "offset": c["offset"],
                       "detail": f"{c['snapshot']}: rebuilt {c['rebuilt_checksum'][:16]}… != "
                                 f"snapshot {c['snapshot_checksum'][:16]}…"}
                      for c in replayed.comparisons if not c["match"]]
-    state_doc = None
-    if opts.state_at_offset is not None or opts.state_at_ms is not None:
-        at = state.replay(opts.log_dir, opts.state_at_offset, opts.state_at_ms)
-        state_doc = {**state.summary(at.image), "replay_error": at.error,
-                     "snapshot": next((c for c in at.comparisons
-                                       if c["offset"] == at.image.offset), None)}
+    if state_doc is not None:
         (out / "state.json").write_text(json.dumps(state_doc, indent=1))
     steps.done("state_s")
 
