@@ -494,7 +494,8 @@ def targets(rows: list[dict]) -> list[dict]:
 
 
 def run(topics: int = 10_000, partitions: int = 100, brokers: int = 33, per_request: int = 10,
-        inflight: int = 8, real_topics: int = 100, keep: bool = False) -> tuple[list[dict], list[dict]]:
+        inflight: int = 8, real_topics: int = 100, keep: bool = False,
+        catch_up: bool = True) -> tuple[list[dict], list[dict]]:
     """All phases; the cluster is always stopped. Its directory (node logs) is kept when a phase
     failed or ``keep`` is set."""
     work = Path(tempfile.mkdtemp(prefix="kraft-bench-scale-"))
@@ -504,7 +505,8 @@ def run(topics: int = 10_000, partitions: int = 100, brokers: int = 33, per_requ
         log("starting 3 controllers")
         cli("cluster", "up", "--dir", str(cdir), "--controllers", "3", "--detach")
         trio.run(bench.main)
-        bench.catch_up()
+        if catch_up:
+            bench.catch_up()
     except BaseException:
         bench.failed = True
         raise
@@ -529,8 +531,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--real-topics", type=int, default=100,
                     help="topics (x --partitions, RF 3) for the 3-real-broker restart (0 = skip)")
     ap.add_argument("--keep", action="store_true", help="keep the cluster directory (node logs)")
+    ap.add_argument("--no-catch-up", dest="catch_up", action="store_false",
+                    help="skip the new real broker's catch-up on the full image")
     a = ap.parse_args(argv)
-    rows, tg = run(a.topics, a.partitions, a.brokers, a.per_request, a.inflight, a.real_topics, a.keep)
+    # stop cleanly (cluster down, sim brokers, the catch-up broker) on SIGTERM, and on SIGINT even
+    # when started in the background (where the shell ignores SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    rows, tg = run(a.topics, a.partitions, a.brokers, a.per_request, a.inflight, a.real_topics, a.keep,
+                   a.catch_up)
     print(table(rows, tg))
     print(json.dumps({"system": "pykraft", "bench": "scale", "results": rows, "targets": tg}))
     return 0
