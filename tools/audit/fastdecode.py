@@ -98,6 +98,47 @@ _TYPED = [(n, t) for n, t, _ in COLUMNS
                                                   "record_version", "record_json")]
 
 
+def _checked_groups(recs: list) -> tuple[np.ndarray, list[tuple[int, int]],
+                                          list[tuple[_Plan, list, list[dict]]]]:
+    """Group raw record maps by type and check each group column-wise as the strict codec
+    would: ``(order, bounds, groups)`` where ``order`` sorts the records by type (stable),
+    ``bounds[i]`` is group i's slice of that order and ``groups[i]`` is ``(plan, field columns,
+    record maps)``; map-list fields are normalised as the codec does (columns and maps).
+    Raises :class:`_Unchecked` on anything the strict codec might refuse or change."""
+    n = len(recs)
+    type_ids = list(map(itemgetter("type"), recs))
+    if not set(map(type, type_ids)) <= _INT_ONLY:
+        raise _Unchecked("record type is not an integer")
+    tids = np.fromiter(type_ids, np.int64, n)
+    order = np.argsort(tids, kind="stable")
+    sorted_ids = tids[order]
+    cuts = np.flatnonzero(np.diff(sorted_ids)) + 1
+    bounds = list(zip(chain((0,), cuts.tolist()), chain(cuts.tolist(), (n,))))
+    holder = np.empty(n, dtype=object)
+    holder[:] = recs
+    groups: list[tuple[_Plan, list, list[dict]]] = []
+    for lo, hi in bounds:
+        plan = _PLANS.get(int(sorted_ids[lo]))
+        if plan is None:
+            raise _Unchecked(f"unknown record type {int(sorted_ids[lo])}")
+        ds = holder[order[lo:hi]].tolist()
+        if set(map(tuple, ds)) != {plan.keys}:
+            raise _Unchecked(f"{plan.name}: fields are not the codec's")
+        versions = list(map(itemgetter("version"), ds))
+        if set(map(type, versions)) != _INT_ONLY or set(versions) != {plan.version}:
+            raise _Unchecked(f"{plan.name}: unsupported version")
+        cols: list = list(zip(*map(plan.get, ds))) if plan.get else []
+        for kind, col in zip(plan.kinds, cols):
+            if kind in _ACCEPTS and not _column_ok(kind, col):
+                raise _Unchecked(f"{plan.name}: a value does not check")
+        for i, field, kind in plan.normalise:  # strict normalises these (TypeError: refused)
+            normal = list(map(kind, cols[i]))
+            cols[i] = normal
+            list(map(dict.__setitem__, ds, repeat(field), normal))
+        groups.append((plan, cols, ds))
+    return order, bounds, groups
+
+
 class _Chunk:
     """Clean frames (CRC ok, batch fields checked) waiting to become one Arrow batch."""
 
@@ -135,41 +176,13 @@ class _Chunk:
         recs: list = list(chain.from_iterable(
             b.records[f:f + c] if (f or c != len(b.records)) else b.records
             for _, b, f, c in frames))
-        type_ids = list(map(itemgetter("type"), recs))
-        if not set(map(type, type_ids)) <= _INT_ONLY:
-            raise _Unchecked("record type is not an integer")
-        tids = np.fromiter(type_ids, np.int64, n)
-        order = np.argsort(tids, kind="stable")
-        sorted_ids = tids[order]
-        cuts = np.flatnonzero(np.diff(sorted_ids)) + 1
-        bounds = list(zip(chain((0,), cuts.tolist()), chain(cuts.tolist(), (n,))))
-        holder = np.empty(n, dtype=object)
-        holder[:] = recs
-        groups: list[tuple[_Plan, list, list[tuple]]] = []
+        order, bounds, groups = _checked_groups(recs)
         names_col = np.empty(n, dtype=object)
         versions_col = np.empty(n, dtype=np.int32)
-        for lo, hi in bounds:
-            plan = _PLANS.get(int(sorted_ids[lo]))
-            if plan is None:
-                raise _Unchecked(f"unknown record type {int(sorted_ids[lo])}")
-            ds = holder[order[lo:hi]].tolist()
-            if set(map(tuple, ds)) != {plan.keys}:
-                raise _Unchecked(f"{plan.name}: fields are not the codec's")
-            versions = list(map(itemgetter("version"), ds))
-            if set(map(type, versions)) != _INT_ONLY or set(versions) != {plan.version}:
-                raise _Unchecked(f"{plan.name}: unsupported version")
-            cols: list[tuple] = list(zip(*map(plan.get, ds))) if plan.get else []
-            for kind, col in zip(plan.kinds, cols):
-                if kind in _ACCEPTS and not _column_ok(kind, col):
-                    raise _Unchecked(f"{plan.name}: a value does not check")
-            for i, field, kind in plan.normalise:  # strict normalises these (TypeError: refused)
-                normal = list(map(kind, cols[i]))
-                cols[i] = normal
-                list(map(dict.__setitem__, ds, repeat(field), normal))
+        for (plan, _, ds), (lo, hi) in zip(groups, bounds):
             list(map(dict.__setitem__, ds, repeat("type"), repeat(plan.name)))
             names_col[lo:hi] = plan.name
             versions_col[lo:hi] = plan.version
-            groups.append((plan, cols, ds))
         inverse = np.empty(n, dtype=np.int64)
         inverse[order] = np.arange(n)
         take = pa.array(inverse)
@@ -323,3 +336,4 @@ def decode_segment_fast(path: str | Path, from_offset: int | None = None,
     finally:
         if gc_was:
             gc.enable()
+
