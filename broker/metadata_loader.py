@@ -73,6 +73,7 @@ class MetadataLoader:
         self.published = trio.Event()  # set after the first (full) publish
         self._changed = trio.Event()
         self._checkpointed_offset = -1
+        self._checkpoint_lock = trio.Lock()
         self.errors = 0
 
     @property
@@ -142,14 +143,17 @@ class MetadataLoader:
         self._changed = trio.Event()
 
     async def _maybe_checkpoint(self, force: bool = False) -> None:
-        image = self.image
-        if image.offset < 0 or image.offset == self._checkpointed_offset:
-            return
-        if not force and image.offset - self._checkpointed_offset < self.checkpoint_records:
-            return
-        path = await trio.to_thread.run_sync(write_checkpoint, self.metadata_dir, image)
-        self._checkpointed_offset = image.offset
-        log.info("wrote metadata checkpoint %s (offset %d)", path.name, image.offset)
+        # One writer at a time: a shutdown's checkpoint_now may come while the loader's own
+        # write runs in its thread, and two writers of one offset share the .part file.
+        async with self._checkpoint_lock:
+            image = self.image
+            if image.offset < 0 or image.offset == self._checkpointed_offset:
+                return
+            if not force and image.offset - self._checkpointed_offset < self.checkpoint_records:
+                return
+            path = await trio.to_thread.run_sync(write_checkpoint, self.metadata_dir, image)
+            self._checkpointed_offset = image.offset
+            log.info("wrote metadata checkpoint %s (offset %d)", path.name, image.offset)
 
     async def checkpoint_now(self) -> None:
         """Checkpoint the last published image (e.g. on shutdown)."""

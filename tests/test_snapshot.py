@@ -356,3 +356,22 @@ def test_broker_load_refuses_a_well_typed_wrong_value(tmp_path):
     _rewrite_partition_rows(path, edit)
     with pytest.raises(CorruptSnapshotError, match="image checksum does not match"):
         image_from_snapshot(path)
+
+
+def test_broker_checkpoints_are_written_one_at_a_time(tmp_path):
+    """A shutdown's checkpoint_now while the loader's own checkpoint is being written: both
+    would write the same ``.part`` file; they take turns, and one checkpoint results."""
+    import trio
+
+    from broker.metadata_loader import MetadataLoader
+
+    _, image = _broker_snapshot(tmp_path / "src", partitions=5000)
+    loader = MetadataLoader(None, [], tmp_path / "meta")
+    loader.image = image
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):
+                nursery.start_soon(loader.checkpoint_now)
+    trio.run(main)
+    assert [p.name for p in list_snapshots(tmp_path / "meta")] == [snapshot_name(image.offset + 1, image.term)]
