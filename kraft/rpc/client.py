@@ -254,6 +254,9 @@ class ControllerClient:
         return False
 
     async def _connection(self, remaining: float) -> _Conn:
+        conn = self._conn
+        if conn is not None and conn.broken is None:  # the common case: no lock round trip
+            return conn
         async with self._connect_lock:
             if self._conn is not None and self._conn.broken is None:
                 return self._conn
