@@ -117,9 +117,17 @@ class ControllerNode:
         token = self._trio_token
         if token is not None:
             try:
-                token.run_sync_soon(self._wake_fetchers)
+                token.run_sync_soon(self._wake_fetchers_next_round, token)
             except trio.RunFinishedError:
                 pass
+
+    def _wake_fetchers_next_round(self, token: trio.lowlevel.TrioToken) -> None:
+        """Wake the long-polling brokers one scheduler round later, so the writers whose
+        commands this entry committed (their answers are queued right behind) go first."""
+        try:
+            token.run_sync_soon(self._wake_fetchers)
+        except trio.RunFinishedError:
+            pass
 
     def _wake_fetchers(self) -> None:
         self._new_data.set()
