@@ -362,7 +362,7 @@ class ControllerNode:
         if decision.command is not None:
             api, cmd_body = decision.command
             try:
-                await self._submit(api, cmd_body)
+                await self._submit_keeping_session(broker_id, api, cmd_body)
             except KraftError as e:
                 log.warning("node %d: %s for broker %d failed: %s", self.node_id, api, broker_id, e)
             else:
@@ -373,6 +373,26 @@ class ControllerNode:
                                                      self.state_machine.image)
         return {"is_caught_up": decision.is_caught_up, "is_fenced": decision.is_fenced,
                 "should_shut_down": decision.should_shut_down}
+
+    async def _submit_keeping_session(self, broker_id: int, api: str, body: dict) -> None:
+        """``_submit`` a command a broker's heartbeat asked for, refreshing that broker's session
+        meanwhile: it is alive while its transition is written, which for a stepped one over
+        tens of thousands of partitions can outlast the session timeout."""
+        async def keep() -> None:
+            while True:
+                self.heartbeats.touch(broker_id, now_ms())
+                await trio.sleep(1.0)
+
+        error: KraftError | None = None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(keep)
+            try:
+                await self._submit(api, body)
+            except KraftError as e:
+                error = e
+            nursery.cancel_scope.cancel()
+        if error is not None:
+            raise error
 
     async def _api_FetchMetadata(self, body: dict, ctx: Any) -> dict:
         from_offset = body["from_offset"]
