@@ -41,13 +41,14 @@ TARGETS = {"datasource_rec_s": 500_000, "audit_s": 60.0, "reaudit_s": 20.0}
 
 
 class TreeUsage:
-    """CPU seconds of a process and all its descendants, and the peak resident memory of any
-    ``java`` among them, sampled from /proc every ``period`` seconds (a process that lives
-    shorter than that is missed)."""
+    """CPU seconds used by a process and all its descendants while the ``with`` block runs, and
+    the peak resident memory of any ``java`` among them, sampled from /proc every ``period``
+    seconds (a process that lives shorter than that is missed)."""
 
     def __init__(self, root: int | None = None, period: float = 0.25) -> None:
         self.root = root or os.getpid()
         self.cpu: dict[int, float] = {}
+        self.baseline: dict[int, float] = {}
         self.java_peak_kb = 0
         self.period = period
         self._stop = threading.Event()
@@ -55,6 +56,8 @@ class TreeUsage:
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
     def __enter__(self) -> "TreeUsage":
+        self.sample()
+        self.baseline = dict(self.cpu)  # what processes already running had used before
         self._thread.start()
         return self
 
@@ -91,7 +94,7 @@ class TreeUsage:
 
     @property
     def total(self) -> float:
-        return round(sum(self.cpu.values()), 1)
+        return round(sum(c - self.baseline.get(pid, 0.0) for pid, c in self.cpu.items()), 1)
 
 
 def log(msg: str) -> None:
