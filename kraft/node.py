@@ -68,7 +68,8 @@ class ControllerNode:
                                     fsync=config["metadata.log.fsync"])
         self.snapshotter = Snapshotter(meta / "log", self.log,
                                        config["metadata.log.max.record.bytes.between.snapshots"],
-                                       config["metadata.log.max.snapshot.interval.ms"])
+                                       config["metadata.log.max.snapshot.interval.ms"],
+                                       phase=(self.node_id % 3) / 3)  # controllers snapshot in turn
         image = self.snapshotter.load_image()
         self.state_machine = QuorumStateMachine(self.settings, image)
         self._seed_dedup_window(image.offset)

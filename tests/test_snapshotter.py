@@ -63,6 +63,24 @@ def test_snapshot_is_due_after_enough_new_log(tmp_path):
     log.close()
 
 
+def test_phase_brings_the_first_byte_triggered_snapshot_forward(tmp_path):
+    """Controllers with different phases do not all snapshot at the same offset."""
+    log, sm = _build_log(tmp_path / "log", topics=2)
+    batch, _ = sm.apply(Command(api="CreateTopics", body={"topics": [{"name": "late", "num_partitions": 1,
+                                                                        "replication_factor": 1}]},
+                                 request_id="late", timestamp_ms=99, seed=99, leader_id=1), 99, 1)
+    grown = len(sm.last_encoded) + 64  # the batch and its frame; over-estimated a little
+    threshold = grown * 2  # the new batch is about half of it
+    snapshotters = {phase: Snapshotter(tmp_path / "log", log, threshold, 0, phase=phase)
+                    for phase in (0.0, 0.3, 0.7)}
+    log.append_encoded(sm.last_encoded, batch)
+    assert {phase: s.due(sm.image, now_ms=0) for phase, s in snapshotters.items()} == {
+        0.0: False, 0.3: False, 0.7: True}
+    with pytest.raises(ValueError):
+        Snapshotter(tmp_path / "log", log, threshold, 0, phase=1.0)
+    log.close()
+
+
 def test_installing_a_received_snapshot_restarts_the_log_after_it(tmp_path):
     leader_log, leader = _build_log(tmp_path / "leader", topics=6)
     data = image_to_snapshot(tmp_path / "out", leader.image).read_bytes()
