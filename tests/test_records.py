@@ -136,3 +136,28 @@ def test_fast_path_refuses_or_defers_like_the_generic_decoder(field, value):
                         raw=False, use_list=False)
     d[field] = value
     assert _fast_or_generic(d) == _generic(d)
+
+
+def test_batch_envelope_decode_matches_and_rejects_like_the_full_decode():
+    """Start-up recovery decodes only a batch's own fields; they equal the full decode's, the
+    record count is right, and malformed envelopes are refused the same way."""
+    recs = (R.TopicRecord("t", "id-t"),) + tuple(
+        R.PartitionRecord(i, "id-t", (1, 2, 3), (1, 2), (), (), 1, 0, 0, 0) for i in range(5))
+    batch = R.Batch(7, 2, 11, 1_000, R.Provenance(reason="x"), R.ZERO_HASH, recs, raft_position=3)
+    enc = batch.encode()
+    env = R.decode_batch_envelope(enc)
+    full = R.decode_batch(enc, check_records=False)
+    assert (env.base_offset, env.term, env.raft_index, env.raft_position, env.timestamp_ms,
+            env.provenance, env.prev_hash, env.next_offset, env.digest) == (
+        full.base_offset, full.term, full.raft_index, full.raft_position, full.timestamp_ms,
+        full.provenance, full.prev_hash, full.next_offset, full.digest)
+    d = msgpack.unpackb(enc, raw=False)
+    bad = [enc + b"\x00", enc[:-1], b"\x93\x01\x02\x03",
+           msgpack.packb({**d, "term": "2"}), msgpack.packb({**d, "prev_hash": b"short"}),
+           msgpack.packb({k: d[k] for k in reversed(list(d))}),
+           msgpack.packb({**d, "records": 5}), msgpack.packb({**d, "format": 99})]
+    for data in bad:
+        with pytest.raises(R.RecordDecodeError):
+            R.decode_batch(data, check_records=False)
+        with pytest.raises(R.RecordDecodeError):
+            R.decode_batch_envelope(data)

@@ -140,7 +140,7 @@ class MetadataLog:
         seg = _Segment(path, base)
         # Start-up checks frames, offsets and the hash chain; records are decoded strictly by
         # whoever reads them (replay, FetchMetadata readers), not twice.
-        for entry in scan_buffer(path, data, state, check_records=False):
+        for entry in scan_buffer(path, data, state, check_records="envelope"):
             if entry.problem is not None:
                 self._handle_problem(entry.problem, last, data)
                 break  # torn tail truncated: it was the final frame

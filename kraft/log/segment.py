@@ -20,7 +20,9 @@ from typing import Iterator
 import msgpack
 from crc32c import crc32c
 
-from kraft.records import ZERO_HASH, Batch, RecordDecodeError, batch_hash, decode_batch
+from kraft.records import (
+    ZERO_HASH, Batch, RecordDecodeError, batch_hash, decode_batch, decode_batch_envelope,
+)
 
 FRAME_HEADER = struct.Struct(">II")
 HEADER_SIZE = FRAME_HEADER.size
@@ -199,9 +201,10 @@ class ScanEntry:
 
 
 def scan_buffer(path: Path, data: bytes | memoryview, state: ChainState,
-                check_records: bool = True) -> Iterator[ScanEntry]:
+                check_records: bool | str = True) -> Iterator[ScanEntry]:
     """Scan a segment's bytes, checking every frame against ``state`` (which is advanced).
-    ``check_records=False``: batches carry their records undecoded (see ``decode_batch``).
+    ``check_records=False``: batches carry their records undecoded (see ``decode_batch``);
+    ``"envelope"``: only the batches' own fields are decoded (see ``decode_batch_envelope``).
 
     Never raises on bad data."""
     size = len(data)
@@ -213,7 +216,8 @@ def scan_buffer(path: Path, data: bytes | memoryview, state: ChainState,
                             Problem(path, frame.position, expected, TORN, detail, -1, size))
             return
         try:
-            batch = decode_batch(frame.payload, check_records)
+            batch = (decode_batch_envelope(frame.payload) if check_records == "envelope"
+                     else decode_batch(frame.payload, bool(check_records)))
         except RecordDecodeError as e:
             batch, err = None, str(e)
         if not frame.crc_ok:
