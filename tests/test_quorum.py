@@ -479,3 +479,40 @@ async def test_encrypted_members_replicate_bare_and_compressed_messages(tmp_path
                        10, "every member to apply the three commands")
     finally:
         cluster.close()
+
+
+class SlowTarget(ListTarget):
+    """Applies every entry in ``delay`` seconds (blocking the Raft thread, like a big apply)."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__()
+        self.delay = delay
+
+    def apply_entry(self, raft_index: int, term: int, commands: list[bytes]) -> list[Any]:
+        time.sleep(self.delay)
+        return super().apply_entry(raft_index, term, commands)
+
+
+@trio_test
+async def test_long_applies_on_the_leader_do_not_cost_an_election(tmp_path: Path) -> None:
+    """Eight entries committed together, applied 0.25 s each on every member's Raft thread (2 s
+    in one tick, twice the largest election timeout): the leader keeps sending heartbeats
+    between them, so no follower starts an election."""
+    cluster = Cluster(tmp_path, fsync="never", group_max_commands=1, group_max_in_flight=8)
+    cluster.targets = {i: SlowTarget(0.0) for i in cluster.addrs}
+    try:
+        for nid in cluster.addrs:
+            cluster.start(nid)
+        leader = await cluster.leader()
+        term = leader.term
+        for target in cluster.targets.values():
+            target.delay = 0.25
+        async with trio.open_nursery() as nursery:
+            for i in range(8):
+                nursery.start_soon(functools.partial(leader.submit, b"slow-%d" % i, timeout=30))
+        await wait_for(lambda: all(len(t.commands) == 8 for t in cluster.targets.values()),
+                       30, "every member to apply the eight commands")
+        assert leader.is_leader and leader.term == term
+        assert all(q.term == term for q in cluster.members.values())
+    finally:
+        cluster.close()

@@ -39,6 +39,10 @@ PySyncObj settings, chosen on purpose
   following (``auto_tick_period`` 10 ms: followers apply a commit at most ~20 ms after the
   leader when idle, at once under load). On this VM a loopback message costs ~0.1-0.3 ms of CPU between the two processes, so
   the message count per commit is what the commit path's CPU is made of.
+* Heartbeats during long applies: PySyncObj applies committed entries on its tick thread and
+  sends heartbeats only between ticks; the leader here also sends a round before applying and
+  between applied entries whenever half a heartbeat period has passed (``_heartbeat_if_due``),
+  so a tick applying a long backlog does not starve the followers into an election.
 * ``commandsWaitLeader=False``: without a leader a call fails at once (we map it to
   ``NOT_CONTROLLER``) instead of being parked inside PySyncObj.
 * We never forward commands: ``submit`` refuses on a non-leader, and every group carries the
@@ -320,6 +324,8 @@ class _KraftSyncObj(SyncObj):
         rides on the next entry's append_entries anyway, so here it waits for that — or, when
         nothing follows, for the next tick (``auto_tick_period``): followers apply a commit at
         most one tick after the leader."""
+        if self._SyncObj__raftCommitIndex > self.raftLastApplied:  # type: ignore[attr-defined]
+            self._kraft._heartbeat_if_due(self)  # before a possibly long apply
         need_send = SyncObj._SyncObj__applyLogEntries(self)  # type: ignore[attr-defined]
         if need_send and self._isLeader():
             self._SyncObj__newAppendEntriesTime = min(  # type: ignore[attr-defined]
@@ -334,6 +340,7 @@ class _KraftSyncObj(SyncObj):
         the second follower's copy back by one disk sync)."""
         quorum = self._kraft
         quorum._in_append_round = True
+        quorum._last_append_round = _monotonic()
         try:
             SyncObj._SyncObj__sendAppendEntries(self)  # type: ignore[attr-defined]
         finally:
@@ -390,6 +397,8 @@ class RaftQuorum:
         self._observed: tuple[bool, int] = (False, 0)
         self._observe_lock = threading.Lock()
         self._in_append_round = False  # tick thread: inside PySyncObj's append_entries round
+        self._last_append_round = 0.0  # tick thread: when the leader last sent one
+        self._heartbeat_period = min(settings.append_entries_period, settings.raft_min_timeout / 4)
         self._closed = False
         self._counters = {"entries_applied": 0, "entries_skipped": 0, "entries_rejected": 0,
                           "apply_errors": 0, "dumps_written": 0, "dumps_loaded": 0}
@@ -422,7 +431,7 @@ class RaftQuorum:
             autoTickPeriod=s.auto_tick_period,
             raftMinTimeout=s.raft_min_timeout,
             raftMaxTimeout=s.raft_max_timeout,
-            appendEntriesPeriod=min(s.append_entries_period, s.raft_min_timeout / 4),
+            appendEntriesPeriod=self._heartbeat_period,
             connectionTimeout=max(s.connection_timeout, s.raft_max_timeout),
             connectionRetryTime=s.connection_retry_time,
             leaderFallbackTimeout=s.leader_fallback_timeout,
@@ -702,7 +711,17 @@ class RaftQuorum:
             logger.exception("applying raft entry %d failed", raft_index)
             return _Rejected(ErrorCode.UNKNOWN_SERVER_ERROR, f"apply failed: {exc!r}")
         self._counters["entries_applied"] += 1
+        self._heartbeat_if_due(so)  # between entries of a long apply
         return list(results)
+
+    def _heartbeat_if_due(self, so: _KraftSyncObj) -> None:
+        """On the leader, send a round of append_entries now if half a heartbeat period has
+        passed since the last: PySyncObj applies committed entries on its tick thread and sends
+        heartbeats only between ticks, so a tick applying a long backlog (large groups, a
+        1M-partition broker transition, a busy machine) would otherwise starve the followers
+        past their election timeout and cost an election."""
+        if so._isLeader() and _monotonic() - self._last_append_round >= self._heartbeat_period / 2:
+            so._SyncObj__sendAppendEntries()  # type: ignore[attr-defined]
 
     def _write_dump(self, path: str, data: tuple) -> None:
         """PySyncObj ``serializer(fileName, data)``: ``data`` = (last applied entry, the entry
