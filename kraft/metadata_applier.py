@@ -49,6 +49,9 @@ class MetadataApplier:
         self._last_raft_index = metadata_log.last_raft_index
         self._last_position = metadata_log.last_raft_position if metadata_log.next_offset > 0 else -1
         self.fatal_error: BaseException | None = None
+        # Called between the commands of an entry (the quorum's heartbeat check: a long entry
+        # must not starve the followers into an election).
+        self.between_commands: Callable[[], None] = lambda: None
         # The image replayed so far (snapshot + log at start-up) leaves the cyclic GC's reach,
         # and so does every further 100k records' growth (kraft/heap.py).
         self._heap = HeapFreezer()
@@ -76,6 +79,7 @@ class MetadataApplier:
                         results.append(None)
                         continue
                     results.append(self._apply_one(raw, raft_index, term, position, written))
+                    self.between_commands()
             finally:
                 if written:
                     self.log.append_many(written)

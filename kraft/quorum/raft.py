@@ -216,6 +216,9 @@ class ApplyTarget(Protocol):
     def load(self, data: bytes) -> None:
         """Install a snapshot produced by ``dump`` (a lagging follower, or restart)."""
 
+    # Optional: ``between_commands``, an attribute the quorum sets to a callable the target
+    # calls between the commands of an entry (the leader's heartbeat check).
+
 
 @dataclass(frozen=True)
 class RaftSettings:
@@ -461,6 +464,8 @@ class RaftQuorum:
         finally:
             unregister_journal(journal_file)
         so.addOnTickCallback(self._observe)
+        if hasattr(self.target, "between_commands"):  # heartbeats inside a long entry too
+            self.target.between_commands = functools.partial(self._heartbeat_if_due, so)
         logger.info("raft member %d on %s, partners %s, fsync=%s", self.node_id, self.self_addr,
                     self.partners, s.fsync)
 
