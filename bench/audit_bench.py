@@ -176,14 +176,18 @@ def generate(directory: Path, records: int, seed: int = 7) -> int:
 
 def ensure_log(directory: Path, records: int) -> int:
     marker = directory / "GENERATED.json"
-    if marker.exists() and json.loads(marker.read_text()).get("requested") == records:
-        return json.loads(marker.read_text())["records"]
+    if marker.exists():
+        known = json.loads(marker.read_text())
+        if (known.get("requested") == records
+                and known.get("segments") == [p.name for p in list_segments(directory)]):
+            return known["records"]
     if directory.exists():
         shutil.rmtree(directory)
     directory.mkdir(parents=True)
     started = time.perf_counter()
     n = generate(directory, records)
-    marker.write_text(json.dumps({"requested": records, "records": n}))
+    marker.write_text(json.dumps({"requested": records, "records": n,
+                                  "segments": [p.name for p in list_segments(directory)]}))
     log(f"generated {n:,} records in {len(list_segments(directory))} segments "
         f"({time.perf_counter() - started:.1f}s)")
     return n

@@ -12,9 +12,10 @@ import logging
 import os
 from pathlib import Path
 
-from kraft.image import MetadataImage, image_from_records
+from kraft.image import MetadataImage
 from kraft.log.errors import CorruptSnapshotError
-from kraft.log.snapshot import SnapshotHeader, list_snapshots, read_snapshot, write_snapshot_runs
+from kraft.log.snapshot import SnapshotHeader, list_snapshots, write_snapshot_runs
+from kraft.snapshotter import snapshot_state
 
 log = logging.getLogger(__name__)
 KEEP = 2
@@ -39,22 +40,7 @@ def image_from_snapshot(path: Path) -> MetadataImage:
     int and a bool, a string and bytes, an int and a float all encode differently). When the
     load or that comparison fails, the file is read again strictly, so a badly typed value is
     named as :func:`kraft.log.snapshot.read_snapshot` names it."""
-    header, records = read_snapshot(path, unchecked_partitions=True)
-    try:
-        image = image_from_records(records, offset=header.end_offset - 1, term=header.term,
-                                   raft_index=header.raft_index, timestamp_ms=header.timestamp_ms,
-                                   last_hash=header.last_hash, freeze=True)  # kept for long
-        problem = (None if image.checksum(header.checksum_version) == header.image_checksum
-                   else "image checksum does not match the header")
-    except CorruptSnapshotError:
-        raise
-    except Exception as e:  # a ReplayError, or an unchecked value of the wrong type
-        problem = f"records do not replay: {e}"
-    if problem is None:
-        return image
-    for _ in read_snapshot(path)[1].iter_chunks():  # strictly: raises naming a bad value
-        pass
-    raise CorruptSnapshotError(path, 0, problem)
+    return snapshot_state(path, freeze=True)[0]  # kept for long: out of the GC's reach
 
 
 def load_checkpoint(directory: Path) -> MetadataImage:

@@ -41,18 +41,18 @@ def image_to_snapshot(directory: Path, image: MetadataImage, request_ids: Reques
     return write_snapshot_runs(directory, header, image.record_runs())
 
 
-def snapshot_state(path: Path) -> tuple[MetadataImage, RequestIds]:
+def snapshot_state(path: Path, freeze: bool = False) -> tuple[MetadataImage, RequestIds]:
     """Read a snapshot file back into an image and its dedup window, verified: frame CRCs, the
     footer's SHA-256 and count, and the rebuilt image's checksum against the header's. Partition
     values are not type-checked one by one (most of a big snapshot, ~20% of a load): the image
     checksum covers their exact encoding. When it does not match (or the records do not replay),
     the file is read again strictly, which names a badly typed value; either way it raises
-    CorruptSnapshotError."""
+    CorruptSnapshotError. ``freeze``: the built image leaves the cyclic GC's reach (kept long)."""
     header, records = read_snapshot(path, unchecked_partitions=True)
     try:
         image = image_from_records(records, offset=header.end_offset - 1, term=header.term,
                                    raft_index=header.raft_index, timestamp_ms=header.timestamp_ms,
-                                   last_hash=header.last_hash)
+                                   last_hash=header.last_hash, freeze=freeze)
         problem = (None if image.checksum(header.checksum_version) == header.image_checksum
                    else "image checksum does not match the header")
     except CorruptSnapshotError:

@@ -65,23 +65,21 @@ class _Rack:
     def take_follower(self, chosen: list[int]) -> int | None:
         """The rack's next broker not in ``chosen``: unfenced first, then fenced; None if the
         rack has no broker left for this partition."""
-        members = self.unfenced
-        n = len(members)
-        start = self.next_unfenced
-        for k in range(n):
-            broker = members[(start + k) % n]
-            if broker not in chosen:
-                self.next_unfenced = start + k + 1
-                return broker
-        members = self.fenced
-        n = len(members)
-        start = self.next_fenced
-        for k in range(n):
-            broker = members[(start + k) % n]
-            if broker not in chosen:
-                self.next_fenced = start + k + 1
-                return broker
-        return None
+        broker, self.next_unfenced = _next_not_chosen(self.unfenced, self.next_unfenced, chosen)
+        if broker is None:
+            broker, self.next_fenced = _next_not_chosen(self.fenced, self.next_fenced, chosen)
+        return broker
+
+
+def _next_not_chosen(members: list[int], start: int, chosen: list[int]) -> tuple[int | None, int]:
+    """The first of ``members`` from cursor ``start`` (cyclic) not in ``chosen``, and the cursor
+    after it; (None, start) when all are chosen."""
+    n = len(members)
+    for k in range(n):
+        broker = members[(start + k) % n]
+        if broker not in chosen:
+            return broker, start + k + 1
+    return None, start
 
 
 def _rack_sort_key(rack: str | None) -> tuple[bool, str]:
