@@ -170,6 +170,10 @@ CONTROLLER_SETTINGS = _COMMON + [
     Setting("controller.raft.secret.file", str, "", "file holding the Raft cluster secret "
             "(or env KRAFT_RAFT_SECRET); required when Raft binds to a non-loopback address"),
     Setting("raft.compaction.min.entries", int, 100_000, "compact PySyncObj's journal after this many entries"),
+    Setting("metadata.fetch.snapshot.min.lag.records", int, 100_000,
+            "a broker fetching this many records or more before the newest snapshot's end is told to "
+            "load that snapshot instead of replaying the log (-1: only when the log no longer holds "
+            "its offset)"),
 ]
 
 BROKER_SETTINGS = _COMMON + [

@@ -399,10 +399,8 @@ class ControllerNode:
         from_offset = body["from_offset"]
         max_wait = min(max(body.get("max_wait_ms") or 0, 0), 30_000) / 1000
         max_bytes = min(body.get("max_bytes") or MAX_FETCH_BYTES, MAX_FETCH_BYTES)
-        if from_offset < self.log.start_offset:
-            snap = self.snapshotter.latest()
-            if snap is None:
-                raise KraftError(ErrorCode.OFFSET_OUT_OF_RANGE, f"offset {from_offset} is before the log start")
+        snap = self._snapshot_for_fetch(from_offset)
+        if snap is not None:
             return {"batches": [], "high_watermark": self.log.next_offset,
                     "snapshot": {"name": snap.name, "end_offset": self.snapshotter.end_offset(snap),
                                  "size": snap.stat().st_size}}
@@ -412,6 +410,24 @@ class ControllerNode:
                     await self._new_data.wait()
         batches = self.log.read_encoded(from_offset, max_bytes) if from_offset < self.log.next_offset else []
         return {"batches": batches, "high_watermark": self.log.next_offset, "snapshot": None}
+
+    def _snapshot_for_fetch(self, from_offset: int) -> Any:
+        """The snapshot a fetcher at ``from_offset`` should load instead of reading the log: when
+        the log no longer holds that offset, or when the fetcher is at least
+        ``metadata.fetch.snapshot.min.lag.records`` before the newest snapshot's end (a new
+        broker on a big image loads the snapshot rather than replaying the whole history)."""
+        if from_offset < self.log.start_offset:
+            snap = self.snapshotter.latest()
+            if snap is None:
+                raise KraftError(ErrorCode.OFFSET_OUT_OF_RANGE, f"offset {from_offset} is before the log start")
+            return snap
+        min_lag = self.config["metadata.fetch.snapshot.min.lag.records"]
+        if min_lag < 0 or self.log.next_offset - from_offset < max(min_lag, 1):
+            return None  # the common case (a fetcher near the end) costs no directory listing
+        snap = self.snapshotter.latest()
+        if snap is not None and self.snapshotter.end_offset(snap) - from_offset >= max(min_lag, 1):
+            return snap
+        return None
 
     async def _api_FetchSnapshot(self, body: dict, ctx: Any) -> dict:
         return self.snapshotter.read_chunk(body["name"], body["position"],

@@ -117,3 +117,44 @@ def test_a_broker_starting_after_retention_loads_the_controllers_snapshot(tmp_pa
         assert "loading snapshot" in Path(broker["log_file"]).read_text()
     finally:
         c.down()
+
+
+@pytest.mark.integration
+def test_a_broker_far_behind_the_newest_snapshot_loads_it_instead_of_the_log(tmp_path):
+    """Full history is kept (no retention), but a broker whose metadata is gone starts more
+    than metadata.fetch.snapshot.min.lag.records before the newest snapshot's end: it is told
+    to load that snapshot, and converges on the controller's image."""
+    c = LocalCluster(tmp_path / "cluster")
+    try:
+        c.up(1, 1)
+        bootstrap = [(c.controller(1)["host"], c.controller(1)["rpc_port"])]
+        r = call_sync(bootstrap, "CreateTopics", {"topics": [
+            {"name": "kept", "num_partitions": 2, "replication_factor": 1}]}, timeout=30)
+        assert not r["topics"][0]["error_code"], r
+        c.kill(101, "TERM")
+        c.kill(1, "TERM")
+        props = Path(c.controller(1)["config"])
+        props.write_text(props.read_text() + "\n".join([
+            "", "metadata.log.max.record.bytes.between.snapshots=4096",
+            "metadata.fetch.snapshot.min.lag.records=20", ""]))
+        c.start(1)
+        for i in range(60):
+            r = call_sync(bootstrap, "IncrementalAlterConfigs", {"resources": [
+                {"resource_type": "topic", "resource_name": "kept",
+                 "ops": [{"name": "retention.ms", "op": "SET", "value": str(1000 + i)}]}]}, timeout=30)
+            assert not r["resources"][0]["error_code"], r
+        poll(lambda: list_snapshots(c.log_dir(1)), 60, what="a snapshot")
+        assert min(int(p.name.split(".")[0]) for p in c.log_dir(1).glob("*.log")) == 0  # all kept
+        broker = next(b for b in c.meta["brokers"] if b["id"] == 101)
+        shutil.rmtree(Path(broker["log_dirs"].split(",")[0]) / "metadata")
+        c.start(101)
+
+        def converged():
+            view = call_sync(bootstrap, "DescribeNode", {}, timeout=5)
+            s = describe(broker["host"], broker["admin_port"], timeout=5.0)
+            return (s["state"] == "RUNNING" and s["last_applied_offset"] == view["applied_offset"]
+                    and s["image_checksum"] == view["image_checksum"])
+        poll(converged, 60, what="the broker to load the snapshot and catch up")
+        assert "loading snapshot" in Path(broker["log_file"]).read_text()
+    finally:
+        c.down()
