@@ -76,6 +76,41 @@ def test_nothing_goes_without_a_snapshot(tmp_path):
     log.close()
 
 
+def _restart_controller_with(c: LocalCluster, *settings: str) -> None:
+    """Stop broker 101 and controller 1, add ``settings`` to the controller's properties, start
+    the controller again."""
+    c.kill(101, "TERM")
+    c.kill(1, "TERM")
+    props = Path(c.controller(1)["config"])
+    props.write_text(props.read_text() + "\n" + "\n".join(settings) + "\n")
+    c.start(1)
+
+
+def _alter_configs(bootstrap: list, topics: list[str], count: int) -> None:
+    """``count`` config changes round-robin over ``topics`` (they need no unfenced broker)."""
+    for i in range(count):
+        r = call_sync(bootstrap, "IncrementalAlterConfigs", {"resources": [
+            {"resource_type": "topic", "resource_name": topics[i % len(topics)],
+             "ops": [{"name": "retention.ms", "op": "SET", "value": str(1000 + i)}]}]}, timeout=30)
+        assert not r["resources"][0]["error_code"], r
+
+
+def _broker_without_metadata_loads_the_snapshot(c: LocalCluster, bootstrap: list) -> None:
+    """Restart broker 101 with its metadata dir gone; it must load the controller's snapshot
+    and converge on the controller's image."""
+    broker = next(b for b in c.meta["brokers"] if b["id"] == 101)
+    shutil.rmtree(Path(broker["log_dirs"].split(",")[0]) / "metadata")
+    c.start(101)
+
+    def converged():
+        view = call_sync(bootstrap, "DescribeNode", {}, timeout=5)
+        s = describe(broker["host"], broker["admin_port"], timeout=5.0)
+        return (s["state"] == "RUNNING" and s["last_applied_offset"] == view["applied_offset"]
+                and s["image_checksum"] == view["image_checksum"])
+    poll(converged, 60, what="the broker to load the snapshot and catch up")
+    assert "loading snapshot" in Path(broker["log_file"]).read_text()
+
+
 @pytest.mark.integration
 def test_a_broker_starting_after_retention_loads_the_controllers_snapshot(tmp_path):
     """A real controller with retention on deletes covered segments; a broker whose metadata
@@ -88,33 +123,14 @@ def test_a_broker_starting_after_retention_loads_the_controllers_snapshot(tmp_pa
             r = call_sync(bootstrap, "CreateTopics", {"topics": [
                 {"name": f"kept-{i}", "num_partitions": 2, "replication_factor": 1}]}, timeout=30)
             assert not r["topics"][0]["error_code"], r
-        c.kill(101, "TERM")
-        c.kill(1, "TERM")
-        props = Path(c.controller(1)["config"])
-        props.write_text(props.read_text() + "\n".join([
-            "", "metadata.log.segment.bytes=4096",
-            "metadata.log.max.record.bytes.between.snapshots=8192",
-            "metadata.max.retention.bytes=1", ""]))
-        c.start(1)
-        for i in range(80):  # config changes need no unfenced broker: enough to roll segments
-            r = call_sync(bootstrap, "IncrementalAlterConfigs", {"resources": [
-                {"resource_type": "topic", "resource_name": f"kept-{i % 3}",
-                 "ops": [{"name": "retention.ms", "op": "SET", "value": str(1000 + i)}]}]}, timeout=30)
-            assert not r["resources"][0]["error_code"], r
+        _restart_controller_with(c, "metadata.log.segment.bytes=4096",
+                                 "metadata.log.max.record.bytes.between.snapshots=8192",
+                                 "metadata.max.retention.bytes=1")
+        _alter_configs(bootstrap, [f"kept-{i}" for i in range(3)], 80)  # enough to roll segments
         log_dir = c.log_dir(1)
         poll(lambda: min(int(p.name.split(".")[0]) for p in log_dir.glob("*.log")) > 0, 60,
              what="retention to delete the first segments")
-        broker = next(b for b in c.meta["brokers"] if b["id"] == 101)
-        shutil.rmtree(Path(broker["log_dirs"].split(",")[0]) / "metadata")
-        c.start(101)
-
-        def converged():
-            view = call_sync(bootstrap, "DescribeNode", {}, timeout=5)
-            s = describe(broker["host"], broker["admin_port"], timeout=5.0)
-            return (s["state"] == "RUNNING" and s["last_applied_offset"] == view["applied_offset"]
-                    and s["image_checksum"] == view["image_checksum"])
-        poll(converged, 60, what="the broker to load the snapshot and catch up")
-        assert "loading snapshot" in Path(broker["log_file"]).read_text()
+        _broker_without_metadata_loads_the_snapshot(c, bootstrap)
     finally:
         c.down()
 
@@ -131,30 +147,11 @@ def test_a_broker_far_behind_the_newest_snapshot_loads_it_instead_of_the_log(tmp
         r = call_sync(bootstrap, "CreateTopics", {"topics": [
             {"name": "kept", "num_partitions": 2, "replication_factor": 1}]}, timeout=30)
         assert not r["topics"][0]["error_code"], r
-        c.kill(101, "TERM")
-        c.kill(1, "TERM")
-        props = Path(c.controller(1)["config"])
-        props.write_text(props.read_text() + "\n".join([
-            "", "metadata.log.max.record.bytes.between.snapshots=4096",
-            "metadata.fetch.snapshot.min.lag.records=20", ""]))
-        c.start(1)
-        for i in range(60):
-            r = call_sync(bootstrap, "IncrementalAlterConfigs", {"resources": [
-                {"resource_type": "topic", "resource_name": "kept",
-                 "ops": [{"name": "retention.ms", "op": "SET", "value": str(1000 + i)}]}]}, timeout=30)
-            assert not r["resources"][0]["error_code"], r
+        _restart_controller_with(c, "metadata.log.max.record.bytes.between.snapshots=4096",
+                                 "metadata.fetch.snapshot.min.lag.records=20")
+        _alter_configs(bootstrap, ["kept"], 60)
         poll(lambda: list_snapshots(c.log_dir(1)), 60, what="a snapshot")
         assert min(int(p.name.split(".")[0]) for p in c.log_dir(1).glob("*.log")) == 0  # all kept
-        broker = next(b for b in c.meta["brokers"] if b["id"] == 101)
-        shutil.rmtree(Path(broker["log_dirs"].split(",")[0]) / "metadata")
-        c.start(101)
-
-        def converged():
-            view = call_sync(bootstrap, "DescribeNode", {}, timeout=5)
-            s = describe(broker["host"], broker["admin_port"], timeout=5.0)
-            return (s["state"] == "RUNNING" and s["last_applied_offset"] == view["applied_offset"]
-                    and s["image_checksum"] == view["image_checksum"])
-        poll(converged, 60, what="the broker to load the snapshot and catch up")
-        assert "loading snapshot" in Path(broker["log_file"]).read_text()
+        _broker_without_metadata_loads_the_snapshot(c, bootstrap)
     finally:
         c.down()
