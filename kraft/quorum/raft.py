@@ -37,8 +37,9 @@ PySyncObj settings, chosen on purpose
   four messages per commit on top of the entry's own four. Here the commit index rides on the
   next entry, or goes out on a tick once ``commit_notice_delay`` (10 ms) has passed with nothing
   following (``auto_tick_period`` 10 ms: followers apply a commit at most ~20 ms after the
-  leader when idle, at once under load). On this VM a loopback message costs ~0.1-0.3 ms of CPU between the two processes, so
-  the message count per commit is what the commit path's CPU is made of.
+  leader when idle, at once under load). On this VM a loopback message costs ~0.1-0.3 ms of
+  CPU between the two processes, so the message count per commit is what the commit path's
+  CPU is made of.
 * Heartbeats during long applies: PySyncObj applies committed entries on its tick thread and
   sends heartbeats only between ticks; the leader here also sends a round before applying and
   between applied entries whenever half a heartbeat period has passed (``_heartbeat_if_due``),
@@ -128,11 +129,17 @@ def _send_message(conn: Any, message: Any) -> None:
 
 def _parse_frame(conn: Any) -> Any:
     """``TcpConnection.__processParseMessage``: the next complete message, or None (and the
-    connection closed when the frame is not a valid message from a peer holding the key)."""
+    connection closed when the frame announces more than MAX_RAFT_FRAME_BYTES or is not a
+    valid message from a peer holding the key)."""
     buf = conn._TcpConnection__readBuffer
     if len(buf) < 4:
         return None
     (size,) = struct.unpack_from("i", buf, 0)
+    if not 0 <= size <= MAX_RAFT_FRAME_BYTES:
+        logger.warning("raft: closing a connection that announced a %d-byte frame (max %d)",
+                       size, MAX_RAFT_FRAME_BYTES)
+        conn.disconnect()
+        return None
     if len(buf) - 4 < size:
         return None
     data = bytes(buf[4:4 + size])
@@ -158,18 +165,6 @@ def _parse_frame(conn: Any) -> Any:
     return message
 
 
-def _bounded_parse_frame(conn: Any) -> Any:
-    buf = conn._TcpConnection__readBuffer
-    if len(buf) >= 4:
-        (size,) = struct.unpack("i", bytes(buf[:4]))
-        if not 0 <= size <= MAX_RAFT_FRAME_BYTES:
-            logger.warning("raft: closing a connection that announced a %d-byte frame (max %d)",
-                           size, MAX_RAFT_FRAME_BYTES)
-            conn.disconnect()
-            return None
-    return _parse_frame(conn)
-
-
 _read_some = TcpConnection._TcpConnection__processRead  # type: ignore[attr-defined]
 
 
@@ -185,7 +180,7 @@ def _bounded_read(conn: Any) -> bool:
     return more
 
 
-TcpConnection._TcpConnection__processParseMessage = _bounded_parse_frame  # type: ignore[attr-defined]
+TcpConnection._TcpConnection__processParseMessage = _parse_frame  # type: ignore[attr-defined]
 TcpConnection._TcpConnection__processRead = _bounded_read  # type: ignore[attr-defined]
 TcpConnection.send = _send_message  # type: ignore[method-assign]
 
@@ -278,18 +273,15 @@ class _SyncingTransport(TCPTransport):
     letting the quorum look at incoming ones (``RaftQuorum._on_peer_message``)."""
 
     def __init__(self, syncObj: Any, selfNode: Any, otherNodes: Any, *,  # noqa: N803
-                 before_send: Callable[[Any], bool],
+                 before_send: Callable[[Any], None],
                  on_message: Callable[[Any, Any, Callable[[Any, Any], None]], None]) -> None:
         self._before_send = before_send
         self._on_message = on_message
         super().__init__(syncObj, selfNode, otherNodes)
 
     def send(self, node: Any, message: Any) -> bool:
-        sync_after = self._before_send(message)
-        sent = super().send(node, message)
-        if sync_after:
-            self._before_send(None)
-        return sent
+        self._before_send(message)
+        return super().send(node, message)
 
     def _onMessageReceived(self, node: Any, message: Any) -> None:  # noqa: N802
         self._on_message(node, message, super()._onMessageReceived)
@@ -325,8 +317,8 @@ class _KraftSyncObj(SyncObj):
         append_entries to every follower (only to carry the new commit index) and gets an ack
         back from each: 4 messages per commit on top of the entry's own 4. The commit index
         rides on the next entry's append_entries anyway, so here it waits for that — or, when
-        nothing follows, for the next tick (``auto_tick_period``): followers apply a commit at
-        most one tick after the leader."""
+        nothing follows, goes out on the first tick after ``commit_notice_delay``. Also sends a
+        heartbeat round before a possibly long apply (``_heartbeat_if_due``)."""
         if self._SyncObj__raftCommitIndex > self.raftLastApplied:  # type: ignore[attr-defined]
             self._kraft._heartbeat_if_due(self)  # before a possibly long apply
         need_send = SyncObj._SyncObj__applyLogEntries(self)  # type: ignore[attr-defined]
@@ -342,13 +334,11 @@ class _KraftSyncObj(SyncObj):
         sync once after the whole round (not after the first follower's send, which would hold
         the second follower's copy back by one disk sync)."""
         quorum = self._kraft
-        quorum._in_append_round = True
         quorum._last_append_round = _monotonic()
         try:
             SyncObj._SyncObj__sendAppendEntries(self)  # type: ignore[attr-defined]
         finally:
-            quorum._in_append_round = False
-        quorum._sync_journal()
+            quorum._sync_journal()
 
     # -- PySyncObj internals, read only here (name-mangled private attributes) --
     def entry_term(self, raft_index: int) -> int | None:
@@ -399,7 +389,6 @@ class RaftQuorum:
         self._subscribers: list[trio.MemorySendChannel[tuple[bool, int]]] = []
         self._observed: tuple[bool, int] = (False, 0)
         self._observe_lock = threading.Lock()
-        self._in_append_round = False  # tick thread: inside PySyncObj's append_entries round
         self._last_append_round = 0.0  # tick thread: when the leader last sent one
         self._heartbeat_period = min(settings.append_entries_period, settings.raft_min_timeout / 4)
         self._closed = False
@@ -676,19 +665,19 @@ class RaftQuorum:
         if before is not None and after is not None and after < before and so._isLeader():
             next_index[node] = before
 
-    def _sync_before_send(self, message: Any) -> bool:
-        """Sync the journal before a message that depends on it leaves this node; returns
-        True when the transport should call again (with None) right after sending.
+    def _sync_before_send(self, message: Any) -> None:
+        """Sync the journal before a message that depends on it leaves this node.
 
-        The exception is the leader's ``append_entries``: it goes out first and the leader
-        syncs right after, so its own write overlaps the follower's receive-write-sync-ack
-        instead of preceding it. The leader also syncs before handling any follower's ack
-        (``_on_peer_message``): a commit needs acks, so every committed entry is on the
-        leader's disk and on the acking followers' disks (they sync before their ack)."""
+        The exception is the leader's ``append_entries`` (PySyncObj sends them only from its
+        append round): they go out first and the leader syncs once after the round
+        (``_SyncObj__sendAppendEntries``), so its own write overlaps the followers'
+        receive-write-sync-ack instead of preceding it. The leader also syncs before handling
+        any follower's ack (``_on_peer_message``): a commit needs acks, so every committed
+        entry is on the leader's disk and on the acking followers' disks (they sync before
+        their ack)."""
         if isinstance(message, dict) and message.get("type") == "append_entries":
-            return not self._in_append_round  # in a round: synced once after it
+            return
         self._sync_journal()
-        return False
 
     def _sync_journal(self) -> None:
         journal = self._journal
