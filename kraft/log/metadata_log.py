@@ -242,27 +242,12 @@ class MetadataLog:
         """Append a batch whose canonical encoding the caller already has.
 
         Raises ValueError if the batch does not continue the log (offset, prev_hash, term)."""
-        digest = batch_hash(encoded)
-        header = FRAME_HEADER.pack(len(encoded), crc32c(encoded))
-        with self._lock:
-            self._check_writable()
-            self._check_follows(batch)
-            seg = self._active_segment()
-            position = seg.size
-            self._write_frame(header, encoded, position)
-            seg.size = position + HEADER_SIZE + len(encoded)
-            seg.note_frame(batch.base_offset, position)
-            self._dirty = True
-            self._note_appended(batch, digest, encoded)
+        self.append_many([(encoded, batch)])
 
     def append_many(self, items: list[tuple[bytes, Batch]]) -> None:
         """Append consecutive batches (``(encoding, batch)`` pairs, e.g. one Raft entry's) with
         one write per segment they land in. The whole chain is checked before anything is
         written; the files end up exactly as with one ``append_encoded`` per batch."""
-        if len(items) <= 1:
-            for encoded, batch in items:
-                self.append_encoded(encoded, batch)
-            return
         frames = [(FRAME_HEADER.pack(len(enc), crc32c(enc)), enc, batch, batch_hash(enc))
                   for enc, batch in items]
         with self._lock:
@@ -322,9 +307,6 @@ class MetadataLog:
         if self._failed is not None:
             raise OSError(f"metadata log unusable after a failed write: {self._failed}")
 
-    def _check_follows(self, batch: Batch) -> None:
-        _check_continues(batch, self._next_offset, self._last_hash, self._last_term)
-
     def _active_segment(self) -> _Segment:
         """The segment to append to, rolling to a new file when the current one is full."""
         if self._segments and self._segments[-1].size < self.segment_bytes:
@@ -346,9 +328,6 @@ class MetadataLog:
         if len(self._segments) == 1:
             self._start_offset = seg.base_offset
         return seg
-
-    def _write_frame(self, header: bytes, encoded: bytes, position: int) -> None:
-        self._write_parts([header, encoded], position)
 
     def _write_parts(self, parts: list[bytes], position: int) -> None:
         """Write frames (header and payload parts) at the end of the active segment, which is
@@ -471,7 +450,7 @@ class MetadataLog:
             out = [payloads[i]]
             total = len(payloads[i])
             for payload in payloads[i + 1:]:
-                if total >= max_bytes or total + len(payload) > max_bytes:
+                if total + len(payload) > max_bytes:
                     break
                 out.append(payload)
                 total += len(payload)
