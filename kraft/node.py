@@ -422,10 +422,13 @@ class ControllerNode:
                 raise KraftError(ErrorCode.OFFSET_OUT_OF_RANGE, f"offset {from_offset} is before the log start")
             return snap
         min_lag = self.config["metadata.fetch.snapshot.min.lag.records"]
-        if min_lag < 0 or self.log.next_offset - from_offset < max(min_lag, 1):
+        if min_lag < 0:
+            return None
+        min_lag = max(min_lag, 1)
+        if self.log.next_offset - from_offset < min_lag:
             return None  # the common case (a fetcher near the end) costs no directory listing
         snap = self.snapshotter.latest()
-        if snap is not None and self.snapshotter.end_offset(snap) - from_offset >= max(min_lag, 1):
+        if snap is not None and self.snapshotter.end_offset(snap) - from_offset >= min_lag:
             return snap
         return None
 

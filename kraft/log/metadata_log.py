@@ -24,7 +24,7 @@ from kraft.log.segment import (
     CRC, FRAME_HEADER, HEADER_SIZE, TORN, ChainState, Problem, list_segments, parse_segment_name,
     peek_base_offset, scan_buffer, segment_name, fsync_dir,
 )
-from kraft.records import ZERO_HASH, Batch, batch_hash, decode_batch
+from kraft.records import ZERO_HASH, Batch, batch_hash, decode_batch, decode_batch_envelope
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +140,7 @@ class MetadataLog:
         seg = _Segment(path, base)
         # Start-up checks frames, offsets and the hash chain; records are decoded strictly by
         # whoever reads them (replay, FetchMetadata readers), not twice.
-        for entry in scan_buffer(path, data, state, check_records="envelope"):
+        for entry in scan_buffer(path, data, state, decode=decode_batch_envelope):
             if entry.problem is not None:
                 self._handle_problem(entry.problem, last, data)
                 break  # torn tail truncated: it was the final frame

@@ -15,14 +15,12 @@ import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import msgpack
 from crc32c import crc32c
 
-from kraft.records import (
-    ZERO_HASH, Batch, RecordDecodeError, batch_hash, decode_batch, decode_batch_envelope,
-)
+from kraft.records import ZERO_HASH, Batch, RecordDecodeError, batch_hash, decode_batch
 
 FRAME_HEADER = struct.Struct(">II")
 HEADER_SIZE = FRAME_HEADER.size
@@ -201,10 +199,10 @@ class ScanEntry:
 
 
 def scan_buffer(path: Path, data: bytes | memoryview, state: ChainState,
-                check_records: bool | str = True) -> Iterator[ScanEntry]:
+                decode: Callable[[bytes], Batch] = decode_batch) -> Iterator[ScanEntry]:
     """Scan a segment's bytes, checking every frame against ``state`` (which is advanced).
-    ``check_records=False``: batches carry their records undecoded (see ``decode_batch``);
-    ``"envelope"``: only the batches' own fields are decoded (see ``decode_batch_envelope``).
+    ``decode`` turns a payload into a batch or raises RecordDecodeError: the strict
+    ``decode_batch`` by default; start-up recovery passes ``decode_batch_envelope``.
 
     Never raises on bad data."""
     size = len(data)
@@ -216,8 +214,7 @@ def scan_buffer(path: Path, data: bytes | memoryview, state: ChainState,
                             Problem(path, frame.position, expected, TORN, detail, -1, size))
             return
         try:
-            batch = (decode_batch_envelope(frame.payload) if check_records == "envelope"
-                     else decode_batch(frame.payload, bool(check_records)))
+            batch = decode(frame.payload)
         except RecordDecodeError as e:
             batch, err = None, str(e)
         if not frame.crc_ok:
