@@ -89,13 +89,22 @@ class Snapshotter:
         self._lock = threading.Lock()
         # The dedup window stored in the snapshot that load_image or install last adopted.
         self.request_ids: RequestIds = ()
-        latest = self.latest()
+        # The newest snapshot, listed once here (which also removes an interrupted write's
+        # leftovers) and kept up to date by write and install: listing the directory again
+        # while a write is under way on another thread would remove its ``.part`` file.
+        self._latest = latest_snapshot(self.directory)
+        latest = self._latest
         self._last_end_offset = parse_snapshot_name(latest)[0] if latest else 0
         self._last_log_bytes = metadata_log.size_bytes - int(phase * max_bytes_between)
         self._last_time_ms = int(time.time() * 1000)
 
     def latest(self) -> Path | None:
-        return latest_snapshot(self.directory)
+        """The newest snapshot of this node (no directory listing: safe during a write)."""
+        return self._latest
+
+    def _adopt_latest(self, path: Path) -> None:
+        if self._latest is None or parse_snapshot_name(path) > parse_snapshot_name(self._latest):
+            self._latest = path
 
     @staticmethod
     def end_offset(path: Path) -> int:
@@ -144,6 +153,7 @@ class Snapshotter:
             # it does: after a power loss a snapshot must never stand beyond the log's end.
             self.log.sync()
             path = image_to_snapshot(self.directory, image, request_ids)
+            self._adopt_latest(path)
             self._last_end_offset = image.offset + 1
             self._last_log_bytes = self.log.size_bytes
             self._last_time_ms = int(time.time() * 1000)
@@ -192,6 +202,7 @@ class Snapshotter:
                     os.unlink(tmp)
                     return None
                 os.replace(tmp, self.directory / _name_for(image))
+                self._adopt_latest(self.directory / _name_for(image))
             except BaseException:
                 if os.path.exists(tmp):
                     os.unlink(tmp)

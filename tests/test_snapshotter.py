@@ -63,6 +63,21 @@ def test_snapshot_is_due_after_enough_new_log(tmp_path):
     log.close()
 
 
+def test_asking_for_the_latest_snapshot_during_a_write_leaves_the_write_alone(tmp_path):
+    """FetchMetadata asks for the latest snapshot while the snapshot thread may be writing one:
+    the answer must not come from a directory listing that removes the write's ``.part`` file
+    (two controllers of the scale bench stopped on exactly that)."""
+    log, sm = _build_log(tmp_path / "log", topics=2)
+    snapshotter = Snapshotter(tmp_path / "log", log, max_bytes_between=1, max_interval_ms=0)
+    first = snapshotter.write(sm.image)
+    in_progress = tmp_path / "log" / (first.name + ".part")  # as write_snapshot_runs names it
+    in_progress.write_bytes(b"half a snapshot")
+    assert snapshotter.latest() == first
+    assert in_progress.exists()
+    in_progress.unlink()
+    log.close()
+
+
 def test_phase_brings_the_first_byte_triggered_snapshot_forward(tmp_path):
     """Controllers with different phases do not all snapshot at the same offset."""
     log, sm = _build_log(tmp_path / "log", topics=2)
