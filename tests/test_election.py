@@ -238,3 +238,33 @@ def test_records_apply_cleanly():
     assert after.partition(T, 0).leader == 2 and after.partition(T, 0).leader_epoch == 1
     assert after.partition(T, 1).leader == LEADER_NONE and after.partition(T, 1).isr == (1,)
     assert RECOVERY_UNCHANGED != RECOVERED and ONLINE == "online"
+
+
+def test_leaving_change_is_the_builder_spelt_out():
+    """``leaving_change`` (the fencing / controlled-shutdown hot loop) gives exactly the record
+    ``build_partition_change`` gives for the ISR without the leaving broker, over random
+    partitions: leaders in and out of the ISR, leaderless, empty ISRs, reassignments in
+    progress, RECOVERING partitions, unclean elections allowed or not."""
+    import random
+
+    from kraft.controller.election import leaving_change
+
+    rng = random.Random(8)
+    brokers = list(range(6))
+    for _ in range(20_000):
+        replicas = tuple(rng.sample(brokers, rng.randint(0, 4)))
+        isr = tuple(b for b in replicas if rng.random() < 0.7)
+        if rng.random() < 0.1 and 5 not in isr:
+            isr += (5,)  # an ISR member outside the replicas
+        leader = rng.choice([*isr, LEADER_NONE, *([rng.choice(brokers)] if rng.random() < 0.1 else [])])
+        removing = tuple(b for b in replicas if rng.random() < 0.1)
+        adding = tuple(b for b in replicas if rng.random() < 0.1 and b not in removing)
+        part = PartitionRegistration(replicas, isr, removing, adding, leader,
+                                     rng.choice([RECOVERED, RECOVERING]), 3, 9)
+        leaving = rng.choice(brokers)
+        acceptable = frozenset(b for b in brokers if b != leaving and rng.random() < 0.7)
+        unclean = rng.random() < 0.3
+        expected = build_partition_change(T, 4, part, acceptable.__contains__,
+                                          target_isr=[b for b in isr if b != leaving],
+                                          unclean_allowed=unclean)
+        assert leaving_change(T, 4, part, leaving, acceptable, unclean) == expected, (part, leaving, acceptable)
