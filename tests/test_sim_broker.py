@@ -3,6 +3,7 @@ them, every copy still checked against what was replayed."""
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +13,7 @@ from kraft.controller.settings import ControllerSettings
 from kraft.controller.state_machine import QuorumStateMachine
 from kraft.image import ReplayError
 from kraft.records import RecordDecodeError, batch_hash, decode_batch
+from kraft.snapshotter import image_from_snapshot as sim_broker_image_from_snapshot
 from tools.sim_broker import SharedReplay
 
 LISTENER = {"name": "PLAINTEXT", "host": "127.0.0.1", "port": 9092, "security_protocol": "PLAINTEXT"}
@@ -83,3 +85,66 @@ def test_batches_older_than_the_recent_ones_kept_are_recognised_by_hash(monkeypa
     tampered[-1] ^= 1  # unknown bytes are decoded and replayed, and must continue the log
     with pytest.raises((ReplayError, RecordDecodeError)):
         replay.verify(bytes(tampered), first[1][0])
+
+
+@pytest.mark.integration
+def test_simulated_brokers_told_to_load_a_snapshot_load_it_once_and_converge(tmp_path):
+    """Brokers far behind the newest snapshot are told to load it: the first simulated broker
+    of the process fetches and loads it into the shared replay, the next one needs only its
+    header; both follow the log from there and end on the controller's image."""
+    import trio
+
+    from kraft.log.snapshot import list_snapshots
+    from kraft.rpc.client import ControllerClient, call_sync
+    from tests.harness import LocalCluster, poll
+    from tools.sim_broker import SimBroker, wait_unfenced
+
+    c = LocalCluster(tmp_path / "cluster")
+    try:
+        c.up(1, 0)
+        c.kill(1, "TERM")
+        props = Path(c.controller(1)["config"])
+        props.write_text(props.read_text() + "\nmetadata.log.max.record.bytes.between.snapshots=4096\n"
+                         "metadata.fetch.snapshot.min.lag.records=20\n")
+        c.start(1)
+        bootstrap = [(c.controller(1)["host"], c.controller(1)["rpc_port"])]
+        for i in range(40):
+            r = call_sync(bootstrap, "IncrementalAlterConfigs", {"resources": [
+                {"resource_type": "broker", "resource_name": "", "ops": [
+                    {"name": "log.retention.ms", "op": "SET", "value": str(1000 + i)}]}]}, timeout=30)
+            assert not r["resources"][0]["error_code"], r
+        poll(lambda: list_snapshots(c.log_dir(1)), 60, what="a snapshot")
+        replay = SharedReplay()
+        sims = [SimBroker(101 + i, bootstrap, c.meta["cluster_id"], replay=replay) for i in range(2)]
+        loads = []
+        monkeypatch = pytest.MonkeyPatch()
+        monkeypatch.setattr(sim_broker, "image_from_snapshot",
+                            lambda path: loads.append(path) or sim_broker_image_from_snapshot(path))
+
+        compared = []
+
+        async def run() -> None:
+            client = ControllerClient(bootstrap)
+            async with trio.open_nursery() as nursery:
+                for sim in sims:
+                    await nursery.start(sim.run)
+                await wait_unfenced(sims, 60)
+                with trio.fail_after(60):
+                    while not compared:  # the controller's image at an offset both sims replayed
+                        node = await client.call("DescribeNode", {"checksum": True}, timeout=30)
+                        while min(s.metadata_offset for s in sims) < node["applied_offset"]:
+                            await trio.sleep(0.05)
+                        image = replay.publish()
+                        if image.offset == node["applied_offset"]:
+                            compared.append((image.checksum(), node["image_checksum"]))
+                nursery.cancel_scope.cancel()
+            await client.aclose()
+
+        try:
+            trio.run(run)
+        finally:
+            monkeypatch.undo()
+        assert len(loads) == 1
+        assert compared[0][0] == compared[0][1]
+    finally:
+        c.down()

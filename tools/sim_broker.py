@@ -6,22 +6,30 @@ replayed, so the controller unfences it exactly as it would a real broker. It ke
 logs. Many of them run in one trio process and share one :class:`SharedReplay`: every fetched
 batch is hashed and chained per broker (base offset and ``prev_hash`` must continue that broker's
 own log), and strictly decoded and replayed into the shared image the first time any broker of
-the process sees it — the brokers all follow the same log, so one image serves them all.
+the process sees it — the brokers all follow the same log, so one image serves them all. A
+broker told to load a snapshot (it lags too far behind) moves to the snapshot's end when the
+process has replayed that far and the snapshot's last hash is the log's there; otherwise the
+snapshot is fetched and loaded into the shared replay, once for the process.
 """
 from __future__ import annotations
 
+import tempfile
 import time
 import uuid
-from typing import Any
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import trio
 
 from kraft.errors import ErrorCode, KraftError
 from kraft.heap import HeapFreezer
 from kraft.image import MetadataDelta, MetadataImage, ReplayError
+from kraft.log.segment import FRAME_HEADER, HEADER_SIZE
+from kraft.log.snapshot import SnapshotHeader, read_snapshot_header
 from kraft.records import ZERO_HASH, batch_hash, decode_batch
 from kraft.rpc.client import ControllerClient
+from kraft.snapshotter import image_from_snapshot
 
 
 Verified = tuple[int, int, bytes, bytes]  # base offset, last offset, prev_hash, hash of a batch
@@ -46,6 +54,9 @@ class SharedReplay:
         # base offset -> (bytes, answer) of recent batches, oldest first, at most RECENT_BYTES
         self._recent: dict[int, tuple[bytes, Verified]] = {}
         self._recent_bytes = 0
+        self._hash_at: dict[int, bytes] = {}  # last offset -> hash of every batch known
+        self._floor = -1  # offsets up to here came from a loaded snapshot, not from replay
+        self.loading = trio.Lock()  # held by the broker that loads a snapshot for the process
         self._heap = HeapFreezer()
 
     def verify(self, encoded: bytes, base_offset: int | None = None) -> Verified:
@@ -60,9 +71,13 @@ class SharedReplay:
         known = self._known.get(digest)
         if known is None:
             batch = decode_batch(encoded)
-            self._delta.replay_batch(batch, digest)
+            if batch.last_offset > self._floor:
+                self._delta.replay_batch(batch, digest)
+                self._heap.note(len(batch.records))
+            # else the loaded snapshot holds it: the broker's own hash chain proves it, since
+            # that chain must reach the snapshot's last hash at the floor
             known = self._known[digest] = (batch.base_offset, batch.last_offset, batch.prev_hash)
-            self._heap.note(len(batch.records))
+            self._hash_at[batch.last_offset] = digest
         answer = (*known, digest)
         self._remember(encoded, answer)
         return answer
@@ -75,6 +90,18 @@ class SharedReplay:
         while self._recent_bytes > RECENT_BYTES:
             oldest = next(iter(self._recent))
             self._recent_bytes -= len(self._recent.pop(oldest)[0])
+
+    def hash_at(self, offset: int) -> bytes | None:
+        """The hash of the batch ending at ``offset``, if this process has seen it."""
+        return self._hash_at.get(offset)
+
+    def adopt(self, image: MetadataImage) -> None:
+        """Continue from a loaded snapshot's ``image`` if it is ahead of the replay so far."""
+        if image.offset <= self._delta.offset:
+            return
+        self.image, self._delta = image, MetadataDelta(image)
+        self._floor = image.offset
+        self._hash_at[image.offset] = image.last_hash
 
     def publish(self) -> MetadataImage:
         """Apply what was replayed since the last call; returns the shared image."""
@@ -138,12 +165,34 @@ class SimBroker:
                     await trio.sleep(0.1)
                     continue
                 if result.get("snapshot"):
-                    raise RuntimeError(f"simulated broker {self.broker_id}: the controllers' log starts after "
-                                       f"offset {self.metadata_offset + 1}; simulated brokers follow it from "
-                                       "the start and do not load snapshots")
+                    await self._load_snapshot(client, result["snapshot"])
+                    continue
                 self._replay(result.get("batches") or [])
         finally:
             await client.aclose()
+
+    async def _load_snapshot(self, client: ControllerClient, info: dict[str, Any]) -> None:
+        """Told to load a snapshot (lagging, or the log starts later): its header (via
+        FetchSnapshot) is enough when this process already replayed up to its end: the header's
+        last hash must be the hash of the batch ending there. Otherwise the whole snapshot is
+        fetched, verified and loaded into the shared replay, as a broker does."""
+        name, end = str(info["name"]), info["end_offset"]
+        # one broker of the process at a time: after one has loaded it, the others need its header
+        async with self.replay.loading:
+            with tempfile.TemporaryDirectory(prefix="sim-broker-") as tmp:
+                path = Path(tmp) / Path(name).name
+                header = await _fetch_snapshot(client, name, path, whole=False)
+                known = self.replay.hash_at(end - 1)
+                if known is None:
+                    await _fetch_snapshot(client, name, path, whole=True)
+                    image = await trio.to_thread.run_sync(image_from_snapshot, path)
+                    self.replay.adopt(image)
+                    known = self.replay.hash_at(end - 1)
+        if known != header.last_hash or header.end_offset != end:
+            raise ReplayError(f"simulated broker {self.broker_id}: snapshot {name} does not match the "
+                              f"log this process replayed (offset {end - 1})")
+        if end - 1 > self.metadata_offset:
+            self.metadata_offset, self.last_hash = end - 1, header.last_hash
 
     def _replay(self, batches: list[bytes]) -> None:
         """Verify and replay fetched batches: each must continue this broker's own chain."""
@@ -178,6 +227,25 @@ class SimBroker:
                 self.shut_down = True
                 return
             await trio.sleep(self.heartbeat_interval_s)
+
+
+async def _fetch_snapshot(client: ControllerClient, name: str, path: Path, whole: bool) -> SnapshotHeader:
+    """FetchSnapshot ``name`` into ``path``: all of it, or just enough for its header."""
+    with open(path, "wb") as f:
+        position = 0
+        while True:
+            reply = await client.call("FetchSnapshot", {"name": name, "position": position,
+                                                        "max_bytes": 1 << 20}, timeout=30)
+            data = reply.get("data") or b""
+            f.write(data)
+            position += len(data)
+            if reply.get("done") or not data:
+                break
+            if not whole and position >= HEADER_SIZE:
+                f.flush()
+                if position >= HEADER_SIZE + FRAME_HEADER.unpack(path.read_bytes()[:HEADER_SIZE])[0]:
+                    break
+    return read_snapshot_header(path)
 
 
 async def wait_unfenced(brokers: list[SimBroker], timeout_s: float) -> None:
