@@ -85,8 +85,8 @@ class ControllerNode:
         self.applier = MetadataApplier(self.state_machine, self.log, self.snapshotter,
                                        on_applied=self._on_applied_from_raft_thread)
         self.heartbeats = BrokerHeartbeatManager(config["broker.session.timeout.ms"])
-        self._trio_token: trio.lowlevel.TrioToken | None = None
         self._new_data = trio.Event()
+        self._applied = trio.Event()  # set on the trio thread after each applied Raft entry
         self._active_term = -1
         # broker id → (metadata offset, last contact ms, last time it was caught up ms or -1)
         self._observers: dict[int, tuple[int, int, int]] = {}
@@ -115,20 +115,20 @@ class ControllerNode:
     # ---- raft thread → trio -------------------------------------------------------------------
 
     def _on_applied_from_raft_thread(self) -> None:
-        token = self._trio_token
-        if token is not None:
-            try:
-                token.run_sync_soon(self._wake_fetchers_next_round, token)
-            except trio.RunFinishedError:
-                pass
+        if self.quorum is not None:
+            self.quorum.call_soon_in_trio(self._note_applied)
 
-    def _wake_fetchers_next_round(self, token: trio.lowlevel.TrioToken) -> None:
-        """Wake the long-polling brokers one scheduler round later, so the writers whose
-        commands this entry committed (their answers are queued right behind) go first."""
-        try:
-            token.run_sync_soon(self._wake_fetchers)
-        except trio.RunFinishedError:
-            pass
+    def _note_applied(self) -> None:  # trio thread
+        self._applied.set()
+
+    async def _fetcher_wake_loop(self) -> None:
+        """Wake the long-polling brokers after each applied entry, one scheduler round after
+        the writers whose commands it committed (their answers go out first)."""
+        while True:
+            await self._applied.wait()
+            self._applied = trio.Event()
+            await trio.lowlevel.checkpoint()
+            self._wake_fetchers()
 
     def _wake_fetchers(self) -> None:
         self._new_data.set()
@@ -137,7 +137,6 @@ class ControllerNode:
     # ---- running ------------------------------------------------------------------------------
 
     async def run(self, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        self._trio_token = trio.lowlevel.current_trio_token()
         cfg = self.config
         raft_host, raft_port = cfg.raft_voters[self.node_id]
         election_max = cfg["controller.quorum.election.timeout.ms"] / 1000
@@ -168,6 +167,7 @@ class ControllerNode:
                 self.quorum.start()
                 await nursery.start(server.serve)
                 nursery.start_soon(self._leadership_loop)
+                nursery.start_soon(self._fetcher_wake_loop)
                 nursery.start_soon(self._session_timer_loop)
                 nursery.start_soon(self._snapshot_loop)
                 nursery.start_soon(self._log_flush_loop)
