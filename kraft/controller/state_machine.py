@@ -30,6 +30,7 @@ from kraft.errors import ErrorCode, KraftError
 from kraft.image import MetadataDelta, MetadataImage
 from kraft.records import (
     Batch,
+    PartitionChangeRecord,
     PartitionRecord,
     ProducerIdsRecord,
     Provenance,
@@ -74,6 +75,8 @@ def batch_summary(batch: Batch, image: MetadataImage) -> dict[str, Any]:
     topics: list[dict[str, Any]] = []
     created: dict[str, dict[str, Any]] = {}
     for record in batch.records:
+        if type(record) is PartitionChangeRecord:  # the bulk of big batches: nothing to say
+            continue
         if isinstance(record, TopicRecord):
             created[record.topic_id] = {"name": record.name, "topic_id": record.topic_id, "error_code": 0,
                                         "error_message": "", "num_partitions": 0, "replication_factor": 0}
