@@ -323,6 +323,7 @@ class MetadataImage:
     next_producer_id: int
     controller_id: int
     _checksum: str | None = field(default=None, init=False, compare=False, repr=False)
+    _topic_names: tuple[str, ...] | None = field(default=None, init=False, compare=False, repr=False)
 
     EMPTY: ClassVar["MetadataImage"]
 
@@ -359,6 +360,15 @@ class MetadataImage:
         """The dynamic config keys set on a resource (empty mapping when none)."""
         return self.configs.get((resource_type, resource_name), _EMPTY_MAP)
 
+    def topic_names(self) -> tuple[str, ...]:
+        """Every topic name, sorted (cached, and shared by the next image while no topic is
+        created or deleted: a broker transition's steps each walk the topics in name order)."""
+        names = self._topic_names
+        if names is None:
+            names = tuple(sorted(self.topics_by_name))
+            object.__setattr__(self, "_topic_names", names)
+        return names
+
     def partition_count(self) -> int:
         return sum(len(t.partitions) for t in self.topics_by_id.values())
 
@@ -373,7 +383,7 @@ class MetadataImage:
             yield FeatureLevelRecord(name, self.features[name])
         for broker_id in sorted(self.brokers):
             yield self.brokers[broker_id].to_record()
-        for name in sorted(self.topics_by_name):
+        for name in self.topic_names():
             topic_id = self.topics_by_name[name]
             yield TopicRecord(name, topic_id)
             if with_partitions:
@@ -442,8 +452,7 @@ class MetadataImage:
                     continue
                 (head if type(record) in _HEAD_TYPES else tail).append(record.to_dict())
             topics = self.topics_by_id
-            digests = [topics[self.topics_by_name[name]].digest()
-                       for name in sorted(self.topics_by_name)]
+            digests = [topics[self.topics_by_name[name]].digest() for name in self.topic_names()]
             payload = msgpack.packb([2, self.offset, head, digests, tail], use_bin_type=True)
             cached = hashlib.sha256(payload).hexdigest()
             object.__setattr__(self, "_checksum", cached)
@@ -923,12 +932,15 @@ class MetadataDelta:
                 else:
                     configs.pop(key, None)
 
-        return MetadataImage(
+        after = MetadataImage(
             offset=self._offset, term=self._term, raft_index=self._raft_index,
             timestamp_ms=self._timestamp_ms, last_hash=self._last_hash, features=features,
             brokers=brokers, topics_by_id=topics_by_id, topics_by_name=topics_by_name,
             configs=configs, next_producer_id=self._next_producer_id,
             controller_id=self._controller_id)
+        if topics_by_name is image.topics_by_name and image._topic_names is not None:
+            object.__setattr__(after, "_topic_names", image._topic_names)
+        return after
 
 
 # Replay rule per record type (PartitionRecord is inlined in replay_batch as well).

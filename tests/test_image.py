@@ -295,6 +295,18 @@ def test_apply_shares_unchanged_objects():
     assert image.partition(T1, 0).isr == (1, 2)
 
 
+def test_sorted_topic_names_are_shared_until_a_topic_comes_or_goes():
+    image = build(TopicRecord("c", T3), partition(T3, 0, [1]), image=base_image())
+    names = image.topic_names()
+    assert names == ("a", "b", "c") and image.topic_names() is names
+    changed = build(change(T1, 0, isr=[1]), image=image)
+    assert changed.topic_names() is names
+    removed = build(RemoveTopicRecord(T2), image=changed)
+    assert removed.topic_names() == ("a", "c")
+    recreated = build(TopicRecord("b", str(uuid.UUID(int=99))), image=removed)
+    assert recreated.topic_names() == ("a", "b", "c") and recreated.topic_names() is not names
+
+
 def test_partition_map_chunks():
     regs = {pid: PartitionRegistration((pid,), (pid,), (), (), pid, 0, 0, 0) for pid in range(5000)}
     pm = PartitionMap.of(regs)

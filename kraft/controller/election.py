@@ -226,7 +226,7 @@ def elect_unclean_leader(topic_id: str, partition_id: int, partition: PartitionR
 
 def _topics_in_name_order(image: MetadataImage) -> Iterator[TopicImage]:
     by_id, by_name = image.topics_by_id, image.topics_by_name
-    for name in sorted(by_name):
+    for name in image.topic_names():
         yield by_id[by_name[name]]
 
 
@@ -277,7 +277,7 @@ def leaving_changes(image: MetadataImage, broker_id: int, unclean_allowed: Uncle
     acceptable = _active_brokers_except(image, broker_id)
     out = Changes()
     by_id, by_name = image.topics_by_id, image.topics_by_name
-    names = sorted(by_name)
+    names = image.topic_names()
     first = bisect_left(names, resume[0]) if resume is not None else 0
     for name in names[first:]:
         topic = by_id[by_name[name]]

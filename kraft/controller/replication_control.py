@@ -74,7 +74,7 @@ def unclean_allowed(image: MetadataImage, settings: ControllerSettings, topic_na
 
 def _topics_by_name(image: MetadataImage) -> Iterator[TopicImage]:
     by_id = image.topics_by_id
-    for name in sorted(image.topics_by_name):
+    for name in image.topic_names():
         yield by_id[image.topics_by_name[name]]
 
 
