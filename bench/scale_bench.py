@@ -210,7 +210,7 @@ class Scale:
                 await self.phase("controller_memory_snapshot", self.phase_rss_snapshot)
                 await self.phase("failover_cold_start", self.phase_failover, pool[0])
                 await self.phase("broker_kill", self.phase_broker_kill, pool[0])
-                await self.phase("controlled_shutdown", self.phase_controlled_shutdown)
+                await self.phase("controlled_shutdown", self.phase_controlled_shutdown, pool[0])
             finally:
                 for c in pool:
                     await c.aclose()
@@ -298,8 +298,6 @@ class Scale:
         """A simulated broker stops heartbeating: from its session expiry (its last answered
         heartbeat + the session timeout) until a controller shows it fenced — the fence record is
         written after all its partition changes, so that is "re-elected and committed"."""
-        from kraft.log.metadata_log import MetadataLog
-
         victim = self.sims[0]
         leader = await self.leader(client)
         before = (await self.describe_node(leader) or {}).get("applied_offset", -1) if leader else -1
@@ -317,15 +315,27 @@ class Scale:
                 except (KraftError, trio.TooSlowError, OSError):
                     pass
                 await trio.sleep(0.05)
-        leader = await self.leader(client) or leader
+        first, last, _, changes, fence, batches = await self.scan_log(client, before, "session-timeout")
+        self.row("broker_kill", broker=victim.broker_id, partition_changes=changes, fence_records=fence,
+                 steps=batches, reelect_s=round(fenced_at - expiry, 2),
+                 log_span_s=round((last - first) / 1000, 2) if first is not None else None)
+
+    async def scan_log(self, client: ControllerClient, after: int, reason: str
+                       ) -> tuple[int | None, int | None, int | None, int, int, int]:
+        """The leader's batches after offset ``after`` written for ``reason``: (timestamps ms of
+        the first, the last, the last with partition changes; partition changes, broker
+        registration changes, batches)."""
+        from kraft.log.metadata_log import MetadataLog
+
+        leader = await self.leader(client)
         log_dir = Path(self.controller(leader)["metadata_dir"]) / "log"
 
-        def scan() -> tuple[int | None, int | None, int, int, int]:
-            first = last = None
-            changes = fence = batches = 0
+        def scan() -> tuple[int | None, int | None, int | None, int, int, int]:
+            first = last = last_change = None
+            changes = registrations = batches = 0
             with MetadataLog.open(log_dir, fsync="never") as mlog:
-                for b in mlog.read_batches(max(before + 1, mlog.start_offset)):
-                    if b.provenance.reason != "session-timeout":
+                for b in mlog.read_batches(max(after + 1, mlog.start_offset)):
+                    if b.provenance.reason != reason:
                         continue
                     first = b.timestamp_ms if first is None else first
                     last = b.timestamp_ms
@@ -333,23 +343,38 @@ class Scale:
                     for rec in b.records:
                         name = type(rec).__name__
                         changes += name == "PartitionChangeRecord"
-                        fence += name == "BrokerRegistrationChangeRecord"
-            return first, last, changes, fence, batches
+                        registrations += name == "BrokerRegistrationChangeRecord"
+                    if len(b.records) > 1:  # not the lone final fence record
+                        last_change = b.timestamp_ms
+            return first, last, last_change, changes, registrations, batches
 
-        first, last, changes, fence, batches = await trio.to_thread.run_sync(scan)
-        self.row("broker_kill", broker=victim.broker_id, partition_changes=changes, fence_records=fence,
-                 steps=batches, reelect_s=round(fenced_at - expiry, 2),
-                 log_span_s=round((last - first) / 1000, 2) if first is not None else None)
+        return await trio.to_thread.run_sync(scan)
 
-    async def phase_controlled_shutdown(self) -> None:
+    async def phase_controlled_shutdown(self, client: ControllerClient) -> None:
+        """A simulated broker asks to shut down: request → told to shut down (seconds), and where
+        the time went, from the leader's log: to the first step, the steps moving its
+        partitions, from the last step to the final fence record (the brokers replay the steps;
+        the broker heartbeats again), from the fence to the answer."""
         b = self.sims[1]
+        leader = await self.leader(client)
+        before = (await self.describe_node(leader) or {}).get("applied_offset", -1) if leader else -1
         log(f"controlled shutdown of simulated broker {b.broker_id}")
-        t0 = time.perf_counter()
+        t0, wall0 = time.perf_counter(), time.time()
         b.want_shutdown = True
         with trio.fail_after(120):
             while not b.shut_down:
                 await trio.sleep(0.02)
-        self.row("controlled_shutdown", broker=b.broker_id, seconds=round(time.perf_counter() - t0, 2))
+        seconds, done = time.perf_counter() - t0, time.time()
+        first, last, last_change, changes, _, batches = await self.scan_log(
+            client, before, "controlled-shutdown")
+        where = {}
+        if first is not None and last_change is not None:  # command timestamps, leader's clock
+            where = {"to_first_step_s": round(first / 1000 - wall0, 2),
+                     "steps_s": round((last_change - first) / 1000, 2),
+                     "to_fence_s": round((last - last_change) / 1000, 2),
+                     "fence_to_answer_s": round(done - last / 1000, 2)}
+        self.row("controlled_shutdown", broker=b.broker_id, seconds=round(seconds, 2),
+                 partition_changes=changes, batches=batches, **where)
 
     def catch_up(self) -> None:
         """A new real broker process replays the whole image and reports RUNNING."""
