@@ -315,23 +315,26 @@ class Scale:
                 except (KraftError, trio.TooSlowError, OSError):
                     pass
                 await trio.sleep(0.05)
-        first, last, _, changes, fence, batches = await self.scan_log(client, before, "session-timeout")
+        first, last, _, changes, fence, batches, terms = await self.scan_log(client, before,
+                                                                             "session-timeout")
         self.row("broker_kill", broker=victim.broker_id, partition_changes=changes, fence_records=fence,
-                 steps=batches, reelect_s=round(fenced_at - expiry, 2),
+                 steps=batches, terms=terms, reelect_s=round(fenced_at - expiry, 2),
                  log_span_s=round((last - first) / 1000, 2) if first is not None else None)
 
     async def scan_log(self, client: ControllerClient, after: int, reason: str
-                       ) -> tuple[int | None, int | None, int | None, int, int, int]:
+                       ) -> tuple[int | None, int | None, int | None, int, int, int, int]:
         """The leader's batches after offset ``after`` written for ``reason``: (timestamps ms of
         the first, the last, the last with partition changes; partition changes, broker
-        registration changes, batches)."""
+        registration changes, batches, Raft terms they span — more than one: an election
+        happened meanwhile)."""
         from kraft.log.metadata_log import MetadataLog
 
         leader = await self.leader(client)
         log_dir = Path(self.controller(leader)["metadata_dir"]) / "log"
 
-        def scan() -> tuple[int | None, int | None, int | None, int, int, int]:
+        def scan() -> tuple[int | None, int | None, int | None, int, int, int, int]:
             first = last = last_change = None
+            terms = set()
             changes = registrations = batches = 0
             with MetadataLog.open(log_dir, fsync="never") as mlog:
                 for b in mlog.read_batches(max(after + 1, mlog.start_offset)):
@@ -340,13 +343,14 @@ class Scale:
                     first = b.timestamp_ms if first is None else first
                     last = b.timestamp_ms
                     batches += 1
+                    terms.add(b.term)
                     for rec in b.records:
                         name = type(rec).__name__
                         changes += name == "PartitionChangeRecord"
                         registrations += name == "BrokerRegistrationChangeRecord"
                     if len(b.records) > 1:  # not the lone final fence record
                         last_change = b.timestamp_ms
-            return first, last, last_change, changes, registrations, batches
+            return first, last, last_change, changes, registrations, batches, len(terms)
 
         return await trio.to_thread.run_sync(scan)
 
@@ -365,7 +369,7 @@ class Scale:
             while not b.shut_down:
                 await trio.sleep(0.02)
         seconds, done = time.perf_counter() - t0, time.time()
-        first, last, last_change, changes, _, batches = await self.scan_log(
+        first, last, last_change, changes, _, batches, terms = await self.scan_log(
             client, before, "controlled-shutdown")
         where = {}
         if first is not None and last_change is not None:  # command timestamps, leader's clock
@@ -374,7 +378,7 @@ class Scale:
                      "to_fence_s": round((last - last_change) / 1000, 2),
                      "fence_to_answer_s": round(done - last / 1000, 2)}
         self.row("controlled_shutdown", broker=b.broker_id, seconds=round(seconds, 2),
-                 partition_changes=changes, batches=batches, **where)
+                 partition_changes=changes, batches=batches, terms=terms, **where)
 
     def catch_up(self) -> None:
         """A new real broker process replays the whole image and reports RUNNING."""
