@@ -208,6 +208,7 @@ class SimBroker:
             self.replay.publish()
 
     async def _heartbeat_loop(self, client: ControllerClient) -> None:
+        shutdown_answers = 0
         while True:
             sent = time.monotonic()
             try:
@@ -226,6 +227,11 @@ class SimBroker:
             if reply["should_shut_down"]:
                 self.shut_down = True
                 return
+            if self.want_shutdown:
+                shutdown_answers += 1
+                if shutdown_answers == 1:  # as Kafka's broker: the first "not yet" is followed by a
+                    await trio.sleep(0.05)  # quick heartbeat, in case the shutdown completes quickly
+                    continue
             await trio.sleep(self.heartbeat_interval_s)
 
 
