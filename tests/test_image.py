@@ -278,6 +278,24 @@ def test_replay_batch_refuses_gaps_wrong_hash_and_names_the_offset():
         MetadataDelta(image).replay_batch(bad)
 
 
+def test_replay_batch_sees_a_topic_removed_between_two_of_its_partition_changes():
+    image = base_image()
+    batch = make_batch(image, change(T1, 0, isr=[1]), change(T1, 1, isr=[2]), RemoveTopicRecord(T1),
+                       change(T1, 0, isr=[2]))
+    with pytest.raises(ReplayError, match="unknown topic id"):
+        MetadataDelta(image).replay_batch(batch)
+    batch = make_batch(image, change(T1, 0, isr=[1]), RemoveTopicRecord(T1), TopicRecord("a", T3),
+                       partition(T3, 0, [1]), change(T3, 0, isr=[1]), change(T1, 1, isr=[2]))
+    with pytest.raises(ReplayError, match="unknown topic id"):
+        MetadataDelta(image).replay_batch(batch)
+    batch = make_batch(image, change(T1, 0, isr=[1]), change(T2, 0, isr=[1]), change(T1, 1, isr=[3]))
+    delta = MetadataDelta(image)
+    delta.replay_batch(batch)
+    after = delta.apply()
+    assert (after.partition(T1, 0).isr, after.partition(T1, 1).isr, after.partition(T2, 0).isr) == \
+        ((1,), (3,), (1,))
+
+
 # ---- O(changed) sharing ---------------------------------------------------------------------------
 
 def test_apply_shares_unchanged_objects():
