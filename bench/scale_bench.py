@@ -358,10 +358,13 @@ class Scale:
         """A simulated broker asks to shut down: request → told to shut down (seconds), and where
         the time went, from the leader's log: to the first step, the steps moving its
         partitions, from the last step to the final fence record (the brokers replay the steps;
-        the broker heartbeats again), from the fence to the answer."""
+        the broker heartbeats again), from the fence to the answer. It starts once every
+        controller and broker has applied the log so far (not while they still replay the
+        broker kill's)."""
         b = self.sims[1]
         leader = await self.leader(client)
         before = (await self.describe_node(leader) or {}).get("applied_offset", -1) if leader else -1
+        await self.applied_everywhere(before, 120)
         log(f"controlled shutdown of simulated broker {b.broker_id}")
         t0, wall0 = time.perf_counter(), time.time()
         b.want_shutdown = True
