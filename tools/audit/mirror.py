@@ -1,12 +1,13 @@
-"""An incremental Parquet mirror of the log's sealed segments.
+"""An incremental Parquet mirror of the log's segments.
 
-Every segment but the newest is sealed (never appended to again), so it is decoded once and
-kept as Parquet under ``MIRROR/records/source=<segment file>/part-0.parquet``;
-``MIRROR/manifest.json`` records each mirrored segment's size and mtime. A segment that changed
-(or vanished) is re-decoded (or dropped). The newest segment is always read live through the
-data source. Stale segments are decoded in one Spark job, one task per segment: each task runs
-the columnar decoder and writes its Parquet file with pyarrow (no row conversion in the JVM, no
-sort by partition), then renames it into place.
+Every segment is decoded once and kept as Parquet under
+``MIRROR/records/source=<segment file>/part-0.parquet``; ``MIRROR/manifest.json`` records each
+mirrored segment's size and mtime. A segment that changed (or vanished) is re-decoded (or
+dropped): sealed segments never change, so a re-audit decodes only the newest segment (which
+may still be appended to) and any new ones. The audit's queries then all read Parquet, pruned
+to the columns each needs. Stale segments are decoded in one Spark job, one task per segment:
+each task runs the columnar decoder and writes its Parquet file with pyarrow (no row
+conversion in the JVM, no sort by partition), then renames it into place.
 """
 from __future__ import annotations
 
@@ -19,8 +20,6 @@ from pyspark.sql import DataFrame, SparkSession
 
 from tools.audit.columns import ARROW_SCHEMA, NAMES, SPARK_DDL
 from tools.audit.datasource import segment_ranges
-
-FORMAT = "kraft-metadata"
 
 
 def _stamp(path: Path) -> list[int]:
@@ -48,19 +47,17 @@ def write_segment(item: tuple[str, str]) -> None:
 
 def load_records(spark: SparkSession, log_dir: Path, mirror: Path,
                  to_offset: int | None = None) -> tuple[DataFrame, dict]:
-    """The record table of ``log_dir`` (up to ``to_offset``): mirrored sealed segments plus the
-    newest segment read live. Returns it with ``{"decoded": [...], "reused": [...]}``."""
+    """The record table of ``log_dir`` (up to ``to_offset``) from the mirror, after decoding
+    the segments it lacks. Returns it with ``{"decoded": [...], "reused": [...]}``."""
     ranges = segment_ranges(log_dir)
     if to_offset is not None:
         ranges = [r for r in ranges if r[1] <= to_offset]
-    sealed = [p for p, _, last in ranges if last is not None]
-    newest = [p for p, _, last in ranges if last is None]
     mirror.mkdir(parents=True, exist_ok=True)
     manifest_path = mirror / "manifest.json"
     manifest: dict[str, list[int]] = (json.loads(manifest_path.read_text())
                                       if manifest_path.exists() else {})
     records_dir = mirror / "records"
-    wanted = {p.name: _stamp(p) for p in sealed}
+    wanted = {p.name: _stamp(p) for p, _, _ in ranges}
     for name in list(manifest):
         if name not in wanted or manifest[name] != wanted[name]:
             shutil.rmtree(records_dir / f"source={name}", ignore_errors=True)
@@ -72,22 +69,12 @@ def load_records(spark: SparkSession, log_dir: Path, mirror: Path,
         for name in stale:
             manifest[name] = wanted[name]
         manifest_path.write_text(json.dumps(manifest, indent=1, sort_keys=True))
-    parts: list[DataFrame] = []
     if wanted:
         paths = [str(records_dir / f"source={name}") for name in wanted]
-        parts.append(spark.read.schema(SPARK_DDL).option("basePath", str(records_dir))
-                          .parquet(*paths).select(*NAMES))
-    if newest or not parts:
-        reader = spark.read.format(FORMAT)
-        if newest:
-            reader = reader.option("segments", newest[0].name)
-        else:
-            reader = reader.option("segments", "-")
-        parts.append(reader.load(str(log_dir)))
-    df = parts[0]
-    for p in parts[1:]:
-        df = df.unionByName(p)
+        df = (spark.read.schema(SPARK_DDL).option("basePath", str(records_dir))
+                   .parquet(*paths).select(*NAMES))
+    else:
+        df = spark.createDataFrame([], SPARK_DDL)
     if to_offset is not None:
         df = df.filter(df["offset"].isNull() | (df["offset"] <= to_offset))
-    return df, {"decoded": stale, "reused": [n for n in wanted if n not in stale],
-                "live": [p.name for p in newest]}
+    return df, {"decoded": stale, "reused": [n for n in wanted if n not in stale]}

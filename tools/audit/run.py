@@ -7,6 +7,7 @@ call it with their own SparkSession. Exit status: 0 every error-severity rule pa
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -14,7 +15,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
@@ -128,7 +128,8 @@ def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str
                                     opts.to_offset)
     if opts.to_ms is not None:
         raw = raw.filter(F.col("timestamp_ms").isNull() | (F.col("timestamp_ms") <= opts.to_ms))
-    records = tables.prepare(raw.drop("record_json")).persist(StorageLevel.MEMORY_AND_DISK)
+    # not cached: every query reads the Parquet mirror, pruned to the columns it needs
+    records = tables.prepare(raw.drop("record_json"))
     meta_row = records.agg(
         F.count("*").alias("records"), F.min("offset").alias("first_offset"),
         F.max("offset").alias("last_offset"), F.min("timestamp_ms").alias("first_ms"),
@@ -138,14 +139,17 @@ def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str
     meta["batches"] = meta["batches"] or 0
     steps.done("read_s")
     progress(f"    {meta['records']:,} records in {meta['batches']:,} batches; segments decoded "
-             f"{len(mirror_info['decoded'])}, from the Parquet mirror {len(mirror_info['reused'])}, "
-             f"live {len(mirror_info['live'])}")
+             f"{len(mirror_info['decoded'])}, from the Parquet mirror {len(mirror_info['reused'])}")
     from_offset = _from_offset(records, opts)
 
     steps("deriving tables")
     log_end = F.timestamp_millis(F.lit(meta["last_ms"] or 0))
     topics_df = tables.topics(records).persist()
-    history = tables.partition_history(records, topics_df).persist(StorageLevel.MEMORY_AND_DISK)
+    # the big table is computed once into Parquet (the table itself when it is written whole)
+    # and every later use reads that back, pruned to its columns: cheaper than caching it
+    history_path = out / ("tables" if from_offset is None else "work") / "partition_history"
+    tables.partition_history(records, topics_df).write.mode("overwrite").parquet(str(history_path))
+    history = spark.read.parquet(str(history_path))
     brokers = tables.broker_history(records).persist()
     derived: dict[str, DataFrame] = {
         "topics": topics_df,
@@ -159,7 +163,8 @@ def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str
     table_paths: dict[str, Path] = {}
     for name, df in derived.items():
         path = out / "tables" / name
-        _since(df, from_offset).write.mode("overwrite").parquet(str(path))
+        if path != history_path:
+            _since(df, from_offset).write.mode("overwrite").parquet(str(path))
         table_paths[name] = path
     steps.done("tables_s")
 
@@ -196,8 +201,9 @@ def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str
     report_path = out / "report.html"
     report_path.write_text(report.render(data), encoding="utf-8")
     steps.done("report_s")
-    for df in (records, topics_df, history, brokers, found):
+    for df in (topics_df, brokers, found):
         df.unpersist()
+    shutil.rmtree(out / "work", ignore_errors=True)
     steps("done")
     _summary(progress, findings, report_path)
     code = 1 if findings["status"] == "failed" else 0

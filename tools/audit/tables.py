@@ -49,35 +49,42 @@ def _names(topics_df: DataFrame) -> DataFrame:
 
 def partition_history(records: DataFrame, topics_df: DataFrame) -> DataFrame:
     """Every partition creation and change with the resulting leader, ISR, replicas, epochs,
-    election type and why; ``state`` is online, under-replicated or offline after the change."""
+    election type and why; ``state`` is online, under-replicated or offline after the change.
+
+    Two window passes over one sort: the first keeps running epoch-bump counts and the latest
+    named leader / ISR / replicas up to each row and up to the row before it (the ``prev_``
+    values); the second adds the bumps since the partition's latest PartitionRecord to that
+    record's epochs."""
     w = Window.partitionBy("topic_id", "partition_id").orderBy("offset")
     cum = w.rowsBetween(_UNBOUNDED, Window.currentRow)
+    before = w.rowsBetween(_UNBOUNDED, -1)
     is_new = F.col("record_type") == "PartitionRecord"
     named_leader = F.when(is_new, F.col("leader")).when(F.col("leader") != LEADER_UNCHANGED,
                                                         F.col("leader"))
+    le_bump = F.when(~is_new & (F.col("leader") != LEADER_UNCHANGED), 1).otherwise(0)
     p = (records.filter(F.col("record_type").isin(*PARTITION_TYPES))
-                .select("offset", "ts", "timestamp_ms", "topic_id", "partition_id", "record_type",
-                        "replicas", "isr", "leader", "leader_epoch", "partition_epoch", "election",
-                        "principal", "client_id", "api", "reason", "batch_base_offset")
-                .withColumn("is_new", is_new)
-                .withColumn("named_leader", named_leader)
-                .withColumn("le_cum", F.sum(F.when(~is_new & (F.col("leader") != LEADER_UNCHANGED),
-                                                   1).otherwise(0)).over(cum))
-                .withColumn("pe_cum", F.sum(F.when(~is_new, 1).otherwise(0)).over(cum)))
-    p = (p.withColumn("replicas_now", F.last("replicas", True).over(cum))
-          .withColumn("isr_now", F.last("isr", True).over(cum))
-          .withColumn("leader_now", F.last("named_leader", True).over(cum))
-          .withColumn("base_le", F.last(F.when(is_new, F.col("leader_epoch")), True).over(cum))
-          .withColumn("base_pe", F.last(F.when(is_new, F.col("partition_epoch")), True).over(cum))
-          .withColumn("base_le_cum", F.last(F.when(is_new, F.col("le_cum")), True).over(cum))
-          .withColumn("base_pe_cum", F.last(F.when(is_new, F.col("pe_cum")), True).over(cum)))
-    p = (p.withColumn("leader_epoch_now", F.col("base_le") + F.col("le_cum") - F.col("base_le_cum"))
-          .withColumn("partition_epoch_now", F.col("base_pe") + F.col("pe_cum") - F.col("base_pe_cum"))
-          .withColumn("prev_leader", F.lag("leader_now").over(w))
-          .withColumn("prev_isr", F.lag("isr_now").over(w))
-          .withColumn("prev_replicas", F.lag("replicas_now").over(w))
-          .withColumn("prev_leader_epoch", F.lag("leader_epoch_now").over(w))
-          .withColumn("prev_partition_epoch", F.lag("partition_epoch_now").over(w)))
+                .select("offset", "ts", "topic_id", "partition_id", "record_type", "replicas",
+                        "isr", "leader", "leader_epoch", "partition_epoch", "election",
+                        "principal", "client_id", "api", "reason", "batch_base_offset",
+                        is_new.alias("is_new"), named_leader.alias("named_leader"),
+                        F.sum(le_bump).over(cum).alias("le_cum"),
+                        F.sum(F.when(~is_new, 1).otherwise(0)).over(cum).alias("pe_cum"),
+                        F.last("replicas", True).over(cum).alias("replicas_now"),
+                        F.last("isr", True).over(cum).alias("isr_now"),
+                        F.last(named_leader, True).over(cum).alias("leader_now"),
+                        F.last("replicas", True).over(before).alias("prev_replicas"),
+                        F.last("isr", True).over(before).alias("prev_isr"),
+                        F.last(named_leader, True).over(before).alias("prev_leader")))
+    # a PartitionRecord's epoch minus the bumps counted before it: add the running count
+    le_base = F.when(F.col("is_new"), F.col("leader_epoch") - F.col("le_cum"))
+    pe_base = F.when(F.col("is_new"), F.col("partition_epoch") - F.col("pe_cum"))
+    p = p.select("*",
+                 (F.last(le_base, True).over(cum) + F.col("le_cum")).alias("leader_epoch_now"),
+                 (F.last(pe_base, True).over(cum) + F.col("pe_cum")).alias("partition_epoch_now"),
+                 (F.last(le_base, True).over(before) + F.lag("le_cum").over(w))
+                 .alias("prev_leader_epoch"),
+                 (F.last(pe_base, True).over(before) + F.lag("pe_cum").over(w))
+                 .alias("prev_partition_epoch"))
     leader_changed = ~F.col("is_new") & F.col("named_leader").isNotNull() & (
         F.col("prev_leader").isNull() | (F.col("named_leader") != F.col("prev_leader")))
     isr_changed = ~F.col("is_new") & F.col("isr").isNotNull() & (
