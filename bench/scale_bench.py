@@ -95,6 +95,16 @@ class Scale:
         except (KraftError, trio.TooSlowError, OSError):
             return None
 
+    async def known_leader(self, client: ControllerClient) -> int:
+        """The active controller's id, asking again while there is no answer (an election, or
+        DescribeQuorum timing out on a loaded machine)."""
+        with trio.fail_after(60):
+            while True:
+                leader = await self.leader(client)
+                if leader is not None:
+                    return leader
+                await trio.sleep(0.1)
+
     async def applied_everywhere(self, offset: int, timeout: float) -> float:
         """Seconds until every controller and every running sim broker has ``offset``."""
         start = time.perf_counter()
@@ -329,7 +339,7 @@ class Scale:
         happened meanwhile)."""
         from kraft.log.metadata_log import MetadataLog
 
-        leader = await self.leader(client)
+        leader = await self.known_leader(client)
         log_dir = Path(self.controller(leader)["metadata_dir"]) / "log"
 
         def scan() -> tuple[int | None, int | None, int | None, int, int, int, int]:
@@ -362,8 +372,7 @@ class Scale:
         controller and broker has applied the log so far (not while they still replay the
         broker kill's)."""
         b = self.sims[1]
-        leader = await self.leader(client)
-        before = (await self.describe_node(leader) or {}).get("applied_offset", -1) if leader else -1
+        before = (await self.describe_node(await self.known_leader(client)) or {}).get("applied_offset", -1)
         await self.applied_everywhere(before, 120)
         log(f"controlled shutdown of simulated broker {b.broker_id}")
         t0, wall0 = time.perf_counter(), time.time()
