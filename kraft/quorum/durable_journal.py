@@ -4,7 +4,8 @@ PySyncObj's ``FileJournal`` writes entries through an mmap and never syncs: a pr
 loses nothing, but an OS crash or power loss can lose entries a node has already acknowledged,
 and then a "committed" entry may exist on fewer than a majority of disks. ``DurableJournal``
 is a subclass of it (no fork of PySyncObj) and tracks whether anything was appended or truncated
-since the last sync; ``sync()`` fdatasyncs the journal file, which writes back the pages dirtied
+since the last sync; it reads the journal at start-up through PySyncObj's mmap, then writes it
+with ``pwrite`` into zero-filled space (:class:`PwriteFile`, same bytes at the same offsets); ``sync()`` fdatasyncs the journal file, which writes back the pages dirtied
 through the mapping just as ``msync(MS_SYNC)`` would, but releases the GIL (``mmap.flush`` holds
 it, so every sync used to freeze the node's trio thread for the length of the disk write). The
 quorum calls ``sync()`` right before every outgoing Raft message (see ``raft._SyncingTransport``),
@@ -73,6 +74,71 @@ def _fsync_path(path: str, directory: bool = False) -> None:
         os.close(fd)
 
 
+class PwriteFile:
+    """The journal's file written with ``pwrite`` into space that was zero-filled beforehand,
+    in place of PySyncObj's mmap (same bytes at the same offsets: a journal written by either
+    reads back with the other).
+
+    Through the mmap, every entry written after a sync write-faults its page again, and entries
+    land in sparse space, so each ``fdatasync`` also commits block allocations to the ext4
+    journal. Here the space ahead of the writes is real zeros, written ``GROW_BYTES`` at a time:
+    a sync writes only the entry's data and the header page."""
+
+    GROW_BYTES = 8 << 20
+    _ZEROS = bytes(1 << 20)
+
+    def __init__(self, path: str, fill_from: int) -> None:
+        self._fd = os.open(path, os.O_RDWR)
+        self._filled = 0
+        self._fill(fill_from, max(os.fstat(self._fd).st_size, fill_from + self.GROW_BYTES))
+
+    def _fill(self, start: int, end: int) -> None:
+        """Write zeros over the holes of [start, end); ``start`` is at or past the last entry,
+        so nothing there is data the journal needs, and allocated blocks are left alone."""
+        fd = self._fd
+        size = os.fstat(fd).st_size
+        pos = start
+        while pos < end:
+            if pos >= size:
+                hole, data = pos, end
+            else:
+                try:
+                    hole = os.lseek(fd, pos, os.SEEK_HOLE)  # == size when no hole before the end
+                except OSError:  # no SEEK_HOLE on this file system: fill everything
+                    hole, data = pos, end
+                else:
+                    if hole >= end:
+                        break
+                    try:
+                        data = os.lseek(fd, hole, os.SEEK_DATA)
+                    except OSError:  # ENXIO: holes only, up to the end of the file
+                        data = end
+            stop = min(max(data, hole + 1), end)
+            while hole < stop:
+                n = min(len(self._ZEROS), stop - hole)
+                os.pwrite(fd, self._ZEROS[:n], hole)
+                hole += n
+            pos = stop
+        self._filled = max(self._filled, end)
+
+    def write(self, offset: int, values: bytes) -> None:
+        end = offset + len(values)
+        if end > self._filled:
+            self._fill(self._filled, max(end, self._filled + self.GROW_BYTES))
+        os.pwrite(self._fd, values, offset)
+
+    def read(self, offset: int, size: int) -> bytes:
+        return os.pread(self._fd, size, offset)
+
+    def flush(self) -> None:
+        """Nothing to do: ``DurableJournalMixin.sync`` syncs the file."""
+
+    def _destroy(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
 class DurableJournalMixin:
     """Mix in before PySyncObj's ``FileJournal`` (``raft.DurableJournal``): tracks appends and
     adds ``sync()``; every call happens on PySyncObj's tick thread."""
@@ -89,7 +155,12 @@ class DurableJournalMixin:
         self.meta_syncs = 0
         self.synced_index = 0  # highest Raft index known to be on disk
         self._dirty = False
-        super().__init__(path)  # type: ignore[call-arg]
+        super().__init__(path)  # type: ignore[call-arg]  (reads the journal through an mmap)
+        if fsync:  # from here on: pwrite into zero-filled space (see PwriteFile)
+            mapped = self._FileJournal__journalFile  # type: ignore[attr-defined]
+            mapped._destroy()
+            self._FileJournal__journalFile = PwriteFile(  # type: ignore[attr-defined]
+                path, self._FileJournal__currentOffset)  # type: ignore[attr-defined]
         # PySyncObj never replaces the journal file (it resizes it in place), so one descriptor
         # of our own stays valid for syncing.
         self._sync_fd = os.open(path, os.O_RDONLY) if fsync else -1
