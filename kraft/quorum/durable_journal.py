@@ -4,10 +4,11 @@ PySyncObj's ``FileJournal`` writes entries through an mmap and never syncs: a pr
 loses nothing, but an OS crash or power loss can lose entries a node has already acknowledged,
 and then a "committed" entry may exist on fewer than a majority of disks. ``DurableJournal``
 is a subclass of it (no fork of PySyncObj) and tracks whether anything was appended or truncated
-since the last sync; it reads the journal at start-up through PySyncObj's mmap, then writes it
-with ``pwrite`` into zero-filled space (:class:`PwriteFile`, same bytes at the same offsets); ``sync()`` fdatasyncs the journal file, which writes back the pages dirtied
-through the mapping just as ``msync(MS_SYNC)`` would, but releases the GIL (``mmap.flush`` holds
-it, so every sync used to freeze the node's trio thread for the length of the disk write). The
+since the last sync. It reads the journal at start-up through PySyncObj's mmap, then writes it
+with ``pwrite`` into zero-filled space (:class:`PwriteFile`: the same bytes at the same offsets,
+so either can read what the other wrote). ``sync()`` fdatasyncs the journal file, releasing the
+GIL (``mmap.flush`` holds it, so a sync used to freeze the node's trio thread for the length of
+the disk write). The
 quorum calls ``sync()`` right before every outgoing Raft message (see ``raft._SyncingTransport``),
 so a follower's acknowledgement and a leader's replication request are always preceded by the
 sync of the entries they cover. Group commit makes that one sync per batch of appends: all
