@@ -8,9 +8,8 @@ since the last sync. It reads the journal at start-up through PySyncObj's mmap, 
 with ``pwrite`` into zero-filled space (:class:`PwriteFile`: the same bytes at the same offsets,
 so either can read what the other wrote). ``sync()`` fdatasyncs the journal file, releasing the
 GIL (``mmap.flush`` holds it, so a sync used to freeze the node's trio thread for the length of
-the disk write). The
-quorum calls ``sync()`` right before every outgoing Raft message (see ``raft._SyncingTransport``),
-so a follower's acknowledgement and a leader's replication request are always preceded by the
+the disk write). The quorum calls ``sync()`` before the outgoing Raft messages that depend on
+the journal (see ``raft._SyncingTransport`` and ``raft._sync_before_send``), so a follower's acknowledgement and a leader's replication request are always preceded by the
 sync of the entries they cover. Group commit makes that one sync per batch of appends: all
 entries appended in one tick go out behind a single sync, and repeated sends find nothing dirty.
 ``setCurrentTerm`` (term + vote, written by PySyncObj with write + rename) is fsynced as well.
