@@ -39,6 +39,10 @@ _STEPPED_APIS = ("FenceBroker", "UnfenceBroker", "BeginControlledShutdown", "Unr
 MAX_FETCH_BYTES = 4 * 1024 * 1024
 
 
+# A snapshot that falls due during a stepped broker transition waits for its end, at most this long.
+SNAPSHOT_DEFER_MAX_S = 30.0
+
+
 def now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -251,9 +255,19 @@ class ControllerNode:
                 log.warning("node %d: fencing broker %d failed: %s", self.node_id, broker_id, e)
 
     async def _snapshot_loop(self) -> None:
+        deferred_since: float | None = None
         while True:
             await trio.sleep(1.0)
-            if self.snapshotter.due(self.state_machine.image, now_ms()):
+            due = self.snapshotter.due(self.state_machine.image, now_ms())
+            # Not in the middle of a stepped broker transition (a 33k-partition fence writes
+            # ~16 MB of log: a snapshot of a 1M-partition image, 1-2 CPU s on each controller,
+            # would compete with its steps), unless the transition has lasted too long.
+            if not self.state_machine.transition_in_progress:
+                deferred_since = None
+            elif due:
+                deferred_since = deferred_since or time.monotonic()
+                due = time.monotonic() - deferred_since >= SNAPSHOT_DEFER_MAX_S
+            if due:
                 # the dedup window is copied only for a snapshot that will be written
                 image, request_ids = self.state_machine.snapshot_state()
                 await trio.to_thread.run_sync(self.snapshotter.write, image, request_ids)

@@ -923,3 +923,17 @@ def test_broker_transition_steps_are_capped_by_transition_step_records(monkeypat
     assert all(p.leader == 1 and p.isr == (1,) for t in "abc" for p in h.image.topic(t).partitions.values())
     with pytest.raises(ValueError):
         ControllerSettings(CLUSTER, transition_step_records=1)
+
+
+def test_transition_in_progress_while_a_stepped_fence_has_steps_left():
+    """The controller holds snapshots back while this is true (node._snapshot_loop)."""
+    h = Harness(brokers=3, max_records_per_batch=4)
+    for i in range(6):
+        h.ok("CreateTopics", {"topics": [{"name": f"t{i}", "num_partitions": 2, "replication_factor": 3}]})
+    assert not h.sm.transition_in_progress
+    seen = []
+    r = {"incomplete": True}
+    while r.get("incomplete"):
+        _, r = h.ok("FenceBroker", {"broker_id": 2, "broker_epoch": h.epoch(2), "reason": "session-timeout"})
+        seen.append(h.sm.transition_in_progress)
+    assert len(seen) > 2 and all(seen[:-1]) and not seen[-1]

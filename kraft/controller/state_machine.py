@@ -153,6 +153,11 @@ class QuorumStateMachine:
             self._pending_key(command, self.image), result.pending)
         return batch, result.response
 
+    @property
+    def transition_in_progress(self) -> bool:
+        """A stepped broker transition (fence, controlled shutdown, unfence) has steps left."""
+        return self._pending is not None
+
     @staticmethod
     def _pending_key(command: Command, image: MetadataImage) -> tuple[Any, ...]:
         return command.api, command.body.get("broker_id"), image.offset, image.last_hash
