@@ -63,27 +63,44 @@ class FrameDecoder:
         return len(self._buf)
 
     def feed(self, data: bytes) -> list[dict[str, Any]]:
-        """Add ``data``; return the complete frames' maps in order. Raises ``FrameError``."""
+        """Add ``data``; return the complete frames' maps in order. Raises ``FrameError``.
+
+        Frames are decoded in place (a view of the chunk, or of the buffer when a frame spans
+        chunks) and only an incomplete tail is kept: no copy of each payload and no move of the
+        buffer after every frame (a 4 MiB FetchMetadata answer holds thousands)."""
         if self._failed:
             raise FrameError("decoder already failed; the connection must be closed")
-        self._buf += data
+        buf = self._buf
+        if buf:
+            buf += data
+            src: bytes | bytearray = buf
+        else:
+            src = data
         out: list[dict[str, Any]] = []
+        pos = 0
+        size = len(src)
+        max_bytes = self.max_frame_bytes
         try:
-            while len(self._buf) >= HEADER.size:
-                (length,) = HEADER.unpack_from(self._buf, 0)
-                if length == 0:
-                    raise FrameError("empty frame")
-                if length > self.max_frame_bytes:
-                    raise FrameError(
-                        f"frame length {length} exceeds the limit of {self.max_frame_bytes} bytes")
-                end = HEADER.size + length
-                if len(self._buf) < end:
-                    break
-                payload = bytes(self._buf[HEADER.size:end])
-                del self._buf[:end]
-                out.append(decode_payload(payload))
+            with memoryview(src) as view:
+                while size - pos >= HEADER.size:
+                    (length,) = HEADER.unpack_from(src, pos)
+                    if length == 0:
+                        raise FrameError("empty frame")
+                    if length > max_bytes:
+                        raise FrameError(
+                            f"frame length {length} exceeds the limit of {max_bytes} bytes")
+                    end = pos + HEADER.size + length
+                    if end > size:
+                        break
+                    with view[pos + HEADER.size:end] as payload:
+                        out.append(decode_payload(payload))
+                    pos = end
         except FrameError:
             self._failed = True
-            self._buf.clear()
+            self._buf = bytearray()
             raise
+        if src is buf:
+            del buf[:pos]
+        elif pos < size:
+            buf += data[pos:]
         return out
