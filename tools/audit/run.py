@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, Callable
 
@@ -95,13 +96,24 @@ def run_audit(opts: AuditOptions, spark: SparkSession | None = None,
     validate(opts)
     out = opts.out
     out.mkdir(parents=True, exist_ok=True)
-    with ThreadPoolExecutor(1, thread_name_prefix="kraft-audit-replay") as pool:
-        # the driver-side replay runs while the JVM starts and Spark works
+    # The replay runs while the JVM starts and Spark works, in its own process: as a thread it
+    # held the GIL for seconds at a time and stalled the driver's calls into the JVM.
+    with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
         replaying = pool.submit(_replay, opts)
         return _run(opts, spark, progress, replaying)
 
 
-def _replay(opts: AuditOptions) -> tuple[state.Replay, dict | None]:
+@dataclass
+class _Replayed:
+    """What the audit keeps of the replay: snapshot comparisons, the replay error, and the
+    ``--state-at`` document."""
+
+    comparisons: list[dict]
+    error: str | None
+    state_doc: dict | None
+
+
+def _replay(opts: AuditOptions) -> _Replayed:
     """Replay the log against its snapshots (and to ``--state-at``): pure Python, sequential."""
     replayed = state.replay(opts.log_dir, opts.to_offset, opts.to_ms)
     state_doc = None
@@ -110,7 +122,7 @@ def _replay(opts: AuditOptions) -> tuple[state.Replay, dict | None]:
         state_doc = {**state.summary(at.image), "replay_error": at.error,
                      "snapshot": next((c for c in at.comparisons
                                        if c["offset"] == at.image.offset), None)}
-    return replayed, state_doc
+    return _Replayed(replayed.comparisons, replayed.error, state_doc)
 
 
 def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str], None],
@@ -182,7 +194,8 @@ def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str
     steps.done("checks_s")
 
     steps("replaying the log against snapshots")
-    replayed, state_doc = replaying.result()
+    replayed = replaying.result()
+    state_doc = replayed.state_doc
     snapshot_rows = [{"rule": "snapshot-matches-log", "severity": "error", "offset": c["offset"],
                       "detail": f"{c['snapshot']}: rebuilt {c['rebuilt_checksum'][:16]}… != "
                                 f"snapshot {c['snapshot_checksum'][:16]}…"}
@@ -230,7 +243,7 @@ def _since(df: DataFrame, from_offset: int | None) -> DataFrame:
 
 
 def _findings_doc(opts: AuditOptions, meta: dict, counts: dict, samples: list, extra: list[dict],
-                  replayed: state.Replay, table_paths: dict, out: Path) -> dict:
+                  replayed: _Replayed, table_paths: dict, out: Path) -> dict:
     by_rule: dict[str, list[dict]] = {}
     for row in samples:
         by_rule.setdefault(row["rule"], []).append(
@@ -259,7 +272,7 @@ def _findings_doc(opts: AuditOptions, meta: dict, counts: dict, samples: list, e
 
 
 def _report_data(records: DataFrame, history: DataFrame, derived: dict[str, DataFrame],
-                 meta: dict, findings: dict, replayed: state.Replay, opts: AuditOptions,
+                 meta: dict, findings: dict, replayed: _Replayed, opts: AuditOptions,
                  out: Path, elapsed: float) -> dict:
     """Small aggregates for the charts (each bounded, collected)."""
     t0, t1 = meta["first_ms"] or 0, meta["last_ms"] or 1
