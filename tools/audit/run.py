@@ -177,6 +177,8 @@ def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str
         path = out / "tables" / name
         if path != history_path:
             _since(df, from_offset).write.mode("overwrite").parquet(str(path))
+            if from_offset is None:  # the report reads the written table, not a recomputation
+                derived[name] = spark.read.parquet(str(path))
         table_paths[name] = path
     steps.done("tables_s")
 
