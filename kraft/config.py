@@ -174,6 +174,9 @@ CONTROLLER_SETTINGS = _COMMON + [
             "a broker fetching this many records or more before the newest snapshot's end is told to "
             "load that snapshot instead of replaying the log (-1: only when the log no longer holds "
             "its offset)"),
+    Setting("metadata.fetch.linger.ms", int, 5,
+            "after an entry is applied, brokers' waiting FetchMetadata long-polls are answered this "
+            "much later, so one answer carries every entry applied meanwhile (0 = at once)"),
 ]
 
 BROKER_SETTINGS = _COMMON + [
@@ -251,6 +254,8 @@ class ControllerConfig:
         raft = parse_voters(v["controller.quorum.raft.voters"], "controller.quorum.raft.voters")
         if set(rpc) != set(raft):
             raise ConfigError("controller.quorum.voters and controller.quorum.raft.voters name different ids")
+        if not 0 <= v["metadata.fetch.linger.ms"] <= 1000:
+            raise ConfigError("metadata.fetch.linger.ms must be between 0 and 1000")
         if v["node.id"] not in rpc:
             raise ConfigError(f"node.id {v['node.id']} is not among controller.quorum.voters {sorted(rpc)}")
         secret = _read_secret(v["controller.raft.secret.file"], env if env is not None else os.environ)
