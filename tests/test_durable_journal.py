@@ -4,10 +4,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pysyncobj.journal import FileJournal
-
 from kraft.quorum.durable_journal import PwriteFile
-from kraft.quorum.raft import DurableJournal
+from kraft.quorum.raft import DurableJournal, FileJournal  # PySyncObj's own journal
 
 
 def _entries(n: int, start: int = 1) -> list[tuple[bytes, int, int]]:

@@ -427,6 +427,17 @@ def test_importing_the_quorum_keeps_socket_inet_ntop_working():
     assert socket.inet_ntop(socket.AF_INET6, bytes(15) + b"\x01") == "::1"
 
 
+def test_quorum_repairs_inet_ntop_even_when_pysyncobj_was_imported_first():
+    import subprocess
+    import sys
+
+    code = ("import socket, pysyncobj.syncobj, kraft.quorum.raft; "
+            "print(socket.inet_ntop(socket.AF_INET, b'\\x7f\\x00\\x00\\x01'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         cwd=Path(__file__).resolve().parent.parent)
+    assert out.returncode == 0 and out.stdout.strip() == "127.0.0.1", out.stderr
+
+
 @trio_test
 async def test_a_peer_announcing_a_huge_raft_frame_is_cut_off(tmp_path: Path) -> None:
     """PySyncObj would buffer an announced 2 GiB frame before rejecting it (even with a

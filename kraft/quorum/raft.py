@@ -81,6 +81,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
+import _socket
 import socket
 
 import msgpack
@@ -88,8 +89,8 @@ import trio
 
 # PySyncObj's win_inet_pton module (imported by its TCP code) replaces socket.inet_ntop with a
 # Windows-only function on every platform (its inet_pton replacement is guarded, the inet_ntop one
-# is not), which breaks inet_ntop for the whole process. Keep the real one.
-_real_inet_ntop = socket.inet_ntop
+# is not), which breaks inet_ntop for the whole process. Put the C one back (from ``_socket``: if
+# something imported pysyncobj before this module, ``socket.inet_ntop`` is already the broken one).
 import pysyncobj.pickle as _pysyncobj_pickle  # noqa: E402
 import pysyncobj.syncobj as _syncobj_module  # noqa: E402
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated  # noqa: E402
@@ -99,7 +100,7 @@ from pysyncobj.node import TCPNode  # noqa: E402
 from pysyncobj.tcp_connection import TcpConnection  # noqa: E402
 from pysyncobj.transport import TCPTransport  # noqa: E402
 
-socket.inet_ntop = _real_inet_ntop
+socket.inet_ntop = _socket.inet_ntop
 
 # PySyncObj reads a whole announced frame before it decrypts (or rejects) it, so a peer that
 # announces 2 GiB and streams junk makes it buffer without bound — even with a password. Our own
