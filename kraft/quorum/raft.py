@@ -266,6 +266,9 @@ class _TrioBridge:
     step: the "applied" notices and every group answer of the entries it applies) and calls made
     while an earlier one is still waiting to run travel together, with one wake-up."""
 
+    # A long apply step (a backlog, a 1M-partition transition) does not hold answers longer.
+    MAX_HOLD_S = 0.005
+
     def __init__(self, token: trio.lowlevel.TrioToken) -> None:
         self._token = token
         self._calls: collections.deque[tuple[Callable[..., Any], tuple[Any, ...]]] = collections.deque()
@@ -273,9 +276,6 @@ class _TrioBridge:
         self._scheduled = False
         self._held = False  # only ever changed on PySyncObj's tick thread
         self._held_since = 0.0
-
-    # A long apply step (a backlog, a 1M-partition transition) does not hold answers longer.
-    MAX_HOLD_S = 0.005
 
     def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
         self._calls.append((fn, args))
