@@ -71,7 +71,7 @@ def _replay(rows: list[dict]) -> dict[int, dict]:
     for r in rows:
         key = (r["topic_id"], r["partition_id"])
         s = state.setdefault(key, {"leader": None, "isr": None, "replicas": None,
-                                   "le": None, "pe": None, "first": True})
+                                   "le": None, "pe": None})
         prev = dict(s)
         new = r["record_type"] == "PartitionRecord"
         named = r["leader"] if new or r["leader"] != LEADER_UNCHANGED else None
@@ -85,8 +85,6 @@ def _replay(rows: list[dict]) -> dict[int, dict]:
         for col, value in (("leader", named), ("isr", r["isr"]), ("replicas", r["replicas"])):
             if value is not None:
                 s[col] = value
-        s["first"] = False
-        first = prev["first"]
         leader_changed = not new and named is not None and (prev["leader"] is None
                                                             or named != prev["leader"])
         isr_changed = not new and r["isr"] is not None and (prev["isr"] is None
@@ -102,11 +100,10 @@ def _replay(rows: list[dict]) -> dict[int, dict]:
         else:
             st = "online"
         out[r["offset"]] = {
-            "change": change, "prev_leader": None if first else prev["leader"],
-            "leader": s["leader"], "prev_isr": None if first else prev["isr"], "isr": s["isr"],
-            "replicas": s["replicas"], "leader_epoch": s["le"], "partition_epoch": s["pe"],
-            "prev_leader_epoch": None if first else prev["le"],
-            "prev_partition_epoch": None if first else prev["pe"],
+            "change": change, "prev_leader": prev["leader"], "leader": s["leader"],
+            "prev_isr": prev["isr"], "isr": s["isr"], "replicas": s["replicas"],
+            "leader_epoch": s["le"], "partition_epoch": s["pe"],
+            "prev_leader_epoch": prev["le"], "prev_partition_epoch": prev["pe"],
             "leader_changed": leader_changed, "state": st}
     return out
 
