@@ -336,4 +336,3 @@ def decode_segment_fast(path: str | Path, from_offset: int | None = None,
     finally:
         if gc_was:
             gc.enable()
-
