@@ -88,7 +88,7 @@ def test_batches_older_than_the_recent_ones_kept_are_recognised_by_hash(monkeypa
 
 
 @pytest.mark.integration
-def test_simulated_brokers_told_to_load_a_snapshot_load_it_once_and_converge(tmp_path):
+def test_simulated_brokers_told_to_load_a_snapshot_load_it_once_and_converge(tmp_path, monkeypatch):
     """Brokers far behind the newest snapshot are told to load it: the first simulated broker
     of the process fetches and loads it into the shared replay, the next one needs only its
     header; both follow the log from there and end on the controller's image."""
@@ -117,7 +117,6 @@ def test_simulated_brokers_told_to_load_a_snapshot_load_it_once_and_converge(tmp
         replay = SharedReplay()
         sims = [SimBroker(101 + i, bootstrap, c.meta["cluster_id"], replay=replay) for i in range(2)]
         loads = []
-        monkeypatch = pytest.MonkeyPatch()
         monkeypatch.setattr(sim_broker, "image_from_snapshot",
                             lambda path: loads.append(path) or sim_broker_image_from_snapshot(path))
 
@@ -140,10 +139,7 @@ def test_simulated_brokers_told_to_load_a_snapshot_load_it_once_and_converge(tmp
                 nursery.cancel_scope.cancel()
             await client.aclose()
 
-        try:
-            trio.run(run)
-        finally:
-            monkeypatch.undo()
+        trio.run(run)
         assert len(loads) == 1
         assert compared[0][0] == compared[0][1]
     finally:
