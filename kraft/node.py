@@ -87,7 +87,7 @@ class ControllerNode:
                  self.node_id, self.log.start_offset, self.log.next_offset, self.state_machine.image.offset,
                  replayed)
         self.applier = MetadataApplier(self.state_machine, self.log, self.snapshotter,
-                                       on_applied=self._on_applied_from_raft_thread)
+                                       on_applied=self._on_applied)
         self.heartbeats = BrokerHeartbeatManager(config["broker.session.timeout.ms"])
         self._new_data = trio.Event()
         self._applied = trio.Event()  # set on the trio thread after each applied Raft entry
@@ -116,13 +116,9 @@ class ControllerNode:
         log.info("node %d: dedup window seeded with %d request ids from before the snapshot",
                  self.node_id, len(batches))
 
-    # ---- raft thread → trio -------------------------------------------------------------------
+    # ---- applied entries → waiting brokers ----------------------------------------------------
 
-    def _on_applied_from_raft_thread(self) -> None:
-        if self.quorum is not None:
-            self.quorum.call_soon_in_trio(self._note_applied)
-
-    def _note_applied(self) -> None:  # trio thread
+    def _on_applied(self) -> None:  # inside a raft tick, on the trio thread
         self._applied.set()
 
     async def _fetcher_wake_loop(self) -> None:

@@ -1,6 +1,11 @@
-"""RaftQuorum: three in-process PySyncObj members on loopback, plus group commit in isolation."""
+"""RaftQuorum: three PySyncObj members on loopback, plus group commit in isolation.
+
+Each member runs on a thread of its own with its own trio loop (:class:`Member`), as it would in
+its own process: a member's Raft ticks run on its trio thread, so members sharing one loop would
+stall each other (a long apply on the leader would hold back the followers' ticks too)."""
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import logging
 import os
@@ -87,6 +92,113 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
+class Member:
+    """A ``RaftQuorum`` on a thread with its own trio loop; the test's loop talks to it through
+    the methods below (each runs on the member's thread)."""
+
+    def __init__(self, nid: int, addr: str, partners: dict[int, str], raft_dir: Path,
+                 target: Any, settings: RaftSettings) -> None:
+        self.node_id = nid
+        self.quorum = RaftQuorum(nid, addr, partners, raft_dir, target, settings)
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._stop: trio.Event | None = None
+        self._nursery: trio.Nursery | None = None
+        self._error: BaseException | None = None
+        started = threading.Event()
+
+        async def main() -> None:
+            self._token = trio.lowlevel.current_trio_token()
+            self._stop = trio.Event()
+            try:
+                self.quorum.start()
+            except BaseException as exc:
+                self._error = exc
+                started.set()
+                return
+            try:
+                async with trio.open_nursery() as self._nursery:
+                    started.set()
+                    await self._stop.wait()
+                    self._nursery.cancel_scope.cancel()
+            finally:
+                self.quorum.close()
+
+        self._thread = threading.Thread(target=trio.run, args=(main,), name=f"member-{nid}",
+                                        daemon=True)
+        self._thread.start()
+        if not started.wait(30):
+            raise TimeoutError(f"member {nid} did not start")
+        if self._error is not None:
+            raise self._error
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` on the member's trio thread; its result (blocks this thread briefly)."""
+        assert self._token is not None
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:
+                future.set_exception(exc)
+
+        self._token.run_sync_soon(run)
+        return future.result(timeout=30)
+
+    async def submit(self, command: bytes, timeout: float) -> Any:
+        token = self._token
+        return await trio.to_thread.run_sync(functools.partial(
+            trio.from_thread.run, self.quorum.submit, command, timeout, trio_token=token))
+
+    @property
+    def is_leader(self) -> bool:
+        return self.call(lambda: self.quorum.is_leader)
+
+    @property
+    def leader_id(self) -> int | None:
+        return self.call(lambda: self.quorum.leader_id)
+
+    @property
+    def term(self) -> int:
+        return self.call(lambda: self.quorum.term)
+
+    def stats(self) -> dict[str, int]:
+        return self.call(self.quorum.stats)
+
+    def status(self) -> dict[str, Any]:
+        return self.call(self.quorum.status)
+
+    def force_compaction(self) -> None:
+        self.call(self.quorum.force_compaction)
+
+    def leadership_events(self) -> trio.MemoryReceiveChannel[tuple[bool, int]]:
+        """The member's leadership events, relayed into the calling trio loop."""
+        send, recv = trio.open_memory_channel[tuple[bool, int]](64)
+        here = trio.lowlevel.current_trio_token()
+
+        def subscribe() -> None:
+            events = self.quorum.leadership_events()
+
+            async def relay() -> None:
+                async for event in events:
+                    here.run_sync_soon(send.send_nowait, event)
+
+            assert self._nursery is not None
+            self._nursery.start_soon(relay)
+
+        self.call(subscribe)
+        return recv
+
+    def close(self) -> None:
+        if self._thread.is_alive() and self._token is not None and self._stop is not None:
+            try:
+                self._token.run_sync_soon(self._stop.set)
+            except trio.RunFinishedError:
+                pass
+        self._thread.join(30)
+        assert not self._thread.is_alive(), f"member {self.node_id} did not stop"
+
+
 class Cluster:
     def __init__(self, tmp: Path, size: int = 3, **settings: Any) -> None:
         ports = free_ports(size)
@@ -94,12 +206,11 @@ class Cluster:
         self.tmp = tmp
         self.settings = RaftSettings(**settings)
         self.targets = {i: ListTarget() for i in self.addrs}
-        self.members: dict[int, RaftQuorum] = {}
+        self.members: dict[int, Member] = {}
 
-    def start(self, nid: int) -> RaftQuorum:
-        q = RaftQuorum(nid, self.addrs[nid], {i: a for i, a in self.addrs.items() if i != nid},
-                       self.tmp / f"n{nid}", self.targets[nid], self.settings)
-        q.start()
+    def start(self, nid: int) -> Member:
+        q = Member(nid, self.addrs[nid], {i: a for i, a in self.addrs.items() if i != nid},
+                   self.tmp / f"n{nid}", self.targets[nid], self.settings)
         self.members[nid] = q
         return q
 
@@ -110,7 +221,7 @@ class Cluster:
         for nid in list(self.members):
             self.stop(nid)
 
-    async def leader(self, timeout: float = 10.0) -> RaftQuorum:
+    async def leader(self, timeout: float = 10.0) -> Member:
         with trio.fail_after(timeout):
             while True:
                 leaders = [q for q in self.members.values() if q.is_leader]
@@ -149,7 +260,7 @@ async def test_three_members_group_commit_failover_restart(tmp_path: Path) -> No
         events = {nid: q.leadership_events() for nid, q in cluster.members.items()}
         for nid, q in cluster.members.items():
             cluster.targets[nid].sync_probe = (
-                lambda q=q: q.stats()["journal_synced_index"])
+                lambda q=q: q.quorum.stats()["journal_synced_index"])  # on q's own thread
         leader = await cluster.leader()
         assert sum(q.is_leader for q in cluster.members.values()) == 1
         # the leader saw (True, term) on its event channel
@@ -445,9 +556,8 @@ async def test_a_peer_announcing_a_huge_raft_frame_is_cut_off(tmp_path: Path) ->
     import struct
 
     port, = free_ports(1)
-    q = RaftQuorum(1, f"127.0.0.1:{port}", {}, tmp_path, ListTarget(),
-                   RaftSettings(password="s3cret", fsync="never"))
-    q.start()
+    q = Member(1, f"127.0.0.1:{port}", {}, tmp_path, ListTarget(),
+               RaftSettings(password="s3cret", fsync="never"))
     try:
         await wait_for(lambda: q.is_leader, 10, "single member to lead")
         sock = socket.create_connection(("127.0.0.1", port), timeout=5)
@@ -493,7 +603,7 @@ async def test_encrypted_members_replicate_bare_and_compressed_messages(tmp_path
 
 
 class SlowTarget(ListTarget):
-    """Applies every entry in ``delay`` seconds (blocking the Raft thread, like a big apply)."""
+    """Applies every entry in ``delay`` seconds (blocking the member's thread, like a big apply)."""
 
     def __init__(self, delay: float) -> None:
         super().__init__()
@@ -506,7 +616,7 @@ class SlowTarget(ListTarget):
 
 @trio_test
 async def test_long_applies_on_the_leader_do_not_cost_an_election(tmp_path: Path) -> None:
-    """Eight entries committed together, applied 0.25 s each on the leader's Raft thread (2 s
+    """Eight entries committed together, applied 0.25 s each on the leader's thread (2 s
     in one tick, twice the largest election timeout): the leader keeps sending heartbeats
     between them, so no follower starts an election."""
     cluster = Cluster(tmp_path, fsync="never", group_max_commands=1, group_max_in_flight=8)

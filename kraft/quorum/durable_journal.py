@@ -141,7 +141,7 @@ class PwriteFile:
 
 class DurableJournalMixin:
     """Mix in before PySyncObj's ``FileJournal`` (``raft.DurableJournal``): tracks appends and
-    adds ``sync()``; every call happens on PySyncObj's tick thread."""
+    adds ``sync()``; every call happens inside a PySyncObj tick (the trio thread)."""
 
     # provided by FileJournal
     flush: Callable[[], None]

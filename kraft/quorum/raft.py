@@ -5,9 +5,10 @@ How a write flows
 ``await submit(command)`` (trio) → :class:`~kraft.quorum.group_commit.GroupCommitter` → one
 replicated call ``apply_group(commands, origin_term)`` → PySyncObj appends one Raft entry,
 syncs the journal (``fsync="always"``), replicates → on commit *every* member runs
-``apply_group`` on its tick thread, which calls ``target.apply_entry(raft_index, term,
-commands)`` → on the submitting member the results travel back to trio through
-:class:`_TrioBridge` (the one place that crosses threads).
+``apply_group``, which calls ``target.apply_entry(raft_index, term, commands)`` → on the
+submitting member the results go back to the waiting ``submit``. PySyncObj does not run a thread
+of its own: its ticks run on the trio thread (:mod:`kraft.quorum.trio_ticker`), so a write never
+crosses threads.
 
 PySyncObj settings, chosen on purpose
 -------------------------------------
@@ -40,7 +41,8 @@ PySyncObj settings, chosen on purpose
   leader when idle, at once under load). On this VM a loopback message costs ~0.1-0.3 ms of
   CPU between the two processes, so the message count per commit is what the commit path's
   CPU is made of.
-* Heartbeats during long applies: PySyncObj applies committed entries on its tick thread and
+* ``autoTick=False``: the ticks run on the trio thread (``trio_ticker.py``, measured there).
+* Heartbeats during long applies: PySyncObj applies committed entries inside a tick and
   sends heartbeats only between ticks; the leader here also sends a round before applying and
   between applied entries whenever half a heartbeat period has passed (``_heartbeat_if_due``),
   so a tick applying a long backlog does not starve the followers into an election.
@@ -70,12 +72,11 @@ PySyncObj settings, chosen on purpose
 """
 from __future__ import annotations
 
-import collections
+import errno
 import functools
 import logging
 import os
 import struct
-import threading
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,6 +95,7 @@ import trio
 import pysyncobj.pickle as _pysyncobj_pickle  # noqa: E402
 import pysyncobj.syncobj as _syncobj_module  # noqa: E402
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated  # noqa: E402
+from pysyncobj.syncobj import SyncObjException  # noqa: E402
 from pysyncobj.journal import FileJournal  # noqa: E402
 from pysyncobj.monotonic import monotonic as _monotonic  # noqa: E402
 from pysyncobj.node import TCPNode  # noqa: E402
@@ -167,6 +169,17 @@ def _parse_frame(conn: Any) -> Any:
     return message
 
 
+_create_poller = _syncobj_module.createPoller
+_EPOLL_POLLER = "kraft-epoll"
+
+
+def _kraft_create_poller(kind: str) -> Any:
+    """PySyncObj's ``createPoller``, plus our epoll poller (trio waits on its descriptor)."""
+    return EpollPoller() if kind == _EPOLL_POLLER else _create_poller(kind)
+
+
+_syncobj_module.createPoller = _kraft_create_poller
+
 _read_some = TcpConnection._TcpConnection__processRead  # type: ignore[attr-defined]
 
 
@@ -190,6 +203,7 @@ from kraft.config import is_loopback
 from kraft.errors import ErrorCode, KraftError
 from kraft.quorum.durable_journal import DurableJournalMixin, register_journal, unregister_journal
 from kraft.quorum.group_commit import GroupCommitter
+from kraft.quorum.trio_ticker import EpollPoller, TickLoop
 
 logger = logging.getLogger(__name__)
 
@@ -199,7 +213,7 @@ _DUMP_HEADER = struct.Struct(">8sII")  # magic, format version, metadata length
 
 
 class ApplyTarget(Protocol):
-    """The controller's apply side. All methods are called on PySyncObj's tick thread."""
+    """The controller's apply side. All methods are called inside a PySyncObj tick (trio thread)."""
 
     def apply_entry(self, raft_index: int, term: int, commands: list[bytes]) -> list[Any]:
         """Apply one committed entry's commands in order; one result per command."""
@@ -257,63 +271,6 @@ class DurableJournal(DurableJournalMixin, FileJournal):
     """PySyncObj's file journal that syncs before outgoing messages (``durable_journal.py``)."""
 
 
-class _TrioBridge:
-    """The single crossing from PySyncObj's thread into trio.
-
-    A wake-up of the trio thread (a byte on its wake-up socket) costs ~50-150 us of CPU on this
-    VM, and a trio thread woken in the middle of an apply step competes for the GIL with the
-    tick thread still applying. So calls made while the bridge is ``held`` (PySyncObj's apply
-    step: the "applied" notices and every group answer of the entries it applies) and calls made
-    while an earlier one is still waiting to run travel together, with one wake-up."""
-
-    # A long apply step (a backlog, a 1M-partition transition) does not hold answers longer.
-    MAX_HOLD_S = 0.005
-
-    def __init__(self, token: trio.lowlevel.TrioToken) -> None:
-        self._token = token
-        self._calls: collections.deque[tuple[Callable[..., Any], tuple[Any, ...]]] = collections.deque()
-        self._lock = threading.Lock()
-        self._scheduled = False
-        self._held = False  # only ever changed on PySyncObj's tick thread
-        self._held_since = 0.0
-
-    def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
-        self._calls.append((fn, args))
-        if not self._held:
-            self._schedule()
-        elif _monotonic() - self._held_since >= self.MAX_HOLD_S:
-            self._held_since = _monotonic()
-            self._schedule()
-
-    def hold(self) -> None:
-        """Buffer calls (from the tick thread) until ``release``."""
-        self._held = True
-        self._held_since = _monotonic()
-
-    def release(self) -> None:
-        self._held = False
-        if self._calls:
-            self._schedule()
-
-    def _schedule(self) -> None:
-        with self._lock:
-            if self._scheduled:
-                return
-            self._scheduled = True
-        try:
-            self._token.run_sync_soon(self._run_calls)
-        except trio.RunFinishedError:
-            logger.debug("trio run finished; dropping %d calls", len(self._calls))
-
-    def _run_calls(self) -> None:  # trio thread
-        with self._lock:
-            self._scheduled = False  # a call appended from here on schedules another run
-        calls = self._calls
-        while calls:
-            fn, args = calls.popleft()
-            fn(*args)
-
-
 class _SyncingTransport(TCPTransport):
     """PySyncObj's TCP transport, syncing the journal before every outgoing message and
     letting the quorum look at incoming ones (``RaftQuorum._on_peer_message``)."""
@@ -349,7 +306,7 @@ class _KraftSyncObj(SyncObj):
     def __init__(self, quorum: "RaftQuorum", self_addr: str, partners: list[str],
                  conf: SyncObjConf, transport_class: Any) -> None:
         self._kraft = quorum
-        quorum._so = self  # before the tick thread starts (it starts inside SyncObj.__init__)
+        quorum._so = self  # before SyncObj.__init__ (it may call back into the quorum)
         super().__init__(self_addr, partners, conf=conf, transportClass=transport_class)
 
     @replicated
@@ -365,16 +322,9 @@ class _KraftSyncObj(SyncObj):
         rides on the next entry's append_entries anyway, so here it waits for that — or, when
         nothing follows, goes out on the first tick after ``commit_notice_delay``. Also sends a
         heartbeat round before a possibly long apply (``_heartbeat_if_due``)."""
-        bridge = self._kraft._bridge
         if self._SyncObj__raftCommitIndex > self.raftLastApplied:  # type: ignore[attr-defined]
             self._kraft._heartbeat_if_due(self)  # before a possibly long apply
-            if bridge is not None:
-                bridge.hold()  # the step's answers and notices reach trio with one wake-up
-        try:
-            need_send = SyncObj._SyncObj__applyLogEntries(self)  # type: ignore[attr-defined]
-        finally:
-            if bridge is not None:
-                bridge.release()
+        need_send = SyncObj._SyncObj__applyLogEntries(self)  # type: ignore[attr-defined]
         if need_send and self._isLeader():
             self._SyncObj__newAppendEntriesTime = min(  # type: ignore[attr-defined]
                 self._SyncObj__newAppendEntriesTime,  # type: ignore[attr-defined]
@@ -434,15 +384,14 @@ class RaftQuorum:
         self._addr_to_id[self_addr] = node_id
         self._so: _KraftSyncObj | None = None
         self._journal: DurableJournal | None = None
-        self._bridge: _TrioBridge | None = None
+        self._ticks: TickLoop | None = None
         self._committer = GroupCommitter(self._send_group,
                                          max_commands=settings.group_max_commands,
                                          max_bytes=settings.group_max_bytes,
                                          max_in_flight=settings.group_max_in_flight)
         self._subscribers: list[trio.MemorySendChannel[tuple[bool, int]]] = []
         self._observed: tuple[bool, int] = (False, 0)
-        self._observe_lock = threading.Lock()
-        self._last_append_round = 0.0  # tick thread: when the leader last sent one
+        self._last_append_round = 0.0  # when the leader last sent a round of append_entries
         self._heartbeat_period = min(settings.append_entries_period, settings.raft_min_timeout / 4)
         self._closed = False
         self._counters = {"entries_applied": 0, "entries_skipped": 0, "entries_rejected": 0,
@@ -458,10 +407,10 @@ class RaftQuorum:
         return self.raft_dir / "dump.bin"
 
     def start(self) -> None:
-        """Bind the Raft port and start PySyncObj's tick thread. Call from the trio thread."""
+        """Bind the Raft port and start ticking PySyncObj on this trio thread (a trio system
+        task, until :meth:`close`). Call from the trio thread."""
         if self._so is not None:
             raise RuntimeError("already started")
-        self._bridge = _TrioBridge(trio.lowlevel.current_trio_token())
         self.raft_dir.mkdir(parents=True, exist_ok=True)
         s = self.settings
         fsync = s.fsync == "always"
@@ -473,7 +422,10 @@ class RaftQuorum:
 
         conf = SyncObjConf(
             password=s.password,
+            autoTick=False,
             autoTickPeriod=s.auto_tick_period,
+            pollerType=_EPOLL_POLLER,
+            maxBindRetries=1,  # a Raft port in use is an error at start (not a retry every second)
             raftMinTimeout=s.raft_min_timeout,
             raftMaxTimeout=s.raft_max_timeout,
             appendEntriesPeriod=self._heartbeat_period,
@@ -500,26 +452,39 @@ class RaftQuorum:
                                       on_message=self._on_peer_message)
         try:
             so = _KraftSyncObj(self, self.self_addr, list(self.partners.values()), conf, transport)
-        except BaseException:
+        except BaseException as exc:
             self._so = None
+            if self._journal is not None:
+                self._journal._destroy()
+                self._journal = None
+            if isinstance(exc, SyncObjException) and exc.errorCode == "BindError":
+                raise OSError(errno.EADDRINUSE, f"raft address {self.self_addr} is in use") from None
             raise
         finally:
             unregister_journal(journal_file)
+        poller = so._poller
+        assert isinstance(poller, EpollPoller)
+        self._ticks = TickLoop(functools.partial(so.doTick, 0.0), poller, s.auto_tick_period)
+        so._SyncObj__pipeNotifier = self._ticks  # a submitted command nudges the loop to tick
         so.addOnTickCallback(self._observe)
         if hasattr(self.target, "between_commands"):  # heartbeats inside a long entry too
             self.target.between_commands = functools.partial(self._heartbeat_if_due, so)
+        self._ticks.start()
         logger.info("raft member %d on %s, partners %s, fsync=%s", self.node_id, self.self_addr,
                     self.partners, s.fsync)
 
     def close(self) -> None:
-        """Stop PySyncObj (joins its thread). Queued submissions fail with ``NOT_CONTROLLER``,
-        those already replicating with ``REQUEST_TIMED_OUT`` (they may have committed)."""
+        """Stop PySyncObj (its sockets and journal are closed on return). Queued submissions
+        fail with ``NOT_CONTROLLER``, those already replicating with ``REQUEST_TIMED_OUT`` (they
+        may have committed)."""
         if self._closed:
             return
         self._closed = True
         so, self._so = self._so, None
+        if self._ticks is not None:
+            self._ticks.stop()
         if so is not None:
-            so.destroy_synchronous()
+            so.destroy()  # autoTick=False: closes the transport and the journal right here
         self._committer.fail_all(KraftError(ErrorCode.NOT_CONTROLLER, "quorum closed"))
         self._committer.fail_in_flight(KraftError(
             ErrorCode.REQUEST_TIMED_OUT, "quorum closed; the command may still have committed"))
@@ -570,16 +535,9 @@ class RaftQuorum:
         if so is None:
             return {"node_id": self.node_id, "state": "stopped", "leader_id": None, "term": 0,
                     "commit_index": 0, "last_applied": 0, "has_quorum": False, "voters": {}}
-        for _ in range(5):
-            try:
-                st = so.getStatus()
-                responses = so.last_response_times()
-                last_index = so.last_log_index()
-                break
-            except RuntimeError:  # a dict changed size on the tick thread; read again
-                continue
-        else:
-            raise KraftError(ErrorCode.UNKNOWN_SERVER_ERROR, "could not read raft status")
+        st = so.getStatus()  # the trio thread is PySyncObj's only thread: a consistent read
+        responses = so.last_response_times()
+        last_index = so.last_log_index()
         is_leader = st["state"] == 2
         leader = st.get("leader")
         now = _monotonic()
@@ -623,12 +581,6 @@ class RaftQuorum:
             **self._counters,
         }
 
-    def call_soon_in_trio(self, fn: Callable[..., Any], *args: Any) -> None:
-        """Run ``fn(*args)`` on the trio thread soon (callable from PySyncObj's thread, e.g. by
-        the apply target); shares the group answers' wake-ups. A no-op before ``start``."""
-        if self._bridge is not None:
-            self._bridge.call_soon(fn, *args)
-
     def force_compaction(self) -> None:
         """Ask PySyncObj to compact its log (write the dump) on its next tick."""
         if self._so is not None:
@@ -639,11 +591,11 @@ class RaftQuorum:
         so = self._so
         if so is None or not so._isLeader():
             raise KraftError(ErrorCode.NOT_CONTROLLER, self._not_leader_message())
-        bridge = self._bridge
-        assert bridge is not None
+        ticks = self._ticks
+        assert ticks is not None
 
-        def on_result(result: Any, reason: int) -> None:  # PySyncObj's tick thread
-            bridge.call_soon(self._finish_group, complete, result, reason)
+        def on_result(result: Any, reason: int) -> None:  # inside a tick
+            ticks.call_after_tick(self._finish_group, complete, result, reason)
 
         so.apply_group(commands, so.raftCurrentTerm, callback=on_result)
 
@@ -681,21 +633,20 @@ class RaftQuorum:
         self._subscribers = alive
         self._committer.kick()
 
-    # ---- PySyncObj's tick thread ----------------------------------------------------------
+    # ---- inside PySyncObj's ticks ------------------------------------------------------------
     def _observe(self) -> None:
         """Leadership watch: called from ``onStateChanged`` and every tick (cheap compare)."""
         so = self._so
-        bridge = self._bridge
-        if so is None or bridge is None:
+        ticks = self._ticks
+        if so is None or ticks is None:
             return
         state = (so._isLeader(), so.raftCurrentTerm)
-        with self._observe_lock:
-            if state == self._observed:
-                return
-            self._observed = state
+        if state == self._observed:
+            return
+        self._observed = state
         logger.info("raft member %d: %s in term %d", self.node_id,
                     "leader" if state[0] else "not leader", state[1])
-        bridge.call_soon(self._publish, state)
+        ticks.call_after_tick(self._publish, state)
 
     def _on_peer_message(self, node: Any, message: Any,
                          deliver: Callable[[Any, Any], None]) -> None:
@@ -707,7 +658,7 @@ class RaftQuorum:
         "truncating already-applied log entries" log, a journal rewrite and an extra sync).
         A successful ack never needs to lower nextIndex — a follower that misses entries answers
         ``success=False, reset=True`` and PySyncObj repairs from that — so we restore it.
-        Reads and writes PySyncObj's private ``__raftNextIndex`` (tick thread, raft.py only)."""
+        Reads and writes PySyncObj's private ``__raftNextIndex`` (inside a tick, raft.py only)."""
         so = self._so
         if isinstance(message, dict) and message.get("type") == "next_node_idx":
             # An ack can advance the commit index, and the leader counts its own copy: it must
@@ -769,7 +720,7 @@ class RaftQuorum:
 
     def _heartbeat_if_due(self, so: _KraftSyncObj) -> None:
         """On the leader, send a round of append_entries now if half a heartbeat period has
-        passed since the last: PySyncObj applies committed entries on its tick thread and sends
+        passed since the last: PySyncObj applies committed entries inside a tick and sends
         heartbeats only between ticks, so a tick applying a long backlog (large groups, a
         1M-partition broker transition, a busy machine) would otherwise starve the followers
         past their election timeout and cost an election."""
