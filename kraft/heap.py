@@ -2,7 +2,7 @@
 
 A 1M-partition image is ~1M tracked objects (partition registrations); a full collection walks
 all of them while holding the GIL (0.6-0.8 s on the bench machine), long enough to stall the
-Raft tick thread past an election timeout. Images are immutable and acyclic, so once built they
+Raft ticks past an election timeout. Images are immutable and acyclic, so once built they
 never need the cyclic collector: :class:`HeapFreezer` collects what is garbage now and moves the
 survivors to the permanent generation (``gc.freeze``) after every ``every_records`` replayed
 records (and when asked). Later collections then only walk what was allocated since. Frozen

@@ -1,8 +1,9 @@
 """The apply side of the quorum: committed Raft entries → state machine → metadata log.
 
 :class:`MetadataApplier` is the ``ApplyTarget`` that ``RaftQuorum`` calls for every committed
-entry; all of its methods run on PySyncObj's thread, one at a time. Each entry holds a group of
-commands; each command is applied by the deterministic :class:`QuorumStateMachine`, and the
+entry; all of its methods run inside PySyncObj's ticks (the trio thread), one at a time. Each
+entry holds a group of commands; each command is applied by the deterministic
+:class:`QuorumStateMachine`, and the
 batches an entry produces are appended to the metadata log together (one write), each with the
 entry's Raft index and its command's position inside the entry.
 

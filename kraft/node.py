@@ -161,6 +161,7 @@ class ControllerNode:
                 raft_max_timeout=election_max,
                 leader_fallback_timeout=cfg["controller.quorum.fetch.timeout.ms"] / 1000,
                 compaction_min_entries=cfg["raft.compaction.min.entries"],
+                group_fill_wait=cfg["controller.group.commit.fill.ms"] / 1000,
             ),
         )
         rpc_host, rpc_port = cfg.rpc_voters[self.node_id]
@@ -523,7 +524,8 @@ class ControllerNode:
         return {"node_id": self.node_id, "is_active": self.is_active, "applied_offset": image.offset,
                 "image_checksum": checksum, "log_start_offset": self.log.start_offset,
                 "log_end_offset": self.log.next_offset,
-                "raft": self.quorum.status() if self.quorum else {}}
+                "raft": self.quorum.status() if self.quorum else {},
+                "raft_stats": self.quorum.stats() if self.quorum else {}}
 
 
 def main(config_path: str) -> int:

@@ -447,3 +447,15 @@ def test_fetch_linger_defaults_to_5_ms_and_is_bounded(tmp_path: Path) -> None:
     for bad in ("-1", "1001"):
         with pytest.raises(ConfigError, match="metadata.fetch.linger.ms"):
             ControllerConfig.from_properties(dict(props, **{"metadata.fetch.linger.ms": bad}), env={})
+
+
+def test_group_commit_fill_defaults_to_2_ms_and_is_bounded(tmp_path: Path) -> None:
+    props = {"node.id": "1", "process.roles": "controller", "cluster.id": "c",
+             "controller.quorum.voters": "1@127.0.0.1:9000",
+             "controller.quorum.raft.voters": "1@127.0.0.1:9001", "metadata.log.dir": str(tmp_path)}
+    key = "controller.group.commit.fill.ms"
+    assert ControllerConfig.from_properties(props, env={})[key] == 2
+    assert ControllerConfig.from_properties(dict(props, **{key: "0"}), env={})[key] == 0
+    for bad in ("-1", "101"):
+        with pytest.raises(ConfigError, match=key):
+            ControllerConfig.from_properties(dict(props, **{key: bad}), env={})

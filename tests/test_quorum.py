@@ -19,6 +19,7 @@ from typing import Any, Callable
 import msgpack
 import pytest
 import trio
+import trio.testing
 
 from kraft.errors import ErrorCode, KraftError
 from kraft.quorum import RaftQuorum, RaftSettings
@@ -486,6 +487,53 @@ async def test_group_committer_batches_while_in_flight() -> None:
     assert [len(g) for g in sent] == [1]
     assert isinstance(results[b"x"], KraftError) and results[b"x"].code == ErrorCode.NOT_CONTROLLER
     assert gc2.queued == 0 and gc2.in_flight == 0
+
+
+def test_group_committer_waits_briefly_for_the_writers_it_just_answered() -> None:
+    """After a group completes, the next one waits (at most fill_wait) until it holds as many
+    commands as were queued plus the ones just answered; a sequential writer never waits."""
+    sent: list[tuple[float, list[bytes]]] = []
+    completions: list[Callable[..., None]] = []
+
+    def send(commands: list[bytes], complete: Callable[..., None]) -> None:
+        sent.append((trio.current_time(), commands))
+        completions.append(complete)
+
+    async def main() -> None:
+        gc = GroupCommitter(send, max_commands=10, fill_wait=0.05)
+
+        async def one(c: bytes) -> None:
+            await gc.submit(c, timeout=5)
+
+        def finish() -> None:
+            completions.pop()(list(sent[-1][1]), None)  # one group in flight: the last sent
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(one, b"c0")
+            await wait_for(lambda: len(sent) == 1, 2, "c0 sent at once")
+            for c in (b"c1", b"c2", b"c3"):
+                nursery.start_soon(one, c)
+            await wait_for(lambda: gc.queued == 3, 2, "three queued")
+            finish()  # 3 queued + 1 answered: the next group waits for a fourth
+            await trio.sleep(0.01)
+            assert len(sent) == 1 and gc.fill_waits >= 1
+            t = trio.current_time()
+            nursery.start_soon(one, b"c4")
+            await wait_for(lambda: len(sent) == 2, 2, "the filled group")
+            assert sorted(sent[1][1]) == [b"c1", b"c2", b"c3", b"c4"] and sent[1][0] - t < 0.01
+            finish()  # 4 answered: the next group waits for them, but only fill_wait
+            t = trio.current_time()
+            nursery.start_soon(one, b"c5")
+            await wait_for(lambda: len(sent) == 3, 2, "c5 after fill_wait")
+            assert sent[2][1] == [b"c5"] and 0.04 <= sent[2][0] - t <= 0.06
+            finish()  # one answered, nothing queued: a sequential writer is sent at once
+            t = trio.current_time()
+            nursery.start_soon(one, b"c6")
+            await wait_for(lambda: len(sent) == 4, 2, "c6 at once")
+            assert sent[3][0] - t < 0.01
+            finish()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
 
 
 @pytest.mark.skipif(not os.environ.get("KRAFT_MEASURE"), reason="set KRAFT_MEASURE=1 to measure")

@@ -7,6 +7,14 @@ next group — one Raft entry, one round trip, one journal sync — bounded by `
 heavy load the group size grows with the arrival rate, which is what makes PySyncObj's per-entry
 cost (pickling, a Raft round trip, an fsync) affordable.
 
+Filling a group: when the group in flight completes, the commands queued meanwhile may be only
+the first of the writers it answered coming back (each needs a round trip to its client). Sent
+at once they make a small group and every entry costs a round of Raft messages and a journal sync
+on three members sharing two cores, so the groups shrink exactly when the machine is busiest.
+So when a group completes, the next one waits until the queue holds as many commands as were
+queued then plus the ones just answered, but no longer than ``fill_wait`` seconds (a sequential
+writer — groups of one — never waits). Measured with 32 writers in flight on this 2-core VM: see ``raft.py``.
+
 Everything here runs on the trio thread. ``send_group(commands, complete)`` hands a group to
 the replication layer and must arrange for ``complete(results, error)`` to be called exactly once,
 later, on the trio thread; it may raise ``KraftError`` to refuse the group at once.
@@ -14,6 +22,7 @@ later, on the trio thread; it may raise ``KraftError`` to refuse the group at on
 from __future__ import annotations
 
 import collections
+import math
 import logging
 from typing import Any, Callable
 
@@ -28,10 +37,11 @@ SendGroup = Callable[[list[bytes], Complete], None]
 
 
 class _Waiter:
-    __slots__ = ("command", "event", "result", "error", "abandoned")
+    __slots__ = ("command", "event", "result", "error", "abandoned", "arrived")
 
-    def __init__(self, command: bytes) -> None:
+    def __init__(self, command: bytes, arrived: float) -> None:
         self.command = command
+        self.arrived = arrived
         self.event = trio.Event()
         self.result: Any = None
         self.error: KraftError | None = None
@@ -42,13 +52,17 @@ class GroupCommitter:
     """Batches concurrent ``submit`` calls into groups sent through ``send_group``."""
 
     def __init__(self, send_group: SendGroup, *, max_commands: int = 1000,
-                 max_bytes: int = 1 << 20, max_in_flight: int = 1) -> None:
-        if max_commands < 1 or max_bytes < 1 or max_in_flight < 1:
+                 max_bytes: int = 1 << 20, max_in_flight: int = 1, fill_wait: float = 0.0) -> None:
+        if max_commands < 1 or max_bytes < 1 or max_in_flight < 1 or fill_wait < 0:
             raise ValueError("group commit bounds must be positive")
         self._send_group = send_group
         self.max_commands = max_commands
         self.max_bytes = max_bytes
         self.max_in_flight = max_in_flight
+        self.fill_wait = fill_wait
+        self._fill_target = 1  # queued + answered when the last group completed
+        self._fill_until = -math.inf  # the latest time the next group waits for
+        self._fill_timer_at: float | None = None  # a timer task will pump at this time
         self._queue: collections.deque[_Waiter] = collections.deque()
         self._in_flight = 0
         self._completions: set[Complete] = set()
@@ -56,6 +70,7 @@ class GroupCommitter:
         self.commands_sent = 0
         self.largest_group = 0
         self.groups_failed = 0
+        self.fill_waits = 0
 
     @property
     def in_flight(self) -> int:
@@ -71,7 +86,7 @@ class GroupCommitter:
         if len(command) > self.max_bytes:
             raise KraftError(ErrorCode.MESSAGE_TOO_LARGE,
                              f"command of {len(command)} bytes exceeds {self.max_bytes}")
-        waiter = _Waiter(command)
+        waiter = _Waiter(command, trio.current_time())
         self._queue.append(waiter)
         self._pump()
         with trio.move_on_after(timeout):
@@ -116,8 +131,29 @@ class GroupCommitter:
             size += len(waiter.command)
         return group
 
+    def _filling(self) -> bool:
+        """Whether the next group should wait for more commands (arming a timer if so)."""
+        if self.fill_wait <= 0 or len(self._queue) >= min(self._fill_target, self.max_commands):
+            return False
+        due = self._fill_until
+        if trio.current_time() >= due:
+            return False
+        self.fill_waits += 1
+        if self._fill_timer_at is None or self._fill_timer_at > due:
+            self._fill_timer_at = due
+            trio.lowlevel.spawn_system_task(self._pump_at, due)
+        return True
+
+    async def _pump_at(self, due: float) -> None:
+        await trio.sleep_until(due)
+        if self._fill_timer_at == due:
+            self._fill_timer_at = None
+        self._pump()
+
     def _pump(self) -> None:
         while self._in_flight < self.max_in_flight and self._queue:
+            if self._filling():
+                return
             group = self._take_group()
             if not group:
                 return
@@ -133,6 +169,9 @@ class GroupCommitter:
                 done = True
                 self._completions.discard(complete)
                 self._in_flight -= 1
+                # the writers answered now are likely to come back: the next group waits for them
+                self._fill_target = len(self._queue) + len(group)
+                self._fill_until = trio.current_time() + self.fill_wait
                 self._resolve(group, results, error)
                 self._pump()
 

@@ -248,6 +248,7 @@ class RaftSettings:
     group_max_commands: int = 1000
     group_max_bytes: int = 1 << 20
     group_max_in_flight: int = 1
+    group_fill_wait: float = 0.002
     auto_tick_period: float = 0.01
     commit_notice_delay: float = 0.01
 
@@ -388,7 +389,8 @@ class RaftQuorum:
         self._committer = GroupCommitter(self._send_group,
                                          max_commands=settings.group_max_commands,
                                          max_bytes=settings.group_max_bytes,
-                                         max_in_flight=settings.group_max_in_flight)
+                                         max_in_flight=settings.group_max_in_flight,
+                                         fill_wait=settings.group_fill_wait)
         self._subscribers: list[trio.MemorySendChannel[tuple[bool, int]]] = []
         self._observed: tuple[bool, int] = (False, 0)
         self._last_append_round = 0.0  # when the leader last sent a round of append_entries
@@ -574,10 +576,12 @@ class RaftQuorum:
         return {
             "groups_sent": c.groups_sent, "commands_sent": c.commands_sent,
             "largest_group": c.largest_group, "groups_failed": c.groups_failed,
+            "group_fill_waits": c.fill_waits,
             "queued": c.queued, "in_flight": c.in_flight,
             "journal_syncs": j.journal_syncs if j else 0,
             "journal_synced_index": j.synced_index if j else 0,
             "journal_meta_syncs": j.meta_syncs if j else 0,
+            "raft_ticks": self._ticks.ticks if self._ticks else 0,
             **self._counters,
         }
 

@@ -10,8 +10,9 @@ trio's wake-up were ~20% of the busy samples). Here PySyncObj runs with ``autoTi
 * its sockets live in :class:`EpollPoller`, an epoll set whose own descriptor trio waits on
   (``wait_readable``), so a peer message wakes the trio loop, which ticks;
 * a submitted command does not write to a pipe: ``nudge()`` makes the loop tick at once;
-* a tick that handled events is followed by another at once (PySyncObj advances the commit
-  index at the top of the tick after the one that read the acks), otherwise the loop sleeps
+* PySyncObj's tick runs its logic (commit index, apply, sends) and then polls its sockets; woken
+  by a socket, the loop polls first, so the acks that woke it are counted by the same tick. A
+  tick whose own poll handled events is followed by another at once; otherwise the loop sleeps
   until the next event or ``period`` (PySyncObj's timers: elections, heartbeats);
 * calls made from inside a tick (group answers, "applied" notices, leadership changes) are
   queued with :meth:`TickLoop.call_after_tick` and run after the tick, outside PySyncObj's
@@ -145,10 +146,14 @@ class TickLoop:
             self._poller.close()  # no wait on its descriptor is registered any more
 
     async def _loop(self) -> None:
+        readable = False
         while not self._stopped:
             self._again = False
             self._in_tick = True
             try:
+                if readable:  # handle what woke us before the tick's logic, not after it
+                    readable = False
+                    self._poller.poll(0)
                 self._tick()
                 self.ticks += 1
             except Exception:  # as PySyncObj's own tick thread does: log, pause, go on
@@ -165,6 +170,7 @@ class TickLoop:
                 continue
             with trio.move_on_after(self._period) as self._waiting:
                 await trio.lowlevel.wait_readable(self._poller.fileno())
+                readable = True
             self._waiting = None
 
     def _run_calls(self) -> None:

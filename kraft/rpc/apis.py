@@ -111,7 +111,9 @@ _APIS = [
         "observers[]: {broker_id, metadata_offset, last_contact_ms}"),
     Api("DescribeNode", "node", (), ("node_id: int", "is_active: bool", "applied_offset: int",
                                       "image_checksum: str", "log_start_offset: int",
-                                      "log_end_offset: int"), ""),
+                                      "log_end_offset: int"),
+        "also raft: the quorum member's status, raft_stats: its counters (group commit, journal "
+        "syncs, ticks)"),
 ]
 
 APIS: dict[str, Api] = {a.name: a for a in _APIS}
