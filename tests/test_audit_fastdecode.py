@@ -1,6 +1,7 @@
 """The columnar fast decoder gives exactly the strict decoder's rows: on a real log with every
-record type, with offset bounds, and on damaged logs (edited bytes, torn tail, and frames whose
-CRC is right but whose batch fails strict validation). Pure Python, no SparkSession."""
+record type, on random records of every type (any text, 64-bit integers), with offset bounds,
+and on damaged logs (edited bytes, torn tail, and frames whose CRC is right but whose batch fails
+strict validation or is not the codec's canonical encoding). Pure Python, no SparkSession."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,15 +12,20 @@ pa = pytest.importorskip("pyarrow")
 pytest.importorskip("numpy")
 
 import msgpack  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 
 from kraft.log.metadata_log import MetadataLog  # noqa: E402
 from kraft.log.segment import encode_frame, iter_frames, list_segments  # noqa: E402
 from kraft.records import (  # noqa: E402
-    RECORD_TYPES, Batch, FeatureLevelRecord, NoOpRecord, ProducerIdsRecord, Provenance,
-    UnregisterBrokerRecord, batch_hash)
+    BOOL, ENDPOINTS, FEATURES, INT, INTS, OPT_INT, OPT_INTS, OPT_STR, RECORD_TYPES, STR, ZERO_HASH,
+    Batch, FeatureLevelRecord, NoOpRecord, ProducerIdsRecord, Provenance, UnregisterBrokerRecord,
+    batch_hash)
 from tests.synthetic_log import write_history  # noqa: E402
-from tools.audit.columns import ARROW_SCHEMA, decode_segment  # noqa: E402
+from tools.audit.columns import (ARROW_SCHEMA, COLUMNS, JSON_ONLY, RENAMES,  # noqa: E402
+                                 decode_segment)
 from tools.audit.fastdecode import decode_segment_fast  # noqa: E402
+from tools.audit.structs import decode_canonical  # noqa: E402
 
 
 def _table(batches) -> pa.Table:
@@ -54,9 +60,16 @@ def every_type_log(tmp_path_factory) -> Path:
     return d
 
 
+def _all_canonical(directory: Path) -> bool:
+    """Every frame takes the fast path (else a comparison would only test the strict one)."""
+    return all(decode_canonical(f.payload) is not None
+               for p in list_segments(directory) for f in iter_frames(p.read_bytes()))
+
+
 def test_fast_decode_equals_strict_on_a_real_log_with_every_record_type(every_type_log):
     segments = list_segments(every_type_log)
     assert len(segments) > 3
+    assert _all_canonical(every_type_log)
     tables = [_same(p) for p in segments]
     seen = {t for table in tables for t in table["record_type"].to_pylist()}
     assert seen == {cls.NAME for cls in RECORD_TYPES.values()}
@@ -103,8 +116,84 @@ def test_a_valid_crc_around_a_batch_that_fails_strict_validation_is_a_decode_pro
     assert good.num_rows > 0 and all(good["crc_ok"].to_pylist())
 
 
+_ANY_INT = st.integers(min_value=-(1 << 63), max_value=(1 << 64) - 1)  # what msgpack holds
+_INT32 = st.integers(min_value=-(1 << 31), max_value=(1 << 31) - 1)
+_INT64 = st.integers(min_value=-(1 << 63), max_value=(1 << 63) - 1)
+_TEXT = st.text(max_size=12)
+
+
+def _ints_for(cls, name: str):
+    """The widest integers the field's column holds (any 64-bit one if it is JSON only)."""
+    if name in JSON_ONLY:
+        return _ANY_INT
+    typ = dict((n, t) for n, t, _ in COLUMNS)[RENAMES.get(cls.NAME, {}).get(name, name)]
+    return _INT64 if typ == pa.int64() else _INT32
+
+
+def _values(cls, name: str, kind):
+    ints = _ints_for(cls, name)
+    return {
+        INT: ints, STR: _TEXT, BOOL: st.booleans(), OPT_STR: st.none() | _TEXT,
+        OPT_INT: st.none() | ints, INTS: st.lists(ints, max_size=4).map(tuple),
+        OPT_INTS: st.none() | st.lists(ints, max_size=4).map(tuple),
+        ENDPOINTS: st.lists(st.fixed_dictionaries(
+            {"name": _TEXT, "host": _TEXT, "port": _ANY_INT, "security_protocol": _TEXT}),
+            max_size=2).map(tuple),
+        FEATURES: st.lists(st.fixed_dictionaries(
+            {"name": _TEXT, "min_version": _ANY_INT, "max_version": _ANY_INT}),
+            max_size=2).map(tuple),
+    }[kind]
+
+
+_RECORD = st.one_of([st.tuples(*[_values(cls, n, k) for n, k in cls.FIELDS]).map(
+    lambda v, c=cls: c(*v)) for cls in RECORD_TYPES.values()])
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batches=st.lists(st.lists(_RECORD, min_size=1, max_size=6), min_size=1, max_size=6),
+       who=st.tuples(_TEXT, _TEXT, _TEXT, _TEXT, _TEXT), rows=st.sampled_from([1, 4, 1000]))
+def test_fast_decode_equals_strict_on_random_records_of_every_type(tmp_path_factory, batches,
+                                                                   who, rows):
+    """Any text (quotes, control characters, non-ASCII) and any 64-bit integer: the fast path
+    takes every frame and its rows, JSON included, are the strict path's."""
+    d = tmp_path_factory.mktemp("random")
+    prev, offset = ZERO_HASH, 0
+    with open(d / "00000000000000000000.log", "wb") as f:
+        for i, records in enumerate(batches):
+            encoded = Batch(offset, 1, i + 1, 1_790_000_000_000 + i, Provenance(*who), prev,
+                            tuple(records)).encode()
+            f.write(encode_frame(encoded))
+            prev, offset = batch_hash(encoded), offset + len(records)
+    assert _all_canonical(d)
+    seg = list_segments(d)[0]
+    strict = _table(decode_segment(seg))
+    fast = _table(decode_segment_fast(seg, rows_per_batch=rows))
+    assert fast.equals(strict)
+    assert strict.num_rows == offset and strict["problem"].null_count == offset
+
+
+def _widen_int(payload: bytes, key: str) -> bytes:
+    """``payload`` with the positive fixint after ``key`` written as an int8: the same value
+    to msgpack, but not the codec's (shortest) encoding."""
+    packed = msgpack.packb(key)
+    i = payload.index(packed) + len(packed)
+    assert payload[i] < 0x80
+    return payload[:i] + b"\xd0" + payload[i:]
+
+
+def _duplicate_first_key(payload: bytes) -> bytes:
+    """``payload`` whose first record map carries its ``version`` key twice."""
+    i = payload.index(msgpack.packb("records")) + len(msgpack.packb("records"))
+    j = i + (1 if payload[i] & 0xF0 == 0x90 else 3)  # past the array header
+    assert payload[j] & 0xF0 == 0x80                 # a fixmap: its size is in the low bits
+    version = msgpack.packb("version")
+    k = payload.index(version, j) + len(version) + 1
+    return (payload[:j] + bytes([payload[j] + 1]) + payload[j + 1:k] + version + b"\x00"
+            + payload[k:])
+
+
 @pytest.mark.parametrize("edit", ["unknown-type", "bool-version", "extra-field", "key-order",
-                                  "not-msgpack", "bool-int"])
+                                  "not-msgpack", "bool-int", "wide-int", "duplicate-key"])
 def test_frames_the_fast_path_cannot_vouch_for_give_the_strict_rows(tmp_path, edit):
     d = tmp_path / "log"
     write_history(d, segment_bytes=1 << 20)
@@ -124,10 +213,15 @@ def test_frames_the_fast_path_cannot_vouch_for_give_the_strict_rows(tmp_path, ed
         key = next(k for k, v in rec.items() if type(v) is int and k not in ("type", "version"))
         rec[key] = True
     payload = b"\xc1junk" if edit == "not-msgpack" else msgpack.packb(doc, use_bin_type=True)
+    if edit == "wide-int":
+        payload = _widen_int(frames[-2][2], "base_offset")
+    elif edit == "duplicate-key":
+        payload = _duplicate_first_key(frames[-2][2])
+    assert decode_canonical(payload) is None
     _rewrite(seg, len(frames) - 2, payload)
     table = _same(seg)
     rows = table.filter(pa.compute.equal(table["position"], frames[-2][0])).to_pylist()
-    if edit in ("bool-version", "key-order"):
+    if edit in ("bool-version", "key-order", "wide-int", "duplicate-key"):
         assert rows and all(r["problem"] is None for r in rows)
     else:
         assert len(rows) == 1 and rows[0]["problem"].startswith("decode: ")

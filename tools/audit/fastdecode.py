@@ -1,87 +1,64 @@
 """Columnar fast decode of a log segment into the record table: the same rows as the strict
-:func:`tools.audit.columns.decode_segment`, without a Python object per record.
+:func:`tools.audit.columns.decode_segment`, without a Python dict or record object per record.
 
-A frame whose CRC matches is unpacked with one ``msgpack.unpackb`` and its batch fields are
-checked by the project codec (:func:`kraft.records.batch_from_dict` without records). Clean
-frames are gathered into chunks of many thousand records; per chunk the records are grouped by
-type and every field is checked column-wise against the codec's field kinds (C-level passes:
-``set(map(type, column))``), then the Arrow columns are built straight from those lists. If
-anything in a chunk does not check (unknown type, wrong key set or order, a value of the wrong
-kind), the chunk is decoded again by the strict path, which gives exactly its rows or its
-``decode`` problem rows. Damaged frames (torn, CRC mismatch, undecodable batch) always go
-through the strict path.
+A frame whose CRC matches is decoded by :func:`tools.audit.structs.decode_canonical`: msgspec
+structs generated from the codec, accepted only if they re-encode to exactly the frame's bytes.
+Accepted frames are gathered into chunks of many thousand records and turned into Arrow columns
+a chunk at a time: the batch fields once per frame, the typed columns and ``record_json`` per
+record type (one getter pass per column, one msgspec JSON encoding of the whole group). Every other frame (torn, CRC mismatch,
+not the canonical encoding of a valid batch) is decoded by the strict path, which gives exactly
+its rows or its ``decode`` problem row.
 """
 from __future__ import annotations
 
 import gc
-from itertools import chain, repeat
-from operator import itemgetter
+from operator import attrgetter
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-import msgpack
+import msgspec
 import numpy as np
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from kraft.log.segment import CRC, DECODE, IO, TORN, Frame, iter_frames
-from kraft.records import (BOOL, INT, INTS, OPT_INT, OPT_INTS, OPT_STR, RECORD_TYPES, STR, Batch,
-                           RecordDecodeError, batch_from_dict, batch_hash, decode_batch)
-from tools.audit.columns import (ARROW_SCHEMA, BATCH_COLUMNS, COLUMNS, RENAMES, JSON_ONLY,
-                                 Builder, batch_meta)
+from kraft.records import BOOL, INT, RECORD_TYPES, RecordDecodeError, batch_hash, decode_batch
+from tools.audit.columns import ARROW_SCHEMA, COLUMNS, JSON_ONLY, RENAMES, Builder, batch_meta
+from tools.audit.structs import RECORD_STRUCTS, decode_canonical
 
-_NONE = type(None)
-# kind -> the value types it accepts unchanged (list kinds: then every element must be an int)
-_ACCEPTS: dict[Any, frozenset] = {
-    INT: frozenset({int}), STR: frozenset({str}), BOOL: frozenset({bool}),
-    OPT_STR: frozenset({str, _NONE}), OPT_INT: frozenset({int, _NONE}),
-    INTS: frozenset({list}), OPT_INTS: frozenset({list, _NONE}),
-}
-_INT_ONLY = frozenset({int})
-_TYPES_BY_COLUMN = {name: typ for name, typ, _ in COLUMNS}
 _HI = 1 << 62
+_I32_MAX = (1 << 31) - 1
 
 
-class _Unchecked(Exception):
-    """A chunk the fast path cannot vouch for: decode it strictly."""
+class _Kind:
+    """How the records of one type fill the table: its name and version, the typed columns its
+    fields go to, and how its JSON is renamed."""
 
+    __slots__ = ("name", "version", "columns", "json_cut", "json_name")
 
-def _column_ok(kind: Any, column: list) -> bool:
-    if not set(map(type, column)) <= _ACCEPTS[kind]:
-        return False
-    if kind is INTS:
-        return set(map(type, chain.from_iterable(column))) <= _INT_ONLY
-    if kind is OPT_INTS:
-        return set(map(type, chain.from_iterable(filter(None, column)))) <= _INT_ONLY
-    return True
-
-
-class _Plan:
-    """How one record type is checked and fills the typed columns."""
-
-    __slots__ = ("name", "version", "keys", "get", "kinds", "normalise", "columns")
-
-    def __init__(self, cls: type) -> None:
-        names = [n for n, _ in cls.FIELDS]
+    def __init__(self, type_id: int) -> None:
+        cls = RECORD_TYPES[type_id]
         self.name, self.version = cls.NAME, cls.VERSION
-        self.keys = ("type", "version", *names)
-        self.get: Callable[[dict], tuple] | None = (itemgetter(*names) if len(names) > 1 else
-                                                    (lambda d, n=names[0]: (d[n],)) if names
-                                                    else None)
-        self.kinds = [k for _, k in cls.FIELDS]
-        # kinds the strict codec normalises (lists of maps, keys put in spec order): JSON only
-        self.normalise = [(i, n, k) for i, (n, k) in enumerate(cls.FIELDS) if k not in _ACCEPTS]
         renames = RENAMES.get(cls.NAME, {})
-        self.columns: dict[str, tuple[int, Callable[[list], list] | None]] = {}
-        for i, (n, kind) in enumerate(cls.FIELDS):
+        # column -> (getter, converter of the value list, numpy dtype when never null)
+        self.columns: dict[str, tuple[Callable, Callable | None, Any]] = {}
+        for n, kind in cls.FIELDS:
             if n in JSON_ONLY:
                 continue
-            conv = None
-            if n == "fenced" and kind is BOOL:
+            column = renames.get(n, n)
+            conv, dtype = None, None
+            if n == "fenced" and kind is BOOL:  # RegisterBroker's boolean: 1 fenced / -1 not
                 conv = _fenced_bools
             elif n == "in_controlled_shutdown" and kind is BOOL:
                 conv = _bools_to_ints
-            self.columns[renames.get(n, n)] = (i, conv)
+            elif kind is INT:
+                dtype = np.int32 if _TYPES[column] == pa.int32() else np.int64
+            self.columns[column] = (attrgetter(n), conv, dtype)
+        # msgspec's JSON starts with the tag, {"type":<id>,  -- the table's names the type;
+        # the cut includes the newline that precedes each record (see _json_of)
+        self.json_cut = len(b'\n{"type":%d,' % type_id)
+        self.json_name = '{"type":' + orjson.dumps(cls.NAME).decode() + ","
 
 
 def _fenced_bools(col: list) -> list:
@@ -92,148 +69,126 @@ def _bools_to_ints(col: list) -> list:
     return list(map(int, col))
 
 
-_PLANS = {type_id: _Plan(cls) for type_id, cls in RECORD_TYPES.items()}
-_TYPED = [(n, t) for n, t, _ in COLUMNS
-          if n not in BATCH_COLUMNS and n not in ("offset", "index_in_batch", "record_type",
-                                                  "record_version", "record_json")]
-
-
-def _checked_groups(recs: list) -> tuple[np.ndarray, list[tuple[int, int]],
-                                          list[tuple[_Plan, list, list[dict]]]]:
-    """Group raw record maps by type and check each group column-wise as the strict codec
-    would: ``(order, bounds, groups)`` where ``order`` sorts the records by type (stable),
-    ``bounds[i]`` is group i's slice of that order and ``groups[i]`` is ``(plan, field columns,
-    record maps)``; map-list fields are normalised as the codec does (columns and maps).
-    Raises :class:`_Unchecked` on anything the strict codec might refuse or change."""
-    n = len(recs)
-    type_ids = list(map(itemgetter("type"), recs))
-    if not set(map(type, type_ids)) <= _INT_ONLY:
-        raise _Unchecked("record type is not an integer")
-    tids = np.fromiter(type_ids, np.int64, n)
-    order = np.argsort(tids, kind="stable")
-    sorted_ids = tids[order]
-    cuts = np.flatnonzero(np.diff(sorted_ids)) + 1
-    bounds = list(zip(chain((0,), cuts.tolist()), chain(cuts.tolist(), (n,))))
-    holder = np.empty(n, dtype=object)
-    holder[:] = recs
-    groups: list[tuple[_Plan, list, list[dict]]] = []
-    for lo, hi in bounds:
-        plan = _PLANS.get(int(sorted_ids[lo]))
-        if plan is None:
-            raise _Unchecked(f"unknown record type {int(sorted_ids[lo])}")
-        ds = holder[order[lo:hi]].tolist()
-        if set(map(tuple, ds)) != {plan.keys}:
-            raise _Unchecked(f"{plan.name}: fields are not the codec's")
-        versions = list(map(itemgetter("version"), ds))
-        if set(map(type, versions)) != _INT_ONLY or set(versions) != {plan.version}:
-            raise _Unchecked(f"{plan.name}: unsupported version")
-        cols: list = list(zip(*map(plan.get, ds))) if plan.get else []
-        for kind, col in zip(plan.kinds, cols):
-            if kind in _ACCEPTS and not _column_ok(kind, col):
-                raise _Unchecked(f"{plan.name}: a value does not check")
-        for i, field, kind in plan.normalise:  # strict normalises these (TypeError: refused)
-            normal = list(map(kind, cols[i]))
-            cols[i] = normal
-            list(map(dict.__setitem__, ds, repeat(field), normal))
-        groups.append((plan, cols, ds))
-    return order, bounds, groups
+_TYPES = {name: typ for name, typ, _ in COLUMNS}
+_KINDS = [_Kind(type_id) for type_id in RECORD_STRUCTS]
+_KIND_INDEX = {struct: i for i, struct in enumerate(RECORD_STRUCTS.values())}
+_KIND_NAMES = pa.array([k.name for k in _KINDS], pa.string())
+_KIND_VERSIONS = pa.array([k.version for k in _KINDS], pa.int32())
+_TYPED_NAMES = [name for name, _, _ in COLUMNS if any(name in k.columns for k in _KINDS)]
+_json_lines = msgspec.json.Encoder().encode_lines
+_PROVENANCE = ("principal", "client_id", "request_id", "api", "reason")
 
 
 class _Chunk:
-    """Clean frames (CRC ok, batch fields checked) waiting to become one Arrow batch."""
+    """Canonical frames waiting to become one Arrow batch."""
 
     def __init__(self, source: str) -> None:
         self.source = source
-        self.frames: list[tuple[Frame, Batch, int, int]] = []  # frame, batch, first index, count
+        self.frames: list[tuple[int, bytes, Any, int, int]] = []  # position, hash, batch, first, count
         self.rows = 0
 
-    def add(self, frame: Frame, batch: Batch, first: int, count: int) -> None:
-        """A clean frame whose records ``first .. first + count - 1`` are wanted (count 0: none,
-        kept so a strict re-decode of the chunk walks the same frames)."""
-        self.frames.append((frame, batch, first, count))
-        self.rows += count
+    def add(self, position: int, digest: bytes, batch: Any, first: int, count: int) -> None:
+        """A frame whose records ``first .. first + count - 1`` are wanted."""
+        if count:
+            self.frames.append((position, digest, batch, first, count))
+            self.rows += count
 
     def build(self) -> pa.RecordBatch:
-        """The chunk's rows; raises :class:`_Unchecked` if a record does not check."""
-        try:
-            return self._build()
-        except _Unchecked:
-            raise
-        except Exception as e:  # a wrong shape anywhere: not ours to vouch for
-            raise _Unchecked(str(e)) from None
-
-    def _build(self) -> pa.RecordBatch:
         n = self.rows
-        frames = [f for f in self.frames if f[3]]
-        if not n:
-            return pa.RecordBatch.from_pylist([], schema=ARROW_SCHEMA)
-        counts = np.fromiter((c for _, _, _, c in frames), np.int64, len(frames))
-        firsts = np.fromiter((f for _, _, f, _ in frames), np.int64, len(frames))
-        bases = np.fromiter((b.base_offset for _, b, _, _ in frames), np.int64, len(frames))
-        which = np.repeat(np.arange(len(frames)), counts)
+        frames = self.frames
+        counts = np.fromiter((f[4] for f in frames), np.int64, len(frames))
+        firsts = np.fromiter((f[3] for f in frames), np.int64, len(frames))
+        bases = np.fromiter((f[2].base_offset for f in frames), np.int64, len(frames))
         starts = np.cumsum(counts) - counts
         index = np.repeat(firsts - starts, counts) + np.arange(n)
-        recs: list = list(chain.from_iterable(
-            b.records[f:f + c] if (f or c != len(b.records)) else b.records
-            for _, b, f, c in frames))
-        order, bounds, groups = _checked_groups(recs)
-        names_col = np.empty(n, dtype=object)
-        versions_col = np.empty(n, dtype=np.int32)
-        for (plan, _, ds), (lo, hi) in zip(groups, bounds):
-            list(map(dict.__setitem__, ds, repeat("type"), repeat(plan.name)))
-            names_col[lo:hi] = plan.name
-            versions_col[lo:hi] = plan.version
-        inverse = np.empty(n, dtype=np.int64)
-        inverse[order] = np.arange(n)
-        take = pa.array(inverse)
-        blobs = list(map(orjson.dumps, recs))  # row order; "type" now holds the name
-        offsets = np.zeros(n + 1, dtype=np.int32)
-        np.cumsum(np.fromiter(map(len, blobs), np.int32, n), out=offsets[1:])
-        record_json = pa.StringArray.from_buffers(n, pa.py_buffer(offsets),
-                                                  pa.py_buffer(b"".join(blobs)))
-        batch_cols = self._batch_columns(pa.array(which))
-        arrays = []
-        for name, typ, _ in COLUMNS:
-            if name in batch_cols:
-                arrays.append(batch_cols[name])
-            elif name == "offset":
-                arrays.append(pa.array(np.repeat(bases, counts) + index, typ))
-            elif name == "index_in_batch":
-                arrays.append(pa.array(index.astype(np.int32), typ))
-            elif name == "record_type":
-                arrays.append(pa.array(names_col, typ).take(take))
-            elif name == "record_version":
-                arrays.append(pa.array(versions_col, typ).take(take))
-            elif name == "record_json":
-                arrays.append(record_json)
-            else:
-                arrays.append(_typed(name, typ, groups, bounds).take(take))
-        return pa.RecordBatch.from_arrays(arrays, schema=ARROW_SCHEMA)
+        recs: list = []
+        for _, _, b, f, c in frames:
+            recs.extend(b.records if c == len(b.records) else b.records[f:f + c])
+        kinds = np.fromiter(map(_KIND_INDEX.__getitem__, map(type, recs)), np.int64, n)
+        cols = self._batch_columns(pa.array(np.repeat(np.arange(len(frames)), counts)))
+        cols["offset"] = pa.array(np.repeat(bases, counts) + index)
+        cols["index_in_batch"] = pa.array(index.astype(np.int32))
+        kinds_arr = pa.array(kinds)
+        cols["record_type"] = _KIND_NAMES.take(kinds_arr)
+        cols["record_version"] = _KIND_VERSIONS.take(kinds_arr)
+        cols.update(_record_columns(recs, kinds))
+        return pa.RecordBatch.from_arrays(
+            [cols[name] if name in cols else pa.nulls(n, typ) for name, typ, _ in COLUMNS],
+            schema=ARROW_SCHEMA)
 
     def _batch_columns(self, which: pa.Array) -> dict[str, pa.Array]:
         """Batch-level columns: one value per frame, repeated for its rows by ``take``."""
-        per: dict[str, list] = {n: [] for n in BATCH_COLUMNS}
-        for frame, b, _, count in self.frames:
-            if not count:
+        n, frames = self.rows, self.frames
+        batches = [f[2] for f in frames]
+        provenance = list(map(attrgetter("provenance"), batches))
+        per: dict[str, list] = {
+            "position": [f[0] for f in frames],
+            "batch_base_offset": list(map(attrgetter("base_offset"), batches)),
+            "batch_last_offset": [b.base_offset + len(b.records) - 1 for b in batches],
+            "term": list(map(attrgetter("term"), batches)),
+            "raft_index": list(map(attrgetter("raft_index"), batches)),
+            "timestamp_ms": list(map(attrgetter("timestamp_ms"), batches)),
+            **{key: list(map(attrgetter(key), provenance)) for key in _PROVENANCE},
+            "batch_hash": [f[1].hex() for f in frames],
+            "prev_hash": [b.prev_hash.hex() for b in batches]}
+        out = {k: pa.array(v, _TYPES[k]).take(which) for k, v in per.items()}
+        out["source"] = pa.repeat(pa.scalar(self.source, pa.string()), n)
+        out["source_kind"] = pa.repeat(pa.scalar("log", pa.string()), n)
+        out["crc_ok"] = pa.repeat(pa.scalar(True), n)
+        return out
+
+
+def _record_columns(recs: list, kinds: np.ndarray) -> dict[str, pa.Array]:
+    """``record_json`` and the typed columns, built per record type (a group's values read by
+    one getter pass per column) and put back in row order with ``take``."""
+    n = len(recs)
+    order = np.argsort(kinds, kind="stable")
+    sorted_kinds = kinds[order]
+    cuts = np.flatnonzero(np.diff(sorted_kinds)).__add__(1).tolist()
+    holder = np.empty(n, dtype=object)
+    holder[:] = recs
+    parts: dict[str, list[pa.Array]] = {name: [] for name in ("record_json", *_TYPED_NAMES)}
+    for lo, hi in zip([0, *cuts], [*cuts, n]):
+        kind = _KINDS[int(sorted_kinds[lo])]
+        group = holder[order[lo:hi]].tolist() if len(cuts) else recs
+        parts["record_json"].append(_json_of(kind, group))
+        for name in _TYPED_NAMES:
+            spec = kind.columns.get(name)
+            typ = _TYPES[name]
+            if spec is None:
+                parts[name].append(pa.nulls(hi - lo, typ))
                 continue
-            meta = batch_meta(self.source, "log", frame.position, b,
-                              batch_hash(frame.payload), True, None)
-            for k, col in per.items():
-                col.append(meta[k])
-        return {k: pa.array(v, _TYPES_BY_COLUMN[k]).take(which) for k, v in per.items()}
+            get, conv, dtype = spec
+            if dtype is not None:
+                parts[name].append(pa.array(np.fromiter(map(get, group), dtype, hi - lo), typ))
+            else:
+                values = list(map(get, group))
+                parts[name].append(pa.array(conv(values) if conv else values, typ))
+    inverse = None
+    if cuts:
+        inv = np.empty(n, dtype=np.int64)
+        inv[order] = np.arange(n)
+        inverse = pa.array(inv)
+    out = {}
+    for name, arrays in parts.items():
+        if all(a.null_count == len(a) for a in arrays):
+            continue  # no record here fills it: left to pa.nulls
+        col = pa.concat_arrays(arrays) if len(arrays) > 1 else arrays[0]
+        out[name] = col.take(inverse) if inverse is not None else col
+    return out
 
 
-def _typed(name: str, typ: pa.DataType, groups: list, bounds: list) -> pa.Array:
-    chunks = []
-    for (plan, cols, _), (lo, hi) in zip(groups, bounds):
-        spec = plan.columns.get(name)
-        if spec is None:
-            chunks.append(pa.nulls(hi - lo, typ))
-            continue
-        i, conv = spec
-        col = cols[i]
-        chunks.append(pa.array(conv(col) if conv is not None else col, typ))
-    return pa.concat_arrays(chunks) if len(chunks) != 1 else chunks[0]
+def _json_of(kind: _Kind, group: list) -> pa.Array:
+    """The records' JSON as the strict path writes it (``{"type": name, "version": v, ...}``):
+    msgspec writes them as lines (a newline never occurs inside JSON), each line becomes a value
+    starting at the newline before it, and that newline with the tag is replaced by the name."""
+    data = b"\n" + _json_lines(group)[:-1]
+    starts = np.flatnonzero(np.frombuffer(data, np.uint8) == 10)
+    if len(starts) != len(group) or len(data) > _I32_MAX:
+        raise RuntimeError(f"{kind.name}: JSON lines do not match the records")
+    offsets = np.append(starts, len(data)).astype(np.int32)
+    lines = pa.StringArray.from_buffers(len(group), pa.py_buffer(offsets), pa.py_buffer(data))
+    return pc.binary_replace_slice(lines, 0, kind.json_cut, kind.json_name)
 
 
 def _strict_frame(out: Builder, source: str, frame: Frame, size: int, expected: int | None,
@@ -287,52 +242,30 @@ def decode_segment_fast(path: str | Path, from_offset: int | None = None,
     size = len(data)
     chunk = _Chunk(source)
     expected: int | None = None
-    chunk_expected: int | None = None  # the expected offset when the chunk began
-    unpackb = msgpack.unpackb
-
-    def flush() -> Iterator[pa.RecordBatch]:
-        nonlocal chunk, expected
-        if not chunk.frames:
-            return
-        try:
-            rb = chunk.build()
-        except _Unchecked:  # strictly, frame by frame: same rows or the decode problem rows
-            out, exp = Builder(), chunk_expected
-            for frame, _, _, _ in chunk.frames:
-                exp = _strict_frame(out, source, frame, size, exp, lo, hi)
-            expected = exp
-            rb = out.flush() if out.rows else None
-        chunk = _Chunk(source)
-        if rb is not None and rb.num_rows:
-            yield rb
-
     gc_was = gc.isenabled()
     gc.disable()  # millions of small containers: the cyclic GC would rescan them all
     try:
         for frame in iter_frames(data):
-            batch = None
-            if frame.payload is not None and frame.crc_ok:
-                try:
-                    batch = batch_from_dict(unpackb(frame.payload, raw=False, strict_map_key=False),
-                                            check_records=False)
-                except Exception:  # msgpack raises several types; the strict path names it
-                    batch = None
+            batch = decode_canonical(frame.payload) if frame.crc_ok else None
             if batch is None:
-                yield from flush()
+                if chunk.rows:
+                    yield chunk.build()
+                    chunk = _Chunk(source)
                 out = Builder()
                 expected = _strict_frame(out, source, frame, size, expected, lo, hi)
                 if out.rows:
                     yield out.flush()
-                chunk_expected = expected
                 continue
-            if not chunk.frames:
-                chunk_expected = expected
-            expected = batch.base_offset + len(batch.records)
-            first = max(lo - batch.base_offset, 0)
-            chunk.add(frame, batch, first, max(min(hi, expected - 1) - batch.base_offset + 1 - first, 0))
+            base = batch.base_offset
+            expected = base + len(batch.records)
+            first = max(lo - base, 0)
+            chunk.add(frame.position, batch_hash(frame.payload), batch, first,
+                      max(min(hi, expected - 1) - base + 1 - first, 0))
             if chunk.rows >= rows_per_batch:
-                yield from flush()
-        yield from flush()
+                yield chunk.build()
+                chunk = _Chunk(source)
+        if chunk.rows:
+            yield chunk.build()
     finally:
         if gc_was:
             gc.enable()
