@@ -601,7 +601,17 @@ class RaftQuorum:
         def on_result(result: Any, reason: int) -> None:  # inside a tick
             ticks.call_after_tick(self._finish_group, complete, result, reason)
 
-        so.apply_group(commands, so.raftCurrentTerm, callback=on_result)
+        if ticks.in_tick:
+            so.apply_group(commands, so.raftCurrentTerm, callback=on_result)  # nudges the loop
+            return
+        ticks.notify_muted = True
+        try:
+            so.apply_group(commands, so.raftCurrentTerm, callback=on_result)
+        finally:
+            ticks.notify_muted = False
+        # append and replicate now (the part of PySyncObj's tick that does it) rather than on
+        # the tick loop's next turn: the entry leaves one trio scheduling round earlier
+        so._checkCommandsToApply()
 
     def _finish_group(self, complete: Callable[..., None], result: Any, reason: int) -> None:
         if reason == FAIL_REASON.SUCCESS and isinstance(result, list):

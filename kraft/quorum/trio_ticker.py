@@ -9,7 +9,9 @@ trio's wake-up were ~20% of the busy samples). Here PySyncObj runs with ``autoTi
 
 * its sockets live in :class:`EpollPoller`, an epoll set whose own descriptor trio waits on
   (``wait_readable``), so a peer message wakes the trio loop, which ticks;
-* a submitted command does not write to a pipe: ``nudge()`` makes the loop tick at once;
+* a submitted command does not write to a pipe: the submitter appends and replicates it at once
+  (PySyncObj's ``_checkCommandsToApply``, the part of a tick that does that), or, inside a tick,
+  ``nudge()`` makes the loop tick again at once;
 * PySyncObj's tick runs its logic (commit index, apply, sends) and then polls its sockets; woken
   by a socket, the loop polls first, so the acks that woke it are counted by the same tick. A
   tick whose own poll handled events is followed by another at once; otherwise the loop sleeps
@@ -107,7 +109,12 @@ class TickLoop:
         self._scope: trio.CancelScope | None = None
         self._stopped = False
         self._in_tick = False
+        self.notify_muted = False  # set while the caller does what a nudge would tick for
         self.ticks = 0
+
+    @property
+    def in_tick(self) -> bool:
+        return self._in_tick
 
     def call_after_tick(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn(*args)`` on the trio thread once the current tick is over (or right after
@@ -123,7 +130,10 @@ class TickLoop:
         if waiting is not None:
             waiting.cancel()
 
-    notify = nudge  # PySyncObj's PipeNotifier interface
+    def notify(self) -> None:
+        """PySyncObj's PipeNotifier interface (a command was queued)."""
+        if not self.notify_muted:
+            self.nudge()
 
     def start(self) -> None:
         """Start the loop as a trio system task (it lives until :meth:`stop` or the end of the
