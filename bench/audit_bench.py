@@ -263,11 +263,14 @@ def timed_audit(directory: Path, out: Path) -> dict:
     with TreeUsage(proc.pid) as usage:
         stdout, stderr = proc.communicate(timeout=1800)
     wall = time.perf_counter() - t
-    start = next((float(line.split("(at ")[1].rstrip("s)")) for line in stdout.splitlines()
-                  if line.startswith("[2/")), None)
+    steps = [(line.split("] ", 1)[1].rsplit(" (at ", 1)[0], float(line.rsplit("(at ", 1)[1].rstrip("s)")))
+             for line in stdout.splitlines() if line.startswith("[") and "(at " in line]
+    phases = {what.split(" (")[0]: round(steps[i + 1][1] - at, 1)
+              for i, (what, at) in enumerate(steps[:-1])}
     return {"seconds": round(wall, 1), "cpu_s": usage.total, "exit": proc.returncode,
-            "spark_start_s": start, "driver_peak_mb": usage.java_peak_kb // 1024,
-            "tail": stdout[-600:] + stderr[-600:]}
+            "spark_start_s": steps[1][1] if len(steps) > 1 else None,
+            "driver_peak_mb": usage.java_peak_kb // 1024, "phases": phases,
+            "incremental": "re-audit:" in stdout, "tail": stdout[-600:] + stderr[-600:]}
 
 
 def run(records: int, work: Path) -> tuple[list[dict], list[dict]]:
@@ -280,8 +283,10 @@ def run(records: int, work: Path) -> tuple[list[dict], list[dict]]:
     log(f"data source: {ds}")
     audit = timed_audit(logdir, out)
     log(f"audit: {audit}")
-    added = append_segment(logdir)
+    added = append_segment(logdir)  # then the same `kraft audit --out` again, as a user would
     re = timed_audit(logdir, out)
+    if not re["incremental"]:
+        log("the re-audit did not carry on from the first audit's output")
     log(f"re-audit after +1 segment ({added} records): {re}")
     (logdir / "GENERATED.json").unlink()  # the appended NoOps change the log: regenerate next time
     rows = [
@@ -297,7 +302,8 @@ def run(records: int, work: Path) -> tuple[list[dict], list[dict]]:
          "driver_peak_mb": audit["driver_peak_mb"], "exit": audit["exit"]},
         {"metric": "reaudit_one_new_segment", "records": n + added, "seconds": re["seconds"],
          "cpu_s": re["cpu_s"], "spark_start_s": re["spark_start_s"],
-         "driver_peak_mb": re["driver_peak_mb"], "exit": re["exit"]},
+         "driver_peak_mb": re["driver_peak_mb"], "exit": re["exit"],
+         "incremental": re["incremental"]},
     ]
     audit_s, re_s = audit["seconds"], re["seconds"]
     targets = [
@@ -310,7 +316,7 @@ def run(records: int, work: Path) -> tuple[list[dict], list[dict]]:
          "met": audit_s <= TARGETS["audit_s"] and audit["exit"] in (0, 1)},
         {"target": "re-audit after one new segment <= 20 s", "value": re_s,
          "limit": TARGETS["reaudit_s"], "ratio": round(re_s / TARGETS["reaudit_s"], 3),
-         "met": re_s <= TARGETS["reaudit_s"] and re["exit"] in (0, 1)},
+         "met": re_s <= TARGETS["reaudit_s"] and re["exit"] in (0, 1) and re["incremental"]},
     ]
     return rows, targets
 

@@ -21,7 +21,7 @@ DDL = ("offset BIGINT, timestamp_ms BIGINT, source_kind STRING, topic_id STRING,
        "topic_name STRING, partition_id INT, record_type STRING, replicas ARRAY<INT>, "
        "isr ARRAY<INT>, leader INT, leader_epoch INT, partition_epoch INT, election STRING, "
        "principal STRING, client_id STRING, api STRING, reason STRING, "
-       "batch_base_offset BIGINT")
+       "batch_base_offset BIGINT, index_in_batch INT")
 DERIVED = ("change", "prev_leader", "leader", "prev_isr", "isr", "replicas", "leader_epoch",
            "partition_epoch", "prev_leader_epoch", "prev_partition_epoch", "leader_changed",
            "state")
@@ -47,7 +47,7 @@ def _random_log(rnd: random.Random, n: int) -> list[dict]:
         row = {"offset": offset, "timestamp_ms": 1000 + offset, "source_kind": "log",
                "topic_id": tid, "topic_name": None, "partition_id": pid,
                "principal": "p", "client_id": "c", "api": "a", "reason": "r",
-               "batch_base_offset": offset, "election": None}
+               "batch_base_offset": offset, "index_in_batch": 0, "election": None}
         if rnd.random() < 0.12:  # (re-)created
             row.update(record_type="PartitionRecord", replicas=reps,
                        isr=reps[:rnd.randint(1, len(reps))], leader=reps[0],

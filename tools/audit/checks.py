@@ -3,6 +3,11 @@
 :data:`RULES` lists them (name → severity, description). :func:`all_findings` returns one
 DataFrame ``(rule, severity, offset, detail)`` with a row per violation; nothing is collected
 here. Batch-level rules look at one row per batch (:func:`tables.batches`).
+
+A re-audit checks only the records after the previous run's watermark: the batch rules then
+match the new batches against ``everything`` (every batch of the log), the unclean-election
+rule sees every topic config, the leader rule every broker row; :data:`WHOLE_LOG_RULES` are
+re-run over their whole (small) input every time, their earlier findings replaced.
 """
 from __future__ import annotations
 
@@ -11,7 +16,6 @@ from typing import Callable
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
-from kraft.records import RESOURCE_TOPIC
 
 ERROR, WARNING = "error", "warning"
 UNCLEAN_CONFIG = "unclean.leader.election.enable"
@@ -40,10 +44,14 @@ def _finding(df: DataFrame, rule: str, detail: Column, severity: Column | None =
                      F.col("offset").cast("bigint").alias("offset"), detail.alias("detail"))
 
 
-def offsets_contiguous(b: DataFrame) -> DataFrame:
+WHOLE_LOG_RULES = ("broker-epoch-unique",)
+
+
+def offsets_contiguous(b: DataFrame, everything: DataFrame | None = None) -> DataFrame:
     """Batches not followed by the batch at ``last + 1`` (except the newest), and overlaps."""
-    last = b.agg(F.max("batch_base_offset").alias("m"))
-    nxt = b.select(F.col("batch_base_offset").alias("n_base"))
+    everything = b if everything is None else everything
+    last = everything.agg(F.max("batch_base_offset").alias("m"))
+    nxt = everything.select(F.col("batch_base_offset").alias("n_base"))
     gaps = (b.join(nxt, F.col("batch_last_offset") + 1 == F.col("n_base"), "left_anti")
              .crossJoin(F.broadcast(last)).filter(F.col("batch_base_offset") < F.col("m"))
              .withColumn("offset", F.col("batch_last_offset") + 1))
@@ -75,11 +83,12 @@ def frames_decodable(records: DataFrame, newest_segment: str | None) -> DataFram
                     F.when(torn_tail, F.lit(WARNING)).otherwise(F.lit(ERROR)))
 
 
-def hash_chain(b: DataFrame) -> DataFrame:
+def hash_chain(b: DataFrame, everything: DataFrame | None = None) -> DataFrame:
     """Each batch's prev_hash must be the hash of the batch ending right before it. The oldest
     batch is anchored (all zeros at offset 0; else a snapshot's hash)."""
-    first = b.agg(F.min("batch_base_offset").alias("first"))
-    prev = b.select(F.col("batch_hash").alias("p_hash"), F.col("batch_last_offset").alias("p_last"))
+    everything = b if everything is None else everything
+    first = everything.agg(F.min("batch_base_offset").alias("first"))
+    prev = everything.select(F.col("batch_hash").alias("p_hash"), F.col("batch_last_offset").alias("p_last"))
     j = (b.join(prev, F.col("prev_hash") == F.col("p_hash"), "left")
           .crossJoin(F.broadcast(first))
           .filter(F.col("p_hash").isNull() | (F.col("p_last") + 1 != F.col("batch_base_offset"))))
@@ -95,8 +104,9 @@ def hash_chain(b: DataFrame) -> DataFrame:
                                                 F.col("p_last"))))
 
 
-def terms_monotonic(b: DataFrame) -> DataFrame:
-    prev = b.select(F.col("batch_last_offset").alias("p_last"), F.col("term").alias("p_term"))
+def terms_monotonic(b: DataFrame, everything: DataFrame | None = None) -> DataFrame:
+    everything = b if everything is None else everything
+    prev = everything.select(F.col("batch_last_offset").alias("p_last"), F.col("term").alias("p_term"))
     bad = (b.join(prev, F.col("p_last") + 1 == F.col("batch_base_offset"))
             .filter(F.col("term") < F.col("p_term"))
             .withColumnRenamed("batch_base_offset", "offset"))
@@ -171,14 +181,13 @@ def leader_eligible(history: DataFrame, brokers: DataFrame) -> DataFrame:
                                     F.coalesce(F.col("broker_state"), F.lit("never registered"))))
 
 
-def unclean_elections(history: DataFrame, records: DataFrame) -> DataFrame:
+def unclean_elections(history: DataFrame, configs: DataFrame) -> DataFrame:
     """Every unclean election; a warning when asked for (ElectLeaders) or allowed by the
-    topic's ``unclean.leader.election.enable=true`` at the time, else an error."""
+    topic's ``unclean.leader.election.enable=true`` at the time (``configs``: the topic
+    ConfigRecords, :func:`tables.topic_configs`), else an error."""
     unclean = history.filter(F.col("election") == "unclean").select(
         "offset", "topic_name", "partition_id", "leader", "prev_leader", "isr", "api", "principal")
-    cfg = (records.filter((F.col("record_type") == "ConfigRecord") &
-                          (F.col("resource_type") == RESOURCE_TOPIC) &
-                          (F.col("config_name") == UNCLEAN_CONFIG))
+    cfg = (configs.filter(F.col("config_name") == UNCLEAN_CONFIG)
                   .select(F.col("resource_name").alias("c_topic"), F.col("offset").alias("c_offset"),
                           "config_value"))
     j = (unclean.join(cfg, (F.col("c_topic") == F.col("topic_name")) &
@@ -213,21 +222,28 @@ def broker_epochs(brokers: DataFrame) -> DataFrame:
 
 
 def all_findings(records: DataFrame, batches_df: DataFrame, topics_df: DataFrame,
-                 history: DataFrame, brokers: DataFrame, newest_segment: str | None) -> DataFrame:
-    """Every rule's violations as one DataFrame."""
+                 history: DataFrame, brokers: DataFrame, configs: DataFrame,
+                 newest_segment: str | None, everything: DataFrame | None = None) -> DataFrame:
+    """Every rule's violations but :data:`WHOLE_LOG_RULES`' as one DataFrame. ``records``,
+    ``batches_df`` and ``history`` may be the new part of the log only (``everything``: every
+    batch); ``topics_df``, ``brokers`` and ``configs`` cover the whole log."""
     parts: list[Callable[[], DataFrame]] = [
-        lambda: offsets_contiguous(batches_df),
+        lambda: offsets_contiguous(batches_df, everything),
         lambda: crc_intact(records),
         lambda: frames_decodable(records, newest_segment),
-        lambda: hash_chain(batches_df),
-        lambda: terms_monotonic(batches_df),
+        lambda: hash_chain(batches_df, everything),
+        lambda: terms_monotonic(batches_df, everything),
         lambda: topic_references(records, topics_df),
         lambda: partition_rules(history),
         lambda: leader_eligible(history, brokers),
-        lambda: unclean_elections(history, records),
-        lambda: broker_epochs(brokers),
+        lambda: unclean_elections(history, configs),
     ]
     out = parts[0]()
     for make in parts[1:]:
         out = out.unionByName(make())
     return out
+
+
+def whole_log_findings(brokers: DataFrame) -> DataFrame:
+    """The violations of :data:`WHOLE_LOG_RULES` over the whole log's broker history."""
+    return broker_epochs(brokers)

@@ -7,6 +7,7 @@ call it with their own SparkSession. Exit status: 0 every error-severity rule pa
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -21,11 +22,15 @@ from pyspark.sql import functions as F
 
 from kraft.log.segment import list_segments
 from kraft.log.snapshot import list_snapshots
-from tools.audit import checks, report, state, tables
+from kraft.snapshotter import image_from_snapshot, image_to_snapshot
+from tools.audit import carry, checks, report, state, tables
 from tools.audit.mirror import load_records
 from tools.audit.session import build_session
 
 SAMPLES_PER_RULE = 200
+TABLES = ("topics", "partition_history", "broker_history", "broker_intervals",
+          "replication_intervals", "topic_lifecycle", "who_changed_what")
+BATCH_CARRY = ("batch_base_offset", "batch_last_offset", "batch_hash", "term")
 
 
 class AuditError(Exception):
@@ -96,37 +101,101 @@ def run_audit(opts: AuditOptions, spark: SparkSession | None = None,
     validate(opts)
     out = opts.out
     out.mkdir(parents=True, exist_ok=True)
+    prior, why = _prior_state(opts)
     # The replay runs while the JVM starts and Spark works, in its own process: as a thread it
     # held the GIL for seconds at a time and stalled the driver's calls into the JVM.
     with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
-        replaying = pool.submit(_replay, opts)
-        return _run(opts, spark, progress, replaying)
+        image = out / "carry" / "image.snapshot" if prior is not None else None
+        replaying = pool.submit(_replay, opts, image, _carries(opts))
+        return _run(opts, spark, progress, replaying, prior, why, pool)
+
+
+def _carries(opts: AuditOptions) -> bool:
+    """Whether this run keeps state for a re-audit (only a whole-log run does)."""
+    return all(v is None for v in (opts.from_offset, opts.to_offset, opts.from_ms, opts.to_ms))
+
+
+def _prior_state(opts: AuditOptions) -> tuple[dict | None, str]:
+    """The earlier run's state when its segments are unchanged (the rest is checked later)."""
+    if not _carries(opts):
+        return None, "--from/--to given"
+    state, why = carry.load_state(opts.out, opts.log_dir)
+    if state is None:
+        return None, why
+    unchanged, grown = carry.segments_unchanged(state, opts.log_dir)
+    if not unchanged:
+        return None, "a segment audited before changed"
+    state["grown"] = grown
+    return state, ""
 
 
 @dataclass
 class _Replayed:
-    """What the audit keeps of the replay: snapshot comparisons, the replay error, and the
-    ``--state-at`` document."""
+    """What the audit keeps of the replay: snapshot comparisons, the replay error, the
+    ``--state-at`` document and where the image at the log's end was written."""
 
     comparisons: list[dict]
     error: str | None
     state_doc: dict | None
+    image: str | None = None
+    offset: int | None = None
 
 
-def _replay(opts: AuditOptions) -> _Replayed:
-    """Replay the log against its snapshots (and to ``--state-at``): pure Python, sequential."""
-    replayed = state.replay(opts.log_dir, opts.to_offset, opts.to_ms)
+def _replay(opts: AuditOptions, image: Path | None, keep: bool) -> _Replayed:
+    """Replay the log against its snapshots (and to ``--state-at``): pure Python, sequential.
+    ``image``: the image an earlier run left at its end (replay from there); ``keep``: write
+    the image at the end for the next run."""
+    start = image_from_snapshot(image) if image is not None else None
+    replayed = state.replay(opts.log_dir, opts.to_offset, opts.to_ms, start=start)
     state_doc = None
     if opts.state_at_offset is not None or opts.state_at_ms is not None:
         at = state.replay(opts.log_dir, opts.state_at_offset, opts.state_at_ms)
         state_doc = {**state.summary(at.image), "replay_error": at.error,
                      "snapshot": next((c for c in at.comparisons
                                        if c["offset"] == at.image.offset), None)}
-    return _Replayed(replayed.comparisons, replayed.error, state_doc)
+    written = None
+    if keep and replayed.error is None:
+        staging = opts.out / ".replayed-image"
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        written = str(image_to_snapshot(staging, replayed.image))
+    return _Replayed(replayed.comparisons, replayed.error, state_doc, written,
+                     replayed.image.offset)
+
+
+def _meta(records: DataFrame) -> dict:
+    row = records.agg(
+        F.count("*").alias("records"), F.min("offset").alias("first_offset"),
+        F.max("offset").alias("last_offset"), F.min("timestamp_ms").alias("first_ms"),
+        F.max("timestamp_ms").alias("last_ms"),
+        F.sum(F.when(F.col("index_in_batch") == 0, 1).otherwise(0)).alias("batches"),
+        F.count("problem").alias("problems"),
+        F.max_by(F.struct("source", "position", "batch_last_offset", "batch_hash", "term"),
+                 F.struct("source", "position")).alias("end")).first()
+    meta = row.asDict()
+    meta["batches"] = meta["batches"] or 0
+    end = meta.pop("end")
+    meta["watermark"] = None if end is None else {
+        "source": end["source"], "position": end["position"], "last_offset": end["batch_last_offset"],
+        "last_hash": end["batch_hash"], "term": end["term"]}
+    return meta
+
+
+def _merge_meta(old: dict, new: dict) -> dict:
+    """The totals of the records audited before and of the new ones."""
+    def pick(f: Callable, key: str) -> Any:
+        vals = [v for v in (old[key], new[key]) if v is not None]
+        return f(vals) if vals else None
+
+    return {"records": old["records"] + new["records"], "batches": old["batches"] + new["batches"],
+            "problems": old["problems"] + new["problems"],
+            "first_offset": pick(min, "first_offset"), "last_offset": pick(max, "last_offset"),
+            "first_ms": pick(min, "first_ms"), "last_ms": pick(max, "last_ms"),
+            "watermark": new["watermark"] or old["watermark"]}
 
 
 def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str], None],
-         replaying: Future) -> AuditResult:
+         replaying: Future, prior: dict | None, why: str, pool: ProcessPoolExecutor) -> AuditResult:
     out = opts.out
     steps = _Steps(progress, 7)
     if spark is None:
@@ -141,62 +210,90 @@ def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str
     if opts.to_ms is not None:
         raw = raw.filter(F.col("timestamp_ms").isNull() | (F.col("timestamp_ms") <= opts.to_ms))
     # not cached: every query reads the Parquet mirror, pruned to the columns it needs
-    records = tables.prepare(raw.drop("record_json"))
-    meta_row = records.agg(
-        F.count("*").alias("records"), F.min("offset").alias("first_offset"),
-        F.max("offset").alias("last_offset"), F.min("timestamp_ms").alias("first_ms"),
-        F.max("timestamp_ms").alias("last_ms"),
-        F.sum(F.when(F.col("index_in_batch") == 0, 1).otherwise(0)).alias("batches")).first()
-    meta = meta_row.asDict()
-    meta["batches"] = meta["batches"] or 0
+    every = tables.prepare(raw.drop("record_json"))
+    records = every
+    carry_dir = out / "carry"
+    if prior is not None:
+        records = carry.new_records(every, prior)
+        why = carry.continues(spark, every, records, prior, carry_dir, prior["grown"])
+        if why:
+            prior, records = None, every
+            replaying = pool.submit(_replay, opts, None, True)  # runs after the first
+    new_meta = _meta(records)
+    meta = _merge_meta(prior["meta"], new_meta) if prior is not None else new_meta
     steps.done("read_s")
     progress(f"    {meta['records']:,} records in {meta['batches']:,} batches; segments decoded "
              f"{len(mirror_info['decoded'])}, from the Parquet mirror {len(mirror_info['reused'])}")
-    from_offset = _from_offset(records, opts)
+    progress(f"    re-audit: {new_meta['records']:,} new records after offset "
+             f"{prior['watermark']['last_offset']}" if prior is not None
+             else f"    whole log audited ({why})")
+    from_offset = _from_offset(every, opts)
 
     steps("deriving tables")
+    run_no = prior["run"] + 1 if prior is not None else 0
+    if prior is None:
+        for d in ("tables", "carry", "work"):
+            shutil.rmtree(out / d, ignore_errors=True)
+    # with --from the tables are derived whole into work/ and their rows from it on copied
+    tf = carry.TableFiles(spark, out / ("tables" if from_offset is None else "work"), run_no)
+    cf = carry.TableFiles(spark, carry_dir, run_no)
     log_end = F.timestamp_millis(F.lit(meta["last_ms"] or 0))
-    topics_df = tables.topics(records).persist()
-    # the big table is computed once into Parquet (the table itself when it is written whole)
-    # and every later use reads that back, pruned to its columns: cheaper than caching it
-    history_path = out / ("tables" if from_offset is None else "work") / "partition_history"
-    tables.partition_history(records, topics_df).write.mode("overwrite").parquet(str(history_path))
-    history = spark.read.parquet(str(history_path))
-    brokers = tables.broker_history(records).persist()
-    derived: dict[str, DataFrame] = {
-        "topics": topics_df,
-        "partition_history": history,
-        "broker_history": brokers,
-        "broker_intervals": tables.broker_intervals(brokers, log_end),
-        "replication_intervals": tables.replication_intervals(history, topics_df, log_end),
-        "topic_lifecycle": tables.topic_lifecycle(records),
-        "who_changed_what": tables.who_changed_what(records),
-    }
-    table_paths: dict[str, Path] = {}
-    for name, df in derived.items():
-        path = out / "tables" / name
-        if path != history_path:
-            _since(df, from_offset).write.mode("overwrite").parquet(str(path))
-            if from_offset is None:  # the report reads the written table, not a recomputation
-                derived[name] = spark.read.parquet(str(path))
-        table_paths[name] = path
+    after = prior["watermark"]["last_offset"] if prior is not None else None
+
+    created, removed = tables.topic_created(records), tables.topic_removed(records)
+    configs = tables.topic_configs(records)
+    if prior is not None:
+        created = created.unionByName(cf.read("topic_created"))
+        removed = removed.unionByName(cf.read("topic_removed"))
+        configs = configs.unionByName(cf.read("topic_configs"))
+    topics_df = tables.topics(None, created, removed).persist()
+    history = tf.append("partition_history", tables.partition_history(
+        records, topics_df, cf.read("partitions") if prior is not None else None))
+    old_brokers = tf.read("broker_history") if prior is not None else None
+    tf.append("broker_history", tables.broker_history(
+        records, tables.broker_seeds(old_brokers) if old_brokers is not None else None))
+    brokers = tf.read("broker_history").persist()
+    tails = tf.read("replication_intervals", "tail") if prior is not None else None
+    intervals = tables.replication_intervals(history, topics_df, log_end, tails).persist()
+    tf.append("replication_intervals", intervals.filter(F.col("end_offset").isNotNull()))
+    tf.append("replication_intervals", intervals.filter(F.col("end_offset").isNull()),
+              prefix="tail")
+    intervals.unpersist()
+    tf.replace("topics", topics_df)
+    tf.replace("broker_intervals", tables.broker_intervals(brokers, log_end))
+    tf.append("topic_lifecycle", tables.topic_lifecycle(records, created, configs, after))
+    tf.replace("who_changed_what", tables.who_changed_what(
+        records, tf.read("who_changed_what") if prior is not None else None))
     steps.done("tables_s")
 
     steps("running checks")
     newest = list_segments(opts.log_dir)[-1].name
-    found = _since(checks.all_findings(records, tables.batches(records), topics_df, history,
-                                       brokers, newest), from_offset).persist()
-    found.write.mode("overwrite").parquet(str(out / "tables" / "findings"))
-    table_paths["findings"] = out / "tables" / "findings"
+    batches_new = tables.batches(records)
+    everything = (batches_new.select(*BATCH_CARRY).unionByName(cf.read("batches"))
+                  if prior is not None else None)
+    found = checks.all_findings(records, batches_new, topics_df, history, brokers, configs,
+                                newest, everything)
+    tf.append("findings", found)
+    tf.append("findings", checks.whole_log_findings(brokers), prefix="whole")
+    if from_offset is not None:  # the rows from --from on
+        for name in (*TABLES, "findings"):
+            _since(tf.read(name), from_offset).write.mode("overwrite").parquet(
+                str(out / "tables" / name))
+        tf = carry.TableFiles(spark, out / "tables", run_no)
+    table_paths = {name: out / "tables" / name for name in (*TABLES, "findings")}
+    findings_df = tf.read("findings").persist()
     counts = {(r["rule"], r["severity"]): r["count"]
-              for r in found.groupBy("rule", "severity").count().collect()}
+              for r in findings_df.groupBy("rule", "severity").count().collect()}
     w = Window.partitionBy("rule").orderBy("offset")
-    samples = (found.withColumn("n", F.row_number().over(w))
-                    .filter(F.col("n") <= SAMPLES_PER_RULE).drop("n").collect())
+    samples = (findings_df.withColumn("n", F.row_number().over(w))
+                          .filter(F.col("n") <= SAMPLES_PER_RULE).drop("n").collect())
+    findings_df.unpersist()
     steps.done("checks_s")
 
     steps("replaying the log against snapshots")
     replayed = replaying.result()
+    if prior is not None:
+        replayed.comparisons = prior["comparisons"] + replayed.comparisons
     state_doc = replayed.state_doc
     snapshot_rows = [{"rule": "snapshot-matches-log", "severity": "error", "offset": c["offset"],
                       "detail": f"{c['snapshot']}: rebuilt {c['rebuilt_checksum'][:16]}… != "
@@ -211,18 +308,53 @@ def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str
     (out / "findings.json").write_text(json.dumps(findings, indent=1, default=str))
 
     steps("rendering the report")
-    data = _report_data(records, history, derived, meta, findings, replayed, opts, out,
+    if from_offset is None:
+        cf.append("volume", tables.volume(records))
+        vol = cf.read("volume")
+    else:
+        vol = tables.volume(_since(records, from_offset))
+    derived = {name: tf.read(name) for name in TABLES}
+    data = _report_data(vol, derived, meta, findings, replayed, opts, out,
                         time.monotonic() - steps.started)
     report_path = out / "report.html"
     report_path.write_text(report.render(data), encoding="utf-8")
     steps.done("report_s")
-    for df in (topics_df, brokers, found):
-        df.unpersist()
+    if from_offset is None:
+        _write_carry(out, cf, opts, prior, meta, records, batches_new, history, replayed, run_no)
+    topics_df.unpersist()
+    brokers.unpersist()
     shutil.rmtree(out / "work", ignore_errors=True)
     steps("done")
     _summary(progress, findings, report_path)
     code = 1 if findings["status"] == "failed" else 0
     return AuditResult(code, findings, report_path, table_paths, steps.timings)
+
+
+def _write_carry(out: Path, cf: carry.TableFiles, opts: AuditOptions, prior: dict | None,
+                 meta: dict, records: DataFrame, batches_new: DataFrame, history: DataFrame,
+                 replayed: _Replayed, run_no: int) -> None:
+    """Keep what the next run needs to carry on from this one (nothing when it could not:
+    damaged frames or a replay error, which a whole-log run reports again)."""
+    carry_dir = out / "carry"
+    (carry_dir / "state.json").unlink(missing_ok=True)
+    wm = meta["watermark"]
+    if (meta["problems"] or replayed.error is not None or replayed.image is None or wm is None
+            or replayed.offset != wm["last_offset"]):
+        return
+    cf.append("batches", batches_new.select(*BATCH_CARRY))
+    cf.append("topic_created", tables.topic_created(records))
+    cf.append("topic_removed", tables.topic_removed(records))
+    cf.append("topic_configs", tables.topic_configs(records))
+    prior_seeds = cf.read("partitions") if prior is not None else None
+    cf.replace("partitions", tables.partition_seeds(history, prior_seeds))
+    os.replace(replayed.image, carry_dir / "image.snapshot")
+    shutil.rmtree(out / ".replayed-image", ignore_errors=True)
+    segments = {p.name: carry.stamp(p) for p in list_segments(opts.log_dir)
+                if p.name <= wm["source"]}
+    carry.write_state(out, {
+        "version": carry.VERSION, "log_dir": str(opts.log_dir.resolve()), "run": run_no,
+        "watermark": wm, "segments": segments, "meta": meta,
+        "comparisons": replayed.comparisons})
 
 
 def _from_offset(records: DataFrame, opts: AuditOptions) -> int | None:
@@ -273,10 +405,11 @@ def _findings_doc(opts: AuditOptions, meta: dict, counts: dict, samples: list, e
             "report": str(out / "report.html")}
 
 
-def _report_data(records: DataFrame, history: DataFrame, derived: dict[str, DataFrame],
-                 meta: dict, findings: dict, replayed: _Replayed, opts: AuditOptions,
-                 out: Path, elapsed: float) -> dict:
-    """Small aggregates for the charts (each bounded, collected)."""
+def _report_data(vol_df: DataFrame, derived: dict[str, DataFrame], meta: dict, findings: dict,
+                 replayed: _Replayed, opts: AuditOptions, out: Path, elapsed: float) -> dict:
+    """Small aggregates for the charts (each bounded, collected) from the written tables and
+    ``vol_df`` (:func:`tables.volume`)."""
+    history = derived["partition_history"]
     t0, t1 = meta["first_ms"] or 0, meta["last_ms"] or 1
     ms = F.unix_millis("ts")
     # leadership timeline: the 30 partitions with the most leader changes
@@ -318,10 +451,9 @@ def _report_data(records: DataFrame, history: DataFrame, derived: dict[str, Data
         isr.setdefault(f"{r['topic_name']}-{r['partition_id']}", []).append((r["t"], r["isr_size"]))
     nb = 60
     span = max(t1 - t0, 1)
-    vol = (records.filter(F.col("record_type").isNotNull())
-                  .withColumn("b", F.least(F.floor((F.col("timestamp_ms") - t0) * nb / span),
-                                           F.lit(nb - 1)))
-                  .groupBy("b", "record_type").count().collect())
+    vol = (vol_df.withColumn("b", F.least(F.floor((F.col("timestamp_ms") - t0) * nb / span),
+                                          F.lit(nb - 1)))
+                 .groupBy("b", "record_type").agg(F.sum("count").alias("count")).collect())
     types = sorted({r["record_type"] for r in vol})
     buckets: dict[int, dict[str, int]] = {}
     for r in vol:

@@ -30,13 +30,20 @@ class Replay:
     error: str | None = None
 
 
-def _batches(log_dir: Path) -> Iterator[tuple[Batch, bytes]]:
-    for path in list_segments(log_dir):
+def _batches(log_dir: Path, after: int = -1) -> Iterator[tuple[Batch, bytes]]:
+    """The log's batches in order, those ending at or before ``after`` skipped (segments
+    that end before it are not read)."""
+    segs = list_segments(log_dir)
+    bases = [int(p.name[:20]) for p in segs]
+    for i, path in enumerate(segs):
+        if i + 1 < len(segs) and bases[i + 1] <= after + 1:
+            continue
         for entry in scan_segment(path):
             if entry.batch is None or entry.digest is None:
                 raise StateError(f"cannot replay past {path.name} byte {entry.position}: "
                                  f"{entry.problem}")
-            yield entry.batch, entry.digest
+            if entry.batch.last_offset > after:
+                yield entry.batch, entry.digest
 
 
 def _start(log_dir: Path) -> tuple[MetadataImage, Path | None]:
@@ -52,17 +59,21 @@ def _start(log_dir: Path) -> tuple[MetadataImage, Path | None]:
     raise StateError(f"the log starts at offset {first} and no snapshot ends there")
 
 
-def replay(log_dir: str | Path, upto: int | None = None, upto_ms: int | None = None) -> Replay:
+def replay(log_dir: str | Path, upto: int | None = None, upto_ms: int | None = None,
+           start: MetadataImage | None = None) -> Replay:
     """Replay whole batches while their last offset <= ``upto`` and time <= ``upto_ms``,
-    comparing the image with every snapshot whose end offset is passed on the way."""
+    comparing the image with every snapshot whose end offset is passed on the way.
+    ``start``: the image of this log at some offset (an earlier replay's); only the batches
+    after it are replayed."""
     log_dir = Path(log_dir)
-    image, anchor = _start(log_dir)
-    targets = {parse_snapshot_name(p)[0] - 1: p for p in list_snapshots(log_dir) if p != anchor}
+    image, anchor = (start, None) if start is not None else _start(log_dir)
+    targets = {parse_snapshot_name(p)[0] - 1: p for p in list_snapshots(log_dir)
+               if p != anchor and parse_snapshot_name(p)[0] - 1 > image.offset}
     result = Replay(image)
     delta = MetadataDelta(image)
     dirty = False
     try:
-        for batch, digest in _batches(log_dir):
+        for batch, digest in _batches(log_dir, image.offset):
             if (upto is not None and batch.last_offset > upto) or (
                     upto_ms is not None and batch.timestamp_ms > upto_ms):
                 break

@@ -1,0 +1,181 @@
+"""What an audit leaves in ``OUT/carry`` so that the next audit of the same log carries on
+from it (a re-audit), and the Parquet table files both write.
+
+``OUT/carry/state.json`` holds the watermark (the last batch audited: its segment, byte
+position, last offset, hash and term), the audited segments' size and mtime, the run number
+and the log's totals; next to it small Parquet tables: every batch's offsets, hash and term,
+each partition's last state, every TopicRecord, topic removal and topic config, and the
+records per batch time and type; ``image.snapshot`` is the replayed image at the watermark.
+:func:`plan` decides whether a run may carry on (else it audits the whole log): the state is
+there and from the same log and options, no audited segment changed (the newest may have
+grown, its audited batches' hashes unchanged), the new records start right after the
+watermark and chain to its hash, and no new TopicRecord reuses a known topic id.
+
+Tables are directories of Parquet files: a run appends its rows as files named
+``r<run>-part-*.parquet``; rows a later run may change (intervals still open) are files with
+their own prefix that the next run replaces.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from kraft.log.segment import list_segments
+
+VERSION = 1
+
+
+@dataclass
+class Plan:
+    """A re-audit: the earlier run's state and the records after its watermark."""
+
+    state: dict
+    new_records: DataFrame
+
+
+class TableFiles:
+    """Parquet tables under ``root`` written as files tagged by run (see module doc)."""
+
+    def __init__(self, spark: SparkSession, root: Path, run: int) -> None:
+        self.spark, self.root, self.run = spark, root, run
+        self.staging = root / ".staging"
+
+    def _stage(self, name: str, df: DataFrame) -> list[Path]:
+        tmp = self.staging / name
+        df.write.mode("overwrite").parquet(str(tmp))
+        return sorted(tmp.glob("part-*.parquet"))
+
+    def append(self, name: str, df: DataFrame, prefix: str | None = None) -> DataFrame:
+        """Add ``df``'s rows to table ``name``; ``prefix`` (instead of the run's tag): first
+        drop the files an earlier run wrote with it. Returns the rows just written."""
+        staged = self._stage(name, df)
+        target = self.root / name
+        target.mkdir(parents=True, exist_ok=True)
+        tag = prefix or f"r{self.run:05d}"
+        if prefix:
+            for old in target.glob(f"{prefix}-*.parquet"):
+                old.unlink()
+        moved = []
+        for f in staged:
+            dest = target / f"{tag}-{f.name}"
+            os.replace(f, dest)
+            moved.append(str(dest))
+        shutil.rmtree(self.staging / name, ignore_errors=True)
+        if not moved:
+            return self.spark.createDataFrame([], df.schema)
+        return self.spark.read.schema(df.schema).parquet(*moved)
+
+    def replace(self, name: str, df: DataFrame) -> DataFrame:
+        """Make ``df`` the whole of table ``name``."""
+        self._stage(name, df)
+        target = self.root / name
+        shutil.rmtree(target, ignore_errors=True)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(self.staging / name, target)
+        return self.read(name)
+
+    def read(self, name: str, prefix: str | None = None) -> DataFrame:
+        """Table ``name`` (only its ``prefix`` files when given)."""
+        target = self.root / name
+        if prefix is None:
+            return self.spark.read.parquet(str(target))
+        files = sorted(str(p) for p in target.glob(f"{prefix}-*.parquet"))
+        return self.spark.read.parquet(*files) if files else None
+
+    def exists(self, name: str) -> bool:
+        return any((self.root / name).glob("*.parquet"))
+
+
+def stamp(path: Path) -> list[int]:
+    st = path.stat()
+    return [st.st_size, st.st_mtime_ns]
+
+
+def load_state(out: Path, log_dir: Path) -> tuple[dict | None, str]:
+    """The earlier run's state, or None and why not."""
+    path = out / "carry" / "state.json"
+    if not path.exists():
+        return None, "no earlier audit in this output directory"
+    try:
+        state = json.loads(path.read_text())
+    except ValueError:
+        return None, "the earlier audit's state is unreadable"
+    if state.get("version") != VERSION:
+        return None, "the earlier audit's state is from another version"
+    if state.get("log_dir") != str(log_dir.resolve()):
+        return None, "the earlier audit was of another log directory"
+    if not (out / "carry" / "image.snapshot").exists():
+        return None, "the earlier audit kept no image"
+    return state, ""
+
+
+def segments_unchanged(state: dict, log_dir: Path) -> tuple[bool, bool]:
+    """(every audited segment is as it was, except that the newest may have grown;
+    the newest grew)."""
+    names = [p.name for p in list_segments(log_dir)]
+    audited = state["segments"]
+    newest = state["watermark"]["source"]
+    if any(n not in names for n in audited) or any(n < newest and n not in audited for n in names):
+        return False, False
+    for name, was in audited.items():
+        now = stamp(log_dir / name)
+        if name == newest:
+            if now[0] < was[0]:
+                return False, False
+        elif now != was:
+            return False, False
+    return True, stamp(log_dir / newest) != audited[newest]
+
+
+def new_records(records: DataFrame, state: dict) -> DataFrame:
+    """The rows after the watermark, in log order (later segments, or later in its segment)."""
+    wm = state["watermark"]
+    src, pos = F.col("source"), F.col("position")
+    return records.filter((src > wm["source"]) | ((src == wm["source"]) & (pos > wm["position"])))
+
+
+def continues(spark: SparkSession, records: DataFrame, new: DataFrame, state: dict,
+              carry_dir: Path, grown: bool) -> str:
+    """Why the new records do not carry on from the state ("" when they do)."""
+    wm = state["watermark"]
+    if grown:  # the newest audited segment grew: its audited batches must be unchanged
+        old = (records.filter((F.col("source") == wm["source"]) &
+                              (F.col("position") <= wm["position"]) &
+                              (F.col("index_in_batch") == 0))
+                      .select("batch_base_offset", "batch_hash"))
+        known = spark.read.parquet(str(carry_dir / "batches")).select("batch_base_offset",
+                                                                      "batch_hash")
+        if old.join(known, ["batch_base_offset", "batch_hash"], "left_anti").limit(1).count():
+            return f"{wm['source']} changed before the audited end"
+    first = (new.groupBy().agg(F.min("offset").alias("lo"),
+                               F.min_by(F.struct("batch_base_offset", "prev_hash"),
+                                        F.struct("source", "position")).alias("first"))
+                .first())
+    if first["lo"] is None:
+        return ""
+    if first["lo"] <= wm["last_offset"]:
+        return f"the new records start at offset {first['lo']}, not after {wm['last_offset']}"
+    head = first["first"]
+    if head["batch_base_offset"] != wm["last_offset"] + 1 or head["prev_hash"] != wm["last_hash"]:
+        return "the new records do not continue the audited batches' hash chain"
+    known = None
+    for name in ("topic_created", "topic_removed", "partitions"):
+        ids = spark.read.parquet(str(carry_dir / name)).select("topic_id")
+        known = ids if known is None else known.unionByName(ids)
+    created = new.filter(F.col("record_type") == "TopicRecord").select("topic_id")
+    if created.join(known, "topic_id", "left_semi").limit(1).count():
+        return "a new TopicRecord reuses a topic id the audited records know"
+    return ""
+
+
+def write_state(out: Path, state: dict) -> None:
+    path = out / "carry" / "state.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=1, sort_keys=True))
+    os.replace(tmp, path)
