@@ -18,6 +18,7 @@ authenticated principal is the one every later request of the connection carries
 """
 from __future__ import annotations
 
+import collections
 import logging
 import math
 from dataclasses import dataclass
@@ -57,8 +58,56 @@ class _Slot:
     __slots__ = ("done", "frame")
 
     def __init__(self) -> None:
-        self.done = trio.Event()
+        self.done = False
         self.frame: bytes = b""
+
+
+class _Answers:
+    """A connection's answers, sent in request order by whichever task finishes the oldest one.
+
+    The task that answers the oldest pending request sends it, with every answer already done
+    behind it, in one write (a committed group answers many pipelined requests at once); a task
+    finishing a later one leaves it for that sender. No writer task: an answer leaves without
+    another trio scheduling round."""
+
+    def __init__(self, stream: trio.SocketStream, io_timeout: float, max_pending: int) -> None:
+        self._stream = stream
+        self._io_timeout = io_timeout
+        self._max_pending = max_pending
+        self._pending: collections.deque[_Slot] = collections.deque()
+        self._sending = False
+        self._room = trio.Event()
+
+    async def new_slot(self) -> _Slot:
+        """A place for the next request's answer; waits while ``max_pending`` are unanswered."""
+        while len(self._pending) >= self._max_pending:
+            self._room = trio.Event()
+            await self._room.wait()
+        slot = _Slot()
+        self._pending.append(slot)
+        return slot
+
+    async def done(self, slot: _Slot, frame: bytes) -> None:
+        """``slot`` is answered with ``frame``; send what is in order to go (TooSlowError when
+        the peer does not take it within the io timeout)."""
+        slot.frame = frame
+        slot.done = True
+        if self._sending:
+            return  # the sending task picks it up after its current write
+        pending = self._pending
+        self._sending = True
+        try:
+            while pending and pending[0].done:
+                frames = [pending.popleft().frame]
+                while pending and pending[0].done:
+                    frames.append(pending.popleft().frame)
+                self._room.set()
+                with trio.move_on_after(self._io_timeout) as scope:
+                    await self._stream.send_all(frames[0] if len(frames) == 1 else b"".join(frames))
+                if scope.cancelled_caught:
+                    raise trio.TooSlowError(f"an answer took over {self._io_timeout}s to send")
+        finally:
+            self._sending = False
 
 
 class RpcServer:
@@ -122,17 +171,13 @@ class RpcServer:
                 await stream.aclose()
 
     async def _run_connection(self, stream: trio.SocketStream, peer: str) -> None:
-        send_slots, recv_slots = trio.open_memory_channel[_Slot](self.max_in_flight)
+        answers = _Answers(stream, self.io_timeout, self.max_in_flight)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._writer, stream, recv_slots)
-            try:
-                await self._reader(stream, peer, nursery, send_slots)
-            finally:
-                # Let answered requests drain; the writer ends when the channel closes.
-                send_slots.close()
+            # when the reader ends, the answer tasks still running finish and send
+            await self._reader(stream, peer, nursery, answers)
 
     async def _reader(self, stream: trio.SocketStream, peer: str, nursery: trio.Nursery,
-                      slots: trio.MemorySendChannel[_Slot]) -> None:
+                      answers: _Answers) -> None:
         decoder = FrameDecoder(self.max_frame_bytes)
         principal = ANONYMOUS if self.credentials is None else None
         start = trio.current_time()
@@ -175,20 +220,20 @@ class RpcServer:
                 if messages and principal:
                     idle_deadline = now + self.idle_timeout
                 for message in messages:
-                    slot = _Slot()
-                    await slots.send(slot)
+                    slot = await answers.new_slot()
                     if principal is None:
-                        principal = await self._authenticate(message, peer, slot)
+                        principal, frame = await self._authenticate(message, peer)
+                        await answers.done(slot, frame)
                         if principal is None:
-                            return  # the writer sends the refusal, then the connection closes
+                            return  # the refusal is sent: the connection closes
                         idle_deadline = trio.current_time() + self.idle_timeout
                     else:
-                        nursery.start_soon(self._answer, message, peer, principal, slot)
+                        nursery.start_soon(self._answer, message, peer, principal, answers, slot)
         finally:
             self.buffered_bytes -= held
 
-    async def _authenticate(self, message: dict, peer: str, slot: _Slot) -> str | None:
-        """Answer a connection's first request: the principal, or None (refused)."""
+    async def _authenticate(self, message: dict, peer: str) -> tuple[str | None, bytes]:
+        """Answer a connection's first request: the principal (None: refused) and the answer."""
         assert self.credentials is not None
         correlation_id = _correlation_id(message)
         body = message.get("body")
@@ -205,51 +250,15 @@ class RpcServer:
         if principal is None:
             self.auth_failures += 1
             logger.warning("refusing %s: %s", peer, reason)
-            slot.frame = encode_frame({"correlation_id": correlation_id,
+            return None, encode_frame({"correlation_id": correlation_id,
                                        "error_code": int(ErrorCode.SASL_AUTHENTICATION_FAILED),
                                        "error_message": reason, "body": {}})
-        else:
-            logger.info("%s authenticated as %s", peer, principal)
-            slot.frame = encode_frame({"correlation_id": correlation_id, "error_code": 0,
-                                       "error_message": "", "body": {"principal": principal}})
-        slot.done.set()
-        return principal
+        logger.info("%s authenticated as %s", peer, principal)
+        return principal, encode_frame({"correlation_id": correlation_id, "error_code": 0,
+                                        "error_message": "", "body": {"principal": principal}})
 
-    async def _writer(self, stream: trio.SocketStream, slots: trio.MemoryReceiveChannel[_Slot]) -> None:
-        """Send answers in request order; answers already done behind the first one leave in the
-        same write (a committed group answers many pipelined requests at once)."""
-        async with slots:
-            head: _Slot | None = None
-            ended = False
-            with trio.CancelScope() as send_scope:  # armed around each send (io timeout)
-                while not ended:
-                    if head is None:
-                        try:
-                            head = await slots.receive()
-                        except trio.EndOfChannel:
-                            return
-                    await head.done.wait()
-                    frames = [head.frame]
-                    head = None
-                    while True:
-                        try:
-                            slot = slots.receive_nowait()
-                        except trio.WouldBlock:
-                            break
-                        except trio.EndOfChannel:
-                            ended = True
-                            break
-                        if not slot.done.is_set():
-                            head = slot
-                            break
-                        frames.append(slot.frame)
-                    send_scope.deadline = trio.current_time() + self.io_timeout
-                    await stream.send_all(frames[0] if len(frames) == 1 else b"".join(frames))
-                    send_scope.deadline = math.inf
-            if send_scope.cancelled_caught:
-                raise trio.TooSlowError(f"an answer took over {self.io_timeout}s to send")
-
-    async def _answer(self, message: dict, peer: str, principal: str, slot: _Slot) -> None:
+    async def _answer(self, message: dict, peer: str, principal: str, answers: _Answers,
+                      slot: _Slot) -> None:
         correlation_id = _correlation_id(message)
         try:
             body = await self._dispatch(message, peer, principal, correlation_id)
@@ -265,13 +274,13 @@ class RpcServer:
                         "error_code": int(ErrorCode.UNKNOWN_SERVER_ERROR),
                         "error_message": "internal error", "body": {}}
         try:
-            slot.frame = encode_frame(response)
+            frame = encode_frame(response)
         except Exception:
             logger.exception("cannot encode the response to %s from %s", message.get("api"), peer)
-            slot.frame = encode_frame({"correlation_id": correlation_id,
-                                       "error_code": int(ErrorCode.UNKNOWN_SERVER_ERROR),
-                                       "error_message": "unencodable response", "body": {}})
-        slot.done.set()
+            frame = encode_frame({"correlation_id": correlation_id,
+                                  "error_code": int(ErrorCode.UNKNOWN_SERVER_ERROR),
+                                  "error_message": "unencodable response", "body": {}})
+        await answers.done(slot, frame)
 
     async def _dispatch(self, message: dict, peer: str, principal: str, correlation_id: int) -> dict:
         api = message.get("api")
