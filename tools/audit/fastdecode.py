@@ -180,14 +180,15 @@ def _record_columns(recs: list, kinds: np.ndarray) -> dict[str, pa.Array]:
 
 def _json_of(kind: _Kind, group: list) -> pa.Array:
     """The records' JSON as the strict path writes it (``{"type": name, "version": v, ...}``):
-    msgspec writes them as lines (a newline never occurs inside JSON), each line becomes a value
-    starting at the newline before it, and that newline with the tag is replaced by the name."""
-    data = b"\n" + _json_lines(group)[:-1]
-    starts = np.flatnonzero(np.frombuffer(data, np.uint8) == 10)
-    if len(starts) != len(group) or len(data) > _I32_MAX:
+    msgspec writes them as lines (a newline never occurs inside JSON) after a copy of the first,
+    so that every record's value can start at the newline before it, without copying the
+    lines; that newline and the tag msgspec writes are then replaced by the name."""
+    data = _json_lines([group[0], *group])
+    newlines = np.flatnonzero(np.frombuffer(data, np.uint8) == 10)
+    if len(newlines) != len(group) + 1 or len(data) > _I32_MAX:
         raise RuntimeError(f"{kind.name}: JSON lines do not match the records")
-    offsets = np.append(starts, len(data)).astype(np.int32)
-    lines = pa.StringArray.from_buffers(len(group), pa.py_buffer(offsets), pa.py_buffer(data))
+    lines = pa.StringArray.from_buffers(len(group), pa.py_buffer(newlines.astype(np.int32)),
+                                        pa.py_buffer(data))
     return pc.binary_replace_slice(lines, 0, kind.json_cut, kind.json_name)
 
 
