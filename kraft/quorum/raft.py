@@ -31,6 +31,7 @@ PySyncObj settings, chosen on purpose
 
   ``group_max_in_flight=1`` is the default: a second group in flight halves the group size
   and measured no better (one sync + one round trip per entry is the cost being amortised).
+  ``group_fill_wait`` (``controller.group.commit.fill.ms``): see ``group_commit.py``.
 * The leader syncs its journal once after each round of append_entries to all followers
   (``_SyncObj__sendAppendEntries``), not between two followers' sends.
 * No extra round per commit: PySyncObj (batching off) follows every commit on the leader with
