@@ -68,3 +68,46 @@ def test_unsynced_journal_keeps_pysyncobjs_mmap(tmp_path: Path) -> None:
         assert journal[0] == (b"x", 1, 1)
     finally:
         journal._destroy()
+
+
+def test_a_background_sync_is_waited_for_and_the_rest_synced_after_it(tmp_path: Path) -> None:
+    """start_sync() syncs on the syncer thread; sync() waits for it, then syncs what came after;
+    a truncation waits for it too (its index must not be claimed for replaced entries)."""
+    import time
+
+    journal = DurableJournal(str(tmp_path / "journal.bin"), fsync=True)
+    try:
+        entries = _entries(20)
+        for entry in entries[:10]:
+            journal.add(*entry)
+        journal.start_sync()
+        journal.start_sync()  # one at a time: nothing new to start
+        for entry in entries[10:]:
+            journal.add(*entry)
+        assert journal.sync()  # waited for the background one, then synced entries 11..20
+        assert journal.synced_index == 20 and journal.journal_syncs == 2
+        assert journal.background_syncs == 1
+        assert not journal.sync()  # nothing dirty
+        journal.add(b"x", 21, 1)
+        journal.start_sync()
+        deadline = time.monotonic() + 10
+        while journal.synced_index < 21 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert journal.synced_index == 21 and journal.background_syncs == 2
+        journal.add(b"y", 22, 1)
+        journal.start_sync()
+        journal.deleteEntriesFrom(20)  # (a list position) waits for the sync of 22, truncates
+        assert journal.synced_index == 20 and len(journal) == 20 and journal[-1][1] == 20
+    finally:
+        journal._destroy()
+    assert journal._syncer is None  # the syncer thread is stopped with the journal
+
+
+def test_without_fsync_start_sync_syncs_nothing(tmp_path: Path) -> None:
+    journal = DurableJournal(str(tmp_path / "journal.bin"), fsync=False)
+    try:
+        journal.add(b"a", 1, 1)
+        journal.start_sync()
+        assert journal._syncer is None and journal.journal_syncs == 0 and not journal.dirty
+    finally:
+        journal._destroy()

@@ -4,7 +4,8 @@ PySyncObj's ``FileJournal`` writes entries through an mmap and never syncs: a pr
 loses nothing, but an OS crash or power loss can lose entries a node has already acknowledged,
 and then a "committed" entry may exist on fewer than a majority of disks. ``DurableJournal``
 is a subclass of it (no fork of PySyncObj) and tracks whether anything was appended or truncated
-since the last sync. It reads the journal at start-up through PySyncObj's mmap, then writes it
+since the last sync. ``start_sync()`` runs a sync on a thread of its own (the leader, after
+sending an entry to its followers); ``sync()`` waits for it before anything depending on it. It reads the journal at start-up through PySyncObj's mmap, then writes it
 with ``pwrite`` into zero-filled space (:class:`PwriteFile`: the same bytes at the same offsets,
 so either can read what the other wrote). ``sync()`` fdatasyncs the journal file, releasing the
 GIL (``mmap.flush`` holds it, so a sync used to freeze the node's trio thread for the length of
@@ -152,9 +153,15 @@ class DurableJournalMixin:
         self.fsync = fsync
         self.path = path
         self.journal_syncs = 0
+        self.background_syncs = 0
         self.meta_syncs = 0
         self.synced_index = 0  # highest Raft index known to be on disk
         self._dirty = False
+        # a sync running on the syncer thread (start_sync), and what it covers
+        self._cond = threading.Condition()
+        self._background_target: int | None = None  # index being synced in the background
+        self._syncer: threading.Thread | None = None
+        self._stopping = False
         super().__init__(path)  # type: ignore[call-arg]  (reads the journal through an mmap)
         if fsync:  # from here on: pwrite into zero-filled space (see PwriteFile)
             mapped = self._FileJournal__journalFile  # type: ignore[attr-defined]
@@ -175,11 +182,13 @@ class DurableJournalMixin:
         self._dirty = True
 
     def clear(self) -> None:
+        self._wait_background()  # its index must not be claimed for what replaces it
         super().clear()  # type: ignore[misc]
         self._dirty = True
         self.synced_index = 0
 
     def deleteEntriesFrom(self, entryFrom: int) -> None:  # noqa: N802,N803
+        self._wait_background()
         super().deleteEntriesFrom(entryFrom)  # type: ignore[misc]
         self._dirty = True
         self.synced_index = min(self.synced_index, self[-1][1] if len(self) else 0)
@@ -191,7 +200,10 @@ class DurableJournalMixin:
         return self._dirty
 
     def sync(self) -> bool:
-        """Flush appended entries to disk if any; return True if a sync happened."""
+        """Flush appended entries to disk if any (after a background sync still running, if
+        any, has finished); return True if a sync happened here."""
+        if self._background_target is not None:
+            self._wait_background()
         if not self._dirty:
             return False
         self._dirty = False
@@ -201,6 +213,57 @@ class DurableJournalMixin:
         self.journal_syncs += 1
         self.synced_index = self[-1][1] if len(self) else 0
         return True
+
+    def start_sync(self) -> None:
+        """Start syncing what was appended so far on the syncer thread and return at once (the
+        leader, right after sending an entry to its followers: its own write overlaps theirs
+        without holding up the thread that serves requests). ``sync()`` waits for it."""
+        if not self.fsync:
+            self._dirty = False
+            return
+        if not self._dirty:
+            return
+        if self._background_target is not None:
+            return  # the running one is waited for, then ``sync()`` covers the rest
+        self._dirty = False
+        target = self[-1][1] if len(self) else 0
+        with self._cond:
+            self._background_target = target
+            if self._syncer is None:
+                self._syncer = threading.Thread(target=self._sync_loop, name="journal-sync",
+                                                daemon=True)
+                self._syncer.start()
+            self._cond.notify_all()
+
+    def _sync_loop(self) -> None:  # the syncer thread
+        with self._cond:
+            while not self._stopping:
+                target = self._background_target
+                if target is None:
+                    self._cond.wait()
+                    continue
+                error: OSError | None = None
+                self._cond.release()
+                try:
+                    os.fdatasync(self._sync_fd)  # releases the GIL
+                except OSError as exc:
+                    error = exc
+                finally:
+                    self._cond.acquire()
+                if error is not None:
+                    logger.error("journal sync failed: %s", error)
+                    self._dirty = True  # the waiter syncs again itself (and sees the error)
+                else:
+                    self.journal_syncs += 1
+                    self.background_syncs += 1
+                    self.synced_index = max(self.synced_index, target)
+                self._background_target = None
+                self._cond.notify_all()
+
+    def _wait_background(self) -> None:
+        with self._cond:
+            while self._background_target is not None:
+                self._cond.wait()
 
     def setCurrentTerm(self, term: int, votedForNodeId: object) -> None:  # noqa: N802,N803
         super().setCurrentTerm(term, votedForNodeId)  # type: ignore[misc]
@@ -212,6 +275,12 @@ class DurableJournalMixin:
 
     def _destroy(self) -> None:
         self.sync()
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._syncer is not None:
+            self._syncer.join()
+            self._syncer = None
         super()._destroy()  # type: ignore[misc]
         if self._sync_fd >= 0:
             os.close(self._sync_fd)

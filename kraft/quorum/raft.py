@@ -33,7 +33,8 @@ PySyncObj settings, chosen on purpose
   and measured no better (one sync + one round trip per entry is the cost being amortised).
   ``group_fill_wait`` (``controller.group.commit.fill.ms``): see ``group_commit.py``.
 * The leader syncs its journal once after each round of append_entries to all followers
-  (``_SyncObj__sendAppendEntries``), not between two followers' sends.
+  (``_SyncObj__sendAppendEntries``), not between two followers' sends, on the journal's syncer
+  thread (the trio thread goes on serving requests); the acks wait for it.
 * No extra round per commit: PySyncObj (batching off) follows every commit on the leader with
   an append_entries to each follower that only carries the new commit index, and an ack back —
   four messages per commit on top of the entry's own four. Here the commit index rides on the
@@ -335,15 +336,18 @@ class _KraftSyncObj(SyncObj):
         return need_send
 
     def _SyncObj__sendAppendEntries(self) -> None:  # noqa: N802 (overrides a private method)
-        """PySyncObj's round of append_entries to every follower, with the leader's own journal
-        sync once after the whole round (not after the first follower's send, which would hold
-        the second follower's copy back by one disk sync)."""
+        """PySyncObj's round of append_entries to every follower, then the leader's own journal
+        sync, started on the journal's syncer thread (not after the first follower's send, which
+        would hold the second follower's copy back by one disk sync, and not on this thread,
+        which serves requests meanwhile); an ack is counted only once it is done."""
         quorum = self._kraft
         quorum._last_append_round = _monotonic()
         try:
             SyncObj._SyncObj__sendAppendEntries(self)  # type: ignore[attr-defined]
         finally:
-            quorum._sync_journal()
+            journal = quorum._journal
+            if journal is not None:  # on the syncer thread: an ack waits for it (_on_peer_message)
+                journal.start_sync()
 
     # -- PySyncObj internals, read only here (name-mangled private attributes) --
     def entry_term(self, raft_index: int) -> int | None:
@@ -580,6 +584,7 @@ class RaftQuorum:
             "group_fill_waits": c.fill_waits,
             "queued": c.queued, "in_flight": c.in_flight,
             "journal_syncs": j.journal_syncs if j else 0,
+            "journal_background_syncs": j.background_syncs if j else 0,
             "journal_synced_index": j.synced_index if j else 0,
             "journal_meta_syncs": j.meta_syncs if j else 0,
             "raft_ticks": self._ticks.ticks if self._ticks else 0,
@@ -694,9 +699,9 @@ class RaftQuorum:
         """Sync the journal before a message that depends on it leaves this node.
 
         The exception is the leader's ``append_entries`` (PySyncObj sends them only from its
-        append round): they go out first and the leader syncs once after the round
-        (``_SyncObj__sendAppendEntries``), so its own write overlaps the followers'
-        receive-write-sync-ack instead of preceding it. The leader also syncs before handling
+        append round): they go out first and the leader starts one sync after the round
+        (``_SyncObj__sendAppendEntries``, on the syncer thread), so its own write overlaps the
+        followers' receive-write-sync-ack instead of preceding it. The leader also syncs before handling
         any follower's ack (``_on_peer_message``): a commit needs acks, so every committed
         entry is on the leader's disk and on the acking followers' disks (they sync before
         their ack)."""
