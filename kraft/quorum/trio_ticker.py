@@ -67,7 +67,7 @@ class EpollPoller(Poller):
         self._callbacks[descr] = callback
 
     def unsubscribe(self, descr: int) -> None:
-        if self._callbacks.pop(descr, None) is not None:
+        if self._callbacks.pop(descr, None) is not None and not self._epoll.closed:
             try:
                 self._epoll.unregister(descr)
             except OSError:  # already closed: the kernel dropped it from the set
@@ -97,7 +97,8 @@ class EpollPoller(Poller):
 class TickLoop:
     """Runs ``tick()`` (PySyncObj's ``doTick(0)``) on the trio thread; see the module docstring.
 
-    ``nudge`` doubles as PySyncObj's pipe notifier (it has a ``notify`` alias)."""
+    It also stands in for PySyncObj's pipe notifier (``notify``: a queued command nudges it,
+    unless ``notify_muted`` — the caller replicates the command itself)."""
 
     def __init__(self, tick: Callable[[], None], poller: EpollPoller, period: float) -> None:
         self._tick = tick
