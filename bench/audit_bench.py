@@ -4,11 +4,13 @@ Measures, on ``local[2]``: the single-process pure-Python decode floor (the proj
 the same files, the strict decode into Arrow columns and the columnar fast decode the data
 source uses), the ``kraft-metadata`` data source's read rate, the whole ``kraft audit`` in a
 fresh process (Spark start-up, read + decode, all tables, checks, report), and a re-audit after
-one new segment is appended (Parquet mirror). Next to wall time it reports CPU seconds: of this
-process for the decode floor, and of the whole process tree (driver JVM, Python workers) for
-Spark, sampled from /proc, since other work on the machine makes wall time noisy; and the
-audit's peak driver (JVM) resident memory. Progress on stderr; a markdown table, then one JSON
-line on stdout.
+one new segment is appended to the same log: ``kraft audit`` again with the same ``--out``, as a
+user would re-run it, which decodes only the new segment into the Parquet mirror and carries on
+from the first run's state (``OUT/carry``); the row says whether it did. Next to wall time it
+reports CPU seconds: of this process for the decode floor, and of the whole process tree (driver
+JVM, Python workers) for Spark, sampled from /proc, since other work on the machine makes wall
+time noisy; the audit's peak driver (JVM) resident memory and its phases (logged). Progress on
+stderr; a markdown table, then one JSON line on stdout.
 
 The generated log is a plausible cluster: 20 brokers register, 2,000 topics of 10 partitions
 (RF 3) are created, then ISR shrinks/expands and clean leader changes among the ISR, plus

@@ -31,6 +31,8 @@ from kraft.records import (  # noqa: E402
     Provenance, RegisterBrokerRecord, RemoveTopicRecord, TopicRecord, batch_hash)
 from tools.audit.run import TABLES, AuditOptions, run_audit  # noqa: E402
 
+pytestmark = pytest.mark.timeout(1200)  # five audits of a small log on real Spark
+
 FEATURES = ({"name": "metadata.version", "min_version": 1, "max_version": 1},)
 BROKERS = list(range(1, 7))
 

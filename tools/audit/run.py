@@ -200,7 +200,7 @@ def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str
     steps = _Steps(progress, 7)
     if spark is None:
         steps(f"starting Spark ({opts.master or 'spark-submit master'}; its log: {out / 'spark.log'})")
-        spark = build_session(opts.master, out / "spark.log")
+        spark = build_session(opts.master, out / "spark.log", short=prior is not None)
         steps.done("spark_start_s")
     else:
         steps("using the running Spark session")
@@ -231,6 +231,8 @@ def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str
 
     steps("deriving tables")
     run_no = prior["run"] + 1 if prior is not None else 0
+    # from here on the tables change: a run stopped half-way leaves no state to carry on from
+    (out / "carry" / "state.json").unlink(missing_ok=True)
     if prior is None:
         for d in ("tables", "carry", "work"):
             shutil.rmtree(out / d, ignore_errors=True)
@@ -308,19 +310,22 @@ def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str
     (out / "findings.json").write_text(json.dumps(findings, indent=1, default=str))
 
     steps("rendering the report")
+    derived = {name: tf.read(name) for name in TABLES}
     if from_offset is None:
         cf.append("volume", tables.volume(records))
         vol = cf.read("volume")
+        seeds = cf.replace("partitions", tables.partition_seeds(
+            history, cf.read("partitions") if prior is not None else None))
     else:
         vol = tables.volume(_since(records, from_offset))
-    derived = {name: tf.read(name) for name in TABLES}
-    data = _report_data(vol, derived, meta, findings, replayed, opts, out,
+        seeds = tables.partition_seeds(derived["partition_history"])
+    data = _report_data(vol, seeds, derived, meta, findings, replayed, opts, out,
                         time.monotonic() - steps.started)
     report_path = out / "report.html"
     report_path.write_text(report.render(data), encoding="utf-8")
     steps.done("report_s")
     if from_offset is None:
-        _write_carry(out, cf, opts, prior, meta, records, batches_new, history, replayed, run_no)
+        _write_carry(out, cf, opts, meta, records, batches_new, replayed, run_no)
     topics_df.unpersist()
     brokers.unpersist()
     shutil.rmtree(out / "work", ignore_errors=True)
@@ -330,13 +335,13 @@ def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str
     return AuditResult(code, findings, report_path, table_paths, steps.timings)
 
 
-def _write_carry(out: Path, cf: carry.TableFiles, opts: AuditOptions, prior: dict | None,
-                 meta: dict, records: DataFrame, batches_new: DataFrame, history: DataFrame,
-                 replayed: _Replayed, run_no: int) -> None:
-    """Keep what the next run needs to carry on from this one (nothing when it could not:
-    damaged frames or a replay error, which a whole-log run reports again)."""
+def _write_carry(out: Path, cf: carry.TableFiles, opts: AuditOptions, meta: dict,
+                 records: DataFrame, batches_new: DataFrame, replayed: _Replayed,
+                 run_no: int) -> None:
+    """Keep what the next run needs to carry on from this one (the partitions' last states
+    and the volume counts are already written; no state when it could not carry on: damaged
+    frames or a replay error, which a whole-log run reports again)."""
     carry_dir = out / "carry"
-    (carry_dir / "state.json").unlink(missing_ok=True)
     wm = meta["watermark"]
     if (meta["problems"] or replayed.error is not None or replayed.image is None or wm is None
             or replayed.offset != wm["last_offset"]):
@@ -345,8 +350,6 @@ def _write_carry(out: Path, cf: carry.TableFiles, opts: AuditOptions, prior: dic
     cf.append("topic_created", tables.topic_created(records))
     cf.append("topic_removed", tables.topic_removed(records))
     cf.append("topic_configs", tables.topic_configs(records))
-    prior_seeds = cf.read("partitions") if prior is not None else None
-    cf.replace("partitions", tables.partition_seeds(history, prior_seeds))
     os.replace(replayed.image, carry_dir / "image.snapshot")
     shutil.rmtree(out / ".replayed-image", ignore_errors=True)
     segments = {p.name: carry.stamp(p) for p in list_segments(opts.log_dir)
@@ -405,17 +408,25 @@ def _findings_doc(opts: AuditOptions, meta: dict, counts: dict, samples: list, e
             "report": str(out / "report.html")}
 
 
-def _report_data(vol_df: DataFrame, derived: dict[str, DataFrame], meta: dict, findings: dict,
-                 replayed: _Replayed, opts: AuditOptions, out: Path, elapsed: float) -> dict:
-    """Small aggregates for the charts (each bounded, collected) from the written tables and
-    ``vol_df`` (:func:`tables.volume`)."""
+def _top(seeds: DataFrame, topics_df: DataFrame, events: str, n: int) -> DataFrame:
+    """The ``n`` partitions (by topic name) with the most ``events`` (a seeds column)."""
+    names = F.broadcast(topics_df.select("topic_id", "topic_name").dropDuplicates(["topic_id"]))
+    return (seeds.join(names, "topic_id", "left").groupBy("topic_name", "partition_id")
+                 .agg(F.sum(events).alias("count"))
+                 .orderBy(F.desc("count"), "topic_name", "partition_id").limit(n))
+
+
+def _report_data(vol_df: DataFrame, seeds: DataFrame, derived: dict[str, DataFrame], meta: dict,
+                 findings: dict, replayed: _Replayed, opts: AuditOptions, out: Path,
+                 elapsed: float) -> dict:
+    """Small aggregates for the charts (each bounded, collected) from the written tables,
+    ``vol_df`` (:func:`tables.volume`) and ``seeds`` (:func:`tables.partition_seeds`)."""
     history = derived["partition_history"]
     t0, t1 = meta["first_ms"] or 0, meta["last_ms"] or 1
     ms = F.unix_millis("ts")
     # leadership timeline: the 30 partitions with the most leader changes
     named = history.filter(F.col("leader_changed") | (F.col("change") == "created"))
-    top = (named.groupBy("topic_name", "partition_id").count()
-                .orderBy(F.desc("count"), "topic_name", "partition_id").limit(30))
+    top = _top(seeds, derived["topics"], "leader_events", 30)
     w = Window.partitionBy("topic_name", "partition_id").orderBy("offset")
     points = (named.join(F.broadcast(top), ["topic_name", "partition_id"])
                    .withColumn("n", F.row_number().over(w)).filter(F.col("n") <= 400)
@@ -440,8 +451,7 @@ def _report_data(vol_df: DataFrame, derived: dict[str, DataFrame], meta: dict, f
         states.setdefault(f"broker {r['broker_id']}", []).append((r["s"], r["e"], r["state"]))
     # ISR size over time: the 12 partitions whose ISR changed most
     isr_rows = history.filter(F.col("change").contains("isr") | (F.col("change") == "created"))
-    top_isr = (isr_rows.groupBy("topic_name", "partition_id").count()
-                       .orderBy(F.desc("count"), "topic_name", "partition_id").limit(12))
+    top_isr = _top(seeds, derived["topics"], "isr_events", 12)
     isr_pts = (isr_rows.join(F.broadcast(top_isr), ["topic_name", "partition_id"])
                        .withColumn("n", F.row_number().over(w)).filter(F.col("n") <= 400)
                        .select("topic_name", "partition_id", ms.alias("t"), "isr_size")

@@ -47,9 +47,11 @@ def _local_cores(master: str | None) -> int | None:
 
 
 def build_session(master: str | None = "local[*]", spark_log: Path | None = None,
-                  app_name: str = "kraft-audit"):
+                  app_name: str = "kraft-audit", short: bool = True):
     """Get or create the SparkSession (``master`` None: whatever spark-submit configured) and
-    register the data source. ``spark_log``: where Spark's start-up output goes."""
+    register the data source. ``spark_log``: where Spark's start-up output goes. ``short``:
+    only small jobs are coming (a re-audit, tests), so in local mode the JVM compiles with C1
+    only; the whole-log audit's window sort over millions of rows wants C2."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -65,10 +67,11 @@ def build_session(master: str | None = "local[*]", spark_log: Path | None = None
     if _local_cores(master):  # local mode: the driver is the executor; Spark's 1g is too small
         builder = (builder.config("spark.driver.memory",
                                   os.environ.get("KRAFT_AUDIT_DRIVER_MEMORY", "3g"))
-                          # one short job on few cores: the C2 JIT and adaptive re-planning
-                          # cost more CPU than they save (about a fifth of the audit's CPU)
+                          # few cores: adaptive re-planning costs more CPU than it saves
                           .config("spark.sql.adaptive.enabled", "false"))
-        java_opts += " -XX:TieredStopAtLevel=1"
+        if short:  # C2 compiles cost more CPU than they save on small jobs; on the 2M-record
+            # partition history C2 does it in 49 CPU s where C1 needs 73
+            java_opts += " -XX:TieredStopAtLevel=1"
     pythonpath = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
     builder = (builder
                .config("spark.ui.enabled", "false")

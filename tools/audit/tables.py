@@ -82,10 +82,11 @@ def partition_history(records: DataFrame, topics_df: DataFrame,
     """Every partition creation and change with the resulting leader, ISR, replicas, epochs,
     election type and why; ``state`` is online, under-replicated or offline after the change.
 
-    One sort of the partition records, narrowed to the columns the rules need: the first
-    window pass keeps running epoch-bump counts and the latest named leader / ISR / replicas
-    up to each row; the second adds the bumps since the partition's latest PartitionRecord to
-    that record's epochs and takes the row before's values (``prev_``). Topic names and the
+    One sort of the partition records, narrowed to the columns the rules need, and two window
+    passes: the first keeps running epoch-bump counts and the latest named leader / ISR /
+    replicas up to each row; the second adds the bumps since the partition's latest
+    PartitionRecord to that record's epochs (up to the row and up to the row before) and takes
+    the row before's values (``prev_``) by lag. Topic names and the
     batch's time and provenance are joined afterwards (both broadcast).
 
     ``seed``: each partition's state after earlier records (:data:`SEED_COLUMNS`, a row of
@@ -112,21 +113,24 @@ def partition_history(records: DataFrame, topics_df: DataFrame,
                  F.last("replicas", True).over(cum).alias("replicas_now"),
                  F.last("isr", True).over(cum).alias("isr_now"),
                  F.last(named_leader, True).over(cum).alias("leader_now"))
-    # a PartitionRecord's epoch minus the bumps counted before it: add the running count
-    le_base = F.when(is_new, F.col("leader_epoch") - F.col("le_cum"))
-    pe_base = F.when(is_new, F.col("partition_epoch") - F.col("pe_cum"))
-    p = p.select("*",
-                 (F.last(le_base, True).over(cum) + F.col("le_cum")).alias("leader_epoch_now"),
-                 (F.last(pe_base, True).over(cum) + F.col("pe_cum")).alias("partition_epoch_now"),
-                 F.lag("replicas_now").over(w).alias("prev_replicas"),
-                 F.lag("isr_now").over(w).alias("prev_isr"),
-                 F.lag("leader_now").over(w).alias("prev_leader"))
     state = (F.when(F.col("leader_now") == LEADER_NONE, "offline")
               .when(F.size("isr_now") < F.size("replicas_now"), "under-replicated")
               .otherwise("online"))
+    # a PartitionRecord's epoch minus the bumps counted before it: add the running count
+    le_base = F.when(is_new, F.col("leader_epoch") - F.col("le_cum"))
+    pe_base = F.when(is_new, F.col("partition_epoch") - F.col("pe_cum"))
+    before = w.rowsBetween(_UNBOUNDED, -1)
     p = p.select("*", state.alias("state"))
-    p = p.select("*", F.lag("leader_epoch_now").over(w).alias("prev_leader_epoch"),
-                 F.lag("partition_epoch_now").over(w).alias("prev_partition_epoch"),
+    p = p.select("*",
+                 (F.last(le_base, True).over(cum) + F.col("le_cum")).alias("leader_epoch_now"),
+                 (F.last(pe_base, True).over(cum) + F.col("pe_cum")).alias("partition_epoch_now"),
+                 (F.last(le_base, True).over(before) + F.lag("le_cum").over(w))
+                 .alias("prev_leader_epoch"),
+                 (F.last(pe_base, True).over(before) + F.lag("pe_cum").over(w))
+                 .alias("prev_partition_epoch"),
+                 F.lag("replicas_now").over(w).alias("prev_replicas"),
+                 F.lag("isr_now").over(w).alias("prev_isr"),
+                 F.lag("leader_now").over(w).alias("prev_leader"),
                  F.lag("state").over(w).alias("prev_state"))
     if seed is not None:
         p = p.filter(~F.col("is_seed"))
@@ -160,13 +164,19 @@ def partition_history(records: DataFrame, topics_df: DataFrame,
 
 def partition_seeds(history: DataFrame, prior: DataFrame | None = None) -> DataFrame:
     """Each partition's last row of ``history`` (:data:`SEED_COLUMNS`, its ``offset`` and
-    ``state``); ``prior``: the seeds before ``history``, kept for partitions it lacks."""
+    ``state``) and its counts of leader and ISR events (creation included) for the report;
+    ``prior``: the seeds before ``history``, kept for partitions it lacks, counts added."""
     cols = ("offset", *SEED_COLUMNS, "state")
-    rows = history.select(*cols)
+    created = F.col("change") == "created"
+    rows = history.select(*cols, (F.col("leader_changed") | created).cast("long").alias("leader_events"),
+                          (F.col("change").contains("isr") | created).cast("long").alias("isr_events"))
     if prior is not None:
-        rows = rows.unionByName(prior.select(*cols))
-    last = F.max_by(F.struct(*cols), "offset").alias("last")
-    return rows.groupBy("topic_id", "partition_id").agg(last).select("last.*")
+        rows = rows.unionByName(prior.select(*cols, "leader_events", "isr_events"))
+    return (rows.groupBy("topic_id", "partition_id")
+                .agg(F.max_by(F.struct(*cols), "offset").alias("last"),
+                     F.sum("leader_events").alias("leader_events"),
+                     F.sum("isr_events").alias("isr_events"))
+                .select("last.*", "leader_events", "isr_events"))
 
 
 def broker_history(records: DataFrame, seed: DataFrame | None = None) -> DataFrame:
