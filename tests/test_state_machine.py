@@ -502,7 +502,8 @@ def test_registration_errors():
     assert register(h, broker_id=3, incarnation=9, features=[])[1]["error_code"] == E.UNSUPPORTED_VERSION
     ok_features = [{"name": "metadata.version", "min_version": 1, "max_version": 3}]
     assert register(h, broker_id=3, incarnation=9, features=ok_features)[1]["error_code"] == 0
-    for bad in ({"incarnation_id": "not-a-uuid"}, {"listeners": [{"host": "h"}]}, {"broker_id": -1}):
+    for bad in ({"incarnation_id": "not-a-uuid"}, {"listeners": [{"host": "h"}]}, {"broker_id": -1},
+                {"broker_id": 1 << 31}):
         body = {"broker_id": 4, "cluster_id": CLUSTER, "incarnation_id": str(uuid.uuid4()),
                 "listeners": [listener(1)], **bad}
         assert h.fails("BrokerRegistration", body)["error_code"] == E.INVALID_REQUEST

@@ -34,6 +34,7 @@ from kraft.records import (
 
 _ENDPOINT_KEYS = {"name": str, "host": str, "port": int, "security_protocol": str}
 _FEATURE_KEYS = {"name": str, "min_version": int, "max_version": int}
+MAX_BROKER_ID = (1 << 31) - 1  # Kafka's broker ids are int32 (the audit's columns too)
 
 
 def _maps(raw: Any, spec: dict[str, type], what: str) -> tuple[dict, ...]:
@@ -84,8 +85,9 @@ def register_broker(image: MetadataImage, cmd: Command, settings: ControllerSett
             raise KraftError(ErrorCode.INCONSISTENT_CLUSTER_ID,
                              f"Expected cluster id {settings.cluster_id!r}, but broker {broker_id} "
                              f"sent {body['cluster_id']!r}.")
-        if broker_id < 0:
-            raise KraftError(ErrorCode.INVALID_REQUEST, f"Broker id must be non-negative, got {broker_id}.")
+        if not 0 <= broker_id <= MAX_BROKER_ID:
+            raise KraftError(ErrorCode.INVALID_REQUEST,
+                             f"Broker id must be between 0 and {MAX_BROKER_ID}, got {broker_id}.")
         try:
             incarnation = str(uuid.UUID(body["incarnation_id"]))
         except ValueError:
