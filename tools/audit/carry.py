@@ -5,11 +5,12 @@ from it (a re-audit), and the Parquet table files both write.
 position, last offset, hash and term), the audited segments' size and mtime, the run number
 and the log's totals; next to it small Parquet tables: every batch's offsets, hash and term,
 each partition's last state, every TopicRecord, topic removal and topic config, and the
-records per batch time and type; ``image.snapshot`` is the replayed image at the watermark.
-:func:`plan` decides whether a run may carry on (else it audits the whole log): the state is
-there and from the same log and options, no audited segment changed (the newest may have
-grown, its audited batches' hashes unchanged), the new records start right after the
-watermark and chain to its hash, and no new TopicRecord reuses a known topic id.
+records per batch time and type; ``image.snapshot`` is the replayed image at the watermark;
+the tables' schemas. A run carries on (else it audits the whole log) when the state is there
+and from the same log (:func:`load_state`), no audited segment changed but for the newest
+growing (:func:`segments_unchanged`), and (:func:`continues`) the newest's audited batches kept
+their hashes, the new records start right after the watermark and chain to its hash, and no
+new TopicRecord reuses a known topic id.
 
 Tables are directories of Parquet files: a run appends its rows as files named
 ``r<run>-part-*.parquet``; rows a later run may change (intervals still open) are files with
@@ -20,35 +21,32 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from kraft.log.segment import list_segments
 
 VERSION = 1
 
 
-@dataclass
-class Plan:
-    """A re-audit: the earlier run's state and the records after its watermark."""
-
-    state: dict
-    new_records: DataFrame
-
-
 class TableFiles:
     """Parquet tables under ``root`` written as files tagged by run (see module doc)."""
 
-    def __init__(self, spark: SparkSession, root: Path, run: int) -> None:
+    def __init__(self, spark: SparkSession, root: Path, run: int,
+                 schemas: dict[str, str] | None = None) -> None:
         self.spark, self.root, self.run = spark, root, run
         self.staging = root / ".staging"
+        # each table's schema (JSON) as written: reading with it skips Spark's footer-reading
+        # job per read (the state keeps them for the next run)
+        self.schemas: dict[str, str] = dict(schemas or {})
 
     def _stage(self, name: str, df: DataFrame) -> list[Path]:
         tmp = self.staging / name
         df.write.mode("overwrite").parquet(str(tmp))
+        self.schemas[name] = df.schema.json()
         return sorted(tmp.glob("part-*.parquet"))
 
     def append(self, name: str, df: DataFrame, prefix: str | None = None) -> DataFrame:
@@ -71,6 +69,11 @@ class TableFiles:
             return self.spark.createDataFrame([], df.schema)
         return self.spark.read.schema(df.schema).parquet(*moved)
 
+    def _reader(self, name: str):
+        known = self.schemas.get(name)
+        return (self.spark.read.schema(StructType.fromJson(json.loads(known))) if known
+                else self.spark.read)
+
     def replace(self, name: str, df: DataFrame) -> DataFrame:
         """Make ``df`` the whole of table ``name``."""
         self._stage(name, df)
@@ -84,9 +87,9 @@ class TableFiles:
         """Table ``name`` (only its ``prefix`` files when given)."""
         target = self.root / name
         if prefix is None:
-            return self.spark.read.parquet(str(target))
+            return self._reader(name).parquet(str(target))
         files = sorted(str(p) for p in target.glob(f"{prefix}-*.parquet"))
-        return self.spark.read.parquet(*files) if files else None
+        return self._reader(name).parquet(*files) if files else None
 
     def exists(self, name: str) -> bool:
         return any((self.root / name).glob("*.parquet"))
@@ -144,13 +147,13 @@ def continues(spark: SparkSession, records: DataFrame, new: DataFrame, state: di
               carry_dir: Path, grown: bool) -> str:
     """Why the new records do not carry on from the state ("" when they do)."""
     wm = state["watermark"]
+    carried = TableFiles(spark, carry_dir, state["run"], state.get("schemas", {}).get("carry"))
     if grown:  # the newest audited segment grew: its audited batches must be unchanged
         old = (records.filter((F.col("source") == wm["source"]) &
                               (F.col("position") <= wm["position"]) &
                               (F.col("index_in_batch") == 0))
                       .select("batch_base_offset", "batch_hash"))
-        known = spark.read.parquet(str(carry_dir / "batches")).select("batch_base_offset",
-                                                                      "batch_hash")
+        known = carried.read("batches").select("batch_base_offset", "batch_hash")
         if old.join(known, ["batch_base_offset", "batch_hash"], "left_anti").limit(1).count():
             return f"{wm['source']} changed before the audited end"
     first = (new.groupBy().agg(F.min("offset").alias("lo"),
@@ -166,7 +169,7 @@ def continues(spark: SparkSession, records: DataFrame, new: DataFrame, state: di
         return "the new records do not continue the audited batches' hash chain"
     known = None
     for name in ("topic_created", "topic_removed", "partitions"):
-        ids = spark.read.parquet(str(carry_dir / name)).select("topic_id")
+        ids = carried.read(name).select("topic_id")
         known = ids if known is None else known.unionByName(ids)
     created = new.filter(F.col("record_type") == "TopicRecord").select("topic_id")
     if created.join(known, "topic_id", "left_semi").limit(1).count():

@@ -237,8 +237,10 @@ def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str
         for d in ("tables", "carry", "work"):
             shutil.rmtree(out / d, ignore_errors=True)
     # with --from the tables are derived whole into work/ and their rows from it on copied
-    tf = carry.TableFiles(spark, out / ("tables" if from_offset is None else "work"), run_no)
-    cf = carry.TableFiles(spark, carry_dir, run_no)
+    schemas = prior.get("schemas", {}) if prior is not None else {}
+    tf = carry.TableFiles(spark, out / ("tables" if from_offset is None else "work"), run_no,
+                          schemas.get("tables"))
+    cf = carry.TableFiles(spark, carry_dir, run_no, schemas.get("carry"))
     log_end = F.timestamp_millis(F.lit(meta["last_ms"] or 0))
     after = prior["watermark"]["last_offset"] if prior is not None else None
 
@@ -281,7 +283,7 @@ def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str
         for name in (*TABLES, "findings"):
             _since(tf.read(name), from_offset).write.mode("overwrite").parquet(
                 str(out / "tables" / name))
-        tf = carry.TableFiles(spark, out / "tables", run_no)
+        tf = carry.TableFiles(spark, out / "tables", run_no, tf.schemas)
     table_paths = {name: out / "tables" / name for name in (*TABLES, "findings")}
     findings_df = tf.read("findings").persist()
     counts = {(r["rule"], r["severity"]): r["count"]
@@ -325,7 +327,8 @@ def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str
     report_path.write_text(report.render(data), encoding="utf-8")
     steps.done("report_s")
     if from_offset is None:
-        _write_carry(out, cf, opts, meta, records, batches_new, replayed, run_no)
+        _write_carry(out, cf, opts, meta, records, batches_new, replayed, run_no,
+                     {"tables": tf.schemas, "carry": cf.schemas})
     topics_df.unpersist()
     brokers.unpersist()
     shutil.rmtree(out / "work", ignore_errors=True)
@@ -337,7 +340,7 @@ def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str
 
 def _write_carry(out: Path, cf: carry.TableFiles, opts: AuditOptions, meta: dict,
                  records: DataFrame, batches_new: DataFrame, replayed: _Replayed,
-                 run_no: int) -> None:
+                 run_no: int, schemas: dict) -> None:
     """Keep what the next run needs to carry on from this one (the partitions' last states
     and the volume counts are already written; no state when it could not carry on: damaged
     frames or a replay error, which a whole-log run reports again)."""
@@ -357,7 +360,7 @@ def _write_carry(out: Path, cf: carry.TableFiles, opts: AuditOptions, meta: dict
     carry.write_state(out, {
         "version": carry.VERSION, "log_dir": str(opts.log_dir.resolve()), "run": run_no,
         "watermark": wm, "segments": segments, "meta": meta,
-        "comparisons": replayed.comparisons})
+        "comparisons": replayed.comparisons, "schemas": schemas})
 
 
 def _from_offset(records: DataFrame, opts: AuditOptions) -> int | None:
