@@ -174,7 +174,7 @@ CONTROLLER_SETTINGS = _COMMON + [
             "a broker fetching this many records or more before the newest snapshot's end is told to "
             "load that snapshot instead of replaying the log (-1: only when the log no longer holds "
             "its offset)"),
-    Setting("metadata.fetch.linger.ms", int, 5,
+    Setting("metadata.fetch.linger.ms", int, 20,
             "after an entry is applied, brokers' waiting FetchMetadata long-polls are answered this "
             "much later, so one answer carries every entry applied meanwhile (0 = at once)"),
     Setting("controller.group.commit.fill.ms", int, 2,

@@ -437,11 +437,11 @@ def test_cluster_commands_without_a_cluster(tmp_path: Path, capsys: pytest.Captu
                      "--racks", "a"]) == 2
 
 
-def test_fetch_linger_defaults_to_5_ms_and_is_bounded(tmp_path: Path) -> None:
+def test_fetch_linger_defaults_to_20_ms_and_is_bounded(tmp_path: Path) -> None:
     props = {"node.id": "1", "process.roles": "controller", "cluster.id": "c",
              "controller.quorum.voters": "1@127.0.0.1:9000",
              "controller.quorum.raft.voters": "1@127.0.0.1:9001", "metadata.log.dir": str(tmp_path)}
-    assert ControllerConfig.from_properties(props, env={})["metadata.fetch.linger.ms"] == 5
+    assert ControllerConfig.from_properties(props, env={})["metadata.fetch.linger.ms"] == 20
     assert ControllerConfig.from_properties(dict(props, **{"metadata.fetch.linger.ms": "0"}),
                                             env={})["metadata.fetch.linger.ms"] == 0
     for bad in ("-1", "1001"):
