@@ -10,7 +10,7 @@ import json
 import os
 import shutil
 import time
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from multiprocessing import get_context
@@ -258,16 +258,22 @@ def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str
         records, tables.broker_seeds(old_brokers) if old_brokers is not None else None))
     brokers = tf.read("broker_history").persist()
     tails = tf.read("replication_intervals", "tail") if prior is not None else None
-    intervals = tables.replication_intervals(history, topics_df, log_end, tails).persist()
-    tf.append("replication_intervals", intervals.filter(F.col("end_offset").isNotNull()))
-    tf.append("replication_intervals", intervals.filter(F.col("end_offset").isNull()),
-              prefix="tail")
-    intervals.unpersist()
-    tf.replace("topics", topics_df)
-    tf.replace("broker_intervals", tables.broker_intervals(brokers, log_end))
-    tf.append("topic_lifecycle", tables.topic_lifecycle(records, created, configs, after))
-    tf.replace("who_changed_what", tables.who_changed_what(
-        records, tf.read("who_changed_what") if prior is not None else None))
+
+    def intervals() -> None:
+        rows = tables.replication_intervals(history, topics_df, log_end, tails).persist()
+        tf.append("replication_intervals", rows.filter(F.col("end_offset").isNotNull()))
+        tf.append("replication_intervals", rows.filter(F.col("end_offset").isNull()),
+                  prefix="tail")
+        rows.unpersist()
+
+    old_who = tf.read("who_changed_what") if prior is not None else None
+    _together(
+        intervals,
+        lambda: tf.replace("topics", topics_df),
+        lambda: tf.replace("broker_intervals", tables.broker_intervals(brokers, log_end)),
+        lambda: tf.append("topic_lifecycle",
+                          tables.topic_lifecycle(records, created, configs, after)),
+        lambda: tf.replace("who_changed_what", tables.who_changed_what(records, old_who)))
     steps.done("tables_s")
 
     steps("running checks")
@@ -338,6 +344,14 @@ def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str
     return AuditResult(code, findings, report_path, table_paths, steps.timings)
 
 
+def _together(*jobs: Callable[[], Any]) -> None:
+    """Run independent Spark actions side by side (small ones mostly wait on planning and
+    scheduling, not on the cores); raises the first failure."""
+    with ThreadPoolExecutor(len(jobs)) as threads:
+        for done in [threads.submit(job) for job in jobs]:
+            done.result()
+
+
 def _write_carry(out: Path, cf: carry.TableFiles, opts: AuditOptions, meta: dict,
                  records: DataFrame, batches_new: DataFrame, replayed: _Replayed,
                  run_no: int, schemas: dict) -> None:
@@ -349,10 +363,10 @@ def _write_carry(out: Path, cf: carry.TableFiles, opts: AuditOptions, meta: dict
     if (meta["problems"] or replayed.error is not None or replayed.image is None or wm is None
             or replayed.offset != wm["last_offset"]):
         return
-    cf.append("batches", batches_new.select(*BATCH_CARRY))
-    cf.append("topic_created", tables.topic_created(records))
-    cf.append("topic_removed", tables.topic_removed(records))
-    cf.append("topic_configs", tables.topic_configs(records))
+    _together(lambda: cf.append("batches", batches_new.select(*BATCH_CARRY)),
+              lambda: cf.append("topic_created", tables.topic_created(records)),
+              lambda: cf.append("topic_removed", tables.topic_removed(records)),
+              lambda: cf.append("topic_configs", tables.topic_configs(records)))
     os.replace(replayed.image, carry_dir / "image.snapshot")
     shutil.rmtree(out / ".replayed-image", ignore_errors=True)
     segments = {p.name: carry.stamp(p) for p in list_segments(opts.log_dir)
@@ -427,16 +441,45 @@ def _report_data(vol_df: DataFrame, seeds: DataFrame, derived: dict[str, DataFra
     history = derived["partition_history"]
     t0, t1 = meta["first_ms"] or 0, meta["last_ms"] or 1
     ms = F.unix_millis("ts")
+    nb = 60
+    span = max(t1 - t0, 1)
+    w = Window.partitionBy("topic_name", "partition_id").orderBy("offset")
     # leadership timeline: the 30 partitions with the most leader changes
     named = history.filter(F.col("leader_changed") | (F.col("change") == "created"))
     top = _top(seeds, derived["topics"], "leader_events", 30)
-    w = Window.partitionBy("topic_name", "partition_id").orderBy("offset")
-    points = (named.join(F.broadcast(top), ["topic_name", "partition_id"])
-                   .withColumn("n", F.row_number().over(w)).filter(F.col("n") <= 400)
-                   .select("topic_name", "partition_id", ms.alias("t"), "leader").collect())
-    removed = {r["topic_name"]: r["removed_ms"] for r in derived["topics"].filter(
-        F.col("removed_ts").isNotNull()).select("topic_name", F.unix_millis("removed_ts")
-                                                .alias("removed_ms")).collect()}
+    # ISR size over time: the 12 partitions whose ISR changed most
+    isr_rows = history.filter(F.col("change").contains("isr") | (F.col("change") == "created"))
+    top_isr = _top(seeds, derived["topics"], "isr_events", 12)
+    queries = {
+        "points": (named.join(F.broadcast(top), ["topic_name", "partition_id"])
+                        .withColumn("n", F.row_number().over(w)).filter(F.col("n") <= 400)
+                        .select("topic_name", "partition_id", ms.alias("t"), "leader")),
+        "removed": derived["topics"].filter(F.col("removed_ts").isNotNull())
+                                    .select("topic_name", F.unix_millis("removed_ts")
+                                            .alias("removed_ms")),
+        "broker_keys": derived["broker_history"].select("broker_id").distinct(),
+        "states": (derived["broker_intervals"]
+                   .select("broker_id", "state", F.unix_millis("start_ts").alias("s"),
+                           F.unix_millis("end_ts").alias("e"))
+                   .orderBy("broker_id", "s").limit(5000)),
+        "isr": (isr_rows.join(F.broadcast(top_isr), ["topic_name", "partition_id"])
+                        .withColumn("n", F.row_number().over(w)).filter(F.col("n") <= 400)
+                        .select("topic_name", "partition_id", ms.alias("t"), "isr_size")
+                        .orderBy("offset")),
+        "volume": (vol_df.withColumn("b", F.least(F.floor((F.col("timestamp_ms") - t0) * nb / span),
+                                                  F.lit(nb - 1)))
+                         .groupBy("b", "record_type").agg(F.sum("count").alias("count"))),
+        "principals": (derived["who_changed_what"].groupBy("principal", "api")
+                       .agg(F.sum("records").alias("n")).orderBy(F.desc("n")).limit(20)),
+        "intervals": derived["replication_intervals"].orderBy(F.desc("duration_s")).limit(200),
+        "lifecycle": derived["topic_lifecycle"].orderBy("offset").limit(300),
+        "broker_history": derived["broker_history"].orderBy("offset").limit(300),
+    }
+    # small jobs, each mostly waiting on planning and scheduling: run them side by side
+    with ThreadPoolExecutor(4) as threads:
+        got = dict(zip(queries, threads.map(lambda df: df.collect(), queries.values())))
+    points = got["points"]
+    removed = {r["topic_name"]: r["removed_ms"] for r in got["removed"]}
     leadership: dict[str, list] = {}
     for key in sorted({(p["topic_name"] or "?", p["partition_id"]) for p in points}):
         pts = sorted((p["t"], p["leader"]) for p in points
@@ -445,46 +488,28 @@ def _report_data(vol_df: DataFrame, seeds: DataFrame, derived: dict[str, DataFra
         leadership[f"{key[0]}-{key[1]}"] = [
             (t, pts[i + 1][0] if i + 1 < len(pts) else end, leader)
             for i, (t, leader) in enumerate(pts)]
-    broker_keys = sorted(r["broker_id"] for r in derived["broker_history"]
-                         .select("broker_id").distinct().collect())
+    broker_keys = sorted(r["broker_id"] for r in got["broker_keys"])
     states: dict[str, list] = {}
-    for r in (derived["broker_intervals"].select("broker_id", "state", F.unix_millis("start_ts")
-                                                 .alias("s"), F.unix_millis("end_ts").alias("e"))
-              .orderBy("broker_id", "s").limit(5000).collect()):
+    for r in got["states"]:
         states.setdefault(f"broker {r['broker_id']}", []).append((r["s"], r["e"], r["state"]))
-    # ISR size over time: the 12 partitions whose ISR changed most
-    isr_rows = history.filter(F.col("change").contains("isr") | (F.col("change") == "created"))
-    top_isr = _top(seeds, derived["topics"], "isr_events", 12)
-    isr_pts = (isr_rows.join(F.broadcast(top_isr), ["topic_name", "partition_id"])
-                       .withColumn("n", F.row_number().over(w)).filter(F.col("n") <= 400)
-                       .select("topic_name", "partition_id", ms.alias("t"), "isr_size")
-                       .orderBy("offset").collect())
     isr: dict[str, list] = {}
-    for r in isr_pts:
+    for r in got["isr"]:
         isr.setdefault(f"{r['topic_name']}-{r['partition_id']}", []).append((r["t"], r["isr_size"]))
-    nb = 60
-    span = max(t1 - t0, 1)
-    vol = (vol_df.withColumn("b", F.least(F.floor((F.col("timestamp_ms") - t0) * nb / span),
-                                          F.lit(nb - 1)))
-                 .groupBy("b", "record_type").agg(F.sum("count").alias("count")).collect())
+    vol = got["volume"]
     types = sorted({r["record_type"] for r in vol})
     buckets: dict[int, dict[str, int]] = {}
     for r in vol:
         buckets.setdefault(int(r["b"]), {})[r["record_type"]] = r["count"]
     volume = [(t0 + b * span // nb, buckets[b]) for b in sorted(buckets)]
-    principals = [(f"{r['principal']} · {r['api']}", r["n"]) for r in
-                  derived["who_changed_what"].groupBy("principal", "api")
-                  .agg(F.sum("records").alias("n")).orderBy(F.desc("n")).limit(20).collect()]
+    principals = [(f"{r['principal']} · {r['api']}", r["n"]) for r in got["principals"]]
     ri = [(f"{r['topic_name']}-{r['partition_id']}", r["state"], str(r["start_ts"])[:19],
            str(r["end_ts"])[:19], round(r["duration_s"], 1), r["open"],
-           str(list(r["isr"] or [])), r["reason"])
-          for r in derived["replication_intervals"].orderBy(F.desc("duration_s")).limit(200).collect()]
+           str(list(r["isr"] or [])), r["reason"]) for r in got["intervals"]]
     lifecycle = [(r["offset"], str(r["ts"])[:19], r["topic_name"], r["event"], r["partitions"],
                   r["config_name"], r["old_value"], r["new_value"], r["principal"], r["reason"])
-                 for r in derived["topic_lifecycle"].orderBy("offset").limit(300).collect()]
+                 for r in got["lifecycle"]]
     bh = [(r["offset"], str(r["ts"])[:19], r["broker_id"], r["broker_epoch"], r["event"],
-           r["state"], r["reason"])
-          for r in derived["broker_history"].orderBy("offset").limit(300).collect()]
+           r["state"], r["reason"]) for r in got["broker_history"]]
     meta_out = {**meta, "log_dir": str(opts.log_dir), "out": str(out / "tables"),
                 "segments": len(list_segments(opts.log_dir)),
                 "snapshots": len(list_snapshots(opts.log_dir)),
