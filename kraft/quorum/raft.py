@@ -44,6 +44,12 @@ PySyncObj settings, chosen on purpose
   CPU between the two processes, so the message count per commit is what the commit path's
   CPU is made of.
 * ``autoTick=False``: the ticks run on the trio thread (``trio_ticker.py``, measured there).
+* Followers apply in batches (``follower_apply_batch`` 8 entries / ``follower_apply_delay``
+  5 ms): applied one by one, each entry's apply ran on a follower right after its ack, on the
+  two cores the leader needs at that moment to commit and answer. Quiet machine, 3 interleaved
+  rounds, 3 SimBrokers: sequential 550 / 591 / 593 → 619 / 606 / 595 ops/s (p50 1.70 / 1.58 /
+  1.58 → 1.48 / 1.51 / 1.53 ms), 32 in flight unchanged. A follower lags by at most that
+  (reads from it say the offset they reflect; a new leader applies the rest at once).
 * Heartbeats during long applies: PySyncObj applies committed entries inside a tick and
   sends heartbeats only between ticks; the leader here also sends a round before applying and
   between applied entries whenever half a heartbeat period has passed (``_heartbeat_if_due``),
@@ -253,6 +259,8 @@ class RaftSettings:
     group_fill_wait: float = 0.002
     auto_tick_period: float = 0.01
     commit_notice_delay: float = 0.01
+    follower_apply_batch: int = 8
+    follower_apply_delay: float = 0.005
 
     def validate(self) -> None:
         if self.fsync not in ("always", "never"):
@@ -261,6 +269,8 @@ class RaftSettings:
             raise ValueError("need 0 < raft_min_timeout < raft_max_timeout")
         if self.leader_fallback_timeout <= 0 or self.compaction_min_entries < 2:
             raise ValueError("leader_fallback_timeout must be > 0, compaction_min_entries >= 2")
+        if self.follower_apply_batch < 1 or self.follower_apply_delay < 0:
+            raise ValueError("follower_apply_batch must be >= 1, follower_apply_delay >= 0")
 
 
 def _host_of(addr: str) -> str:
@@ -324,9 +334,23 @@ class _KraftSyncObj(SyncObj):
         back from each: 4 messages per commit on top of the entry's own 4. The commit index
         rides on the next entry's append_entries anyway, so here it waits for that — or, when
         nothing follows, goes out on the first tick after ``commit_notice_delay``. Also sends a
-        heartbeat round before a possibly long apply (``_heartbeat_if_due``)."""
-        if self._SyncObj__raftCommitIndex > self.raftLastApplied:  # type: ignore[attr-defined]
-            self._kraft._heartbeat_if_due(self)  # before a possibly long apply
+        heartbeat round before a possibly long apply (``_heartbeat_if_due``).
+
+        A follower applies in batches: while it is fewer than ``follower_apply_batch`` entries
+        behind and its oldest unapplied commit is younger than ``follower_apply_delay``, it
+        waits (a tick comes at least every ``auto_tick_period``)."""
+        quorum = self._kraft
+        behind = self._SyncObj__raftCommitIndex - self.raftLastApplied  # type: ignore[attr-defined]
+        if behind > 0 and not self._isLeader():
+            now = _monotonic()
+            if quorum._unapplied_since is None:
+                quorum._unapplied_since = now
+            if (behind < quorum.settings.follower_apply_batch
+                    and now - quorum._unapplied_since < quorum.settings.follower_apply_delay):
+                return False
+        quorum._unapplied_since = None
+        if behind > 0:
+            quorum._heartbeat_if_due(self)  # before a possibly long apply
         need_send = SyncObj._SyncObj__applyLogEntries(self)  # type: ignore[attr-defined]
         if need_send and self._isLeader():
             self._SyncObj__newAppendEntriesTime = min(  # type: ignore[attr-defined]
@@ -399,6 +423,7 @@ class RaftQuorum:
         self._subscribers: list[trio.MemorySendChannel[tuple[bool, int]]] = []
         self._observed: tuple[bool, int] = (False, 0)
         self._last_append_round = 0.0  # when the leader last sent a round of append_entries
+        self._unapplied_since: float | None = None  # a follower's oldest unapplied commit
         self._heartbeat_period = min(settings.append_entries_period, settings.raft_min_timeout / 4)
         self._closed = False
         self._counters = {"entries_applied": 0, "entries_skipped": 0, "entries_rejected": 0,
