@@ -23,6 +23,8 @@ from harness import LocalCluster, kraft, kraft_json, poll
 
 pyspark = pytest.importorskip("pyspark")
 
+from tests.spark_fixture import module_spark  # noqa: E402
+
 from kraft.log.segment import encode_frame, iter_frames, list_segments  # noqa: E402
 from kraft.log.snapshot import list_snapshots, read_snapshot_header  # noqa: E402
 from kraft.records import (Batch, PartitionChangeRecord, Provenance, RECOVERY_UNCHANGED,  # noqa: E402
@@ -103,13 +105,7 @@ def history(tmp_path_factory) -> dict:
     return facts
 
 
-@pytest.fixture(scope="module")
-def spark():
-    from tools.audit.session import build_session
-
-    session = build_session("local[2]", Path("/tmp") / "kraft-audit-tests-spark.log")
-    yield session
-    session.stop()
+spark = module_spark("local[2]", "kraft-audit-cluster-test")
 
 
 @pytest.fixture(scope="module")

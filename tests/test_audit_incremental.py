@@ -23,6 +23,8 @@ import pytest
 
 pyspark = pytest.importorskip("pyspark")
 
+from tests.spark_fixture import module_spark  # noqa: E402
+
 from kraft.log.metadata_log import MetadataLog  # noqa: E402
 from kraft.log.segment import list_segments  # noqa: E402
 from kraft.records import (  # noqa: E402
@@ -163,14 +165,7 @@ def _second_part(log: _Log) -> list[tuple[Provenance, tuple]]:
     return batches + log.churn(15, live)
 
 
-@pytest.fixture(scope="module")
-def spark(tmp_path_factory):
-    from tools.audit.session import build_session
-
-    session = build_session("local[2]", Path(tmp_path_factory.mktemp("spark")) / "spark.log",
-                            app_name="kraft-audit-incremental-test")
-    yield session
-    session.stop()
+spark = module_spark("local[2]", "kraft-audit-incremental-test")
 
 
 def _audit(spark, log_dir: Path, out: Path) -> tuple[object, str]:

@@ -14,6 +14,8 @@ import pytest
 
 pytest.importorskip("pyspark")
 
+from tests.spark_fixture import module_spark  # noqa: E402
+
 from kraft.records import LEADER_NONE, LEADER_UNCHANGED  # noqa: E402
 from tools.audit import tables  # noqa: E402
 
@@ -27,14 +29,7 @@ DERIVED = ("change", "prev_leader", "leader", "prev_isr", "isr", "replicas", "le
            "state")
 
 
-@pytest.fixture(scope="module")
-def spark(tmp_path_factory):
-    from tools.audit.session import build_session
-
-    session = build_session("local[1]", Path(tmp_path_factory.mktemp("spark")) / "spark.log",
-                            app_name="kraft-audit-tables-test")
-    yield session
-    session.stop()
+spark = module_spark("local[1]", "kraft-audit-tables-test")
 
 
 def _random_log(rnd: random.Random, n: int) -> list[dict]:
