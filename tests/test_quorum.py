@@ -489,6 +489,59 @@ async def test_group_committer_batches_while_in_flight() -> None:
     assert gc2.queued == 0 and gc2.in_flight == 0
 
 
+def test_group_committer_times_out_waiters_by_their_own_deadlines() -> None:
+    """Each submitter times out at its own deadline (a later submitter with a shorter timeout
+    first), also while its group is in flight; the others in the group still get their
+    results, and a cancelled submitter leaves the rest alone."""
+    sent: list[list[bytes]] = []
+    completions: list[Callable[..., None]] = []
+
+    def send(commands: list[bytes], complete: Callable[..., None]) -> None:
+        sent.append(commands)
+        completions.append(complete)
+
+    async def main() -> None:
+        gc = GroupCommitter(send, max_commands=10)
+        outcome: dict[bytes, Any] = {}
+
+        async def one(c: bytes, timeout: float) -> None:
+            started = trio.current_time()
+            try:
+                outcome[c] = await gc.submit(c, timeout=timeout)
+            except KraftError as err:
+                outcome[c] = (err.code, round(trio.current_time() - started, 3))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(one, b"first", 10.0)
+            await wait_for(lambda: len(sent) == 1, 2, "first sent")
+            nursery.start_soon(one, b"slow", 10.0)
+            nursery.start_soon(one, b"quick", 1.0)
+            nursery.start_soon(one, b"unused", 10.0)
+            await wait_for(lambda: gc.queued == 3, 2, "three queued")
+            completions.pop(0)([b"F"], None)
+            await wait_for(lambda: len(sent) == 2, 2, "the second group")
+            assert sorted(sent[1]) == [b"quick", b"slow", b"unused"]
+            await trio.sleep(1.5)  # quick times out while its group is in flight
+            assert outcome[b"quick"] == (ErrorCode.REQUEST_TIMED_OUT, 1.0)
+            assert b"slow" not in outcome
+            completions.pop(0)([c.upper() for c in sent[1]], None)
+            await wait_for(lambda: b"slow" in outcome and b"unused" in outcome, 2, "answers")
+
+            with trio.move_on_after(0.5) as scope:  # a submitter cancelled while in flight
+                await gc.submit(b"gone", timeout=10.0)
+            assert scope.cancelled_caught and sent[-1] == [b"gone"]
+            nursery.start_soon(one, b"after", 10.0)
+            await wait_for(lambda: gc.queued == 1, 2, "after queued")
+            completions.pop(0)([b"GONE"], None)  # nobody waits for it: ignored
+            await wait_for(lambda: len(sent) == 4, 2, "after sent")
+            completions.pop(0)([b"AFTER"], None)
+        assert outcome[b"first"] == b"F" and outcome[b"slow"] == b"SLOW"
+        assert outcome[b"unused"] == b"UNUSED" and outcome[b"after"] == b"AFTER"
+        assert gc.queued == 0 and gc.in_flight == 0
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
 def test_group_committer_waits_briefly_for_the_writers_it_just_answered() -> None:
     """After a group completes, the next one waits (at most fill_wait) until it holds as many
     commands as were queued plus the ones just answered; a sequential writer never waits."""

@@ -24,6 +24,8 @@ later, on the trio thread; it may raise ``KraftError`` to refuse the group at on
 from __future__ import annotations
 
 import collections
+import heapq
+import itertools
 import math
 import logging
 from typing import Any, Callable
@@ -39,15 +41,26 @@ SendGroup = Callable[[list[bytes], Complete], None]
 
 
 class _Waiter:
-    __slots__ = ("command", "event", "result", "error", "abandoned", "arrived")
+    """One submitted command: its outcome, and the task parked until it is known."""
+
+    __slots__ = ("command", "task", "result", "error", "abandoned", "arrived", "done", "timed_out")
 
     def __init__(self, command: bytes, arrived: float) -> None:
         self.command = command
         self.arrived = arrived
-        self.event = trio.Event()
+        self.task: trio.lowlevel.Task | None = None
         self.result: Any = None
         self.error: KraftError | None = None
         self.abandoned = False
+        self.done = False
+        self.timed_out = False
+
+    def finish(self) -> None:
+        """The outcome is set: wake the submitting task."""
+        self.done = True
+        task, self.task = self.task, None
+        if task is not None:
+            trio.lowlevel.reschedule(task)
 
 
 class GroupCommitter:
@@ -68,6 +81,10 @@ class GroupCommitter:
         self._queue: collections.deque[_Waiter] = collections.deque()
         self._in_flight = 0
         self._completions: set[Complete] = set()
+        self._deadlines: list[tuple[float, int, _Waiter]] = []  # heap: when waiters time out
+        self._tiebreak = itertools.count()
+        self._expiry_wake = math.inf  # when the expiry task wakes next
+        self._expiry_scope: trio.CancelScope | None = None
         self.groups_sent = 0
         self.commands_sent = 0
         self.largest_group = 0
@@ -88,18 +105,57 @@ class GroupCommitter:
         if len(command) > self.max_bytes:
             raise KraftError(ErrorCode.MESSAGE_TOO_LARGE,
                              f"command of {len(command)} bytes exceeds {self.max_bytes}")
-        waiter = _Waiter(command, trio.current_time())
+        now = trio.current_time()
+        waiter = _Waiter(command, now)
         self._queue.append(waiter)
         self._pump()
-        with trio.move_on_after(timeout):
-            await waiter.event.wait()
-        if not waiter.event.is_set():
-            waiter.abandoned = True  # if still queued, _pump drops it: it was never sent
+        if waiter.done:
+            await trio.lowlevel.checkpoint()
+        else:
+            # parked without a cancel scope of its own (one per command was a tenth of the
+            # leader's CPU at 32 in flight): the expiry task wakes it at its deadline
+            self._expire_at(waiter, now + timeout)
+            waiter.task = trio.lowlevel.current_task()
+
+            def abort(_: Any) -> trio.lowlevel.Abort:
+                waiter.task = None  # cancelled: as before, a queued command may still be sent
+                return trio.lowlevel.Abort.SUCCEEDED
+
+            await trio.lowlevel.wait_task_rescheduled(abort)
+        if waiter.timed_out:
             raise KraftError(ErrorCode.REQUEST_TIMED_OUT,
                              f"no commit within {timeout:.3g}s; the command may still commit")
         if waiter.error is not None:
             raise waiter.error
         return waiter.result
+
+    def _expire_at(self, waiter: _Waiter, deadline: float) -> None:
+        heapq.heappush(self._deadlines, (deadline, next(self._tiebreak), waiter))
+        if deadline < self._expiry_wake:
+            self._expiry_wake = deadline
+            if self._expiry_scope is None:
+                trio.lowlevel.spawn_system_task(self._expire_loop, name="group-commit-expiry")
+            else:
+                self._expiry_scope.deadline = deadline
+
+    async def _expire_loop(self) -> None:
+        """Time out the waiters whose deadline passed. Sleeps until the earliest deadline of a
+        waiter still waiting (answered ones are dropped from the heap as they reach its top)."""
+        deadlines = self._deadlines
+        try:
+            while True:
+                with trio.CancelScope(deadline=self._expiry_wake) as self._expiry_scope:
+                    await trio.sleep_forever()
+                now = trio.current_time()
+                while deadlines and (deadlines[0][2].done or deadlines[0][0] <= now):
+                    waiter = heapq.heappop(deadlines)[2]
+                    if not waiter.done:
+                        waiter.abandoned = True  # if still queued, _pump drops it: never sent
+                        waiter.timed_out = True
+                        waiter.finish()
+                self._expiry_wake = deadlines[0][0] if deadlines else math.inf
+        finally:  # the trio run ends: a later run starts its own
+            self._expiry_scope, self._expiry_wake = None, math.inf
 
     def kick(self) -> None:
         """Send what is queued if a slot is free (e.g. after a leadership change)."""
@@ -115,8 +171,9 @@ class GroupCommitter:
         """Fail every queued (unsent) command."""
         while self._queue:
             waiter = self._queue.popleft()
-            waiter.error = error
-            waiter.event.set()
+            if not waiter.done:
+                waiter.error = error
+                waiter.finish()
 
     def _take_group(self) -> list[_Waiter]:
         group: list[_Waiter] = []
@@ -201,8 +258,10 @@ class GroupCommitter:
         if error is not None:
             self.groups_failed += 1
         for i, waiter in enumerate(group):
+            if waiter.done:  # timed out while its group was in flight
+                continue
             if error is not None:
                 waiter.error = error
             else:
                 waiter.result = results[i]  # type: ignore[index]
-            waiter.event.set()
+            waiter.finish()
