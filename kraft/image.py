@@ -932,12 +932,10 @@ class MetadataDelta:
                 else:
                     configs.pop(key, None)
 
-        after = MetadataImage(
-            offset=self._offset, term=self._term, raft_index=self._raft_index,
-            timestamp_ms=self._timestamp_ms, last_hash=self._last_hash, features=features,
-            brokers=brokers, topics_by_id=topics_by_id, topics_by_name=topics_by_name,
-            configs=configs, next_producer_id=self._next_producer_id,
-            controller_id=self._controller_id)
+        after = MetadataImage(  # positional (field order): an image per applied command
+            self._offset, self._term, self._raft_index, self._timestamp_ms, self._last_hash,
+            features, brokers, topics_by_id, topics_by_name, configs, self._next_producer_id,
+            self._controller_id)
         if topics_by_name is image.topics_by_name and image._topic_names is not None:
             object.__setattr__(after, "_topic_names", image._topic_names)
         return after

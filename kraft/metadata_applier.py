@@ -72,7 +72,7 @@ class MetadataApplier:
             return [None] * len(commands)
         skip_through = self._last_position if raft_index == self._last_raft_index else -1
         results: list[Any] = []
-        written: list[tuple[bytes, Batch]] = []  # the entry's batches: appended with one write
+        written: list[tuple[bytes, Batch, bytes]] = []  # the entry's batches: one write
         try:
             try:
                 for position, raw in enumerate(commands):
@@ -95,14 +95,14 @@ class MetadataApplier:
         return results
 
     def _apply_one(self, raw: bytes, raft_index: int, term: int, position: int,
-                   written: list[tuple[bytes, Batch]]) -> Any:
+                   written: list[tuple[bytes, Batch, bytes]]) -> Any:
         try:
             command = Command.decode(raw)
         except ValueError as e:
             return _error(ErrorCode.INVALID_REQUEST, f"undecodable command: {e}")
         batch, response = self.state_machine.apply(command, raft_index, term, raft_position=position)
-        if batch is not None:
-            written.append((self.state_machine.last_encoded or batch.encode(), batch))
+        if batch is not None:  # the image's last hash is the hash of that encoding
+            written.append((self.state_machine.last_encoded, batch, self.state_machine.image.last_hash))
             self._heap.note(len(batch.records))
         return response
 

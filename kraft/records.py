@@ -499,6 +499,7 @@ class Batch:
         return self.base_offset + len(self.records)
 
     def to_dict(self) -> dict[str, Any]:
+        p = self.provenance
         return {
             "format": BATCH_FORMAT,
             "base_offset": self.base_offset,
@@ -506,7 +507,8 @@ class Batch:
             "raft_index": self.raft_index,
             "raft_position": self.raft_position,
             "timestamp_ms": self.timestamp_ms,
-            "provenance": self.provenance.to_dict(),
+            "provenance": {"principal": p.principal, "client_id": p.client_id,
+                           "request_id": p.request_id, "api": p.api, "reason": p.reason},
             "prev_hash": self.prev_hash,
             "records": [r.to_dict() for r in self.records],
         }

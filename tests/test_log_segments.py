@@ -296,12 +296,12 @@ def test_append_many_writes_the_same_files_as_one_by_one(tmp_path):
         for b, enc in batches:
             one.append_encoded(enc, b)
     with MetadataLog.open(tmp_path / "many", segment_bytes=900) as many:
-        many.append_many([(enc, b) for b, enc in batches[:7]])
-        many.append_many([(enc, b) for b, enc in batches[7:]])
+        many.append_many([(enc, b, batch_hash(enc)) for b, enc in batches[:7]])
+        many.append_many([(enc, b, batch_hash(enc)) for b, enc in batches[7:]])
         (b0, e0), (b1, e1) = batches[0], batches[1]
         size = many.size_bytes
         with pytest.raises(ValueError):
-            many.append_many([(e0, b0), (e1, b1)])  # does not continue the log
+            many.append_many([(e0, b0, batch_hash(e0)), (e1, b1, batch_hash(e1))])  # not next
         assert many.size_bytes == size
         assert many.read_encoded(0, 1 << 30) == [e for _, e in batches]
     files = lambda d: {p.name: p.read_bytes() for p in sorted(d.iterdir())}  # noqa: E731

@@ -23,6 +23,7 @@ from kraft.records import Record
 
 _COMMAND_KEYS = ("api", "body", "request_id", "principal", "client_id", "timestamp_ms", "seed",
                  "leader_id")
+_COMMAND_TYPES = (str, dict, str, str, str, int, int, int)
 _MAX_SEED = 2**64 - 1
 
 
@@ -60,17 +61,23 @@ class Command:
         if not isinstance(d, dict) or tuple(d) != _COMMAND_KEYS:
             got = list(map(str, d)) if isinstance(d, dict) else type(d).__name__
             raise CommandDecodeError(f"a command must be a map with keys {list(_COMMAND_KEYS)}, got {got}")
-        for key in ("api", "request_id", "principal", "client_id"):
-            if type(d[key]) is not str:
-                raise CommandDecodeError(f"command {key} must be a string, got {d[key]!r}")
-        for key in ("timestamp_ms", "seed", "leader_id"):
-            if type(d[key]) is not int:
-                raise CommandDecodeError(f"command {key} must be an integer, got {d[key]!r}")
-        if not 0 <= d["seed"] <= _MAX_SEED:
-            raise CommandDecodeError(f"command seed must be an unsigned 64-bit integer, got {d['seed']}")
-        if not isinstance(d["body"], dict):
-            raise CommandDecodeError(f"command body must be a map, got {type(d['body']).__name__}")
-        return cls(**d)
+        values = tuple(d.values())  # in _COMMAND_KEYS order, the fields' order
+        if tuple(map(type, values)) != _COMMAND_TYPES or not 0 <= values[6] <= _MAX_SEED:
+            _explain(d)
+        return cls(*values)
+
+
+def _explain(d: dict[str, Any]) -> None:
+    """Raise the CommandDecodeError naming the first wrong field of a decoded command map."""
+    for key in ("api", "request_id", "principal", "client_id"):
+        if type(d[key]) is not str:
+            raise CommandDecodeError(f"command {key} must be a string, got {d[key]!r}")
+    for key in ("timestamp_ms", "seed", "leader_id"):
+        if type(d[key]) is not int:
+            raise CommandDecodeError(f"command {key} must be an integer, got {d[key]!r}")
+    if not 0 <= d["seed"] <= _MAX_SEED:
+        raise CommandDecodeError(f"command seed must be an unsigned 64-bit integer, got {d['seed']}")
+    raise CommandDecodeError(f"command body must be a map, got {type(d['body']).__name__}")
 
 
 def derive_int(seed: int, *parts: str) -> int:

@@ -140,12 +140,11 @@ class QuorumStateMachine:
         if not result.records:
             return None, result.response
         image = self.image
-        batch = Batch(
-            base_offset=image.offset + 1, term=term, raft_index=raft_index,
-            timestamp_ms=max(command.timestamp_ms, image.timestamp_ms),
-            provenance=Provenance(command.principal, command.client_id, command.request_id,
-                                  command.api, result.reason),
-            prev_hash=image.last_hash, records=tuple(result.records), raft_position=raft_position)
+        batch = Batch(  # positional: this runs for every command on every controller
+            image.offset + 1, term, raft_index, max(command.timestamp_ms, image.timestamp_ms),
+            Provenance(command.principal, command.client_id, command.request_id, command.api,
+                       result.reason),
+            image.last_hash, tuple(result.records), raft_position)
         encoded = batch.encode()
         self.replay_batch(batch, encoded)  # a ReplayError here is fatal: let it propagate
         self.last_encoded = encoded

@@ -242,14 +242,15 @@ class MetadataLog:
         """Append a batch whose canonical encoding the caller already has.
 
         Raises ValueError if the batch does not continue the log (offset, prev_hash, term)."""
-        self.append_many([(encoded, batch)])
+        self.append_many([(encoded, batch, batch_hash(encoded))])
 
-    def append_many(self, items: list[tuple[bytes, Batch]]) -> None:
-        """Append consecutive batches (``(encoding, batch)`` pairs, e.g. one Raft entry's) with
-        one write per segment they land in. The whole chain is checked before anything is
-        written; the files end up exactly as with one ``append_encoded`` per batch."""
-        frames = [(FRAME_HEADER.pack(len(enc), crc32c(enc)), enc, batch, batch_hash(enc))
-                  for enc, batch in items]
+    def append_many(self, items: list[tuple[bytes, Batch, bytes]]) -> None:
+        """Append consecutive batches (``(encoding, batch, batch_hash(encoding))``, e.g. one Raft
+        entry's; the caller has the hash from replaying them) with one write per segment they
+        land in. The whole chain is checked before anything is written; the files end up
+        exactly as with one ``append_encoded`` per batch."""
+        frames = [(FRAME_HEADER.pack(len(enc), crc32c(enc)), enc, batch, digest)
+                  for enc, batch, digest in items]
         with self._lock:
             self._check_writable()
             chain = (self._next_offset, self._last_hash, self._last_term)
