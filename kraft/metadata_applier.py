@@ -53,6 +53,11 @@ class MetadataApplier:
         # Called between the commands of an entry (the quorum's heartbeat check: a long entry
         # must not starve the followers into an election).
         self.between_commands: Callable[[], None] = lambda: None
+        # Commands this controller submitted, by their encoding, while their commit is awaited:
+        # applying one of them takes the object instead of decoding the bytes (see
+        # ControllerNode._submit: only commands whose body came off the wire, so the object is
+        # exactly what decoding would give).
+        self.own_commands: dict[bytes, Command] = {}
         # The image replayed so far (snapshot + log at start-up) leaves the cyclic GC's reach,
         # and so does every further 100k records' growth (kraft/heap.py).
         self._heap = HeapFreezer()
@@ -96,10 +101,12 @@ class MetadataApplier:
 
     def _apply_one(self, raw: bytes, raft_index: int, term: int, position: int,
                    written: list[tuple[bytes, Batch, bytes]]) -> Any:
-        try:
-            command = Command.decode(raw)
-        except ValueError as e:
-            return _error(ErrorCode.INVALID_REQUEST, f"undecodable command: {e}")
+        command = self.own_commands.pop(raw, None)
+        if command is None:
+            try:
+                command = Command.decode(raw)
+            except ValueError as e:
+                return _error(ErrorCode.INVALID_REQUEST, f"undecodable command: {e}")
         batch, response = self.state_machine.apply(command, raft_index, term, raft_position=position)
         if batch is not None:  # the image's last hash is the hash of that encoding
             written.append((self.state_machine.last_encoded, batch, self.state_machine.image.last_hash))

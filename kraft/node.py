@@ -306,10 +306,12 @@ class ControllerNode:
     # ---- writes -------------------------------------------------------------------------------
 
     async def _submit(self, api: str, body: dict, *, request_id: str | None = None, principal: str = "controller",
-                      client_id: str = "") -> dict:
+                      client_id: str = "", wire_body: bool = False) -> dict:
         """Replicate one command and return its response; a response error raises KraftError.
         Broker transitions move at most one batch of partitions per command, so a stepped API
-        answered ``incomplete`` is repeated (as a new command) until it is done."""
+        answered ``incomplete`` is repeated (as a new command) until it is done. ``wire_body``:
+        ``body`` was decoded from an RPC frame (msgpack, the command's own codec options), so
+        this controller may apply the command object without decoding its bytes again."""
         assert self.quorum is not None
         while True:
             if not self.quorum.is_leader:
@@ -318,7 +320,13 @@ class ControllerNode:
                               principal=principal, client_id=client_id, timestamp_ms=now_ms(),
                               seed=random.getrandbits(63), leader_id=self.node_id)
             started = time.monotonic()
-            result = await self.quorum.submit(command.encode(), timeout=WRITE_TIMEOUT_S)
+            raw = command.encode()
+            if wire_body:
+                self.applier.own_commands[raw] = command
+            try:
+                result = await self.quorum.submit(raw, timeout=WRITE_TIMEOUT_S)
+            finally:
+                self.applier.own_commands.pop(raw, None)
             if self.metrics is not None:
                 self.metrics.commit_latency.observe((time.monotonic() - started) * 1000)
             if not isinstance(result, dict):
@@ -350,7 +358,8 @@ class ControllerNode:
                     return await self._register_broker(body, ctx)
                 return await self._submit(api, body, request_id=getattr(ctx, "request_id", None),
                                           principal=getattr(ctx, "principal", "ANONYMOUS") or "ANONYMOUS",
-                                          client_id=getattr(ctx, "client_id", "") or "")
+                                          client_id=getattr(ctx, "client_id", "") or "",
+                                          wire_body=True)
             finally:
                 if self.metrics is not None:
                     self.metrics.event_processing.observe((time.monotonic() - started) * 1000)
