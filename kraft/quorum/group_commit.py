@@ -77,7 +77,9 @@ class GroupCommitter:
         self.fill_wait = fill_wait
         self._fill_target = 1  # queued + answered when the last group completed
         self._fill_until = -math.inf  # the latest time the next group waits for
-        self._fill_timer_at: float | None = None  # a timer task will pump at this time
+        self._fill_timer_at: float | None = None  # the timer task will pump at this time
+        self._fill_scope: trio.CancelScope | None = None  # the timer task's wait
+        self._fill_task = False  # the timer task is started
         self._queue: collections.deque[_Waiter] = collections.deque()
         self._in_flight = 0
         self._completions: set[Complete] = set()
@@ -85,6 +87,7 @@ class GroupCommitter:
         self._tiebreak = itertools.count()
         self._expiry_wake = math.inf  # when the expiry task wakes next
         self._expiry_scope: trio.CancelScope | None = None
+        self._expiry_task = False  # the expiry task is started
         self.groups_sent = 0
         self.commands_sent = 0
         self.largest_group = 0
@@ -133,10 +136,11 @@ class GroupCommitter:
         heapq.heappush(self._deadlines, (deadline, next(self._tiebreak), waiter))
         if deadline < self._expiry_wake:
             self._expiry_wake = deadline
-            if self._expiry_scope is None:
-                trio.lowlevel.spawn_system_task(self._expire_loop, name="group-commit-expiry")
-            else:
+            if self._expiry_scope is not None:
                 self._expiry_scope.deadline = deadline
+            elif not self._expiry_task:
+                self._expiry_task = True
+                trio.lowlevel.spawn_system_task(self._expire_loop, name="group-commit-expiry")
 
     async def _expire_loop(self) -> None:
         """Time out the waiters whose deadline passed. Sleeps until the earliest deadline of a
@@ -146,6 +150,7 @@ class GroupCommitter:
             while True:
                 with trio.CancelScope(deadline=self._expiry_wake) as self._expiry_scope:
                     await trio.sleep_forever()
+                self._expiry_scope = None
                 now = trio.current_time()
                 while deadlines and (deadlines[0][2].done or deadlines[0][0] <= now):
                     waiter = heapq.heappop(deadlines)[2]
@@ -155,7 +160,7 @@ class GroupCommitter:
                         waiter.finish()
                 self._expiry_wake = deadlines[0][0] if deadlines else math.inf
         finally:  # the trio run ends: a later run starts its own
-            self._expiry_scope, self._expiry_wake = None, math.inf
+            self._expiry_scope, self._expiry_task, self._expiry_wake = None, False, math.inf
 
     def kick(self) -> None:
         """Send what is queued if a slot is free (e.g. after a leadership change)."""
@@ -200,14 +205,26 @@ class GroupCommitter:
         self.fill_waits += 1
         if self._fill_timer_at is None or self._fill_timer_at > due:
             self._fill_timer_at = due
-            trio.lowlevel.spawn_system_task(self._pump_at, due)
+            if self._fill_scope is not None:
+                self._fill_scope.deadline = due
+            elif not self._fill_task:  # one timer task, moved rather than spawned per wait
+                self._fill_task = True
+                trio.lowlevel.spawn_system_task(self._fill_loop, name="group-commit-fill")
         return True
 
-    async def _pump_at(self, due: float) -> None:
-        await trio.sleep_until(due)
-        if self._fill_timer_at == due:
-            self._fill_timer_at = None
-        self._pump()
+    async def _fill_loop(self) -> None:
+        """Pump when the fill timer is due."""
+        try:
+            while True:
+                due = self._fill_timer_at
+                with trio.CancelScope(deadline=math.inf if due is None else due) as self._fill_scope:
+                    await trio.sleep_forever()
+                self._fill_scope = None
+                if self._fill_timer_at is not None and trio.current_time() >= self._fill_timer_at:
+                    self._fill_timer_at = None
+                    self._pump()
+        finally:  # the trio run ends: a later run starts its own
+            self._fill_scope, self._fill_task, self._fill_timer_at = None, False, None
 
     def _pump(self) -> None:
         while self._in_flight < self.max_in_flight and self._queue:
