@@ -453,6 +453,8 @@ RECORD_NAMES: dict[str, type[Record]] = {cls.NAME: cls for cls in RECORD_TYPES.v
 BATCH_FORMAT = 1
 ZERO_HASH = bytes(32)
 _PROVENANCE_KEYS = ("principal", "client_id", "request_id", "api", "reason")
+_FIVE_INTS = (int,) * 5
+_FIVE_STRS = (str,) * 5
 _BATCH_KEYS = ("format", "base_offset", "term", "raft_index", "raft_position", "timestamp_ms",
                "provenance", "prev_hash", "records")
 
@@ -581,22 +583,29 @@ def batch_from_dict(d: Any, check_records: bool = True) -> Batch:
     if not isinstance(d, dict) or tuple(d) != _BATCH_KEYS:
         keys = sorted(map(str, d)) if isinstance(d, dict) else type(d).__name__
         raise RecordDecodeError(f"a batch must be a map with keys {list(_BATCH_KEYS)}, got {keys}")
-    if d["format"] != BATCH_FORMAT:
-        raise RecordDecodeError(f"unsupported batch format {d['format']!r}")
-    for key in ("base_offset", "term", "raft_index", "raft_position", "timestamp_ms"):
-        if type(d[key]) is not int:
-            raise RecordDecodeError(f"batch {key} must be an integer, got {d[key]!r}")
-    p = d["provenance"]
-    if not isinstance(p, dict) or set(p) != set(_PROVENANCE_KEYS) or not all(type(v) is str for v in p.values()):
+    fmt, base_offset, term, raft_index, raft_position, timestamp_ms, p, prev_hash, records = d.values()
+    if fmt != BATCH_FORMAT:
+        raise RecordDecodeError(f"unsupported batch format {fmt!r}")
+    if (type(base_offset), type(term), type(raft_index), type(raft_position),
+            type(timestamp_ms)) != _FIVE_INTS:
+        for key in ("base_offset", "term", "raft_index", "raft_position", "timestamp_ms"):
+            if type(d[key]) is not int:
+                raise RecordDecodeError(f"batch {key} must be an integer, got {d[key]!r}")
+    if type(p) is dict and tuple(p) == _PROVENANCE_KEYS:  # the canonical order: one check
+        if tuple(map(type, p.values())) != _FIVE_STRS:
+            raise RecordDecodeError(f"bad batch provenance {p!r}")
+        provenance = Provenance(*p.values())
+    elif isinstance(p, dict) and set(p) == set(_PROVENANCE_KEYS) and all(type(v) is str for v in p.values()):
+        provenance = Provenance(**{k: p[k] for k in _PROVENANCE_KEYS})
+    else:
         raise RecordDecodeError(f"bad batch provenance {p!r}")
-    if type(d["prev_hash"]) is not bytes or len(d["prev_hash"]) != 32:
+    if type(prev_hash) is not bytes or len(prev_hash) != 32:
         raise RecordDecodeError("batch prev_hash must be 32 bytes")
-    if type(d["records"]) not in (list, tuple):
+    if type(records) not in (list, tuple):
         raise RecordDecodeError("batch records must be a list")
-    records = tuple(map(record_from_dict, d["records"])) if check_records else tuple(d["records"])
-    return Batch(d["base_offset"], d["term"], d["raft_index"], d["timestamp_ms"],
-                 Provenance(**{k: p[k] for k in _PROVENANCE_KEYS}), d["prev_hash"], records,
-                 d["raft_position"])
+    records = tuple(map(record_from_dict, records)) if check_records else tuple(records)
+    return Batch(base_offset, term, raft_index, timestamp_ms, provenance, prev_hash, records,
+                 raft_position)
 
 
 def record_to_json(record: Record) -> dict[str, Any]:

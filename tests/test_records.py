@@ -171,3 +171,18 @@ def test_batch_envelope_decode_matches_and_rejects_like_the_full_decode():
             R.decode_batch(data, check_records=False)
         with pytest.raises(R.RecordDecodeError):
             R.decode_batch_envelope(data)
+
+
+def test_batch_provenance_any_key_order_decodes_and_bad_fields_are_refused():
+    """The canonical provenance map (keys in order) and a reordered one decode to the same
+    batch; a provenance value that is not a string, or a non-integer offset, is refused."""
+    batch = R.Batch(5, 2, 9, 1234, R.Provenance("User:a", "cli", "rid", "CreateTopics", "user-request"),
+                    bytes(32), (R.NoOpRecord(),), 1)
+    d = msgpack.unpackb(batch.encode(), raw=False, use_list=False)
+    assert R.decode_batch(batch.encode()) == batch
+    d["provenance"] = dict(reversed(list(d["provenance"].items())))
+    assert R.decode_batch(msgpack.packb(d, use_bin_type=True)) == batch
+    for key, bad in (("provenance", {**d["provenance"], "api": 7}), ("provenance", {"api": "x"}),
+                     ("term", "2"), ("raft_position", True)):
+        with pytest.raises(R.RecordDecodeError):
+            R.decode_batch(msgpack.packb({**d, key: bad}, use_bin_type=True))
