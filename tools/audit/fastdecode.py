@@ -11,8 +11,9 @@ its rows or its ``decode`` problem row.
 """
 from __future__ import annotations
 
+import ctypes
 import gc
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -29,20 +30,41 @@ from tools.audit.structs import RECORD_STRUCTS, decode_canonical
 
 _HI = 1 << 62
 _I32_MAX = (1 << 31) - 1
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
+_retaining = False
+
+
+def retain_memory() -> None:
+    """Make this process keep the memory it frees for its next allocations (Arrow's buffers
+    from the C library's malloc, which then keeps blocks up to 32 MiB and 1 GiB of free heap)
+    instead of handing it back to the OS: a chunk's columns are ~50 MB, and faulting that much
+    fresh memory in again for every chunk cost ~10% of the decode's CPU time (system time)."""
+    global _retaining
+    if _retaining:
+        return
+    _retaining = True
+    pa.set_memory_pool(pa.system_memory_pool())
+    try:
+        libc = ctypes.CDLL(None)
+        libc.mallopt(_M_MMAP_THRESHOLD, 32 << 20)
+        libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30)
+    except (OSError, AttributeError):  # not glibc: its defaults
+        pass
 
 
 class _Kind:
     """How the records of one type fill the table: its name and version, the typed columns its
-    fields go to, and how its JSON is renamed."""
+    fields go to (with one getter for all of them), and how its JSON is renamed."""
 
-    __slots__ = ("name", "version", "columns", "json_cut", "json_name")
+    __slots__ = ("name", "version", "columns", "get", "json_cut", "json_name")
 
     def __init__(self, type_id: int) -> None:
         cls = RECORD_TYPES[type_id]
         self.name, self.version = cls.NAME, cls.VERSION
         renames = RENAMES.get(cls.NAME, {})
-        # column -> (getter, converter of the value list, numpy dtype when never null)
-        self.columns: dict[str, tuple[Callable, Callable | None, Any]] = {}
+        # (column, converter of the value list, numpy dtype when never null), in field order
+        self.columns: list[tuple[str, Callable | None, Any]] = []
+        fields = []
         for n, kind in cls.FIELDS:
             if n in JSON_ONLY:
                 continue
@@ -54,7 +76,10 @@ class _Kind:
                 conv = _bools_to_ints
             elif kind is INT:
                 dtype = np.int32 if _TYPES[column] == pa.int32() else np.int64
-            self.columns[column] = (attrgetter(n), conv, dtype)
+            self.columns.append((column, conv, dtype))
+            fields.append(n)
+        # a tuple of the fields' values (a single value when there is one field)
+        self.get: Callable[[Any], Any] = attrgetter(*fields) if fields else None
         # msgspec's JSON starts with the tag, {"type":<id>,  -- the table's names the type;
         # the cut includes the newline that precedes each record (see _json_of)
         self.json_cut = len(b'\n{"type":%d,' % type_id)
@@ -74,7 +99,6 @@ _KINDS = [_Kind(type_id) for type_id in RECORD_STRUCTS]
 _KIND_INDEX = {struct: i for i, struct in enumerate(RECORD_STRUCTS.values())}
 _KIND_NAMES = pa.array([k.name for k in _KINDS], pa.string())
 _KIND_VERSIONS = pa.array([k.version for k in _KINDS], pa.int32())
-_TYPED_NAMES = [name for name, _, _ in COLUMNS if any(name in k.columns for k in _KINDS)]
 _json_lines = msgspec.json.Encoder().encode_lines
 _PROVENANCE = ("principal", "client_id", "request_id", "api", "reason")
 
@@ -113,7 +137,7 @@ class _Chunk:
         cols["record_version"] = _KIND_VERSIONS.take(kinds_arr)
         cols.update(_record_columns(recs, kinds))
         return pa.RecordBatch.from_arrays(
-            [cols[name] if name in cols else pa.nulls(n, typ) for name, typ, _ in COLUMNS],
+            [cols[name] if name in cols else _nulls(n, typ) for name, typ, _ in COLUMNS],
             schema=ARROW_SCHEMA)
 
     def _batch_columns(self, which: pa.Array) -> dict[str, pa.Array]:
@@ -138,43 +162,81 @@ class _Chunk:
         return out
 
 
+_NULLS: dict[pa.DataType, pa.Array] = {}
+
+
+def _nulls(n: int, typ: pa.DataType) -> pa.Array:
+    """An all-null column of ``n`` rows: a slice of one array kept per type."""
+    kept = _NULLS.get(typ)
+    if kept is None or len(kept) < n:
+        kept = _NULLS[typ] = pa.nulls(max(n, 1 << 16), typ)
+    return kept.slice(0, n)
+
+
 def _record_columns(recs: list, kinds: np.ndarray) -> dict[str, pa.Array]:
-    """``record_json`` and the typed columns, built per record type (a group's values read by
-    one getter pass per column) and put back in row order with ``take``."""
+    """``record_json`` and the typed columns, built per record type (one getter pass over a
+    group gives all its fields) and put in row order: a chunk of one record type needs no
+    reordering; otherwise each column is one ``take`` from its filled groups, with null
+    indices for the rows of the other groups."""
     n = len(recs)
+    sizes = np.bincount(kinds, minlength=len(_KINDS))
+    present = np.flatnonzero(sizes)
+    if len(present) == 1:
+        kind = _KINDS[int(present[0])]
+        return {name: a for name, a in _group_columns(kind, recs).items() if a is not None}
     order = np.argsort(kinds, kind="stable")
-    sorted_kinds = kinds[order]
-    cuts = np.flatnonzero(np.diff(sorted_kinds)).__add__(1).tolist()
-    holder = np.empty(n, dtype=object)
-    holder[:] = recs
-    parts: dict[str, list[pa.Array]] = {name: [] for name in ("record_json", *_TYPED_NAMES)}
-    for lo, hi in zip([0, *cuts], [*cuts, n]):
-        kind = _KINDS[int(sorted_kinds[lo])]
-        group = holder[order[lo:hi]].tolist() if len(cuts) else recs
-        parts["record_json"].append(_json_of(kind, group))
-        for name in _TYPED_NAMES:
-            spec = kind.columns.get(name)
-            typ = _TYPES[name]
-            if spec is None:
-                parts[name].append(pa.nulls(hi - lo, typ))
-                continue
-            get, conv, dtype = spec
-            if dtype is not None:
-                parts[name].append(pa.array(np.fromiter(map(get, group), dtype, hi - lo), typ))
-            else:
-                values = list(map(get, group))
-                parts[name].append(pa.array(conv(values) if conv else values, typ))
-    inverse = None
-    if cuts:
-        inv = np.empty(n, dtype=np.int64)
-        inv[order] = np.arange(n)
-        inverse = pa.array(inv)
+    inverse = np.empty(n, np.int64)
+    inverse[order] = np.arange(n)
+    starts = np.cumsum(sizes) - sizes  # where each kind's rows begin in the sorted order
+    by_column: dict[str, list[tuple[int, pa.Array]]] = {}
+    for k in present.tolist():
+        lo, hi = int(starts[k]), int(starts[k] + sizes[k])
+        rows = order[lo:hi].tolist()
+        group = list(itemgetter(*rows)(recs)) if len(rows) > 1 else [recs[rows[0]]]
+        for name, array in _group_columns(_KINDS[k], group).items():
+            if array is not None:
+                by_column.setdefault(name, []).append((k, array))
     out = {}
-    for name, arrays in parts.items():
-        if all(a.null_count == len(a) for a in arrays):
-            continue  # no record here fills it: left to pa.nulls
-        col = pa.concat_arrays(arrays) if len(arrays) > 1 else arrays[0]
-        out[name] = col.take(inverse) if inverse is not None else col
+    takes: dict[tuple[int, ...], pa.Array] = {}  # filled kinds -> indices (most columns share)
+    for name, filled in by_column.items():
+        key = tuple(k for k, _ in filled)
+        indices = takes.get(key)
+        if indices is None:
+            indices = takes[key] = _take_indices(filled, kinds, inverse, starts)
+        arrays = [a for _, a in filled]
+        out[name] = (pa.concat_arrays(arrays) if len(arrays) > 1 else arrays[0]).take(indices)
+    return out
+
+
+def _take_indices(filled: list[tuple[int, pa.Array]], kinds: np.ndarray, inverse: np.ndarray,
+                  starts: np.ndarray) -> pa.Array:
+    """Each row's index in the concatenation of the ``filled`` groups' arrays (null for the
+    rows of other groups): its index in the kind-sorted order, shifted per kind."""
+    shift = np.zeros(len(_KINDS), np.int64)
+    other = np.ones(len(_KINDS), bool)
+    at = 0
+    for k, array in filled:
+        shift[k] = at - starts[k]
+        other[k] = False
+        at += len(array)
+    return pa.array(inverse + shift[kinds], mask=other[kinds] if at < len(kinds) else None)
+
+
+def _group_columns(kind: _Kind, group: list) -> dict[str, pa.Array | None]:
+    """One group's ``record_json`` and typed columns (None: all null), from one getter call
+    per record and a transpose."""
+    out: dict[str, pa.Array | None] = {"record_json": _json_of(kind, group)}
+    if not kind.columns:
+        return out
+    values = zip(*map(kind.get, group)) if len(kind.columns) > 1 else [list(map(kind.get, group))]
+    for (name, conv, dtype), col in zip(kind.columns, values):
+        typ = _TYPES[name]
+        if dtype is not None:
+            out[name] = pa.array(np.fromiter(col, dtype, len(group)), typ)
+        elif col.count(None) == len(col):
+            out[name] = None
+        else:
+            out[name] = pa.array(conv(col) if conv else col, typ)
     return out
 
 
@@ -228,6 +290,7 @@ def decode_segment_fast(path: str | Path, from_offset: int | None = None,
                         rows_per_batch: int = 65536) -> Iterator[pa.RecordBatch]:
     """Arrow batches of every record in one segment with ``from <= offset <= to``: the same rows
     (and the same problem rows for damaged frames) as :func:`columns.decode_segment`."""
+    retain_memory()
     path = Path(path)
     source = path.name
     lo = -1 if from_offset is None else from_offset
