@@ -275,3 +275,60 @@ async def test_big_answers_arrive_whole_and_a_peer_that_stops_reading_is_dropped
                 await trio.sleep(0.05)
         await deaf.aclose()
         nursery.cancel_scope.cancel()
+
+
+@trio_test
+async def test_pipelined_calls_time_out_at_their_own_deadlines_and_the_rest_still_answer() -> None:
+    """Calls sharing one connection each end at their own deadline (no cancel scope each: one
+    expiry task), whether parked or reading for the others; when the caller reading for the
+    others gives up, another waiting one takes over; the connection stays usable. (The server
+    answers a connection's requests in order.)"""
+    release = trio.Event()
+
+    async def handler(api: str, body: dict, ctx: RequestContext) -> dict:
+        wait = body.get("wait")
+        if wait == "forever":
+            await trio.sleep_forever()
+        elif wait == "release":
+            await release.wait()
+        elif isinstance(wait, float):
+            await trio.sleep(wait)
+        return {"i": body.get("i")}
+
+    async with trio.open_nursery() as nursery:
+        _, port = await start(nursery, handler)
+        client = ControllerClient([("127.0.0.1", port)])
+        await client.call("ListTopics", {}, timeout=5)  # connected
+        outcome: dict[str, Any] = {}
+
+        async def one(name: str, body: dict, timeout: float) -> None:
+            t0 = trio.current_time()
+            try:
+                outcome[name] = (await client.call("ListTopics", body, timeout=timeout))["i"]
+            except KraftError as err:
+                outcome[name] = (err.code, trio.current_time() - t0)
+
+        async def gives_up() -> None:  # the first caller: it reads for the others, then leaves
+            with trio.move_on_after(0.2):
+                await client.call("ListTopics", {"wait": 0.5}, timeout=10)
+            outcome["gave up"] = True
+
+        async with trio.open_nursery() as calls:
+            calls.start_soon(gives_up)
+            await trio.sleep(0.05)
+            calls.start_soon(one, "released", {"wait": "release", "i": 2}, 10)
+            await trio.sleep(0.05)
+            calls.start_soon(one, "long", {"wait": "forever", "i": 0}, 1.5)
+            calls.start_soon(one, "short", {"wait": "forever", "i": 1}, 0.3)
+            await trio.sleep(0.6)
+            assert outcome["gave up"] and "released" not in outcome and "long" not in outcome
+            assert outcome["short"][0] == ErrorCode.REQUEST_TIMED_OUT and 0.25 < outcome["short"][1] < 1.0
+            release.set()
+            with trio.fail_after(2):
+                while "released" not in outcome:
+                    await trio.sleep(0.01)
+            assert outcome["released"] == 2
+        assert outcome["long"][0] == ErrorCode.REQUEST_TIMED_OUT and 1.4 < outcome["long"][1] < 3.0
+        assert client.connected_to == ("127.0.0.1", port)  # never reconnected
+        await client.aclose()
+        nursery.cancel_scope.cancel()

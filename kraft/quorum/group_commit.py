@@ -24,8 +24,6 @@ later, on the trio thread; it may raise ``KraftError`` to refuse the group at on
 from __future__ import annotations
 
 import collections
-import heapq
-import itertools
 import math
 import logging
 from typing import Any, Callable
@@ -33,6 +31,7 @@ from typing import Any, Callable
 import trio
 
 from kraft.errors import ErrorCode, KraftError
+from kraft.expiry import Expiry
 
 logger = logging.getLogger(__name__)
 
@@ -83,11 +82,7 @@ class GroupCommitter:
         self._queue: collections.deque[_Waiter] = collections.deque()
         self._in_flight = 0
         self._completions: set[Complete] = set()
-        self._deadlines: list[tuple[float, int, _Waiter]] = []  # heap: when waiters time out
-        self._tiebreak = itertools.count()
-        self._expiry_wake = math.inf  # when the expiry task wakes next
-        self._expiry_scope: trio.CancelScope | None = None
-        self._expiry_task = False  # the expiry task is started
+        self._expiry: Expiry[_Waiter] = Expiry(self._time_out, "group-commit-expiry")
         self.groups_sent = 0
         self.commands_sent = 0
         self.largest_group = 0
@@ -117,7 +112,7 @@ class GroupCommitter:
         else:
             # parked without a cancel scope of its own (one per command was a tenth of the
             # leader's CPU at 32 in flight): the expiry task wakes it at its deadline
-            self._expire_at(waiter, now + timeout)
+            self._expiry.add(waiter, now + timeout)
             waiter.task = trio.lowlevel.current_task()
 
             def abort(_: Any) -> trio.lowlevel.Abort:
@@ -132,35 +127,11 @@ class GroupCommitter:
             raise waiter.error
         return waiter.result
 
-    def _expire_at(self, waiter: _Waiter, deadline: float) -> None:
-        heapq.heappush(self._deadlines, (deadline, next(self._tiebreak), waiter))
-        if deadline < self._expiry_wake:
-            self._expiry_wake = deadline
-            if self._expiry_scope is not None:
-                self._expiry_scope.deadline = deadline
-            elif not self._expiry_task:
-                self._expiry_task = True
-                trio.lowlevel.spawn_system_task(self._expire_loop, name="group-commit-expiry")
-
-    async def _expire_loop(self) -> None:
-        """Time out the waiters whose deadline passed. Sleeps until the earliest deadline of a
-        waiter still waiting (answered ones are dropped from the heap as they reach its top)."""
-        deadlines = self._deadlines
-        try:
-            while True:
-                with trio.CancelScope(deadline=self._expiry_wake) as self._expiry_scope:
-                    await trio.sleep_forever()
-                self._expiry_scope = None
-                now = trio.current_time()
-                while deadlines and (deadlines[0][2].done or deadlines[0][0] <= now):
-                    waiter = heapq.heappop(deadlines)[2]
-                    if not waiter.done:
-                        waiter.abandoned = True  # if still queued, _pump drops it: never sent
-                        waiter.timed_out = True
-                        waiter.finish()
-                self._expiry_wake = deadlines[0][0] if deadlines else math.inf
-        finally:  # the trio run ends: a later run starts its own
-            self._expiry_scope, self._expiry_task, self._expiry_wake = None, False, math.inf
+    @staticmethod
+    def _time_out(waiter: _Waiter) -> None:
+        waiter.abandoned = True  # if still queued, _pump drops it: it was never sent
+        waiter.timed_out = True
+        waiter.finish()
 
     def kick(self) -> None:
         """Send what is queued if a slot is free (e.g. after a leadership change)."""

@@ -109,7 +109,9 @@ class _Answers:
                     sent = os.write(self._fd, data)
                 except BlockingIOError:
                     sent = 0
-                if sent < len(data):
+                if sent == len(data):  # answers finished meanwhile go together in the next write
+                    await trio.lowlevel.cancel_shielded_checkpoint()
+                else:
                     with trio.move_on_after(self._io_timeout) as scope:
                         await self._stream.send_all(memoryview(data)[sent:])
                     if scope.cancelled_caught:
