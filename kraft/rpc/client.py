@@ -1,8 +1,8 @@
 """Controller RPC client that follows the active controller.
 
 :class:`ControllerClient` keeps one connection, pipelines concurrent calls over it (no
-background task: whichever caller is waiting reads for everyone, see ``_Conn``), and retries
-until the call's deadline:
+reader task: whichever caller is waiting reads for everyone; one expiry task per connection wakes
+callers at their deadlines, see ``_Conn``), and retries until the call's deadline:
 
 * ``NOT_CONTROLLER`` with a leader hint ``{leader_id, leader_host, leader_port}`` → reconnect
   to that controller and retry; without a hint (election in progress) → back off, try others.
