@@ -51,6 +51,7 @@ from kraft.records import (
     UnregisterBrokerRecord,
     batch_hash,
 )
+from kraft.slots import slot_init
 
 __all__ = [
     "CHECKSUM_VERSION",
@@ -504,6 +505,10 @@ def _sorted_items(partitions: Mapping[int, PartitionRegistration]) -> list[tuple
     if isinstance(partitions, PartitionMap):
         return partitions.sorted_items()
     return sorted(partitions.items(), key=_first)
+
+# built once per applied command / changed topic / registration: slot-setting __init__s
+for _cls in (BrokerRegistration, TopicImage, MetadataImage):
+    _cls.__init__ = slot_init(_cls)  # type: ignore[method-assign]
 
 MetadataImage.EMPTY = MetadataImage(
     offset=-1, term=0, raft_index=0, timestamp_ms=0, last_hash=ZERO_HASH, features={},

@@ -20,6 +20,7 @@ import msgpack
 
 from kraft.errors import ErrorCode, KraftError
 from kraft.records import Record
+from kraft.slots import slot_init
 
 _COMMAND_KEYS = ("api", "body", "request_id", "principal", "client_id", "timestamp_ms", "seed",
                  "leader_id")
@@ -65,6 +66,9 @@ class Command:
         if tuple(map(type, values)) != _COMMAND_TYPES or not 0 <= values[6] <= _MAX_SEED:
             _explain(d)
         return cls(*values)
+
+
+Command.__init__ = slot_init(Command)  # type: ignore[method-assign]  # one per applied command
 
 
 def _explain(d: dict[str, Any]) -> None:
