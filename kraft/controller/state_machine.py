@@ -30,7 +30,6 @@ from kraft.errors import ErrorCode, KraftError
 from kraft.image import MetadataDelta, MetadataImage
 from kraft.records import (
     Batch,
-    PartitionChangeRecord,
     PartitionRecord,
     ProducerIdsRecord,
     Provenance,
@@ -65,6 +64,11 @@ WRITES: dict[str, Handler] = {
 _RESUMABLE = frozenset({"FenceBroker", "BeginControlledShutdown", "UnregisterBroker"})
 
 
+# the record types a retried request's answer says something about
+_SUMMARIZED = frozenset({TopicRecord, PartitionRecord, RemoveTopicRecord, RegisterBrokerRecord,
+                         ProducerIdsRecord})
+
+
 def batch_summary(batch: Batch, image: MetadataImage) -> dict[str, Any]:
     """What a retried request is told about the batch its first attempt wrote: the offsets and
     what the records say (topics created or removed, a broker epoch, a producer-id block).
@@ -75,22 +79,24 @@ def batch_summary(batch: Batch, image: MetadataImage) -> dict[str, Any]:
     topics: list[dict[str, Any]] = []
     created: dict[str, dict[str, Any]] = {}
     for record in batch.records:
-        if type(record) is PartitionChangeRecord:  # the bulk of big batches: nothing to say
+        cls = type(record)
+        if cls not in _SUMMARIZED:  # partition changes, configs...: nothing to say
             continue
-        if isinstance(record, TopicRecord):
+        if cls is TopicRecord:
             created[record.topic_id] = {"name": record.name, "topic_id": record.topic_id, "error_code": 0,
                                         "error_message": "", "num_partitions": 0, "replication_factor": 0}
             topics.append(created[record.topic_id])
-        elif isinstance(record, PartitionRecord) and record.topic_id in created:
-            created[record.topic_id]["num_partitions"] += 1
-            created[record.topic_id]["replication_factor"] = len(record.replicas)
-        elif isinstance(record, RemoveTopicRecord):
+        elif cls is PartitionRecord:
+            if record.topic_id in created:
+                created[record.topic_id]["num_partitions"] += 1
+                created[record.topic_id]["replication_factor"] = len(record.replicas)
+        elif cls is RemoveTopicRecord:
             old = image.topics_by_id.get(record.topic_id)
             topics.append({"name": old.name if old else "", "topic_id": record.topic_id,
                            "error_code": 0, "error_message": ""})
-        elif isinstance(record, RegisterBrokerRecord):
+        elif cls is RegisterBrokerRecord:
             summary["broker_epoch"] = record.broker_epoch
-        elif isinstance(record, ProducerIdsRecord):
+        else:  # ProducerIdsRecord
             start = image.next_producer_id
             summary["producer_id_start"] = start
             summary["producer_id_len"] = record.next_producer_id - start
