@@ -236,6 +236,10 @@ def decode_floor(directory: Path) -> dict:
 
 
 def datasource_rate(directory: Path) -> dict:
+    """The data source's read rate on ``local[2]``: the same query twice in one session, once
+    cold (the session's first big query: the JVM's JIT compiles the conversion as it goes) and
+    once warm. The ``datasource_*`` / ``read_*`` keys are the cold query (what an audit pays);
+    ``warm_*`` the second. CPU seconds of the whole tree, and of the JVM alone."""
     from pyspark.sql import functions as F
 
     from tools.audit.session import build_session
@@ -247,22 +251,43 @@ def datasource_rate(directory: Path) -> dict:
     df = spark.read.format("kraft-metadata").load(str(directory))
     first = list_segments(directory)[0].name
     spark.read.format("kraft-metadata").option("segments", first).load(str(directory)).count()  # warm workers
-    # read + decode + a count per record type, as spark-notes.md measured its prototype. The
-    # Python data source has no column pruning: every column of every row becomes a Spark row
-    # whatever the query reads; the byte sum proves record_json arrived. (A per-character
-    # length() here was a third of the JVM's CPU: a string function, not the read.)
-    with TreeUsage() as usage:
-        t = time.perf_counter()
-        rows = df.groupBy("record_type").agg(F.count("*").alias("n"),
-                                             F.sum(F.octet_length("record_json")).alias("b")).collect()
-        read_s = time.perf_counter() - t
+
+    def java_cpu(usage: TreeUsage) -> float:
+        total = 0.0
+        for pid, cpu in usage.cpu.items():
+            try:
+                with open(f"/proc/{pid}/comm") as f:
+                    if f.read().strip() == "java":
+                        total += cpu - usage.baseline.get(pid, 0.0)
+            except OSError:
+                continue
+        return round(total, 1)
+
+    def read() -> dict:
+        # read + decode + a count per record type, as spark-notes.md measured its prototype.
+        # The Python data source has no column pruning: every column of every row becomes a
+        # Spark row whatever the query reads; the byte sum proves record_json arrived. (A
+        # per-character length() here was a third of the JVM's CPU: a string function, not
+        # the read.)
+        with TreeUsage() as usage:
+            t = time.perf_counter()
+            rows = df.groupBy("record_type").agg(
+                F.count("*").alias("n"), F.sum(F.octet_length("record_json")).alias("b")).collect()
+            seconds = time.perf_counter() - t
+        if not all(r["b"] for r in rows):
+            raise RuntimeError(f"record_json missing in the data source's rows: {rows}")
+        return {"n": sum(r["n"] for r in rows), "s": seconds, "cpu": usage.total,
+                "java": java_cpu(usage)}
+
+    cold, warm = read(), read()
     spark.stop()
-    n = sum(r["n"] for r in rows)
-    if not all(r["b"] for r in rows):
-        raise RuntimeError(f"record_json missing in the data source's rows: {rows}")
-    return {"spark_start_s": round(start_s, 1), "records": n, "read_s": round(read_s, 1),
-            "read_cpu_s": usage.total, "datasource_rec_s": round(n / read_s),
-            "datasource_rec_cpu_s": round(n / max(usage.total, 1e-9))}
+    n = cold["n"]
+    return {"spark_start_s": round(start_s, 1), "records": n, "read_s": round(cold["s"], 1),
+            "read_cpu_s": cold["cpu"], "read_java_cpu_s": cold["java"],
+            "datasource_rec_s": round(n / cold["s"]),
+            "datasource_rec_cpu_s": round(n / max(cold["cpu"], 1e-9)),
+            "warm_read_s": round(warm["s"], 1), "warm_read_cpu_s": warm["cpu"],
+            "warm_read_java_cpu_s": warm["java"], "warm_rec_s": round(warm["n"] / warm["s"])}
 
 
 def timed_audit(directory: Path, out: Path) -> dict:
