@@ -5,15 +5,18 @@ Every segment is decoded once and kept as Parquet under
 mirrored segment's size and mtime. A segment that changed (or vanished) is re-decoded (or
 dropped): sealed segments never change, so a re-audit decodes only the newest segment (which
 may still be appended to) and any new ones. The audit's queries then all read Parquet, pruned
-to the columns each needs. Stale segments are decoded in one Spark job, one task per segment:
-each task runs the columnar decoder and writes its Parquet file with pyarrow (no row
-conversion in the JVM, no sort by partition), then renames it into place.
+to the columns each needs. Each stale segment is one task that runs the columnar decoder and
+writes its Parquet file with pyarrow (no row conversion in the JVM, no sort by partition), then
+renames it into place. In local mode the tasks run in the audit's own worker processes while
+the JVM starts (:meth:`Mirror.start`): no Spark job and no Spark Python workers; on a cluster
+they are one Spark job, one task per segment.
 """
 from __future__ import annotations
 
 import json
 import os
 import shutil
+from concurrent.futures import Executor, Future
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
@@ -29,7 +32,7 @@ def _stamp(path: Path) -> list[int]:
 
 def write_segment(item: tuple[str, str]) -> None:
     """Decode one segment into ``DIR/part-0.parquet`` (without the ``source`` column, which
-    the directory name gives). Runs on a Spark worker."""
+    the directory name gives). Runs on a Spark worker or in a local worker process."""
     import pyarrow.parquet as pq
 
     from tools.audit.fastdecode import decode_segment_fast
@@ -45,36 +48,59 @@ def write_segment(item: tuple[str, str]) -> None:
     os.replace(tmp, out / "part-0.parquet")
 
 
-def load_records(spark: SparkSession, log_dir: Path, mirror: Path,
-                 to_offset: int | None = None) -> tuple[DataFrame, dict]:
-    """The record table of ``log_dir`` (up to ``to_offset``) from the mirror, after decoding
-    the segments it lacks. Returns it with ``{"decoded": [...], "reused": [...]}``."""
-    ranges = segment_ranges(log_dir)
-    if to_offset is not None:
-        ranges = [r for r in ranges if r[1] <= to_offset]
-    mirror.mkdir(parents=True, exist_ok=True)
-    manifest_path = mirror / "manifest.json"
-    manifest: dict[str, list[int]] = (json.loads(manifest_path.read_text())
-                                      if manifest_path.exists() else {})
-    records_dir = mirror / "records"
-    wanted = {p.name: _stamp(p) for p, _, _ in ranges}
-    for name in list(manifest):
-        if name not in wanted or manifest[name] != wanted[name]:
-            shutil.rmtree(records_dir / f"source={name}", ignore_errors=True)
-            del manifest[name]
-    stale = [name for name in wanted if name not in manifest]
-    if stale:
-        items = [(str(log_dir / name), str(records_dir / f"source={name}")) for name in stale]
-        spark.sparkContext.parallelize(items, len(items)).foreach(write_segment)
-        for name in stale:
-            manifest[name] = wanted[name]
-        manifest_path.write_text(json.dumps(manifest, indent=1, sort_keys=True))
-    if wanted:
-        paths = [str(records_dir / f"source={name}") for name in wanted]
-        df = (spark.read.schema(SPARK_DDL).option("basePath", str(records_dir))
-                   .parquet(*paths).select(*NAMES))
-    else:
-        df = spark.createDataFrame([], SPARK_DDL)
-    if to_offset is not None:
-        df = df.filter(df["offset"].isNull() | (df["offset"] <= to_offset))
-    return df, {"decoded": stale, "reused": [n for n in wanted if n not in stale]}
+class Mirror:
+    """The mirror of ``log_dir`` (up to ``to_offset``) under ``root``: made up to date by
+    :meth:`start` (local worker processes) or :meth:`load` (a Spark job), read by :meth:`load`.
+    Creating it drops the mirrored segments that changed or left the log."""
+
+    def __init__(self, log_dir: Path, root: Path, to_offset: int | None = None) -> None:
+        self.log_dir, self.root, self.to_offset = log_dir, root, to_offset
+        ranges = segment_ranges(log_dir)
+        if to_offset is not None:
+            ranges = [r for r in ranges if r[1] <= to_offset]
+        root.mkdir(parents=True, exist_ok=True)
+        self.manifest_path = root / "manifest.json"
+        self.manifest: dict[str, list[int]] = (json.loads(self.manifest_path.read_text())
+                                               if self.manifest_path.exists() else {})
+        self.records_dir = root / "records"
+        self.wanted = {p.name: _stamp(p) for p, _, _ in ranges}
+        for name in list(self.manifest):
+            if name not in self.wanted or self.manifest[name] != self.wanted[name]:
+                shutil.rmtree(self.records_dir / f"source={name}", ignore_errors=True)
+                del self.manifest[name]
+        self.stale = [name for name in self.wanted if name not in self.manifest]
+        self._decoding: list[Future] | None = None
+
+    def _items(self) -> list[tuple[str, str]]:
+        return [(str(self.log_dir / name), str(self.records_dir / f"source={name}"))
+                for name in self.stale]
+
+    def start(self, pool: Executor) -> None:
+        """Decode the stale segments in ``pool`` (largest first), without Spark."""
+        items = sorted(self._items(), key=lambda it: -os.path.getsize(it[0]))
+        self._decoding = [pool.submit(write_segment, item) for item in items]
+
+    def load(self, spark: SparkSession) -> tuple[DataFrame, dict]:
+        """The record table from the mirror, after the stale segments are decoded (by
+        :meth:`start`'s processes, else in one Spark job). Returns it with
+        ``{"decoded": [...], "reused": [...]}``."""
+        if self.stale:
+            if self._decoding is None:
+                items = self._items()
+                spark.sparkContext.parallelize(items, len(items)).foreach(write_segment)
+            else:
+                for done in self._decoding:
+                    done.result()
+            for name in self.stale:
+                self.manifest[name] = self.wanted[name]
+            self.manifest_path.write_text(json.dumps(self.manifest, indent=1, sort_keys=True))
+        if self.wanted:
+            paths = [str(self.records_dir / f"source={name}") for name in self.wanted]
+            df = (spark.read.schema(SPARK_DDL).option("basePath", str(self.records_dir))
+                       .parquet(*paths).select(*NAMES))
+        else:
+            df = spark.createDataFrame([], SPARK_DDL)
+        if self.to_offset is not None:
+            df = df.filter(df["offset"].isNull() | (df["offset"] <= self.to_offset))
+        return df, {"decoded": self.stale,
+                    "reused": [n for n in self.wanted if n not in self.stale]}

@@ -24,8 +24,8 @@ from kraft.log.segment import list_segments
 from kraft.log.snapshot import list_snapshots
 from kraft.snapshotter import image_from_snapshot, image_to_snapshot
 from tools.audit import carry, checks, report, state, tables
-from tools.audit.mirror import load_records
-from tools.audit.session import build_session
+from tools.audit.mirror import Mirror
+from tools.audit.session import build_session, local_cores
 
 SAMPLES_PER_RULE = 200
 TABLES = ("topics", "partition_history", "broker_history", "broker_intervals",
@@ -102,12 +102,17 @@ def run_audit(opts: AuditOptions, spark: SparkSession | None = None,
     out = opts.out
     out.mkdir(parents=True, exist_ok=True)
     prior, why = _prior_state(opts)
-    # The replay runs while the JVM starts and Spark works, in its own process: as a thread it
-    # held the GIL for seconds at a time and stalled the driver's calls into the JVM.
-    with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
+    mirror = Mirror(opts.log_dir, opts.mirror or out / "mirror", opts.to_offset)
+    # The mirror's stale segments are decoded, then the log replayed, while the JVM starts and
+    # Spark works, in worker processes: as a thread the replay held the GIL for seconds at a
+    # time and stalled the driver's calls into the JVM. On a cluster the executors decode.
+    cores = local_cores(opts.master)
+    with ProcessPoolExecutor(cores or 1, mp_context=get_context("spawn")) as pool:
+        if cores:
+            mirror.start(pool)
         image = out / "carry" / "image.snapshot" if prior is not None else None
         replaying = pool.submit(_replay, opts, image, _carries(opts))
-        return _run(opts, spark, progress, replaying, prior, why, pool)
+        return _run(opts, spark, progress, replaying, prior, why, pool, mirror)
 
 
 def _carries(opts: AuditOptions) -> bool:
@@ -195,7 +200,8 @@ def _merge_meta(old: dict, new: dict) -> dict:
 
 
 def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str], None],
-         replaying: Future, prior: dict | None, why: str, pool: ProcessPoolExecutor) -> AuditResult:
+         replaying: Future, prior: dict | None, why: str, pool: ProcessPoolExecutor,
+         mirror: Mirror) -> AuditResult:
     out = opts.out
     steps = _Steps(progress, 7)
     if spark is None:
@@ -205,8 +211,7 @@ def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str
     else:
         steps("using the running Spark session")
     steps("reading the metadata log")
-    raw, mirror_info = load_records(spark, opts.log_dir, opts.mirror or out / "mirror",
-                                    opts.to_offset)
+    raw, mirror_info = mirror.load(spark)
     if opts.to_ms is not None:
         raw = raw.filter(F.col("timestamp_ms").isNull() | (F.col("timestamp_ms") <= opts.to_ms))
     # not cached: every query reads the Parquet mirror, pruned to the columns it needs

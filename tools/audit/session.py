@@ -42,7 +42,7 @@ def _stderr_to(path: Path | None) -> Iterator[None]:
         os.close(fd)
 
 
-def _local_cores(master: str | None) -> int | None:
+def local_cores(master: str | None) -> int | None:
     """Cores of a ``local[N]`` / ``local[*]`` / ``local`` master (None for a cluster): the
     audit's shuffles then use that many partitions instead of Spark's 200."""
     if not master or not master.startswith("local"):
@@ -70,7 +70,7 @@ def build_session(master: str | None = "local[*]", spark_log: Path | None = None
     if master:
         builder = builder.master(master)
     java_opts = f"-Dlog4j2.configurationFile={CONF_DIR / 'log4j2.properties'}"
-    if _local_cores(master):  # local mode: the driver is the executor; Spark's 1g is too small
+    if local_cores(master):  # local mode: the driver is the executor; Spark's 1g is too small
         java_opts += ARROW_READ_OPTS
         builder = (builder.config("spark.driver.memory",
                                   os.environ.get("KRAFT_AUDIT_DRIVER_MEMORY", "3g"))
@@ -85,7 +85,7 @@ def build_session(master: str | None = "local[*]", spark_log: Path | None = None
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.session.timeZone", "UTC")
                .config("spark.sql.python.filterPushdown.enabled", "true")
-               .config("spark.sql.shuffle.partitions", str(_local_cores(master) or 200))
+               .config("spark.sql.shuffle.partitions", str(local_cores(master) or 200))
                .config("spark.driver.extraJavaOptions", java_opts)
                .config("spark.executorEnv.PYTHONPATH", pythonpath))
     for kv in os.environ.get("KRAFT_AUDIT_SPARK_CONF", "").split():  # tuning: KEY=VALUE ...
