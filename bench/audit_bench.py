@@ -249,8 +249,10 @@ def datasource_rate(directory: Path) -> dict:
                           short=False)  # a read of 2M rows: the JVM's C2 compiler pays off
     start_s = time.perf_counter() - t
     df = spark.read.format("kraft-metadata").load(str(directory))
-    first = list_segments(directory)[0].name
-    spark.read.format("kraft-metadata").option("segments", first).load(str(directory)).count()  # warm workers
+    # start both Python workers (two segments: a task per core), else the second one starts and
+    # imports inside the measured read
+    two = ",".join(p.name for p in list_segments(directory)[:2])
+    spark.read.format("kraft-metadata").option("segments", two).load(str(directory)).count()
 
     def java_cpu(usage: TreeUsage) -> float:
         total = 0.0
