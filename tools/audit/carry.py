@@ -144,8 +144,10 @@ def new_records(records: DataFrame, state: dict) -> DataFrame:
 
 
 def continues(spark: SparkSession, records: DataFrame, new: DataFrame, state: dict,
-              carry_dir: Path, grown: bool) -> str:
-    """Why the new records do not carry on from the state ("" when they do)."""
+              carry_dir: Path, grown: bool, lo: int | None, head: dict | None) -> str:
+    """Why the new records do not carry on from the state ("" when they do). ``lo``: the
+    new records' lowest offset; ``head``: the first new batch's ``batch_base_offset`` and
+    ``prev_hash`` (both None when there are none)."""
     wm = state["watermark"]
     carried = TableFiles(spark, carry_dir, state["run"], state.get("schemas", {}).get("carry"))
     if grown:  # the newest audited segment grew: its audited batches must be unchanged
@@ -156,16 +158,12 @@ def continues(spark: SparkSession, records: DataFrame, new: DataFrame, state: di
         known = carried.read("batches").select("batch_base_offset", "batch_hash")
         if old.join(known, ["batch_base_offset", "batch_hash"], "left_anti").limit(1).count():
             return f"{wm['source']} changed before the audited end"
-    first = (new.groupBy().agg(F.min("offset").alias("lo"),
-                               F.min_by(F.struct("batch_base_offset", "prev_hash"),
-                                        F.struct("source", "position")).alias("first"))
-                .first())
-    if first["lo"] is None:
+    if lo is None:
         return ""
-    if first["lo"] <= wm["last_offset"]:
-        return f"the new records start at offset {first['lo']}, not after {wm['last_offset']}"
-    head = first["first"]
-    if head["batch_base_offset"] != wm["last_offset"] + 1 or head["prev_hash"] != wm["last_hash"]:
+    if lo <= wm["last_offset"]:
+        return f"the new records start at offset {lo}, not after {wm['last_offset']}"
+    if head is None or (head["batch_base_offset"], head["prev_hash"]) != (
+            wm["last_offset"] + 1, wm["last_hash"]):
         return "the new records do not continue the audited batches' hash chain"
     known = None
     for name in ("topic_created", "topic_removed", "partitions"):

@@ -176,8 +176,11 @@ def _meta(records: DataFrame) -> dict:
         F.sum(F.when(F.col("index_in_batch") == 0, 1).otherwise(0)).alias("batches"),
         F.count("problem").alias("problems"),
         F.max_by(F.struct("source", "position", "batch_last_offset", "batch_hash", "term"),
-                 F.struct("source", "position")).alias("end")).first()
+                 F.struct("source", "position")).alias("end"),
+        F.min_by(F.struct("batch_base_offset", "prev_hash"),
+                 F.struct("source", "position")).alias("head")).first()
     meta = row.asDict()
+    meta["head"] = None if meta["head"] is None else meta["head"].asDict()
     meta["batches"] = meta["batches"] or 0
     end = meta.pop("end")
     meta["watermark"] = None if end is None else {
@@ -220,11 +223,15 @@ def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str
     carry_dir = out / "carry"
     if prior is not None:
         records = carry.new_records(every, prior)
-        why = carry.continues(spark, every, records, prior, carry_dir, prior["grown"])
+        new_meta = _meta(records)
+        why = carry.continues(spark, every, records, prior, carry_dir, prior["grown"],
+                              new_meta["first_offset"], new_meta["head"])
         if why:
             prior, records = None, every
             replaying = pool.submit(_replay, opts, None, True)  # runs after the first
-    new_meta = _meta(records)
+    if prior is None:
+        new_meta = _meta(records)
+    new_meta.pop("head")
     meta = _merge_meta(prior["meta"], new_meta) if prior is not None else new_meta
     steps.done("read_s")
     progress(f"    {meta['records']:,} records in {meta['batches']:,} batches; segments decoded "
@@ -283,7 +290,9 @@ def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str
 
     steps("running checks")
     newest = list_segments(opts.log_dir)[-1].name
-    batches_new = tables.batches(records)
+    # one row per batch, scanned from the mirror once (the batch rules and the carry read it
+    # eight times)
+    batches_new = tables.batches(records).persist()
     everything = (batches_new.select(*BATCH_CARRY).unionByName(cf.read("batches"))
                   if prior is not None else None)
     found = checks.all_findings(records, batches_new, topics_df, history, brokers, configs,
@@ -342,6 +351,7 @@ def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str
                      {"tables": tf.schemas, "carry": cf.schemas})
     topics_df.unpersist()
     brokers.unpersist()
+    batches_new.unpersist()
     shutil.rmtree(out / "work", ignore_errors=True)
     steps("done")
     _summary(progress, findings, report_path)
