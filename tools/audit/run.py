@@ -458,17 +458,23 @@ def _report_data(vol_df: DataFrame, seeds: DataFrame, derived: dict[str, DataFra
     ms = F.unix_millis("ts")
     nb = 60
     span = max(t1 - t0, 1)
-    w = Window.partitionBy("topic_name", "partition_id").orderBy("offset")
-    # leadership timeline: the 30 partitions with the most leader changes
-    named = history.filter(F.col("leader_changed") | (F.col("change") == "created"))
-    top = _top(seeds, derived["topics"], "leader_events", 30)
-    # ISR size over time: the 12 partitions whose ISR changed most
-    isr_rows = history.filter(F.col("change").contains("isr") | (F.col("change") == "created"))
-    top_isr = _top(seeds, derived["topics"], "isr_events", 12)
+    # one scan of the history for two charts (kind "leader": the leadership timeline of the
+    # 30 partitions with the most leader changes; "isr": the ISR size of the 12 whose ISR
+    # changed most), each partition's first 400 rows
+    tops = (_top(seeds, derived["topics"], "leader_events", 30).withColumn("kind", F.lit("leader"))
+            .unionByName(_top(seeds, derived["topics"], "isr_events", 12)
+                         .withColumn("kind", F.lit("isr")))
+            .select("topic_name", "partition_id", "kind"))
+    created = F.col("change") == "created"
+    wanted = F.when(F.col("kind") == "leader", F.col("leader_changed") | created).otherwise(
+        F.col("change").contains("isr") | created)
+    w = Window.partitionBy("kind", "topic_name", "partition_id").orderBy("offset")
     queries = {
-        "points": (named.join(F.broadcast(top), ["topic_name", "partition_id"])
-                        .withColumn("n", F.row_number().over(w)).filter(F.col("n") <= 400)
-                        .select("topic_name", "partition_id", ms.alias("t"), "leader")),
+        "charts": (history.join(F.broadcast(tops), ["topic_name", "partition_id"])
+                          .filter(wanted).withColumn("n", F.row_number().over(w))
+                          .filter(F.col("n") <= 400)
+                          .select("kind", "topic_name", "partition_id", "offset", ms.alias("t"),
+                                  "leader", "isr_size")),
         "removed": derived["topics"].filter(F.col("removed_ts").isNotNull())
                                     .select("topic_name", F.unix_millis("removed_ts")
                                             .alias("removed_ms")),
@@ -477,10 +483,6 @@ def _report_data(vol_df: DataFrame, seeds: DataFrame, derived: dict[str, DataFra
                    .select("broker_id", "state", F.unix_millis("start_ts").alias("s"),
                            F.unix_millis("end_ts").alias("e"))
                    .orderBy("broker_id", "s").limit(5000)),
-        "isr": (isr_rows.join(F.broadcast(top_isr), ["topic_name", "partition_id"])
-                        .withColumn("n", F.row_number().over(w)).filter(F.col("n") <= 400)
-                        .select("topic_name", "partition_id", ms.alias("t"), "isr_size")
-                        .orderBy("offset")),
         "volume": (vol_df.withColumn("b", F.least(F.floor((F.col("timestamp_ms") - t0) * nb / span),
                                                   F.lit(nb - 1)))
                          .groupBy("b", "record_type").agg(F.sum("count").alias("count"))),
@@ -493,7 +495,7 @@ def _report_data(vol_df: DataFrame, seeds: DataFrame, derived: dict[str, DataFra
     # small jobs, each mostly waiting on planning and scheduling: run them side by side
     with ThreadPoolExecutor(4) as threads:
         got = dict(zip(queries, threads.map(lambda df: df.collect(), queries.values())))
-    points = got["points"]
+    points = [r for r in got["charts"] if r["kind"] == "leader"]
     removed = {r["topic_name"]: r["removed_ms"] for r in got["removed"]}
     leadership: dict[str, list] = {}
     for key in sorted({(p["topic_name"] or "?", p["partition_id"]) for p in points}):
@@ -508,7 +510,7 @@ def _report_data(vol_df: DataFrame, seeds: DataFrame, derived: dict[str, DataFra
     for r in got["states"]:
         states.setdefault(f"broker {r['broker_id']}", []).append((r["s"], r["e"], r["state"]))
     isr: dict[str, list] = {}
-    for r in got["isr"]:
+    for r in sorted((r for r in got["charts"] if r["kind"] == "isr"), key=lambda r: r["offset"]):
         isr.setdefault(f"{r['topic_name']}-{r['partition_id']}", []).append((r["t"], r["isr_size"]))
     vol = got["volume"]
     types = sorted({r["record_type"] for r in vol})
