@@ -91,7 +91,9 @@ def partition_history(records: DataFrame, topics_df: DataFrame,
 
     ``seed``: each partition's state after earlier records (:data:`SEED_COLUMNS`, a row of
     this table); it goes first in its partition like a PartitionRecord and is dropped after."""
-    w = Window.partitionBy("topic_id", "partition_id").orderBy("offset")
+    # the hash first: the sort's 8-byte prefix then tells partitions apart (the topic ids'
+    # first 8 characters do not); a collision only makes the sort compare the ids
+    w = Window.partitionBy("key_hash", "topic_id", "partition_id").orderBy("offset")
     cum = w.rowsBetween(_UNBOUNDED, Window.currentRow)
     is_new = F.col("is_new")
     named_leader = F.when(is_new | (F.col("leader") != LEADER_UNCHANGED), F.col("leader"))
@@ -107,6 +109,7 @@ def partition_history(records: DataFrame, topics_df: DataFrame,
             F.lit(None).cast("string").alias("election"),
             F.lit(None).cast("bigint").alias("batch_base_offset"),
             F.lit(True).alias("is_new"), F.lit(True).alias("is_seed")))
+    p = p.select("*", F.xxhash64("topic_id", "partition_id").alias("key_hash"))
     p = p.select("*", named_leader.alias("named_leader"),
                  F.sum(le_bump).over(cum).alias("le_cum"),
                  F.sum(F.when(~is_new, 1).otherwise(0)).over(cum).alias("pe_cum"),
