@@ -263,11 +263,13 @@ def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str
         removed = removed.unionByName(cf.read("topic_removed"))
         configs = configs.unionByName(cf.read("topic_configs"))
     topics_df = tables.topics(None, created, removed).persist()
-    history = tf.append("partition_history", tables.partition_history(
-        records, topics_df, cf.read("partitions") if prior is not None else None))
     old_brokers = tf.read("broker_history") if prior is not None else None
-    tf.append("broker_history", tables.broker_history(
-        records, tables.broker_seeds(old_brokers) if old_brokers is not None else None))
+    # independent: side by side
+    history, _ = _together(
+        lambda: tf.append("partition_history", tables.partition_history(
+            records, topics_df, cf.read("partitions") if prior is not None else None)),
+        lambda: tf.append("broker_history", tables.broker_history(
+            records, tables.broker_seeds(old_brokers) if old_brokers is not None else None)))
     brokers = tf.read("broker_history").persist()
     tails = tf.read("replication_intervals", "tail") if prior is not None else None
 
@@ -297,8 +299,19 @@ def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str
                   if prior is not None else None)
     found = checks.all_findings(records, batches_new, topics_df, history, brokers, configs,
                                 newest, everything)
-    tf.append("findings", found)
-    tf.append("findings", checks.whole_log_findings(brokers), prefix="whole")
+
+    def write_findings() -> None:  # one after the other: they share the table's staging
+        tf.append("findings", found)
+        tf.append("findings", checks.whole_log_findings(brokers), prefix="whole")
+
+    if from_offset is None:  # the report's carried inputs are written meanwhile
+        _, vol, seeds = _together(
+            write_findings,
+            lambda: (cf.append("volume", tables.volume(records)), cf.read("volume"))[1],
+            lambda: cf.replace("partitions", tables.partition_seeds(
+                history, cf.read("partitions") if prior is not None else None)))
+    else:
+        write_findings()
     if from_offset is not None:  # the rows from --from on
         for name in (*TABLES, "findings"):
             _since(tf.read(name), from_offset).write.mode("overwrite").parquet(
@@ -333,12 +346,7 @@ def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str
 
     steps("rendering the report")
     derived = {name: tf.read(name) for name in TABLES}
-    if from_offset is None:
-        cf.append("volume", tables.volume(records))
-        vol = cf.read("volume")
-        seeds = cf.replace("partitions", tables.partition_seeds(
-            history, cf.read("partitions") if prior is not None else None))
-    else:
+    if from_offset is not None:
         vol = tables.volume(_since(records, from_offset))
         seeds = tables.partition_seeds(derived["partition_history"])
     data = _report_data(vol, seeds, derived, meta, findings, replayed, opts, out,
@@ -359,12 +367,11 @@ def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str
     return AuditResult(code, findings, report_path, table_paths, steps.timings)
 
 
-def _together(*jobs: Callable[[], Any]) -> None:
+def _together(*jobs: Callable[[], Any]) -> list[Any]:
     """Run independent Spark actions side by side (small ones mostly wait on planning and
-    scheduling, not on the cores); raises the first failure."""
+    scheduling, not on the cores); their results, or raises the first failure."""
     with ThreadPoolExecutor(len(jobs)) as threads:
-        for done in [threads.submit(job) for job in jobs]:
-            done.result()
+        return [done.result() for done in [threads.submit(job) for job in jobs]]
 
 
 def _write_carry(out: Path, cf: carry.TableFiles, opts: AuditOptions, meta: dict,
