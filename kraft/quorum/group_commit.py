@@ -62,6 +62,16 @@ class _Waiter:
             trio.lowlevel.reschedule(task)
 
 
+class _FillDue:
+    """When a group waiting to fill is sent anyway (an :class:`Expiry` item)."""
+
+    __slots__ = ("at", "done")
+
+    def __init__(self, at: float) -> None:
+        self.at = at
+        self.done = False
+
+
 class GroupCommitter:
     """Batches concurrent ``submit`` calls into groups sent through ``send_group``."""
 
@@ -76,9 +86,8 @@ class GroupCommitter:
         self.fill_wait = fill_wait
         self._fill_target = 1  # queued + answered when the last group completed
         self._fill_until = -math.inf  # the latest time the next group waits for
-        self._fill_timer_at: float | None = None  # the timer task will pump at this time
-        self._fill_scope: trio.CancelScope | None = None  # the timer task's wait
-        self._fill_task = False  # the timer task is started
+        self._fill_due: _FillDue | None = None  # the pending fill timer, if any
+        self._fill_timer: Expiry[_FillDue] = Expiry(self._fill_expired, "group-commit-fill")
         self._queue: collections.deque[_Waiter] = collections.deque()
         self._in_flight = 0
         self._completions: set[Complete] = set()
@@ -174,28 +183,16 @@ class GroupCommitter:
         if trio.current_time() >= due:
             return False
         self.fill_waits += 1
-        if self._fill_timer_at is None or self._fill_timer_at > due:
-            self._fill_timer_at = due
-            if self._fill_scope is not None:
-                self._fill_scope.deadline = due
-            elif not self._fill_task:  # one timer task, moved rather than spawned per wait
-                self._fill_task = True
-                trio.lowlevel.spawn_system_task(self._fill_loop, name="group-commit-fill")
+        if self._fill_due is None or self._fill_due.at > due:
+            if self._fill_due is not None:
+                self._fill_due.done = True  # replaced by an earlier one
+            self._fill_due = _FillDue(due)
+            self._fill_timer.add(self._fill_due, due)
         return True
 
-    async def _fill_loop(self) -> None:
-        """Pump when the fill timer is due."""
-        try:
-            while True:
-                due = self._fill_timer_at
-                with trio.CancelScope(deadline=math.inf if due is None else due) as self._fill_scope:
-                    await trio.sleep_forever()
-                self._fill_scope = None
-                if self._fill_timer_at is not None and trio.current_time() >= self._fill_timer_at:
-                    self._fill_timer_at = None
-                    self._pump()
-        finally:  # the trio run ends: a later run starts its own
-            self._fill_scope, self._fill_task, self._fill_timer_at = None, False, None
+    def _fill_expired(self, _: _FillDue) -> None:
+        self._fill_due = None
+        self._pump()
 
     def _pump(self) -> None:
         while self._in_flight < self.max_in_flight and self._queue:
