@@ -31,7 +31,8 @@ from kraft.errors import ErrorCode, KraftError
 from kraft.expiry import Expiry
 from kraft.rpc.apis import APIS
 from kraft.rpc.auth import AUTH_API, ClientCredentials
-from kraft.rpc.framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, FrameError, encode_frame
+from kraft.rpc.framing import (DEFAULT_MAX_FRAME_BYTES, FrameDecoder, FrameError, encode_frame,
+                               write_now)
 
 logger = logging.getLogger(__name__)
 
@@ -161,10 +162,7 @@ class _Conn:
             while self.outbox and self.broken is None:
                 data = self.outbox[0] if len(self.outbox) == 1 else b"".join(self.outbox)
                 self.outbox.clear()
-                try:  # what the socket takes now goes without trio's wait machinery
-                    sent = os.write(self.fd, data)
-                except BlockingIOError:
-                    sent = 0
+                sent = write_now(self.fd, data)
                 if sent == len(data):  # let the callers woken with us queue theirs: one write
                     await trio.lowlevel.cancel_shielded_checkpoint()
                     continue

@@ -8,6 +8,7 @@ lost, so there is no way to resynchronise).
 """
 from __future__ import annotations
 
+import os
 import struct
 from typing import Any
 
@@ -104,3 +105,12 @@ class FrameDecoder:
         elif pos < size:
             buf += data[pos:]
         return out
+
+
+def write_now(fd: int, data: bytes) -> int:
+    """Write what a non-blocking socket takes at once, without trio's wait machinery; returns
+    the bytes written (0 when its buffer is full)."""
+    try:
+        return os.write(fd, data)
+    except BlockingIOError:
+        return 0

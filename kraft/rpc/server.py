@@ -30,7 +30,8 @@ import trio
 from kraft.errors import ErrorCode, KraftError
 from kraft.rpc.apis import validate_request
 from kraft.rpc.auth import AUTH_API, MECHANISM, CredentialStore
-from kraft.rpc.framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, FrameError, encode_frame
+from kraft.rpc.framing import (DEFAULT_MAX_FRAME_BYTES, FrameDecoder, FrameError, encode_frame,
+                               write_now)
 
 logger = logging.getLogger(__name__)
 
@@ -105,10 +106,7 @@ class _Answers:
                     frames.append(pending.popleft().frame)
                 self._room.set()
                 data = frames[0] if len(frames) == 1 else b"".join(frames)
-                try:  # what the socket takes now goes without trio's wait machinery
-                    sent = os.write(self._fd, data)
-                except BlockingIOError:
-                    sent = 0
+                sent = write_now(self._fd, data)
                 if sent == len(data):  # answers finished meanwhile go together in the next write
                     await trio.lowlevel.cancel_shielded_checkpoint()
                 else:
