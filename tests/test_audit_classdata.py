@@ -1,5 +1,5 @@
-"""The audit's JVM class archive: where it lives, when it is used, and that a real Spark driver
-maps it (and starts quietly when the archive is unusable)."""
+"""The audit's driver JVM: its class archive (where it lives, when it is used, that a real Spark
+driver maps it and starts quietly when the archive is unusable) and its options."""
 from __future__ import annotations
 
 import json
@@ -30,7 +30,10 @@ info = subprocess.run(["jcmd", str(pid), "VM.info"], capture_output=True, text=T
                       timeout=60).stdout
 mapped = [l for l in info.splitlines() if l.startswith("CDS archive(s) mapped at")]
 size = int(mapped[0].split("size ")[1].split(",")[0]) if mapped else 0
-print(json.dumps({"mapped_bytes": size, "rows": spark.range(1000).count()}))
+jvm = spark._jvm
+gcs = [b.getName() for b in jvm.java.lang.management.ManagementFactory.getGarbageCollectorMXBeans()]
+print(json.dumps({"mapped_bytes": size, "rows": spark.range(1000).count(), "gc": gcs,
+                  "probe": jvm.java.lang.System.getProperty("kraft.probe")}))
 spark.stop()
 """
 
@@ -81,8 +84,10 @@ def test_archive_is_keyed_by_the_class_path_and_used_only_when_present(tmp_path,
 def test_a_real_driver_maps_the_archive(tmp_path):
     path, _ = classdata.create()  # written by `make`; a no-op then
     assert path is not None and path.is_file()
-    got, stdout = _probe(tmp_path)
+    got, stdout = _probe(tmp_path, KRAFT_AUDIT_JAVA_OPTS="-Dkraft.probe=yes")
     assert got["rows"] == 1000
+    assert got["probe"] == "yes"  # the user's extra driver options reach the JVM
+    assert "PS Scavenge" in got["gc"], got  # the throughput collector
     # the base JDK archive alone maps a few MiB; with ours on top it is the archive's size
     assert got["mapped_bytes"] > path.stat().st_size, got
     assert "[warning]" not in stdout
