@@ -21,7 +21,7 @@ from kraft.records import (  # noqa: E402
     BOOL, ENDPOINTS, FEATURES, INT, INTS, OPT_INT, OPT_INTS, OPT_STR, RECORD_TYPES, STR, ZERO_HASH,
     Batch, FeatureLevelRecord, NoOpRecord, ProducerIdsRecord, Provenance, UnregisterBrokerRecord,
     batch_hash)
-from tests.synthetic_log import write_history  # noqa: E402
+from tools.audit.sample_log import write_history  # noqa: E402
 from tools.audit.columns import (ARROW_SCHEMA, COLUMNS, JSON_ONLY, RENAMES,  # noqa: E402
                                  decode_segment)
 from tools.audit.fastdecode import decode_segment_fast  # noqa: E402

@@ -2,8 +2,9 @@
 
 Spark's own output (JVM start-up warnings, log4j) goes to a log file instead of the
 terminal: the JVM inherits our stderr when it starts, so stderr points at the file while the
-session is created. Python workers use this interpreter (``PYSPARK_PYTHON``) so they import
-the same ``kraft`` and ``tools`` packages.
+session is created. The driver JVM maps its classes from the archive of
+:mod:`tools.audit.classdata` when there is one. Python workers use this interpreter
+(``PYSPARK_PYTHON``) so they import the same ``kraft`` and ``tools`` packages.
 """
 from __future__ import annotations
 
@@ -66,15 +67,18 @@ def build_session(master: str | None = "local[*]", spark_log: Path | None = None
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ.setdefault("SPARK_CONF_DIR", str(CONF_DIR))
     from pyspark.sql import SparkSession
 
+    from tools.audit import classdata
     from tools.audit.datasource import KraftMetadataDataSource
 
     builder = SparkSession.builder.appName(app_name)
     if master:
         builder = builder.master(master)
+    # (the log4j file is named, not found through SPARK_CONF_DIR: a directory on the driver's
+    # class path would rule out the class archive)
     java_opts = f"-Dlog4j2.configurationFile={CONF_DIR / 'log4j2.properties'}"
+    java_opts += classdata.java_options()
     if local_cores(master):  # local mode: the driver is the executor; Spark's 1g is too small
         java_opts += ARROW_READ_OPTS
         builder = (builder.config("spark.driver.memory",
