@@ -4,9 +4,11 @@ Measures, on ``local[2]``: the single-process pure-Python decode floor (the proj
 the same files, the strict decode into Arrow columns and the columnar fast decode the data
 source uses), the ``kraft-metadata`` data source's read rate, the whole ``kraft audit`` in a
 fresh process (Spark start-up, read + decode, all tables, checks, report), and a re-audit after
-one new segment is appended to the same log: ``kraft audit`` again with the same ``--out``, as a
-user would re-run it, which decodes only the new segment into the Parquet mirror and carries on
-from the first run's state (``OUT/carry``); the row says whether it did. Next to wall time it
+one new segment is appended to the same log (as big as the others, ~95k records of the
+generator's mix continuing the cluster: see :func:`append_segment`): ``kraft audit`` again with
+the same ``--out``, as a user would re-run it, which decodes only the new segment into the
+Parquet mirror and carries on from the first run's state (``OUT/carry``); the row says whether
+it did. Next to wall time it
 reports CPU seconds: of this process for the decode floor, and of the whole process tree (driver
 JVM, Python workers) for Spark, sampled from /proc, since other work on the machine makes wall
 time noisy; the audit's peak driver (JVM) resident memory and its phases (logged). Progress on
@@ -29,13 +31,14 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Callable
 
 from kraft.log.metadata_log import MetadataLog
-from kraft.log.segment import encode_frame, iter_frames, list_segments, scan_segment, segment_name
+from kraft.log.segment import encode_frame, list_segments, scan_segment, segment_name
 from kraft.records import (
-    LEADER_UNCHANGED, RECOVERY_UNCHANGED, ZERO_HASH, Batch, ConfigRecord, LeaderChangeRecord,
-    NoOpRecord, PartitionChangeRecord, PartitionRecord, Provenance, RegisterBrokerRecord,
-    BrokerRegistrationChangeRecord, TopicRecord, batch_hash, decode_batch)
+    LEADER_NONE, LEADER_UNCHANGED, RECOVERY_UNCHANGED, ZERO_HASH, Batch, ConfigRecord,
+    LeaderChangeRecord, PartitionChangeRecord, PartitionRecord, Provenance, RegisterBrokerRecord,
+    BrokerRegistrationChangeRecord, RemoveTopicRecord, TopicRecord, batch_hash)
 
 REPO = Path(__file__).resolve().parent.parent
 FEATURES = ({"name": "metadata.version", "min_version": 1, "max_version": 1},)
@@ -105,44 +108,169 @@ def log(msg: str) -> None:
 
 
 class _Writer:
-    def __init__(self, mlog: MetadataLog) -> None:
-        self.mlog, self.offset, self.prev, self.term, self.ts, self.index = mlog, 0, ZERO_HASH, 1, \
-            1_790_000_000_000, 0
+    """Chains batches (offsets, hashes, Raft index, +7 ms each) into ``sink(encoded, batch)``,
+    from the given tail of a log (a new log by default)."""
+
+    def __init__(self, sink: Callable[[bytes, Batch], object], offset: int = 0,
+                 prev: bytes = ZERO_HASH, term: int = 1, ts: int = 1_790_000_000_000,
+                 index: int = 0) -> None:
+        self.sink, self.offset, self.prev, self.term, self.ts, self.index = \
+            sink, offset, prev, term, ts, index
 
     def write(self, prov: Provenance, records: tuple) -> None:
         self.index += 1
         self.ts += 7
         batch = Batch(self.offset, self.term, self.index, self.ts, prov, self.prev, records)
         encoded = batch.encode()
-        self.mlog.append_encoded(encoded, batch)
+        self.sink(encoded, batch)
         self.prev, self.offset = batch_hash(encoded), batch.next_offset
+
+
+class _Cluster:
+    """The generated cluster's state as its log leaves it: partitions ``[topic_id, id,
+    replicas, ISR, leader]``, live topics by name, brokers' epochs and the live (unfenced)
+    brokers; what the generator's next batches are made from."""
+
+    def __init__(self, rnd: random.Random) -> None:
+        self.rnd = rnd
+        self.parts: dict[tuple[str, int], list] = {}
+        self.topics: dict[str, str] = {}
+        self.created = 0  # TopicRecords so far: the next topic's number
+        self.epochs: dict[int, int] = {}
+        self.live: set[int] = set()
+
+    def ctl(self, api: str, reason: str) -> Provenance:
+        return Provenance("controller", "", uuid.UUID(int=self.rnd.getrandbits(128)).hex, api,
+                          reason)
+
+    def apply(self, record: object) -> None:
+        """Follow one record of the log (to continue a log written before)."""
+        if isinstance(record, RegisterBrokerRecord):
+            self.epochs[record.broker_id] = record.broker_epoch
+            (self.live.discard if record.fenced else self.live.add)(record.broker_id)
+        elif isinstance(record, BrokerRegistrationChangeRecord):
+            if record.fenced == 1:
+                self.live.discard(record.broker_id)
+            elif record.fenced == -1:
+                self.live.add(record.broker_id)
+        elif isinstance(record, TopicRecord):
+            self.topics[record.name] = record.topic_id
+            self.created += 1
+        elif isinstance(record, RemoveTopicRecord):
+            self._drop(record.topic_id)
+        elif isinstance(record, PartitionRecord):
+            self.parts[(record.topic_id, record.partition_id)] = [
+                record.topic_id, record.partition_id, record.replicas, list(record.isr),
+                record.leader]
+        elif isinstance(record, PartitionChangeRecord):
+            s = self.parts[(record.topic_id, record.partition_id)]
+            if record.isr is not None:
+                s[3] = list(record.isr)
+            if record.leader != LEADER_UNCHANGED:
+                s[4] = record.leader
+            if record.replicas is not None:
+                s[2] = record.replicas
+
+    def _drop(self, topic_id: str) -> None:
+        self.topics = {n: t for n, t in self.topics.items() if t != topic_id}
+        for key in [k for k in self.parts if k[0] == topic_id]:
+            del self.parts[key]
+
+    def create_topic(self, partitions: int = 10) -> tuple:
+        """A new topic's records, replicas among the live brokers."""
+        tid = str(uuid.UUID(int=self.rnd.getrandbits(128), version=4))
+        name = f"topic-{self.created:04d}"
+        recs: list = [TopicRecord(name, tid)]
+        for p in range(partitions):
+            reps = tuple(self.rnd.sample(sorted(self.live), 3))
+            recs.append(PartitionRecord(p, tid, reps, reps, (), (), reps[0], 0, 0, 0))
+        for r in recs:
+            self.apply(r)
+        return tuple(recs)
+
+    def alter_partitions(self) -> tuple[str, list]:
+        """ISR shrinks, ISR expansions or clean leader changes (one kind) on 100 partitions;
+        only live brokers join an ISR or become leader."""
+        rnd, live = self.rnd, self.live
+        changes = []
+        kind = rnd.choice(("isr-shrink", "isr-expand", "preferred-election"))
+        for s in rnd.sample(list(self.parts.values()), 100):
+            tid, pid, reps, isr, leader = s
+            if kind == "isr-shrink" and len(isr) > 1:
+                isr.remove(rnd.choice([r for r in isr if r != leader]))
+                changes.append(PartitionChangeRecord(pid, tid, tuple(isr), LEADER_UNCHANGED, None,
+                                                     None, None, RECOVERY_UNCHANGED, None))
+            elif kind == "isr-expand" and len(isr) < 3:
+                add = next((r for r in reps if r not in isr and r in live), None)
+                if add is not None:
+                    isr.append(add)
+                    changes.append(PartitionChangeRecord(pid, tid, tuple(isr), LEADER_UNCHANGED,
+                                                         None, None, None, RECOVERY_UNCHANGED,
+                                                         None))
+            elif kind == "preferred-election" and len(isr) > 1:
+                others = [r for r in isr if r != leader and r in live]
+                if others:
+                    s[4] = rnd.choice(others)
+                    changes.append(PartitionChangeRecord(pid, tid, None, s[4], None, None, None,
+                                                         RECOVERY_UNCHANGED, "clean"))
+        return kind, changes
+
+    def fence(self, b: int) -> tuple:
+        """Broker ``b`` fenced: it leaves every ISR (but a partition's last member, whose
+        partition goes offline) and its leaderships move to the ISR's next live member."""
+        self.live.discard(b)
+        recs: list = [BrokerRegistrationChangeRecord(b, self.epochs[b], 1, 0)]
+        for s in self.parts.values():
+            tid, pid, _, isr, leader = s
+            if b not in isr:
+                continue
+            if len(isr) > 1:
+                isr.remove(b)
+            new = LEADER_UNCHANGED
+            if leader == b:
+                s[4] = new = next((r for r in isr if r in self.live), LEADER_NONE)
+            elif b in isr:
+                continue  # its last ISR member, already offline: nothing changes
+            recs.append(PartitionChangeRecord(pid, tid, tuple(isr) if b not in isr else None, new,
+                                              None, None, None, RECOVERY_UNCHANGED,
+                                              None if new == LEADER_UNCHANGED else "clean"))
+        return tuple(recs)
+
+    def unfence(self, b: int) -> tuple:
+        """Broker ``b`` unfenced; offline partitions whose ISR has a live member elect it."""
+        self.live.add(b)
+        recs: list = [BrokerRegistrationChangeRecord(b, self.epochs[b], -1, 0)]
+        for s in self.parts.values():
+            if s[4] == LEADER_NONE:
+                leader = next((r for r in s[3] if r in self.live), None)
+                if leader is not None:
+                    s[4] = leader
+                    recs.append(PartitionChangeRecord(s[1], s[0], None, leader, None, None, None,
+                                                      RECOVERY_UNCHANGED, "clean"))
+        return tuple(recs)
 
 
 def generate(directory: Path, records: int, seed: int = 7) -> int:
     """Write a log of at least ``records`` records into ``directory``; returns the count."""
     rnd = random.Random(seed)
     brokers = list(range(1, 21))
-    ctl = lambda api, reason: Provenance("controller", "", uuid.UUID(int=rnd.getrandbits(128)).hex,  # noqa: E731
-                                          api, reason)
+    cluster = _Cluster(rnd)
+    cluster.live.update(brokers)
+    ctl = cluster.ctl
     with MetadataLog.open(directory, fsync="never") as mlog:
-        w = _Writer(mlog)
+        w = _Writer(mlog.append_encoded)
         w.write(ctl("ActivateController", "bootstrap"), (LeaderChangeRecord(1, 1),))
         for b in brokers:
             w.write(Provenance("User:ANONYMOUS", f"broker-{b}", "r", "BrokerRegistration",
                                "broker-registration"),
                     (RegisterBrokerRecord(b, str(uuid.UUID(int=b)), w.offset, (), FEATURES,
                                           f"r{b % 3}", True, False),))
+            cluster.epochs[b] = w.offset - 1
             w.write(ctl("UnfenceBroker", "broker-unfenced"),
                     (BrokerRegistrationChangeRecord(b, w.offset - 1, -1, 0),))
-        parts: list[list] = []  # [topic_id, pid, replicas, isr, leader]
-        for t in range(2000):
-            tid = str(uuid.UUID(int=rnd.getrandbits(128), version=4))
-            recs: list = [TopicRecord(f"topic-{t:04d}", tid)]
-            for p in range(10):
-                reps = tuple(rnd.sample(brokers, 3))
-                recs.append(PartitionRecord(p, tid, reps, reps, (), (), reps[0], 0, 0, 0))
-                parts.append([tid, p, reps, list(reps), reps[0]])
-            w.write(Provenance("User:alice", "admin", "c", "CreateTopics", "user-request"), tuple(recs))
+        for _ in range(2000):
+            w.write(Provenance("User:alice", "admin", "c", "CreateTopics", "user-request"),
+                    cluster.create_topic())
         n = 0
         while w.offset < records:
             n += 1
@@ -156,22 +284,7 @@ def generate(directory: Path, records: int, seed: int = 7) -> int:
                 w.write(Provenance("User:bob", "ops", "c", "IncrementalAlterConfigs", "user-request"),
                         (ConfigRecord(2, f"topic-{t:04d}", "retention.ms", str(rnd.randrange(1, 10**8))),))
                 continue
-            changes = []
-            kind = rnd.choice(("isr-shrink", "isr-expand", "preferred-election"))
-            for s in rnd.sample(parts, 100):
-                tid, pid, reps, isr, leader = s
-                if kind == "isr-shrink" and len(isr) > 1:
-                    isr.remove(rnd.choice([r for r in isr if r != leader]))
-                    changes.append(PartitionChangeRecord(pid, tid, tuple(isr), LEADER_UNCHANGED, None,
-                                                         None, None, RECOVERY_UNCHANGED, None))
-                elif kind == "isr-expand" and len(isr) < 3:
-                    isr.append(next(r for r in reps if r not in isr))
-                    changes.append(PartitionChangeRecord(pid, tid, tuple(isr), LEADER_UNCHANGED, None,
-                                                         None, None, RECOVERY_UNCHANGED, None))
-                elif kind == "preferred-election" and len(isr) > 1:
-                    s[4] = rnd.choice([r for r in isr if r != leader])
-                    changes.append(PartitionChangeRecord(pid, tid, None, s[4], None, None, None,
-                                                         RECOVERY_UNCHANGED, "clean"))
+            kind, changes = cluster.alter_partitions()
             if changes:
                 w.write(ctl("AlterPartition", kind), tuple(changes))
         return w.offset
@@ -196,22 +309,73 @@ def ensure_log(directory: Path, records: int) -> int:
     return n
 
 
-def append_segment(directory: Path) -> int:
-    """Start one new segment after the newest (about 64 KiB of NoOp batches, chained): the
-    previous newest segment becomes sealed, as when a controller rolls its log."""
-    last_frame = list(iter_frames(list_segments(directory)[-1].read_bytes()))[-1]
-    last = decode_batch(bytes(last_frame.payload))
-    prev, offset, added = batch_hash(bytes(last_frame.payload)), last.next_offset, 0
-    target = directory / segment_name(offset)
-    while not target.exists() or target.stat().st_size < 64 * 1024:
-        batch = Batch(offset, last.term, last.raft_index + 1, last.timestamp_ms + 1,
-                      Provenance("controller", "", "", "NoOp", "noop"), prev,
-                      tuple(NoOpRecord() for _ in range(100)))
-        encoded = batch.encode()
-        with open(target, "ab") as f:
-            f.write(encode_frame(encoded))
-        prev, offset, added = batch_hash(encoded), batch.next_offset, added + 100
-    return added
+def _follow(directory: Path) -> tuple[_Cluster, Batch, bytes]:
+    """The cluster state at the end of the log in ``directory``, its last batch and hash."""
+    cluster = _Cluster(random.Random())
+    last = digest = None
+    for path in list_segments(directory):
+        for entry in scan_segment(path):
+            if entry.batch is None:
+                raise RuntimeError(f"{path} at byte {entry.position}: {entry.problem}")
+            for record in entry.batch.records:
+                cluster.apply(record)
+            last, digest = entry.batch, entry.digest
+    return cluster, last, digest
+
+
+def append_segment(directory: Path, seed: int = 8) -> int:
+    """Start one new segment after the newest, as when a controller rolls its log, and fill it
+    to the size of the largest (sealed) segment with the generator's mix, continuing the
+    cluster's state and the log's chain (offsets, hashes, terms, times): mostly ISR changes and
+    clean leader changes, controller LeaderChange records and topic config changes at the
+    generator's rates, plus new topics, a topic deletion, and brokers fenced (their ISRs and
+    leaderships move), re-registered with a new epoch and unfenced. The previous newest
+    segment becomes sealed. Returns the records added."""
+    cluster, last, digest = _follow(directory)
+    cluster.rnd.seed(seed + last.next_offset)
+    rnd, ctl = cluster.rnd, cluster.ctl
+    size = max(p.stat().st_size for p in list_segments(directory))
+    target = directory / segment_name(last.next_offset)
+    with open(target, "xb") as f:
+        w = _Writer(lambda encoded, _batch: f.write(encode_frame(encoded)), last.next_offset,
+                    digest, last.term, last.timestamp_ms, last.raft_index)
+        fenced: int | None = None
+        n = 0
+        while f.tell() < size:
+            n += 1
+            if n % 500 == 0:
+                w.term += 1
+                w.write(ctl("ActivateController", "controller-activated"),
+                        (LeaderChangeRecord(1 + w.term % 3, w.term),))
+            elif n % 97 == 0:
+                name = rnd.choice(sorted(cluster.topics))
+                w.write(Provenance("User:bob", "ops", "c", "IncrementalAlterConfigs",
+                                   "user-request"),
+                        (ConfigRecord(2, name, "retention.ms", str(rnd.randrange(1, 10**8))),))
+            elif n % 60 == 0:
+                w.write(Provenance("User:alice", "admin", "c", "CreateTopics", "user-request"),
+                        cluster.create_topic())
+            elif n % 331 == 0:
+                gone = cluster.topics[rnd.choice(sorted(cluster.topics))]
+                cluster.apply(RemoveTopicRecord(gone))
+                w.write(Provenance("User:alice", "admin", "c", "DeleteTopics", "user-request"),
+                        (RemoveTopicRecord(gone),))
+            elif n % 250 == 0 and fenced is None:
+                fenced = rnd.choice(sorted(cluster.live))
+                w.write(ctl("BrokerHeartbeat", "broker-fenced"), cluster.fence(fenced))
+            elif n % 250 == 100 and fenced is not None:
+                b, fenced = fenced, None
+                cluster.epochs[b] = w.offset
+                w.write(Provenance("User:ANONYMOUS", f"broker-{b}", "r", "BrokerRegistration",
+                                   "broker-registration"),
+                        (RegisterBrokerRecord(b, str(uuid.UUID(int=rnd.getrandbits(128))),
+                                              w.offset, (), FEATURES, f"r{b % 3}", True, False),))
+                w.write(ctl("UnfenceBroker", "broker-unfenced"), cluster.unfence(b))
+            else:
+                kind, changes = cluster.alter_partitions()
+                if changes:
+                    w.write(ctl("AlterPartition", kind), tuple(changes))
+    return w.offset - last.next_offset
 
 
 def decode_floor(directory: Path) -> dict:
@@ -327,7 +491,7 @@ def run(records: int, work: Path) -> tuple[list[dict], list[dict]]:
     if not re["incremental"]:
         log("the re-audit did not carry on from the first audit's output")
     log(f"re-audit after +1 segment ({added} records): {re}")
-    (logdir / "GENERATED.json").unlink()  # the appended NoOps change the log: regenerate next time
+    (logdir / "GENERATED.json").unlink()  # the appended segment changes the log: regenerate next time
     rows = [
         {"metric": "decode_floor_codec", "records": floor["records"], "rec_s": floor["codec_rec_s"]},
         {"metric": "decode_floor_arrow_strict", "records": floor["records"],

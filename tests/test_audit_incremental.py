@@ -23,17 +23,18 @@ import pytest
 
 pyspark = pytest.importorskip("pyspark")
 
+from bench.audit_bench import append_segment, generate  # noqa: E402
 from tests.spark_fixture import module_spark  # noqa: E402
 
 from kraft.log.metadata_log import MetadataLog  # noqa: E402
-from kraft.log.segment import list_segments  # noqa: E402
+from kraft.log.segment import list_segments, scan_segment  # noqa: E402
 from kraft.records import (  # noqa: E402
     LEADER_NONE, LEADER_UNCHANGED, RECOVERY_UNCHANGED, ZERO_HASH, Batch,
     BrokerRegistrationChangeRecord, ConfigRecord, PartitionChangeRecord, PartitionRecord,
     Provenance, RegisterBrokerRecord, RemoveTopicRecord, TopicRecord, batch_hash)
 from tools.audit.run import TABLES, AuditOptions, run_audit  # noqa: E402
 
-pytestmark = pytest.mark.timeout(1200)  # five audits of a small log on real Spark
+pytestmark = pytest.mark.timeout(1200)  # eight audits of small logs on real Spark
 
 FEATURES = ({"name": "metadata.version", "min_version": 1, "max_version": 1},)
 BROKERS = list(range(1, 7))
@@ -237,3 +238,40 @@ def test_an_edited_audited_segment_forces_a_whole_audit(spark, tmp_path):
     assert not rules["crc-intact"]["passed"] or not rules["frames-decodable"]["passed"], rules
     assert not (out / "carry" / "state.json").exists()  # damaged: the next run is whole again
     shutil.rmtree(out)
+
+
+def test_reaudit_of_the_bench_logs_appended_segment(spark, tmp_path):
+    """The audit bench's appended segment continues its generated log with the generator's mix
+    (ISR and clean leader changes, configs, new and deleted topics, brokers
+    fenced, re-registered with a new epoch and unfenced): the log stays clean, and the re-audit
+    of it equals a whole-log audit."""
+    log_dir, out = tmp_path / "log", tmp_path / "out"
+    generate(log_dir, 25_000)
+    first, text = _audit(spark, log_dir, out)
+    assert first.exit_code == 0, text
+    sizes = [p.stat().st_size for p in list_segments(log_dir)]
+    added = append_segment(log_dir)
+    new = list_segments(log_dir)[-1]
+    assert new.stat().st_size >= max(sizes) and len(list_segments(log_dir)) == len(sizes) + 1
+    kinds: dict[str, int] = {}
+    for entry in scan_segment(new):
+        for record in entry.batch.records:
+            kinds[type(record).__name__] = kinds.get(type(record).__name__, 0) + 1
+    assert sum(kinds.values()) == added
+    assert {"PartitionChangeRecord", "PartitionRecord", "TopicRecord", "RemoveTopicRecord",
+            "ConfigRecord", "RegisterBrokerRecord", "BrokerRegistrationChangeRecord"} <= set(kinds), \
+        kinds
+
+    again, text = _audit(spark, log_dir, out)
+    assert f"re-audit: {added:,} new records" in text, text
+    whole, whole_text = _audit(spark, log_dir, tmp_path / "whole")
+    assert again.exit_code == whole.exit_code == 0, (text, whole_text)
+    for name in (*TABLES, "findings"):
+        assert _rows(spark, out, name) == _rows(spark, tmp_path / "whole", name), name
+    got = json.loads((out / "findings.json").read_text())
+    want = json.loads((tmp_path / "whole" / "findings.json").read_text())
+    for doc in (got, want):
+        doc.pop("tables"), doc.pop("report")
+    assert got == want and got["records"] == first.findings["records"] + added
+    history = spark.read.parquet(str(out / "tables" / "broker_history"))
+    assert history.filter("event = 'fenced'").count() >= 1

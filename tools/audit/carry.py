@@ -9,8 +9,8 @@ records per batch time and type; ``image.snapshot`` is the replayed image at the
 the tables' schemas. A run carries on (else it audits the whole log) when the state is there
 and from the same log (:func:`load_state`), no audited segment changed but for the newest
 growing (:func:`segments_unchanged`), and (:func:`continues`) the newest's audited batches kept
-their hashes, the new records start right after the watermark and chain to its hash, and no
-new TopicRecord reuses a known topic id.
+their hashes (:func:`grown_changed`), the new records start right after the watermark and
+chain to its hash, and no new TopicRecord reuses a known topic id (:func:`reuses_topic_id`).
 
 Tables are directories of Parquet files: a run appends its rows as files named
 ``r<run>-part-*.parquet``; rows a later run may change (intervals still open) are files with
@@ -143,21 +143,44 @@ def new_records(records: DataFrame, state: dict) -> DataFrame:
     return records.filter((src > wm["source"]) | ((src == wm["source"]) & (pos > wm["position"])))
 
 
-def continues(spark: SparkSession, records: DataFrame, new: DataFrame, state: dict,
-              carry_dir: Path, grown: bool, lo: int | None, head: dict | None) -> str:
-    """Why the new records do not carry on from the state ("" when they do). ``lo``: the
-    new records' lowest offset; ``head``: the first new batch's ``batch_base_offset`` and
-    ``prev_hash`` (both None when there are none)."""
+def grown_changed(spark: SparkSession, records: DataFrame, state: dict, carry_dir: Path) -> bool:
+    """Whether a batch the earlier run audited in the newest audited segment (which grew) is
+    no longer there with the same hash."""
     wm = state["watermark"]
-    carried = TableFiles(spark, carry_dir, state["run"], state.get("schemas", {}).get("carry"))
-    if grown:  # the newest audited segment grew: its audited batches must be unchanged
-        old = (records.filter((F.col("source") == wm["source"]) &
-                              (F.col("position") <= wm["position"]) &
-                              (F.col("index_in_batch") == 0))
-                      .select("batch_base_offset", "batch_hash"))
-        known = carried.read("batches").select("batch_base_offset", "batch_hash")
-        if old.join(known, ["batch_base_offset", "batch_hash"], "left_anti").limit(1).count():
-            return f"{wm['source']} changed before the audited end"
+    old = (records.filter((F.col("source") == wm["source"]) &
+                          (F.col("position") <= wm["position"]) &
+                          (F.col("index_in_batch") == 0))
+                  .select("batch_base_offset", "batch_hash"))
+    known = _carried(spark, carry_dir, state).read("batches").select("batch_base_offset",
+                                                                     "batch_hash")
+    return bool(old.join(known, ["batch_base_offset", "batch_hash"], "left_anti")
+                   .limit(1).count())
+
+
+def reuses_topic_id(spark: SparkSession, new: DataFrame, state: dict, carry_dir: Path) -> bool:
+    """Whether a new TopicRecord reuses a topic id the audited records know."""
+    carried = _carried(spark, carry_dir, state)
+    known = None
+    for name in ("topic_created", "topic_removed", "partitions"):
+        ids = carried.read(name).select("topic_id")
+        known = ids if known is None else known.unionByName(ids)
+    created = new.filter(F.col("record_type") == "TopicRecord").select("topic_id")
+    return bool(created.join(known, "topic_id", "left_semi").limit(1).count())
+
+
+def _carried(spark: SparkSession, carry_dir: Path, state: dict) -> TableFiles:
+    return TableFiles(spark, carry_dir, state["run"], state.get("schemas", {}).get("carry"))
+
+
+def continues(state: dict, changed: bool, lo: int | None, head: dict | None,
+              reused: bool) -> str:
+    """Why the new records do not carry on from the state ("" when they do). ``changed``:
+    :func:`grown_changed`; ``lo``: the new records' lowest offset; ``head``: the first new
+    batch's ``batch_base_offset`` and ``prev_hash`` (both None when there are none);
+    ``reused``: :func:`reuses_topic_id`."""
+    wm = state["watermark"]
+    if changed:
+        return f"{wm['source']} changed before the audited end"
     if lo is None:
         return ""
     if lo <= wm["last_offset"]:
@@ -165,12 +188,7 @@ def continues(spark: SparkSession, records: DataFrame, new: DataFrame, state: di
     if head is None or (head["batch_base_offset"], head["prev_hash"]) != (
             wm["last_offset"] + 1, wm["last_hash"]):
         return "the new records do not continue the audited batches' hash chain"
-    known = None
-    for name in ("topic_created", "topic_removed", "partitions"):
-        ids = carried.read(name).select("topic_id")
-        known = ids if known is None else known.unionByName(ids)
-    created = new.filter(F.col("record_type") == "TopicRecord").select("topic_id")
-    if created.join(known, "topic_id", "left_semi").limit(1).count():
+    if reused:
         return "a new TopicRecord reuses a topic id the audited records know"
     return ""
 

@@ -223,9 +223,13 @@ def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str
     carry_dir = out / "carry"
     if prior is not None:
         records = carry.new_records(every, prior)
-        new_meta = _meta(records)
-        why = carry.continues(spark, every, records, prior, carry_dir, prior["grown"],
-                              new_meta["first_offset"], new_meta["head"])
+        new_records, prior_state = records, prior  # (not None, for the lambdas)
+        new_meta, reused, changed = _together(
+            lambda: _meta(new_records),
+            lambda: carry.reuses_topic_id(spark, new_records, prior_state, carry_dir),
+            lambda: prior_state["grown"] and carry.grown_changed(spark, every, prior_state,
+                                                                 carry_dir))
+        why = carry.continues(prior, changed, new_meta["first_offset"], new_meta["head"], reused)
         if why:
             prior, records = None, every
             replaying = pool.submit(_replay, opts, None, True)  # runs after the first
@@ -281,50 +285,44 @@ def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str
         rows.unpersist()
 
     old_who = tf.read("who_changed_what") if prior is not None else None
-    _together(
-        intervals,
-        lambda: tf.replace("topics", topics_df),
-        lambda: tf.replace("broker_intervals", tables.broker_intervals(brokers, log_end)),
-        lambda: tf.append("topic_lifecycle",
-                          tables.topic_lifecycle(records, created, configs, after)),
-        lambda: tf.replace("who_changed_what", tables.who_changed_what(records, old_who)))
-    steps.done("tables_s")
-
-    steps("running checks")
-    newest = list_segments(opts.log_dir)[-1].name
     # one row per batch, scanned from the mirror once (the batch rules and the carry read it
     # eight times)
     batches_new = tables.batches(records).persist()
     everything = (batches_new.select(*BATCH_CARRY).unionByName(cf.read("batches"))
                   if prior is not None else None)
-    found = checks.all_findings(records, batches_new, topics_df, history, brokers, configs,
-                                newest, everything)
 
     def write_findings() -> None:  # one after the other: they share the table's staging
-        tf.append("findings", found)
+        newest = list_segments(opts.log_dir)[-1].name
+        tf.append("findings", checks.all_findings(records, batches_new, topics_df, history,
+                                                  brokers, configs, newest, everything))
         tf.append("findings", checks.whole_log_findings(brokers), prefix="whole")
 
-    if from_offset is None:  # the report's carried inputs are written meanwhile
-        _, vol, seeds = _together(
-            write_findings,
-            lambda: (cf.append("volume", tables.volume(records)), cf.read("volume"))[1],
-            lambda: cf.replace("partitions", tables.partition_seeds(
-                history, cf.read("partitions") if prior is not None else None)))
-    else:
-        write_findings()
+    # the rest of the tables, the findings (they need only the tables above) and the report's
+    # carried inputs, side by side: the planning of one overlaps the others' jobs
+    jobs: list[Callable[[], Any]] = [
+        intervals,
+        lambda: tf.replace("topics", topics_df),
+        lambda: tf.replace("broker_intervals", tables.broker_intervals(brokers, log_end)),
+        lambda: tf.append("topic_lifecycle",
+                          tables.topic_lifecycle(records, created, configs, after)),
+        lambda: tf.replace("who_changed_what", tables.who_changed_what(records, old_who)),
+        write_findings]
+    if from_offset is None:
+        jobs += [lambda: (cf.append("volume", tables.volume(records)), cf.read("volume"))[1],
+                 lambda: cf.replace("partitions", tables.partition_seeds(
+                     history, cf.read("partitions") if prior is not None else None))]
+    done = _together(*jobs)
+    vol, seeds = done[-2:] if from_offset is None else (None, None)
+    steps.done("tables_s")
+
+    steps("running checks")
     if from_offset is not None:  # the rows from --from on
         for name in (*TABLES, "findings"):
             _since(tf.read(name), from_offset).write.mode("overwrite").parquet(
                 str(out / "tables" / name))
         tf = carry.TableFiles(spark, out / "tables", run_no, tf.schemas)
     table_paths = {name: out / "tables" / name for name in (*TABLES, "findings")}
-    findings_df = tf.read("findings").persist()
-    counts = {(r["rule"], r["severity"]): r["count"]
-              for r in findings_df.groupBy("rule", "severity").count().collect()}
-    w = Window.partitionBy("rule").orderBy("offset")
-    samples = (findings_df.withColumn("n", F.row_number().over(w))
-                          .filter(F.col("n") <= SAMPLES_PER_RULE).drop("n").collect())
-    findings_df.unpersist()
+    counts, samples = _counts_and_samples(tf.read("findings"))
     steps.done("checks_s")
 
     steps("replaying the log against snapshots")
@@ -345,18 +343,21 @@ def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str
     (out / "findings.json").write_text(json.dumps(findings, indent=1, default=str))
 
     steps("rendering the report")
-    derived = {name: tf.read(name) for name in TABLES}
-    if from_offset is not None:
-        vol = tables.volume(_since(records, from_offset))
-        seeds = tables.partition_seeds(derived["partition_history"])
-    data = _report_data(vol, seeds, derived, meta, findings, replayed, opts, out,
-                        time.monotonic() - steps.started)
-    report_path = out / "report.html"
-    report_path.write_text(report.render(data), encoding="utf-8")
+    with ThreadPoolExecutor(1) as carrying:  # what the next run carries on from, meanwhile
+        if from_offset is None:
+            kept = carrying.submit(_write_carry, out, cf, opts, meta, records, batches_new,
+                                   replayed, run_no, {"tables": tf.schemas, "carry": cf.schemas})
+        derived = {name: tf.read(name) for name in TABLES}
+        if from_offset is not None:
+            vol = tables.volume(_since(records, from_offset))
+            seeds = tables.partition_seeds(derived["partition_history"])
+        data = _report_data(vol, seeds, derived, meta, findings, replayed, opts, out,
+                            time.monotonic() - steps.started)
+        report_path = out / "report.html"
+        report_path.write_text(report.render(data), encoding="utf-8")
+        if from_offset is None:
+            kept.result()
     steps.done("report_s")
-    if from_offset is None:
-        _write_carry(out, cf, opts, meta, records, batches_new, replayed, run_no,
-                     {"tables": tf.schemas, "carry": cf.schemas})
     topics_df.unpersist()
     brokers.unpersist()
     batches_new.unpersist()
@@ -365,6 +366,22 @@ def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str
     _summary(progress, findings, report_path)
     code = 1 if findings["status"] == "failed" else 0
     return AuditResult(code, findings, report_path, table_paths, steps.timings)
+
+
+def _counts_and_samples(findings_df: DataFrame) -> tuple[dict, list]:
+    """The findings per (rule, severity) and each rule's first :data:`SAMPLES_PER_RULE` by
+    offset, in one job: the samples and one row of each (rule, severity), each row with its
+    (rule, severity)'s count."""
+    by_rule = Window.partitionBy("rule").orderBy("offset")
+    by_kind = Window.partitionBy("rule", "severity")
+    rows = (findings_df.select("*", F.row_number().over(by_rule).alias("n"),
+                               F.count("*").over(by_kind).alias("count"),
+                               F.row_number().over(by_kind.orderBy("offset")).alias("k"))
+                       .filter((F.col("n") <= SAMPLES_PER_RULE) | (F.col("k") == 1)).collect())
+    counts = {(r["rule"], r["severity"]): r["count"] for r in rows}
+    samples = sorted((r for r in rows if r["n"] <= SAMPLES_PER_RULE),
+                     key=lambda r: (r["rule"], r["n"]))
+    return counts, samples
 
 
 def _together(*jobs: Callable[[], Any]) -> list[Any]:
