@@ -26,7 +26,7 @@ DDL = ("offset BIGINT, timestamp_ms BIGINT, source_kind STRING, topic_id STRING,
        "batch_base_offset BIGINT, index_in_batch INT")
 DERIVED = ("change", "prev_leader", "leader", "prev_isr", "isr", "replicas", "leader_epoch",
            "partition_epoch", "prev_leader_epoch", "prev_partition_epoch", "leader_changed",
-           "state")
+           "state", "prev_state")
 
 
 spark = module_spark("local[1]", "kraft-audit-tables-test")
@@ -63,6 +63,7 @@ def _replay(rows: list[dict]) -> dict[int, dict]:
     """The history rules applied one record at a time (``PartitionRegistration.merge``)."""
     out: dict[int, dict] = {}
     state: dict[tuple, dict] = {}
+    states: dict[tuple, str] = {}  # each partition's state after its latest row
     for r in rows:
         key = (r["topic_id"], r["partition_id"])
         s = state.setdefault(key, {"leader": None, "isr": None, "replicas": None,
@@ -99,7 +100,8 @@ def _replay(rows: list[dict]) -> dict[int, dict]:
             "prev_isr": prev["isr"], "isr": s["isr"], "replicas": s["replicas"],
             "leader_epoch": s["le"], "partition_epoch": s["pe"],
             "prev_leader_epoch": prev["le"], "prev_partition_epoch": prev["pe"],
-            "leader_changed": leader_changed, "state": st}
+            "leader_changed": leader_changed, "state": st, "prev_state": states.get(key)}
+        states[key] = st
     return out
 
 
@@ -115,3 +117,73 @@ def test_partition_history_matches_a_sequential_replay(spark, seed):
         actual = {k: (list(got[offset][k]) if isinstance(got[offset][k], list) else got[offset][k])
                   for k in DERIVED}
         assert actual == expected, f"offset {offset}"
+
+
+SEED_DDL = ("offset BIGINT, topic_id STRING, partition_id INT, leader INT, isr ARRAY<INT>, "
+            "replicas ARRAY<INT>, leader_epoch BIGINT, partition_epoch BIGINT, state STRING, "
+            "change STRING, leader_changed BOOLEAN")
+
+
+def _seed_rows(rnd: random.Random, n: int) -> list[dict]:
+    """History rows (the columns the seeds read) over a few partitions, offsets shuffled;
+    some rows appear twice (a duplicated batch), each partition's last among them."""
+    rows = []
+    for offset in rnd.sample(range(10 * n), n):
+        reps = rnd.sample(range(1, 6), 3)
+        change = rnd.choice(["created", "leader", "isr", "leader,isr", "replicas"])
+        rows.append({"offset": offset, "topic_id": rnd.choice(["t-a", "t-b"]),
+                     "partition_id": rnd.randint(0, 2), "leader": reps[0], "isr": reps[:2],
+                     "replicas": reps, "leader_epoch": rnd.randint(0, 99),
+                     "partition_epoch": rnd.randint(0, 99),
+                     "state": rnd.choice(["online", "offline", "under-replicated"]),
+                     "change": change, "leader_changed": "leader" in change})
+    last = {}
+    for r in rows:
+        key = (r["topic_id"], r["partition_id"])
+        if key not in last or r["offset"] > last[key]["offset"]:
+            last[key] = r
+    return rows + [dict(r) for r in rnd.sample(rows, n // 10)] + [dict(r) for r in last.values()]
+
+
+def _expected_seeds(rows: list[dict], prior: list[dict]) -> dict[tuple, dict]:
+    out: dict[tuple, dict] = {}
+    for r in rows:
+        key = (r["topic_id"], r["partition_id"])
+        created = r["change"] == "created"
+        ev = (int(r["leader_changed"] or created), int("isr" in r["change"] or created))
+        cur = out.get(key)
+        last = r if cur is None or r["offset"] > cur["offset"] else cur
+        counts = (ev if cur is None else (cur["leader_events"] + ev[0], cur["isr_events"] + ev[1]))
+        out[key] = {**{k: last[k] for k in ("offset", *tables.SEED_COLUMNS, "state")},
+                    "leader_events": counts[0], "isr_events": counts[1]}
+    for p in prior:
+        key = (p["topic_id"], p["partition_id"])
+        if key not in out:
+            out[key] = dict(p)
+        else:
+            out[key]["leader_events"] += p["leader_events"]
+            out[key]["isr_events"] += p["isr_events"]
+    return out
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_partition_seeds_are_each_partitions_last_row_and_event_counts(spark, seed):
+    rnd = random.Random(seed)
+    rows = _seed_rows(rnd, 120)
+    history = spark.createDataFrame(rows, SEED_DDL)
+    # the prior seeds: older offsets (negative), one partition the history lacks
+    prior = [{"offset": -5, "topic_id": "t-a", "partition_id": 0, "leader": 1, "isr": [1],
+              "replicas": [1, 2], "leader_epoch": 3, "partition_epoch": 4, "state": "online",
+              "leader_events": 7, "isr_events": 2},
+             {"offset": -9, "topic_id": "t-old", "partition_id": 5, "leader": -1, "isr": [],
+              "replicas": [3], "leader_epoch": 1, "partition_epoch": 1, "state": "offline",
+              "leader_events": 1, "isr_events": 4}]
+    prior_df = tables.partition_seeds(history).limit(0).unionByName(spark.createDataFrame(
+        prior, tables.partition_seeds(history).schema))
+    for given, want in ((None, _expected_seeds(rows, [])),
+                        (prior_df, _expected_seeds(rows, prior))):
+        got = tables.partition_seeds(history, given).collect()
+        assert len(got) == len(want)
+        for r in got:
+            d = {k: (list(v) if isinstance(v, list) else v) for k, v in r.asDict().items()}
+            assert d == want[(r["topic_id"], r["partition_id"])]

@@ -168,18 +168,30 @@ def partition_history(records: DataFrame, topics_df: DataFrame,
 def partition_seeds(history: DataFrame, prior: DataFrame | None = None) -> DataFrame:
     """Each partition's last row of ``history`` (:data:`SEED_COLUMNS`, its ``offset`` and
     ``state``) and its counts of leader and ISR events (creation included) for the report;
-    ``prior``: the seeds before ``history``, kept for partitions it lacks, counts added."""
+    ``prior``: the seeds before ``history``, kept for partitions it lacks, counts added.
+
+    The last offset and the counts are a hash aggregation of fixed-width values; the last
+    rows are then picked by a broadcast join on (partition, last offset) instead of carrying
+    the rows' arrays through the aggregation (which made it sort every row)."""
     cols = ("offset", *SEED_COLUMNS, "state")
     created = F.col("change") == "created"
     rows = history.select(*cols, (F.col("leader_changed") | created).cast("long").alias("leader_events"),
                           (F.col("change").contains("isr") | created).cast("long").alias("isr_events"))
     if prior is not None:
         rows = rows.unionByName(prior.select(*cols, "leader_events", "isr_events"))
-    return (rows.groupBy("topic_id", "partition_id")
-                .agg(F.max_by(F.struct(*cols), "offset").alias("last"),
+    last = (rows.groupBy("topic_id", "partition_id")
+                .agg(F.max("offset").alias("last_offset"),
                      F.sum("leader_events").alias("leader_events"),
                      F.sum("isr_events").alias("isr_events"))
-                .select("last.*", "leader_events", "isr_events"))
+                .withColumnRenamed("topic_id", "last_topic_id")
+                .withColumnRenamed("partition_id", "last_partition_id"))
+    on = (F.col("topic_id").eqNullSafe(F.col("last_topic_id"))
+          & F.col("partition_id").eqNullSafe(F.col("last_partition_id"))
+          & (F.col("offset") == F.col("last_offset")))
+    # a row twice at the same offset (a duplicated batch) is still one seed
+    return (rows.select(*cols).join(F.broadcast(last), on)
+                .select(*cols, "leader_events", "isr_events")
+                .dropDuplicates(["topic_id", "partition_id"]))
 
 
 def broker_history(records: DataFrame, seed: DataFrame | None = None) -> DataFrame:
