@@ -274,20 +274,32 @@ def generate(directory: Path, records: int, seed: int = 7) -> int:
         n = 0
         while w.offset < records:
             n += 1
-            if n % 500 == 0:
-                w.term += 1
-                w.write(ctl("ActivateController", "controller-activated"),
-                        (LeaderChangeRecord(1 + w.term % 3, w.term),))
-                continue
-            if n % 97 == 0:
-                t = rnd.randrange(2000)
-                w.write(Provenance("User:bob", "ops", "c", "IncrementalAlterConfigs", "user-request"),
-                        (ConfigRecord(2, f"topic-{t:04d}", "retention.ms", str(rnd.randrange(1, 10**8))),))
-                continue
-            kind, changes = cluster.alter_partitions()
-            if changes:
-                w.write(ctl("AlterPartition", kind), tuple(changes))
+            if not _steady(w, cluster, n, lambda: f"topic-{rnd.randrange(2000):04d}"):
+                _alter(w, cluster)
         return w.offset
+
+
+def _steady(w: _Writer, cluster: _Cluster, n: int, config_topic: Callable[[], str]) -> bool:
+    """The generator's periodic batches at step ``n``: a controller change every 500th, a
+    config change of ``config_topic()`` every 97th; whether it wrote one."""
+    if n % 500 == 0:
+        w.term += 1
+        w.write(cluster.ctl("ActivateController", "controller-activated"),
+                (LeaderChangeRecord(1 + w.term % 3, w.term),))
+        return True
+    if n % 97 == 0:
+        name = config_topic()
+        w.write(Provenance("User:bob", "ops", "c", "IncrementalAlterConfigs", "user-request"),
+                (ConfigRecord(2, name, "retention.ms", str(cluster.rnd.randrange(1, 10**8))),))
+        return True
+    return False
+
+
+def _alter(w: _Writer, cluster: _Cluster) -> None:
+    """The generator's most common batch: ISR or leader changes on 100 partitions."""
+    kind, changes = cluster.alter_partitions()
+    if changes:
+        w.write(cluster.ctl("AlterPartition", kind), tuple(changes))
 
 
 def ensure_log(directory: Path, records: int) -> int:
@@ -343,16 +355,9 @@ def append_segment(directory: Path, seed: int = 8) -> int:
         n = 0
         while f.tell() < size:
             n += 1
-            if n % 500 == 0:
-                w.term += 1
-                w.write(ctl("ActivateController", "controller-activated"),
-                        (LeaderChangeRecord(1 + w.term % 3, w.term),))
-            elif n % 97 == 0:
-                name = rnd.choice(sorted(cluster.topics))
-                w.write(Provenance("User:bob", "ops", "c", "IncrementalAlterConfigs",
-                                   "user-request"),
-                        (ConfigRecord(2, name, "retention.ms", str(rnd.randrange(1, 10**8))),))
-            elif n % 60 == 0:
+            if _steady(w, cluster, n, lambda: rnd.choice(sorted(cluster.topics))):
+                continue
+            if n % 60 == 0:
                 w.write(Provenance("User:alice", "admin", "c", "CreateTopics", "user-request"),
                         cluster.create_topic())
             elif n % 331 == 0:
@@ -372,9 +377,7 @@ def append_segment(directory: Path, seed: int = 8) -> int:
                                               w.offset, (), FEATURES, f"r{b % 3}", True, False),))
                 w.write(ctl("UnfenceBroker", "broker-unfenced"), cluster.unfence(b))
             else:
-                kind, changes = cluster.alter_partitions()
-                if changes:
-                    w.write(ctl("AlterPartition", kind), tuple(changes))
+                _alter(w, cluster)
     return w.offset - last.next_offset
 
 
