@@ -284,8 +284,10 @@ async def test_pipelined_calls_time_out_at_their_own_deadlines_and_the_rest_stil
     others gives up, another waiting one takes over; the connection stays usable. (The server
     answers a connection's requests in order.)"""
     release = trio.Event()
+    arrived: list = []  # the requests' "i", as the server gets them
 
     async def handler(api: str, body: dict, ctx: RequestContext) -> dict:
+        arrived.append(body.get("i"))
         wait = body.get("wait")
         if wait == "forever":
             await trio.sleep_forever()
@@ -310,14 +312,19 @@ async def test_pipelined_calls_time_out_at_their_own_deadlines_and_the_rest_stil
 
         async def gives_up() -> None:  # the first caller: it reads for the others, then leaves
             with trio.move_on_after(0.2):
-                await client.call("ListTopics", {"wait": 0.5}, timeout=10)
+                await client.call("ListTopics", {"wait": 0.5, "i": -1}, timeout=10)
             outcome["gave up"] = True
+
+        async def sent(i: int) -> None:  # the calls start in this order
+            with trio.fail_after(5):
+                while i not in arrived:
+                    await trio.sleep(0.005)
 
         async with trio.open_nursery() as calls:
             calls.start_soon(gives_up)
-            await trio.sleep(0.05)
+            await sent(-1)
             calls.start_soon(one, "released", {"wait": "release", "i": 2}, 10)
-            await trio.sleep(0.05)
+            await sent(2)
             calls.start_soon(one, "long", {"wait": "forever", "i": 0}, 1.5)
             calls.start_soon(one, "short", {"wait": "forever", "i": 1}, 0.3)
             with trio.fail_after(5):
