@@ -245,7 +245,7 @@ def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str
              else f"    whole log audited ({why})")
     from_offset = _from_offset(every, opts)
 
-    steps("deriving tables")
+    steps("deriving tables and running checks")
     run_no = prior["run"] + 1 if prior is not None else 0
     # from here on the tables change: a run stopped half-way leaves no state to carry on from
     (out / "carry" / "state.json").unlink(missing_ok=True)
@@ -315,7 +315,7 @@ def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str
     vol, seeds = done[-2:] if from_offset is None else (None, None)
     steps.done("tables_s")
 
-    steps("running checks")
+    steps("collecting the findings")
     if from_offset is not None:  # the rows from --from on
         for name in (*TABLES, "findings"):
             _since(tf.read(name), from_offset).write.mode("overwrite").parquet(
