@@ -192,6 +192,18 @@ def test_tables_show_the_scenario(clean_audit, history, spark):
                               (F.col("controller_id") == history["new_controller"]) &
                               (F.col("timestamp_ms") > history["failover_ms"])).collect()
     assert takeover and takeover[0]["reason"] == "controller-activated"
+    # a schema picks columns (in its order, names as asked): the whole table's values
+    picked = (spark.read.format("kraft-metadata").option("snapshots", "include")
+              .schema("leader INT, Offset BIGINT, isr ARRAY<INT>, principal STRING, record_json STRING")
+              .load(str(history["log_dir"])))
+    assert picked.columns == ["leader", "Offset", "isr", "principal", "record_json"]
+    whole = (spark.read.format("kraft-metadata").option("snapshots", "include")
+             .load(str(history["log_dir"]))
+             .select("leader", F.col("offset").alias("Offset"), "isr", "principal", "record_json"))
+    assert picked.count() == whole.count() > 0
+    assert picked.exceptAll(whole).count() == 0 and whole.exceptAll(picked).count() == 0
+    with pytest.raises(Exception, match="'offset' is BIGINT in the table, not INT"):
+        spark.read.format("kraft-metadata").schema("offset INT").load(str(history["log_dir"])).count()
     who = _table(spark, clean_audit, "who_changed_what")
     assert who.filter((F.col("client_id") == "kraft-cli") & (F.col("api") == "DeleteTopics")).count() == 1
 

@@ -15,7 +15,7 @@ import ctypes
 import gc
 from operator import attrgetter, itemgetter
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import msgspec
 import numpy as np
@@ -25,7 +25,8 @@ import pyarrow.compute as pc
 
 from kraft.log.segment import CRC, DECODE, IO, TORN, Frame, iter_frames
 from kraft.records import BOOL, INT, RECORD_TYPES, RecordDecodeError, batch_hash, decode_batch
-from tools.audit.columns import ARROW_SCHEMA, COLUMNS, JSON_ONLY, RENAMES, Builder, batch_meta
+from tools.audit.columns import (ARROW_SCHEMA, COLUMNS, JSON_ONLY, NAMES, RENAMES, Builder,
+                                 batch_meta)
 from tools.audit.structs import RECORD_STRUCTS, decode_canonical
 
 _HI = 1 << 62
@@ -56,7 +57,7 @@ class _Kind:
     """How the records of one type fill the table: its name and version, the typed columns its
     fields go to (with one getter for all of them), and how its JSON is renamed."""
 
-    __slots__ = ("name", "version", "columns", "get", "json_cut", "json_name")
+    __slots__ = ("name", "version", "columns", "names", "get", "json_cut", "json_name")
 
     def __init__(self, type_id: int) -> None:
         cls = RECORD_TYPES[type_id]
@@ -78,6 +79,7 @@ class _Kind:
                 dtype = np.int32 if _TYPES[column] == pa.int32() else np.int64
             self.columns.append((column, conv, dtype))
             fields.append(n)
+        self.names = frozenset(c[0] for c in self.columns)
         # a tuple of the fields' values (a single value when there is one field)
         self.get: Callable[[Any], Any] = attrgetter(*fields) if fields else None
         # msgspec's JSON starts with the tag, {"type":<id>,  -- the table's names the type;
@@ -101,13 +103,35 @@ _KIND_NAMES = pa.array([k.name for k in _KINDS], pa.string())
 _KIND_VERSIONS = pa.array([k.version for k in _KINDS], pa.int32())
 _json_lines = msgspec.json.Encoder().encode_lines
 _PROVENANCE = ("principal", "client_id", "request_id", "api", "reason")
+#: what _record_columns builds: the records' JSON and their typed columns
+_RECORD_COLUMNS = frozenset(["record_json", *(c[0] for k in _KINDS for c in k.columns)])
+
+
+class _Columns:
+    """The columns a read wants, in order (all of :data:`COLUMNS` by default), and their
+    schema: the others are never built."""
+
+    def __init__(self, names: Sequence[str] | None) -> None:
+        self.names: tuple[str, ...] = tuple(names) if names is not None else NAMES
+        unknown = [n for n in self.names if n not in _TYPES]
+        if unknown:
+            raise ValueError(f"no such column(s) in the record table: {unknown}")
+        self.wanted = frozenset(self.names)
+        self.whole = self.names == NAMES
+        self.schema = ARROW_SCHEMA if self.whole else pa.schema(
+            [ARROW_SCHEMA.field(n) for n in self.names])
+
+    def project(self, rb: pa.RecordBatch) -> pa.RecordBatch:
+        """A whole-table batch (the strict decoder's) cut to these columns."""
+        return rb if self.whole else rb.select(list(self.names))
 
 
 class _Chunk:
     """Canonical frames waiting to become one Arrow batch."""
 
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, columns: _Columns) -> None:
         self.source = source
+        self.columns = columns
         self.frames: list[tuple[int, bytes, Any, int, int]] = []  # position, hash, batch, first, count
         self.rows = 0
 
@@ -129,33 +153,37 @@ class _Chunk:
         for _, _, b, f, c in frames:
             recs.extend(b.records if c == len(b.records) else b.records[f:f + c])
         kinds = np.fromiter(map(_KIND_INDEX.__getitem__, map(type, recs)), np.int64, n)
-        cols = self._batch_columns(pa.array(np.repeat(np.arange(len(frames)), counts)))
+        wanted = self.columns.wanted
+        cols = self._batch_columns(pa.array(np.repeat(np.arange(len(frames)), counts)), wanted)
         cols["offset"] = pa.array(np.repeat(bases, counts) + index)
         cols["index_in_batch"] = pa.array(index.astype(np.int32))
         kinds_arr = pa.array(kinds)
         cols["record_type"] = _KIND_NAMES.take(kinds_arr)
         cols["record_version"] = _KIND_VERSIONS.take(kinds_arr)
-        cols.update(_record_columns(recs, kinds))
+        if not wanted.isdisjoint(_RECORD_COLUMNS):
+            cols.update(_record_columns(recs, kinds, wanted))
         return pa.RecordBatch.from_arrays(
-            [cols[name] if name in cols else _nulls(n, typ) for name, typ, _ in COLUMNS],
-            schema=ARROW_SCHEMA)
+            [cols[name] if name in cols else _nulls(n, _TYPES[name])
+             for name in self.columns.names], schema=self.columns.schema)
 
-    def _batch_columns(self, which: pa.Array) -> dict[str, pa.Array]:
-        """Batch-level columns: one value per frame, repeated for its rows by ``take``."""
+    def _batch_columns(self, which: pa.Array, wanted: frozenset[str]) -> dict[str, pa.Array]:
+        """Batch-level columns (those ``wanted``): one value per frame, repeated for its rows
+        by ``take``."""
         n, frames = self.rows, self.frames
         batches = [f[2] for f in frames]
         provenance = list(map(attrgetter("provenance"), batches))
-        per: dict[str, list] = {
-            "position": [f[0] for f in frames],
-            "batch_base_offset": list(map(attrgetter("base_offset"), batches)),
-            "batch_last_offset": [b.base_offset + len(b.records) - 1 for b in batches],
-            "term": list(map(attrgetter("term"), batches)),
-            "raft_index": list(map(attrgetter("raft_index"), batches)),
-            "timestamp_ms": list(map(attrgetter("timestamp_ms"), batches)),
-            **{key: list(map(attrgetter(key), provenance)) for key in _PROVENANCE},
-            "batch_hash": [f[1].hex() for f in frames],
-            "prev_hash": [b.prev_hash.hex() for b in batches]}
-        out = {k: pa.array(v, _TYPES[k]).take(which) for k, v in per.items()}
+        per: dict[str, Callable[[], list]] = {
+            "position": lambda: [f[0] for f in frames],
+            "batch_base_offset": lambda: list(map(attrgetter("base_offset"), batches)),
+            "batch_last_offset": lambda: [b.base_offset + len(b.records) - 1 for b in batches],
+            "term": lambda: list(map(attrgetter("term"), batches)),
+            "raft_index": lambda: list(map(attrgetter("raft_index"), batches)),
+            "timestamp_ms": lambda: list(map(attrgetter("timestamp_ms"), batches)),
+            **{key: (lambda key=key: list(map(attrgetter(key), provenance)))
+               for key in _PROVENANCE},
+            "batch_hash": lambda: [f[1].hex() for f in frames],
+            "prev_hash": lambda: [b.prev_hash.hex() for b in batches]}
+        out = {k: pa.array(v(), _TYPES[k]).take(which) for k, v in per.items() if k in wanted}
         out["source"] = pa.repeat(pa.scalar(self.source, pa.string()), n)
         out["source_kind"] = pa.repeat(pa.scalar("log", pa.string()), n)
         out["crc_ok"] = pa.repeat(pa.scalar(True), n)
@@ -173,8 +201,8 @@ def _nulls(n: int, typ: pa.DataType) -> pa.Array:
     return kept.slice(0, n)
 
 
-def _record_columns(recs: list, kinds: np.ndarray) -> dict[str, pa.Array]:
-    """``record_json`` and the typed columns, built per record type (one getter pass over a
+def _record_columns(recs: list, kinds: np.ndarray, wanted: frozenset[str]) -> dict[str, pa.Array]:
+    """``record_json`` and the typed columns (those ``wanted``), built per record type (one getter pass over a
     group gives all its fields) and put in row order: a chunk of one record type needs no
     reordering; otherwise each column is one ``take`` from its filled groups, with null
     indices for the rows of the other groups."""
@@ -183,7 +211,8 @@ def _record_columns(recs: list, kinds: np.ndarray) -> dict[str, pa.Array]:
     present = np.flatnonzero(sizes)
     if len(present) == 1:
         kind = _KINDS[int(present[0])]
-        return {name: a for name, a in _group_columns(kind, recs).items() if a is not None}
+        return {name: a for name, a in _group_columns(kind, recs, wanted).items()
+                if a is not None}
     order = np.argsort(kinds, kind="stable")
     inverse = np.empty(n, np.int64)
     inverse[order] = np.arange(n)
@@ -193,7 +222,7 @@ def _record_columns(recs: list, kinds: np.ndarray) -> dict[str, pa.Array]:
         lo, hi = int(starts[k]), int(starts[k] + sizes[k])
         rows = order[lo:hi].tolist()
         group = list(itemgetter(*rows)(recs)) if len(rows) > 1 else [recs[rows[0]]]
-        for name, array in _group_columns(_KINDS[k], group).items():
+        for name, array in _group_columns(_KINDS[k], group, wanted).items():
             if array is not None:
                 by_column.setdefault(name, []).append((k, array))
     out = {}
@@ -222,14 +251,18 @@ def _take_indices(filled: list[tuple[int, pa.Array]], kinds: np.ndarray, inverse
     return pa.array(inverse + shift[kinds], mask=other[kinds] if at < len(kinds) else None)
 
 
-def _group_columns(kind: _Kind, group: list) -> dict[str, pa.Array | None]:
-    """One group's ``record_json`` and typed columns (None: all null), from one getter call
-    per record and a transpose."""
-    out: dict[str, pa.Array | None] = {"record_json": _json_of(kind, group)}
-    if not kind.columns:
+def _group_columns(kind: _Kind, group: list, wanted: frozenset[str]) -> dict[str, pa.Array | None]:
+    """One group's ``record_json`` and typed columns (those ``wanted``; None: all null), from
+    one getter call per record and a transpose."""
+    out: dict[str, pa.Array | None] = {}
+    if "record_json" in wanted:
+        out["record_json"] = _json_of(kind, group)
+    if wanted.isdisjoint(kind.names):
         return out
     values = zip(*map(kind.get, group)) if len(kind.columns) > 1 else [list(map(kind.get, group))]
     for (name, conv, dtype), col in zip(kind.columns, values):
+        if name not in wanted:
+            continue
         typ = _TYPES[name]
         if dtype is not None:
             out[name] = pa.array(np.fromiter(col, dtype, len(group)), typ)
@@ -287,9 +320,12 @@ def _strict_frame(out: Builder, source: str, frame: Frame, size: int, expected: 
 
 def decode_segment_fast(path: str | Path, from_offset: int | None = None,
                         to_offset: int | None = None,
-                        rows_per_batch: int = 65536) -> Iterator[pa.RecordBatch]:
+                        rows_per_batch: int = 65536,
+                        columns: Sequence[str] | None = None) -> Iterator[pa.RecordBatch]:
     """Arrow batches of every record in one segment with ``from <= offset <= to``: the same rows
-    (and the same problem rows for damaged frames) as :func:`columns.decode_segment`."""
+    (and the same problem rows for damaged frames) as :func:`columns.decode_segment`.
+    ``columns``: only these columns, in this order (default: the whole table)."""
+    want = _Columns(columns)
     retain_memory()
     path = Path(path)
     source = path.name
@@ -301,10 +337,10 @@ def decode_segment_fast(path: str | Path, from_offset: int | None = None,
         out = Builder()
         out.add_problem({"source": source, "source_kind": "log", "position": 0, "crc_ok": True,
                          "problem": f"{IO}: {e}", "offset": None})
-        yield out.flush()
+        yield want.project(out.flush())
         return
     size = len(data)
-    chunk = _Chunk(source)
+    chunk = _Chunk(source, want)
     expected: int | None = None
     gc_was = gc.isenabled()
     gc.disable()  # millions of small containers: the cyclic GC would rescan them all
@@ -314,11 +350,11 @@ def decode_segment_fast(path: str | Path, from_offset: int | None = None,
             if batch is None:
                 if chunk.rows:
                     yield chunk.build()
-                    chunk = _Chunk(source)
+                    chunk = _Chunk(source, want)
                 out = Builder()
                 expected = _strict_frame(out, source, frame, size, expected, lo, hi)
                 if out.rows:
-                    yield out.flush()
+                    yield want.project(out.flush())
                 continue
             base = batch.base_offset
             expected = base + len(batch.records)
@@ -327,7 +363,7 @@ def decode_segment_fast(path: str | Path, from_offset: int | None = None,
                       max(min(hi, expected - 1) - base + 1 - first, 0))
             if chunk.rows >= rows_per_batch:
                 yield chunk.build()
-                chunk = _Chunk(source)
+                chunk = _Chunk(source, want)
         if chunk.rows:
             yield chunk.build()
     finally:
