@@ -12,7 +12,7 @@ duplicate keys, ``False`` for a version 0): every such frame goes to the strict 
 """
 from __future__ import annotations
 
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
 import msgspec
 
@@ -57,7 +57,7 @@ RECORD_STRUCTS: dict[int, type[msgspec.Struct]] = {
 _Provenance = _struct("Provenance", [(k, str) for k in _PROVENANCE_KEYS])
 _BATCH_FIELDS = {"format": Literal[BATCH_FORMAT], "base_offset": int, "term": int,
                  "raft_index": int, "raft_position": int, "timestamp_ms": int,
-                 "provenance": _Provenance, "prev_hash": bytes,
+                 "provenance": _Provenance, "prev_hash": Annotated[bytes, msgspec.Meta(min_length=32, max_length=32)],
                  "records": list[Union[tuple(RECORD_STRUCTS.values())]]}
 BatchStruct = _struct("Batch", [(k, _BATCH_FIELDS[k]) for k in _BATCH_KEYS])
 
