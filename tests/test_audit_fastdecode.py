@@ -20,12 +20,12 @@ from kraft.log.segment import encode_frame, iter_frames, list_segments  # noqa: 
 from kraft.records import (  # noqa: E402
     BOOL, ENDPOINTS, FEATURES, INT, INTS, OPT_INT, OPT_INTS, OPT_STR, RECORD_TYPES, STR, ZERO_HASH,
     Batch, FeatureLevelRecord, NoOpRecord, ProducerIdsRecord, Provenance, UnregisterBrokerRecord,
-    batch_hash)
+    RecordDecodeError, batch_hash, decode_batch)
 from tools.audit.sample_log import write_history  # noqa: E402
 from tools.audit.columns import (ARROW_SCHEMA, COLUMNS, JSON_ONLY, RENAMES,  # noqa: E402
                                  decode_segment)
 from tools.audit.fastdecode import decode_segment_fast  # noqa: E402
-from tools.audit.structs import decode_canonical  # noqa: E402
+from tools.audit.structs import decode_batch_fast, decode_canonical  # noqa: E402
 
 
 def _table(batches) -> pa.Table:
@@ -276,3 +276,45 @@ def test_a_column_subset_is_the_whole_tables_columns(every_type_log, tmp_path, c
 def test_an_unknown_column_is_refused():
     with pytest.raises(ValueError, match="no such column"):
         list(decode_segment_fast(Path("/nonexistent"), columns=["offset", "ofset"]))
+
+
+def _same_batch(payload: bytes) -> None:
+    """decode_batch_fast gives decode_batch's batch (records of the same classes, the same
+    digest) or raises its error."""
+    try:
+        strict = decode_batch(payload)
+    except RecordDecodeError as e:
+        with pytest.raises(RecordDecodeError) as fast_error:
+            decode_batch_fast(payload)
+        assert str(fast_error.value) == str(e)
+        return
+    fast = decode_batch_fast(payload)
+    assert fast == strict and fast.digest == strict.digest
+    assert [type(r) for r in fast.records] == [type(r) for r in strict.records]
+    for f, s in zip(fast.records, strict.records):
+        for name, _ in type(s).FIELDS:
+            assert type(getattr(f, name)) is type(getattr(s, name)), name
+
+
+@settings(max_examples=40, deadline=None)
+@given(records=st.lists(_RECORD, min_size=1, max_size=6), who=st.tuples(*[_TEXT] * 5))
+def test_the_replays_fast_batch_decode_is_the_strict_one(records, who):
+    """Every record type, any text and 64-bit integer, and the frames the fast path refuses:
+    the replay gets what the strict decoder gives."""
+    encoded = Batch(7, 2, 3, 1_790_000_000_000, Provenance(*who), ZERO_HASH, tuple(records)).encode()
+    assert decode_canonical(encoded) is not None
+    _same_batch(encoded)
+    doc = msgpack.unpackb(encoded, raw=False)
+    doc["prev_hash"] = doc["prev_hash"][:31]
+    _same_batch(msgpack.packb(doc, use_bin_type=True))
+    doc = msgpack.unpackb(encoded, raw=False)
+    doc["records"][0] = dict(reversed(list(doc["records"][0].items())))  # not canonical: strict
+    _same_batch(msgpack.packb(doc, use_bin_type=True))
+    doc["records"][0]["type"] = 77
+    _same_batch(msgpack.packb(doc, use_bin_type=True))
+
+
+def test_the_replays_fast_batch_decode_on_a_real_log(every_type_log):
+    for path in list_segments(every_type_log):
+        for frame in iter_frames(path.read_bytes()):
+            _same_batch(bytes(frame.payload))

@@ -243,9 +243,11 @@ def scan_buffer(path: Path, data: bytes | memoryview, state: ChainState,
         yield ScanEntry(frame.position, frame.end, batch, digest, problem)
 
 
-def scan_segment(path: str | Path, state: ChainState | None = None) -> Iterator[ScanEntry]:
+def scan_segment(path: str | Path, state: ChainState | None = None,
+                 decode: Callable[[bytes], Batch] = decode_batch) -> Iterator[ScanEntry]:
     """Scan one segment file. Without ``state`` the segment is checked on its own (its name
-    gives the first offset; a non-zero first segment is anchored on its first prev_hash)."""
+    gives the first offset; a non-zero first segment is anchored on its first prev_hash).
+    ``decode``: as for :func:`scan_buffer`."""
     path = Path(path)
     if state is None:
         base = parse_segment_name(path)
@@ -255,7 +257,7 @@ def scan_segment(path: str | Path, state: ChainState | None = None) -> Iterator[
     except OSError as e:
         yield ScanEntry(0, -1, None, None, Problem(path, 0, state.next_offset, IO, str(e)))
         return
-    yield from scan_buffer(path, data, state)
+    yield from scan_buffer(path, data, state, decode)
 
 
 def verify_segment(path: str | Path) -> list[Problem]:

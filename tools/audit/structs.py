@@ -12,12 +12,13 @@ duplicate keys, ``False`` for a version 0): every such frame goes to the strict 
 """
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, Callable, Literal, Optional, Union
 
 import msgspec
 
 from kraft.records import (BATCH_FORMAT, BOOL, ENDPOINTS, FEATURES, INT, INTS, OPT_INT, OPT_INTS,
-                           OPT_STR, RECORD_TYPES, STR, Record)
+                           OPT_STR, RECORD_TYPES, STR, Batch, Provenance, Record, batch_hash,
+                           decode_batch)
 from kraft.records import _BATCH_KEYS, _PROVENANCE_KEYS
 
 # the value kinds of the codec's lists of maps (their keys are checked against the codec below)
@@ -74,3 +75,41 @@ def decode_canonical(payload: bytes | memoryview) -> Any:
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
     return batch if _encode(batch) == payload else None
+
+
+def _record_maker(cls: type[Record]) -> Callable[[Any], Record]:
+    """A function turning the struct of ``cls`` into the record the strict decoder builds from
+    the same bytes: lists become tuples, maps inside lists dicts in the codec's key order."""
+    env: dict[str, Any] = {"_cls": cls, "_asdict": msgspec.structs.asdict}
+    args = []
+    for name, kind in cls.FIELDS:
+        if kind is INTS:
+            args.append(f"tuple(s.{name})")
+        elif kind is OPT_INTS:
+            args.append(f"(None if s.{name} is None else tuple(s.{name}))")
+        elif kind in _MAP_FIELDS:
+            args.append(f"tuple(map(_asdict, s.{name}))")
+        else:
+            args.append(f"s.{name}")
+    exec(f"def make(s):\n    return _cls({', '.join(args)})", env)  # noqa: S102 - field names only
+    return env["make"]
+
+
+_MAKERS = {RECORD_STRUCTS[type_id]: _record_maker(cls) for type_id, cls in RECORD_TYPES.items()}
+
+
+def decode_batch_fast(payload: bytes | memoryview) -> Batch:
+    """:func:`kraft.records.decode_batch` (the same batch, records and ``digest``, or the same
+    RecordDecodeError), ~3x faster on the codec's own encoding: decoded by
+    :func:`decode_canonical`, whatever it cannot vouch for by the strict decoder."""
+    payload = bytes(payload)
+    b = decode_canonical(payload)
+    if b is None:
+        return decode_batch(payload)
+    makers = _MAKERS
+    p = b.provenance
+    batch = Batch(b.base_offset, b.term, b.raft_index, b.timestamp_ms,
+                  Provenance(p.principal, p.client_id, p.request_id, p.api, p.reason), b.prev_hash,
+                  tuple([makers[type(r)](r) for r in b.records]), b.raft_position)
+    object.__setattr__(batch, "digest", batch_hash(payload))
+    return batch
