@@ -137,6 +137,9 @@ def test_reader_plans_one_partition_per_segment_and_skips_by_offset(log):
     assert len(back) == 2  # handed back: Spark still applies them to rows
     assert [p.value[1] for p in reader.partitions()] == [str(ranges[2][0])]
     assert KraftMetadataReader({"path": str(d), "toOffset": "-1"}).partitions()[0].value[0] == "none"
+    spelt = KraftMetadataReader({"path": str(d)}, [("offset", "Offset")])
+    list(spelt.pushFilters([GreaterThanOrEqual(("Offset",), lo), LessThan(("Offset",), lo + 1)]))
+    assert [p.value[1] for p in spelt.partitions()] == [str(ranges[2][0])]
     with pytest.raises(ValueError, match="fromOffset"):
         KraftMetadataReader({"path": str(d), "fromOffset": "x"})
     with pytest.raises(ValueError, match="snapshots"):
@@ -206,3 +209,28 @@ def test_report_is_self_contained():
     assert "FAILED" in page and page.count("<svg") == 5
     assert "<b>x</b>" not in page and "&lt;b&gt;x&lt;/b&gt;" in page
     assert "<script" not in page and "http" not in page
+
+
+def test_a_reads_schema_picks_columns_or_is_refused_with_reasons():
+    from pyspark.sql.types import (ArrayType, BooleanType, IntegerType, LongType, StringType,
+                                   StructField, StructType)
+
+    from tools.audit.columns import COLUMNS
+    from tools.audit.datasource import requested_columns
+
+    types = {"STRING": StringType(), "BIGINT": LongType(), "INT": IntegerType(),
+             "BOOLEAN": BooleanType(), "ARRAY<INT>": ArrayType(IntegerType())}
+    assert requested_columns(StructType([StructField(n, types[s]) for n, _, s in COLUMNS])) is None
+    picked = StructType([StructField("ISR", ArrayType(IntegerType())), StructField("offset", LongType())])
+    assert requested_columns(picked) == [("isr", "ISR"), ("offset", "offset")]
+    bad = StructType([StructField("offset", IntegerType()), StructField("colour", StringType()),
+                      StructField("leader", IntegerType(), False), StructField("Leader", IntegerType()),
+                      StructField("isr", ArrayType(IntegerType(), False))])
+    with pytest.raises(ValueError) as e:
+        requested_columns(bad)
+    for reason in ("'offset' is BIGINT in the table, not INT", "'colour' is not a column",
+                   "'leader' must be nullable", "'Leader' is asked for twice",
+                   "'isr' must have nullable elements"):
+        assert reason in str(e.value)
+    with pytest.raises(ValueError, match="no column"):
+        requested_columns(StructType([]))

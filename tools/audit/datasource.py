@@ -73,8 +73,9 @@ def requested_columns(schema) -> list[tuple[str, str]] | None:
         elif not f.nullable:
             problems.append(f"{f.name!r} must be nullable (drop NOT NULL)")
         elif to_arrow_type(f.dataType, timezone="UTC") != typ:
-            problems.append(f"{f.name!r} is {ddl} in the table, not "
-                            f"{f.dataType.simpleString().upper()}")
+            asked = f.dataType.simpleString().upper()
+            problems.append(f"{f.name!r} must have nullable elements" if asked == ddl
+                            else f"{f.name!r} is {ddl} in the table, not {asked}")
         seen.add(name)
         picked.append((name, f.name))
     if not schema.fields:
@@ -130,7 +131,8 @@ class KraftMetadataReader(DataSourceReader):
         for f in filters:
             col = getattr(f, "attribute", None)
             value = getattr(f, "value", None)
-            if col == ("offset",) and type(value) is int:
+            if (isinstance(col, tuple) and len(col) == 1 and str(col[0]).lower() == "offset"
+                    and type(value) is int):  # (a schema may spell it Offset)
                 if isinstance(f, EqualTo):
                     self._tighten(value, value)
                 elif isinstance(f, GreaterThan):
