@@ -1,8 +1,9 @@
 """A quiet SparkSession for the audit, with the ``kraft-metadata`` source registered.
 
 Spark's own output (JVM start-up warnings, log4j) goes to a log file instead of the
-terminal: the JVM inherits our stderr when it starts, so stderr points at the file while the
-session is created. The driver JVM maps its classes from the archive of
+terminal: the JVM inherits our stdout and stderr when it starts, so both point at the file while
+the session is created. (Holding none of our output, the JVM does not keep a pipe reading our
+output open after we exit: it stops on its own, ~1 s, once we are gone.) The driver JVM maps its classes from the archive of
 :mod:`tools.audit.classdata` when there is one. Python workers use this interpreter
 (``PYSPARK_PYTHON``) so they import the same ``kraft`` and ``tools`` packages.
 """
@@ -39,21 +40,26 @@ C2_HOT_ONLY = (" -XX:Tier4InvocationThreshold=30000 -XX:Tier4MinInvocationThresh
 
 
 @contextmanager
-def _stderr_to(path: Path | None) -> Iterator[None]:
+def _output_to(path: Path | None) -> Iterator[None]:
+    """File descriptors 1 and 2 point at ``path`` (appended to) inside the block."""
     if path is None:
         yield
         return
     path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
     sys.stderr.flush()
-    saved = os.dup(2)
+    saved = [os.dup(1), os.dup(2)]
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
+        os.dup2(fd, 1)
         os.dup2(fd, 2)
         yield
     finally:
+        sys.stdout.flush()
         sys.stderr.flush()
-        os.dup2(saved, 2)
-        os.close(saved)
+        for target, kept in zip((1, 2), saved):
+            os.dup2(kept, target)
+            os.close(kept)
         os.close(fd)
 
 
@@ -111,7 +117,7 @@ def build_session(master: str | None = "local[*]", spark_log: Path | None = None
                .config("spark.executorEnv.PYTHONPATH", pythonpath))
     for kv in os.environ.get("KRAFT_AUDIT_SPARK_CONF", "").split():  # tuning: KEY=VALUE ...
         builder = builder.config(*kv.split("=", 1))
-    with _stderr_to(spark_log):
+    with _output_to(spark_log):
         spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(KraftMetadataDataSource)
