@@ -23,7 +23,7 @@ from pyspark.sql import functions as F
 from kraft.log.segment import list_segments
 from kraft.log.snapshot import list_snapshots
 from kraft.snapshotter import image_from_snapshot, image_to_snapshot
-from tools.audit import carry, checks, report, state, tables
+from tools.audit import carry, checks, report, reportdata, state, tables
 from tools.audit.mirror import Mirror
 from tools.audit.session import build_session, local_cores
 
@@ -308,11 +308,10 @@ def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str
         lambda: tf.replace("who_changed_what", tables.who_changed_what(records, old_who)),
         write_findings]
     if from_offset is None:
-        jobs += [lambda: (cf.append("volume", tables.volume(records)), cf.read("volume"))[1],
+        jobs += [lambda: cf.append("volume", tables.volume(records)),
                  lambda: cf.replace("partitions", tables.partition_seeds(
                      history, cf.read("partitions") if prior is not None else None))]
-    done = _together(*jobs)
-    vol, seeds = done[-2:] if from_offset is None else (None, None)
+    _together(*jobs)
     steps.done("tables_s")
 
     steps("collecting the findings")
@@ -347,11 +346,14 @@ def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str
         if from_offset is None:
             kept = carrying.submit(_write_carry, out, cf, opts, meta, records, batches_new,
                                    replayed, run_no, {"tables": tf.schemas, "carry": cf.schemas})
-        derived = {name: tf.read(name) for name in TABLES}
-        if from_offset is not None:
-            vol = tables.volume(_since(records, from_offset))
-            seeds = tables.partition_seeds(derived["partition_history"])
-        data = _report_data(vol, seeds, derived, meta, findings, replayed, opts, out,
+        vol, seeds = carry_dir / "volume", carry_dir / "partitions"
+        if from_offset is not None:  # the report's inputs from --from on
+            vol, seeds = out / "work" / "report-volume", out / "work" / "report-seeds"
+            _together(
+                lambda: tables.volume(_since(records, from_offset)).write.parquet(str(vol)),
+                lambda: tables.partition_seeds(tf.read("partition_history")).write.parquet(
+                    str(seeds)))
+        data = _report_data(vol, seeds, out / "tables", meta, findings, replayed, opts, out,
                             time.monotonic() - steps.started)
         report_path = out / "report.html"
         report_path.write_text(report.render(data), encoding="utf-8")
@@ -464,61 +466,55 @@ def _findings_doc(opts: AuditOptions, meta: dict, counts: dict, samples: list, e
             "report": str(out / "report.html")}
 
 
-def _top(seeds: DataFrame, topics_df: DataFrame, events: str, n: int) -> DataFrame:
-    """The ``n`` partitions (by topic name) with the most ``events`` (a seeds column)."""
-    names = F.broadcast(topics_df.select("topic_id", "topic_name").dropDuplicates(["topic_id"]))
-    return (seeds.join(names, "topic_id", "left").groupBy("topic_name", "partition_id")
-                 .agg(F.sum(events).alias("count"))
-                 .orderBy(F.desc("count"), "topic_name", "partition_id").limit(n))
-
-
-def _report_data(vol_df: DataFrame, seeds: DataFrame, derived: dict[str, DataFrame], meta: dict,
+def _report_data(volume_dir: Path, seeds_dir: Path, tables_dir: Path, meta: dict,
                  findings: dict, replayed: _Replayed, opts: AuditOptions, out: Path,
                  elapsed: float) -> dict:
-    """Small aggregates for the charts (each bounded, collected) from the written tables,
-    ``vol_df`` (:func:`tables.volume`) and ``seeds`` (:func:`tables.partition_seeds`)."""
-    history = derived["partition_history"]
+    """Small aggregates for the charts (each bounded) from the written tables in
+    ``tables_dir``, the records per batch time and type (``volume_dir``, :func:`tables.volume`)
+    and each partition's last state and event counts (``seeds_dir``,
+    :func:`tables.partition_seeds`), read on the driver (:mod:`tools.audit.reportdata`)."""
     t0, t1 = meta["first_ms"] or 0, meta["last_ms"] or 1
-    ms = F.unix_millis("ts")
-    nb = 60
+    nb = reportdata.BUCKETS
     span = max(t1 - t0, 1)
-    # one scan of the history for two charts (kind "leader": the leadership timeline of the
-    # 30 partitions with the most leader changes; "isr": the ISR size of the 12 whose ISR
-    # changed most), each partition's first 400 rows
-    tops = (_top(seeds, derived["topics"], "leader_events", 30).withColumn("kind", F.lit("leader"))
-            .unionByName(_top(seeds, derived["topics"], "isr_events", 12)
-                         .withColumn("kind", F.lit("isr")))
-            .select("topic_name", "partition_id", "kind"))
-    created = F.col("change") == "created"
-    wanted = F.when(F.col("kind") == "leader", F.col("leader_changed") | created).otherwise(
-        F.col("change").contains("isr") | created)
-    w = Window.partitionBy("kind", "topic_name", "partition_id").orderBy("offset")
-    queries = {
-        "charts": (history.join(F.broadcast(tops), ["topic_name", "partition_id"])
-                          .filter(wanted).withColumn("n", F.row_number().over(w))
-                          .filter(F.col("n") <= 400)
-                          .select("kind", "topic_name", "partition_id", "offset", ms.alias("t"),
-                                  "leader", "isr_size")),
-        "removed": derived["topics"].filter(F.col("removed_ts").isNotNull())
-                                    .select("topic_name", F.unix_millis("removed_ts")
-                                            .alias("removed_ms")),
-        "broker_keys": derived["broker_history"].select("broker_id").distinct(),
-        "states": (derived["broker_intervals"]
-                   .select("broker_id", "state", F.unix_millis("start_ts").alias("s"),
-                           F.unix_millis("end_ts").alias("e"))
-                   .orderBy("broker_id", "s").limit(5000)),
-        "volume": (vol_df.withColumn("b", F.least(F.floor((F.col("timestamp_ms") - t0) * nb / span),
-                                                  F.lit(nb - 1)))
-                         .groupBy("b", "record_type").agg(F.sum("count").alias("count"))),
-        "principals": (derived["who_changed_what"].groupBy("principal", "api")
-                       .agg(F.sum("records").alias("n")).orderBy(F.desc("n")).limit(20)),
-        "intervals": derived["replication_intervals"].orderBy(F.desc("duration_s")).limit(200),
-        "lifecycle": derived["topic_lifecycle"].orderBy("offset").limit(300),
-        "broker_history": derived["broker_history"].orderBy("offset").limit(300),
+    topics = reportdata.rows(tables_dir / "topics", ("topic_id", "topic_name", "removed_ts"),
+                             millis=("removed_ts",))
+    names = {}
+    for r in topics:
+        names.setdefault(r["topic_id"], r["topic_name"])
+    seeds = reportdata.rows(seeds_dir, ("topic_id", "partition_id", "leader_events", "isr_events"))
+    brokers = tables_dir / "broker_history"
+    got = {
+        "charts": reportdata.charts(tables_dir, seeds, names),
+        "removed": [{"topic_name": r["topic_name"], "removed_ms": r["removed_ts"]}
+                    for r in topics if r["removed_ts"] is not None],
+        "broker_keys": [{"broker_id": b} for b in
+                        {r["broker_id"] for r in reportdata.rows(brokers, ("broker_id",))}],
+        "states": [{"broker_id": r["broker_id"], "state": r["state"], "s": r["start_ts"],
+                    "e": r["end_ts"]} for r in reportdata.ordered(
+                        tables_dir / "broker_intervals",
+                        ("broker_id", "state", "start_ts", "end_ts", "start_offset"),
+                        [("broker_id", "ascending"), ("start_ts", "ascending"),
+                         ("start_offset", "ascending")], 5000, millis=("start_ts", "end_ts"))],
+        "volume": reportdata.volume(
+            reportdata.rows(volume_dir, ("timestamp_ms", "record_type", "count")), t0, t1),
+        "principals": reportdata.principals(
+            reportdata.rows(tables_dir / "who_changed_what", ("principal", "api", "records"))),
+        "intervals": reportdata.ordered(
+            tables_dir / "replication_intervals",
+            ("topic_name", "topic_id", "partition_id", "state", "start_offset", "start_ts",
+             "end_ts", "duration_s", "open", "isr", "reason"),
+            [("duration_s", "descending"), ("start_offset", "ascending"),
+             ("topic_id", "ascending"), ("partition_id", "ascending")], 200,
+            times=("start_ts", "end_ts")),
+        "lifecycle": reportdata.ordered(
+            tables_dir / "topic_lifecycle",
+            ("offset", "ts", "topic_name", "event", "partitions", "config_name", "old_value",
+             "new_value", "principal", "reason"), [("offset", "ascending")], 300,
+            times=("ts",)),
+        "broker_history": reportdata.ordered(
+            brokers, ("offset", "ts", "broker_id", "broker_epoch", "event", "state", "reason"),
+            [("offset", "ascending")], 300, times=("ts",)),
     }
-    # small jobs, each mostly waiting on planning and scheduling: run them side by side
-    with ThreadPoolExecutor(4) as threads:
-        got = dict(zip(queries, threads.map(lambda df: df.collect(), queries.values())))
     points = [r for r in got["charts"] if r["kind"] == "leader"]
     removed = {r["topic_name"]: r["removed_ms"] for r in got["removed"]}
     leadership: dict[str, list] = {}
