@@ -137,11 +137,10 @@ def principals(who: list[dict], n: int = 20) -> list[dict]:
 def ordered(path: Path, columns: Iterable[str], by: list[tuple[str, str]], n: int,
             millis: Iterable[str] = (), times: Iterable[str] = ()) -> list[dict]:
     """The first ``n`` rows of table ``path`` ordered ``by`` (column, "ascending" /
-    "descending"), nulls last when the first key is descending, else first (Spark's default
-    for that key; the further keys only break its ties)."""
+    "descending"; nulls first when ascending, last when descending, as Spark)."""
     table = _table(path, columns)
     if table is None:
         return []
-    nulls = "at_end" if by[0][1] == "descending" else "at_start"
-    order = pc.sort_indices(table, sort_keys=by, null_placement=nulls)
+    keys = [(col, way, "at_end" if way == "descending" else "at_start") for col, way in by]
+    order = pc.sort_indices(table, sort_keys=keys)
     return _pylist(table.take(order[:n]), millis, times)

@@ -485,8 +485,9 @@ def _report_data(volume_dir: Path, seeds_dir: Path, tables_dir: Path, meta: dict
     brokers = tables_dir / "broker_history"
     got = {
         "charts": reportdata.charts(tables_dir, seeds, names),
-        "removed": [{"topic_name": r["topic_name"], "removed_ms": r["removed_ts"]}
-                    for r in topics if r["removed_ts"] is not None],
+        "removed": sorted(({"topic_name": r["topic_name"], "removed_ms": r["removed_ts"]}
+                           for r in topics if r["removed_ts"] is not None),
+                          key=lambda r: r["removed_ms"]),  # a name removed twice: the last
         "broker_keys": [{"broker_id": b} for b in
                         {r["broker_id"] for r in reportdata.rows(brokers, ("broker_id",))}],
         "states": [{"broker_id": r["broker_id"], "state": r["state"], "s": r["start_ts"],
