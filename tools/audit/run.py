@@ -291,26 +291,25 @@ def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str
     everything = (batches_new.select(*BATCH_CARRY).unionByName(cf.read("batches"))
                   if prior is not None else None)
 
-    def write_findings() -> None:  # one after the other: they share the table's staging
-        newest = list_segments(opts.log_dir)[-1].name
-        tf.append("findings", checks.all_findings(records, batches_new, topics_df, history,
-                                                  brokers, configs, newest, everything))
-        tf.append("findings", checks.whole_log_findings(brokers), prefix="whole")
-
-    # the rest of the tables, the findings (they need only the tables above) and the report's
-    # carried inputs, side by side: the planning of one overlaps the others' jobs
+    newest = list_segments(opts.log_dir)[-1].name
+    # the findings (the longest of these), the rest of the tables, the report's and the next
+    # run's carried inputs, side by side: the planning of one overlaps the others' jobs
     jobs: list[Callable[[], Any]] = [
+        lambda: tf.append("findings", checks.all_findings(
+            records, batches_new, topics_df, history, brokers, configs, newest, everything)),
+        lambda: tf.append("findings", checks.whole_log_findings(brokers), prefix="whole"),
         intervals,
         lambda: tf.replace("topics", topics_df),
         lambda: tf.replace("broker_intervals", tables.broker_intervals(brokers, log_end)),
         lambda: tf.append("topic_lifecycle",
                           tables.topic_lifecycle(records, created, configs, after)),
-        lambda: tf.replace("who_changed_what", tables.who_changed_what(records, old_who)),
-        write_findings]
+        lambda: tf.replace("who_changed_what", tables.who_changed_what(records, old_who))]
     if from_offset is None:
         jobs += [lambda: cf.append("volume", tables.volume(records)),
                  lambda: cf.replace("partitions", tables.partition_seeds(
                      history, cf.read("partitions") if prior is not None else None))]
+    if _carries(opts) and not meta["problems"] and meta["watermark"] is not None:
+        jobs += _carry_jobs(cf, records, batches_new)
     _together(*jobs)
     steps.done("tables_s")
 
@@ -342,23 +341,20 @@ def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str
     (out / "findings.json").write_text(json.dumps(findings, indent=1, default=str))
 
     steps("rendering the report")
-    with ThreadPoolExecutor(1) as carrying:  # what the next run carries on from, meanwhile
-        if from_offset is None:
-            kept = carrying.submit(_write_carry, out, cf, opts, meta, records, batches_new,
-                                   replayed, run_no, {"tables": tf.schemas, "carry": cf.schemas})
-        vol, seeds = carry_dir / "volume", carry_dir / "partitions"
-        if from_offset is not None:  # the report's inputs from --from on
-            vol, seeds = out / "work" / "report-volume", out / "work" / "report-seeds"
-            _together(
-                lambda: tables.volume(_since(records, from_offset)).write.parquet(str(vol)),
-                lambda: tables.partition_seeds(tf.read("partition_history")).write.parquet(
-                    str(seeds)))
-        data = _report_data(vol, seeds, out / "tables", meta, findings, replayed, opts, out,
-                            time.monotonic() - steps.started)
-        report_path = out / "report.html"
-        report_path.write_text(report.render(data), encoding="utf-8")
-        if from_offset is None:
-            kept.result()
+    vol, seeds = carry_dir / "volume", carry_dir / "partitions"
+    if from_offset is not None:  # the report's inputs from --from on
+        vol, seeds = out / "work" / "report-volume", out / "work" / "report-seeds"
+        _together(
+            lambda: tables.volume(_since(records, from_offset)).write.parquet(str(vol)),
+            lambda: tables.partition_seeds(tf.read("partition_history")).write.parquet(
+                str(seeds)))
+    data = _report_data(vol, seeds, out / "tables", meta, findings, replayed, opts, out,
+                        time.monotonic() - steps.started)
+    report_path = out / "report.html"
+    report_path.write_text(report.render(data), encoding="utf-8")
+    if from_offset is None:  # what the next run carries on from
+        _write_carry(out, opts, meta, replayed, run_no,
+                     {"tables": tf.schemas, "carry": cf.schemas})
     steps.done("report_s")
     topics_df.unpersist()
     brokers.unpersist()
@@ -393,21 +389,27 @@ def _together(*jobs: Callable[[], Any]) -> list[Any]:
         return [done.result() for done in [threads.submit(job) for job in jobs]]
 
 
-def _write_carry(out: Path, cf: carry.TableFiles, opts: AuditOptions, meta: dict,
-                 records: DataFrame, batches_new: DataFrame, replayed: _Replayed,
-                 run_no: int, schemas: dict) -> None:
-    """Keep what the next run needs to carry on from this one (the partitions' last states
-    and the volume counts are already written; no state when it could not carry on: damaged
-    frames or a replay error, which a whole-log run reports again)."""
+def _carry_jobs(cf: carry.TableFiles, records: DataFrame,
+                batches_new: DataFrame) -> list[Callable[[], Any]]:
+    """Adding the new records' batches, topics, topic removals and configs to what the next
+    run carries (ignored, and dropped by the next run, unless :func:`_write_carry` then
+    writes the state)."""
+    return [lambda: cf.append("batches", batches_new.select(*BATCH_CARRY)),
+            lambda: cf.append("topic_created", tables.topic_created(records)),
+            lambda: cf.append("topic_removed", tables.topic_removed(records)),
+            lambda: cf.append("topic_configs", tables.topic_configs(records))]
+
+
+def _write_carry(out: Path, opts: AuditOptions, meta: dict, replayed: _Replayed, run_no: int,
+                 schemas: dict) -> None:
+    """Keep what the next run needs to carry on from this one (its tables are already
+    written, :func:`_carry_jobs`): the image and the state; no state when it could not carry
+    on: damaged frames or a replay error, which a whole-log run reports again."""
     carry_dir = out / "carry"
     wm = meta["watermark"]
     if (meta["problems"] or replayed.error is not None or replayed.image is None or wm is None
             or replayed.offset != wm["last_offset"]):
         return
-    _together(lambda: cf.append("batches", batches_new.select(*BATCH_CARRY)),
-              lambda: cf.append("topic_created", tables.topic_created(records)),
-              lambda: cf.append("topic_removed", tables.topic_removed(records)),
-              lambda: cf.append("topic_configs", tables.topic_configs(records)))
     os.replace(replayed.image, carry_dir / "image.snapshot")
     shutil.rmtree(out / ".replayed-image", ignore_errors=True)
     segments = {p.name: carry.stamp(p) for p in list_segments(opts.log_dir)
