@@ -24,6 +24,7 @@ import os
 import shutil
 from pathlib import Path
 
+import pyarrow.dataset as ds
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
@@ -162,15 +163,16 @@ def grown_changed(spark: SparkSession, records: DataFrame, state: dict, carry_di
                    .limit(1).count())
 
 
-def reuses_topic_id(spark: SparkSession, new: DataFrame, state: dict, carry_dir: Path) -> bool:
-    """Whether a new TopicRecord reuses a topic id the audited records know."""
-    carried = _carried(spark, carry_dir, state)
-    known = None
+def reuses_topic_id(new_ids: set[str | None], carry_dir: Path) -> bool:
+    """Whether a new TopicRecord's topic id (``new_ids``) is one the audited records know
+    (read on the driver from the carried topics, removals and partitions)."""
+    known: set[str] = set()
     for name in ("topic_created", "topic_removed", "partitions"):
-        ids = carried.read(name).select("topic_id")
-        known = ids if known is None else known.unionByName(ids)
-    created = new.filter(F.col("record_type") == "TopicRecord").select("topic_id")
-    return bool(created.join(known, "topic_id", "left_semi").limit(1).count())
+        files = sorted(str(p) for p in (carry_dir / name).glob("*.parquet"))
+        if files:
+            known.update(ds.dataset(files, format="parquet").to_table(columns=["topic_id"])
+                           .column(0).to_pylist())
+    return bool((new_ids - {None}) & known)
 
 
 def _carried(spark: SparkSession, carry_dir: Path, state: dict) -> TableFiles:

@@ -17,6 +17,8 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, Callable
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
@@ -189,6 +191,34 @@ def _meta(records: DataFrame) -> dict:
     return meta
 
 
+META_COLUMNS = ("position", "offset", "timestamp_ms", "index_in_batch", "problem",
+                "batch_base_offset", "batch_last_offset", "batch_hash", "prev_hash", "term",
+                "record_type", "topic_id")
+
+
+def _meta_of_rows(rows: pa.Table) -> dict:
+    """:func:`_meta` of rows read on the driver (:data:`META_COLUMNS` and ``source``)."""
+    def value(f: Callable, col: str) -> Any:
+        return f(rows[col]).as_py() if rows.num_rows else None
+
+    order = pc.sort_indices(rows, [("source", "ascending", "at_start"),
+                                   ("position", "ascending", "at_start")])
+    first = rows.take(order[:1]).to_pylist()
+    last = rows.take(order[-1:]).to_pylist()
+    end = last[0] if last else None
+    return {"records": rows.num_rows, "first_offset": value(pc.min, "offset"),
+            "last_offset": value(pc.max, "offset"), "first_ms": value(pc.min, "timestamp_ms"),
+            "last_ms": value(pc.max, "timestamp_ms"),
+            "batches": pc.sum(pc.equal(rows["index_in_batch"], 0)).as_py() or 0,
+            "problems": pc.count(rows["problem"]).as_py(),
+            "head": {"batch_base_offset": first[0]["batch_base_offset"],
+                     "prev_hash": first[0]["prev_hash"]} if first else None,
+            "watermark": None if end is None else {
+                "source": end["source"], "position": end["position"],
+                "last_offset": end["batch_last_offset"], "last_hash": end["batch_hash"],
+                "term": end["term"]}}
+
+
 def _merge_meta(old: dict, new: dict) -> dict:
     """The totals of the records audited before and of the new ones."""
     def pick(f: Callable, key: str) -> Any:
@@ -223,12 +253,13 @@ def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str
     carry_dir = out / "carry"
     if prior is not None:
         records = carry.new_records(every, prior)
-        new_records, prior_state = records, prior  # (not None, for the lambdas)
-        new_meta, reused, changed = _together(
-            lambda: _meta(new_records),
-            lambda: carry.reuses_topic_id(spark, new_records, prior_state, carry_dir),
-            lambda: prior_state["grown"] and carry.grown_changed(spark, every, prior_state,
-                                                                 carry_dir))
+        # the new rows are few: their totals and topic ids are read on the driver
+        wm = prior["watermark"]
+        new_rows = mirror.rows_after(wm["source"], wm["position"], list(META_COLUMNS))
+        new_meta = _meta_of_rows(new_rows)
+        created = pc.filter(new_rows["topic_id"], pc.equal(new_rows["record_type"], "TopicRecord"))
+        reused = carry.reuses_topic_id(set(created.to_pylist()), carry_dir)
+        changed = prior["grown"] and carry.grown_changed(spark, every, prior, carry_dir)
         why = carry.continues(prior, changed, new_meta["first_offset"], new_meta["head"], reused)
         if why:
             prior, records = None, every
