@@ -299,14 +299,32 @@ def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str
         configs = configs.unionByName(cf.read("topic_configs"))
     topics_df = tables.topics(None, created, removed).persist()
     old_brokers = tf.read("broker_history") if prior is not None else None
-    # independent: side by side
-    history, _ = _together(
+    tails = tf.read("replication_intervals", "tail") if prior is not None else None
+    old_who = tf.read("who_changed_what") if prior is not None else None
+    # one row per batch, scanned from the mirror once (the batch rules and the carry read it
+    # eight times)
+    batches_new = tables.batches(records).persist()
+    everything = (batches_new.select(*BATCH_CARRY).unionByName(cf.read("batches"))
+                  if prior is not None else None)
+    newest = list_segments(opts.log_dir)[-1].name
+
+    # first the partition and broker histories (the longest job first) and, side by side, what
+    # needs neither: the planning of one overlaps the others' jobs
+    first: list[Callable[[], Any]] = [
         lambda: tf.append("partition_history", tables.partition_history(
             records, topics_df, cf.read("partitions") if prior is not None else None)),
         lambda: tf.append("broker_history", tables.broker_history(
-            records, tables.broker_seeds(old_brokers) if old_brokers is not None else None)))
+            records, tables.broker_seeds(old_brokers) if old_brokers is not None else None)),
+        lambda: tf.append("findings", checks.log_findings(records, batches_new, topics_df,
+                                                          newest, everything)),
+        lambda: tf.replace("topics", topics_df),
+        lambda: tf.append("topic_lifecycle",
+                          tables.topic_lifecycle(records, created, configs, after)),
+        lambda: tf.replace("who_changed_what", tables.who_changed_what(records, old_who))]
+    if from_offset is None:
+        first.append(lambda: cf.append("volume", tables.volume(records)))
+    history = _together(*first)[0]
     brokers = tf.read("broker_history").persist()
-    tails = tf.read("replication_intervals", "tail") if prior is not None else None
 
     def intervals() -> None:
         rows = tables.replication_intervals(history, topics_df, log_end, tails).persist()
@@ -315,30 +333,15 @@ def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str
                   prefix="tail")
         rows.unpersist()
 
-    old_who = tf.read("who_changed_what") if prior is not None else None
-    # one row per batch, scanned from the mirror once (the batch rules and the carry read it
-    # eight times)
-    batches_new = tables.batches(records).persist()
-    everything = (batches_new.select(*BATCH_CARRY).unionByName(cf.read("batches"))
-                  if prior is not None else None)
-
-    newest = list_segments(opts.log_dir)[-1].name
-    # the findings (the longest of these), the rest of the tables, the report's and the next
-    # run's carried inputs, side by side: the planning of one overlaps the others' jobs
+    # then what needs the histories, and the next run's carried inputs
     jobs: list[Callable[[], Any]] = [
-        lambda: tf.append("findings", checks.all_findings(
-            records, batches_new, topics_df, history, brokers, configs, newest, everything)),
-        lambda: tf.append("findings", checks.whole_log_findings(brokers), prefix="whole"),
+        lambda: tf.append("findings", checks.history_findings(history, brokers, configs)),
         intervals,
-        lambda: tf.replace("topics", topics_df),
-        lambda: tf.replace("broker_intervals", tables.broker_intervals(brokers, log_end)),
-        lambda: tf.append("topic_lifecycle",
-                          tables.topic_lifecycle(records, created, configs, after)),
-        lambda: tf.replace("who_changed_what", tables.who_changed_what(records, old_who))]
+        lambda: tf.append("findings", checks.whole_log_findings(brokers), prefix="whole"),
+        lambda: tf.replace("broker_intervals", tables.broker_intervals(brokers, log_end))]
     if from_offset is None:
-        jobs += [lambda: cf.append("volume", tables.volume(records)),
-                 lambda: cf.replace("partitions", tables.partition_seeds(
-                     history, cf.read("partitions") if prior is not None else None))]
+        jobs.append(lambda: cf.replace("partitions", tables.partition_seeds(
+            history, cf.read("partitions") if prior is not None else None)))
     if _carries(opts) and not meta["problems"] and meta["watermark"] is not None:
         jobs += _carry_jobs(cf, records, batches_new)
     _together(*jobs)
