@@ -234,3 +234,35 @@ def test_a_reads_schema_picks_columns_or_is_refused_with_reasons():
         assert reason in str(e.value)
     with pytest.raises(ValueError, match="no column"):
         requested_columns(StructType([]))
+
+
+def test_report_data_orders_like_spark_and_breaks_its_ties(tmp_path):
+    """The report's driver-side reads: ascending puts nulls first and descending last (Spark's
+    defaults), further keys break ties; the top partitions rank by count, then name and
+    partition, an unnamed one taking its place but left out; buckets floor like Spark's."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tools.audit import reportdata
+
+    (tmp_path / "t").mkdir()
+    pq.write_table(pa.table({"d": [2.0, None, 5.0, 2.0], "o": [4, 3, 2, 1],
+                             "ts": pa.array([1_500, 2_000, None, 0], pa.timestamp("ns"))}),
+                   tmp_path / "t" / "part-0.parquet")
+    down = reportdata.ordered(tmp_path / "t", ("d", "o", "ts"),
+                              [("d", "descending"), ("o", "ascending")], 3, millis=("ts",))
+    assert [(r["d"], r["o"], r["ts"]) for r in down] == [(5.0, 2, None), (2.0, 1, 0), (2.0, 4, 0)]
+    up = reportdata.ordered(tmp_path / "t", ("d", "o"), [("d", "ascending")], 2)
+    assert [r["o"] for r in up] == [3, 4]
+    assert reportdata.ordered(tmp_path / "missing", ("d",), [("d", "ascending")], 2) == []
+
+    seeds = [{"topic_id": t, "partition_id": p, "leader_events": n, "isr_events": 0}
+             for t, p, n in (("a", 0, 5), ("b", 1, 5), ("b", 0, 5), ("x", 0, 9), ("c", 0, 1))]
+    names = {"a": "beta", "b": "alpha", "c": "gamma"}
+    assert reportdata.top_partitions(seeds, names, "leader_events", 3) == [
+        ("alpha", 0), ("alpha", 1)]
+    assert reportdata.top_partitions(seeds, names, "leader_events", 4)[-1] == ("beta", 0)
+    vol = reportdata.volume([{"timestamp_ms": 0, "record_type": "T", "count": 2},
+                             {"timestamp_ms": 999, "record_type": "T", "count": 1},
+                             {"timestamp_ms": 1000, "record_type": "T", "count": 4}], 0, 1000)
+    assert sorted((r["b"], r["count"]) for r in vol) == [(0, 2), (59, 5)]

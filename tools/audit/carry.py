@@ -18,11 +18,13 @@ their own prefix that the next run replaces.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
 from pathlib import Path
 
+import pyarrow.dataset as ds
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
@@ -39,20 +41,24 @@ class TableFiles:
                  schemas: dict[str, str] | None = None) -> None:
         self.spark, self.root, self.run = spark, root, run
         self.staging = root / ".staging"
+        self._staged = itertools.count()
         # each table's schema (JSON) as written: reading with it skips Spark's footer-reading
         # job per read (the state keeps them for the next run)
         self.schemas: dict[str, str] = dict(schemas or {})
 
-    def _stage(self, name: str, df: DataFrame) -> list[Path]:
-        tmp = self.staging / name
+    def _stage(self, name: str, df: DataFrame) -> Path:
+        """Write ``df`` to a staging directory of its own (a table may be written by several
+        threads at once); that directory."""
+        tmp = self.staging / f"{name}-{next(self._staged)}"
         df.write.mode("overwrite").parquet(str(tmp))
         self.schemas[name] = df.schema.json()
-        return sorted(tmp.glob("part-*.parquet"))
+        return tmp
 
     def append(self, name: str, df: DataFrame, prefix: str | None = None) -> DataFrame:
         """Add ``df``'s rows to table ``name``; ``prefix`` (instead of the run's tag): first
         drop the files an earlier run wrote with it. Returns the rows just written."""
-        staged = self._stage(name, df)
+        tmp = self._stage(name, df)
+        staged = sorted(tmp.glob("part-*.parquet"))
         target = self.root / name
         target.mkdir(parents=True, exist_ok=True)
         tag = prefix or f"r{self.run:05d}"
@@ -64,7 +70,7 @@ class TableFiles:
             dest = target / f"{tag}-{f.name}"
             os.replace(f, dest)
             moved.append(str(dest))
-        shutil.rmtree(self.staging / name, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
         if not moved:
             return self.spark.createDataFrame([], df.schema)
         return self.spark.read.schema(df.schema).parquet(*moved)
@@ -76,11 +82,11 @@ class TableFiles:
 
     def replace(self, name: str, df: DataFrame) -> DataFrame:
         """Make ``df`` the whole of table ``name``."""
-        self._stage(name, df)
+        tmp = self._stage(name, df)
         target = self.root / name
         shutil.rmtree(target, ignore_errors=True)
         target.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(self.staging / name, target)
+        os.replace(tmp, target)
         return self.read(name)
 
     def read(self, name: str, prefix: str | None = None) -> DataFrame:
@@ -157,15 +163,16 @@ def grown_changed(spark: SparkSession, records: DataFrame, state: dict, carry_di
                    .limit(1).count())
 
 
-def reuses_topic_id(spark: SparkSession, new: DataFrame, state: dict, carry_dir: Path) -> bool:
-    """Whether a new TopicRecord reuses a topic id the audited records know."""
-    carried = _carried(spark, carry_dir, state)
-    known = None
+def reuses_topic_id(new_ids: set[str | None], carry_dir: Path) -> bool:
+    """Whether a new TopicRecord's topic id (``new_ids``) is one the audited records know
+    (read on the driver from the carried topics, removals and partitions)."""
+    known: set[str] = set()
     for name in ("topic_created", "topic_removed", "partitions"):
-        ids = carried.read(name).select("topic_id")
-        known = ids if known is None else known.unionByName(ids)
-    created = new.filter(F.col("record_type") == "TopicRecord").select("topic_id")
-    return bool(created.join(known, "topic_id", "left_semi").limit(1).count())
+        files = sorted(str(p) for p in (carry_dir / name).glob("*.parquet"))
+        if files:
+            known.update(ds.dataset(files, format="parquet").to_table(columns=["topic_id"])
+                           .column(0).to_pylist())
+    return bool((new_ids - {None}) & known)
 
 
 def _carried(spark: SparkSession, carry_dir: Path, state: dict) -> TableFiles:

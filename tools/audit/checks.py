@@ -1,8 +1,10 @@
 """The audit's rules: each a name, a severity and a DataFrame of offending offsets.
 
-:data:`RULES` lists them (name → severity, description). :func:`all_findings` returns one
-DataFrame ``(rule, severity, offset, detail)`` with a row per violation; nothing is collected
-here. Batch-level rules look at one row per batch (:func:`tables.batches`).
+:data:`RULES` lists them (name → severity, description). :func:`log_findings`,
+:func:`history_findings` and :func:`whole_log_findings` each return one DataFrame
+``(rule, severity, offset, detail)`` with a row per violation (the three cover every rule but
+the snapshot comparison); nothing is collected here. Batch-level rules look at one row per
+batch (:func:`tables.batches`).
 
 A re-audit checks only the records after the previous run's watermark: the batch rules then
 match the new batches against ``everything`` (every batch of the log), the unclean-election
@@ -221,27 +223,38 @@ def broker_epochs(brokers: DataFrame) -> DataFrame:
                                                   F.col("prev_epoch")))))
 
 
-def all_findings(records: DataFrame, batches_df: DataFrame, topics_df: DataFrame,
-                 history: DataFrame, brokers: DataFrame, configs: DataFrame,
+def _union(parts: list[Callable[[], DataFrame]]) -> DataFrame:
+    out = parts[0]()
+    for make in parts[1:]:
+        out = out.unionByName(make())
+    return out
+
+
+def log_findings(records: DataFrame, batches_df: DataFrame, topics_df: DataFrame,
                  newest_segment: str | None, everything: DataFrame | None = None) -> DataFrame:
-    """Every rule's violations but :data:`WHOLE_LOG_RULES`' as one DataFrame. ``records``,
-    ``batches_df`` and ``history`` may be the new part of the log only (``everything``: every
-    batch); ``topics_df``, ``brokers`` and ``configs`` cover the whole log."""
-    parts: list[Callable[[], DataFrame]] = [
+    """The violations of the rules on the records and batches themselves (offsets, CRCs,
+    frames, hash chain, terms, topic references). ``records`` and ``batches_df`` may be the
+    new part of the log only (``everything``: every batch); ``topics_df`` covers the whole
+    log."""
+    return _union([
         lambda: offsets_contiguous(batches_df, everything),
         lambda: crc_intact(records),
         lambda: frames_decodable(records, newest_segment),
         lambda: hash_chain(batches_df, everything),
         lambda: terms_monotonic(batches_df, everything),
         lambda: topic_references(records, topics_df),
+    ])
+
+
+def history_findings(history: DataFrame, brokers: DataFrame, configs: DataFrame) -> DataFrame:
+    """The violations of the rules on the partition history (leader, ISR, epochs, eligible
+    and clean elections). ``history`` may be the new rows only; ``brokers`` (the broker
+    history) and ``configs`` cover the whole log."""
+    return _union([
         lambda: partition_rules(history),
         lambda: leader_eligible(history, brokers),
         lambda: unclean_elections(history, configs),
-    ]
-    out = parts[0]()
-    for make in parts[1:]:
-        out = out.unionByName(make())
-    return out
+    ])
 
 
 def whole_log_findings(brokers: DataFrame) -> DataFrame:

@@ -19,6 +19,9 @@ import shutil
 from concurrent.futures import Executor, Future
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 
 from tools.audit.columns import ARROW_SCHEMA, NAMES, SPARK_DDL
@@ -33,8 +36,6 @@ def _stamp(path: Path) -> list[int]:
 def write_segment(item: tuple[str, str]) -> None:
     """Decode one segment into ``DIR/part-0.parquet`` (without the ``source`` column, which
     the directory name gives). Runs on a Spark worker or in a local worker process."""
-    import pyarrow.parquet as pq
-
     from tools.audit.fastdecode import decode_segment_fast
 
     segment, directory = item
@@ -79,6 +80,21 @@ class Mirror:
         """Decode the stale segments in ``pool`` (largest first), without Spark."""
         items = sorted(self._items(), key=lambda it: -os.path.getsize(it[0]))
         self._decoding = [pool.submit(write_segment, item) for item in items]
+
+    def rows_after(self, source: str, position: int, columns: list[str]) -> pa.Table:
+        """The log rows (``columns`` and ``source``) after byte ``position`` of segment
+        ``source``, read on the driver (after :meth:`load`: the mirror is then up to date)."""
+        parts = []
+        for name in sorted(n for n in self.wanted if n >= source):
+            path = self.records_dir / f"source={name}" / "part-0.parquet"
+            t = pq.read_table(path, columns=sorted({*columns, "source_kind", "position"}))
+            keep = pc.equal(t["source_kind"], "log")
+            if name == source:
+                keep = pc.and_(keep, pc.greater(t["position"], position))
+            t = t.filter(keep)
+            parts.append(t.select(columns).append_column(
+                "source", pa.array([name] * t.num_rows, pa.string())))
+        return pa.concat_tables(parts)  # (the watermark's segment is always there)
 
     def load(self, spark: SparkSession) -> tuple[DataFrame, dict]:
         """The record table from the mirror, after the stale segments are decoded (by

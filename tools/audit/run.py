@@ -17,13 +17,15 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, Callable
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from kraft.log.segment import list_segments
 from kraft.log.snapshot import list_snapshots
 from kraft.snapshotter import image_from_snapshot, image_to_snapshot
-from tools.audit import carry, checks, report, state, tables
+from tools.audit import carry, checks, report, reportdata, state, tables
 from tools.audit.mirror import Mirror
 from tools.audit.session import build_session, local_cores
 
@@ -189,6 +191,34 @@ def _meta(records: DataFrame) -> dict:
     return meta
 
 
+META_COLUMNS = ("position", "offset", "timestamp_ms", "index_in_batch", "problem",
+                "batch_base_offset", "batch_last_offset", "batch_hash", "prev_hash", "term",
+                "record_type", "topic_id")
+
+
+def _meta_of_rows(rows: pa.Table) -> dict:
+    """:func:`_meta` of rows read on the driver (:data:`META_COLUMNS` and ``source``)."""
+    def value(f: Callable, col: str) -> Any:
+        return f(rows[col]).as_py() if rows.num_rows else None
+
+    order = pc.sort_indices(rows, [("source", "ascending", "at_start"),
+                                   ("position", "ascending", "at_start")])
+    first = rows.take(order[:1]).to_pylist()
+    last = rows.take(order[-1:]).to_pylist()
+    end = last[0] if last else None
+    return {"records": rows.num_rows, "first_offset": value(pc.min, "offset"),
+            "last_offset": value(pc.max, "offset"), "first_ms": value(pc.min, "timestamp_ms"),
+            "last_ms": value(pc.max, "timestamp_ms"),
+            "batches": pc.sum(pc.equal(rows["index_in_batch"], 0)).as_py() or 0,
+            "problems": pc.count(rows["problem"]).as_py(),
+            "head": {"batch_base_offset": first[0]["batch_base_offset"],
+                     "prev_hash": first[0]["prev_hash"]} if first else None,
+            "watermark": None if end is None else {
+                "source": end["source"], "position": end["position"],
+                "last_offset": end["batch_last_offset"], "last_hash": end["batch_hash"],
+                "term": end["term"]}}
+
+
 def _merge_meta(old: dict, new: dict) -> dict:
     """The totals of the records audited before and of the new ones."""
     def pick(f: Callable, key: str) -> Any:
@@ -223,12 +253,13 @@ def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str
     carry_dir = out / "carry"
     if prior is not None:
         records = carry.new_records(every, prior)
-        new_records, prior_state = records, prior  # (not None, for the lambdas)
-        new_meta, reused, changed = _together(
-            lambda: _meta(new_records),
-            lambda: carry.reuses_topic_id(spark, new_records, prior_state, carry_dir),
-            lambda: prior_state["grown"] and carry.grown_changed(spark, every, prior_state,
-                                                                 carry_dir))
+        # the new rows are few: their totals and topic ids are read on the driver
+        wm = prior["watermark"]
+        new_rows = mirror.rows_after(wm["source"], wm["position"], list(META_COLUMNS))
+        new_meta = _meta_of_rows(new_rows)
+        created = pc.filter(new_rows["topic_id"], pc.equal(new_rows["record_type"], "TopicRecord"))
+        reused = carry.reuses_topic_id(set(created.to_pylist()), carry_dir)
+        changed = prior["grown"] and carry.grown_changed(spark, every, prior, carry_dir)
         why = carry.continues(prior, changed, new_meta["first_offset"], new_meta["head"], reused)
         if why:
             prior, records = None, every
@@ -268,14 +299,32 @@ def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str
         configs = configs.unionByName(cf.read("topic_configs"))
     topics_df = tables.topics(None, created, removed).persist()
     old_brokers = tf.read("broker_history") if prior is not None else None
-    # independent: side by side
-    history, _ = _together(
+    tails = tf.read("replication_intervals", "tail") if prior is not None else None
+    old_who = tf.read("who_changed_what") if prior is not None else None
+    # one row per batch, scanned from the mirror once (the batch rules and the carry read it
+    # eight times)
+    batches_new = tables.batches(records).persist()
+    everything = (batches_new.select(*BATCH_CARRY).unionByName(cf.read("batches"))
+                  if prior is not None else None)
+    newest = list_segments(opts.log_dir)[-1].name
+
+    # first the partition and broker histories (the longest job first) and, side by side, what
+    # needs neither: the planning of one overlaps the others' jobs
+    first: list[Callable[[], Any]] = [
         lambda: tf.append("partition_history", tables.partition_history(
             records, topics_df, cf.read("partitions") if prior is not None else None)),
         lambda: tf.append("broker_history", tables.broker_history(
-            records, tables.broker_seeds(old_brokers) if old_brokers is not None else None)))
+            records, tables.broker_seeds(old_brokers) if old_brokers is not None else None)),
+        lambda: tf.append("findings", checks.log_findings(records, batches_new, topics_df,
+                                                          newest, everything)),
+        lambda: tf.replace("topics", topics_df),
+        lambda: tf.append("topic_lifecycle",
+                          tables.topic_lifecycle(records, created, configs, after)),
+        lambda: tf.replace("who_changed_what", tables.who_changed_what(records, old_who))]
+    if from_offset is None:
+        first.append(lambda: cf.append("volume", tables.volume(records)))
+    history = _together(*first)[0]
     brokers = tf.read("broker_history").persist()
-    tails = tf.read("replication_intervals", "tail") if prior is not None else None
 
     def intervals() -> None:
         rows = tables.replication_intervals(history, topics_df, log_end, tails).persist()
@@ -284,35 +333,18 @@ def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str
                   prefix="tail")
         rows.unpersist()
 
-    old_who = tf.read("who_changed_what") if prior is not None else None
-    # one row per batch, scanned from the mirror once (the batch rules and the carry read it
-    # eight times)
-    batches_new = tables.batches(records).persist()
-    everything = (batches_new.select(*BATCH_CARRY).unionByName(cf.read("batches"))
-                  if prior is not None else None)
-
-    def write_findings() -> None:  # one after the other: they share the table's staging
-        newest = list_segments(opts.log_dir)[-1].name
-        tf.append("findings", checks.all_findings(records, batches_new, topics_df, history,
-                                                  brokers, configs, newest, everything))
-        tf.append("findings", checks.whole_log_findings(brokers), prefix="whole")
-
-    # the rest of the tables, the findings (they need only the tables above) and the report's
-    # carried inputs, side by side: the planning of one overlaps the others' jobs
+    # then what needs the histories, and the next run's carried inputs
     jobs: list[Callable[[], Any]] = [
+        lambda: tf.append("findings", checks.history_findings(history, brokers, configs)),
         intervals,
-        lambda: tf.replace("topics", topics_df),
-        lambda: tf.replace("broker_intervals", tables.broker_intervals(brokers, log_end)),
-        lambda: tf.append("topic_lifecycle",
-                          tables.topic_lifecycle(records, created, configs, after)),
-        lambda: tf.replace("who_changed_what", tables.who_changed_what(records, old_who)),
-        write_findings]
+        lambda: tf.append("findings", checks.whole_log_findings(brokers), prefix="whole"),
+        lambda: tf.replace("broker_intervals", tables.broker_intervals(brokers, log_end))]
     if from_offset is None:
-        jobs += [lambda: (cf.append("volume", tables.volume(records)), cf.read("volume"))[1],
-                 lambda: cf.replace("partitions", tables.partition_seeds(
-                     history, cf.read("partitions") if prior is not None else None))]
-    done = _together(*jobs)
-    vol, seeds = done[-2:] if from_offset is None else (None, None)
+        jobs.append(lambda: cf.replace("partitions", tables.partition_seeds(
+            history, cf.read("partitions") if prior is not None else None)))
+    if _carries(opts) and not meta["problems"] and meta["watermark"] is not None:
+        jobs += _carry_jobs(cf, records, batches_new)
+    _together(*jobs)
     steps.done("tables_s")
 
     steps("collecting the findings")
@@ -343,20 +375,20 @@ def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str
     (out / "findings.json").write_text(json.dumps(findings, indent=1, default=str))
 
     steps("rendering the report")
-    with ThreadPoolExecutor(1) as carrying:  # what the next run carries on from, meanwhile
-        if from_offset is None:
-            kept = carrying.submit(_write_carry, out, cf, opts, meta, records, batches_new,
-                                   replayed, run_no, {"tables": tf.schemas, "carry": cf.schemas})
-        derived = {name: tf.read(name) for name in TABLES}
-        if from_offset is not None:
-            vol = tables.volume(_since(records, from_offset))
-            seeds = tables.partition_seeds(derived["partition_history"])
-        data = _report_data(vol, seeds, derived, meta, findings, replayed, opts, out,
-                            time.monotonic() - steps.started)
-        report_path = out / "report.html"
-        report_path.write_text(report.render(data), encoding="utf-8")
-        if from_offset is None:
-            kept.result()
+    vol, seeds = carry_dir / "volume", carry_dir / "partitions"
+    if from_offset is not None:  # the report's inputs from --from on
+        vol, seeds = out / "work" / "report-volume", out / "work" / "report-seeds"
+        _together(
+            lambda: tables.volume(_since(records, from_offset)).write.parquet(str(vol)),
+            lambda: tables.partition_seeds(tf.read("partition_history")).write.parquet(
+                str(seeds)))
+    data = _report_data(vol, seeds, out / "tables", meta, findings, replayed, opts, out,
+                        time.monotonic() - steps.started)
+    report_path = out / "report.html"
+    report_path.write_text(report.render(data), encoding="utf-8")
+    if from_offset is None:  # what the next run carries on from
+        _write_carry(out, opts, meta, replayed, run_no,
+                     {"tables": tf.schemas, "carry": cf.schemas})
     steps.done("report_s")
     topics_df.unpersist()
     brokers.unpersist()
@@ -391,21 +423,27 @@ def _together(*jobs: Callable[[], Any]) -> list[Any]:
         return [done.result() for done in [threads.submit(job) for job in jobs]]
 
 
-def _write_carry(out: Path, cf: carry.TableFiles, opts: AuditOptions, meta: dict,
-                 records: DataFrame, batches_new: DataFrame, replayed: _Replayed,
-                 run_no: int, schemas: dict) -> None:
-    """Keep what the next run needs to carry on from this one (the partitions' last states
-    and the volume counts are already written; no state when it could not carry on: damaged
-    frames or a replay error, which a whole-log run reports again)."""
+def _carry_jobs(cf: carry.TableFiles, records: DataFrame,
+                batches_new: DataFrame) -> list[Callable[[], Any]]:
+    """Adding the new records' batches, topics, topic removals and configs to what the next
+    run carries (ignored, and dropped by the next run, unless :func:`_write_carry` then
+    writes the state)."""
+    return [lambda: cf.append("batches", batches_new.select(*BATCH_CARRY)),
+            lambda: cf.append("topic_created", tables.topic_created(records)),
+            lambda: cf.append("topic_removed", tables.topic_removed(records)),
+            lambda: cf.append("topic_configs", tables.topic_configs(records))]
+
+
+def _write_carry(out: Path, opts: AuditOptions, meta: dict, replayed: _Replayed, run_no: int,
+                 schemas: dict) -> None:
+    """Keep what the next run needs to carry on from this one (its tables are already
+    written, :func:`_carry_jobs`): the image and the state; no state when it could not carry
+    on: damaged frames or a replay error, which a whole-log run reports again."""
     carry_dir = out / "carry"
     wm = meta["watermark"]
     if (meta["problems"] or replayed.error is not None or replayed.image is None or wm is None
             or replayed.offset != wm["last_offset"]):
         return
-    _together(lambda: cf.append("batches", batches_new.select(*BATCH_CARRY)),
-              lambda: cf.append("topic_created", tables.topic_created(records)),
-              lambda: cf.append("topic_removed", tables.topic_removed(records)),
-              lambda: cf.append("topic_configs", tables.topic_configs(records)))
     os.replace(replayed.image, carry_dir / "image.snapshot")
     shutil.rmtree(out / ".replayed-image", ignore_errors=True)
     segments = {p.name: carry.stamp(p) for p in list_segments(opts.log_dir)
@@ -464,61 +502,56 @@ def _findings_doc(opts: AuditOptions, meta: dict, counts: dict, samples: list, e
             "report": str(out / "report.html")}
 
 
-def _top(seeds: DataFrame, topics_df: DataFrame, events: str, n: int) -> DataFrame:
-    """The ``n`` partitions (by topic name) with the most ``events`` (a seeds column)."""
-    names = F.broadcast(topics_df.select("topic_id", "topic_name").dropDuplicates(["topic_id"]))
-    return (seeds.join(names, "topic_id", "left").groupBy("topic_name", "partition_id")
-                 .agg(F.sum(events).alias("count"))
-                 .orderBy(F.desc("count"), "topic_name", "partition_id").limit(n))
-
-
-def _report_data(vol_df: DataFrame, seeds: DataFrame, derived: dict[str, DataFrame], meta: dict,
+def _report_data(volume_dir: Path, seeds_dir: Path, tables_dir: Path, meta: dict,
                  findings: dict, replayed: _Replayed, opts: AuditOptions, out: Path,
                  elapsed: float) -> dict:
-    """Small aggregates for the charts (each bounded, collected) from the written tables,
-    ``vol_df`` (:func:`tables.volume`) and ``seeds`` (:func:`tables.partition_seeds`)."""
-    history = derived["partition_history"]
+    """Small aggregates for the charts (each bounded) from the written tables in
+    ``tables_dir``, the records per batch time and type (``volume_dir``, :func:`tables.volume`)
+    and each partition's last state and event counts (``seeds_dir``,
+    :func:`tables.partition_seeds`), read on the driver (:mod:`tools.audit.reportdata`)."""
     t0, t1 = meta["first_ms"] or 0, meta["last_ms"] or 1
-    ms = F.unix_millis("ts")
-    nb = 60
+    nb = reportdata.BUCKETS
     span = max(t1 - t0, 1)
-    # one scan of the history for two charts (kind "leader": the leadership timeline of the
-    # 30 partitions with the most leader changes; "isr": the ISR size of the 12 whose ISR
-    # changed most), each partition's first 400 rows
-    tops = (_top(seeds, derived["topics"], "leader_events", 30).withColumn("kind", F.lit("leader"))
-            .unionByName(_top(seeds, derived["topics"], "isr_events", 12)
-                         .withColumn("kind", F.lit("isr")))
-            .select("topic_name", "partition_id", "kind"))
-    created = F.col("change") == "created"
-    wanted = F.when(F.col("kind") == "leader", F.col("leader_changed") | created).otherwise(
-        F.col("change").contains("isr") | created)
-    w = Window.partitionBy("kind", "topic_name", "partition_id").orderBy("offset")
-    queries = {
-        "charts": (history.join(F.broadcast(tops), ["topic_name", "partition_id"])
-                          .filter(wanted).withColumn("n", F.row_number().over(w))
-                          .filter(F.col("n") <= 400)
-                          .select("kind", "topic_name", "partition_id", "offset", ms.alias("t"),
-                                  "leader", "isr_size")),
-        "removed": derived["topics"].filter(F.col("removed_ts").isNotNull())
-                                    .select("topic_name", F.unix_millis("removed_ts")
-                                            .alias("removed_ms")),
-        "broker_keys": derived["broker_history"].select("broker_id").distinct(),
-        "states": (derived["broker_intervals"]
-                   .select("broker_id", "state", F.unix_millis("start_ts").alias("s"),
-                           F.unix_millis("end_ts").alias("e"))
-                   .orderBy("broker_id", "s").limit(5000)),
-        "volume": (vol_df.withColumn("b", F.least(F.floor((F.col("timestamp_ms") - t0) * nb / span),
-                                                  F.lit(nb - 1)))
-                         .groupBy("b", "record_type").agg(F.sum("count").alias("count"))),
-        "principals": (derived["who_changed_what"].groupBy("principal", "api")
-                       .agg(F.sum("records").alias("n")).orderBy(F.desc("n")).limit(20)),
-        "intervals": derived["replication_intervals"].orderBy(F.desc("duration_s")).limit(200),
-        "lifecycle": derived["topic_lifecycle"].orderBy("offset").limit(300),
-        "broker_history": derived["broker_history"].orderBy("offset").limit(300),
+    topics = reportdata.rows(tables_dir / "topics", ("topic_id", "topic_name", "removed_ts"),
+                             millis=("removed_ts",))
+    names = {}
+    for r in topics:
+        names.setdefault(r["topic_id"], r["topic_name"])
+    seeds = reportdata.rows(seeds_dir, ("topic_id", "partition_id", "leader_events", "isr_events"))
+    brokers = tables_dir / "broker_history"
+    got = {
+        "charts": reportdata.charts(tables_dir, seeds, names),
+        "removed": sorted(({"topic_name": r["topic_name"], "removed_ms": r["removed_ts"]}
+                           for r in topics if r["removed_ts"] is not None),
+                          key=lambda r: r["removed_ms"]),  # a name removed twice: the last
+        "broker_keys": [{"broker_id": b} for b in
+                        {r["broker_id"] for r in reportdata.rows(brokers, ("broker_id",))}],
+        "states": [{"broker_id": r["broker_id"], "state": r["state"], "s": r["start_ts"],
+                    "e": r["end_ts"]} for r in reportdata.ordered(
+                        tables_dir / "broker_intervals",
+                        ("broker_id", "state", "start_ts", "end_ts", "start_offset"),
+                        [("broker_id", "ascending"), ("start_ts", "ascending"),
+                         ("start_offset", "ascending")], 5000, millis=("start_ts", "end_ts"))],
+        "volume": reportdata.volume(
+            reportdata.rows(volume_dir, ("timestamp_ms", "record_type", "count")), t0, t1),
+        "principals": reportdata.principals(
+            reportdata.rows(tables_dir / "who_changed_what", ("principal", "api", "records"))),
+        "intervals": reportdata.ordered(
+            tables_dir / "replication_intervals",
+            ("topic_name", "topic_id", "partition_id", "state", "start_offset", "start_ts",
+             "end_ts", "duration_s", "open", "isr", "reason"),
+            [("duration_s", "descending"), ("start_offset", "ascending"),
+             ("topic_id", "ascending"), ("partition_id", "ascending")], 200,
+            times=("start_ts", "end_ts")),
+        "lifecycle": reportdata.ordered(
+            tables_dir / "topic_lifecycle",
+            ("offset", "ts", "topic_name", "event", "partitions", "config_name", "old_value",
+             "new_value", "principal", "reason"), [("offset", "ascending")], 300,
+            times=("ts",)),
+        "broker_history": reportdata.ordered(
+            brokers, ("offset", "ts", "broker_id", "broker_epoch", "event", "state", "reason"),
+            [("offset", "ascending")], 300, times=("ts",)),
     }
-    # small jobs, each mostly waiting on planning and scheduling: run them side by side
-    with ThreadPoolExecutor(4) as threads:
-        got = dict(zip(queries, threads.map(lambda df: df.collect(), queries.values())))
     points = [r for r in got["charts"] if r["kind"] == "leader"]
     removed = {r["topic_name"]: r["removed_ms"] for r in got["removed"]}
     leadership: dict[str, list] = {}
