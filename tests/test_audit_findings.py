@@ -35,3 +35,24 @@ def test_counts_every_severity_and_samples_the_first_by_offset(spark):
 def test_no_findings(spark):
     df = spark.createDataFrame([], "rule string, severity string, offset bigint, detail string")
     assert _counts_and_samples(df) == ({}, [])
+
+
+def test_batch_rules_with_known_bounds_equal_those_with_aggregated_ones(spark):
+    """A re-audit passes every batch's lowest and highest base offset (read on the driver)
+    instead of aggregating them: the same gaps, overlaps and broken chain links are found."""
+    from tools.audit import checks
+
+    z = "0" * 64
+    rows = [(0, 4, 1, "h0", z), (5, 9, 1, "h1", "h0"), (12, 15, 1, "h2", "h1"),
+            (12, 13, 1, "h3", "h2"), (16, 20, 1, "h4", "bad")]
+    cols = ("batch_base_offset", "batch_last_offset", "term", "batch_hash", "prev_hash")
+    every = spark.createDataFrame(rows, cols)
+    new = every.filter("batch_base_offset >= 12")
+
+    def found(df):
+        return sorted(tuple(r) for r in df.collect())
+
+    for rule, wrong in ((checks.offsets_contiguous, (0, 12)), (checks.hash_chain, (12, 16))):
+        derived = found(rule(new, every))
+        assert derived and found(rule(new, every, (0, 16))) == derived
+        assert found(rule(new, every, wrong)) != derived  # the bounds are used

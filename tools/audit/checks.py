@@ -49,13 +49,28 @@ def _finding(df: DataFrame, rule: str, detail: Column, severity: Column | None =
 WHOLE_LOG_RULES = ("broker-epoch-unique",)
 
 
-def offsets_contiguous(b: DataFrame, everything: DataFrame | None = None) -> DataFrame:
-    """Batches not followed by the batch at ``last + 1`` (except the newest), and overlaps."""
+Bounds = tuple[int | None, int | None]
+
+
+def _with_bound(df: DataFrame, everything: DataFrame, agg: Column, name: str,
+                known: Bounds | None, i: int) -> DataFrame:
+    """``df`` with column ``name``: ``agg`` over ``everything``, or ``known[i]`` when the
+    bounds are known (one Spark job fewer)."""
+    if known is not None:
+        return df.withColumn(name, F.lit(known[i]).cast("bigint"))
+    return df.crossJoin(F.broadcast(everything.agg(agg.alias(name))))
+
+
+def offsets_contiguous(b: DataFrame, everything: DataFrame | None = None,
+                       bounds: Bounds | None = None) -> DataFrame:
+    """Batches not followed by the batch at ``last + 1`` (except the newest), and overlaps.
+    ``bounds``: every batch's lowest and highest base offset, when known."""
     everything = b if everything is None else everything
-    last = everything.agg(F.max("batch_base_offset").alias("m"))
     nxt = everything.select(F.col("batch_base_offset").alias("n_base"))
-    gaps = (b.join(nxt, F.col("batch_last_offset") + 1 == F.col("n_base"), "left_anti")
-             .crossJoin(F.broadcast(last)).filter(F.col("batch_base_offset") < F.col("m"))
+    gaps = (_with_bound(b.join(nxt, F.col("batch_last_offset") + 1 == F.col("n_base"),
+                               "left_anti"),
+                        everything, F.max("batch_base_offset"), "m", bounds, 1)
+             .filter(F.col("batch_base_offset") < F.col("m"))
              .withColumn("offset", F.col("batch_last_offset") + 1))
     gap = _finding(gaps, "offsets-contiguous",
                    F.format_string("no batch starts at offset %d (after the batch at %d)",
@@ -85,14 +100,15 @@ def frames_decodable(records: DataFrame, newest_segment: str | None) -> DataFram
                     F.when(torn_tail, F.lit(WARNING)).otherwise(F.lit(ERROR)))
 
 
-def hash_chain(b: DataFrame, everything: DataFrame | None = None) -> DataFrame:
+def hash_chain(b: DataFrame, everything: DataFrame | None = None,
+               bounds: Bounds | None = None) -> DataFrame:
     """Each batch's prev_hash must be the hash of the batch ending right before it. The oldest
-    batch is anchored (all zeros at offset 0; else a snapshot's hash)."""
+    batch is anchored (all zeros at offset 0; else a snapshot's hash). ``bounds``: as
+    :func:`offsets_contiguous`."""
     everything = b if everything is None else everything
-    first = everything.agg(F.min("batch_base_offset").alias("first"))
     prev = everything.select(F.col("batch_hash").alias("p_hash"), F.col("batch_last_offset").alias("p_last"))
-    j = (b.join(prev, F.col("prev_hash") == F.col("p_hash"), "left")
-          .crossJoin(F.broadcast(first))
+    j = (_with_bound(b.join(prev, F.col("prev_hash") == F.col("p_hash"), "left"),
+                     everything, F.min("batch_base_offset"), "first", bounds, 0)
           .filter(F.col("p_hash").isNull() | (F.col("p_last") + 1 != F.col("batch_base_offset"))))
     zero = "0" * 64
     anchored = (F.col("batch_base_offset") == F.col("first")) & (
@@ -231,16 +247,17 @@ def _union(parts: list[Callable[[], DataFrame]]) -> DataFrame:
 
 
 def log_findings(records: DataFrame, batches_df: DataFrame, topics_df: DataFrame,
-                 newest_segment: str | None, everything: DataFrame | None = None) -> DataFrame:
+                 newest_segment: str | None, everything: DataFrame | None = None,
+                 bounds: Bounds | None = None) -> DataFrame:
     """The violations of the rules on the records and batches themselves (offsets, CRCs,
     frames, hash chain, terms, topic references). ``records`` and ``batches_df`` may be the
-    new part of the log only (``everything``: every batch); ``topics_df`` covers the whole
-    log."""
+    new part of the log only (``everything``: every batch; ``bounds``: its lowest and highest
+    base offset, when known); ``topics_df`` covers the whole log."""
     return _union([
-        lambda: offsets_contiguous(batches_df, everything),
+        lambda: offsets_contiguous(batches_df, everything, bounds),
         lambda: crc_intact(records),
         lambda: frames_decodable(records, newest_segment),
-        lambda: hash_chain(batches_df, everything),
+        lambda: hash_chain(batches_df, everything, bounds),
         lambda: terms_monotonic(batches_df, everything),
         lambda: topic_references(records, topics_df),
     ])

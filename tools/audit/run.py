@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as ds
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
@@ -234,6 +235,20 @@ def _meta_of_rows(rows: pa.Table) -> dict:
                 "term": end["term"]}}
 
 
+def _batch_bounds(new_rows: pa.Table, carry_dir: Path) -> checks.Bounds:
+    """The lowest and highest batch base offset of the carried batches and the new rows'
+    batches (:func:`tables.batches`' rows: a batch's first record), read on the driver."""
+    new = new_rows.filter(pc.and_(pc.equal(new_rows["index_in_batch"], 0),
+                                  pc.is_valid(new_rows["batch_base_offset"])))
+    files = sorted(str(p) for p in (carry_dir / "batches").glob("*.parquet"))
+    cols = [new["batch_base_offset"]]
+    if files:
+        cols.append(ds.dataset(files, format="parquet")
+                      .to_table(columns=["batch_base_offset"])["batch_base_offset"])
+    nums = [v for c in cols for v in pc.min_max(c).as_py().values() if v is not None]
+    return (min(nums), max(nums)) if nums else (None, None)
+
+
 def _merge_meta(old: dict, new: dict) -> dict:
     """The totals of the records audited before and of the new ones."""
     def pick(f: Callable, key: str) -> Any:
@@ -322,6 +337,7 @@ def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str
     everything = (batches_new.select(*BATCH_CARRY).unionByName(cf.read("batches"))
                   if prior is not None else None)
     newest = list_segments(opts.log_dir)[-1].name
+    bounds = _batch_bounds(new_rows, carry_dir) if prior is not None else None
 
     # first the partition and broker histories (the longest job first) and, side by side, what
     # needs neither: the planning of one overlaps the others' jobs
@@ -331,7 +347,7 @@ def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str
         lambda: tf.append("broker_history", tables.broker_history(
             records, tables.broker_seeds(old_brokers) if old_brokers is not None else None)),
         lambda: tf.append("findings", checks.log_findings(records, batches_new, topics_df,
-                                                          newest, everything)),
+                                                          newest, everything, bounds)),
         lambda: tf.replace("topics", topics_df),
         lambda: tf.append("topic_lifecycle",
                           tables.topic_lifecycle(records, created, configs, after)),
