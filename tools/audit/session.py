@@ -102,7 +102,9 @@ def build_session(master: str | None = "local[*]", spark_log: Path | None = None
                           .config("spark.sql.adaptive.enabled", "false"))
         if short:  # C2 compiles cost more CPU than they save on small jobs; on the 2M-record
             # partition history C2 does it in 49 CPU s where C1 needs 73
-            java_opts += " -XX:TieredStopAtLevel=1"
+            # (C1 only, the JVM reserves 48 MB for compiled code instead of 240 MB: a JVM that
+            # runs many sessions, like the tests', ran out of it)
+            java_opts += " -XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
         else:  # C2 only for the really hot code (the generated stages' loops)
             java_opts += C2_HOT_ONLY
     java_opts += " " + os.environ.get("KRAFT_AUDIT_JAVA_OPTS", "")  # tuning: last one wins
