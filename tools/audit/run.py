@@ -269,7 +269,8 @@ def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str
     steps = _Steps(progress, 7)
     if spark is None:
         steps(f"starting Spark ({opts.master or 'spark-submit master'}; its log: {out / 'spark.log'})")
-        spark = build_session(opts.master, out / "spark.log", short=prior is not None)
+        spark = build_session(opts.master, out / "spark.log", short=prior is not None,
+                              source=False)  # (the audit reads its mirror, not the source)
         steps.done("spark_start_s")
     else:
         steps("using the running Spark session")

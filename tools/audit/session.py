@@ -74,11 +74,13 @@ def local_cores(master: str | None) -> int | None:
 
 
 def build_session(master: str | None = "local[*]", spark_log: Path | None = None,
-                  app_name: str = "kraft-audit", short: bool = True):
+                  app_name: str = "kraft-audit", short: bool = True, source: bool = True):
     """Get or create the SparkSession (``master`` None: whatever spark-submit configured) and
     register the data source. ``spark_log``: where Spark's start-up output goes. ``short``:
     only small jobs are coming (a re-audit, tests), so in local mode the JVM compiles with C1
-    only; the whole-log audit's window sort over millions of rows wants C2."""
+    only; the whole-log audit's window sort over millions of rows wants C2. ``source``:
+    register ``kraft-metadata`` (the audit reads its Parquet mirror and leaves it out: Spark
+    then asks a Python worker for the Python data sources installed, ~1 s of the start)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -122,5 +124,6 @@ def build_session(master: str | None = "local[*]", spark_log: Path | None = None
     with _output_to(spark_log):
         spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
-    spark.dataSource.register(KraftMetadataDataSource)
+    if source:
+        spark.dataSource.register(KraftMetadataDataSource)
     return spark
