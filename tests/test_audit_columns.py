@@ -255,6 +255,14 @@ def test_report_data_orders_like_spark_and_breaks_its_ties(tmp_path):
     up = reportdata.ordered(tmp_path / "t", ("d", "o"), [("d", "ascending")], 2)
     assert [r["o"] for r in up] == [3, 4]
     assert reportdata.ordered(tmp_path / "missing", ("d",), [("d", "ascending")], 2) == []
+    (tmp_path / "many").mkdir()  # several files of several batches: kept top rows, ties in order
+    for i in range(3):
+        pq.write_table(pa.table({"d": [float(x % 7) for x in range(50)],
+                                 "o": [i * 100 + x for x in range(50)]}),
+                       tmp_path / "many" / f"part-{i}.parquet", row_group_size=8)
+    whole = sorted(((x % 7, i * 100 + x) for i in range(3) for x in range(50)), key=lambda r: -r[0])
+    assert [(r["d"], r["o"]) for r in reportdata.ordered(
+        tmp_path / "many", ("d", "o"), [("d", "descending")], 20)] == [(float(d), o) for d, o in whole[:20]]
 
     seeds = [{"topic_id": t, "partition_id": p, "leader_events": n, "isr_events": 0}
              for t, p, n in (("a", 0, 5), ("b", 1, 5), ("b", 0, 5), ("x", 0, 9), ("c", 0, 1))]

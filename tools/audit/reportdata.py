@@ -137,10 +137,18 @@ def principals(who: list[dict], n: int = 20) -> list[dict]:
 def ordered(path: Path, columns: Iterable[str], by: list[tuple[str, str]], n: int,
             millis: Iterable[str] = (), times: Iterable[str] = ()) -> list[dict]:
     """The first ``n`` rows of table ``path`` ordered ``by`` (column, "ascending" /
-    "descending"; nulls first when ascending, last when descending, as Spark)."""
-    table = _table(path, columns)
-    if table is None:
+    "descending"; nulls first when ascending, last when descending, as Spark). The table is
+    read a batch at a time, keeping the first ``n`` so far: the driver holds ``n`` rows and a
+    batch, not the table (the sort is stable, so ties keep the table's order)."""
+    files = sorted(str(p) for p in path.glob("*.parquet")) if path.is_dir() else []
+    if not files:
         return []
     keys = [(col, way, "at_end" if way == "descending" else "at_start") for col, way in by]
-    order = pc.sort_indices(table, sort_keys=keys)
-    return _pylist(table.take(order[:n]), millis, times)
+    kept: pa.Table | None = None
+    for batch in ds.dataset(files, format="parquet").to_batches(columns=list(columns),
+                                                                use_threads=False):
+        t = pa.Table.from_batches([batch])
+        if kept is not None:
+            t = pa.concat_tables([kept, t])
+        kept = t.take(pc.sort_indices(t, sort_keys=keys)[:n])
+    return _pylist(kept, millis, times)
