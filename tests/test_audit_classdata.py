@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -112,3 +113,16 @@ def test_an_unusable_archive_is_ignored_quietly(tmp_path):
     assert got["rows"] == 1000
     assert got["mapped_bytes"] < made.stat().st_size  # rejected: the JDK's base archive only
     assert "[warning]" not in stdout and "archive" not in stdout.lower(), stdout
+
+
+def test_archives_unused_for_a_month_are_pruned_beside_a_new_one(tmp_path):
+    keep = tmp_path / "spark-classes-aaaa.jsa"
+    stale, recent, other = (tmp_path / "spark-classes-bbbb.jsa", tmp_path / "spark-classes-cccc.jsa",
+                            tmp_path / "notes.txt")
+    for p in (keep, stale, recent, other):
+        p.write_bytes(b"x")
+    month_ago = time.time() - classdata.UNUSED_FOR_S - 60
+    for p in (keep, stale, other):
+        os.utime(p, (month_ago, month_ago))
+    assert classdata.prune(keep) == [stale]
+    assert keep.exists() and recent.exists() and other.exists() and not stale.exists()

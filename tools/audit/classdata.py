@@ -9,7 +9,8 @@ The archive is written once per JVM + Spark installation by ``python -m tools.au
 (``make venv`` runs it): a real audit of a small sample log in a JVM started with
 ``-XX:ArchiveClassesAtExit``. It is keyed by everything the JVM checks (the java binary, the
 class path's jars, ``SPARK_CONF_DIR``), so a new JDK or pyspark gets a new archive; a JVM that
-still finds it unusable ignores it silently and starts the slow way. ``KRAFT_AUDIT_CDS=off``
+still finds it unusable ignores it silently and starts the slow way. Writing one deletes the
+archives of other installations that no session has mapped for 30 days. ``KRAFT_AUDIT_CDS=off``
 turns it off; ``KRAFT_AUDIT_CDS_DIR`` says where archives live (default
 ``$XDG_CACHE_HOME/pykraft`` or ``~/.cache/pykraft``).
 """
@@ -22,6 +23,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 #: Unified JVM logging off for CDS: an archive the JVM rejects (another JDK build, a changed
@@ -29,6 +31,9 @@ from pathlib import Path
 QUIET = " -Xlog:cds*=off"
 #: How long writing the archive may take (a small audit plus the JVM's dump at exit).
 CREATE_TIMEOUT_S = 600.0
+#: Archives of other installations unused this long are deleted when a new one is written
+#: (each is ~180 MiB; a session that maps an archive marks it used).
+UNUSED_FOR_S = 30 * 86400
 
 
 def enabled() -> bool:
@@ -94,6 +99,10 @@ def java_options() -> str:
     path = archive_path()
     if path is None or not path.is_file():
         return ""
+    try:
+        os.utime(path)  # used now: see prune()
+    except OSError:
+        pass
     return f" -XX:SharedArchiveFile={path}" + QUIET
 
 
@@ -120,7 +129,25 @@ def create(force: bool = False, timeout: float = CREATE_TIMEOUT_S) -> tuple[Path
             raise RuntimeError("writing the JVM class archive failed (exit "
                                f"{proc.returncode}): " + " | ".join(tail))
     os.replace(partial, path)  # readers never see a half-written archive
-    return path, f"JVM class archive written: {path} ({path.stat().st_size >> 20} MiB)"
+    gone = prune(path)
+    return path, (f"JVM class archive written: {path} ({path.stat().st_size >> 20} MiB)"
+                  + (f"; {len(gone)} unused for {UNUSED_FOR_S // 86400} days deleted" if gone
+                     else ""))
+
+
+def prune(keep: Path, unused_for: float = UNUSED_FOR_S) -> list[Path]:
+    """Delete the archives beside ``keep`` (other JDKs or Spark installations) that no session
+    has used for ``unused_for`` seconds; returns them."""
+    cutoff = time.time() - unused_for
+    gone = []
+    for other in keep.parent.glob("spark-classes-*.jsa"):
+        try:
+            if other != keep and other.stat().st_mtime < cutoff:
+                other.unlink()
+                gone.append(other)
+        except OSError:  # another process's, or already gone
+            continue
+    return gone
 
 
 def _train(work: Path, timeout: float = CREATE_TIMEOUT_S) -> None:
