@@ -264,9 +264,11 @@ def test_report_data_orders_like_spark_and_breaks_its_ties(tmp_path):
     assert [(r["d"], r["o"]) for r in reportdata.ordered(
         tmp_path / "many", ("d", "o"), [("d", "descending")], 20)] == [(float(d), o) for d, o in whole[:20]]
 
-    seeds = [{"topic_id": t, "partition_id": p, "leader_events": n, "isr_events": 0}
-             for t, p, n in (("a", 0, 5), ("b", 1, 5), ("b", 0, 5), ("x", 0, 9), ("c", 0, 1))]
-    names = {"a": "beta", "b": "alpha", "c": "gamma"}
+    seeds = pa.Table.from_pylist([{"topic_id": t, "partition_id": p, "leader_events": n, "isr_events": 0}
+             for t, p, n in (("a", 0, 5), ("b", 1, 5), ("b", 0, 5), ("x", 0, 9), ("c", 0, 1),
+                             ("a2", 0, None))])
+    assert reportdata.top_partitions(None, {}, "leader_events", 3) == []
+    names = {"a": "beta", "b": "alpha", "c": "gamma", "a2": "beta"}
     assert reportdata.top_partitions(seeds, names, "leader_events", 3) == [
         ("alpha", 0), ("alpha", 1)]
     assert reportdata.top_partitions(seeds, names, "leader_events", 4)[-1] == ("beta", 0)

@@ -62,27 +62,41 @@ def _pylist(table: pa.Table | None, millis: Iterable[str] = (),
     return [dict(zip(data, vals)) for vals in zip(*data.values())]
 
 
+def table(path: Path, columns: Iterable[str]) -> pa.Table | None:
+    """Table ``path``'s ``columns`` as Arrow (None when it has no files)."""
+    return _table(path, columns)
+
+
 def rows(path: Path, columns: Iterable[str], filter: ds.Expression | None = None,
          millis: Iterable[str] = (), times: Iterable[str] = ()) -> list[dict]:
     """Table ``path``'s ``columns`` (rows matching ``filter``) as dicts (see :func:`_pylist`)."""
     return _pylist(_table(path, columns, filter), millis, times)
 
 
-def top_partitions(seeds: list[dict], names: dict[str, str | None], events: str,
+def top_partitions(seeds: pa.Table | None, names: dict[str, str | None], events: str,
                    n: int) -> list[tuple[str, int]]:
     """The ``n`` (topic name, partition) with the most ``events`` (summed over topic ids of
     the same name), most first, then by name and partition; unnamed ones are left out (they
-    match no history row by name)."""
-    counts: dict[tuple, int] = {}
-    for s in seeds:
-        key = (names.get(s["topic_id"]), s["partition_id"])
-        counts[key] = counts.get(key, 0) + (s[events] or 0)
-    ranked = sorted(counts.items(),
-                    key=lambda kv: (-kv[1], _first(kv[0][0]), _first(kv[0][1])))[:n]
-    return [key for key, _ in ranked if key[0] is not None]
+    match no history row by name). ``seeds``: one row per partition (``topic_id``,
+    ``partition_id``, the event counts), aggregated by Arrow: no Python object per partition."""
+    if seeds is None or seeds.num_rows == 0:
+        return []
+    ids = pa.array(list(names), pa.string())
+    named = pa.array(list(names.values()), pa.string()).take(
+        pc.index_in(seeds.column("topic_id"), value_set=ids))
+    counts = (pa.table({"name": named, "partition_id": seeds.column("partition_id"),
+                        "n": pc.fill_null(seeds.column(events), 0)})
+              .group_by(["name", "partition_id"]).aggregate([("n", "sum")]))
+    order = pc.sort_indices(counts, sort_keys=[("n_sum", "descending", "at_start"),
+                                               ("name", "ascending", "at_start"),
+                                               ("partition_id", "ascending", "at_start")])
+    ranked = counts.take(order[:n])
+    return [(name, pid) for name, pid in zip(ranked.column("name").to_pylist(),
+                                             ranked.column("partition_id").to_pylist())
+            if name is not None]
 
 
-def charts(tables: Path, seeds: list[dict], names: dict[str, str | None]) -> list[dict]:
+def charts(tables: Path, seeds: pa.Table | None, names: dict[str, str | None]) -> list[dict]:
     """Each top partition's first :data:`POINTS` history rows by offset: kind ``leader`` (the
     :data:`LEADER_TOP` with most leader changes; creations and leader changes), ``isr`` (the
     :data:`ISR_TOP` with most ISR changes; creations and ISR changes)."""

@@ -549,7 +549,8 @@ def _report_data(volume_dir: Path, seeds_dir: Path, tables_dir: Path, meta: dict
     names = {}
     for r in topics:
         names.setdefault(r["topic_id"], r["topic_name"])
-    seeds = reportdata.rows(seeds_dir, ("topic_id", "partition_id", "leader_events", "isr_events"))
+    seeds = reportdata.table(seeds_dir, ("topic_id", "partition_id", "leader_events",
+                                         "isr_events"))
     brokers = tables_dir / "broker_history"
     got = {
         "charts": reportdata.charts(tables_dir, seeds, names),
