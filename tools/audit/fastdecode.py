@@ -202,9 +202,9 @@ def _nulls(n: int, typ: pa.DataType) -> pa.Array:
 
 
 def _record_columns(recs: list, kinds: np.ndarray, wanted: frozenset[str]) -> dict[str, pa.Array]:
-    """``record_json`` and the typed columns (those ``wanted``), built per record type (one getter pass over a
-    group gives all its fields) and put in row order: a chunk of one record type needs no
-    reordering; otherwise each column is one ``take`` from its filled groups, with null
+    """``record_json`` and the typed columns (those ``wanted``), built per record type (one
+    getter pass over a group gives all its fields) and put in row order: a chunk of one record
+    type needs no reordering; otherwise each column is one ``take`` from its filled groups, with null
     indices for the rows of the other groups."""
     n = len(recs)
     sizes = np.bincount(kinds, minlength=len(_KINDS))
