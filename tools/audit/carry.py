@@ -24,10 +24,11 @@ import os
 import shutil
 from pathlib import Path
 
-import pyarrow.dataset as ds
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
+
+from tools.audit import localtable
 
 from kraft.log.segment import list_segments
 
@@ -168,10 +169,9 @@ def reuses_topic_id(new_ids: set[str | None], carry_dir: Path) -> bool:
     (read on the driver from the carried topics, removals and partitions)."""
     known: set[str] = set()
     for name in ("topic_created", "topic_removed", "partitions"):
-        files = sorted(str(p) for p in (carry_dir / name).glob("*.parquet"))
-        if files:
-            known.update(ds.dataset(files, format="parquet").to_table(columns=["topic_id"])
-                           .column(0).to_pylist())
+        ids = localtable.read(carry_dir / name, ["topic_id"])
+        if ids is not None:
+            known.update(ids.column(0).to_pylist())
     return bool((new_ids - {None}) & known)
 
 

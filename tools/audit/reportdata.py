@@ -16,6 +16,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
+from tools.audit import localtable
+
 LEADER_TOP, ISR_TOP, POINTS = 30, 12, 400
 BUCKETS = 60
 
@@ -36,14 +38,6 @@ def _datetime(us: int | None) -> datetime | None:
     return datetime.fromtimestamp(us // 1_000_000).replace(microsecond=us % 1_000_000)
 
 
-def _table(path: Path, columns: Iterable[str],
-           filter: ds.Expression | None = None) -> pa.Table | None:
-    files = sorted(str(p) for p in path.glob("*.parquet")) if path.is_dir() else []
-    if not files:
-        return None
-    return ds.dataset(files, format="parquet").to_table(columns=list(columns), filter=filter)
-
-
 def _pylist(table: pa.Table | None, millis: Iterable[str] = (),
             times: Iterable[str] = ()) -> list[dict]:
     """``table``'s rows as dicts; ``millis`` timestamp columns as ms (``unix_millis``),
@@ -62,15 +56,10 @@ def _pylist(table: pa.Table | None, millis: Iterable[str] = (),
     return [dict(zip(data, vals)) for vals in zip(*data.values())]
 
 
-def table(path: Path, columns: Iterable[str]) -> pa.Table | None:
-    """Table ``path``'s ``columns`` as Arrow (None when it has no files)."""
-    return _table(path, columns)
-
-
 def rows(path: Path, columns: Iterable[str], filter: ds.Expression | None = None,
          millis: Iterable[str] = (), times: Iterable[str] = ()) -> list[dict]:
     """Table ``path``'s ``columns`` (rows matching ``filter``) as dicts (see :func:`_pylist`)."""
-    return _pylist(_table(path, columns, filter), millis, times)
+    return _pylist(localtable.read(path, columns, filter), millis, times)
 
 
 def top_partitions(seeds: pa.Table | None, names: dict[str, str | None], events: str,
@@ -154,15 +143,11 @@ def ordered(path: Path, columns: Iterable[str], by: list[tuple[str, str]], n: in
     "descending"; nulls first when ascending, last when descending, as Spark). The table is
     read a batch at a time, keeping the first ``n`` so far: the driver holds ``n`` rows and a
     batch, not the table (the sort is stable, so ties keep the table's order)."""
-    files = sorted(str(p) for p in path.glob("*.parquet")) if path.is_dir() else []
-    if not files:
-        return []
     keys = [(col, way, "at_end" if way == "descending" else "at_start") for col, way in by]
     kept: pa.Table | None = None
-    for batch in ds.dataset(files, format="parquet").to_batches(columns=list(columns),
-                                                                use_threads=False):
+    for batch in localtable.batches(path, columns):
         t = pa.Table.from_batches([batch])
         if kept is not None:
             t = pa.concat_tables([kept, t])
         kept = t.take(pc.sort_indices(t, sort_keys=keys)[:n])
-    return _pylist(kept, millis, times)
+    return _pylist(kept, millis, times)  # (None: no files, no rows)

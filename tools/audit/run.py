@@ -21,14 +21,13 @@ from typing import Any, Callable
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from kraft.log.segment import list_segments
 from kraft.log.snapshot import list_snapshots
 from kraft.snapshotter import image_from_snapshot, image_to_snapshot
-from tools.audit import carry, checks, report, reportdata, state, tables
+from tools.audit import carry, checks, localtable, report, reportdata, state, tables
 from tools.audit.mirror import Mirror
 from tools.audit.session import build_session, local_cores
 
@@ -240,11 +239,10 @@ def _batch_bounds(new_rows: pa.Table, carry_dir: Path) -> checks.Bounds:
     batches (:func:`tables.batches`' rows: a batch's first record), read on the driver."""
     new = new_rows.filter(pc.and_(pc.equal(new_rows["index_in_batch"], 0),
                                   pc.is_valid(new_rows["batch_base_offset"])))
-    files = sorted(str(p) for p in (carry_dir / "batches").glob("*.parquet"))
+    carried = localtable.read(carry_dir / "batches", ["batch_base_offset"])
     cols = [new["batch_base_offset"]]
-    if files:
-        cols.append(ds.dataset(files, format="parquet")
-                      .to_table(columns=["batch_base_offset"])["batch_base_offset"])
+    if carried is not None:
+        cols.append(carried["batch_base_offset"])
     nums = [v for c in cols for v in pc.min_max(c).as_py().values() if v is not None]
     return (min(nums), max(nums)) if nums else (None, None)
 
@@ -549,7 +547,7 @@ def _report_data(volume_dir: Path, seeds_dir: Path, tables_dir: Path, meta: dict
     names = {}
     for r in topics:
         names.setdefault(r["topic_id"], r["topic_name"])
-    seeds = reportdata.table(seeds_dir, ("topic_id", "partition_id", "leader_events",
+    seeds = localtable.read(seeds_dir, ("topic_id", "partition_id", "leader_events",
                                          "isr_events"))
     brokers = tables_dir / "broker_history"
     got = {
