@@ -56,3 +56,30 @@ def test_batch_rules_with_known_bounds_equal_those_with_aggregated_ones(spark):
         derived = found(rule(new, every))
         assert derived and found(rule(new, every, (0, 16))) == derived
         assert found(rule(new, every, wrong)) != derived  # the bounds are used
+
+
+def test_the_new_rows_totals_read_on_the_driver_equal_sparks(spark, tmp_path):
+    """A re-audit takes the new rows' totals, head and watermark from the mirror with pyarrow
+    (``_meta_of_rows``); a whole-log run aggregates them in Spark (``_meta``): the same
+    figures, a damaged frame and a torn tail included."""
+    from kraft.log.segment import list_segments
+    from tools.audit import tables
+    from tools.audit.mirror import Mirror
+    from tools.audit.run import META_COLUMNS, _meta, _meta_of_rows
+    from tools.audit.sample_log import write_history
+
+    log_dir = tmp_path / "log"
+    write_history(log_dir, segment_bytes=1500)
+    segments = list_segments(log_dir)
+    assert len(segments) > 2
+    data = bytearray(segments[1].read_bytes())
+    data[40] ^= 0xFF  # inside the first frame's payload: a CRC problem row
+    segments[1].write_bytes(bytes(data))
+    with open(segments[-1], "ab") as f:
+        f.write(b"\x00\x00\x10\x00\x00")  # a torn tail
+    mirror = Mirror(log_dir, tmp_path / "mirror")
+    records, _ = mirror.load(spark)
+    by_spark = _meta(tables.prepare(records))
+    by_arrow = _meta_of_rows(mirror.rows_after(segments[0].name, -1, list(META_COLUMNS)))
+    assert by_spark["problems"] >= 2 and by_spark["records"] > 20
+    assert by_arrow == by_spark
