@@ -1,11 +1,12 @@
 """A quiet SparkSession for the audit, with the ``kraft-metadata`` source registered.
 
 Spark's own output (JVM start-up warnings, log4j) goes to a log file instead of the
-terminal: the JVM inherits our stdout and stderr when it starts, so both point at the file while
-the session is created. (Holding none of our output, the JVM does not keep a pipe reading our
-output open after we exit: it stops on its own, ~1 s, once we are gone.) The driver JVM maps its classes from the archive of
-:mod:`tools.audit.classdata` when there is one. Python workers use this interpreter
-(``PYSPARK_PYTHON``) so they import the same ``kraft`` and ``tools`` packages.
+terminal: the JVM inherits our stdout and stderr when it starts, so both point at the file
+while the session is created. (Holding none of our output, the JVM does not keep a pipe reading
+our output open after we exit: it stops on its own, ~1 s, once we are gone.) The driver JVM
+maps its classes from the archive of :mod:`tools.audit.classdata` when there is one. Python
+workers use this interpreter (``PYSPARK_PYTHON``) so they import the same ``kraft`` and
+``tools`` packages.
 """
 from __future__ import annotations
 
