@@ -18,6 +18,7 @@ The generated log is a plausible cluster: 20 brokers register, 2,000 topics of 1
 (RF 3) are created, then ISR shrinks/expands and clean leader changes among the ISR, plus
 config changes and controller LeaderChange records, chained and framed like a real log.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,21 +31,44 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from kraft.log.metadata_log import MetadataLog
 from kraft.log.segment import encode_frame, list_segments, scan_segment, segment_name
 from kraft.records import (
-    LEADER_NONE, LEADER_UNCHANGED, RECOVERY_UNCHANGED, ZERO_HASH, Batch, ConfigRecord,
-    LeaderChangeRecord, PartitionChangeRecord, PartitionRecord, Provenance, RegisterBrokerRecord,
-    BrokerRegistrationChangeRecord, RemoveTopicRecord, TopicRecord, batch_hash)
+    LEADER_NONE,
+    LEADER_UNCHANGED,
+    RECOVERY_UNCHANGED,
+    ZERO_HASH,
+    Batch,
+    BrokerRegistrationChangeRecord,
+    ConfigRecord,
+    LeaderChangeRecord,
+    PartitionChangeRecord,
+    PartitionRecord,
+    Provenance,
+    RegisterBrokerRecord,
+    RemoveTopicRecord,
+    TopicRecord,
+    batch_hash,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 FEATURES = ({"name": "metadata.version", "min_version": 1, "max_version": 1},)
 #: the columns of the bench's narrow read (a leadership timeline's)
-NARROW_COLUMNS = ("offset", "timestamp_ms", "principal", "reason", "record_type", "topic_id",
-                  "partition_id", "isr", "leader", "leader_epoch")
+NARROW_COLUMNS = (
+    "offset",
+    "timestamp_ms",
+    "principal",
+    "reason",
+    "record_type",
+    "topic_id",
+    "partition_id",
+    "isr",
+    "leader",
+    "leader_epoch",
+)
 TARGETS = {"datasource_rec_s": 500_000, "audit_s": 60.0, "reaudit_s": 20.0}
 
 
@@ -63,7 +87,7 @@ class TreeUsage:
         self._tick = os.sysconf("SC_CLK_TCK")
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
-    def __enter__(self) -> "TreeUsage":
+    def __enter__(self) -> TreeUsage:
         self.sample()
         self.baseline = dict(self.cpu)  # what processes already running had used before
         self._thread.start()
@@ -86,8 +110,9 @@ class TreeUsage:
             try:
                 with open(f"/proc/{pid}/stat") as f:
                     fields = f.read().rsplit(")", 1)[1].split()
-                self.cpu[pid] = max(self.cpu.get(pid, 0.0),
-                                    (int(fields[11]) + int(fields[12])) / self._tick)
+                self.cpu[pid] = max(
+                    self.cpu.get(pid, 0.0), (int(fields[11]) + int(fields[12])) / self._tick
+                )
                 with open(f"/proc/{pid}/comm") as f:
                     if f.read().strip() == "java":
                         with open(f"/proc/{pid}/status") as st:
@@ -114,11 +139,23 @@ class _Writer:
     """Chains batches (offsets, hashes, Raft index, +7 ms each) into ``sink(encoded, batch)``,
     from the given tail of a log (a new log by default)."""
 
-    def __init__(self, sink: Callable[[bytes, Batch], object], offset: int = 0,
-                 prev: bytes = ZERO_HASH, term: int = 1, ts: int = 1_790_000_000_000,
-                 index: int = 0) -> None:
-        self.sink, self.offset, self.prev, self.term, self.ts, self.index = \
-            sink, offset, prev, term, ts, index
+    def __init__(
+        self,
+        sink: Callable[[bytes, Batch], object],
+        offset: int = 0,
+        prev: bytes = ZERO_HASH,
+        term: int = 1,
+        ts: int = 1_790_000_000_000,
+        index: int = 0,
+    ) -> None:
+        self.sink, self.offset, self.prev, self.term, self.ts, self.index = (
+            sink,
+            offset,
+            prev,
+            term,
+            ts,
+            index,
+        )
 
     def write(self, prov: Provenance, records: tuple) -> None:
         self.index += 1
@@ -143,8 +180,9 @@ class _Cluster:
         self.live: set[int] = set()
 
     def ctl(self, api: str, reason: str) -> Provenance:
-        return Provenance("controller", "", uuid.UUID(int=self.rnd.getrandbits(128)).hex, api,
-                          reason)
+        return Provenance(
+            "controller", "", uuid.UUID(int=self.rnd.getrandbits(128)).hex, api, reason
+        )
 
     def apply(self, record: object) -> None:
         """Follow one record of the log (to continue a log written before)."""
@@ -163,8 +201,12 @@ class _Cluster:
             self._drop(record.topic_id)
         elif isinstance(record, PartitionRecord):
             self.parts[(record.topic_id, record.partition_id)] = [
-                record.topic_id, record.partition_id, record.replicas, list(record.isr),
-                record.leader]
+                record.topic_id,
+                record.partition_id,
+                record.replicas,
+                list(record.isr),
+                record.leader,
+            ]
         elif isinstance(record, PartitionChangeRecord):
             s = self.parts[(record.topic_id, record.partition_id)]
             if record.isr is not None:
@@ -201,21 +243,45 @@ class _Cluster:
             tid, pid, reps, isr, leader = s
             if kind == "isr-shrink" and len(isr) > 1:
                 isr.remove(rnd.choice([r for r in isr if r != leader]))
-                changes.append(PartitionChangeRecord(pid, tid, tuple(isr), LEADER_UNCHANGED, None,
-                                                     None, None, RECOVERY_UNCHANGED, None))
+                changes.append(
+                    PartitionChangeRecord(
+                        pid,
+                        tid,
+                        tuple(isr),
+                        LEADER_UNCHANGED,
+                        None,
+                        None,
+                        None,
+                        RECOVERY_UNCHANGED,
+                        None,
+                    )
+                )
             elif kind == "isr-expand" and len(isr) < 3:
                 add = next((r for r in reps if r not in isr and r in live), None)
                 if add is not None:
                     isr.append(add)
-                    changes.append(PartitionChangeRecord(pid, tid, tuple(isr), LEADER_UNCHANGED,
-                                                         None, None, None, RECOVERY_UNCHANGED,
-                                                         None))
+                    changes.append(
+                        PartitionChangeRecord(
+                            pid,
+                            tid,
+                            tuple(isr),
+                            LEADER_UNCHANGED,
+                            None,
+                            None,
+                            None,
+                            RECOVERY_UNCHANGED,
+                            None,
+                        )
+                    )
             elif kind == "preferred-election" and len(isr) > 1:
                 others = [r for r in isr if r != leader and r in live]
                 if others:
                     s[4] = rnd.choice(others)
-                    changes.append(PartitionChangeRecord(pid, tid, None, s[4], None, None, None,
-                                                         RECOVERY_UNCHANGED, "clean"))
+                    changes.append(
+                        PartitionChangeRecord(
+                            pid, tid, None, s[4], None, None, None, RECOVERY_UNCHANGED, "clean"
+                        )
+                    )
         return kind, changes
 
     def fence(self, b: int) -> tuple:
@@ -234,9 +300,19 @@ class _Cluster:
                 s[4] = new = next((r for r in isr if r in self.live), LEADER_NONE)
             elif b in isr:
                 continue  # its last ISR member, already offline: nothing changes
-            recs.append(PartitionChangeRecord(pid, tid, tuple(isr) if b not in isr else None, new,
-                                              None, None, None, RECOVERY_UNCHANGED,
-                                              None if new == LEADER_UNCHANGED else "clean"))
+            recs.append(
+                PartitionChangeRecord(
+                    pid,
+                    tid,
+                    tuple(isr) if b not in isr else None,
+                    new,
+                    None,
+                    None,
+                    None,
+                    RECOVERY_UNCHANGED,
+                    None if new == LEADER_UNCHANGED else "clean",
+                )
+            )
         return tuple(recs)
 
     def unfence(self, b: int) -> tuple:
@@ -248,8 +324,11 @@ class _Cluster:
                 leader = next((r for r in s[3] if r in self.live), None)
                 if leader is not None:
                     s[4] = leader
-                    recs.append(PartitionChangeRecord(s[1], s[0], None, leader, None, None, None,
-                                                      RECOVERY_UNCHANGED, "clean"))
+                    recs.append(
+                        PartitionChangeRecord(
+                            s[1], s[0], None, leader, None, None, None, RECOVERY_UNCHANGED, "clean"
+                        )
+                    )
         return tuple(recs)
 
 
@@ -264,16 +343,30 @@ def generate(directory: Path, records: int, seed: int = 7) -> int:
         w = _Writer(mlog.append_encoded)
         w.write(ctl("ActivateController", "bootstrap"), (LeaderChangeRecord(1, 1),))
         for b in brokers:
-            w.write(Provenance("User:ANONYMOUS", f"broker-{b}", "r", "BrokerRegistration",
-                               "broker-registration"),
-                    (RegisterBrokerRecord(b, str(uuid.UUID(int=b)), w.offset, (), FEATURES,
-                                          f"r{b % 3}", True, False),))
+            w.write(
+                Provenance(
+                    "User:ANONYMOUS",
+                    f"broker-{b}",
+                    "r",
+                    "BrokerRegistration",
+                    "broker-registration",
+                ),
+                (
+                    RegisterBrokerRecord(
+                        b, str(uuid.UUID(int=b)), w.offset, (), FEATURES, f"r{b % 3}", True, False
+                    ),
+                ),
+            )
             cluster.epochs[b] = w.offset - 1
-            w.write(ctl("UnfenceBroker", "broker-unfenced"),
-                    (BrokerRegistrationChangeRecord(b, w.offset - 1, -1, 0),))
+            w.write(
+                ctl("UnfenceBroker", "broker-unfenced"),
+                (BrokerRegistrationChangeRecord(b, w.offset - 1, -1, 0),),
+            )
         for _ in range(2000):
-            w.write(Provenance("User:alice", "admin", "c", "CreateTopics", "user-request"),
-                    cluster.create_topic())
+            w.write(
+                Provenance("User:alice", "admin", "c", "CreateTopics", "user-request"),
+                cluster.create_topic(),
+            )
         n = 0
         while w.offset < records:
             n += 1
@@ -287,13 +380,17 @@ def _steady(w: _Writer, cluster: _Cluster, n: int, config_topic: Callable[[], st
     config change of ``config_topic()`` every 97th; whether it wrote one."""
     if n % 500 == 0:
         w.term += 1
-        w.write(cluster.ctl("ActivateController", "controller-activated"),
-                (LeaderChangeRecord(1 + w.term % 3, w.term),))
+        w.write(
+            cluster.ctl("ActivateController", "controller-activated"),
+            (LeaderChangeRecord(1 + w.term % 3, w.term),),
+        )
         return True
     if n % 97 == 0:
         name = config_topic()
-        w.write(Provenance("User:bob", "ops", "c", "IncrementalAlterConfigs", "user-request"),
-                (ConfigRecord(2, name, "retention.ms", str(cluster.rnd.randrange(1, 10**8))),))
+        w.write(
+            Provenance("User:bob", "ops", "c", "IncrementalAlterConfigs", "user-request"),
+            (ConfigRecord(2, name, "retention.ms", str(cluster.rnd.randrange(1, 10**8))),),
+        )
         return True
     return False
 
@@ -309,18 +406,28 @@ def ensure_log(directory: Path, records: int) -> int:
     marker = directory / "GENERATED.json"
     if marker.exists():
         known = json.loads(marker.read_text())
-        if (known.get("requested") == records
-                and known.get("segments") == [p.name for p in list_segments(directory)]):
+        if known.get("requested") == records and known.get("segments") == [
+            p.name for p in list_segments(directory)
+        ]:
             return known["records"]
     if directory.exists():
         shutil.rmtree(directory)
     directory.mkdir(parents=True)
     started = time.perf_counter()
     n = generate(directory, records)
-    marker.write_text(json.dumps({"requested": records, "records": n,
-                                  "segments": [p.name for p in list_segments(directory)]}))
-    log(f"generated {n:,} records in {len(list_segments(directory))} segments "
-        f"({time.perf_counter() - started:.1f}s)")
+    marker.write_text(
+        json.dumps(
+            {
+                "requested": records,
+                "records": n,
+                "segments": [p.name for p in list_segments(directory)],
+            }
+        )
+    )
+    log(
+        f"generated {n:,} records in {len(list_segments(directory))} segments "
+        f"({time.perf_counter() - started:.1f}s)"
+    )
     return n
 
 
@@ -352,8 +459,14 @@ def append_segment(directory: Path, seed: int = 8) -> int:
     size = max(p.stat().st_size for p in list_segments(directory))
     target = directory / segment_name(last.next_offset)
     with open(target, "xb") as f:
-        w = _Writer(lambda encoded, _batch: f.write(encode_frame(encoded)), last.next_offset,
-                    digest, last.term, last.timestamp_ms, last.raft_index)
+        w = _Writer(
+            lambda encoded, _batch: f.write(encode_frame(encoded)),
+            last.next_offset,
+            digest,
+            last.term,
+            last.timestamp_ms,
+            last.raft_index,
+        )
         fenced: int | None = None
         n = 0
         while f.tell() < size:
@@ -361,23 +474,44 @@ def append_segment(directory: Path, seed: int = 8) -> int:
             if _steady(w, cluster, n, lambda: rnd.choice(sorted(cluster.topics))):
                 continue
             if n % 60 == 0:
-                w.write(Provenance("User:alice", "admin", "c", "CreateTopics", "user-request"),
-                        cluster.create_topic())
+                w.write(
+                    Provenance("User:alice", "admin", "c", "CreateTopics", "user-request"),
+                    cluster.create_topic(),
+                )
             elif n % 331 == 0:
                 gone = cluster.topics[rnd.choice(sorted(cluster.topics))]
                 cluster.apply(RemoveTopicRecord(gone))
-                w.write(Provenance("User:alice", "admin", "c", "DeleteTopics", "user-request"),
-                        (RemoveTopicRecord(gone),))
+                w.write(
+                    Provenance("User:alice", "admin", "c", "DeleteTopics", "user-request"),
+                    (RemoveTopicRecord(gone),),
+                )
             elif n % 250 == 0 and fenced is None:
                 fenced = rnd.choice(sorted(cluster.live))
                 w.write(ctl("BrokerHeartbeat", "broker-fenced"), cluster.fence(fenced))
             elif n % 250 == 100 and fenced is not None:
                 b, fenced = fenced, None
                 cluster.epochs[b] = w.offset
-                w.write(Provenance("User:ANONYMOUS", f"broker-{b}", "r", "BrokerRegistration",
-                                   "broker-registration"),
-                        (RegisterBrokerRecord(b, str(uuid.UUID(int=rnd.getrandbits(128))),
-                                              w.offset, (), FEATURES, f"r{b % 3}", True, False),))
+                w.write(
+                    Provenance(
+                        "User:ANONYMOUS",
+                        f"broker-{b}",
+                        "r",
+                        "BrokerRegistration",
+                        "broker-registration",
+                    ),
+                    (
+                        RegisterBrokerRecord(
+                            b,
+                            str(uuid.UUID(int=rnd.getrandbits(128))),
+                            w.offset,
+                            (),
+                            FEATURES,
+                            f"r{b % 3}",
+                            True,
+                            False,
+                        ),
+                    ),
+                )
                 w.write(ctl("UnfenceBroker", "broker-unfenced"), cluster.unfence(b))
             else:
                 _alter(w, cluster)
@@ -401,8 +535,13 @@ def decode_floor(directory: Path) -> dict:
     t = time.process_time()
     f = sum(rb.num_rows for p in segments for rb in decode_segment_fast(p))
     fast_s = time.process_time() - t
-    return {"records": n, "codec_rec_s": round(n / codec_s), "arrow_rec_s": round(m / arrow_s),
-            "fast_rec_s": round(f / fast_s), "fast_cpu_s": round(fast_s, 1)}
+    return {
+        "records": n,
+        "codec_rec_s": round(n / codec_s),
+        "arrow_rec_s": round(m / arrow_s),
+        "fast_rec_s": round(f / fast_s),
+        "fast_cpu_s": round(fast_s, 1),
+    }
 
 
 def datasource_rate(directory: Path) -> dict:
@@ -417,8 +556,9 @@ def datasource_rate(directory: Path) -> dict:
     from tools.audit.session import build_session
 
     t = time.perf_counter()
-    spark = build_session("local[2]", Path("/tmp/kraft-audit-bench-spark.log"),
-                          short=False)  # a read of 2M rows: the JVM's C2 compiler pays off
+    spark = build_session(
+        "local[2]", Path("/tmp/kraft-audit-bench-spark.log"), short=False
+    )  # a read of 2M rows: the JVM's C2 compiler pays off
     start_s = time.perf_counter() - t
     df = spark.read.format("kraft-metadata").load(str(directory))
     # start both Python workers (two segments: a task per core), else the second one starts and
@@ -445,13 +585,20 @@ def datasource_rate(directory: Path) -> dict:
         # the read.)
         with TreeUsage() as usage:
             t = time.perf_counter()
-            rows = df.groupBy("record_type").agg(
-                F.count("*").alias("n"), F.sum(F.octet_length("record_json")).alias("b")).collect()
+            rows = (
+                df.groupBy("record_type")
+                .agg(F.count("*").alias("n"), F.sum(F.octet_length("record_json")).alias("b"))
+                .collect()
+            )
             seconds = time.perf_counter() - t
         if not all(r["b"] for r in rows):
             raise RuntimeError(f"record_json missing in the data source's rows: {rows}")
-        return {"n": sum(r["n"] for r in rows), "s": seconds, "cpu": usage.total,
-                "java": java_cpu(usage)}
+        return {
+            "n": sum(r["n"] for r in rows),
+            "s": seconds,
+            "cpu": usage.total,
+            "java": java_cpu(usage),
+        }
 
     cold, warm = read(), read()
     # a leadership-timeline read that asks for its columns with a schema: only those are
@@ -460,40 +607,81 @@ def datasource_rate(directory: Path) -> dict:
     narrow_df = spark.read.format("kraft-metadata").schema(ddl).load(str(directory))
     with TreeUsage() as usage:
         t = time.perf_counter()
-        rows = narrow_df.groupBy("record_type").agg(
-            F.count("*").alias("n"), F.sum(F.size("isr")).alias("isr")).collect()
+        rows = (
+            narrow_df.groupBy("record_type")
+            .agg(F.count("*").alias("n"), F.sum(F.size("isr")).alias("isr"))
+            .collect()
+        )
         narrow_s = time.perf_counter() - t
     narrow_n, narrow_cpu = sum(r["n"] for r in rows), usage.total
     spark.stop()
     n = cold["n"]
-    return {"spark_start_s": round(start_s, 1), "records": n, "read_s": round(cold["s"], 1),
-            "read_cpu_s": cold["cpu"], "read_java_cpu_s": cold["java"],
-            "datasource_rec_s": round(n / cold["s"]),
-            "datasource_rec_cpu_s": round(n / max(cold["cpu"], 1e-9)),
-            "warm_read_s": round(warm["s"], 1), "warm_read_cpu_s": warm["cpu"],
-            "warm_read_java_cpu_s": warm["java"], "warm_rec_s": round(warm["n"] / warm["s"]),
-            "narrow_columns": len(NARROW_COLUMNS), "narrow_read_s": round(narrow_s, 1),
-            "narrow_read_cpu_s": narrow_cpu, "narrow_rec_s": round(narrow_n / narrow_s)}
+    return {
+        "spark_start_s": round(start_s, 1),
+        "records": n,
+        "read_s": round(cold["s"], 1),
+        "read_cpu_s": cold["cpu"],
+        "read_java_cpu_s": cold["java"],
+        "datasource_rec_s": round(n / cold["s"]),
+        "datasource_rec_cpu_s": round(n / max(cold["cpu"], 1e-9)),
+        "warm_read_s": round(warm["s"], 1),
+        "warm_read_cpu_s": warm["cpu"],
+        "warm_read_java_cpu_s": warm["java"],
+        "warm_rec_s": round(warm["n"] / warm["s"]),
+        "narrow_columns": len(NARROW_COLUMNS),
+        "narrow_read_s": round(narrow_s, 1),
+        "narrow_read_cpu_s": narrow_cpu,
+        "narrow_rec_s": round(narrow_n / narrow_s),
+    }
 
 
 def timed_audit(directory: Path, out: Path) -> dict:
     """``kraft audit`` in a fresh process: wall and tree CPU seconds, exit code, Spark start-up
     (the audit's own step timing), peak driver memory, output tail."""
     t = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "tools.cli", "audit", "--log-dir", str(directory),
-                             "--out", str(out), "--master", "local[2]"], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tools.cli",
+            "audit",
+            "--log-dir",
+            str(directory),
+            "--out",
+            str(out),
+            "--master",
+            "local[2]",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     with TreeUsage(proc.pid) as usage:
         stdout, stderr = proc.communicate(timeout=1800)
     wall = time.perf_counter() - t
-    steps = [(line.split("] ", 1)[1].rsplit(" (at ", 1)[0], float(line.rsplit("(at ", 1)[1].rstrip("s)")))
-             for line in stdout.splitlines() if line.startswith("[") and "(at " in line]
-    phases = {what.split(" (")[0]: round(steps[i + 1][1] - at, 1)
-              for i, (what, at) in enumerate(steps[:-1])}
-    return {"seconds": round(wall, 1), "cpu_s": usage.total, "exit": proc.returncode,
-            "spark_start_s": steps[1][1] if len(steps) > 1 else None,
-            "driver_peak_mb": usage.java_peak_kb // 1024, "phases": phases,
-            "incremental": "re-audit:" in stdout, "tail": stdout[-600:] + stderr[-600:]}
+    steps = [
+        (
+            line.split("] ", 1)[1].rsplit(" (at ", 1)[0],
+            float(line.rsplit("(at ", 1)[1].rstrip("s)")),
+        )
+        for line in stdout.splitlines()
+        if line.startswith("[") and "(at " in line
+    ]
+    phases = {
+        what.split(" (")[0]: round(steps[i + 1][1] - at, 1)
+        for i, (what, at) in enumerate(steps[:-1])
+    }
+    return {
+        "seconds": round(wall, 1),
+        "cpu_s": usage.total,
+        "exit": proc.returncode,
+        "spark_start_s": steps[1][1] if len(steps) > 1 else None,
+        "driver_peak_mb": usage.java_peak_kb // 1024,
+        "phases": phases,
+        "incremental": "re-audit:" in stdout,
+        "tail": stdout[-600:] + stderr[-600:],
+    }
 
 
 def run(records: int, work: Path) -> tuple[list[dict], list[dict]]:
@@ -511,51 +699,107 @@ def run(records: int, work: Path) -> tuple[list[dict], list[dict]]:
     if not re["incremental"]:
         log("the re-audit did not carry on from the first audit's output")
     log(f"re-audit after +1 segment ({added} records): {re}")
-    (logdir / "GENERATED.json").unlink()  # the appended segment changes the log: regenerate next time
+    (
+        logdir / "GENERATED.json"
+    ).unlink()  # the appended segment changes the log: regenerate next time
     rows = [
-        {"metric": "decode_floor_codec", "records": floor["records"], "rec_s": floor["codec_rec_s"]},
-        {"metric": "decode_floor_arrow_strict", "records": floor["records"],
-         "rec_s": floor["arrow_rec_s"]},
-        {"metric": "decode_floor_arrow_fast", "records": floor["records"],
-         "rec_s": floor["fast_rec_s"], "cpu_s": floor["fast_cpu_s"]},
-        {"metric": "datasource_read_local2", "records": ds["records"], "rec_s": ds["datasource_rec_s"],
-         "seconds": ds["read_s"], "cpu_s": ds["read_cpu_s"], "spark_start_s": ds["spark_start_s"]},
-        {"metric": "datasource_read_local2_warm", "records": ds["records"], "rec_s": ds["warm_rec_s"],
-         "seconds": ds["warm_read_s"], "cpu_s": ds["warm_read_cpu_s"]},
-        {"metric": f"datasource_read_local2_{ds['narrow_columns']}_columns", "records": ds["records"],
-         "rec_s": ds["narrow_rec_s"], "seconds": ds["narrow_read_s"],
-         "cpu_s": ds["narrow_read_cpu_s"]},
-        {"metric": "audit_local2", "records": n, "seconds": audit["seconds"],
-         "cpu_s": audit["cpu_s"], "spark_start_s": audit["spark_start_s"],
-         "driver_peak_mb": audit["driver_peak_mb"], "exit": audit["exit"]},
-        {"metric": "reaudit_one_new_segment", "records": n + added, "seconds": re["seconds"],
-         "cpu_s": re["cpu_s"], "spark_start_s": re["spark_start_s"],
-         "driver_peak_mb": re["driver_peak_mb"], "exit": re["exit"],
-         "incremental": re["incremental"]},
+        {
+            "metric": "decode_floor_codec",
+            "records": floor["records"],
+            "rec_s": floor["codec_rec_s"],
+        },
+        {
+            "metric": "decode_floor_arrow_strict",
+            "records": floor["records"],
+            "rec_s": floor["arrow_rec_s"],
+        },
+        {
+            "metric": "decode_floor_arrow_fast",
+            "records": floor["records"],
+            "rec_s": floor["fast_rec_s"],
+            "cpu_s": floor["fast_cpu_s"],
+        },
+        {
+            "metric": "datasource_read_local2",
+            "records": ds["records"],
+            "rec_s": ds["datasource_rec_s"],
+            "seconds": ds["read_s"],
+            "cpu_s": ds["read_cpu_s"],
+            "spark_start_s": ds["spark_start_s"],
+        },
+        {
+            "metric": "datasource_read_local2_warm",
+            "records": ds["records"],
+            "rec_s": ds["warm_rec_s"],
+            "seconds": ds["warm_read_s"],
+            "cpu_s": ds["warm_read_cpu_s"],
+        },
+        {
+            "metric": f"datasource_read_local2_{ds['narrow_columns']}_columns",
+            "records": ds["records"],
+            "rec_s": ds["narrow_rec_s"],
+            "seconds": ds["narrow_read_s"],
+            "cpu_s": ds["narrow_read_cpu_s"],
+        },
+        {
+            "metric": "audit_local2",
+            "records": n,
+            "seconds": audit["seconds"],
+            "cpu_s": audit["cpu_s"],
+            "spark_start_s": audit["spark_start_s"],
+            "driver_peak_mb": audit["driver_peak_mb"],
+            "exit": audit["exit"],
+        },
+        {
+            "metric": "reaudit_one_new_segment",
+            "records": n + added,
+            "seconds": re["seconds"],
+            "cpu_s": re["cpu_s"],
+            "spark_start_s": re["spark_start_s"],
+            "driver_peak_mb": re["driver_peak_mb"],
+            "exit": re["exit"],
+            "incremental": re["incremental"],
+        },
     ]
     audit_s, re_s = audit["seconds"], re["seconds"]
     targets = [
-        {"target": "data source >= 0.5 M records/s on local[2]", "value": ds["datasource_rec_s"],
-         "limit": TARGETS["datasource_rec_s"],
-         "ratio": round(ds["datasource_rec_s"] / TARGETS["datasource_rec_s"], 3),
-         "met": ds["datasource_rec_s"] >= TARGETS["datasource_rec_s"]},
-        {"target": "audit of 2 M records <= 60 s incl. start-up", "value": audit_s,
-         "limit": TARGETS["audit_s"], "ratio": round(audit_s / TARGETS["audit_s"], 3),
-         "met": audit_s <= TARGETS["audit_s"] and audit["exit"] in (0, 1)},
-        {"target": "re-audit after one new segment <= 20 s", "value": re_s,
-         "limit": TARGETS["reaudit_s"], "ratio": round(re_s / TARGETS["reaudit_s"], 3),
-         "met": re_s <= TARGETS["reaudit_s"] and re["exit"] in (0, 1) and re["incremental"]},
+        {
+            "target": "data source >= 0.5 M records/s on local[2]",
+            "value": ds["datasource_rec_s"],
+            "limit": TARGETS["datasource_rec_s"],
+            "ratio": round(ds["datasource_rec_s"] / TARGETS["datasource_rec_s"], 3),
+            "met": ds["datasource_rec_s"] >= TARGETS["datasource_rec_s"],
+        },
+        {
+            "target": "audit of 2 M records <= 60 s incl. start-up",
+            "value": audit_s,
+            "limit": TARGETS["audit_s"],
+            "ratio": round(audit_s / TARGETS["audit_s"], 3),
+            "met": audit_s <= TARGETS["audit_s"] and audit["exit"] in (0, 1),
+        },
+        {
+            "target": "re-audit after one new segment <= 20 s",
+            "value": re_s,
+            "limit": TARGETS["reaudit_s"],
+            "ratio": round(re_s / TARGETS["reaudit_s"], 3),
+            "met": re_s <= TARGETS["reaudit_s"] and re["exit"] in (0, 1) and re["incremental"],
+        },
     ]
     return rows, targets
 
 
 def markdown(rows: list[dict], targets: list[dict]) -> str:
-    lines = ["## kraft audit (local[2])", "",
-             "| metric | records | rec/s | seconds | CPU s | Spark start s | driver peak MB |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
-    lines += [f"| {r['metric']} | {r['records']:,} | {r.get('rec_s', '')} | {r.get('seconds', '')} "
-              f"| {r.get('cpu_s', '')} | {r.get('spark_start_s', '')} | {r.get('driver_peak_mb', '')} |"
-              for r in rows]
+    lines = [
+        "## kraft audit (local[2])",
+        "",
+        "| metric | records | rec/s | seconds | CPU s | Spark start s | driver peak MB |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    lines += [
+        f"| {r['metric']} | {r['records']:,} | {r.get('rec_s', '')} | {r.get('seconds', '')} "
+        f"| {r.get('cpu_s', '')} | {r.get('spark_start_s', '')} | {r.get('driver_peak_mb', '')} |"
+        for r in rows
+    ]
     lines += ["", "| target | value | limit | met |", "| --- | --- | --- | --- |"]
     lines += [f"| {t['target']} | {t['value']} | {t['limit']} | {t['met']} |" for t in targets]
     return "\n".join(lines)
@@ -567,7 +811,9 @@ def default_work() -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--records", type=int, default=2_000_000)
     ap.add_argument("--work", type=Path, default=default_work())
     args = ap.parse_args(argv)

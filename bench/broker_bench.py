@@ -16,6 +16,7 @@ snapshot + log.
 ``run(...) -> (rows, targets)``; ``python -m bench.broker_bench`` prints a markdown table and a
 JSON line. Progress on stderr.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,9 +48,17 @@ def pct(values: list[float], p: float) -> float | None:
 
 # ---- 1. propagation --------------------------------------------------------------------------
 
+
 def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tools.cli", *args], cwd=REPO, env=ENV,
-                          capture_output=True, text=True, timeout=timeout, check=True)
+    return subprocess.run(
+        [sys.executable, "-m", "tools.cli", *args],
+        cwd=REPO,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=True,
+    )
 
 
 class _Observer(threading.Thread):
@@ -69,7 +78,9 @@ class _Observer(threading.Thread):
         while not self.stop.is_set():
             for b in self.brokers:
                 try:
-                    offset = describe(b["host"], b["admin_port"], timeout=2.0)["last_applied_offset"]
+                    offset = describe(b["host"], b["admin_port"], timeout=2.0)[
+                        "last_applied_offset"
+                    ]
                 except (OSError, ValueError, KeyError):
                     continue
                 now = time.time()
@@ -93,12 +104,18 @@ def propagation(seconds: float, rate: int, batch: int) -> dict:
     cdir = work / "c"
     try:
         log("starting 3 controllers + 3 brokers")
-        _cli("cluster", "up", "--dir", str(cdir), "--controllers", "3", "--brokers", "3", "--detach")
+        _cli(
+            "cluster", "up", "--dir", str(cdir), "--controllers", "3", "--brokers", "3", "--detach"
+        )
         meta = json.loads((cdir / "cluster.json").read_text())
         boot = [(c["host"], c["rpc_port"]) for c in meta["controllers"]]
         topics = [f"prop-{i}" for i in range(batch)]
-        r = call_sync(boot, "CreateTopics", {"topics": [
-            {"name": t, "num_partitions": 1, "replication_factor": 3} for t in topics]}, timeout=30)
+        r = call_sync(
+            boot,
+            "CreateTopics",
+            {"topics": [{"name": t, "num_partitions": 1, "replication_factor": 3} for t in topics]},
+            timeout=30,
+        )
         assert not any(t["error_code"] for t in r["topics"]), r
         observer = _Observer(meta["brokers"])
         observer.start()
@@ -109,12 +126,19 @@ def propagation(seconds: float, rate: int, batch: int) -> dict:
         sent = errors = 0
         next_at = time.monotonic()
         while time.time() - started < seconds:
-            body = {"resources": [{"resource_type": "topic", "resource_name": t,
-                                   "ops": [{"name": "retention.ms", "op": "SET",
-                                            "value": str(1000 + sent)}]} for t in topics]}
+            body = {
+                "resources": [
+                    {
+                        "resource_type": "topic",
+                        "resource_name": t,
+                        "ops": [{"name": "retention.ms", "op": "SET", "value": str(1000 + sent)}],
+                    }
+                    for t in topics
+                ]
+            }
             try:
                 call_sync(boot, "IncrementalAlterConfigs", body, timeout=10)
-            except Exception:  # noqa: BLE001 - counted, the run goes on
+            except Exception:
                 errors += 1
             sent += 1
             next_at += period
@@ -126,7 +150,9 @@ def propagation(seconds: float, rate: int, batch: int) -> dict:
         observer.stop.set()
         observer.join(10)
         leader = call_sync(boot, "DescribeQuorum", {}, timeout=10)["leader_id"]
-        log_dir = Path(next(c for c in meta["controllers"] if c["id"] == leader)["metadata_dir"]) / "log"
+        log_dir = (
+            Path(next(c for c in meta["controllers"] if c["id"] == leader)["metadata_dir"]) / "log"
+        )
         latencies = []
         missed = 0
         with MetadataLog.open(log_dir, fsync="never") as mlog:
@@ -139,37 +165,90 @@ def propagation(seconds: float, rate: int, batch: int) -> dict:
                     continue
                 latencies.append(max(reached) - b.timestamp_ms / 1000)
         poll_ms = 1000 * (ended - started) / max(1, observer.polls / len(meta["brokers"]))
-        row = {"metric": "propagation", "records_s": round(sent * batch / (ended - started), 1),
-               "batches": len(latencies), "missed": missed, "errors": errors,
-               "p50_ms": round(1000 * pct(latencies, 50), 2) if latencies else None,
-               "p99_ms": round(1000 * pct(latencies, 99), 2) if latencies else None,
-               "max_ms": round(1000 * max(latencies), 2) if latencies else None,
-               "poll_period_ms": round(poll_ms, 2)}
+        row = {
+            "metric": "propagation",
+            "records_s": round(sent * batch / (ended - started), 1),
+            "batches": len(latencies),
+            "missed": missed,
+            "errors": errors,
+            "p50_ms": round(1000 * pct(latencies, 50), 2) if latencies else None,
+            "p99_ms": round(1000 * pct(latencies, 99), 2) if latencies else None,
+            "max_ms": round(1000 * max(latencies), 2) if latencies else None,
+            "poll_period_ms": round(poll_ms, 2),
+        }
         log(f"propagation: {row}")
         return row
     finally:
-        subprocess.run([sys.executable, "-m", "tools.cli", "cluster", "down", "--dir", str(cdir),
-                        "--timeout", "20"], cwd=REPO, env=ENV, capture_output=True, timeout=90)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tools.cli",
+                "cluster",
+                "down",
+                "--dir",
+                str(cdir),
+                "--timeout",
+                "20",
+            ],
+            cwd=REPO,
+            env=ENV,
+            capture_output=True,
+            timeout=90,
+        )
         shutil.rmtree(work, ignore_errors=True)
 
 
 # ---- 2. replay ------------------------------------------------------------------------------
 
-def build_scale_snapshot(directory: Path, topics: int, partitions: int, brokers: int,
-                         log_batches: int, changes_per_batch: int = 100) -> tuple[Path, Path, int]:
+
+def build_scale_snapshot(
+    directory: Path,
+    topics: int,
+    partitions: int,
+    brokers: int,
+    log_batches: int,
+    changes_per_batch: int = 100,
+) -> tuple[Path, Path, int]:
     """Write a snapshot of ``topics`` x ``partitions`` (RF 3) and a log of partition-change
     batches after it; returns (snapshot path, log dir, records in the log)."""
     from kraft.image import image_from_records
     from kraft.log.metadata_log import MetadataLog
-    from kraft.records import (LEADER_UNCHANGED, RECOVERY_UNCHANGED, Batch, FeatureLevelRecord,
-                               PartitionChangeRecord, PartitionRecord, Provenance,
-                               RegisterBrokerRecord, TopicRecord, batch_hash)
+    from kraft.records import (
+        LEADER_UNCHANGED,
+        RECOVERY_UNCHANGED,
+        Batch,
+        FeatureLevelRecord,
+        PartitionChangeRecord,
+        PartitionRecord,
+        Provenance,
+        RegisterBrokerRecord,
+        TopicRecord,
+        batch_hash,
+    )
     from kraft.snapshotter import image_to_snapshot
 
     records = [FeatureLevelRecord("metadata.version", 1)]
-    records += [RegisterBrokerRecord(b, str(uuid.UUID(int=b)), b, (
-        {"name": "PLAINTEXT", "host": "127.0.0.1", "port": 9000 + b, "security_protocol": "PLAINTEXT"},),
-        (), None, False, False) for b in range(1, brokers + 1)]
+    records += [
+        RegisterBrokerRecord(
+            b,
+            str(uuid.UUID(int=b)),
+            b,
+            (
+                {
+                    "name": "PLAINTEXT",
+                    "host": "127.0.0.1",
+                    "port": 9000 + b,
+                    "security_protocol": "PLAINTEXT",
+                },
+            ),
+            (),
+            None,
+            False,
+            False,
+        )
+        for b in range(1, brokers + 1)
+    ]
     topic_ids = []
     for t in range(topics):
         tid = str(uuid.UUID(int=t + 1))
@@ -179,12 +258,20 @@ def build_scale_snapshot(directory: Path, topics: int, partitions: int, brokers:
             first = (t * partitions + p) % brokers
             reps = tuple(1 + (first + k) % brokers for k in range(3))
             records.append(PartitionRecord(p, tid, reps, reps, (), (), reps[0], 0, 0, 0))
-    image = image_from_records(records, offset=len(records) - 1, term=1, raft_index=1,
-                               timestamp_ms=1, last_hash=b"\x00" * 32)
+    image = image_from_records(
+        records,
+        offset=len(records) - 1,
+        term=1,
+        raft_index=1,
+        timestamp_ms=1,
+        last_hash=b"\x00" * 32,
+    )
     snap = image_to_snapshot(directory, image)
     log_dir = directory / "log"
     mlog = MetadataLog.open(log_dir, fsync="never")
-    mlog.reset(image.offset + 1, image.last_hash, last_term=1, last_raft_index=1, last_timestamp_ms=1)
+    mlog.reset(
+        image.offset + 1, image.last_hash, last_term=1, last_raft_index=1, last_timestamp_ms=1
+    )
     offset, prev = image.offset + 1, image.last_hash
     n = 0
     for i in range(log_batches):
@@ -195,11 +282,29 @@ def build_scale_snapshot(directory: Path, topics: int, partitions: int, brokers:
             first = (t * partitions + p) % brokers
             reps = tuple(1 + (first + j) % brokers for j in range(3))
             isr = reps if (i // topics) % 2 else reps[:2]  # shrink, later expand again
-            changes.append(PartitionChangeRecord(p, topic_ids[t], isr, LEADER_UNCHANGED, None, None,
-                                                 None, RECOVERY_UNCHANGED, None))
-        batch = Batch(base_offset=offset, term=1, raft_index=2 + i, timestamp_ms=2 + i,
-                      provenance=Provenance("bench", "bench", "", "AlterPartition", "bench"),
-                      prev_hash=prev, records=tuple(changes), raft_position=0)
+            changes.append(
+                PartitionChangeRecord(
+                    p,
+                    topic_ids[t],
+                    isr,
+                    LEADER_UNCHANGED,
+                    None,
+                    None,
+                    None,
+                    RECOVERY_UNCHANGED,
+                    None,
+                )
+            )
+        batch = Batch(
+            base_offset=offset,
+            term=1,
+            raft_index=2 + i,
+            timestamp_ms=2 + i,
+            provenance=Provenance("bench", "bench", "", "AlterPartition", "bench"),
+            prev_hash=prev,
+            records=tuple(changes),
+            raft_position=0,
+        )
         enc = batch.encode()
         mlog.append_encoded(enc, batch)
         prev = batch_hash(enc)
@@ -245,29 +350,48 @@ print(json.dumps({"snapshot_s": t1 - t0, "log_s": t2 - t1, "snapshot_cpu_s": c1 
 def replay(topics: int, partitions: int, brokers: int, log_batches: int) -> dict:
     work = Path(tempfile.mkdtemp(prefix="kraft-bench-replay-"))
     try:
-        log(f"building a snapshot of {topics} x {partitions} partitions + {log_batches} log batches")
+        log(
+            f"building a snapshot of {topics} x {partitions} partitions + {log_batches} log batches"
+        )
         t = time.perf_counter()
-        snap, log_dir, log_records = build_scale_snapshot(work, topics, partitions, brokers, log_batches)
-        log(f"built in {time.perf_counter() - t:.1f}s ({snap.stat().st_size / 1e6:.0f} MB snapshot)")
-        proc = subprocess.run([sys.executable, "-c", _REPLAY_CHILD, str(snap), str(log_dir)],
-                              cwd=REPO, env=ENV, capture_output=True, text=True, timeout=900)
+        snap, log_dir, log_records = build_scale_snapshot(
+            work, topics, partitions, brokers, log_batches
+        )
+        log(
+            f"built in {time.perf_counter() - t:.1f}s ({snap.stat().st_size / 1e6:.0f} MB snapshot)"
+        )
+        proc = subprocess.run(
+            [sys.executable, "-c", _REPLAY_CHILD, str(snap), str(log_dir)],
+            cwd=REPO,
+            env=ENV,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         if proc.returncode != 0:
             raise RuntimeError(f"replay child failed: {proc.stderr[-2000:]}")
         out = json.loads(proc.stdout.strip().splitlines()[-1])
         snapshot_records = 1 + brokers + topics * (1 + partitions)
         total_s = out["snapshot_s"] + out["log_s"]
-        row = {"metric": "broker_replay", "partitions": out["partitions"],
-               "snapshot_records": snapshot_records, "log_records": out["log_records"],
-               "snapshot_s": round(out["snapshot_s"], 2), "log_s": round(out["log_s"], 2),
-               "seconds": round(total_s, 2),
-               "cpu_s": round(out["snapshot_cpu_s"] + out["log_cpu_s"], 2),
-               "snapshot_cpu_s": round(out["snapshot_cpu_s"], 2), "log_cpu_s": round(out["log_cpu_s"], 2),
-               "records_s": round((snapshot_records + out["log_records"]) / total_s),
-               "records_per_cpu_s": round((snapshot_records + out["log_records"])
-                                          / (out["snapshot_cpu_s"] + out["log_cpu_s"])),
-               "snapshot_records_s": round(snapshot_records / out["snapshot_s"]),
-               "log_records_s": round(out["log_records"] / out["log_s"]) if out["log_s"] else None,
-               "peak_rss_mib": round(out["peak_rss_mib"])}
+        row = {
+            "metric": "broker_replay",
+            "partitions": out["partitions"],
+            "snapshot_records": snapshot_records,
+            "log_records": out["log_records"],
+            "snapshot_s": round(out["snapshot_s"], 2),
+            "log_s": round(out["log_s"], 2),
+            "seconds": round(total_s, 2),
+            "cpu_s": round(out["snapshot_cpu_s"] + out["log_cpu_s"], 2),
+            "snapshot_cpu_s": round(out["snapshot_cpu_s"], 2),
+            "log_cpu_s": round(out["log_cpu_s"], 2),
+            "records_s": round((snapshot_records + out["log_records"]) / total_s),
+            "records_per_cpu_s": round(
+                (snapshot_records + out["log_records"]) / (out["snapshot_cpu_s"] + out["log_cpu_s"])
+            ),
+            "snapshot_records_s": round(snapshot_records / out["snapshot_s"]),
+            "log_records_s": round(out["log_records"] / out["log_s"]) if out["log_s"] else None,
+            "peak_rss_mib": round(out["peak_rss_mib"]),
+        }
         log(f"replay: {row}")
         return row
     finally:
@@ -278,21 +402,47 @@ def targets(rows: list[dict]) -> list[dict]:
     out = []
     prop = next((r for r in rows if r["metric"] == "propagation"), None)
     if prop and prop["p99_ms"] is not None:
-        out.append({"target": "propagation p99 <= 100 ms (~1k records/s)", "value": prop["p99_ms"],
-                    "limit": 100, "ratio": round(prop["p99_ms"] / 100, 3), "met": prop["p99_ms"] <= 100})
+        out.append(
+            {
+                "target": "propagation p99 <= 100 ms (~1k records/s)",
+                "value": prop["p99_ms"],
+                "limit": 100,
+                "ratio": round(prop["p99_ms"] / 100, 3),
+                "met": prop["p99_ms"] <= 100,
+            }
+        )
     rep = next((r for r in rows if r["metric"] == "broker_replay"), None)
     if rep:
-        out.append({"target": "broker replay >= 200,000 records/s", "value": rep["records_s"],
-                    "limit": 200_000, "ratio": round(rep["records_s"] / 200_000, 3),
-                    "met": rep["records_s"] >= 200_000})
-        out.append({"target": "1M-partition image <= 2 GiB RSS on a broker", "value": rep["peak_rss_mib"],
-                    "limit": 2048, "ratio": round(rep["peak_rss_mib"] / 2048, 3),
-                    "met": rep["peak_rss_mib"] <= 2048})
+        out.append(
+            {
+                "target": "broker replay >= 200,000 records/s",
+                "value": rep["records_s"],
+                "limit": 200_000,
+                "ratio": round(rep["records_s"] / 200_000, 3),
+                "met": rep["records_s"] >= 200_000,
+            }
+        )
+        out.append(
+            {
+                "target": "1M-partition image <= 2 GiB RSS on a broker",
+                "value": rep["peak_rss_mib"],
+                "limit": 2048,
+                "ratio": round(rep["peak_rss_mib"] / 2048, 3),
+                "met": rep["peak_rss_mib"] <= 2048,
+            }
+        )
     return out
 
 
-def run(seconds: float = 10.0, rate: int = 1000, batch: int = 10, topics: int = 10_000,
-        partitions: int = 100, brokers: int = 30, log_batches: int = 1000) -> tuple[list[dict], list[dict]]:
+def run(
+    seconds: float = 10.0,
+    rate: int = 1000,
+    batch: int = 10,
+    topics: int = 10_000,
+    partitions: int = 100,
+    brokers: int = 30,
+    log_batches: int = 1000,
+) -> tuple[list[dict], list[dict]]:
     rows = [propagation(seconds, rate, batch), replay(topics, partitions, brokers, log_batches)]
     return rows, targets(rows)
 
@@ -300,21 +450,31 @@ def run(seconds: float = 10.0, rate: int = 1000, batch: int = 10, topics: int = 
 def table(rows: list[dict], tg: list[dict]) -> str:
     lines = ["| metric | figures |", "| --- | --- |"]
     for r in rows:
-        lines.append(f"| {r['metric']} | " + ", ".join(f"{k}={v}" for k, v in r.items() if k != "metric") + " |")
+        lines.append(
+            f"| {r['metric']} | "
+            + ", ".join(f"{k}={v}" for k, v in r.items() if k != "metric")
+            + " |"
+        )
     lines += ["", "| target | value | limit | ratio | met |", "| --- | --- | --- | --- | --- |"]
-    lines += [f"| {t['target']} | {t['value']} | {t['limit']} | {t['ratio']} | {t['met']} |" for t in tg]
+    lines += [
+        f"| {t['target']} | {t['value']} | {t['limit']} | {t['ratio']} | {t['met']} |" for t in tg
+    ]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--seconds", type=float, default=10.0, help="propagation run length")
     ap.add_argument("--rate", type=int, default=1000, help="records/s written")
     ap.add_argument("--batch", type=int, default=10, help="records per request")
     ap.add_argument("--topics", type=int, default=10_000)
     ap.add_argument("--partitions", type=int, default=100)
     ap.add_argument("--brokers", type=int, default=30)
-    ap.add_argument("--log-batches", type=int, default=1000, help="100-record batches after the snapshot")
+    ap.add_argument(
+        "--log-batches", type=int, default=1000, help="100-record batches after the snapshot"
+    )
     a = ap.parse_args(argv)
     rows, tg = run(a.seconds, a.rate, a.batch, a.topics, a.partitions, a.brokers, a.log_batches)
     print(table(rows, tg))

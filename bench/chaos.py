@@ -11,6 +11,7 @@ Prints progress on stderr, a markdown table on stdout and, as the LAST stdout li
 ``{"system": "pykraft", "bench": "chaos", ...}`` (see ``ChaosReport.summary``). Exit status 1 when
 the checker found anomalies.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.chaos.runner import FAULT_KINDS, ChaosRun  # noqa: E402
+from tests.chaos.runner import FAULT_KINDS, ChaosRun
 
 
 def schedule(rounds: int, seed: int) -> list[str]:
@@ -45,11 +46,23 @@ def table(summary: dict, wall_s: float) -> str:
     rows = [
         ("rounds", summary["rounds"]),
         ("faults by kind", ", ".join(f"{k} {v}" for k, v in sorted(summary["faults"].items()))),
-        ("operations acknowledged / failed / indeterminate", f"{ops['ok']} / {ops['fail']} / {ops['info']}"),
+        (
+            "operations acknowledged / failed / indeterminate",
+            f"{ops['ok']} / {ops['fail']} / {ops['info']}",
+        ),
         ("anomalies", summary["anomalies"]),
-        ("recovery after a fault p50 / p99 / max (s)", f"{rec['p50']} / {rec['p99']} / {rec['max']}"),
-        ("recovery p50 by kind (s)", ", ".join(f"{k} {v}" for k, v in sorted(summary["recovery_s_by_kind"].items()))),
-        ("writes to an isolated leader", ", ".join(f"{k} {v}" for k, v in summary["minority_writes"].items()) or "-"),
+        (
+            "recovery after a fault p50 / p99 / max (s)",
+            f"{rec['p50']} / {rec['p99']} / {rec['max']}",
+        ),
+        (
+            "recovery p50 by kind (s)",
+            ", ".join(f"{k} {v}" for k, v in sorted(summary["recovery_s_by_kind"].items())),
+        ),
+        (
+            "writes to an isolated leader",
+            ", ".join(f"{k} {v}" for k, v in summary["minority_writes"].items()) or "-",
+        ),
         ("majority elects a new leader, p50 (s)", summary["majority_election_s_p50"]),
         ("raft terms seen", summary["raft_terms_seen"]),
         ("final metadata offset", summary["final_metadata_offset"]),
@@ -68,13 +81,19 @@ def _stop_requested() -> list[bool]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rounds", type=int, default=14, help="faults to inject (default 14)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--brokers", type=int, default=3)
     parser.add_argument("--workers", type=int, default=3, help="concurrent workload clients")
-    parser.add_argument("--op-pause", type=float, default=0.2,
-                        help="seconds each workload client waits between operations")
+    parser.add_argument(
+        "--op-pause",
+        type=float,
+        default=0.2,
+        help="seconds each workload client waits between operations",
+    )
     parser.add_argument("--dir", help="cluster directory (default: a fresh temporary one)")
     args = parser.parse_args(argv)
     if args.rounds < 1:
@@ -86,8 +105,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{time.monotonic() - start:7.1f}s] {msg}", file=sys.stderr, flush=True)
 
     log(f"cluster in {directory}")
-    with ChaosRun(directory / "cluster", seed=args.seed, brokers=args.brokers, workers=args.workers,
-                  log=log, op_pause_s=args.op_pause) as run:
+    with ChaosRun(
+        directory / "cluster",
+        seed=args.seed,
+        brokers=args.brokers,
+        workers=args.workers,
+        log=log,
+        op_pause_s=args.op_pause,
+    ) as run:
         log("cluster ready; workload running (Ctrl-C: stop after this round and check)")
         stop = _stop_requested()
         for kind in schedule(args.rounds, args.seed):
@@ -101,8 +126,17 @@ def main(argv: list[str] | None = None) -> int:
     for a in summary["anomaly_details"]:
         log(f"ANOMALY {a}")
     print(table(summary, wall))
-    print(json.dumps({"system": "pykraft", "bench": "chaos", "seed": args.seed,
-                      "wall_s": round(wall, 1), **summary}))
+    print(
+        json.dumps(
+            {
+                "system": "pykraft",
+                "bench": "chaos",
+                "seed": args.seed,
+                "wall_s": round(wall, 1),
+                **summary,
+            }
+        )
+    )
     if summary["anomalies"]:
         log(f"logs and data kept in {directory}")
         return 1

@@ -15,6 +15,7 @@ Measures (progress on stderr):
 ``run(args) -> list[dict]`` returns result rows; ``main()`` prints a markdown table and, as the last
 stdout line, ``{"system": "pykraft", "results": [...]}``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -72,13 +73,26 @@ def cli(*argv: str, timeout: float) -> subprocess.CompletedProcess:
 
 
 def set_body(topic: str, value: int) -> dict:
-    return {"resources": [{"resource_type": "topic", "resource_name": topic,
-                           "ops": [{"name": "retention.ms", "op": "SET", "value": str(value)}]}]}
+    return {
+        "resources": [
+            {
+                "resource_type": "topic",
+                "resource_name": topic,
+                "ops": [{"name": "retention.ms", "op": "SET", "value": str(value)}],
+            }
+        ]
+    }
 
 
 class Bench:
-    def __init__(self, directory: Path, phase_s: float, inflight: int, failovers: int,
-                 failover_budget_s: float) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        phase_s: float,
+        inflight: int,
+        failovers: int,
+        failover_budget_s: float,
+    ) -> None:
         self.dir = directory
         self.phase_s = phase_s
         self.inflight = inflight
@@ -97,25 +111,54 @@ class Bench:
         self.meta = json.loads((self.dir / "cluster.json").read_text())
         self.bootstrap = [(c["host"], c["rpc_port"]) for c in self.meta["controllers"]]
 
-    def row(self, metric: str, mode: str, clients: int, lat: list[float], ok: int, errors: int,
-            elapsed: float, unit: str = "ops", per_op: int = 1, **extra) -> dict:
+    def row(
+        self,
+        metric: str,
+        mode: str,
+        clients: int,
+        lat: list[float],
+        ok: int,
+        errors: int,
+        elapsed: float,
+        unit: str = "ops",
+        per_op: int = 1,
+        **extra,
+    ) -> dict:
         lat = sorted(lat)
-        r = {"system": "pykraft", "config": CONFIG, "metric": metric, "mode": mode,
-             "clients": clients, "ops_s": round(ok / elapsed, 1) if elapsed > 0 else None,
-             "p50_ms": round(pct(lat, 50) * 1000, 2) if lat else None,
-             "p99_ms": round(pct(lat, 99) * 1000, 2) if lat else None,
-             "errors": errors, "count": ok, "seconds": round(elapsed, 3), "unit": unit}
+        r = {
+            "system": "pykraft",
+            "config": CONFIG,
+            "metric": metric,
+            "mode": mode,
+            "clients": clients,
+            "ops_s": round(ok / elapsed, 1) if elapsed > 0 else None,
+            "p50_ms": round(pct(lat, 50) * 1000, 2) if lat else None,
+            "p99_ms": round(pct(lat, 99) * 1000, 2) if lat else None,
+            "errors": errors,
+            "count": ok,
+            "seconds": round(elapsed, 3),
+            "unit": unit,
+        }
         if per_op != 1:
             r["partitions_s"] = round(ok * per_op / elapsed, 1) if elapsed > 0 else None
         r.update(extra)
         self.results.append(r)
-        log(f"  -> {metric} {mode}: {r['ops_s']} {unit}/s p50={r['p50_ms']}ms p99={r['p99_ms']}ms "
-            f"n={ok} errors={errors}")
+        log(
+            f"  -> {metric} {mode}: {r['ops_s']} {unit}/s p50={r['p50_ms']}ms p99={r['p99_ms']}ms "
+            f"n={ok} errors={errors}"
+        )
         return r
 
     # ---- load drivers -------------------------------------------------------------------
-    async def drive(self, clients: list[ControllerClient], concurrency: int, make_req,
-                    duration_s: float | None, total: int | None, deadline_s: float):
+    async def drive(
+        self,
+        clients: list[ControllerClient],
+        concurrency: int,
+        make_req,
+        duration_s: float | None,
+        total: int | None,
+        deadline_s: float,
+    ):
         """Run ``concurrency`` tasks issuing ``make_req(i) -> (api, body)`` until ``duration_s``
         passes or ``total`` requests have been issued; hard deadline ``deadline_s``."""
         lat: list[float] = []
@@ -169,32 +212,72 @@ class Bench:
         # warmup
         await self.drive(clients[:1], 1, make, 1.0, None, 15)
         log(f"phase 1a: sequential IncrementalAlterConfigs SET for {self.phase_s}s")
-        lat, ok, err, el, _ = await self.drive(clients[:1], 1, make, self.phase_s, None,
-                                               self.phase_s + 15)
+        lat, ok, err, el, _ = await self.drive(
+            clients[:1], 1, make, self.phase_s, None, self.phase_s + 15
+        )
         self.row("small_command", "seq", 1, lat, ok, err, el)
         log(f"phase 1b: {self.inflight} in flight IncrementalAlterConfigs SET for {self.phase_s}s")
-        lat, ok, err, el, _ = await self.drive(clients, self.inflight, make, self.phase_s, None,
-                                               self.phase_s + 15)
+        lat, ok, err, el, _ = await self.drive(
+            clients, self.inflight, make, self.phase_s, None, self.phase_s + 15
+        )
         self.row("small_command", "inflight", self.inflight, lat, ok, err, el)
 
     async def phase_topics(self, clients: list[ControllerClient]) -> None:
         for parts in (1, 100):
             prefix = f"bt{parts}-"
-            make = (lambda p, pre: lambda i: ("CreateTopics", {"topics": [
-                {"name": f"{pre}{i}", "num_partitions": p, "replication_factor": 3}]}))(parts, prefix)
-            log(f"phase 2: create {parts}-partition topics, {self.inflight} in flight, {self.phase_s}s")
-            lat, ok, err, el, _ = await self.drive(clients, self.inflight, make, self.phase_s, None,
-                                                   self.phase_s + 15)
-            self.row(f"create_topics_{parts}p", "inflight", self.inflight, lat, ok, err, el,
-                     unit="topics", per_op=parts)
+            make = (
+                lambda p, pre: (
+                    lambda i: (
+                        "CreateTopics",
+                        {
+                            "topics": [
+                                {"name": f"{pre}{i}", "num_partitions": p, "replication_factor": 3}
+                            ]
+                        },
+                    )
+                )
+            )(parts, prefix)
+            log(
+                f"phase 2: create {parts}-partition topics, {self.inflight} in flight, {self.phase_s}s"
+            )
+            lat, ok, err, el, _ = await self.drive(
+                clients, self.inflight, make, self.phase_s, None, self.phase_s + 15
+            )
+            self.row(
+                f"create_topics_{parts}p",
+                "inflight",
+                self.inflight,
+                lat,
+                ok,
+                err,
+                el,
+                unit="topics",
+                per_op=parts,
+            )
         n_topics, parts = 1000, 10
-        log(f"phase 2c: create {n_topics} topics x {parts} partitions RF 3, {self.inflight} in flight "
-            f"(deadline 60s)")
-        make = lambda i: ("CreateTopics", {"topics": [
-            {"name": f"bk-{i}", "num_partitions": parts, "replication_factor": 3}]})
-        lat, ok, err, el, timed_out = await self.drive(clients, self.inflight, make, None, n_topics, 60)
-        self.row("create_1000x10", "inflight", self.inflight, lat, ok, err, el, unit="topics",
-                 per_op=parts, completed=ok == n_topics and not timed_out)
+        log(
+            f"phase 2c: create {n_topics} topics x {parts} partitions RF 3, {self.inflight} in flight "
+            f"(deadline 60s)"
+        )
+        make = lambda i: (
+            "CreateTopics",
+            {"topics": [{"name": f"bk-{i}", "num_partitions": parts, "replication_factor": 3}]},
+        )
+        lat, ok, err, el, timed_out = await self.drive(
+            clients, self.inflight, make, None, n_topics, 60
+        )
+        self.row(
+            "create_1000x10",
+            "inflight",
+            self.inflight,
+            lat,
+            ok,
+            err,
+            el,
+            unit="topics",
+            per_op=parts,
+            completed=ok == n_topics and not timed_out,
+        )
 
     async def _leader_id(self, client: ControllerClient) -> int | None:
         try:
@@ -212,9 +295,16 @@ class Bench:
                     self._last_quorum = resp
                     voters = resp.get("voters", [])
                     ci = resp.get("commit_index") or 0
-                    if resp.get("leader_id") is not None and len(voters) == 3 and all(
-                            v.get("raft_match_index") is not None and v["raft_match_index"] >= ci - 50
-                            and (v.get("last_contact_ms") or 0) < 2000 for v in voters):
+                    if (
+                        resp.get("leader_id") is not None
+                        and len(voters) == 3
+                        and all(
+                            v.get("raft_match_index") is not None
+                            and v["raft_match_index"] >= ci - 50
+                            and (v.get("last_contact_ms") or 0) < 2000
+                            for v in voters
+                        )
+                    ):
                         return True
                 except (KraftError, trio.TooSlowError, OSError):
                     pass
@@ -230,12 +320,16 @@ class Bench:
         try:
             for round_no in range(1, self.failovers + 1):
                 if time.perf_counter() - phase_start > self.failover_budget_s:
-                    log(f"phase 3: budget {self.failover_budget_s}s used, stopping after "
-                        f"{len(times)} failovers")
+                    log(
+                        f"phase 3: budget {self.failover_budget_s}s used, stopping after "
+                        f"{len(times)} failovers"
+                    )
                     break
                 if not await self._wait_healthy(admin, 30):
-                    log(f"phase 3: quorum not healthy within 30s; stopping; last DescribeQuorum: "
-                        f"{getattr(self, '_last_quorum', None)}")
+                    log(
+                        f"phase 3: quorum not healthy within 30s; stopping; last DescribeQuorum: "
+                        f"{getattr(self, '_last_quorum', None)}"
+                    )
                     break
                 leader = await self._leader_id(admin)
                 self.load_meta()
@@ -244,20 +338,24 @@ class Bench:
                     log(f"phase 3: cannot find pid of leader {leader}; stopping")
                     break
                 # A fresh writer client, warmed on the current leader, as a real admin would be.
-                writer = ControllerClient(self.bootstrap, client_id=f"bench-failover-{round_no}",
-                                          request_timeout=1.0)
+                writer = ControllerClient(
+                    self.bootstrap, client_id=f"bench-failover-{round_no}", request_timeout=1.0
+                )
                 try:
-                    await writer.call("IncrementalAlterConfigs", set_body(topic, 500000 + self._next()),
-                                      timeout=5)
+                    await writer.call(
+                        "IncrementalAlterConfigs", set_body(topic, 500000 + self._next()), timeout=5
+                    )
                     os.kill(node["pid"], signal.SIGKILL)
                     t0 = time.perf_counter()
                     committed = None
                     with trio.move_on_after(30):
                         while True:
                             try:
-                                resp = await writer.call("IncrementalAlterConfigs",
-                                                         set_body(topic, 500000 + self._next()),
-                                                         timeout=1.0)
+                                resp = await writer.call(
+                                    "IncrementalAlterConfigs",
+                                    set_body(topic, 500000 + self._next()),
+                                    timeout=1.0,
+                                )
                                 if not _errors_in(resp):
                                     committed = time.perf_counter() - t0
                                     break
@@ -271,11 +369,21 @@ class Bench:
                     log(f"  failover {round_no}: killed node {leader}, no commit within 30s")
                 else:
                     times.append(committed)
-                    log(f"  failover {round_no}: killed node {leader}, next write committed after "
-                        f"{committed:.3f}s")
+                    log(
+                        f"  failover {round_no}: killed node {leader}, next write committed after "
+                        f"{committed:.3f}s"
+                    )
                 r = await trio.to_thread.run_sync(
-                    lambda: cli("cluster", "start", "--dir", str(self.dir), "--node", str(leader),
-                                timeout=60))
+                    lambda leader=leader: cli(
+                        "cluster",
+                        "start",
+                        "--dir",
+                        str(self.dir),
+                        "--node",
+                        str(leader),
+                        timeout=60,
+                    )
+                )
                 if r.returncode != 0:
                     log(f"  restart of node {leader} failed: {r.stderr.strip()[-300:]}")
                     break
@@ -283,11 +391,19 @@ class Bench:
         finally:
             await admin.aclose()
         times_sorted = sorted(times)
-        r = {"system": "pykraft", "config": CONFIG, "metric": "failover", "mode": "kill -9 leader",
-             "clients": 1, "count": len(times), "requested": self.failovers, "errors": failures,
-             "median_s": round(pct(times_sorted, 50), 3) if times else None,
-             "max_s": round(max(times), 3) if times else None,
-             "seconds": [round(t, 3) for t in times]}
+        r = {
+            "system": "pykraft",
+            "config": CONFIG,
+            "metric": "failover",
+            "mode": "kill -9 leader",
+            "clients": 1,
+            "count": len(times),
+            "requested": self.failovers,
+            "errors": failures,
+            "median_s": round(pct(times_sorted, 50), 3) if times else None,
+            "max_s": round(max(times), 3) if times else None,
+            "seconds": [round(t, 3) for t in times],
+        }
         # true median (mean of the middle two for an even count)
         if times:
             m = len(times_sorted)
@@ -298,9 +414,15 @@ class Bench:
     async def main_async(self) -> None:
         clients = [ControllerClient(self.bootstrap, client_id=f"bench-{i}") for i in range(4)]
         try:
-            resp = await clients[0].call("CreateTopics", {"topics": [
-                {"name": "bench-configs", "num_partitions": 1, "replication_factor": 3}]},
-                timeout=20)
+            resp = await clients[0].call(
+                "CreateTopics",
+                {
+                    "topics": [
+                        {"name": "bench-configs", "num_partitions": 1, "replication_factor": 3}
+                    ]
+                },
+                timeout=20,
+            )
             if _errors_in(resp):
                 raise RuntimeError(f"cannot create bench topic: {resp}")
             await self.phase_small(clients)
@@ -313,9 +435,21 @@ class Bench:
 
 def start_sim_brokers(directory: Path, count: int = 3, timeout_s: float = 60) -> subprocess.Popen:
     """``count`` simulated brokers in a process of their own; returns once all are unfenced."""
-    proc = subprocess.Popen([sys.executable, "-m", "tools.sim_broker", "--cluster", str(directory),
-                             "--count", str(count)], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tools.sim_broker",
+            "--cluster",
+            str(directory),
+            "--count",
+            str(count),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     deadline = time.monotonic() + timeout_s
     assert proc.stdout is not None
     while time.monotonic() < deadline and proc.poll() is None:
@@ -323,7 +457,9 @@ def start_sim_brokers(directory: Path, count: int = 3, timeout_s: float = 60) ->
         if readable and proc.stdout.readline().strip() == "ready":
             return proc
     stop_process(proc)
-    raise RuntimeError(f"simulated brokers not unfenced within {timeout_s}s (exit {proc.returncode})")
+    raise RuntimeError(
+        f"simulated brokers not unfenced within {timeout_s}s (exit {proc.returncode})"
+    )
 
 
 def stop_process(proc: subprocess.Popen) -> None:
@@ -336,14 +472,29 @@ def stop_process(proc: subprocess.Popen) -> None:
             proc.wait(timeout=10)
 
 
-def run(phase_s: float = 5.0, inflight: int = 32, failovers: int = 10,
-        failover_budget_s: float = 120.0, keep: bool = False) -> list[dict]:
+def run(
+    phase_s: float = 5.0,
+    inflight: int = 32,
+    failovers: int = 10,
+    failover_budget_s: float = 120.0,
+    keep: bool = False,
+) -> list[dict]:
     directory = Path(tempfile.mkdtemp(prefix="pykraft-bench-"))
     bench = Bench(directory, phase_s, inflight, failovers, failover_budget_s)
     try:
         log(f"starting 3-controller cluster (fsync always) in {directory}")
-        r = cli("cluster", "up", "--dir", str(directory), "--controllers", "3", "--detach",
-                "--fsync", "always", timeout=120)
+        r = cli(
+            "cluster",
+            "up",
+            "--dir",
+            str(directory),
+            "--controllers",
+            "3",
+            "--detach",
+            "--fsync",
+            "always",
+            timeout=120,
+        )
         if r.returncode != 0:
             raise RuntimeError(f"cluster up failed: {r.stderr.strip()[-500:]}")
         bench.load_meta()
@@ -378,22 +529,30 @@ def run(phase_s: float = 5.0, inflight: int = 32, failovers: int = 10,
 
 
 def table(results: list[dict]) -> str:
-    lines = ["| metric | mode | clients | ops/s (topics/s) | partitions/s | p50 ms | p99 ms | "
-             "count | seconds | errors |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "| metric | mode | clients | ops/s (topics/s) | partitions/s | p50 ms | p99 ms | "
+        "count | seconds | errors |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for r in results:
         if r["metric"] == "failover":
-            lines.append(f"| failover (median / max s) | {r['mode']} | 1 | | | | | {r['count']} | "
-                         f"{r['median_s']} / {r['max_s']} | {r['errors']} |")
+            lines.append(
+                f"| failover (median / max s) | {r['mode']} | 1 | | | | | {r['count']} | "
+                f"{r['median_s']} / {r['max_s']} | {r['errors']} |"
+            )
         else:
-            lines.append(f"| {r['metric']} | {r['mode']} | {r['clients']} | {r['ops_s']} | "
-                         f"{r.get('partitions_s', '')} | {r['p50_ms']} | {r['p99_ms']} | "
-                         f"{r['count']} | {r['seconds']} | {r['errors']} |")
+            lines.append(
+                f"| {r['metric']} | {r['mode']} | {r['clients']} | {r['ops_s']} | "
+                f"{r.get('partitions_s', '')} | {r['p50_ms']} | {r['p99_ms']} | "
+                f"{r['count']} | {r['seconds']} | {r['errors']} |"
+            )
     return "\n".join(lines)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--phase-s", type=float, default=5.0, help="seconds per measured phase (5)")
     ap.add_argument("--inflight", type=int, default=32)
     ap.add_argument("--failovers", type=int, default=10)

@@ -12,6 +12,7 @@ Prints a markdown table and, as the last stdout line, ``{"system": "pykraft-fuzz
 A result with ``crashed``, ``internal_errors``, ``unhealthy_checks`` or ``refused_connections``
 non-zero is a finding (stderr shows the input, in hex, that preceded a dead server).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,8 +23,9 @@ import struct
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
@@ -50,9 +52,17 @@ def random_value(rng: random.Random, depth: int = 0) -> Any:
     if kind == 6:
         return [random_value(rng, depth + 1) for _ in range(rng.randint(0, 3))]
     if kind == 7:
-        return {str(rng.randint(0, 99)): random_value(rng, depth + 1) for _ in range(rng.randint(0, 3))}
-    return (None, rng.random() < 0.5, rng.randint(-2**63, 2**63 - 1), rng.random() * 1e9,
-            rng.randbytes(rng.randint(0, 20)).decode("latin-1"), rng.randbytes(rng.randint(0, 20)))[kind]
+        return {
+            str(rng.randint(0, 99)): random_value(rng, depth + 1) for _ in range(rng.randint(0, 3))
+        }
+    return (
+        None,
+        rng.random() < 0.5,
+        rng.randint(-(2**63), 2**63 - 1),
+        rng.random() * 1e9,
+        rng.randbytes(rng.randint(0, 20)).decode("latin-1"),
+        rng.randbytes(rng.randint(0, 20)),
+    )[kind]
 
 
 def rpc_input(rng: random.Random) -> bytes:
@@ -73,9 +83,16 @@ def kafka_input(rng: random.Random) -> bytes:
     return struct.pack(">i", len(blob)) + blob if rng.random() < 0.5 else blob
 
 
-def run_target(name: str, seconds: float, seed: int, send: Callable[[bytes], list[dict]],
-               make_input: Callable[[random.Random], bytes], healthy: Callable[[], None],
-               rss: Callable[[], int], alive: Callable[[], bool]) -> dict:
+def run_target(
+    name: str,
+    seconds: float,
+    seed: int,
+    send: Callable[[bytes], list[dict]],
+    make_input: Callable[[random.Random], bytes],
+    healthy: Callable[[], None],
+    rss: Callable[[], int],
+    alive: Callable[[], bool],
+) -> dict:
     rng = random.Random(seed)
     healthy()
     base_rss = max_rss = rss()
@@ -91,8 +108,11 @@ def run_target(name: str, seconds: float, seed: int, send: Callable[[bytes], lis
             deadline = time.monotonic() + 5
             while alive() and time.monotonic() < deadline:
                 time.sleep(0.1)
-            print(f"[{name}] connection failed after {sent} inputs ({e!r}); alive: {alive()}; "
-                  f"last input: {data.hex()}", file=sys.stderr)
+            print(
+                f"[{name}] connection failed after {sent} inputs ({e!r}); alive: {alive()}; "
+                f"last input: {data.hex()}",
+                file=sys.stderr,
+            )
             continue
         internal += sum(1 for a in answers if a.get("error_code") == ErrorCode.UNKNOWN_SERVER_ERROR)
         sent += 1
@@ -101,24 +121,40 @@ def run_target(name: str, seconds: float, seed: int, send: Callable[[bytes], lis
             try:
                 healthy()
                 latencies.append((time.monotonic() - t) * 1000)
-            except Exception as e:  # noqa: BLE001 - a finding, counted and reported
+            except Exception as e:
                 unhealthy += 1
                 print(f"[{name}] health check failed after {sent} inputs: {e!r}", file=sys.stderr)
             max_rss = max(max_rss, rss())
-    return {"target": name, "seconds": round(time.monotonic() - started, 1), "seed": seed,
-            "inputs": sent, "inputs_per_s": round(sent / max(time.monotonic() - started, 1e-9)),
-            "crashed": not alive(), "internal_errors": internal, "unhealthy_checks": unhealthy,
-            "refused_connections": refused,
-            "health_p50_ms": round(pct(latencies, 50), 1), "health_p99_ms": round(pct(latencies, 99), 1),
-            "rss_start_mb": round(base_rss / 2**20, 1), "rss_max_mb": round(max_rss / 2**20, 1)}
+    return {
+        "target": name,
+        "seconds": round(time.monotonic() - started, 1),
+        "seed": seed,
+        "inputs": sent,
+        "inputs_per_s": round(sent / max(time.monotonic() - started, 1e-9)),
+        "crashed": not alive(),
+        "internal_errors": internal,
+        "unhealthy_checks": unhealthy,
+        "refused_connections": refused,
+        "health_p50_ms": round(pct(latencies, 50), 1),
+        "health_p99_ms": round(pct(latencies, 99), 1),
+        "rss_start_mb": round(base_rss / 2**20, 1),
+        "rss_max_mb": round(max_rss / 2**20, 1),
+    }
 
 
 def fuzz_rpc(seconds: float, seed: int, workdir: Path) -> dict:
     controller = Controller(workdir)
     try:
-        return run_target("controller-rpc", seconds, seed,
-                          lambda data: exchange(controller.rpc_port, data, wait=0.5)[0], rpc_input,
-                          controller.assert_healthy, controller.rss, lambda: controller.proc.poll() is None)
+        return run_target(
+            "controller-rpc",
+            seconds,
+            seed,
+            lambda data: exchange(controller.rpc_port, data, wait=0.5)[0],
+            rpc_input,
+            controller.assert_healthy,
+            controller.rss,
+            lambda: controller.proc.poll() is None,
+        )
     finally:
         controller.stop()
 
@@ -127,8 +163,17 @@ def fuzz_kafka(seconds: float, seed: int, workdir: Path) -> dict:
     cluster = LocalCluster(workdir / "c")
     try:
         cluster.up(1, 1, "--fsync", "never")
-        kraft("topics", "create", TOPIC, "--partitions", "1", "--replication-factor", "1",
-              "--cluster", str(cluster.dir))
+        kraft(
+            "topics",
+            "create",
+            TOPIC,
+            "--partitions",
+            "1",
+            "--replication-factor",
+            "1",
+            "--cluster",
+            str(cluster.dir),
+        )
         broker = Broker(cluster)
 
         def send(data: bytes) -> list[dict]:
@@ -136,15 +181,25 @@ def fuzz_kafka(seconds: float, seed: int, workdir: Path) -> dict:
             return []
 
         poll(lambda: broker.assert_healthy() is None, 60, what="the broker to know the topic")
-        return run_target("broker-kafka-listener", seconds, seed, send, kafka_input,
-                          broker.assert_healthy, broker.rss, broker.ps.is_running)
+        return run_target(
+            "broker-kafka-listener",
+            seconds,
+            seed,
+            send,
+            kafka_input,
+            broker.assert_healthy,
+            broker.rss,
+            broker.ps.is_running,
+        )
     finally:
         cluster.down()
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--seconds", type=float, default=60.0, help="fuzzing time per target (default 60)")
+    p.add_argument(
+        "--seconds", type=float, default=60.0, help="fuzzing time per target (default 60)"
+    )
     p.add_argument("--target", choices=("rpc", "kafka", "both"), default="both")
     p.add_argument("--seed", type=int, default=1)
     args = p.parse_args(argv)
@@ -164,8 +219,10 @@ def main(argv: list[str] | None = None) -> int:
     for r in results:
         print("| " + " | ".join(str(r[k]) for k in keys) + " |")
     print(json.dumps({"system": "pykraft-fuzz", "results": results}))
-    bad = any(r["crashed"] or r["internal_errors"] or r["unhealthy_checks"] or r["refused_connections"]
-              for r in results)
+    bad = any(
+        r["crashed"] or r["internal_errors"] or r["unhealthy_checks"] or r["refused_connections"]
+        for r in results
+    )
     return 1 if bad else 0
 
 

@@ -21,6 +21,7 @@ CPU time (``time.process_time``) rather than wall time, so results hold on a loa
 ``--before-json FILE`` adds a before/after comparison (run once on the old code with
 ``--out FILE``). ``python -m bench.hotpaths_bench`` prints a markdown table and a JSON line.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,8 +33,9 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 
 def log(msg: str) -> None:
@@ -53,9 +55,26 @@ def build_image(topics: int, partitions: int, brokers: int) -> Any:
     from kraft.records import FeatureLevelRecord, PartitionRecord, RegisterBrokerRecord, TopicRecord
 
     records: list = [FeatureLevelRecord("metadata.version", 1)]
-    records += [RegisterBrokerRecord(b, str(uuid.UUID(int=b)), b, (
-        {"name": "PLAINTEXT", "host": "127.0.0.1", "port": 9000 + b, "security_protocol": "PLAINTEXT"},),
-        (), None, False, False) for b in range(1, brokers + 1)]
+    records += [
+        RegisterBrokerRecord(
+            b,
+            str(uuid.UUID(int=b)),
+            b,
+            (
+                {
+                    "name": "PLAINTEXT",
+                    "host": "127.0.0.1",
+                    "port": 9000 + b,
+                    "security_protocol": "PLAINTEXT",
+                },
+            ),
+            (),
+            None,
+            False,
+            False,
+        )
+        for b in range(1, brokers + 1)
+    ]
     for t in range(topics):
         tid = str(uuid.UUID(int=t + 1))
         records.append(TopicRecord(f"topic-{t:05d}", tid))
@@ -63,14 +82,26 @@ def build_image(topics: int, partitions: int, brokers: int) -> Any:
             first = (t * partitions + p) % brokers
             reps = tuple(1 + (first + k) % brokers for k in range(3))
             records.append(PartitionRecord(p, tid, reps, reps, (), (), reps[0], 0, 0, 0))
-    return image_from_records(records, offset=len(records) - 1, term=1, raft_index=1,
-                              timestamp_ms=1, last_hash=b"\x00" * 32)
+    return image_from_records(
+        records,
+        offset=len(records) - 1,
+        term=1,
+        raft_index=1,
+        timestamp_ms=1,
+        last_hash=b"\x00" * 32,
+    )
 
 
 def change_batches(image: Any, count: int, per_batch: int = 100) -> list[bytes]:
     """``count`` encoded batches of ISR changes continuing ``image`` (hash chain included)."""
-    from kraft.records import (LEADER_UNCHANGED, RECOVERY_UNCHANGED, Batch, PartitionChangeRecord,
-                               Provenance, batch_hash)
+    from kraft.records import (
+        LEADER_UNCHANGED,
+        RECOVERY_UNCHANGED,
+        Batch,
+        PartitionChangeRecord,
+        Provenance,
+        batch_hash,
+    )
 
     topics = sorted(image.topics_by_id)
     offset, prev, out = image.offset + 1, image.last_hash, []
@@ -82,10 +113,20 @@ def change_batches(image: Any, count: int, per_batch: int = 100) -> list[bytes]:
             pid = (i * 7 + k) % len(parts)
             reps = parts[pid].replicas
             isr = reps[:2] if i % 2 == 0 else reps
-            changes.append(PartitionChangeRecord(pid, tid, isr, LEADER_UNCHANGED, None, None, None,
-                                                 RECOVERY_UNCHANGED, None))
-        batch = Batch(offset, 1, 2 + i, 2 + i, Provenance("bench", "bench", "", "AlterPartition", "bench"),
-                      prev, tuple(changes))
+            changes.append(
+                PartitionChangeRecord(
+                    pid, tid, isr, LEADER_UNCHANGED, None, None, None, RECOVERY_UNCHANGED, None
+                )
+            )
+        batch = Batch(
+            offset,
+            1,
+            2 + i,
+            2 + i,
+            Provenance("bench", "bench", "", "AlterPartition", "bench"),
+            prev,
+            tuple(changes),
+        )
         enc = batch.encode()
         out.append(enc)
         prev = batch_hash(enc)
@@ -107,8 +148,11 @@ def run(topics: int, partitions: int, brokers: int, log_batches: int) -> dict[st
     rows: dict[str, dict[str, Any]] = {}
 
     def row(name: str, seconds: float, records: int) -> None:
-        rows[name] = {"cpu_s": round(seconds, 3), "records": records,
-                      "records_s": round(records / seconds) if seconds > 0 else None}
+        rows[name] = {
+            "cpu_s": round(seconds, 3),
+            "records": records,
+            "records_s": round(records / seconds) if seconds > 0 else None,
+        }
         log(f"{name}: {rows[name]}")
 
     work = Path(tempfile.mkdtemp(prefix="kraft-hotpaths-"))
@@ -121,9 +165,15 @@ def run(topics: int, partitions: int, brokers: int, log_batches: int) -> dict[st
 
         def load() -> Any:
             h, records = read_snapshot(path)
-            return image_from_records(records, offset=h.end_offset - 1, term=h.term,
-                                      raft_index=h.raft_index, timestamp_ms=h.timestamp_ms,
-                                      last_hash=h.last_hash)
+            return image_from_records(
+                records,
+                offset=h.end_offset - 1,
+                term=h.term,
+                raft_index=h.raft_index,
+                timestamp_ms=h.timestamp_ms,
+                last_hash=h.last_hash,
+            )
+
         loaded, s = _cpu(load)
         row("snapshot_load", s, n_records)
         assert loaded == image, "loaded image differs"
@@ -133,7 +183,7 @@ def run(topics: int, partitions: int, brokers: int, log_batches: int) -> dict[st
         del loaded
         loaded, s = _cpu(lambda: image_from_snapshot(path))
         row("broker_load", s, n_records)
-        _, s = _cpu(lambda: full_delta(loaded).apply())
+        _, s = _cpu(lambda: full_delta(loaded).apply())  # noqa: F821 -- bound just above; del follows
         row("broker_full_publish", s, n_records)
         del loaded
     finally:
@@ -148,6 +198,7 @@ def run(topics: int, partitions: int, brokers: int, log_batches: int) -> dict[st
             delta.replay_batch(decode_batch(enc), batch_hash(enc))
             img = delta.apply()
         return img
+
     after, s = _cpu(replay)
     row("delta_replay", s, 100 * log_batches)
 
@@ -155,6 +206,7 @@ def run(topics: int, partitions: int, brokers: int, log_batches: int) -> dict[st
         delta = MetadataDelta(image)
         replay_encoded(delta, encoded)
         return delta.apply()
+
     _, s = _cpu(broker_replay)
     row("broker_log_replay", s, 100 * log_batches)
 
@@ -165,6 +217,7 @@ def run(topics: int, partitions: int, brokers: int, log_batches: int) -> dict[st
             delta.replay_batch(decode_batch(enc))
             img = delta.apply()
         return img
+
     _, s = _cpu(cold_start_replay)
     row("cold_start_log_replay", s, 100 * log_batches)
     after.checksum()
@@ -173,25 +226,36 @@ def run(topics: int, partitions: int, brokers: int, log_batches: int) -> dict[st
     changed = delta.apply()
     _, s = _cpu(changed.checksum)
     row("checksum_after_100_changes", s, n_records)
-    return {"partitions": image.partition_count(), "records": n_records, "stages": rows,
-            "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
+    return {
+        "partitions": image.partition_count(),
+        "records": n_records,
+        "stages": rows,
+        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+    }
 
 
 def table(result: dict[str, Any], before: dict[str, Any] | None) -> str:
-    lines = [f"{result['partitions']:,} partitions, {result['records']:,} records, peak RSS "
-             f"{result['peak_rss_mib']} MiB", "",
-             "| stage | before CPU s | after CPU s | speed-up | after records/s |",
-             "| --- | --- | --- | --- | --- |"]
+    lines = [
+        f"{result['partitions']:,} partitions, {result['records']:,} records, peak RSS "
+        f"{result['peak_rss_mib']} MiB",
+        "",
+        "| stage | before CPU s | after CPU s | speed-up | after records/s |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     for name, r in result["stages"].items():
         b = (before or {}).get("stages", {}).get(name)
         speedup = f"{b['cpu_s'] / r['cpu_s']:.1f}x" if b and r["cpu_s"] else "-"
-        lines.append(f"| {name} | {b['cpu_s'] if b else '-'} | {r['cpu_s']} | {speedup} | "
-                     f"{r['records_s']:,} |")
+        lines.append(
+            f"| {name} | {b['cpu_s'] if b else '-'} | {r['cpu_s']} | {speedup} | "
+            f"{r['records_s']:,} |"
+        )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--topics", type=int, default=10_000)
     ap.add_argument("--partitions", type=int, default=100)
     ap.add_argument("--brokers", type=int, default=30)

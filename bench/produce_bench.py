@@ -12,6 +12,7 @@ Measures (progress on stderr):
 ``run(messages) -> list[dict]`` returns result rows; ``main()`` prints a markdown table and, as the
 last stdout line, ``{"system": "pykraft", "results": [...]}``. Target: >= 20 MB/s acks=all RF 3.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,8 +35,13 @@ def log(msg: str) -> None:
 
 
 def kraft(*args: str, timeout: float = 120) -> str:
-    proc = subprocess.run([sys.executable, "-m", "tools.cli", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tools.cli", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"kraft {' '.join(args)}: {proc.stderr.strip()[-500:]}")
     return proc.stdout
@@ -44,19 +50,30 @@ def kraft(*args: str, timeout: float = 120) -> str:
 def pct(sorted_vals: list[float], p: float) -> float | None:
     if not sorted_vals:
         return None
-    return sorted_vals[min(len(sorted_vals) - 1, max(0, int(round(p / 100 * len(sorted_vals))) - 1))]
+    return sorted_vals[
+        min(len(sorted_vals) - 1, max(0, int(round(p / 100 * len(sorted_vals))) - 1))
+    ]
 
 
 def produce(bs: str, topic: str, acks: str, messages: int) -> dict:
     from confluent_kafka import Producer
 
-    producer = Producer({"bootstrap.servers": bs, "acks": acks, "linger.ms": 5, "batch.size": 1 << 20,
-                         "queue.buffering.max.kbytes": 1 << 20, "message.timeout.ms": 120000})
+    producer = Producer(
+        {
+            "bootstrap.servers": bs,
+            "acks": acks,
+            "linger.ms": 5,
+            "batch.size": 1 << 20,
+            "queue.buffering.max.kbytes": 1 << 20,
+            "message.timeout.ms": 120000,
+        }
+    )
     payload = b"x" * MSG_BYTES
     done = {"ok": 0, "err": 0}
 
     def on_delivery(err, msg):
         done["err" if err else "ok"] += 1
+
     start = time.perf_counter()
     for i in range(messages):
         while True:
@@ -69,8 +86,15 @@ def produce(bs: str, topic: str, acks: str, messages: int) -> dict:
             producer.poll(0)
     producer.flush(180)
     secs = time.perf_counter() - start
-    return {"metric": "produce", "mode": f"acks={acks}", "messages": messages, "errors": done["err"],
-            "seconds": round(secs, 2), "msgs_s": round(done["ok"] / secs), "mb_s": round(done["ok"] * MSG_BYTES / secs / 1e6, 1)}
+    return {
+        "metric": "produce",
+        "mode": f"acks={acks}",
+        "messages": messages,
+        "errors": done["err"],
+        "seconds": round(secs, 2),
+        "msgs_s": round(done["ok"] / secs),
+        "mb_s": round(done["ok"] * MSG_BYTES / secs / 1e6, 1),
+    }
 
 
 def produce_kcat(bs: str, topic: str, acks: str, messages: int, workdir: Path) -> dict:
@@ -78,19 +102,51 @@ def produce_kcat(bs: str, topic: str, acks: str, messages: int, workdir: Path) -
     data = workdir / "messages.txt"
     data.write_bytes((b"k" * (MSG_BYTES - 1) + b"\n") * messages)
     start = time.perf_counter()
-    proc = subprocess.run(["kcat", "-P", "-b", bs, "-t", topic, "-X", f"acks={acks}", "-X", "linger.ms=5",
-                           "-X", "batch.size=1000000", "-l", str(data)], capture_output=True, timeout=300)
+    proc = subprocess.run(
+        [
+            "kcat",
+            "-P",
+            "-b",
+            bs,
+            "-t",
+            topic,
+            "-X",
+            f"acks={acks}",
+            "-X",
+            "linger.ms=5",
+            "-X",
+            "batch.size=1000000",
+            "-l",
+            str(data),
+        ],
+        capture_output=True,
+        timeout=300,
+    )
     secs = time.perf_counter() - start
     ok = messages if proc.returncode == 0 else 0
-    return {"metric": "produce", "mode": f"acks={acks} (kcat)", "messages": messages, "errors": messages - ok,
-            "seconds": round(secs, 2), "msgs_s": round(ok / secs), "mb_s": round(ok * MSG_BYTES / secs / 1e6, 1)}
+    return {
+        "metric": "produce",
+        "mode": f"acks={acks} (kcat)",
+        "messages": messages,
+        "errors": messages - ok,
+        "seconds": round(secs, 2),
+        "msgs_s": round(ok / secs),
+        "mb_s": round(ok * MSG_BYTES / secs / 1e6, 1),
+    }
 
 
 def consume(bs: str, topic: str, messages: int) -> dict:
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-    consumer = Consumer({"bootstrap.servers": bs, "group.id": "bench", "enable.auto.commit": False,
-                         "fetch.max.bytes": 50 << 20, "max.partition.fetch.bytes": 8 << 20})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bs,
+            "group.id": "bench",
+            "enable.auto.commit": False,
+            "fetch.max.bytes": 50 << 20,
+            "max.partition.fetch.bytes": 8 << 20,
+        }
+    )
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(3)])
     got, size = 0, 0
     start = time.perf_counter()
@@ -102,15 +158,28 @@ def consume(bs: str, topic: str, messages: int) -> dict:
                 size += len(m.value())
     secs = time.perf_counter() - start
     consumer.close()
-    return {"metric": "consume", "mode": "from beginning", "messages": got, "errors": messages - got,
-            "seconds": round(secs, 2), "msgs_s": round(got / secs), "mb_s": round(size / secs / 1e6, 1)}
+    return {
+        "metric": "consume",
+        "mode": "from beginning",
+        "messages": got,
+        "errors": messages - got,
+        "seconds": round(secs, 2),
+        "msgs_s": round(got / secs),
+        "mb_s": round(size / secs / 1e6, 1),
+    }
 
 
 def latency(bs: str, topic: str, count: int) -> dict:
     from confluent_kafka import OFFSET_END, Consumer, Producer, TopicPartition
 
-    consumer = Consumer({"bootstrap.servers": bs, "group.id": "bench-e2e", "enable.auto.commit": False,
-                         "fetch.wait.max.ms": 100})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bs,
+            "group.id": "bench-e2e",
+            "enable.auto.commit": False,
+            "fetch.wait.max.ms": 100,
+        }
+    )
     consumer.assign([TopicPartition(topic, 0, OFFSET_END)])
     lat: list[float] = []
     stop = threading.Event()
@@ -120,6 +189,7 @@ def latency(bs: str, topic: str, count: int) -> dict:
             m = consumer.poll(0.1)
             if m is not None and m.error() is None:
                 lat.append((time.perf_counter() - float(m.value().decode())) * 1000)
+
     t = threading.Thread(target=reader)
     t.start()
     time.sleep(1.0)  # let the consumer reach the end before the first message
@@ -135,8 +205,14 @@ def latency(bs: str, topic: str, count: int) -> dict:
     t.join(10)
     consumer.close()
     lat.sort()
-    return {"metric": "e2e_latency", "mode": "acks=all", "messages": len(lat), "errors": count - len(lat),
-            "p50_ms": round(pct(lat, 50), 2) if lat else None, "p99_ms": round(pct(lat, 99), 2) if lat else None}
+    return {
+        "metric": "e2e_latency",
+        "mode": "acks=all",
+        "messages": len(lat),
+        "errors": count - len(lat),
+        "p50_ms": round(pct(lat, 50), 2) if lat else None,
+        "p99_ms": round(pct(lat, 99), 2) if lat else None,
+    }
 
 
 def run(messages: int) -> list[dict]:
@@ -146,13 +222,34 @@ def run(messages: int) -> list[dict]:
     rows: list[dict] = []
     try:
         log("starting 3 controllers + 3 brokers")
-        kraft("cluster", "up", "--dir", str(cdir), "--controllers", "3", "--brokers", "3", "--detach",
-              "--fsync", "never")
+        kraft(
+            "cluster",
+            "up",
+            "--dir",
+            str(cdir),
+            "--controllers",
+            "3",
+            "--brokers",
+            "3",
+            "--detach",
+            "--fsync",
+            "never",
+        )
         meta = json.loads((cdir / "cluster.json").read_text())
         bs = ",".join(f"{b['host']}:{b['port']}" for b in meta["brokers"])
         for acks in ("1", "all"):
             topic = f"bench-acks-{acks}"
-            kraft("topics", "create", topic, "--partitions", "3", "--replication-factor", "3", "--cluster", str(cdir))
+            kraft(
+                "topics",
+                "create",
+                topic,
+                "--partitions",
+                "3",
+                "--replication-factor",
+                "3",
+                "--cluster",
+                str(cdir),
+            )
             time.sleep(1.0)  # brokers take their roles
             log(f"produce {messages} x {MSG_BYTES} B, acks={acks}")
             rows.append(produce(bs, topic, acks, messages))
@@ -162,13 +259,32 @@ def run(messages: int) -> list[dict]:
                 rows.append(consume(bs, topic, messages))
                 log(f"  {rows[-1]}")
             if shutil.which("kcat"):
-                kraft("topics", "create", f"{topic}-kcat", "--partitions", "3", "--replication-factor", "3",
-                      "--cluster", str(cdir))
+                kraft(
+                    "topics",
+                    "create",
+                    f"{topic}-kcat",
+                    "--partitions",
+                    "3",
+                    "--replication-factor",
+                    "3",
+                    "--cluster",
+                    str(cdir),
+                )
                 time.sleep(1.0)
                 log(f"produce {messages} x {MSG_BYTES} B with kcat, acks={acks}")
                 rows.append(produce_kcat(bs, f"{topic}-kcat", acks, messages, workdir))
                 log(f"  {rows[-1]}")
-        kraft("topics", "create", "bench-e2e", "--partitions", "1", "--replication-factor", "3", "--cluster", str(cdir))
+        kraft(
+            "topics",
+            "create",
+            "bench-e2e",
+            "--partitions",
+            "1",
+            "--replication-factor",
+            "3",
+            "--cluster",
+            str(cdir),
+        )
         time.sleep(1.0)
         log("end-to-end latency")
         rows.append(latency(bs, "bench-e2e", 300))
@@ -176,32 +292,46 @@ def run(messages: int) -> list[dict]:
     finally:
         try:
             kraft("cluster", "down", "--dir", str(cdir), "--timeout", "20")
-        except Exception as e:  # noqa: BLE001 - report and clean up anyway
+        except Exception as e:
             log(f"cluster down failed: {e}")
         shutil.rmtree(workdir, ignore_errors=True)
     return rows
 
 
 def table(rows: list[dict]) -> str:
-    out = ["| metric | mode | messages | errors | seconds | msgs/s | MB/s | p50 ms | p99 ms |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    out = [
+        "| metric | mode | messages | errors | seconds | msgs/s | MB/s | p50 ms | p99 ms |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for r in rows:
-        out.append(f"| {r['metric']} | {r['mode']} | {r['messages']} | {r['errors']} | {r.get('seconds', '')} | "
-                   f"{r.get('msgs_s', '')} | {r.get('mb_s', '')} | {r.get('p50_ms', '')} | {r.get('p99_ms', '')} |")
+        out.append(
+            f"| {r['metric']} | {r['mode']} | {r['messages']} | {r['errors']} | {r.get('seconds', '')} | "
+            f"{r.get('msgs_s', '')} | {r.get('mb_s', '')} | {r.get('p50_ms', '')} | {r.get('p99_ms', '')} |"
+        )
     return "\n".join(out)
 
 
 def target(rows: list[dict]) -> dict:
-    row = next((r for r in rows if r["metric"] == "produce" and r["mode"] == "acks=all"), None)  # confluent-kafka
+    row = next(
+        (r for r in rows if r["metric"] == "produce" and r["mode"] == "acks=all"), None
+    )  # confluent-kafka
     value = row and row["mb_s"]
-    return {"target": f"produce acks=all RF 3, 1 KB messages >= {TARGET_MB_S} MB/s", "value": value,
-            "limit": TARGET_MB_S, "ratio": round(value / TARGET_MB_S, 3) if value else None,
-            "met": bool(value and value >= TARGET_MB_S)}
+    return {
+        "target": f"produce acks=all RF 3, 1 KB messages >= {TARGET_MB_S} MB/s",
+        "value": value,
+        "limit": TARGET_MB_S,
+        "ratio": round(value / TARGET_MB_S, 3) if value else None,
+        "met": bool(value and value >= TARGET_MB_S),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--messages", type=int, default=100_000, help="messages per produce run (default 100000)")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--messages", type=int, default=100_000, help="messages per produce run (default 100000)"
+    )
     args = ap.parse_args(argv)
     rows = run(args.messages)
     t = target(rows)

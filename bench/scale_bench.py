@@ -19,6 +19,7 @@ partition logs), then:
 Progress on stderr; ``run(...) -> (rows, targets)``; ``python -m bench.scale_bench`` prints a
 markdown table and a JSON line. Smaller shapes (``--topics 300``) make a quick smoke run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,13 +37,15 @@ from pathlib import Path
 import psutil
 import trio
 
+from bench.broker_bench import table
 from kraft.errors import KraftError
 from kraft.rpc.client import ControllerClient, call_sync
-from bench.broker_bench import table
 from tools.sim_broker import SharedReplay, SimBroker, wait_unfenced
 
 REPO = Path(__file__).resolve().parent.parent
-SNAPSHOT_LINE = re.compile(r"wrote snapshot \S+ \((\d+) partitions\) in ([\d.]+)s(?: \(([\d.]+)s CPU\))?")
+SNAPSHOT_LINE = re.compile(
+    r"wrote snapshot \S+ \((\d+) partitions\) in ([\d.]+)s(?: \(([\d.]+)s CPU\))?"
+)
 ENV = dict(os.environ, PYTHONPATH=str(REPO))
 
 
@@ -51,13 +54,27 @@ def log(msg: str) -> None:
 
 
 def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tools.cli", *args], cwd=REPO, env=ENV,
-                          capture_output=True, text=True, timeout=timeout, check=True)
+    return subprocess.run(
+        [sys.executable, "-m", "tools.cli", *args],
+        cwd=REPO,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=True,
+    )
 
 
 class Scale:
-    def __init__(self, directory: Path, topics: int, partitions: int, brokers: int,
-                 per_request: int, inflight: int) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        topics: int,
+        partitions: int,
+        brokers: int,
+        per_request: int,
+        inflight: int,
+    ) -> None:
         self.dir = directory
         self.topics = topics
         self.partitions = partitions
@@ -81,7 +98,9 @@ class Scale:
 
     async def describe_node(self, cid: int) -> dict | None:
         c = self.controller(cid)
-        client = ControllerClient([(c["host"], c["rpc_port"])])  # DescribeNode: answered by this node
+        client = ControllerClient(
+            [(c["host"], c["rpc_port"])]
+        )  # DescribeNode: answered by this node
         try:
             return await client.call("DescribeNode", {"checksum": False}, timeout=5)
         except (KraftError, trio.TooSlowError, OSError):
@@ -112,8 +131,10 @@ class Scale:
             while True:
                 views = [await self.describe_node(c["id"]) for c in self.meta["controllers"]]
                 if all(v and v["applied_offset"] >= offset for v in views) and all(
-                        b.metadata_offset >= offset for b in self.sims if not b.shut_down
-                        and b.broker_id in self.sim_scopes):
+                    b.metadata_offset >= offset
+                    for b in self.sims
+                    if not b.shut_down and b.broker_id in self.sim_scopes
+                ):
                     return time.perf_counter() - start
                 await trio.sleep(0.05)
 
@@ -123,8 +144,10 @@ class Scale:
         log(f"  -> {r}")
         for t in targets([r]):
             if t["value"] is not None:
-                log(f"     target {t['target']}: {t['value']} (ratio {t['ratio']}, "
-                    f"{'met' if t['met'] else 'MISSED'})")
+                log(
+                    f"     target {t['target']}: {t['value']} (ratio {t['ratio']}, "
+                    f"{'met' if t['met'] else 'MISSED'})"
+                )
 
     def cpu(self) -> dict[str, tuple[int, float]]:
         """(pid, CPU seconds so far: user + system) of each controller process and of this one."""
@@ -144,18 +167,22 @@ class Scale:
         first_row, before = len(self.rows), self.cpu()
         try:
             await fn(*args)
-        except (Exception, trio.TooSlowError) as e:  # noqa: B014 - say which phase broke, keep going
+        except (Exception, trio.TooSlowError) as e:
             self.failed = True
             self.row(metric, error=f"{type(e).__name__}: {e}"[:300])
         after = self.cpu()  # a restarted controller (new pid) counts from its start
-        spent = {k: round(v - (before[k][1] if before.get(k, (None,))[0] == pid else 0), 1)
-                 for k, (pid, v) in after.items()}
+        spent = {
+            k: round(v - (before[k][1] if before.get(k, (None,))[0] == pid else 0), 1)
+            for k, (pid, v) in after.items()
+        }
         log(f"  {metric}: CPU s {spent}")
         for r in self.rows[first_row:]:
             r["cpu_s"] = spent
 
     # ---- phases -----------------------------------------------------------------------------
-    async def create(self, client_pool: list[ControllerClient], first: int, count: int) -> tuple[int, float, int]:
+    async def create(
+        self, client_pool: list[ControllerClient], first: int, count: int
+    ) -> tuple[int, float, int]:
         """Create topics ``first .. first+count`` (``per_request`` per CreateTopics); returns
         (the leader's applied offset once all are acknowledged, seconds, errors)."""
         next_topic = first
@@ -170,8 +197,16 @@ class Scale:
                 lo = next_topic
                 hi = min(end, lo + self.per_request)
                 next_topic = hi
-                body = {"topics": [{"name": f"s-{i:06d}", "num_partitions": self.partitions,
-                                    "replication_factor": 3} for i in range(lo, hi)]}
+                body = {
+                    "topics": [
+                        {
+                            "name": f"s-{i:06d}",
+                            "num_partitions": self.partitions,
+                            "replication_factor": 3,
+                        }
+                        for i in range(lo, hi)
+                    ]
+                }
                 for _ in range(5):
                     try:
                         r = await client.call("CreateTopics", body, timeout=60)
@@ -205,9 +240,17 @@ class Scale:
         self.load_meta()
         cluster_id = self.meta["cluster_id"]
         replay = SharedReplay()
-        self.sims = [SimBroker(101 + i, self.boot, cluster_id, rack=f"r{i % 3}", heartbeat_interval_s=1.0,
-                               replay=replay)
-                     for i in range(self.n_brokers)]
+        self.sims = [
+            SimBroker(
+                101 + i,
+                self.boot,
+                cluster_id,
+                rack=f"r{i % 3}",
+                heartbeat_interval_s=1.0,
+                replay=replay,
+            )
+            for i in range(self.n_brokers)
+        ]
         async with trio.open_nursery() as nursery:
             for b in self.sims:
                 await nursery.start(self.run_sim, b)
@@ -232,9 +275,15 @@ class Scale:
         t0 = time.perf_counter()
         highest, secs, errors = await self.create(pool, 0, bulk)
         applied = await self.applied_everywhere(highest, 120)
-        self.row("bulk_create", topics=bulk, partitions=bulk * self.partitions,
-                 commit_s=round(secs, 2), applied_everywhere_s=round(time.perf_counter() - t0, 2),
-                 lag_after_commit_s=round(applied, 2), errors=errors)
+        self.row(
+            "bulk_create",
+            topics=bulk,
+            partitions=bulk * self.partitions,
+            commit_s=round(secs, 2),
+            applied_everywhere_s=round(time.perf_counter() - t0, 2),
+            lag_after_commit_s=round(applied, 2),
+            errors=errors,
+        )
 
     async def phase_full(self, pool: list[ControllerClient]) -> None:
         bulk = min(1000, self.topics)
@@ -242,9 +291,15 @@ class Scale:
         highest, secs, errors = await self.create(pool, bulk, self.topics - bulk)
         await self.applied_everywhere(highest, 600)
         total = self.topics * self.partitions
-        self.row("full_image", topics=self.topics, partitions=total, seconds=round(secs, 1),
-                 partitions_s=round((self.topics - bulk) * self.partitions / secs) if secs else None,
-                 errors=errors, final_offset=highest)
+        self.row(
+            "full_image",
+            topics=self.topics,
+            partitions=total,
+            seconds=round(secs, 1),
+            partitions_s=round((self.topics - bulk) * self.partitions / secs) if secs else None,
+            errors=errors,
+            final_offset=highest,
+        )
 
     async def phase_rss_snapshot(self) -> None:
         rss = {}
@@ -259,16 +314,29 @@ class Scale:
             for m in SNAPSHOT_LINE.finditer(text):
                 timings.append((int(m[1]), float(m[2]), float(m[3]) if m[3] else None))
         biggest = max(timings) if timings else (None, None, None)
-        self.row("controller_memory_snapshot", rss_mib=rss, max_rss_mib=max(v for v in rss.values() if v),
-                 snapshot_partitions=biggest[0], snapshot_write_s=biggest[1], snapshot_write_cpu_s=biggest[2])
+        self.row(
+            "controller_memory_snapshot",
+            rss_mib=rss,
+            max_rss_mib=max(v for v in rss.values() if v),
+            snapshot_partitions=biggest[0],
+            snapshot_write_s=biggest[1],
+            snapshot_write_cpu_s=biggest[2],
+        )
 
     async def phase_failover(self, client: ControllerClient) -> None:
         leader = await self.leader(client)
         log(f"failover: kill -9 active controller {leader}")
         os.kill(self.controller(leader)["pid"], signal.SIGKILL)
         t0 = time.perf_counter()
-        body = {"resources": [{"resource_type": "topic", "resource_name": "s-000000",
-                               "ops": [{"name": "retention.ms", "op": "SET", "value": "123456"}]}]}
+        body = {
+            "resources": [
+                {
+                    "resource_type": "topic",
+                    "resource_name": "s-000000",
+                    "ops": [{"name": "retention.ms", "op": "SET", "value": "123456"}],
+                }
+            ]
+        }
         while True:
             try:
                 await client.call("IncrementalAlterConfigs", body, timeout=2)
@@ -278,11 +346,14 @@ class Scale:
         failover = time.perf_counter() - t0
         log(f"restarting controller {leader} (cold start from snapshot + log)")
         t1 = time.perf_counter()
-        await trio.to_thread.run_sync(lambda: cli("cluster", "start", "--dir", str(self.dir),
-                                                  "--node", str(leader)))
+        await trio.to_thread.run_sync(
+            lambda: cli("cluster", "start", "--dir", str(self.dir), "--node", str(leader))
+        )
         self.load_meta()
-        target = max((v or {}).get("applied_offset", -1) for v in
-                     [await self.describe_node(c["id"]) for c in self.meta["controllers"]])
+        target = max(
+            (v or {}).get("applied_offset", -1)
+            for v in [await self.describe_node(c["id"]) for c in self.meta["controllers"]]
+        )
         with trio.fail_after(300):
             while True:
                 v = await self.describe_node(leader)
@@ -295,14 +366,23 @@ class Scale:
             cold_cpu = round(t.user + t.system, 1)
         except psutil.Error:
             cold_cpu = None
-        self.row("failover_cold_start", failover_s=round(failover, 2), cold_start_s=round(cold, 2),
-                 cold_start_cpu_s=cold_cpu)
+        self.row(
+            "failover_cold_start",
+            failover_s=round(failover, 2),
+            cold_start_s=round(cold, 2),
+            cold_start_cpu_s=cold_cpu,
+        )
 
     def session_timeout_s(self) -> float:
         """``broker.session.timeout.ms`` of the controllers (their properties, else the default)."""
         from kraft.config import ControllerConfig
 
-        return ControllerConfig.load(self.meta["controllers"][0]["config"])["broker.session.timeout.ms"] / 1000
+        return (
+            ControllerConfig.load(self.meta["controllers"][0]["config"])[
+                "broker.session.timeout.ms"
+            ]
+            / 1000
+        )
 
     async def phase_broker_kill(self, client: ControllerClient) -> None:
         """A simulated broker stops heartbeating: from its session expiry (its last answered
@@ -310,7 +390,9 @@ class Scale:
         written after all its partition changes, so that is "re-elected and committed"."""
         victim = self.sims[0]
         leader = await self.leader(client)
-        before = (await self.describe_node(leader) or {}).get("applied_offset", -1) if leader else -1
+        before = (
+            (await self.describe_node(leader) or {}).get("applied_offset", -1) if leader else -1
+        )
         log(f"broker kill: simulated broker {victim.broker_id} stops heartbeating")
         self.sim_scopes[victim.broker_id].cancel()
         expiry = (victim.last_heartbeat or time.monotonic()) + self.session_timeout_s()
@@ -319,20 +401,32 @@ class Scale:
             while fenced_at is None:
                 try:
                     r = await client.call("DescribeCluster", {}, timeout=5)
-                    entry = next((b for b in r.get("brokers", []) if b.get("broker_id") == victim.broker_id), None)
+                    entry = next(
+                        (b for b in r.get("brokers", []) if b.get("broker_id") == victim.broker_id),
+                        None,
+                    )
                     if entry is not None and entry.get("fenced"):
                         fenced_at = time.monotonic()
                 except (KraftError, trio.TooSlowError, OSError):
                     pass
                 await trio.sleep(0.05)
-        first, last, _, changes, fence, batches, terms = await self.scan_log(client, before,
-                                                                             "session-timeout")
-        self.row("broker_kill", broker=victim.broker_id, partition_changes=changes, fence_records=fence,
-                 steps=batches, terms=terms, reelect_s=round(fenced_at - expiry, 2),
-                 log_span_s=round((last - first) / 1000, 2) if first is not None else None)
+        first, last, _, changes, fence, batches, terms = await self.scan_log(
+            client, before, "session-timeout"
+        )
+        self.row(
+            "broker_kill",
+            broker=victim.broker_id,
+            partition_changes=changes,
+            fence_records=fence,
+            steps=batches,
+            terms=terms,
+            reelect_s=round(fenced_at - expiry, 2),
+            log_span_s=round((last - first) / 1000, 2) if first is not None else None,
+        )
 
-    async def scan_log(self, client: ControllerClient, after: int, reason: str
-                       ) -> tuple[int | None, int | None, int | None, int, int, int, int]:
+    async def scan_log(
+        self, client: ControllerClient, after: int, reason: str
+    ) -> tuple[int | None, int | None, int | None, int, int, int, int]:
         """The leader's batches after offset ``after`` written for ``reason``: (timestamps ms of
         the first, the last, the last with partition changes; partition changes, broker
         registration changes, batches, Raft terms they span — more than one: an election
@@ -372,7 +466,9 @@ class Scale:
         controller and broker has applied the log so far (not while they still replay the
         broker kill's)."""
         b = self.sims[1]
-        before = (await self.describe_node(await self.known_leader(client)) or {}).get("applied_offset", -1)
+        before = (await self.describe_node(await self.known_leader(client)) or {}).get(
+            "applied_offset", -1
+        )
         await self.applied_everywhere(before, 120)
         log(f"controlled shutdown of simulated broker {b.broker_id}")
         t0, wall0 = time.perf_counter(), time.time()
@@ -382,15 +478,25 @@ class Scale:
                 await trio.sleep(0.02)
         seconds, done = time.perf_counter() - t0, time.time()
         first, last, last_change, changes, _, batches, terms = await self.scan_log(
-            client, before, "controlled-shutdown")
+            client, before, "controlled-shutdown"
+        )
         where = {}
         if first is not None and last_change is not None:  # command timestamps, leader's clock
-            where = {"to_first_step_s": round(first / 1000 - wall0, 2),
-                     "steps_s": round((last_change - first) / 1000, 2),
-                     "to_fence_s": round((last - last_change) / 1000, 2),
-                     "fence_to_answer_s": round(done - last / 1000, 2)}
-        self.row("controlled_shutdown", broker=b.broker_id, seconds=round(seconds, 2),
-                 partition_changes=changes, batches=batches, terms=terms, **where)
+            where = {
+                "to_first_step_s": round(first / 1000 - wall0, 2),
+                "steps_s": round((last_change - first) / 1000, 2),
+                "to_fence_s": round((last - last_change) / 1000, 2),
+                "fence_to_answer_s": round(done - last / 1000, 2),
+            }
+        self.row(
+            "controlled_shutdown",
+            broker=b.broker_id,
+            seconds=round(seconds, 2),
+            partition_changes=changes,
+            batches=batches,
+            terms=terms,
+            **where,
+        )
 
     def catch_up(self) -> None:
         """A new real broker process replays the whole image and reports RUNNING."""
@@ -401,21 +507,31 @@ class Scale:
         ports = []
         for _ in range(2):
             import socket
+
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0))
                 ports.append(s.getsockname()[1])
         props = {
-            "node.id": "900", "process.roles": "broker", "cluster.id": self.meta["cluster_id"],
-            "log.dirs": str(bdir / "data"), "listeners": f"PLAINTEXT://127.0.0.1:{ports[0]}",
+            "node.id": "900",
+            "process.roles": "broker",
+            "cluster.id": self.meta["cluster_id"],
+            "log.dirs": str(bdir / "data"),
+            "listeners": f"PLAINTEXT://127.0.0.1:{ports[0]}",
             "broker.admin.port": str(ports[1]),
-            "controller.quorum.bootstrap.servers": ",".join(f"{h}:{p}" for h, p in self.boot)}
+            "controller.quorum.bootstrap.servers": ",".join(f"{h}:{p}" for h, p in self.boot),
+        }
         cfg = bdir / "broker.properties"
         cfg.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
         log("catch-up: starting a new real broker (id 900)")
         t0 = time.perf_counter()
         with open(bdir / "node.log", "w") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "tools.cli", "broker", "--config", str(cfg)],
-                                    cwd=REPO, env=ENV, stdout=out, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "tools.cli", "broker", "--config", str(cfg)],
+                cwd=REPO,
+                env=ENV,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         try:
             deadline = time.monotonic() + 300
             state = None
@@ -429,9 +545,13 @@ class Scale:
                 time.sleep(0.2)
             secs = time.perf_counter() - t0
             rss = round(psutil.Process(proc.pid).memory_info().rss / 2**20)
-            self.row("new_broker_catch_up", seconds=round(secs, 2),
-                     running=bool(state and state.get("state") == "RUNNING"),
-                     offset=state and state.get("last_applied_offset"), rss_mib=rss)
+            self.row(
+                "new_broker_catch_up",
+                seconds=round(secs, 2),
+                running=bool(state and state.get("state") == "RUNNING"),
+                offset=state and state.get("last_applied_offset"),
+                rss_mib=rss,
+            )
         finally:
             proc.send_signal(signal.SIGKILL)
             proc.wait(30)
@@ -451,9 +571,21 @@ def real_brokers(topics: int = 100, partitions: int = 100) -> dict:
         boot = [(c["host"], c["rpc_port"]) for c in meta["controllers"]]
         t0 = time.perf_counter()
         for lo in range(0, topics, 10):
-            r = call_sync(boot, "CreateTopics", {"topics": [
-                {"name": f"r-{i:04d}", "num_partitions": partitions, "replication_factor": 3}
-                for i in range(lo, min(topics, lo + 10))]}, timeout=120)
+            r = call_sync(
+                boot,
+                "CreateTopics",
+                {
+                    "topics": [
+                        {
+                            "name": f"r-{i:04d}",
+                            "num_partitions": partitions,
+                            "replication_factor": 3,
+                        }
+                        for i in range(lo, min(topics, lo + 10))
+                    ]
+                },
+                timeout=120,
+            )
             assert not any(t["error_code"] for t in r["topics"]), r
         target = call_sync(boot, "DescribeNode", {"checksum": False}, timeout=30)["applied_offset"]
 
@@ -464,8 +596,12 @@ def real_brokers(topics: int = 100, partitions: int = 100) -> dict:
                     states.append(describe(b["host"], b["admin_port"], timeout=10))
                 except (OSError, ValueError):
                     return False
-            return all(s["state"] == "RUNNING" and s["last_applied_offset"] >= offset
-                       and len(s.get("partitions") or ()) >= topics * partitions for s in states)
+            return all(
+                s["state"] == "RUNNING"
+                and s["last_applied_offset"] >= offset
+                and len(s.get("partitions") or ()) >= topics * partitions
+                for s in states
+            )
 
         deadline = time.monotonic() + 600
         while not all_running(target) and time.monotonic() < deadline:
@@ -486,9 +622,13 @@ def real_brokers(topics: int = 100, partitions: int = 100) -> dict:
             time.sleep(0.2)
         up = time.perf_counter() - t1
         rss = [round(psutil.Process(b["pid"]).memory_info().rss / 2**20) for b in meta["brokers"]]
-        return {"metric": "real_brokers_restart", "partitions_per_broker": topics * partitions,
-                "create_and_replicas_s": round(created, 1), "restart_to_running_s": round(up, 2),
-                "broker_rss_mib": rss}
+        return {
+            "metric": "real_brokers_restart",
+            "partitions_per_broker": topics * partitions,
+            "create_and_replicas_s": round(created, 1),
+            "restart_to_running_s": round(up, 2),
+            "broker_rss_mib": rss,
+        }
     finally:
         stop_cluster(cdir)
         shutil.rmtree(work, ignore_errors=True)
@@ -497,8 +637,23 @@ def real_brokers(topics: int = 100, partitions: int = 100) -> dict:
 def stop_cluster(cdir: Path) -> None:
     """``kraft cluster down``, then SIGKILL whatever node of cluster.json is still alive."""
     try:
-        subprocess.run([sys.executable, "-m", "tools.cli", "cluster", "down", "--dir", str(cdir),
-                        "--timeout", "30"], cwd=REPO, env=ENV, capture_output=True, timeout=120)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tools.cli",
+                "cluster",
+                "down",
+                "--dir",
+                str(cdir),
+                "--timeout",
+                "30",
+            ],
+            cwd=REPO,
+            env=ENV,
+            capture_output=True,
+            timeout=120,
+        )
     except subprocess.TimeoutExpired:
         log("cluster down timed out; killing the nodes")
     try:
@@ -519,24 +674,55 @@ def targets(rows: list[dict]) -> list[dict]:
         r = next((r for r in rows if r["metric"] == metric), None)
         return None if r is None else r.get(key)
 
-    spec = [("1,000 topics x 100 partitions applied everywhere <= 10 s", get("bulk_create", "applied_everywhere_s"), 10),
-            ("controller RSS <= 2 GiB (MiB)", get("controller_memory_snapshot", "max_rss_mib"), 2048),
-            ("snapshot write <= 10 s", get("controller_memory_snapshot", "snapshot_write_s"), 10),
-            ("cold start from snapshot + log <= 20 s", get("failover_cold_start", "cold_start_s"), 20),
-            ("failover -> next write <= 3 s", get("failover_cold_start", "failover_s"), 3),
-            ("killed broker's partitions re-elected <= 5 s after fence", get("broker_kill", "reelect_s"), 5),
-            ("controlled shutdown <= 10 s", get("controlled_shutdown", "seconds"), 10),
-            ("new broker catches up on the full image <= 15 s", get("new_broker_catch_up", "seconds"), 15),
-            ("3 real brokers x 10,000 partitions restarted -> RUNNING <= 30 s",
-             get("real_brokers_restart", "restart_to_running_s"), 30)]
-    return [{"target": name, "value": v, "limit": limit,
-             "ratio": round(v / limit, 3) if isinstance(v, (int, float)) else None,
-             "met": (v <= limit) if isinstance(v, (int, float)) else None} for name, v, limit in spec]
+    spec = [
+        (
+            "1,000 topics x 100 partitions applied everywhere <= 10 s",
+            get("bulk_create", "applied_everywhere_s"),
+            10,
+        ),
+        ("controller RSS <= 2 GiB (MiB)", get("controller_memory_snapshot", "max_rss_mib"), 2048),
+        ("snapshot write <= 10 s", get("controller_memory_snapshot", "snapshot_write_s"), 10),
+        ("cold start from snapshot + log <= 20 s", get("failover_cold_start", "cold_start_s"), 20),
+        ("failover -> next write <= 3 s", get("failover_cold_start", "failover_s"), 3),
+        (
+            "killed broker's partitions re-elected <= 5 s after fence",
+            get("broker_kill", "reelect_s"),
+            5,
+        ),
+        ("controlled shutdown <= 10 s", get("controlled_shutdown", "seconds"), 10),
+        (
+            "new broker catches up on the full image <= 15 s",
+            get("new_broker_catch_up", "seconds"),
+            15,
+        ),
+        (
+            "3 real brokers x 10,000 partitions restarted -> RUNNING <= 30 s",
+            get("real_brokers_restart", "restart_to_running_s"),
+            30,
+        ),
+    ]
+    return [
+        {
+            "target": name,
+            "value": v,
+            "limit": limit,
+            "ratio": round(v / limit, 3) if isinstance(v, (int, float)) else None,
+            "met": (v <= limit) if isinstance(v, (int, float)) else None,
+        }
+        for name, v, limit in spec
+    ]
 
 
-def run(topics: int = 10_000, partitions: int = 100, brokers: int = 33, per_request: int = 10,
-        inflight: int = 8, real_topics: int = 100, keep: bool = False,
-        catch_up: bool = True) -> tuple[list[dict], list[dict]]:
+def run(
+    topics: int = 10_000,
+    partitions: int = 100,
+    brokers: int = 33,
+    per_request: int = 10,
+    inflight: int = 8,
+    real_topics: int = 100,
+    keep: bool = False,
+    catch_up: bool = True,
+) -> tuple[list[dict], list[dict]]:
     """All phases; the cluster is always stopped. Its directory (node logs) is kept when a phase
     failed or ``keep`` is set."""
     work = Path(tempfile.mkdtemp(prefix="kraft-bench-scale-"))
@@ -563,24 +749,42 @@ def run(topics: int = 10_000, partitions: int = 100, brokers: int = 33, per_requ
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--topics", type=int, default=10_000)
     ap.add_argument("--partitions", type=int, default=100)
     ap.add_argument("--brokers", type=int, default=33)
     ap.add_argument("--per-request", type=int, default=10, help="topics per CreateTopics request")
     ap.add_argument("--inflight", type=int, default=8)
-    ap.add_argument("--real-topics", type=int, default=100,
-                    help="topics (x --partitions, RF 3) for the 3-real-broker restart (0 = skip)")
+    ap.add_argument(
+        "--real-topics",
+        type=int,
+        default=100,
+        help="topics (x --partitions, RF 3) for the 3-real-broker restart (0 = skip)",
+    )
     ap.add_argument("--keep", action="store_true", help="keep the cluster directory (node logs)")
-    ap.add_argument("--no-catch-up", dest="catch_up", action="store_false",
-                    help="skip the new real broker's catch-up on the full image")
+    ap.add_argument(
+        "--no-catch-up",
+        dest="catch_up",
+        action="store_false",
+        help="skip the new real broker's catch-up on the full image",
+    )
     a = ap.parse_args(argv)
     # stop cleanly (cluster down, sim brokers, the catch-up broker) on SIGTERM, and on SIGINT even
     # when started in the background (where the shell ignores SIGINT)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    rows, tg = run(a.topics, a.partitions, a.brokers, a.per_request, a.inflight, a.real_topics, a.keep,
-                   a.catch_up)
+    rows, tg = run(
+        a.topics,
+        a.partitions,
+        a.brokers,
+        a.per_request,
+        a.inflight,
+        a.real_topics,
+        a.keep,
+        a.catch_up,
+    )
     print(table(rows, tg))
     print(json.dumps({"system": "pykraft", "bench": "scale", "results": rows, "targets": tg}))
     return 0

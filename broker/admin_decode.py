@@ -5,13 +5,14 @@ kio's reader refuses unknown tagged fields. None of the admin request versions s
 any, so when kio refuses, :func:`strip_tagged_fields` walks the request's schema once, copying
 the body without the contents of its tagged-field sections, and kio reads that instead.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import sys
 import types
 import typing
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 from kio.index import load_request_schema
@@ -24,12 +25,12 @@ _FIXED = {"bool": 1, "int8": 1, "int16": 2, "int32": 4, "timedelta_i32": 4, "int
 
 @dataclasses.dataclass(frozen=True)
 class _Field:
-    kafka_type: str | None      # primitive type, or None for an entity
-    entity: type | None         # item/field entity class
+    kafka_type: str | None  # primitive type, or None for an entity
+    entity: type | None  # item/field entity class
     array: bool
 
 
-@lru_cache(maxsize=None)
+@cache
 def _fields(cls: type) -> tuple[_Field, ...]:
     hints = typing.get_type_hints(cls, vars(sys.modules[cls.__module__]))
     out = []
@@ -56,7 +57,7 @@ class _Copier:
         self.mark = pos
 
     def _flush(self) -> None:
-        self.out += self.r.data[self.mark: self.r.pos]
+        self.out += self.r.data[self.mark : self.r.pos]
         self.mark = self.r.pos
 
     def _skip(self, n: int) -> None:
@@ -95,7 +96,7 @@ def decode_request(header: RequestHeader, reader: Reader) -> Any:
     """The kio request entity for this header's API and version, read like Kafka reads it."""
     try:
         cls = load_request_schema(header.api_key, header.api_version)
-    except Exception as e:  # noqa: BLE001 - any kio index failure is an unsupported version
+    except Exception as e:
         raise DecodeError(f"API {header.api_key} v{header.api_version}: no schema ({e})") from None
     read = entity_reader(cls)
     try:
@@ -106,6 +107,8 @@ def decode_request(header: RequestHeader, reader: Reader) -> Any:
         body = strip_tagged_fields(cls, reader.data, reader.pos)
         try:
             return read(body, 0)[0]
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             first = e
-    raise DecodeError(f"API {header.api_key} v{header.api_version}: {type(first).__name__}: {first}")
+    raise DecodeError(
+        f"API {header.api_key} v{header.api_version}: {type(first).__name__}: {first}"
+    )

@@ -6,12 +6,14 @@ refused locally (before anything is forwarded); ``*_values(...)`` turns the cont
 into a dict of response values for :func:`broker.kafka_codec.build`, keeping the request's item
 order. A forwarding failure (``KraftError``) becomes every item's error via ``failed``.
 """
+
 from __future__ import annotations
 
 import uuid
 from collections import Counter
+from collections.abc import Iterable, Mapping
 from datetime import timedelta
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from kio.schema.errors import ErrorCode as KafkaError
 
@@ -25,7 +27,12 @@ RESOURCE_NAMES = {RESOURCE_TOPIC: "topic", RESOURCE_BROKER: "broker"}
 ALTER_OPS = {0: "SET", 1: "DELETE", 2: "APPEND", 3: "SUBTRACT"}
 ELECTION_TYPES = {0: "preferred", 1: "unclean"}
 # Kafka's DescribeConfigs ConfigSource and ConfigType ids
-SOURCE_DYNAMIC_TOPIC, SOURCE_DYNAMIC_BROKER, SOURCE_DYNAMIC_DEFAULT_BROKER, SOURCE_DEFAULT = 1, 2, 3, 5
+SOURCE_DYNAMIC_TOPIC, SOURCE_DYNAMIC_BROKER, SOURCE_DYNAMIC_DEFAULT_BROKER, SOURCE_DEFAULT = (
+    1,
+    2,
+    3,
+    5,
+)
 CONFIG_TYPES = {"boolean": 1, "string": 2, "int": 3, "long": 5, "double": 6, "list": 7}
 CLUSTER_OPERATIONS_OMITTED = -(2**31)
 
@@ -60,6 +67,7 @@ def _duplicates(names: Iterable[Any]) -> set[Any]:
 
 # ---- CreateTopics --------------------------------------------------------------------------
 
+
 def create_topics_body(req: Any) -> tuple[dict[str, Any], dict[int, dict[str, Any]]]:
     """CreateTopics → controller body; also {request index: local error item}."""
     topics, refused = [], {}
@@ -67,27 +75,39 @@ def create_topics_body(req: Any) -> tuple[dict[str, Any], dict[int, dict[str, An
         keys = [c.name for c in t.configs]
         repeated = sorted(_duplicates(keys))
         if repeated:
-            refused[i] = _local_error(KafkaError.invalid_config,
-                                      f"Config(s) {', '.join(repeated)} given more than once for topic '{t.name}'.")
+            refused[i] = _local_error(
+                KafkaError.invalid_config,
+                f"Config(s) {', '.join(repeated)} given more than once for topic '{t.name}'.",
+            )
             continue
         nulls = [c.name for c in t.configs if c.value is None]
         if nulls:
-            refused[i] = _local_error(KafkaError.invalid_config,
-                                      f"Null value not supported for topic configs: {', '.join(nulls)}")
+            refused[i] = _local_error(
+                KafkaError.invalid_config,
+                f"Null value not supported for topic configs: {', '.join(nulls)}",
+            )
             continue
-        item: dict[str, Any] = {"name": t.name, "num_partitions": int(t.num_partitions),
-                                "replication_factor": int(t.replication_factor)}
+        item: dict[str, Any] = {
+            "name": t.name,
+            "num_partitions": int(t.num_partitions),
+            "replication_factor": int(t.replication_factor),
+        }
         if t.assignments:
-            item["assignments"] = {int(a.partition_index): [int(b) for b in a.broker_ids]
-                                   for a in t.assignments}
+            item["assignments"] = {
+                int(a.partition_index): [int(b) for b in a.broker_ids] for a in t.assignments
+            }
         if t.configs:
             item["configs"] = {c.name: c.value for c in t.configs}
         topics.append(item)
     return {"topics": topics, "validate_only": bool(getattr(req, "validate_only", False))}, refused
 
 
-def create_topics_values(req: Any, results: list[dict[str, Any]], refused: Mapping[int, dict[str, Any]],
-                         configs: Mapping[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+def create_topics_values(
+    req: Any,
+    results: list[dict[str, Any]],
+    refused: Mapping[int, dict[str, Any]],
+    configs: Mapping[str, dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     """Controller CreateTopics results (one per forwarded topic, in order) → response values.
     ``configs`` maps a created topic to its controller DescribeConfigs item (v5+ responses
     carry the new topic's configs; a failed describe sets ``topic_config_error_code``)."""
@@ -102,26 +122,46 @@ def create_topics_values(req: Any, results: list[dict[str, Any]], refused: Mappi
         config_code = error_of(described)[0] if described is not None else KafkaError.none
         entries = None
         if described is not None and config_code == KafkaError.none:
-            entries = [{"name": c["name"], "value": c["value"], "read_only": c["read_only"],
-                        "config_source": c["config_source"], "is_sensitive": c["is_sensitive"]}
-                       for c in config_entries(RESOURCE_TOPIC, t.name, described.get("configs", []),
-                                               None, False, False)]
-        out.append({"name": t.name, "topic_id": uuid.UUID(topic_id) if topic_id else NO_ID,
-                    "error_code": code, "error_message": message, "topic_config_error_code": int(config_code),
-                    "num_partitions": int(item.get("num_partitions", -1)) if ok else -1,
-                    "replication_factor": int(item.get("replication_factor", -1)) if ok else -1,
-                    "configs": entries})
+            entries = [
+                {
+                    "name": c["name"],
+                    "value": c["value"],
+                    "read_only": c["read_only"],
+                    "config_source": c["config_source"],
+                    "is_sensitive": c["is_sensitive"],
+                }
+                for c in config_entries(
+                    RESOURCE_TOPIC, t.name, described.get("configs", []), None, False, False
+                )
+            ]
+        out.append(
+            {
+                "name": t.name,
+                "topic_id": uuid.UUID(topic_id) if topic_id else NO_ID,
+                "error_code": code,
+                "error_message": message,
+                "topic_config_error_code": int(config_code),
+                "num_partitions": int(item.get("num_partitions", -1)) if ok else -1,
+                "replication_factor": int(item.get("replication_factor", -1)) if ok else -1,
+                "configs": entries,
+            }
+        )
     return {"throttle_time": NO_THROTTLE, "topics": out}
 
 
 def failed_missing() -> dict[str, Any]:
     """An item for a request entry the controller's answer did not cover."""
-    return _local_error(KafkaError.unknown_server_error, "The controller did not answer for this item.")
+    return _local_error(
+        KafkaError.unknown_server_error, "The controller did not answer for this item."
+    )
 
 
 # ---- DeleteTopics --------------------------------------------------------------------------
 
-def delete_topic_names(req: Any, name_of_id: Mapping[str, str]) -> list[tuple[str | None, uuid.UUID | None]]:
+
+def delete_topic_names(
+    req: Any, name_of_id: Mapping[str, str]
+) -> list[tuple[str | None, uuid.UUID | None]]:
     """(name, topic id) per requested topic: v0–5 send names, v6 names or ids; an id is
     resolved to its name through ``name_of_id`` (None when unknown)."""
     if hasattr(req, "topic_names"):
@@ -134,25 +174,37 @@ def delete_topic_names(req: Any, name_of_id: Mapping[str, str]) -> list[tuple[st
     return out
 
 
-def delete_topics_values(requested: list[tuple[str | None, uuid.UUID | None]],
-                         results: list[dict[str, Any]]) -> dict[str, Any]:
+def delete_topics_values(
+    requested: list[tuple[str | None, uuid.UUID | None]], results: list[dict[str, Any]]
+) -> dict[str, Any]:
     """Controller DeleteTopics results (one per named topic, in order) → response values."""
     forwarded = iter(results)
     out = []
     for name, topic_id in requested:
         if name is None:
-            item = _local_error(KafkaError.unknown_topic_id, f"Topic id {topic_id} does not exist."
-                                if topic_id else "A topic needs a name or an id.")
+            item = _local_error(
+                KafkaError.unknown_topic_id,
+                f"Topic id {topic_id} does not exist."
+                if topic_id
+                else "A topic needs a name or an id.",
+            )
         else:
             item = next(forwarded, None) or failed_missing()
         code, message = error_of(item)
         tid = item.get("topic_id")
-        out.append({"name": name, "topic_id": uuid.UUID(tid) if tid else (topic_id or NO_ID),
-                    "error_code": code, "error_message": message})
+        out.append(
+            {
+                "name": name,
+                "topic_id": uuid.UUID(tid) if tid else (topic_id or NO_ID),
+                "error_code": code,
+                "error_message": message,
+            }
+        )
     return {"throttle_time": NO_THROTTLE, "responses": out}
 
 
 # ---- CreatePartitions ----------------------------------------------------------------------
+
 
 def create_partitions_body(req: Any) -> dict[str, Any]:
     topics = []
@@ -175,14 +227,17 @@ def create_partitions_values(req: Any, results: list[dict[str, Any]]) -> dict[st
 
 # ---- configs -------------------------------------------------------------------------------
 
+
 def resource_type_name(resource_type: int) -> str | None:
     """'topic' / 'broker' for Kafka's resource type id; None for types pykraft does not keep."""
     return RESOURCE_NAMES.get(int(resource_type))
 
 
 def _unsupported_resource(resource_type: int) -> dict[str, Any]:
-    return _local_error(KafkaError.invalid_request,
-                        f"Resource type {resource_type} is not supported (only topics (2) and brokers (4)).")
+    return _local_error(
+        KafkaError.invalid_request,
+        f"Resource type {resource_type} is not supported (only topics (2) and brokers (4)).",
+    )
 
 
 def describe_configs_body(req: Any) -> tuple[dict[str, Any], dict[int, dict[str, Any]]]:
@@ -205,8 +260,14 @@ def _source(resource_type: int, resource_name: str, source: str) -> int:
     return SOURCE_DYNAMIC_DEFAULT_BROKER if resource_name == "" else SOURCE_DYNAMIC_BROKER
 
 
-def config_entries(resource_type: int, resource_name: str, configs: list[dict[str, Any]],
-                   keys: tuple[str, ...] | None, synonyms: bool, documentation: bool) -> list[dict[str, Any]]:
+def config_entries(
+    resource_type: int,
+    resource_name: str,
+    configs: list[dict[str, Any]],
+    keys: tuple[str, ...] | None,
+    synonyms: bool,
+    documentation: bool,
+) -> list[dict[str, Any]]:
     """Controller config entries → DescribeConfigs entries (filtered to ``keys`` if given)."""
     defs = config_defs(resource_type)
     out = []
@@ -216,17 +277,27 @@ def config_entries(resource_type: int, resource_name: str, configs: list[dict[st
             continue
         source = _source(resource_type, resource_name, c.get("source", "default"))
         d = defs.get(name)
-        out.append({"name": name, "value": c.get("value"), "read_only": bool(c.get("read_only")),
-                    "is_default": source == SOURCE_DEFAULT, "config_source": source,
-                    "is_sensitive": bool(c.get("sensitive")),
-                    "synonyms": [{"name": name, "value": c.get("value"), "source": source}] if synonyms else [],
-                    "config_type": CONFIG_TYPES.get(d.type, 0) if d else 0,
-                    "documentation": (d.doc or None) if documentation and d else None})
+        out.append(
+            {
+                "name": name,
+                "value": c.get("value"),
+                "read_only": bool(c.get("read_only")),
+                "is_default": source == SOURCE_DEFAULT,
+                "config_source": source,
+                "is_sensitive": bool(c.get("sensitive")),
+                "synonyms": [{"name": name, "value": c.get("value"), "source": source}]
+                if synonyms
+                else [],
+                "config_type": CONFIG_TYPES.get(d.type, 0) if d else 0,
+                "documentation": (d.doc or None) if documentation and d else None,
+            }
+        )
     return out
 
 
-def describe_configs_values(req: Any, results: list[dict[str, Any]],
-                            refused: Mapping[int, dict[str, Any]]) -> dict[str, Any]:
+def describe_configs_values(
+    req: Any, results: list[dict[str, Any]], refused: Mapping[int, dict[str, Any]]
+) -> dict[str, Any]:
     forwarded = iter(results)
     synonyms = bool(getattr(req, "include_synonyms", False))
     documentation = bool(getattr(req, "include_documentation", False))
@@ -236,11 +307,26 @@ def describe_configs_values(req: Any, results: list[dict[str, Any]],
         code, message = error_of(item)
         configs = []
         if code == KafkaError.none:
-            keys = tuple(r.configuration_keys) if r.configuration_keys else None  # empty = all, as Kafka
-            configs = config_entries(int(r.resource_type), r.resource_name, item.get("configs", []),
-                                     keys, synonyms, documentation)
-        out.append({"error_code": code, "error_message": message, "resource_type": r.resource_type,
-                    "resource_name": r.resource_name, "configs": configs})
+            keys = (
+                tuple(r.configuration_keys) if r.configuration_keys else None
+            )  # empty = all, as Kafka
+            configs = config_entries(
+                int(r.resource_type),
+                r.resource_name,
+                item.get("configs", []),
+                keys,
+                synonyms,
+                documentation,
+            )
+        out.append(
+            {
+                "error_code": code,
+                "error_message": message,
+                "resource_type": r.resource_type,
+                "resource_name": r.resource_name,
+                "configs": configs,
+            }
+        )
     return {"throttle_time": NO_THROTTLE, "results": out}
 
 
@@ -255,7 +341,10 @@ def incremental_alter_configs_body(req: Any) -> tuple[dict[str, Any], dict[int, 
             continue
         ops = []
         for c in r.configs:
-            op: dict[str, Any] = {"name": c.name, "op": ALTER_OPS.get(int(c.config_operation), str(c.config_operation))}
+            op: dict[str, Any] = {
+                "name": c.name,
+                "op": ALTER_OPS.get(int(c.config_operation), str(c.config_operation)),
+            }
             if c.value is not None:
                 op["value"] = c.value
             ops.append(op)
@@ -263,18 +352,26 @@ def incremental_alter_configs_body(req: Any) -> tuple[dict[str, Any], dict[int, 
     return {"resources": resources, "validate_only": bool(req.validate_only)}, refused
 
 
-def alter_configs_values(req: Any, results: list[dict[str, Any]],
-                         refused: Mapping[int, dict[str, Any]]) -> dict[str, Any]:
+def alter_configs_values(
+    req: Any, results: list[dict[str, Any]], refused: Mapping[int, dict[str, Any]]
+) -> dict[str, Any]:
     forwarded = iter(results)
     out = []
     for i, r in enumerate(req.resources):
         code, message = error_of(refused.get(i) or next(forwarded, None) or failed_missing())
-        out.append({"error_code": code, "error_message": message, "resource_type": r.resource_type,
-                    "resource_name": r.resource_name})
+        out.append(
+            {
+                "error_code": code,
+                "error_message": message,
+                "resource_type": r.resource_type,
+                "resource_name": r.resource_name,
+            }
+        )
     return {"throttle_time": NO_THROTTLE, "responses": out}
 
 
 # ---- ElectLeaders --------------------------------------------------------------------------
+
 
 def elect_leaders_body(req: Any) -> dict[str, Any] | KafkaError:
     """ElectLeaders → controller body, or INVALID_REQUEST for an unknown election type."""
@@ -283,45 +380,73 @@ def elect_leaders_body(req: Any) -> dict[str, Any] | KafkaError:
         return KafkaError.invalid_request
     partitions = None
     if req.topic_partitions is not None:
-        partitions = [{"topic": tp.topic, "partition": int(p)}
-                      for tp in req.topic_partitions for p in tp.partitions]
+        partitions = [
+            {"topic": tp.topic, "partition": int(p)}
+            for tp in req.topic_partitions
+            for p in tp.partitions
+        ]
     return {"election_type": election_type, "partitions": partitions}
 
 
-def elect_leaders_values(results: list[dict[str, Any]], error: KafkaError = KafkaError.none,
-                         message: str | None = None) -> dict[str, Any]:
+def elect_leaders_values(
+    results: list[dict[str, Any]], error: KafkaError = KafkaError.none, message: str | None = None
+) -> dict[str, Any]:
     """Controller ElectLeaders results → response values, grouped by topic in first-seen order."""
     by_topic: dict[str, list[dict[str, Any]]] = {}
     for item in results:
         code, msg = error_of(item)
         by_topic.setdefault(item.get("topic", ""), []).append(
-            {"partition_id": int(item.get("partition", -1)), "error_code": code, "error_message": msg})
-    return {"throttle_time": NO_THROTTLE, "error_code": error, "error_message": message,
-            "replica_election_results": [{"topic": t, "partition_result": p} for t, p in by_topic.items()]}
+            {
+                "partition_id": int(item.get("partition", -1)),
+                "error_code": code,
+                "error_message": msg,
+            }
+        )
+    return {
+        "throttle_time": NO_THROTTLE,
+        "error_code": error,
+        "error_message": message,
+        "replica_election_results": [
+            {"topic": t, "partition_result": p} for t, p in by_topic.items()
+        ],
+    }
 
 
 def elect_leaders_failed(req: Any, item: dict[str, Any]) -> list[dict[str, Any]]:
     """The same error for every listed partition (a forwarding failure)."""
     if req.topic_partitions is None:
         return []
-    return [{"topic": tp.topic, "partition": int(p), **item}
-            for tp in req.topic_partitions for p in tp.partitions]
+    return [
+        {"topic": tp.topic, "partition": int(p), **item}
+        for tp in req.topic_partitions
+        for p in tp.partitions
+    ]
 
 
 # ---- DescribeCluster -----------------------------------------------------------------------
 
-def describe_cluster_values(image: Any, cluster_id: str, listener_name: str, endpoint_type: int,
-                            include_fenced: bool) -> dict[str, Any]:
+
+def describe_cluster_values(
+    image: Any, cluster_id: str, listener_name: str, endpoint_type: int, include_fenced: bool
+) -> dict[str, Any]:
     """DescribeCluster from a metadata image: brokers with this listener's endpoint (unfenced
     ones, plus fenced ones if asked); the "controller" is the lowest unfenced broker, as in
     Metadata responses (clients cannot reach KRaft controllers)."""
-    values: dict[str, Any] = {"throttle_time": NO_THROTTLE, "error_code": KafkaError.none,
-                              "error_message": None, "endpoint_type": endpoint_type,
-                              "cluster_id": cluster_id, "controller_id": -1, "brokers": [],
-                              "cluster_authorized_operations": CLUSTER_OPERATIONS_OMITTED}
+    values: dict[str, Any] = {
+        "throttle_time": NO_THROTTLE,
+        "error_code": KafkaError.none,
+        "error_message": None,
+        "endpoint_type": endpoint_type,
+        "cluster_id": cluster_id,
+        "controller_id": -1,
+        "brokers": [],
+        "cluster_authorized_operations": CLUSTER_OPERATIONS_OMITTED,
+    }
     if endpoint_type != 1:
-        values.update(error_code=KafkaError.unsupported_endpoint_type,
-                      error_message="The broker only serves broker endpoints (endpoint_type 1).")
+        values.update(
+            error_code=KafkaError.unsupported_endpoint_type,
+            error_message="The broker only serves broker endpoints (endpoint_type 1).",
+        )
         return values
     brokers = []
     for bid in sorted(image.brokers if image is not None else ()):
@@ -330,8 +455,15 @@ def describe_cluster_values(image: Any, cluster_id: str, listener_name: str, end
             continue
         ep = next((e for e in reg.endpoints if e["name"] == listener_name), None)
         if ep is not None:
-            brokers.append({"broker_id": bid, "host": ep["host"], "port": ep["port"], "rack": reg.rack,
-                            "is_fenced": reg.fenced})
+            brokers.append(
+                {
+                    "broker_id": bid,
+                    "host": ep["host"],
+                    "port": ep["port"],
+                    "rack": reg.rack,
+                    "is_fenced": reg.fenced,
+                }
+            )
     unfenced = [b["broker_id"] for b in brokers if not b["is_fenced"]]
     values.update(brokers=brokers, controller_id=min(unfenced) if unfenced else -1)
     return values

@@ -6,6 +6,7 @@ from the records must also match the checksum in the header. A corrupt or incons
 checkpoint is **discarded with a WARNING** (renamed ``*.corrupt``) and the next older one is
 tried; with none left the broker refetches the metadata from offset 0.
 """
+
 from __future__ import annotations
 
 import logging
@@ -23,9 +24,15 @@ KEEP = 2
 
 def write_checkpoint(directory: Path, image: MetadataImage) -> Path:
     """Write ``image`` as a checkpoint and keep only the newest :data:`KEEP`."""
-    header = SnapshotHeader(end_offset=image.offset + 1, term=image.term, raft_index=image.raft_index,
-                            timestamp_ms=image.timestamp_ms, last_hash=image.last_hash,
-                            record_count=image.record_count(), image_checksum=image.checksum())
+    header = SnapshotHeader(
+        end_offset=image.offset + 1,
+        term=image.term,
+        raft_index=image.raft_index,
+        timestamp_ms=image.timestamp_ms,
+        last_hash=image.last_hash,
+        record_count=image.record_count(),
+        image_checksum=image.checksum(),
+    )
     path = write_snapshot_runs(directory, header, image.record_runs())
     for old in list_snapshots(directory)[:-KEEP]:
         old.unlink(missing_ok=True)
@@ -49,11 +56,20 @@ def load_checkpoint(directory: Path) -> MetadataImage:
         try:
             image = image_from_snapshot(path)
         except (CorruptSnapshotError, OSError, ValueError) as e:
-            log.warning("metadata checkpoint %s is corrupt (%s); discarding it (renamed to "
-                        "%s.corrupt) and falling back to an older one or refetching", path, e, path.name)
+            log.warning(
+                "metadata checkpoint %s is corrupt (%s); discarding it (renamed to "
+                "%s.corrupt) and falling back to an older one or refetching",
+                path,
+                e,
+                path.name,
+            )
             os.replace(path, path.with_name(path.name + ".corrupt"))
             continue
-        log.info("loaded metadata checkpoint %s: offset %d, checksum %s", path.name, image.offset,
-                 image.checksum()[:16])
+        log.info(
+            "loaded metadata checkpoint %s: offset %d, checksum %s",
+            path.name,
+            image.offset,
+            image.checksum()[:16],
+        )
         return image
     return MetadataImage.EMPTY

@@ -3,6 +3,7 @@ answered ``COORDINATOR_NOT_AVAILABLE`` with a message saying so (clients retry o
 they would during a coordinator move). The API is advertised anyway because librdkafka enables
 LZ4 compression only when brokers advertise FindCoordinator.
 """
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -11,7 +12,15 @@ from kio.index import load_request_schema
 from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader
 
-from broker.kafka_codec import DecodeError, RequestHeader, Reader, build, encode_body, frame_response, response_class
+from broker.kafka_codec import (
+    DecodeError,
+    Reader,
+    RequestHeader,
+    build,
+    encode_body,
+    frame_response,
+    response_class,
+)
 
 API_FIND_COORDINATOR = 10
 FIND_COORDINATOR_VERSIONS = (0, 4)
@@ -21,11 +30,18 @@ MESSAGE = "pykraft has no group or transaction coordinator yet (consumers: use a
 async def find_coordinator(header: RequestHeader, reader: Reader) -> bytes:
     """Answer every requested key with COORDINATOR_NOT_AVAILABLE."""
     try:
-        req, _ = entity_reader(load_request_schema(API_FIND_COORDINATOR, header.api_version))(reader.data, reader.pos)
+        req, _ = entity_reader(load_request_schema(API_FIND_COORDINATOR, header.api_version))(
+            reader.data, reader.pos
+        )
     except Exception as e:  # kio raises assorted errors on bad bodies
         raise DecodeError(f"FindCoordinator v{header.api_version}: {e}") from None
-    unavailable = {"node_id": -1, "host": "", "port": -1, "error_code": ErrorCode.coordinator_not_available,
-                   "error_message": MESSAGE}
+    unavailable = {
+        "node_id": -1,
+        "host": "",
+        "port": -1,
+        "error_code": ErrorCode.coordinator_not_available,
+        "error_message": MESSAGE,
+    }
     values = {"throttle_time": timedelta(0), **unavailable}
     if header.api_version >= 4:
         values["coordinators"] = [{"key": k, **unavailable} for k in req.coordinator_keys]

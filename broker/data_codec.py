@@ -7,6 +7,7 @@ payloads. The follower fetcher speaks the same APIs as a client (Fetch v11, Offs
 v3, both non-flexible), so the request encoders and response decoders it needs live here too.
 Record batches travel as opaque ``bytes``.
 """
+
 from __future__ import annotations
 
 import struct
@@ -96,6 +97,7 @@ def _tags(r: Reader, flexible: bool) -> None:
 
 # ---- Produce -----------------------------------------------------------------------------------
 
+
 @dataclass(slots=True)
 class ProduceRequest:
     transactional_id: str | None
@@ -130,7 +132,9 @@ class PartitionProduceResult:
     error_message: str | None = None
 
 
-def write_produce_response(version: int, results: list[tuple[str, list[PartitionProduceResult]]]) -> bytes:
+def write_produce_response(
+    version: int, results: list[tuple[str, list[PartitionProduceResult]]]
+) -> bytes:
     fx = version >= FLEXIBLE_FROM[0]
     w = Writer(fx)
     w.array(len(results))
@@ -155,6 +159,7 @@ def write_produce_response(version: int, results: list[tuple[str, list[Partition
 
 
 # ---- Fetch -------------------------------------------------------------------------------------
+
 
 @dataclass(slots=True)
 class FetchPartition:
@@ -210,8 +215,9 @@ class FetchPartitionResult:
     records: bytes | None = None
 
 
-def write_fetch_response(version: int, error_code: int,
-                         results: list[tuple[str, list[FetchPartitionResult]]]) -> bytes:
+def write_fetch_response(
+    version: int, error_code: int, results: list[tuple[str, list[FetchPartitionResult]]]
+) -> bytes:
     fx = version >= FLEXIBLE_FROM[1]
     w = Writer(fx)
     w.int32(0)  # throttle_time_ms
@@ -264,7 +270,9 @@ def write_fetch_request(req: FetchRequest, version: int = FOLLOWER_FETCH_VERSION
     return bytes(w.buf)
 
 
-def read_fetch_response(version: int, r: Reader) -> tuple[int, list[tuple[str, list[FetchPartitionResult]]]]:
+def read_fetch_response(
+    version: int, r: Reader
+) -> tuple[int, list[tuple[str, list[FetchPartitionResult]]]]:
     """Decode a (non-flexible, v7+) Fetch response body: (top-level error, per-topic results)."""
     r.int32()
     error = r.int16()
@@ -287,11 +295,14 @@ def read_fetch_response(version: int, r: Reader) -> tuple[int, list[tuple[str, l
 
 # ---- ListOffsets -------------------------------------------------------------------------------
 
+
 @dataclass(slots=True)
 class ListOffsetsRequest:
     replica_id: int
     isolation_level: int
-    topics: list[tuple[str, list[tuple[int, int, int]]]]  # (partition, current leader epoch, timestamp)
+    topics: list[
+        tuple[str, list[tuple[int, int, int]]]
+    ]  # (partition, current leader epoch, timestamp)
 
 
 def read_list_offsets(version: int, r: Reader) -> ListOffsetsRequest:
@@ -312,8 +323,9 @@ def read_list_offsets(version: int, r: Reader) -> ListOffsetsRequest:
     return ListOffsetsRequest(replica_id, isolation, topics)
 
 
-def write_list_offsets_response(version: int,
-                                results: list[tuple[str, list[tuple[int, int, int, int, int]]]]) -> bytes:
+def write_list_offsets_response(
+    version: int, results: list[tuple[str, list[tuple[int, int, int, int, int]]]]
+) -> bytes:
     """results: per topic, (partition, error code, timestamp, offset, leader epoch)."""
     fx = version >= FLEXIBLE_FROM[API_LIST_OFFSETS]
     w = Writer(fx)
@@ -338,10 +350,13 @@ def write_list_offsets_response(version: int,
 
 # ---- OffsetForLeaderEpoch ----------------------------------------------------------------------
 
+
 @dataclass(slots=True)
 class EpochRequest:
     replica_id: int
-    topics: list[tuple[str, list[tuple[int, int, int]]]]  # (partition, current leader epoch, leader epoch)
+    topics: list[
+        tuple[str, list[tuple[int, int, int]]]
+    ]  # (partition, current leader epoch, leader epoch)
 
 
 def read_offset_for_leader_epoch(version: int, r: Reader) -> EpochRequest:
@@ -375,7 +390,8 @@ def write_offset_for_leader_epoch_request(req: EpochRequest) -> bytes:
 
 
 def write_offset_for_leader_epoch_response(
-        version: int, results: list[tuple[str, list[tuple[int, int, int, int]]]]) -> bytes:
+    version: int, results: list[tuple[str, list[tuple[int, int, int, int]]]]
+) -> bytes:
     """results: per topic, (partition, error code, leader epoch, end offset)."""
     fx = version >= FLEXIBLE_FROM[API_OFFSET_FOR_LEADER_EPOCH]
     w = Writer(fx)
@@ -395,7 +411,9 @@ def write_offset_for_leader_epoch_response(
     return bytes(w.buf)
 
 
-def read_offset_for_leader_epoch_response(r: Reader) -> list[tuple[str, list[tuple[int, int, int, int]]]]:
+def read_offset_for_leader_epoch_response(
+    r: Reader,
+) -> list[tuple[str, list[tuple[int, int, int, int]]]]:
     """Decode a v3 response body: per topic, (partition, error code, leader epoch, end offset)."""
     r.int32()
     out = []
@@ -409,7 +427,9 @@ def read_offset_for_leader_epoch_response(r: Reader) -> list[tuple[str, list[tup
     return out
 
 
-def frame_request(api_key: int, version: int, correlation_id: int, client_id: str, body: bytes) -> bytes:
+def frame_request(
+    api_key: int, version: int, correlation_id: int, client_id: str, body: bytes
+) -> bytes:
     """A size-prefixed request with header v1 (non-flexible versions only)."""
     cid = client_id.encode()
     head = struct.pack(">hhih", api_key, version, correlation_id, len(cid)) + cid

@@ -17,6 +17,7 @@ first batch with a timestamp at or after the one given (batch granularity).
 **OffsetForLeaderEpoch** — (largest epoch <= the requested one, its end offset) from the
 leader-epoch cache, so a follower can truncate exactly where it diverged.
 """
+
 from __future__ import annotations
 
 import time
@@ -25,12 +26,21 @@ import trio
 from kio.schema.errors import ErrorCode
 
 from broker.data_codec import (
-    API_LIST_OFFSETS, API_OFFSET_FOR_LEADER_EPOCH, FLEXIBLE_FROM, FetchPartition,
-    FetchPartitionResult, FetchRequest, frame_raw_response, read_fetch, read_list_offsets,
-    read_offset_for_leader_epoch, write_fetch_response, write_list_offsets_response,
+    API_LIST_OFFSETS,
+    API_OFFSET_FOR_LEADER_EPOCH,
+    FLEXIBLE_FROM,
+    FetchPartition,
+    FetchPartitionResult,
+    FetchRequest,
+    frame_raw_response,
+    read_fetch,
+    read_list_offsets,
+    read_offset_for_leader_epoch,
+    write_fetch_response,
+    write_list_offsets_response,
     write_offset_for_leader_epoch_response,
 )
-from broker.kafka_codec import API_FETCH, Deferred, RequestHeader, Reader
+from broker.kafka_codec import API_FETCH, Deferred, Reader, RequestHeader
 from broker.partition import Partition
 from broker.replica_manager import ReplicaManager
 
@@ -49,7 +59,9 @@ class FetchHandler:
         part = self.replicas.get_by_name(topic, pid)
         if part is None:
             known = self.replicas.has_partition(topic, pid)
-            return None, (ErrorCode.not_leader_or_follower if known else ErrorCode.unknown_topic_or_partition).value
+            return None, (
+                ErrorCode.not_leader_or_follower if known else ErrorCode.unknown_topic_or_partition
+            ).value
         if current_epoch >= 0 and current_epoch < part.leader_epoch:
             return None, ErrorCode.fenced_leader_epoch.value
         if current_epoch > part.leader_epoch:
@@ -79,6 +91,7 @@ class FetchHandler:
                 results, size, errors, _ = self._read(req)
                 if errors or size >= max(1, req.min_bytes) or trio.current_time() >= deadline:
                     return self._respond(header, results)
+
         return Deferred(delayed)
 
     def _read(self, req: FetchRequest) -> tuple[list, int, bool, list[Partition]]:
@@ -91,8 +104,9 @@ class FetchHandler:
         for name, fparts in req.topics:
             out = []
             for fp in fparts:
-                res, part = self._read_partition(name, fp, follower, req.replica_id, now_ms,
-                                                 budget - size if size else budget)
+                res, part = self._read_partition(
+                    name, fp, follower, req.replica_id, now_ms, budget - size if size else budget
+                )
                 out.append(res)
                 if res.error_code:
                     errors = True
@@ -102,29 +116,46 @@ class FetchHandler:
             results.append((name, out))
         return results, size, errors, parts
 
-    def _read_partition(self, topic: str, fp: FetchPartition, follower: bool, replica_id: int,
-                        now_ms: float, budget: int) -> tuple[FetchPartitionResult, Partition | None]:
+    def _read_partition(
+        self,
+        topic: str,
+        fp: FetchPartition,
+        follower: bool,
+        replica_id: int,
+        now_ms: float,
+        budget: int,
+    ) -> tuple[FetchPartitionResult, Partition | None]:
         part, err = self._leader(topic, fp.partition, fp.current_leader_epoch)
         if part is None:
             return FetchPartitionResult(fp.partition, err), None
         plog = part.log
         if not plog.log_start_offset <= fp.fetch_offset <= plog.log_end_offset:
-            return FetchPartitionResult(fp.partition, ErrorCode.offset_out_of_range.value,
-                                        plog.high_watermark, plog.high_watermark, plog.log_start_offset), None
+            return FetchPartitionResult(
+                fp.partition,
+                ErrorCode.offset_out_of_range.value,
+                plog.high_watermark,
+                plog.high_watermark,
+                plog.log_start_offset,
+            ), None
         if follower and part.on_follower_fetch(replica_id, fp.fetch_offset, now_ms):
-            self.replicas.propose_isr(part, part.isr + (replica_id,),
-                                      f"isr-expand: replica {replica_id} caught up")
+            self.replicas.propose_isr(
+                part, part.isr + (replica_id,), f"isr-expand: replica {replica_id} caught up"
+            )
         limit = plog.log_end_offset if follower else plog.high_watermark
         records = b""
         if fp.fetch_offset < limit and budget > 0:
-            records = plog.read(fp.fetch_offset, min(max(1, fp.max_bytes), budget), max_offset=limit)
+            records = plog.read(
+                fp.fetch_offset, min(max(1, fp.max_bytes), budget), max_offset=limit
+            )
         hw = plog.high_watermark
         return FetchPartitionResult(fp.partition, 0, hw, hw, plog.log_start_offset, records), part
 
     @staticmethod
     def _respond(header: RequestHeader, results: list) -> bytes:
         body = write_fetch_response(header.api_version, 0, results)
-        return frame_raw_response(header.correlation_id, body, header.api_version >= FLEXIBLE_FROM[API_FETCH])
+        return frame_raw_response(
+            header.correlation_id, body, header.api_version >= FLEXIBLE_FROM[API_FETCH]
+        )
 
     # ---- ListOffsets ---------------------------------------------------------------------------
     async def list_offsets(self, header: RequestHeader, reader: Reader) -> bytes:
@@ -154,8 +185,9 @@ class FetchHandler:
                 out.append((pid, 0, ts_out, offset, epoch))
             results.append((name, out))
         body = write_list_offsets_response(header.api_version, results)
-        return frame_raw_response(header.correlation_id, body,
-                                  header.api_version >= FLEXIBLE_FROM[API_LIST_OFFSETS])
+        return frame_raw_response(
+            header.correlation_id, body, header.api_version >= FLEXIBLE_FROM[API_LIST_OFFSETS]
+        )
 
     # ---- OffsetForLeaderEpoch ------------------------------------------------------------------
     async def offset_for_leader_epoch(self, header: RequestHeader, reader: Reader) -> bytes:
@@ -171,6 +203,8 @@ class FetchHandler:
                     out.append((pid, 0, *part.log.end_offset_for_epoch(epoch)))
             results.append((name, out))
         body = write_offset_for_leader_epoch_response(header.api_version, results)
-        return frame_raw_response(header.correlation_id, body,
-                                  header.api_version >= FLEXIBLE_FROM[API_OFFSET_FOR_LEADER_EPOCH])
-
+        return frame_raw_response(
+            header.correlation_id,
+            body,
+            header.api_version >= FLEXIBLE_FROM[API_OFFSET_FOR_LEADER_EPOCH],
+        )

@@ -12,6 +12,7 @@ Kafka's rules (``Partition.scala`` / ``Replica.scala``), with the clock passed i
 * a follower outside the ISR may join once it has reached both the high watermark and the
   start offset of the leader's current epoch.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -37,8 +38,13 @@ class FollowerState:
         self.last_fetch_ms = now_ms
 
 
-def high_watermark(leader_id: int, leader_leo: int, isr: tuple[int, ...],
-                   followers: dict[int, FollowerState], current: int) -> int:
+def high_watermark(
+    leader_id: int,
+    leader_leo: int,
+    isr: tuple[int, ...],
+    followers: dict[int, FollowerState],
+    current: int,
+) -> int:
     """The high watermark the ISR allows (never below ``current``)."""
     hw = leader_leo
     for b in isr:
@@ -51,8 +57,14 @@ def high_watermark(leader_id: int, leader_leo: int, isr: tuple[int, ...],
     return max(hw, current)
 
 
-def out_of_sync(leader_id: int, leader_leo: int, isr: tuple[int, ...],
-                followers: dict[int, FollowerState], now_ms: float, lag_ms: int) -> list[int]:
+def out_of_sync(
+    leader_id: int,
+    leader_leo: int,
+    isr: tuple[int, ...],
+    followers: dict[int, FollowerState],
+    now_ms: float,
+    lag_ms: int,
+) -> list[int]:
     """ISR followers that have lagged more than ``lag_ms`` (the leader is never one)."""
     out = []
     for b in isr:

@@ -9,11 +9,13 @@ plus a ``reason`` that ends up in the metadata log's provenance. An accepted cha
 at once (:meth:`Partition.adopt_isr`); a refused one (stale epochs, ineligible replica) is
 dropped — the metadata log will bring the current state and the next check retries.
 """
+
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import trio
 
@@ -27,15 +29,22 @@ REFUSED_BACKOFF_S = 1.0
 class IsrUpdater:
     """Sends ISR changes for partitions led by ``replicas.broker_id``."""
 
-    def __init__(self, client: Any, replicas: Any, broker_epoch: Callable[[], int],
-                 lag_time_max_ms: int, request_timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        client: Any,
+        replicas: Any,
+        broker_epoch: Callable[[], int],
+        lag_time_max_ms: int,
+        request_timeout: float = 10.0,
+    ) -> None:
         self.client = client
         self.replicas = replicas
         self.broker_epoch = broker_epoch
         self.lag_time_max_ms = lag_time_max_ms
         self.request_timeout = request_timeout
-        self._send, self._receive = trio.open_memory_channel[tuple[Partition, tuple[int, ...], str, int, int]](
-            float("inf"))
+        self._send, self._receive = trio.open_memory_channel[
+            tuple[Partition, tuple[int, ...], str, int, int]
+        ](float("inf"))
 
     def propose(self, part: Partition, isr: tuple[int, ...], reason: str) -> None:
         """Queue an ISR change for ``part`` unless one is already in flight."""
@@ -54,9 +63,12 @@ class IsrUpdater:
                 continue
             lagging = part.out_of_sync_replicas(now_ms, self.lag_time_max_ms)
             if lagging:
-                self.propose(part, tuple(b for b in part.isr if b not in lagging),
-                             f"isr-shrink: replica(s) {lagging} out of sync for more than "
-                             f"{self.lag_time_max_ms} ms")
+                self.propose(
+                    part,
+                    tuple(b for b in part.isr if b not in lagging),
+                    f"isr-shrink: replica(s) {lagging} out of sync for more than "
+                    f"{self.lag_time_max_ms} ms",
+                )
 
     async def run(self) -> None:
         """Check for shrinks periodically and send proposals until cancelled."""
@@ -84,12 +96,27 @@ class IsrUpdater:
         topics: dict[str, list[dict]] = {}
         for part, isr, reason, leader_epoch, partition_epoch in batch:
             topics.setdefault(part.topic_id, []).append(
-                {"partition": part.partition, "leader_epoch": leader_epoch,
-                 "partition_epoch": partition_epoch, "isr": list(isr), "reason": reason})
-            log.info("%s-%d: proposing ISR %s -> %s (%s)", part.topic, part.partition, list(part.isr),
-                     list(isr), reason)
-        body = {"broker_id": self.replicas.broker_id, "broker_epoch": self.broker_epoch(),
-                "topics": [{"topic_id": t, "partitions": ps} for t, ps in topics.items()]}
+                {
+                    "partition": part.partition,
+                    "leader_epoch": leader_epoch,
+                    "partition_epoch": partition_epoch,
+                    "isr": list(isr),
+                    "reason": reason,
+                }
+            )
+            log.info(
+                "%s-%d: proposing ISR %s -> %s (%s)",
+                part.topic,
+                part.partition,
+                list(part.isr),
+                list(isr),
+                reason,
+            )
+        body = {
+            "broker_id": self.replicas.broker_id,
+            "broker_epoch": self.broker_epoch(),
+            "topics": [{"topic_id": t, "partitions": ps} for t, ps in topics.items()],
+        }
         answers: dict[tuple[str, int], dict] = {}
         try:
             resp = await self.client.call("AlterPartition", body, timeout=self.request_timeout)
@@ -107,9 +134,19 @@ class IsrUpdater:
                 continue
             if ans.get("error_code", 0):
                 part.isr_retry_at = time.monotonic() + REFUSED_BACKOFF_S
-                log.info("%s-%d: ISR change to %s refused: %s", part.topic, part.partition, list(isr),
-                         ans.get("error_message"))
+                log.info(
+                    "%s-%d: ISR change to %s refused: %s",
+                    part.topic,
+                    part.partition,
+                    list(isr),
+                    ans.get("error_message"),
+                )
             elif ans["leader_epoch"] == part.leader_epoch == leader_epoch:
                 part.adopt_isr(tuple(ans["isr"]), ans["partition_epoch"])
-                log.info("%s-%d: ISR is now %s (partition epoch %d)", part.topic, part.partition,
-                         list(part.isr), part.partition_epoch)
+                log.info(
+                    "%s-%d: ISR is now %s (partition epoch %d)",
+                    part.topic,
+                    part.partition,
+                    list(part.isr),
+                    part.partition_epoch,
+                )

@@ -13,6 +13,7 @@ A request no active controller answers before its timeout (no quorum, controller
 later, as in Kafka). An undecodable request raises ``DecodeError`` (the listener closes that
 connection).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -20,14 +21,22 @@ import logging
 import sys
 import types
 import typing
-from functools import lru_cache
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from functools import cache
+from typing import Any
 
 from kio.schema.errors import ErrorCode as KafkaError
 
 from broker import admin_mapping as m
 from broker.admin_decode import decode_request
-from broker.kafka_codec import DecodeError, Reader, RequestHeader, encode_body, frame_response, response_class
+from broker.kafka_codec import (
+    DecodeError,
+    Reader,
+    RequestHeader,
+    encode_body,
+    frame_response,
+    response_class,
+)
 from broker.metadata_cache import MetadataCache
 from kraft.errors import ErrorCode, KraftError
 from kraft.rpc.client import ControllerClient
@@ -50,13 +59,17 @@ RANGES: dict[int, tuple[int, int]] = {
 }
 # controller-side unavailability the Kafka client sees as a timeout (it cannot pick another
 # controller: any broker forwards to the same quorum)
-_NO_CONTROLLER = {ErrorCode.NOT_CONTROLLER, ErrorCode.NETWORK_EXCEPTION, ErrorCode.LEADER_NOT_AVAILABLE,
-                  ErrorCode.REQUEST_TIMED_OUT}
-DEFAULT_TIMEOUT_S = 30.0   # for requests whose timeout is 0 or absent
+_NO_CONTROLLER = {
+    ErrorCode.NOT_CONTROLLER,
+    ErrorCode.NETWORK_EXCEPTION,
+    ErrorCode.LEADER_NOT_AVAILABLE,
+    ErrorCode.REQUEST_TIMED_OUT,
+}
+DEFAULT_TIMEOUT_S = 30.0  # for requests whose timeout is 0 or absent
 MAX_TIMEOUT_S = 300.0
 
 
-@lru_cache(maxsize=None)
+@cache
 def _nested(cls: type) -> dict[str, type]:
     """Field name -> entity class of the field's items, for array fields (nullable ones too,
     which ``kafka_codec.build`` leaves alone)."""
@@ -119,18 +132,30 @@ class KafkaAdmin:
     async def handle(self, header: RequestHeader, reader: Reader) -> bytes:
         """Decode, answer (forwarding to the controller where needed) and frame the response."""
         req = decode_request(header, reader)
-        log.info("Kafka admin API %d v%d from client %r", header.api_key, header.api_version, header.client_id)
+        log.info(
+            "Kafka admin API %d v%d from client %r",
+            header.api_key,
+            header.api_version,
+            header.client_id,
+        )
         try:
             values = await self._apis[header.api_key](header, req)
             cls = response_class(header.api_key, header.api_version)
-            return frame_response(cls, header.correlation_id, encode_body(build_entity(cls, values)))
+            return frame_response(
+                cls, header.correlation_id, encode_body(build_entity(cls, values))
+            )
         except Exception as e:  # a bug here must close one connection, not stop the broker
-            log.exception("API %d v%d from client %r failed", header.api_key, header.api_version,
-                          header.client_id)
+            log.exception(
+                "API %d v%d from client %r failed",
+                header.api_key,
+                header.api_version,
+                header.client_id,
+            )
             raise DecodeError(f"internal error: {e}") from None
 
-    async def _forward(self, header: RequestHeader, api: str, body: dict[str, Any],
-                       timeout: float) -> dict[str, Any] | KraftError:
+    async def _forward(
+        self, header: RequestHeader, api: str, body: dict[str, Any], timeout: float
+    ) -> dict[str, Any] | KraftError:
         """One controller call; a failure comes back as the error instead of raising."""
         # call() builds its request envelope (client id included) before its first await, so
         # setting the id right before calling is safe: this client is used only from here.
@@ -140,8 +165,10 @@ class KafkaAdmin:
         except KraftError as e:
             log.info("%s from client %r: controller call failed: %s", api, header.client_id, e)
             if e.code in _NO_CONTROLLER:  # the client cannot do better than retry later
-                return KraftError(ErrorCode.REQUEST_TIMED_OUT,
-                                  f"No active controller answered within {timeout:g} s (last error: {e}).")
+                return KraftError(
+                    ErrorCode.REQUEST_TIMED_OUT,
+                    f"No active controller answered within {timeout:g} s (last error: {e}).",
+                )
             return e
 
     async def _create_topics(self, header: RequestHeader, req: Any) -> dict[str, Any]:
@@ -155,18 +182,24 @@ class KafkaAdmin:
         if header.api_version >= 5 and created and not body["validate_only"]:
             # v5+ answers with the new topics' configs: ask the controller that just created them
             resources = [{"resource_type": "topic", "resource_name": n} for n in created]
-            described = await self._forward(header, "DescribeConfigs", {"resources": resources}, DEFAULT_TIMEOUT_S)
+            described = await self._forward(
+                header, "DescribeConfigs", {"resources": resources}, DEFAULT_TIMEOUT_S
+            )
             configs = dict(zip(created, _items(described, "resources", len(created))))
         return m.create_topics_values(req, results, refused, configs)
 
     async def _delete_topics(self, header: RequestHeader, req: Any) -> dict[str, Any]:
         image = self.cache.image
-        name_of_id = {tid: t.name for tid, t in image.topics_by_id.items()} if image is not None else {}
+        name_of_id = (
+            {tid: t.name for tid, t in image.topics_by_id.items()} if image is not None else {}
+        )
         requested = m.delete_topic_names(req, name_of_id)
         names = [n for n, _ in requested if n is not None]
         results: list[dict[str, Any]] = []
         if names:
-            resp = await self._forward(header, "DeleteTopics", {"names": names}, request_timeout(req))
+            resp = await self._forward(
+                header, "DeleteTopics", {"names": names}, request_timeout(req)
+            )
             results = _items(resp, "topics", len(names))
         return m.delete_topics_values(requested, results)
 
@@ -201,14 +234,19 @@ class KafkaAdmin:
         resp = await self._forward(header, "ElectLeaders", body, request_timeout(req))
         if isinstance(resp, KraftError):
             item = m.failed(resp)
-            return m.elect_leaders_values(m.elect_leaders_failed(req, item), m.kafka_error(resp.code),
-                                          item["error_message"])
+            return m.elect_leaders_values(
+                m.elect_leaders_failed(req, item), m.kafka_error(resp.code), item["error_message"]
+            )
         return m.elect_leaders_values(resp.get("partitions", []))
 
     async def _describe_cluster(self, header: RequestHeader, req: Any) -> dict[str, Any]:
-        return m.describe_cluster_values(self.cache.image, self.cache.cluster_id, self.cache.listener_name,
-                                         int(getattr(req, "endpoint_type", 1)),
-                                         bool(getattr(req, "include_fenced_brokers", False)))
+        return m.describe_cluster_values(
+            self.cache.image,
+            self.cache.cluster_id,
+            self.cache.listener_name,
+            int(getattr(req, "endpoint_type", 1)),
+            bool(getattr(req, "include_fenced_brokers", False)),
+        )
 
 
 def _items(resp: dict[str, Any] | KraftError, key: str, count: int) -> list[dict[str, Any]]:

@@ -5,15 +5,17 @@ Decoding is hand-written for the request header and the few request bodies the b
 trailing bytes after a body are ignored. Responses are encoded with kio's generated classes,
 filled from one dict of values whatever the version (:func:`build`).
 """
+
 from __future__ import annotations
 
 import dataclasses
 import io
 import struct
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from functools import lru_cache
-from typing import Any, Awaitable, Callable
+from functools import cache
+from typing import Any
 
 from kio.index import KioIndexError, load_request_schema, load_response_schema
 from kio.serial import entity_writer
@@ -52,8 +54,10 @@ class Reader:
 
     def _take(self, n: int) -> bytes:
         if n < 0 or self.pos + n > len(self.data):
-            raise DecodeError(f"truncated request: need {n} bytes at {self.pos}, have {len(self.data) - self.pos}")
-        b = self.data[self.pos: self.pos + n]
+            raise DecodeError(
+                f"truncated request: need {n} bytes at {self.pos}, have {len(self.data) - self.pos}"
+            )
+        b = self.data[self.pos : self.pos + n]
         self.pos += n
         return b
 
@@ -120,7 +124,7 @@ class RequestHeader:
     client_id: str | None
 
 
-@lru_cache(maxsize=None)
+@cache
 def is_flexible(api_key: int, version: int) -> bool:
     """Whether this request version uses compact types and header v2 (kio's schema decides for
     APIs outside ``_FLEXIBLE_FROM``; unknown API/version pairs count as not flexible)."""
@@ -175,7 +179,8 @@ def read_metadata_request(version: int, r: Reader) -> MetadataRequest:
 
 # ---- responses ---------------------------------------------------------------------------------
 
-@lru_cache(maxsize=None)
+
+@cache
 def response_class(api_key: int, version: int) -> type:
     return load_response_schema(api_key, version)
 

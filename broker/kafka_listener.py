@@ -19,25 +19,43 @@ A :class:`~broker.kafka_security.ListenerSecurity` adds TLS (an ``SSLListener`` 
 listener) and SASL/PLAIN (a :class:`~broker.kafka_security.SaslSession` per connection: nothing
 but ApiVersions, SaslHandshake and SaslAuthenticate until it has authenticated).
 """
+
 from __future__ import annotations
 
 import logging
 import struct
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from typing import Any, Awaitable, Callable, Protocol
+from typing import Any, Protocol
 
 import trio
 from kio.schema.errors import ErrorCode
 
-from broker.data_codec import (
-    API_LIST_OFFSETS, API_OFFSET_FOR_LEADER_EPOCH, FETCH_VERSIONS, LIST_OFFSETS_VERSIONS,
-    OFFSET_FOR_LEADER_EPOCH_VERSIONS, PRODUCE_VERSIONS,
-)
 from broker.coordinator import API_FIND_COORDINATOR, FIND_COORDINATOR_VERSIONS, find_coordinator
+from broker.data_codec import (
+    API_LIST_OFFSETS,
+    API_OFFSET_FOR_LEADER_EPOCH,
+    FETCH_VERSIONS,
+    LIST_OFFSETS_VERSIONS,
+    OFFSET_FOR_LEADER_EPOCH_VERSIONS,
+    PRODUCE_VERSIONS,
+)
 from broker.fetch import FetchHandler
 from broker.kafka_codec import (
-    API_API_VERSIONS, API_FETCH, API_METADATA, API_PRODUCE, SUPPORTED, DecodeError, Deferred,
-    RequestHeader, Reader, build, encode_body, frame_response, read_header, read_metadata_request,
+    API_API_VERSIONS,
+    API_FETCH,
+    API_METADATA,
+    API_PRODUCE,
+    SUPPORTED,
+    DecodeError,
+    Deferred,
+    Reader,
+    RequestHeader,
+    build,
+    encode_body,
+    frame_response,
+    read_header,
+    read_metadata_request,
     response_class,
 )
 from broker.kafka_security import SASL_APIS, ListenerSecurity, SaslClose, SaslSession
@@ -72,11 +90,19 @@ class AdminHandler(Protocol):
 class KafkaListener:
     """Serves Kafka clients on ``host:port`` from a :class:`MetadataCache`."""
 
-    def __init__(self, cache: MetadataCache, host: str, port: int,
-                 max_request_bytes: int = MAX_REQUEST_BYTES, *,
-                 admin: AdminHandler | None = None, security: ListenerSecurity | None = None,
-                 idle_timeout_s: float = 600.0, read_timeout_s: float = 30.0,
-                 max_connections: int = 10_000) -> None:
+    def __init__(
+        self,
+        cache: MetadataCache,
+        host: str,
+        port: int,
+        max_request_bytes: int = MAX_REQUEST_BYTES,
+        *,
+        admin: AdminHandler | None = None,
+        security: ListenerSecurity | None = None,
+        idle_timeout_s: float = 600.0,
+        read_timeout_s: float = 30.0,
+        max_connections: int = 10_000,
+    ) -> None:
         self.cache = cache
         self.idle_timeout_s = idle_timeout_s  # no request started for this long: close
         self.read_timeout_s = read_timeout_s  # a started request must arrive whole within this
@@ -92,7 +118,10 @@ class KafkaListener:
             API_METADATA: self._metadata,
             API_FIND_COORDINATOR: find_coordinator,
         }
-        self._ranges: dict[int, tuple[int, int]] = {**SUPPORTED, API_FIND_COORDINATOR: FIND_COORDINATOR_VERSIONS}
+        self._ranges: dict[int, tuple[int, int]] = {
+            **SUPPORTED,
+            API_FIND_COORDINATOR: FIND_COORDINATOR_VERSIONS,
+        }
         if self.security.sasl:
             self._ranges.update(SASL_APIS)  # answered per connection by its SaslSession
         if admin is not None:
@@ -106,10 +135,15 @@ class KafkaListener:
         """Also serve Produce, Fetch, ListOffsets and OffsetForLeaderEpoch from ``replicas``."""
         produce, fetch = ProduceHandler(replicas), FetchHandler(replicas)
         for key, span, handler in (
-                (API_PRODUCE, PRODUCE_VERSIONS, produce.produce),
-                (API_FETCH, FETCH_VERSIONS, fetch.fetch),
-                (API_LIST_OFFSETS, LIST_OFFSETS_VERSIONS, fetch.list_offsets),
-                (API_OFFSET_FOR_LEADER_EPOCH, OFFSET_FOR_LEADER_EPOCH_VERSIONS, fetch.offset_for_leader_epoch)):
+            (API_PRODUCE, PRODUCE_VERSIONS, produce.produce),
+            (API_FETCH, FETCH_VERSIONS, fetch.fetch),
+            (API_LIST_OFFSETS, LIST_OFFSETS_VERSIONS, fetch.list_offsets),
+            (
+                API_OFFSET_FOR_LEADER_EPOCH,
+                OFFSET_FOR_LEADER_EPOCH_VERSIONS,
+                fetch.offset_for_leader_epoch,
+            ),
+        ):
             self._ranges[key] = span
             self._handlers[key] = handler
 
@@ -118,16 +152,21 @@ class KafkaListener:
         listeners: list[Any] = await trio.open_tcp_listeners(self.port, host=self.host)
         self.bound_port = listeners[0].socket.getsockname()[1]
         if self.security.ssl_context is not None:
-            listeners = [trio.SSLListener(lst, self.security.ssl_context, https_compatible=False)
-                         for lst in listeners]
+            listeners = [
+                trio.SSLListener(lst, self.security.ssl_context, https_compatible=False)
+                for lst in listeners
+            ]
         log.info("Kafka listener on %s:%d (%s)", self.host, self.bound_port, self.security.protocol)
         task_status.started(self.bound_port)
         await trio.serve_listeners(self._connection, listeners)
 
     async def _connection(self, stream: trio.SocketStream) -> None:
         if self.connections >= self.max_connections:
-            log.warning("Kafka listener: refusing a connection from %s: %d open (max.connections)",
-                        _peer(stream), self.connections)
+            log.warning(
+                "Kafka listener: refusing a connection from %s: %d open (max.connections)",
+                _peer(stream),
+                self.connections,
+            )
             await stream.aclose()
             return
         self.connections += 1
@@ -161,8 +200,12 @@ class KafkaListener:
                     nursery.cancel_scope.cancel()
 
     @staticmethod
-    async def _write_responses(stream: trio.SocketStream, receive: trio.MemoryReceiveChannel,
-                               peer: str, scope: trio.CancelScope) -> None:
+    async def _write_responses(
+        stream: trio.SocketStream,
+        receive: trio.MemoryReceiveChannel,
+        peer: str,
+        scope: trio.CancelScope,
+    ) -> None:
         """Send responses in request order; on a failure, stop the whole connection."""
         try:
             async with receive:
@@ -181,19 +224,27 @@ class KafkaListener:
             log.debug("Kafka connection from %s lost", peer)
             scope.cancel()
 
-    async def _receive(self, stream: trio.SocketStream, max_bytes: int, deadline: float, peer: str,
-                       why: str) -> bytes:
+    async def _receive(
+        self, stream: trio.SocketStream, max_bytes: int, deadline: float, peer: str, why: str
+    ) -> bytes:
         with trio.move_on_at(deadline):
             return await stream.receive_some(max_bytes)
         log.warning("Kafka connection from %s: %s; closing", peer, why)
         raise _CloseConnection
 
-    async def _read_frame(self, stream: trio.SocketStream, buf: bytearray, peer: str) -> bytes | None:
+    async def _read_frame(
+        self, stream: trio.SocketStream, buf: bytearray, peer: str
+    ) -> bytes | None:
         now = trio.current_time()
         deadline = now + (self.read_timeout_s if buf else self.idle_timeout_s)
         while len(buf) < 4:
-            chunk = await self._receive(stream, 65536, deadline, peer,
-                                        "request incomplete too long" if buf else "idle too long")
+            chunk = await self._receive(
+                stream,
+                65536,
+                deadline,
+                peer,
+                "request incomplete too long" if buf else "idle too long",
+            )
             deadline = min(deadline, trio.current_time() + self.read_timeout_s)
             if not chunk:
                 if buf:
@@ -205,19 +256,29 @@ class KafkaListener:
             log.warning("Kafka connection from %s: invalid frame size %d; closing", peer, size)
             raise _CloseConnection
         while len(buf) < 4 + size:
-            chunk = await self._receive(stream, max(65536, 4 + size - len(buf)), deadline, peer,
-                                        "request incomplete too long")
+            chunk = await self._receive(
+                stream,
+                max(65536, 4 + size - len(buf)),
+                deadline,
+                peer,
+                "request incomplete too long",
+            )
             if not chunk:
-                log.warning("Kafka connection from %s: truncated frame (%d of %d bytes); closing",
-                            peer, len(buf) - 4, size)
+                log.warning(
+                    "Kafka connection from %s: truncated frame (%d of %d bytes); closing",
+                    peer,
+                    len(buf) - 4,
+                    size,
+                )
                 return None
             buf += chunk
-        frame = bytes(buf[4: 4 + size])
+        frame = bytes(buf[4 : 4 + size])
         del buf[: 4 + size]
         return frame
 
-    async def _handle(self, frame: bytes, peer: str,
-                      session: SaslSession | None = None) -> bytes | Deferred | None:
+    async def _handle(
+        self, frame: bytes, peer: str, session: SaslSession | None = None
+    ) -> bytes | Deferred | None:
         try:
             header, reader = read_header(frame)
         except DecodeError as e:
@@ -225,8 +286,13 @@ class KafkaListener:
             raise _CloseConnection from None
         if session is not None:
             if not session.allows(header.api_key):
-                log.warning("Kafka connection from %s (client %r): API %d before SASL "
-                            "authentication; closing", peer, header.client_id, header.api_key)
+                log.warning(
+                    "Kafka connection from %s (client %r): API %d before SASL "
+                    "authentication; closing",
+                    peer,
+                    header.client_id,
+                    header.api_key,
+                )
                 raise _CloseConnection
             if header.api_key in SASL_APIS:
                 lo, hi = SASL_APIS[header.api_key]
@@ -241,49 +307,77 @@ class KafkaListener:
         if header.api_key == API_API_VERSIONS and not lo <= header.api_version <= hi:
             return self._api_versions_unsupported(header)
         if handler is None or not lo <= header.api_version <= hi:
-            log.warning("Kafka connection from %s (client %r): unsupported API %d v%d; closing",
-                        peer, header.client_id, header.api_key, header.api_version)
+            log.warning(
+                "Kafka connection from %s (client %r): unsupported API %d v%d; closing",
+                peer,
+                header.client_id,
+                header.api_key,
+                header.api_version,
+            )
             raise _CloseConnection
         try:
             return await handler(header, reader)
         except DecodeError as e:
-            log.warning("Kafka connection from %s: undecodable API %d v%d request (%s); closing",
-                        peer, header.api_key, header.api_version, e)
+            log.warning(
+                "Kafka connection from %s: undecodable API %d v%d request (%s); closing",
+                peer,
+                header.api_key,
+                header.api_version,
+                e,
+            )
             raise _CloseConnection from None
         except Exception:  # a bug answering one request must not take the broker down
-            log.exception("Kafka connection from %s: API %d v%d request failed; closing",
-                          peer, header.api_key, header.api_version)
+            log.exception(
+                "Kafka connection from %s: API %d v%d request failed; closing",
+                peer,
+                header.api_key,
+                header.api_version,
+            )
             raise _CloseConnection from None
 
     # ---- APIs -----------------------------------------------------------------------------
     def _api_keys(self) -> list[dict[str, int]]:
-        return [{"api_key": k, "min_version": lo, "max_version": hi}
-                for k, (lo, hi) in sorted(self._ranges.items())]
+        return [
+            {"api_key": k, "min_version": lo, "max_version": hi}
+            for k, (lo, hi) in sorted(self._ranges.items())
+        ]
 
     async def _api_versions(self, header: RequestHeader, reader: Reader) -> bytes:
         # The body (client software name/version) is informational: not decoded.
         cls = response_class(API_API_VERSIONS, header.api_version)
-        body = encode_body(build(cls, {"error_code": ErrorCode.none, "api_keys": self._api_keys(),
-                                       "throttle_time": timedelta(0)}))
+        body = encode_body(
+            build(
+                cls,
+                {
+                    "error_code": ErrorCode.none,
+                    "api_keys": self._api_keys(),
+                    "throttle_time": timedelta(0),
+                },
+            )
+        )
         return frame_response(cls, header.correlation_id, body)
 
     def _api_versions_unsupported(self, header: RequestHeader) -> bytes:
         cls = response_class(API_API_VERSIONS, 0)
-        body = encode_body(build(cls, {"error_code": ErrorCode.unsupported_version,
-                                       "api_keys": self._api_keys()}))
+        body = encode_body(
+            build(cls, {"error_code": ErrorCode.unsupported_version, "api_keys": self._api_keys()})
+        )
         return frame_response(cls, header.correlation_id, body)
 
     async def _metadata(self, header: RequestHeader, reader: Reader) -> bytes:
         req = read_metadata_request(header.api_version, reader)
         body = self.cache.encoded_metadata(header.api_version, req)
-        return frame_response(response_class(API_METADATA, header.api_version),
-                              header.correlation_id, body)
+        return frame_response(
+            response_class(API_METADATA, header.api_version), header.correlation_id, body
+        )
 
 
 def _deferring(handle: Callable[[RequestHeader, Reader], Awaitable[bytes]]) -> Handler:
     """Run ``handle`` in the response writer, so it sees requests one at a time, in order."""
+
     async def handler(header: RequestHeader, reader: Reader) -> Deferred:
         return Deferred(lambda: handle(header, reader))
+
     return handler
 
 
@@ -296,7 +390,11 @@ def _peer(stream: Any) -> str:
         return "?"
 
 
-async def serve_kafka(cache: MetadataCache, host: str, port: int,
-                      task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED) -> None:
+async def serve_kafka(
+    cache: MetadataCache,
+    host: str,
+    port: int,
+    task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED,
+) -> None:
     """Convenience: run a :class:`KafkaListener` until cancelled."""
     await KafkaListener(cache, host, port).serve(task_status=task_status)

@@ -18,6 +18,7 @@ ApiVersions, SaslHandshake (v0–1) and SaslAuthenticate (v0–2) are served; an
 closes the connection. A failed authentication is answered with SASL_AUTHENTICATION_FAILED and
 the connection is closed after the answer, as Kafka does.
 """
+
 from __future__ import annotations
 
 import logging
@@ -29,7 +30,15 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode as KafkaError
 
-from broker.kafka_codec import DecodeError, Reader, RequestHeader, build, encode_body, frame_response, response_class
+from broker.kafka_codec import (
+    DecodeError,
+    Reader,
+    RequestHeader,
+    build,
+    encode_body,
+    frame_response,
+    response_class,
+)
 from kraft.rpc.auth import AuthError, CredentialStore, principal_of
 
 log = logging.getLogger(__name__)
@@ -74,9 +83,11 @@ def protocol_of(listener_name: str, protocol_map: str = "") -> str:
         mapping[name.strip().upper()] = proto.strip().upper()
     proto = mapping.get(listener_name.upper(), listener_name.upper())
     if proto not in PROTOCOLS:
-        raise SecurityConfigError(f"listener {listener_name!r}: unknown security protocol {proto!r} "
-                                  f"(one of {', '.join(PROTOCOLS)}, or map it with "
-                                  "listener.security.protocol.map)")
+        raise SecurityConfigError(
+            f"listener {listener_name!r}: unknown security protocol {proto!r} "
+            f"(one of {', '.join(PROTOCOLS)}, or map it with "
+            "listener.security.protocol.map)"
+        )
     return proto
 
 
@@ -86,13 +97,20 @@ def listener_security(protocol: str, settings: dict[str, Any]) -> ListenerSecuri
     context = _ssl_context(settings) if protocol in ("SSL", "SASL_SSL") else None
     users = None
     if protocol.startswith("SASL_"):
-        mechanisms = [m.strip().upper() for m in str(settings.get("sasl.enabled.mechanisms") or "PLAIN").split(",")]
+        mechanisms = [
+            m.strip().upper()
+            for m in str(settings.get("sasl.enabled.mechanisms") or "PLAIN").split(",")
+        ]
         if mechanisms != ["PLAIN"]:
-            raise SecurityConfigError(f"sasl.enabled.mechanisms: only PLAIN is supported, not {mechanisms}")
+            raise SecurityConfigError(
+                f"sasl.enabled.mechanisms: only PLAIN is supported, not {mechanisms}"
+            )
         path = settings.get("sasl.plain.users.file") or ""
         if not path:
-            raise SecurityConfigError(f"{protocol} needs sasl.plain.users.file (hashed users; "
-                                      "python -m kraft.rpc.auth add-user FILE NAME)")
+            raise SecurityConfigError(
+                f"{protocol} needs sasl.plain.users.file (hashed users; "
+                "python -m kraft.rpc.auth add-user FILE NAME)"
+            )
         try:
             users = CredentialStore.load(path)
         except (AuthError, OSError) as e:
@@ -101,19 +119,27 @@ def listener_security(protocol: str, settings: dict[str, Any]) -> ListenerSecuri
 
 
 def _ssl_context(settings: dict[str, Any]) -> ssl.SSLContext:
-    cert, key = settings.get("ssl.certificate.location") or "", settings.get("ssl.key.location") or ""
+    cert, key = (
+        settings.get("ssl.certificate.location") or "",
+        settings.get("ssl.key.location") or "",
+    )
     if not cert or not key:
-        raise SecurityConfigError("an SSL listener needs ssl.certificate.location and ssl.key.location (PEM)")
+        raise SecurityConfigError(
+            "an SSL listener needs ssl.certificate.location and ssl.key.location (PEM)"
+        )
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     try:
         ctx.load_cert_chain(cert, key)
     except (OSError, ssl.SSLError) as e:
-        raise SecurityConfigError(f"ssl.certificate.location/ssl.key.location: cannot load "
-                                  f"{cert} / {key}: {e}") from None
+        raise SecurityConfigError(
+            f"ssl.certificate.location/ssl.key.location: cannot load {cert} / {key}: {e}"
+        ) from None
     client_auth = str(settings.get("ssl.client.auth") or "none").lower()
     if client_auth not in ("none", "requested", "required"):
-        raise SecurityConfigError(f"ssl.client.auth must be none, requested or required, not {client_auth!r}")
+        raise SecurityConfigError(
+            f"ssl.client.auth must be none, requested or required, not {client_auth!r}"
+        )
     if client_auth != "none":
         ca = settings.get("ssl.ca.location") or ""
         if not ca or not Path(ca).is_file():
@@ -167,12 +193,20 @@ class SaslSession:
         mechanism = reader.string() or ""
         cls = response_class(API_SASL_HANDSHAKE, header.api_version)
         if self.authenticated or self._mechanism_ok:
-            body = encode_body(build(cls, {"error_code": ERR_ILLEGAL_SASL_STATE, "mechanisms": ["PLAIN"]}))
-            raise SaslClose(frame_response(cls, header.correlation_id, body), "second SaslHandshake")
+            body = encode_body(
+                build(cls, {"error_code": ERR_ILLEGAL_SASL_STATE, "mechanisms": ["PLAIN"]})
+            )
+            raise SaslClose(
+                frame_response(cls, header.correlation_id, body), "second SaslHandshake"
+            )
         if mechanism.upper() != "PLAIN":
-            body = encode_body(build(cls, {"error_code": ERR_UNSUPPORTED_SASL_MECHANISM, "mechanisms": ["PLAIN"]}))
-            raise SaslClose(frame_response(cls, header.correlation_id, body),
-                            f"unsupported SASL mechanism {mechanism!r}")
+            body = encode_body(
+                build(cls, {"error_code": ERR_UNSUPPORTED_SASL_MECHANISM, "mechanisms": ["PLAIN"]})
+            )
+            raise SaslClose(
+                frame_response(cls, header.correlation_id, body),
+                f"unsupported SASL mechanism {mechanism!r}",
+            )
         self._mechanism_ok = True
         self._handshake_version = header.api_version
         body = encode_body(build(cls, {"error_code": ERR_NONE, "mechanisms": ["PLAIN"]}))
@@ -190,18 +224,28 @@ class SaslSession:
         cls = response_class(API_SASL_AUTHENTICATE, version)
 
         def answer(code: int, message: str | None) -> bytes:
-            values: dict[str, Any] = {"error_code": code, "error_message": message, "auth_bytes": b""}
+            values: dict[str, Any] = {
+                "error_code": code,
+                "error_message": message,
+                "auth_bytes": b"",
+            }
             if version >= 1:
                 values["session_lifetime"] = timedelta(0)
             return frame_response(cls, header.correlation_id, encode_body(build(cls, values)))
 
         if not self._mechanism_ok or self.authenticated:
-            raise SaslClose(answer(ERR_ILLEGAL_SASL_STATE, "SaslHandshake with mechanism PLAIN must come first"),
-                            "SaslAuthenticate out of order")
+            raise SaslClose(
+                answer(
+                    ERR_ILLEGAL_SASL_STATE, "SaslHandshake with mechanism PLAIN must come first"
+                ),
+                "SaslAuthenticate out of order",
+            )
         parts = token.split(b"\x00")
         if len(parts) != 3:
-            raise SaslClose(answer(ERR_SASL_AUTHENTICATION_FAILED, "Invalid SASL/PLAIN token"),
-                            "malformed PLAIN token")
+            raise SaslClose(
+                answer(ERR_SASL_AUTHENTICATION_FAILED, "Invalid SASL/PLAIN token"),
+                "malformed PLAIN token",
+            )
         _authzid, username, password = parts
         try:
             name, secret = username.decode("utf-8"), password.decode("utf-8")
@@ -210,9 +254,13 @@ class SaslSession:
         principal = self.users.verify(name, secret) if name and secret else None
         if principal is None:
             log.warning("Kafka SASL/PLAIN authentication failed for user %r", name[:64])
-            raise SaslClose(answer(ERR_SASL_AUTHENTICATION_FAILED,
-                                   "Authentication failed: Invalid username or password"),
-                            "authentication failed")
+            raise SaslClose(
+                answer(
+                    ERR_SASL_AUTHENTICATION_FAILED,
+                    "Authentication failed: Invalid username or password",
+                ),
+                "authentication failed",
+            )
         self.principal = principal
         log.info("Kafka client authenticated as %s", principal)
         return answer(ERR_NONE, None)

@@ -16,12 +16,14 @@ PENDING_CONTROLLED_SHUTDOWN → SHUTTING_DOWN.
 * Controlled shutdown: heartbeat ``want_shutdown`` until the controller answers
   ``should_shut_down`` or the deadline passes.
 """
+
 from __future__ import annotations
 
 import enum
 import logging
 import uuid
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import trio
 
@@ -49,10 +51,20 @@ _REREGISTER = {ErrorCode.STALE_BROKER_EPOCH, ErrorCode.BROKER_ID_NOT_REGISTERED}
 class BrokerLifecycle:
     """Drives registration and heartbeats against the controllers."""
 
-    def __init__(self, client: Any, broker_id: int, cluster_id: str, listeners: list[dict],
-                 rack: str | None, metadata_offset: Callable[[], int], *,
-                 heartbeat_interval: float = 2.0, session_timeout: float = 9.0,
-                 registration_timeout: float = 60.0, features: list[dict] | None = None) -> None:
+    def __init__(
+        self,
+        client: Any,
+        broker_id: int,
+        cluster_id: str,
+        listeners: list[dict],
+        rack: str | None,
+        metadata_offset: Callable[[], int],
+        *,
+        heartbeat_interval: float = 2.0,
+        session_timeout: float = 9.0,
+        registration_timeout: float = 60.0,
+        features: list[dict] | None = None,
+    ) -> None:
         self.client = client
         self.broker_id = broker_id
         self.cluster_id = cluster_id
@@ -62,7 +74,9 @@ class BrokerLifecycle:
         self.heartbeat_interval = heartbeat_interval
         self.session_timeout = session_timeout
         self.registration_timeout = registration_timeout
-        self.features = features or [{"name": "metadata.version", "min_version": 1, "max_version": 1000}]
+        self.features = features or [
+            {"name": "metadata.version", "min_version": 1, "max_version": 1000}
+        ]
         self.incarnation_id = str(uuid.uuid4())
         self.broker_epoch = -1
         self.state = BrokerState.NOT_RUNNING
@@ -76,8 +90,14 @@ class BrokerLifecycle:
 
     def _set_state(self, state: BrokerState, why: str) -> None:
         if state != self.state:
-            log.info("broker %d (epoch %d): %s -> %s (%s)", self.broker_id, self.broker_epoch,
-                     self.state.value, state.value, why)
+            log.info(
+                "broker %d (epoch %d): %s -> %s (%s)",
+                self.broker_id,
+                self.broker_epoch,
+                self.state.value,
+                state.value,
+                why,
+            )
             self.state = state
             if state == BrokerState.RUNNING:
                 self.running.set()
@@ -87,28 +107,44 @@ class BrokerLifecycle:
         """Register (retrying with backoff) until a controller assigns a broker epoch."""
         deadline = trio.current_time() + self.registration_timeout
         backoff = 0.1
-        body = {"broker_id": self.broker_id, "cluster_id": self.cluster_id,
-                "incarnation_id": self.incarnation_id, "listeners": self.listeners,
-                "rack": self.rack, "features": self.features}
+        body = {
+            "broker_id": self.broker_id,
+            "cluster_id": self.cluster_id,
+            "incarnation_id": self.incarnation_id,
+            "listeners": self.listeners,
+            "rack": self.rack,
+            "features": self.features,
+        }
         while True:
             try:
-                resp = await self.client.call("BrokerRegistration", body,
-                                              timeout=max(1.0, min(5.0, self.session_timeout / 2)))
+                resp = await self.client.call(
+                    "BrokerRegistration", body, timeout=max(1.0, min(5.0, self.session_timeout / 2))
+                )
             except KraftError as e:
                 if e.code == ErrorCode.INCONSISTENT_CLUSTER_ID:
                     raise FatalBrokerError(f"registration refused: {e}") from None
                 if trio.current_time() + backoff > deadline:
-                    raise FatalBrokerError(f"could not register within {self.registration_timeout:.0f}s "
-                                           f"(last error: {e})") from None
-                log.warning("broker %d: registration failed (%s); retrying in %.1fs", self.broker_id,
-                            e, backoff)
+                    raise FatalBrokerError(
+                        f"could not register within {self.registration_timeout:.0f}s "
+                        f"(last error: {e})"
+                    ) from None
+                log.warning(
+                    "broker %d: registration failed (%s); retrying in %.1fs",
+                    self.broker_id,
+                    e,
+                    backoff,
+                )
                 await trio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
                 continue
             self.broker_epoch = int(resp["broker_epoch"])
             self.registrations += 1
-            log.info("broker %d registered: incarnation %s, broker epoch %d", self.broker_id,
-                     self.incarnation_id, self.broker_epoch)
+            log.info(
+                "broker %d registered: incarnation %s, broker epoch %d",
+                self.broker_id,
+                self.incarnation_id,
+                self.broker_epoch,
+            )
             self._set_state(BrokerState.STARTING, "registered")
             return
 
@@ -118,17 +154,25 @@ class BrokerLifecycle:
         await self.register()
         while True:
             want_shutdown = self._want_shutdown
-            body = {"broker_id": self.broker_id, "broker_epoch": self.broker_epoch,
-                    "metadata_offset": self.metadata_offset(),
-                    "want_fence": not self.ready.is_set() and not want_shutdown,
-                    "want_shutdown": want_shutdown}
+            body = {
+                "broker_id": self.broker_id,
+                "broker_epoch": self.broker_epoch,
+                "metadata_offset": self.metadata_offset(),
+                "want_fence": not self.ready.is_set() and not want_shutdown,
+                "want_shutdown": want_shutdown,
+            }
             try:
-                resp = await self.client.call("BrokerHeartbeat", body,
-                                              timeout=max(1.0, self.session_timeout / 2))
+                resp = await self.client.call(
+                    "BrokerHeartbeat", body, timeout=max(1.0, self.session_timeout / 2)
+                )
             except KraftError as e:
                 if e.code in _REREGISTER:
-                    log.warning("broker %d: controller says %s for epoch %d; re-registering",
-                                self.broker_id, e.code.name, self.broker_epoch)
+                    log.warning(
+                        "broker %d: controller says %s for epoch %d; re-registering",
+                        self.broker_id,
+                        e.code.name,
+                        self.broker_epoch,
+                    )
                     self.ready_for_reregistration()
                     await self.register()
                     continue
@@ -178,7 +222,10 @@ class BrokerLifecycle:
         with trio.move_on_after(timeout):
             await self.shutdown_complete.wait()
             return True
-        log.warning("broker %d: controlled shutdown not confirmed within %.1fs; shutting down anyway",
-                    self.broker_id, timeout)
+        log.warning(
+            "broker %d: controlled shutdown not confirmed within %.1fs; shutting down anyway",
+            self.broker_id,
+            timeout,
+        )
         self._set_state(BrokerState.SHUTTING_DOWN, "controlled shutdown deadline passed")
         return False

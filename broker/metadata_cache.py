@@ -7,6 +7,7 @@ controllers; Kafka picks a random alive broker, we pick the lowest id so respons
 partition whose leader is not alive gets ``LEADER_NOT_AVAILABLE``, and replicas that are not
 alive are reported as offline. Encoded response bodies are cached per image.
 """
+
 from __future__ import annotations
 
 import logging
@@ -25,7 +26,9 @@ _CACHE_ENTRIES = 64
 class MetadataCache:
     """Holds the latest image; publishers call :meth:`publish`, the listener reads."""
 
-    def __init__(self, cluster_id: str, listener_name: str = "PLAINTEXT", image: Any = None) -> None:
+    def __init__(
+        self, cluster_id: str, listener_name: str = "PLAINTEXT", image: Any = None
+    ) -> None:
         self.cluster_id = cluster_id
         self.listener_name = listener_name
         self.image = image
@@ -74,8 +77,10 @@ class MetadataCache:
             "name": topic.name,
             "topic_id": uuid.UUID(topic.topic_id),
             "is_internal": topic.name.startswith("__"),
-            "partitions": [self._partition(pid, topic.partitions[pid], alive)
-                           for pid in sorted(topic.partitions)],
+            "partitions": [
+                self._partition(pid, topic.partitions[pid], alive)
+                for pid in sorted(topic.partitions)
+            ],
         }
 
     def metadata_values(self, req: MetadataRequest) -> dict[str, Any]:
@@ -87,19 +92,37 @@ class MetadataCache:
         if image is not None:
             if req.topics is None:
                 names = sorted(image.topics_by_name)
-                topics = [self._topic(image.topics_by_id[image.topics_by_name[n]], alive) for n in names]
+                topics = [
+                    self._topic(image.topics_by_id[image.topics_by_name[n]], alive) for n in names
+                ]
             else:
                 for name, topic_id in req.topics:
-                    tid = str(topic_id) if topic_id is not None else image.topics_by_name.get(name or "")
+                    tid = (
+                        str(topic_id)
+                        if topic_id is not None
+                        else image.topics_by_name.get(name or "")
+                    )
                     topic = image.topics_by_id.get(tid) if tid else None
                     if topic is not None:
                         topics.append(self._topic(topic, alive))
                     elif topic_id is not None:
-                        topics.append({"error_code": ErrorCode.unknown_topic_id, "name": None,
-                                       "topic_id": topic_id, "partitions": []})
+                        topics.append(
+                            {
+                                "error_code": ErrorCode.unknown_topic_id,
+                                "name": None,
+                                "topic_id": topic_id,
+                                "partitions": [],
+                            }
+                        )
                     else:
-                        topics.append({"error_code": ErrorCode.unknown_topic_or_partition,
-                                       "name": name, "topic_id": uuid.UUID(int=0), "partitions": []})
+                        topics.append(
+                            {
+                                "error_code": ErrorCode.unknown_topic_or_partition,
+                                "name": name,
+                                "topic_id": uuid.UUID(int=0),
+                                "partitions": [],
+                            }
+                        )
         return {
             "throttle_time": timedelta(0),
             "brokers": brokers,

@@ -15,12 +15,14 @@ A batch that does not replay (a broken hash chain or an impossible record, i.e. 
 history diverged from the controllers') is logged at ERROR and the loader restarts from offset 0.
 The last published image is checkpointed every ``checkpoint_records`` records (and on stop).
 """
+
 from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable, Protocol
+from typing import Any, Protocol
 
 import trio
 
@@ -58,9 +60,17 @@ def replay_encoded(delta: MetadataDelta, batches: Iterable[bytes]) -> int:
 class MetadataLoader:
     """Fetches, replays and publishes metadata; ``image`` is the last published image."""
 
-    def __init__(self, client: Any, publishers: list[Publisher], metadata_dir: Path, *,
-                 max_wait_ms: int = 500, max_bytes: int = 8 << 20, checkpoint_records: int = 1000,
-                 request_timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        client: Any,
+        publishers: list[Publisher],
+        metadata_dir: Path,
+        *,
+        max_wait_ms: int = 500,
+        max_bytes: int = 8 << 20,
+        checkpoint_records: int = 1000,
+        request_timeout: float = 10.0,
+    ) -> None:
         self.client = client
         self.publishers = publishers
         self.metadata_dir = Path(metadata_dir)
@@ -97,13 +107,22 @@ class MetadataLoader:
         while True:
             try:
                 resp = await self.client.call(
-                    "FetchMetadata", {"from_offset": delta.offset + 1, "max_wait_ms": self.max_wait_ms,
-                                      "max_bytes": self.max_bytes},
-                    timeout=self.request_timeout + self.max_wait_ms / 1000)
+                    "FetchMetadata",
+                    {
+                        "from_offset": delta.offset + 1,
+                        "max_wait_ms": self.max_wait_ms,
+                        "max_bytes": self.max_bytes,
+                    },
+                    timeout=self.request_timeout + self.max_wait_ms / 1000,
+                )
             except KraftError as e:
                 self.errors += 1
-                log.warning("FetchMetadata from offset %d failed: %s; retrying in %.2fs",
-                            delta.offset + 1, e, backoff)
+                log.warning(
+                    "FetchMetadata from offset %d failed: %s; retrying in %.2fs",
+                    delta.offset + 1,
+                    e,
+                    backoff,
+                )
                 await trio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
                 continue
@@ -119,8 +138,12 @@ class MetadataLoader:
             try:
                 n = replay_encoded(delta, resp.get("batches") or [])
             except (ReplayError, RecordDecodeError) as e:
-                log.error("metadata replay failed at offset %d: %s; discarding local metadata and "
-                          "refetching from offset 0", delta.offset + 1, e)
+                log.error(
+                    "metadata replay failed at offset %d: %s; discarding local metadata and "
+                    "refetching from offset 0",
+                    delta.offset + 1,
+                    e,
+                )
                 self.errors += 1
                 delta, full = full_delta(MetadataImage.EMPTY), True
                 continue
@@ -136,8 +159,13 @@ class MetadataLoader:
         for publisher in self.publishers:
             publisher.publish(delta, image, full)
         previous, self.image = self.image, image
-        log.info("published metadata offset %d (from %d%s, high watermark %d)", image.offset,
-                 previous.offset, ", full" if full else "", self.high_watermark)
+        log.info(
+            "published metadata offset %d (from %d%s, high watermark %d)",
+            image.offset,
+            previous.offset,
+            ", full" if full else "",
+            self.high_watermark,
+        )
         self.published.set()
         self._changed.set()
         self._changed = trio.Event()
@@ -167,14 +195,18 @@ class MetadataLoader:
             return None
         self.metadata_dir.mkdir(parents=True, exist_ok=True)
         part = self.metadata_dir / f"fetched-{name}.part"
-        log.info("loading snapshot %s (end offset %s) from the controllers", name, info.get("end_offset"))
+        log.info(
+            "loading snapshot %s (end offset %s) from the controllers", name, info.get("end_offset")
+        )
         position = 0
         try:
             with open(part, "wb") as f:
                 while True:
-                    resp = await self.client.call("FetchSnapshot", {"name": name, "position": position,
-                                                                    "max_bytes": self.max_bytes},
-                                                  timeout=self.request_timeout)
+                    resp = await self.client.call(
+                        "FetchSnapshot",
+                        {"name": name, "position": position, "max_bytes": self.max_bytes},
+                        timeout=self.request_timeout,
+                    )
                     data = resp.get("data") or b""
                     f.write(data)
                     position += len(data)
@@ -186,5 +218,7 @@ class MetadataLoader:
             part.unlink(missing_ok=True)
             return None
         part.unlink(missing_ok=True)
-        log.info("loaded snapshot %s: offset %d, checksum %s", name, image.offset, image.checksum()[:16])
+        log.info(
+            "loaded snapshot %s: offset %d, checksum %s", name, image.offset, image.checksum()[:16]
+        )
         return image

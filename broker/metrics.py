@@ -7,10 +7,12 @@ Names are what Prometheus' JMX exporter makes of Kafka's broker MBeans
 Every value is read from the live broker on each scrape (:class:`BrokerCollector`); see
 docs/design.md ("Metrics") for the mapping.
 """
+
 from __future__ import annotations
 
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -20,8 +22,14 @@ from kraft.metrics import MetricsEndpoint
 BMM = "kafka_server_broker_metadata_metrics_"
 RM = "kafka_server_replicamanager_"
 # Kafka's BrokerState values (kafka.server:type=KafkaServer,name=BrokerState).
-BROKER_STATE_VALUES = {"NOT_RUNNING": 0, "STARTING": 1, "RECOVERY": 2, "RUNNING": 3,
-                       "PENDING_CONTROLLED_SHUTDOWN": 6, "SHUTTING_DOWN": 7}
+BROKER_STATE_VALUES = {
+    "NOT_RUNNING": 0,
+    "STARTING": 1,
+    "RECOVERY": 2,
+    "RUNNING": 3,
+    "PENDING_CONTROLLED_SHUTDOWN": 6,
+    "SHUTTING_DOWN": 7,
+}
 
 
 def replica_counts(broker_id: int, partitions: list[Any]) -> tuple[int, int, int]:
@@ -41,25 +49,52 @@ class BrokerCollector(Collector):
         b = self.broker
         image = b.loader.image
         now_ms = int(time.time() * 1000)
-        hosted, led, under = replica_counts(b.config.node_id, list(b.replica_manager.partitions.values()))
+        hosted, led, under = replica_counts(
+            b.config.node_id, list(b.replica_manager.partitions.values())
+        )
         values = [
-            (BMM + "last_applied_record_offset", "offset of the last metadata record applied",
-             image.offset),
-            (BMM + "last_applied_record_timestamp", "append time (ms) of the last record applied",
-             image.timestamp_ms),
-            (BMM + "last_applied_record_lag_ms", "now minus the append time of the last record applied",
-             max(now_ms - image.timestamp_ms, 0) if image.offset >= 0 else 0),
-            (BMM + "metadata_load_error_count", "failed metadata fetches and replays", b.loader.errors),
-            ("pykraft_broker_metadata_high_watermark", "the controllers' metadata log end last seen",
-             b.loader.high_watermark),
+            (
+                BMM + "last_applied_record_offset",
+                "offset of the last metadata record applied",
+                image.offset,
+            ),
+            (
+                BMM + "last_applied_record_timestamp",
+                "append time (ms) of the last record applied",
+                image.timestamp_ms,
+            ),
+            (
+                BMM + "last_applied_record_lag_ms",
+                "now minus the append time of the last record applied",
+                max(now_ms - image.timestamp_ms, 0) if image.offset >= 0 else 0,
+            ),
+            (
+                BMM + "metadata_load_error_count",
+                "failed metadata fetches and replays",
+                b.loader.errors,
+            ),
+            (
+                "pykraft_broker_metadata_high_watermark",
+                "the controllers' metadata log end last seen",
+                b.loader.high_watermark,
+            ),
             (RM + "partitioncount", "partitions with a replica on this broker", hosted),
             (RM + "leadercount", "partitions this broker leads", led),
-            (RM + "underreplicatedpartitions", "led partitions whose ISR is smaller than the replica set",
-             under),
-            ("kafka_server_kafkaserver_brokerstate", "Kafka's broker state number (3 = RUNNING)",
-             BROKER_STATE_VALUES.get(b.lifecycle.state.value, 0)),
-            ("pykraft_broker_fenced", "1 while the controllers keep this broker fenced",
-             1 if getattr(image.brokers.get(b.config.node_id), "fenced", True) else 0),
+            (
+                RM + "underreplicatedpartitions",
+                "led partitions whose ISR is smaller than the replica set",
+                under,
+            ),
+            (
+                "kafka_server_kafkaserver_brokerstate",
+                "Kafka's broker state number (3 = RUNNING)",
+                BROKER_STATE_VALUES.get(b.lifecycle.state.value, 0),
+            ),
+            (
+                "pykraft_broker_fenced",
+                "1 while the controllers keep this broker fenced",
+                1 if getattr(image.brokers.get(b.config.node_id), "fenced", True) else 0,
+            ),
         ]
         for name, doc, value in values:
             yield GaugeMetricFamily(name, doc, value=value)

@@ -5,6 +5,7 @@ shutdown (heartbeat ``want_shutdown`` until the controller agrees, bounded by
 ``broker.session.timeout.ms``), checkpoints its metadata and exits 0. Exit 1 on a fatal error
 (another cluster's log dir, registration refused or timed out, a port in use), 2 on a bad config.
 """
+
 from __future__ import annotations
 
 import logging
@@ -14,8 +15,8 @@ from typing import Any
 
 import trio
 
-from broker.kafka_admin import KafkaAdmin
 from broker.isr_updater import IsrUpdater
+from broker.kafka_admin import KafkaAdmin
 from broker.kafka_listener import KafkaListener
 from broker.kafka_security import SecurityConfigError, listener_security, protocol_of
 from broker.lifecycle import BrokerLifecycle, BrokerState, FatalBrokerError
@@ -38,13 +39,17 @@ def check_log_dirs(config: BrokerConfig) -> None:
         meta = d / META_PROPERTIES
         if meta.exists():
             props = load_properties(meta)
-            if props.get("cluster.id") != config.cluster_id or props.get("node.id") != str(config.node_id):
+            if props.get("cluster.id") != config.cluster_id or props.get("node.id") != str(
+                config.node_id
+            ):
                 raise FatalBrokerError(
                     f"{meta} belongs to cluster {props.get('cluster.id')!r} node {props.get('node.id')!r}, "
-                    f"not cluster {config.cluster_id!r} node {config.node_id}")
+                    f"not cluster {config.cluster_id!r} node {config.node_id}"
+                )
         else:
-            write_properties(meta, {"version": 1, "cluster.id": config.cluster_id,
-                                    "node.id": config.node_id})
+            write_properties(
+                meta, {"version": 1, "cluster.id": config.cluster_id, "node.id": config.node_id}
+            )
 
 
 class BrokerNode:
@@ -62,35 +67,67 @@ class BrokerNode:
         self.caches = {n: MetadataCache(config.cluster_id, n) for n, _, _ in config.listeners}
         self.cache = self.caches[name]
         self.replica_manager = ReplicaManager(
-            config.node_id, config.log_dirs, replica_lag_time_max_ms=config["replica.lag.time.max.ms"],
-            min_insync_replicas=config["min.insync.replicas"])
-        self.fetchers = ReplicaFetcherManager(self.replica_manager,
-                                              config["inter.broker.listener.name"] or name,
-                                              max_wait_ms=config["replica.fetch.wait.max.ms"])
+            config.node_id,
+            config.log_dirs,
+            replica_lag_time_max_ms=config["replica.lag.time.max.ms"],
+            min_insync_replicas=config["min.insync.replicas"],
+        )
+        self.fetchers = ReplicaFetcherManager(
+            self.replica_manager,
+            config["inter.broker.listener.name"] or name,
+            max_wait_ms=config["replica.fetch.wait.max.ms"],
+        )
         client_id = f"broker-{config.node_id}"
         creds = config.rpc_client_credentials
-        self.fetch_client = ControllerClient(config.bootstrap, client_id=client_id, credentials=creds)
-        self.control_client = ControllerClient(config.bootstrap, client_id=client_id, credentials=creds)
+        self.fetch_client = ControllerClient(
+            config.bootstrap, client_id=client_id, credentials=creds
+        )
+        self.control_client = ControllerClient(
+            config.bootstrap, client_id=client_id, credentials=creds
+        )
         admin_client = ControllerClient(  # Kafka admin APIs, forwarded
-            config.bootstrap, client_id=client_id, credentials=self.control_client.credentials)
-        self.admins = {n: KafkaAdmin(cache, admin_client, config.node_id) for n, cache in self.caches.items()}
+            config.bootstrap, client_id=client_id, credentials=self.control_client.credentials
+        )
+        self.admins = {
+            n: KafkaAdmin(cache, admin_client, config.node_id) for n, cache in self.caches.items()
+        }
         self.admin = self.admins[name]
-        self.loader = MetadataLoader(self.fetch_client, [*self.caches.values(), self.replica_manager,
-                                                         self.fetchers, self], self.metadata_dir)
+        self.loader = MetadataLoader(
+            self.fetch_client,
+            [*self.caches.values(), self.replica_manager, self.fetchers, self],
+            self.metadata_dir,
+        )
         protocol_map = config["listener.security.protocol.map"]
         self.protocols = {n: protocol_of(n, protocol_map) for n, _, _ in config.listeners}
-        self.security = {n: listener_security(self.protocols[n], config.values) for n in self.protocols}
-        self.listeners = [{"name": n, "host": h if h not in ("", "0.0.0.0", "::") else "127.0.0.1",
-                           "port": p, "security_protocol": self.protocols[n]}
-                          for n, h, p in config.advertised_listeners]
+        self.security = {
+            n: listener_security(self.protocols[n], config.values) for n in self.protocols
+        }
+        self.listeners = [
+            {
+                "name": n,
+                "host": h if h not in ("", "0.0.0.0", "::") else "127.0.0.1",
+                "port": p,
+                "security_protocol": self.protocols[n],
+            }
+            for n, h, p in config.advertised_listeners
+        ]
         self.lifecycle = BrokerLifecycle(
-            self.control_client, config.node_id, config.cluster_id, self.listeners, config.rack,
+            self.control_client,
+            config.node_id,
+            config.cluster_id,
+            self.listeners,
+            config.rack,
             lambda: self.loader.offset,
             heartbeat_interval=config["broker.heartbeat.interval.ms"] / 1000,
             session_timeout=config["broker.session.timeout.ms"] / 1000,
-            registration_timeout=config["initial.broker.registration.timeout.ms"] / 1000)
-        self.isr_updater = IsrUpdater(self.control_client, self.replica_manager,
-                                      lambda: self.lifecycle.broker_epoch, config["replica.lag.time.max.ms"])
+            registration_timeout=config["initial.broker.registration.timeout.ms"] / 1000,
+        )
+        self.isr_updater = IsrUpdater(
+            self.control_client,
+            self.replica_manager,
+            lambda: self.lifecycle.broker_epoch,
+            config["replica.lag.time.max.ms"],
+        )
         self.replica_manager.isr_updater = self.isr_updater
         self._checksum: tuple[Any, str] = (None, "")
         self.admin_port = config["broker.admin.port"] or port + 1000
@@ -99,8 +136,11 @@ class BrokerNode:
     # publisher: the first publish means the replica manager has opened its logs
     def publish(self, delta: Any, image: Any, full: bool = False) -> None:
         if not self.lifecycle.ready.is_set():
-            log.info("broker %d: first metadata image published (offset %d); ready to be unfenced",
-                     self.config.node_id, image.offset)
+            log.info(
+                "broker %d: first metadata image published (offset %d); ready to be unfenced",
+                self.config.node_id,
+                image.offset,
+            )
             self.lifecycle.ready.set()
             self.lifecycle.poke()
 
@@ -123,16 +163,24 @@ class BrokerNode:
         self.loader.load_local()
         if self.config["metrics.port"]:
             from broker.metrics import serve_broker_metrics
-            self.metrics = serve_broker_metrics(self, self.config["metrics.host"], self.config["metrics.port"])
+
+            self.metrics = serve_broker_metrics(
+                self, self.config["metrics.host"], self.config["metrics.port"]
+            )
         _, host, port = self.config.listener
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as nursery:
                 for n, lhost, lport in self.config.listeners:
                     listener = KafkaListener(
-                        self.caches[n], lhost, lport, admin=self.admins[n], security=self.security[n],
+                        self.caches[n],
+                        lhost,
+                        lport,
+                        admin=self.admins[n],
+                        security=self.security[n],
                         idle_timeout_s=self.config["connections.max.idle.ms"] / 1000,
                         read_timeout_s=self.config["request.read.timeout.ms"] / 1000,
-                        max_connections=self.config["max.connections"])
+                        max_connections=self.config["max.connections"],
+                    )
                     listener.serve_data(self.replica_manager)
                     bound = await nursery.start(listener.serve)
                     if n == self.listener_name:
@@ -157,14 +205,19 @@ class BrokerNode:
 
                 async def watch_signals() -> None:
                     async for signum in signals:
-                        log.info("broker %d: received %s; starting controlled shutdown",
-                                 self.config.node_id, signal.Signals(signum).name)
+                        log.info(
+                            "broker %d: received %s; starting controlled shutdown",
+                            self.config.node_id,
+                            signal.Signals(signum).name,
+                        )
                         return
 
                 async with trio.open_nursery() as waiters:
+
                     async def first(fn) -> None:
                         await fn()
                         waiters.cancel_scope.cancel()
+
                     waiters.start_soon(first, watch_signals)
                     waiters.start_soon(first, lifecycle_done.wait)
                 if "fatal" in result:
@@ -182,16 +235,23 @@ class BrokerNode:
         await self.fetch_client.aclose()
         await self.control_client.aclose()
         await self.admin.client.aclose()
-        log.info("broker %d: shut down (state %s, metadata offset %d)", self.config.node_id,
-                 BrokerState.SHUTTING_DOWN.value, self.loader.offset)
+        log.info(
+            "broker %d: shut down (state %s, metadata offset %d)",
+            self.config.node_id,
+            BrokerState.SHUTTING_DOWN.value,
+            self.loader.offset,
+        )
         return 0
 
 
 def _setup_logging() -> None:
     root = logging.getLogger()
     if not root.handlers:
-        logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        logging.basicConfig(
+            level=logging.INFO,
+            stream=sys.stderr,
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        )
 
 
 def main(config_path: str) -> int:

@@ -7,6 +7,7 @@ watermark (capped at its own log end). Anything waiting for progress — a produ
 a long-polling fetch — registers a :class:`trio.Event` in :attr:`Partition.waiters`; appends and
 high-watermark moves set them all (:meth:`Partition.wake`).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -55,7 +56,9 @@ class Partition:
     def reset_followers(self, broker_id: int, now_ms: float) -> None:
         """A new leader epoch: follower positions are unknown, ISR members count as caught up now
         (so they are not dropped before they had a chance to fetch)."""
-        self.followers = {b: FollowerState(last_caught_up_ms=now_ms) for b in self.replicas if b != broker_id}
+        self.followers = {
+            b: FollowerState(last_caught_up_ms=now_ms) for b in self.replicas if b != broker_id
+        }
 
     def append_as_leader(self, data: bytes) -> tuple[int, int]:
         """Append client batches in the current leader epoch; (first, last) offset."""
@@ -65,8 +68,9 @@ class Partition:
         return first, last
 
     def maybe_advance_high_watermark(self) -> bool:
-        hw = high_watermark(self.leader, self.log.log_end_offset, self.isr, self.followers,
-                            self.log.high_watermark)
+        hw = high_watermark(
+            self.leader, self.log.log_end_offset, self.isr, self.followers, self.log.high_watermark
+        )
         if hw > self.log.high_watermark:
             self.log.advance_high_watermark(hw)
             self.wake()
@@ -88,7 +92,9 @@ class Partition:
         return may_join(f, self.log.high_watermark, epoch_start)
 
     def out_of_sync_replicas(self, now_ms: float, lag_ms: int) -> list[int]:
-        return out_of_sync(self.leader, self.log.log_end_offset, self.isr, self.followers, now_ms, lag_ms)
+        return out_of_sync(
+            self.leader, self.log.log_end_offset, self.isr, self.followers, now_ms, lag_ms
+        )
 
     def adopt_isr(self, isr: tuple[int, ...], partition_epoch: int) -> None:
         """The controller accepted an ISR change (same leader epoch)."""
@@ -108,9 +114,18 @@ class Partition:
         self.wake()
 
     def describe(self) -> dict[str, Any]:
-        return {"topic": self.topic, "topic_id": self.topic_id, "partition": self.partition,
-                "role": self.role, "leader": self.leader, "leader_epoch": self.leader_epoch,
-                "partition_epoch": self.partition_epoch, "isr": list(self.isr),
-                "replicas": list(self.replicas), "high_watermark": self.log.high_watermark,
-                "log_start_offset": self.log.log_start_offset,
-                "log_end_offset": self.log.log_end_offset, "dir": str(self.log.dir)}
+        return {
+            "topic": self.topic,
+            "topic_id": self.topic_id,
+            "partition": self.partition,
+            "role": self.role,
+            "leader": self.leader,
+            "leader_epoch": self.leader_epoch,
+            "partition_epoch": self.partition_epoch,
+            "isr": list(self.isr),
+            "replicas": list(self.replicas),
+            "high_watermark": self.log.high_watermark,
+            "log_start_offset": self.log.log_start_offset,
+            "log_end_offset": self.log.log_end_offset,
+            "dir": str(self.log.dir),
+        }

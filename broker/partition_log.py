@@ -13,16 +13,18 @@ Recovery on open scans every batch (header sanity + CRC32C); the first bad or to
 everything after it is truncated with a WARNING naming the file and byte position, as Kafka's
 log recovery does. Checkpoint files are written to ``.tmp`` and renamed.
 """
+
 from __future__ import annotations
 
 import bisect
 import logging
 import os
 import struct
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import crc32c
 
@@ -67,7 +69,7 @@ def parse_batches(data: bytes | memoryview, check_crc: bool = True) -> tuple[lis
         if magic != _MAGIC:
             break
         (crc,) = struct.unpack_from(">I", view, pos + 17)
-        if check_crc and crc32c.crc32c(view[pos + 21: pos + size]) != crc:
+        if check_crc and crc32c.crc32c(view[pos + 21 : pos + size]) != crc:
             break
         (last_delta,) = struct.unpack_from(">i", view, pos + 23)
         if last_delta < 0:
@@ -97,7 +99,7 @@ def write_small_file(path: str | os.PathLike, data: bytes, sync: bool = False) -
     try:
         view = memoryview(data)
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
         if sync:
             os.fsync(fd)
     finally:
@@ -163,7 +165,7 @@ class _Segment:
         self.batches: list[BatchInfo] = []
         self.lasts: list[int] = []  # last offset of each batch, for bisect
         self.size = 0
-        self.file = open(path, "a+b")
+        self.file = open(path, "a+b")  # noqa: SIM115 -- open for the segment's life
 
     @property
     def next_offset(self) -> int:
@@ -183,8 +185,14 @@ class _Segment:
         self.size = valid
         self.lasts = [b.last_offset for b in self.batches]
         if valid != len(data):
-            log.warning("partition log %s: invalid or torn batch at byte %d (file is %d bytes); "
-                        "truncating to %d", self.path, valid, len(data), valid)
+            log.warning(
+                "partition log %s: invalid or torn batch at byte %d (file is %d bytes); "
+                "truncating to %d",
+                self.path,
+                valid,
+                len(data),
+                valid,
+            )
             self.file.truncate(valid)
             self.file.flush()
             os.fsync(self.file.fileno())
@@ -196,8 +204,16 @@ class _Segment:
         self.file.write(data)
         self.file.flush()
         for b in infos:
-            self.batches.append(BatchInfo(b.base_offset, b.last_offset, self.size + b.position, b.size,
-                                          b.max_timestamp, b.leader_epoch))
+            self.batches.append(
+                BatchInfo(
+                    b.base_offset,
+                    b.last_offset,
+                    self.size + b.position,
+                    b.size,
+                    b.max_timestamp,
+                    b.leader_epoch,
+                )
+            )
             self.lasts.append(b.last_offset)
         self.size += len(data)
 
@@ -246,8 +262,9 @@ class PartitionLog:
 
     # ---- opening ------------------------------------------------------------------------
     @classmethod
-    def open(cls, directory: str | os.PathLike, segment_bytes: int = 1 << 30,
-             fsync: bool = False) -> "PartitionLog":
+    def open(
+        cls, directory: str | os.PathLike, segment_bytes: int = 1 << 30, fsync: bool = False
+    ) -> PartitionLog:
         """Open (creating if needed) the log in ``directory`` and recover a torn tail."""
         d = Path(directory)
         try:  # one listing instead of a glob and a stat per checkpoint file (brokers open
@@ -262,8 +279,10 @@ class PartitionLog:
             intact = seg.recover()
             plog._segments.append(seg)
             if not intact:
-                for rest in names[i + 1:]:
-                    log.warning("partition log %s: removing segment %s after a corrupt one", d, rest.name)
+                for rest in names[i + 1 :]:
+                    log.warning(
+                        "partition log %s: removing segment %s after a corrupt one", d, rest.name
+                    )
                     rest.unlink()
                 break
         if not plog._segments:
@@ -282,14 +301,16 @@ class PartitionLog:
                 if lines[0].strip() != "0":
                     raise ValueError(f"version {lines[0]!r}")
                 count = int(lines[1])
-                entries = lines[2: 2 + count]
+                entries = lines[2 : 2 + count]
                 if len(entries) != count:
                     raise ValueError(f"{len(entries)} entries, header says {count}")
                 for line in entries:
                     e, o = line.split()
                     self.epochs.append((int(e), int(o)))
             except (ValueError, IndexError):
-                log.warning("partition log %s: unreadable %s; discarding it", self.dir, LEADER_EPOCH_FILE)
+                log.warning(
+                    "partition log %s: unreadable %s; discarding it", self.dir, LEADER_EPOCH_FILE
+                )
                 self.epochs = []
         kept = [(e, o) for e, o in self.epochs if o <= end]
         if kept != self.epochs:
@@ -311,8 +332,11 @@ class PartitionLog:
     # ---- properties ---------------------------------------------------------------------
     @property
     def log_start_offset(self) -> int:
-        return self._segments[0].base_offset if not self._segments[0].batches else \
-            self._segments[0].batches[0].base_offset
+        return (
+            self._segments[0].base_offset
+            if not self._segments[0].batches
+            else self._segments[0].batches[0].base_offset
+        )
 
     @property
     def log_end_offset(self) -> int:
@@ -341,8 +365,16 @@ class PartitionLog:
             if leader_epoch is not None:
                 struct.pack_into(">i", buf, b.position + 12, leader_epoch)
             last = next_offset + (b.last_offset - b.base_offset)
-            rebased.append(BatchInfo(next_offset, last, b.position, b.size, b.max_timestamp,
-                                     leader_epoch if leader_epoch is not None else b.leader_epoch))
+            rebased.append(
+                BatchInfo(
+                    next_offset,
+                    last,
+                    b.position,
+                    b.size,
+                    b.max_timestamp,
+                    leader_epoch if leader_epoch is not None else b.leader_epoch,
+                )
+            )
             next_offset = last + 1
         if leader_epoch is not None and leader_epoch > self.latest_epoch:
             self.assign_epoch(leader_epoch, first)
@@ -361,16 +393,32 @@ class PartitionLog:
         if not keep:
             return end
         if keep[0].base_offset != end:
-            raise InvalidBatchError(f"fetched batch starts at {keep[0].base_offset}, log ends at {end}")
+            raise InvalidBatchError(
+                f"fetched batch starts at {keep[0].base_offset}, log ends at {end}"
+            )
         for prev, b in zip(keep, keep[1:]):
             if b.base_offset != prev.last_offset + 1:
-                raise InvalidBatchError(f"offset gap between {prev.last_offset} and {b.base_offset}")
+                raise InvalidBatchError(
+                    f"offset gap between {prev.last_offset} and {b.base_offset}"
+                )
         for b in keep:
             if b.leader_epoch > self.latest_epoch:
                 self.assign_epoch(b.leader_epoch, b.base_offset)
         start = keep[0].position
-        self._write(bytes(data[start:]), [BatchInfo(b.base_offset, b.last_offset, b.position - start,
-                                                    b.size, b.max_timestamp, b.leader_epoch) for b in keep])
+        self._write(
+            bytes(data[start:]),
+            [
+                BatchInfo(
+                    b.base_offset,
+                    b.last_offset,
+                    b.position - start,
+                    b.size,
+                    b.max_timestamp,
+                    b.leader_epoch,
+                )
+                for b in keep
+            ],
+        )
         return self.log_end_offset
 
     def _write(self, data: bytes, infos: list[BatchInfo]) -> None:
@@ -445,13 +493,17 @@ class PartitionLog:
         log.info("partition log %s: truncated to offset %d (log end %d)", self.dir, offset, end)
 
     # ---- reads --------------------------------------------------------------------------
-    def read(self, from_offset: int, max_bytes: int = 1 << 20, max_offset: int | None = None) -> bytes:
+    def read(
+        self, from_offset: int, max_bytes: int = 1 << 20, max_offset: int | None = None
+    ) -> bytes:
         """Raw batches starting with the one that contains ``from_offset`` (at least one batch
         even if larger than ``max_bytes``), only batches wholly below ``max_offset`` (e.g. the
         high watermark; default the log end). Empty at the end; ValueError if out of range."""
         if from_offset < self.log_start_offset or from_offset > self.log_end_offset:
-            raise ValueError(f"offset {from_offset} out of range "
-                             f"[{self.log_start_offset}, {self.log_end_offset}]")
+            raise ValueError(
+                f"offset {from_offset} out of range "
+                f"[{self.log_start_offset}, {self.log_end_offset}]"
+            )
         limit = self.log_end_offset if max_offset is None else max_offset
         i = max(0, bisect.bisect_right([s.base_offset for s in self._segments], from_offset) - 1)
         for seg in self._segments[i:]:

@@ -12,6 +12,7 @@ offset and partition leader epoch, both outside the CRC, are rewritten.
 changes leader (``NOT_LEADER_OR_FOLLOWER``), or ``timeout_ms`` passes (``REQUEST_TIMED_OUT``).
 If the ISR fell below ``min.insync.replicas`` meanwhile: ``NOT_ENOUGH_REPLICAS_AFTER_APPEND``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -20,9 +21,13 @@ import trio
 from kio.schema.errors import ErrorCode
 
 from broker.data_codec import (
-    FLEXIBLE_FROM, PartitionProduceResult, frame_raw_response, read_produce, write_produce_response,
+    FLEXIBLE_FROM,
+    PartitionProduceResult,
+    frame_raw_response,
+    read_produce,
+    write_produce_response,
 )
-from broker.kafka_codec import API_PRODUCE, Deferred, RequestHeader, Reader
+from broker.kafka_codec import API_PRODUCE, Deferred, Reader, RequestHeader
 from broker.partition import Partition
 from broker.partition_log import InvalidBatchError
 from broker.replica_manager import ReplicaManager
@@ -39,7 +44,9 @@ class ProduceHandler:
     async def produce(self, header: RequestHeader, reader: Reader) -> bytes | Deferred | None:
         req = read_produce(header.api_version, reader)
         results: list[tuple[str, list[PartitionProduceResult]]] = []
-        waiting: list[tuple[PartitionProduceResult, Partition, int, int]] = []  # result, part, epoch, end
+        waiting: list[
+            tuple[PartitionProduceResult, Partition, int, int]
+        ] = []  # result, part, epoch, end
         for name, parts in req.topics:
             out = []
             for pid, records in parts:
@@ -57,15 +64,21 @@ class ProduceHandler:
         async def complete() -> bytes:
             await self._await_replication(waiting, deadline)
             return self._respond(header, results)
+
         return Deferred(complete)
 
-    def _append(self, topic: str, pid: int, records: bytes | None,
-                acks: int) -> tuple[PartitionProduceResult, Partition | None, int]:
+    def _append(
+        self, topic: str, pid: int, records: bytes | None, acks: int
+    ) -> tuple[PartitionProduceResult, Partition | None, int]:
         """Validate and append one partition's batches: (result, the partition if appended,
         the high watermark that acknowledges them)."""
         part = self.replicas.get_by_name(topic, pid)
         if part is None:
-            code = ErrorCode.not_leader_or_follower if self.replicas.has_partition(topic, pid) else ErrorCode.unknown_topic_or_partition
+            code = (
+                ErrorCode.not_leader_or_follower
+                if self.replicas.has_partition(topic, pid)
+                else ErrorCode.unknown_topic_or_partition
+            )
             return PartitionProduceResult(pid, code.value), None, -1
         if not part.is_leader:
             return PartitionProduceResult(pid, ErrorCode.not_leader_or_follower.value), None, -1
@@ -73,20 +86,37 @@ class ProduceHandler:
             return PartitionProduceResult(pid, ErrorCode.invalid_required_acks.value), None, -1
         min_isr = self.replicas.min_insync_replicas(topic)
         if acks == -1 and len(part.isr) < min_isr:
-            return PartitionProduceResult(
-                pid, ErrorCode.not_enough_replicas.value,
-                error_message=f"ISR {list(part.isr)} is smaller than min.insync.replicas={min_isr}"), None, -1
+            return (
+                PartitionProduceResult(
+                    pid,
+                    ErrorCode.not_enough_replicas.value,
+                    error_message=f"ISR {list(part.isr)} is smaller than min.insync.replicas={min_isr}",
+                ),
+                None,
+                -1,
+            )
         if not records:
-            return PartitionProduceResult(pid, ErrorCode.corrupt_message.value, error_message="no records"), None, -1
+            return (
+                PartitionProduceResult(
+                    pid, ErrorCode.corrupt_message.value, error_message="no records"
+                ),
+                None,
+                -1,
+            )
         try:
             first, last = part.append_as_leader(records)
         except InvalidBatchError as e:
             log.warning("produce to %s-%d rejected: %s", topic, pid, e)
-            return PartitionProduceResult(pid, ErrorCode.corrupt_message.value, error_message=str(e)), None, -1
+            return (
+                PartitionProduceResult(pid, ErrorCode.corrupt_message.value, error_message=str(e)),
+                None,
+                -1,
+            )
         return PartitionProduceResult(pid, 0, first, part.log.log_start_offset), part, last + 1
 
-    async def _await_replication(self, waiting: list[tuple[PartitionProduceResult, Partition, int, int]],
-                                 deadline: float) -> None:
+    async def _await_replication(
+        self, waiting: list[tuple[PartitionProduceResult, Partition, int, int]], deadline: float
+    ) -> None:
         pending = list(waiting)
         while True:
             still = []
@@ -115,11 +145,14 @@ class ProduceHandler:
                 part.waiters.discard(event)
 
     @staticmethod
-    def _respond(header: RequestHeader, results: list[tuple[str, list[PartitionProduceResult]]]) -> bytes:
+    def _respond(
+        header: RequestHeader, results: list[tuple[str, list[PartitionProduceResult]]]
+    ) -> bytes:
         for _, parts in results:
             for p in parts:
                 if p.error_code != 0:
                     p.base_offset = p.log_start_offset = -1
         body = write_produce_response(header.api_version, results)
-        return frame_raw_response(header.correlation_id, body,
-                                  header.api_version >= FLEXIBLE_FROM[API_PRODUCE])
+        return frame_raw_response(
+            header.correlation_id, body, header.api_version >= FLEXIBLE_FROM[API_PRODUCE]
+        )

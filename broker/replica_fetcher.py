@@ -11,6 +11,7 @@ from our log end), appends what comes back with the leader's offsets and epochs,
 leader's high watermark. Epoch errors back off until the metadata brings the new epoch;
 connection errors reconnect with a short backoff.
 """
+
 from __future__ import annotations
 
 import logging
@@ -23,17 +24,31 @@ import trio
 from kio.schema.errors import ErrorCode
 
 from broker.data_codec import (
-    API_OFFSET_FOR_LEADER_EPOCH, FOLLOWER_EPOCH_VERSION, FOLLOWER_FETCH_VERSION, EpochRequest,
-    FetchPartition, FetchRequest, frame_request, read_fetch_response,
-    read_offset_for_leader_epoch_response, write_fetch_request, write_offset_for_leader_epoch_request,
+    API_OFFSET_FOR_LEADER_EPOCH,
+    FOLLOWER_EPOCH_VERSION,
+    FOLLOWER_FETCH_VERSION,
+    EpochRequest,
+    FetchPartition,
+    FetchRequest,
+    frame_request,
+    read_fetch_response,
+    read_offset_for_leader_epoch_response,
+    write_fetch_request,
+    write_offset_for_leader_epoch_request,
 )
 from broker.kafka_codec import API_FETCH, DecodeError, Reader
 from broker.partition import Partition
 from broker.partition_log import InvalidBatchError, PartitionLog
 
 log = logging.getLogger("broker.fetcher")
-_ERRORS = (OSError, trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError, DecodeError,
-           trio.TooSlowError)
+_ERRORS = (
+    OSError,
+    trio.BrokenResourceError,
+    trio.ClosedResourceError,
+    ConnectionError,
+    DecodeError,
+    trio.TooSlowError,
+)
 
 
 def truncation_offset(plog: PartitionLog, leader_epoch: int, leader_end: int) -> int:
@@ -59,7 +74,7 @@ class KafkaConnection:
         self._correlation = 0
 
     @classmethod
-    async def open(cls, host: str, port: int, client_id: str, timeout: float) -> "KafkaConnection":
+    async def open(cls, host: str, port: int, client_id: str, timeout: float) -> KafkaConnection:
         with trio.fail_after(timeout):
             return cls(await trio.open_tcp_stream(host, port), client_id)
 
@@ -67,11 +82,13 @@ class KafkaConnection:
         """Send one request; a reader positioned at the response body."""
         self._correlation += 1
         with trio.fail_after(timeout):
-            await self.stream.send_all(frame_request(api_key, version, self._correlation, self.client_id, body))
+            await self.stream.send_all(
+                frame_request(api_key, version, self._correlation, self.client_id, body)
+            )
             await self._fill(4)
             (size,) = struct.unpack_from(">i", self._buf)
             await self._fill(4 + size)
-        frame = bytes(self._buf[4: 4 + size])
+        frame = bytes(self._buf[4 : 4 + size])
         del self._buf[: 4 + size]
         r = Reader(frame)
         if r.int32() != self._correlation:
@@ -99,7 +116,7 @@ class _FetchState:
 class SourceFetcher:
     """Replicates the partitions this broker follows from one leader broker."""
 
-    def __init__(self, manager: "ReplicaFetcherManager", leader_id: int) -> None:
+    def __init__(self, manager: ReplicaFetcherManager, leader_id: int) -> None:
         self.manager = manager
         self.leader_id = leader_id
         self.states: dict[Partition, _FetchState] = {}
@@ -118,8 +135,12 @@ class SourceFetcher:
         self._changed.set()
 
     def _current(self, p: Partition, st: _FetchState) -> bool:
-        return (self.states.get(p) is st and p.role == "follower" and p.leader == self.leader_id
-                and p.leader_epoch == st.leader_epoch)
+        return (
+            self.states.get(p) is st
+            and p.role == "follower"
+            and p.leader == self.leader_id
+            and p.leader_epoch == st.leader_epoch
+        )
 
     async def run(self) -> None:
         m = self.manager
@@ -133,11 +154,17 @@ class SourceFetcher:
                             if addr is None:
                                 await self._idle(0.5)
                                 continue
-                            conn = await KafkaConnection.open(*addr, f"replica-fetcher-{m.broker_id}", m.timeout)
+                            conn = await KafkaConnection.open(
+                                *addr, f"replica-fetcher-{m.broker_id}", m.timeout
+                            )
                         if not await self._truncate(conn) and not await self._fetch(conn):
                             await self._idle(0.2)
                     except _ERRORS as e:
-                        log.info("fetcher for leader %d: %s; reconnecting", self.leader_id, e or type(e).__name__)
+                        log.info(
+                            "fetcher for leader %d: %s; reconnecting",
+                            self.leader_id,
+                            e or type(e).__name__,
+                        )
                         if conn is not None:
                             await conn.aclose()
                             conn = None
@@ -162,11 +189,17 @@ class SourceFetcher:
                 p.log.truncate_to(p.log.high_watermark)
                 st.truncate = False
             else:
-                asks.setdefault(p.topic, []).append((p.partition, st.leader_epoch, p.log.latest_epoch))
+                asks.setdefault(p.topic, []).append(
+                    (p.partition, st.leader_epoch, p.log.latest_epoch)
+                )
         if not asks:
             return False
-        body = write_offset_for_leader_epoch_request(EpochRequest(self.manager.broker_id, list(asks.items())))
-        r = await conn.request(API_OFFSET_FOR_LEADER_EPOCH, FOLLOWER_EPOCH_VERSION, body, self.manager.timeout)
+        body = write_offset_for_leader_epoch_request(
+            EpochRequest(self.manager.broker_id, list(asks.items()))
+        )
+        r = await conn.request(
+            API_OFFSET_FOR_LEADER_EPOCH, FOLLOWER_EPOCH_VERSION, body, self.manager.timeout
+        )
         by_key = {(p.topic, p.partition): (p, st) for p, st in todo}
         for name, parts in read_offset_for_leader_epoch_response(r):
             for pid, err, epoch, end in parts:
@@ -175,8 +208,13 @@ class SourceFetcher:
                     continue
                 if err:
                     st.retry_at = time.monotonic() + 0.2
-                    log.info("%s-%d: OffsetForLeaderEpoch from leader %d: error %d; retrying", name, pid,
-                             self.leader_id, err)
+                    log.info(
+                        "%s-%d: OffsetForLeaderEpoch from leader %d: error %d; retrying",
+                        name,
+                        pid,
+                        self.leader_id,
+                        err,
+                    )
                     continue
                 self._truncate_one(p, epoch, end)
                 st.truncate = False
@@ -186,8 +224,16 @@ class SourceFetcher:
         plog = p.log
         target = truncation_offset(plog, epoch, end)
         if target < plog.log_end_offset:
-            log.info("%s-%d: truncating from %d to %d (leader %d has epoch %d up to %d)", p.topic,
-                     p.partition, plog.log_end_offset, target, self.leader_id, epoch, end)
+            log.info(
+                "%s-%d: truncating from %d to %d (leader %d has epoch %d up to %d)",
+                p.topic,
+                p.partition,
+                plog.log_end_offset,
+                target,
+                self.leader_id,
+                epoch,
+                end,
+            )
             plog.truncate_to(target)
 
     async def _fetch(self, conn: KafkaConnection) -> bool:
@@ -199,11 +245,22 @@ class SourceFetcher:
             return False
         topics: dict[str, list[FetchPartition]] = {}
         for p, st in ready:
-            topics.setdefault(p.topic, []).append(FetchPartition(
-                p.partition, st.leader_epoch, p.log.log_end_offset, p.log.log_start_offset, m.partition_max_bytes))
+            topics.setdefault(p.topic, []).append(
+                FetchPartition(
+                    p.partition,
+                    st.leader_epoch,
+                    p.log.log_end_offset,
+                    p.log.log_start_offset,
+                    m.partition_max_bytes,
+                )
+            )
         req = FetchRequest(m.broker_id, m.max_wait_ms, 1, m.max_bytes, 0, list(topics.items()))
-        r = await conn.request(API_FETCH, FOLLOWER_FETCH_VERSION, write_fetch_request(req),
-                               m.timeout + m.max_wait_ms / 1000)
+        r = await conn.request(
+            API_FETCH,
+            FOLLOWER_FETCH_VERSION,
+            write_fetch_request(req),
+            m.timeout + m.max_wait_ms / 1000,
+        )
         error, results = read_fetch_response(FOLLOWER_FETCH_VERSION, r)
         by_key = {(p.topic, p.partition): (p, st) for p, st in ready}
         for name, parts in results:
@@ -219,8 +276,13 @@ class SourceFetcher:
             try:
                 p.append_as_follower(res.records or b"", res.high_watermark)
             except InvalidBatchError as e:
-                log.warning("%s-%d: bad data from leader %d (%s); re-truncating", p.topic, p.partition,
-                            self.leader_id, e)
+                log.warning(
+                    "%s-%d: bad data from leader %d (%s); re-truncating",
+                    p.topic,
+                    p.partition,
+                    self.leader_id,
+                    e,
+                )
                 st.truncate = True
             return
         if err == ErrorCode.offset_out_of_range.value:
@@ -232,8 +294,16 @@ class SourceFetcher:
 class ReplicaFetcherManager:
     """Publisher that keeps one :class:`SourceFetcher` per leader this broker follows."""
 
-    def __init__(self, replicas: Any, listener_name: str, *, max_wait_ms: int = 500,
-                 max_bytes: int = 16 << 20, partition_max_bytes: int = 4 << 20, timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        replicas: Any,
+        listener_name: str,
+        *,
+        max_wait_ms: int = 500,
+        max_bytes: int = 16 << 20,
+        partition_max_bytes: int = 4 << 20,
+        timeout: float = 10.0,
+    ) -> None:
         self.replicas = replicas
         self.broker_id = replicas.broker_id
         self.listener_name = listener_name
@@ -261,7 +331,9 @@ class ReplicaFetcherManager:
         reg = self._image.brokers.get(broker_id) if self._image is not None else None
         if reg is None or not reg.endpoints:
             return None
-        ep = next((e for e in reg.endpoints if e.get("name") == self.listener_name), reg.endpoints[0])
+        ep = next(
+            (e for e in reg.endpoints if e.get("name") == self.listener_name), reg.endpoints[0]
+        )
         return ep["host"], int(ep["port"])
 
     def _reconcile(self) -> None:

@@ -19,6 +19,7 @@ A registration whose leader epoch is older than the one this broker already acts
 with a state-change log line. Each partition directory holds ``partition.metadata`` with its
 topic id, so a directory left by a deleted topic of the same name is recognised as stray.
 """
+
 from __future__ import annotations
 
 import logging
@@ -65,9 +66,16 @@ def _read_topic_id(directory: Path) -> str | None:
 class ReplicaManager:
     """Owns the partition logs under ``log_dirs`` for broker ``broker_id``."""
 
-    def __init__(self, broker_id: int, log_dirs: list[Path], segment_bytes: int = 1 << 30,
-                 fsync: bool = False, *, replica_lag_time_max_ms: int = 30000,
-                 min_insync_replicas: int = 1) -> None:
+    def __init__(
+        self,
+        broker_id: int,
+        log_dirs: list[Path],
+        segment_bytes: int = 1 << 30,
+        fsync: bool = False,
+        *,
+        replica_lag_time_max_ms: int = 30000,
+        min_insync_replicas: int = 1,
+    ) -> None:
         self.broker_id = broker_id
         self.log_dirs = [Path(d) for d in log_dirs]
         self.segment_bytes = segment_bytes
@@ -103,13 +111,25 @@ class ReplicaManager:
         # topic creation of that size): then a summary at INFO and the lines at DEBUG.
         self._detail_level = logging.INFO if count <= DETAIL_LINES_MAX else logging.DEBUG
         if count > DETAIL_LINES_MAX:
-            log.info("broker %d: metadata offset %d: %d replicas deleted, %d become leader, %d become "
-                     "follower (one line each at DEBUG)", self.broker_id, image.offset,
-                     len(changes.deletes), len(changes.leaders), len(changes.followers))
+            log.info(
+                "broker %d: metadata offset %d: %d replicas deleted, %d become leader, %d become "
+                "follower (one line each at DEBUG)",
+                self.broker_id,
+                image.offset,
+                len(changes.deletes),
+                len(changes.leaders),
+                len(changes.followers),
+            )
         with batched_syncs():  # one filesystem sync for every checkpoint this delta writes
             for topic, topic_id, pid in changes.deletes:
-                self._delete(topic, topic_id, pid, reason="no longer a replica" if topic_id in
-                             image.topics_by_id else "topic deleted")
+                self._delete(
+                    topic,
+                    topic_id,
+                    pid,
+                    reason="no longer a replica"
+                    if topic_id in image.topics_by_id
+                    else "topic deleted",
+                )
             for (topic, pid), (topic_id, reg) in sorted(changes.leaders.items()):
                 self._become(topic, topic_id, pid, reg, "leader", image.offset)
             for (topic, pid), (topic_id, reg) in sorted(changes.followers.items()):
@@ -136,22 +156,42 @@ class ReplicaManager:
                 sub = d / name
                 topic, pid = parsed
                 tid = image.topics_by_name.get(topic)
-                owned = (tid is not None and (tid, pid) in self.partitions
-                         and self.partitions[(tid, pid)].log.dir == sub)
+                owned = (
+                    tid is not None
+                    and (tid, pid) in self.partitions
+                    and self.partitions[(tid, pid)].log.dir == sub
+                )
                 if not owned:
-                    log.warning("broker %d: removing stray partition directory %s (topic id on disk "
-                                "%s, in metadata %s)", self.broker_id, sub, _read_topic_id(sub), tid)
+                    log.warning(
+                        "broker %d: removing stray partition directory %s (topic id on disk "
+                        "%s, in metadata %s)",
+                        self.broker_id,
+                        sub,
+                        _read_topic_id(sub),
+                        tid,
+                    )
                     self._remove_dir(sub)
                     removed.append(sub)
         return removed
 
     # ---- transitions -----------------------------------------------------------------------
-    def _become(self, topic: str, topic_id: str, pid: int, reg: Any, role: str, offset: int) -> None:
+    def _become(
+        self, topic: str, topic_id: str, pid: int, reg: Any, role: str, offset: int
+    ) -> None:
         part = self.partitions.get((topic_id, pid))
         if part is not None and reg.leader_epoch < part.leader_epoch:
-            log.info("broker %d: ignoring stale %s registration for %s-%d (topic id %s): leader "
-                     "epoch %d < current %d (metadata offset %d)", self.broker_id, role, topic, pid,
-                     topic_id, reg.leader_epoch, part.leader_epoch, offset)
+            log.info(
+                "broker %d: ignoring stale %s registration for %s-%d (topic id %s): leader "
+                "epoch %d < current %d (metadata offset %d)",
+                self.broker_id,
+                role,
+                topic,
+                pid,
+                topic_id,
+                reg.leader_epoch,
+                part.leader_epoch,
+                offset,
+            )
             return
         if part is None:
             part = Partition(topic, topic_id, pid, self._open_log(topic, topic_id, pid))
@@ -176,10 +216,23 @@ class ReplicaManager:
         else:
             part.followers = {}
         part.wake()
-        log.log(self._detail_level, "broker %d: %s-%d (topic id %s) -> %s, leader %d, leader epoch "
-                "%d, partition epoch %d, isr %s, high watermark %d, log end %d (metadata offset %d)",
-                self.broker_id, topic, pid, topic_id, role, reg.leader, reg.leader_epoch,
-                reg.partition_epoch, list(part.isr), plog.high_watermark, plog.log_end_offset, offset)
+        log.log(
+            self._detail_level,
+            "broker %d: %s-%d (topic id %s) -> %s, leader %d, leader epoch "
+            "%d, partition epoch %d, isr %s, high watermark %d, log end %d (metadata offset %d)",
+            self.broker_id,
+            topic,
+            pid,
+            topic_id,
+            role,
+            reg.leader,
+            reg.leader_epoch,
+            reg.partition_epoch,
+            list(part.isr),
+            plog.high_watermark,
+            plog.log_end_offset,
+            offset,
+        )
 
     def _delete(self, topic: str, topic_id: str, pid: int, reason: str) -> None:
         part = self.partitions.pop((topic_id, pid), None)
@@ -195,8 +248,16 @@ class ReplicaManager:
             if directory is None or _read_topic_id(directory) not in (None, topic_id):
                 return
         self._remove_dir(directory)
-        log.log(self._detail_level, "broker %d: deleted replica %s-%d (topic id %s): %s; removed %s",
-                self.broker_id, topic, pid, topic_id, reason, directory)
+        log.log(
+            self._detail_level,
+            "broker %d: deleted replica %s-%d (topic id %s): %s; removed %s",
+            self.broker_id,
+            topic,
+            pid,
+            topic_id,
+            reason,
+            directory,
+        )
 
     # ---- logs on disk ----------------------------------------------------------------------
     def _dirs_listing(self) -> dict[Path, set[str]]:
@@ -219,8 +280,13 @@ class ReplicaManager:
         directory = self._existing_dir(topic, pid)
         on_disk = None if directory is None else _read_topic_id(directory)
         if on_disk not in (None, topic_id):
-            log.warning("broker %d: %s belongs to an older topic id %s; removing it for %s",
-                        self.broker_id, directory, on_disk, topic_id)
+            log.warning(
+                "broker %d: %s belongs to an older topic id %s; removing it for %s",
+                self.broker_id,
+                directory,
+                on_disk,
+                topic_id,
+            )
             self._remove_dir(directory)  # type: ignore[arg-type]
             directory = None
         if directory is None:  # the log dir holding the fewest of our partitions
@@ -230,8 +296,9 @@ class ReplicaManager:
         plog = PartitionLog.open(directory, self.segment_bytes, self.fsync)
         self._dirs_listing().setdefault(directory.parent, set()).add(directory.name)
         if on_disk is None:  # a new directory, or one whose metadata file is missing
-            write_small_file(directory / PARTITION_METADATA,
-                             f"version: 0\ntopic_id: {topic_id}\n".encode())
+            write_small_file(
+                directory / PARTITION_METADATA, f"version: 0\ntopic_id: {topic_id}\n".encode()
+            )
         return plog
 
     # ---- queries ---------------------------------------------------------------------------
@@ -248,7 +315,11 @@ class ReplicaManager:
 
     def min_insync_replicas(self, topic: str) -> int:
         """The topic's ``min.insync.replicas`` (else the broker default)."""
-        value = self.image.config(RESOURCE_TOPIC, topic).get("min.insync.replicas") if self.image else None
+        value = (
+            self.image.config(RESOURCE_TOPIC, topic).get("min.insync.replicas")
+            if self.image
+            else None
+        )
         return int(value) if value is not None else self.default_min_insync_replicas
 
     def propose_isr(self, part: Partition, isr: tuple[int, ...], reason: str) -> None:
@@ -267,8 +338,10 @@ class ReplicaManager:
             self.checkpoint_high_watermarks()
 
     def describe(self) -> list[dict[str, Any]]:
-        return [self.partitions[k].describe() for k in sorted(
-            self.partitions, key=lambda k: (self.partitions[k].topic, k[1]))]
+        return [
+            self.partitions[k].describe()
+            for k in sorted(self.partitions, key=lambda k: (self.partitions[k].topic, k[1]))
+        ]
 
     def close(self) -> None:
         for part in self.partitions.values():

@@ -12,12 +12,14 @@ Protocol (plain TCP, independent of Kafka's): the client sends one line of JSON
 An unknown api gets ``{"error": "..."}``. :func:`describe` is the client (used by
 ``kraft broker-state``); :func:`snapshot_state` builds the dict inside the broker.
 """
+
 from __future__ import annotations
 
 import json
 import logging
 import socket
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import trio
 
@@ -43,8 +45,13 @@ def snapshot_state(broker: Any) -> dict[str, Any]:
     }
 
 
-async def serve_state(host: str, port: int, state: Callable[[], dict[str, Any]], *,
-                      task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED) -> None:
+async def serve_state(
+    host: str,
+    port: int,
+    state: Callable[[], dict[str, Any]],
+    *,
+    task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED,
+) -> None:
     """Serve the JSON-line endpoint until cancelled; ``task_status`` gets the bound port."""
     listeners = await trio.open_tcp_listeners(port, host=host)
     bound = listeners[0].socket.getsockname()[1]
@@ -68,7 +75,9 @@ async def serve_state(host: str, port: int, state: Callable[[], dict[str, Any]],
             if api == "DescribeBroker":
                 out = state()
             else:
-                out = {"error": f"unsupported request {buf[:100]!r}; send {{\"api\": \"DescribeBroker\"}}"}
+                out = {
+                    "error": f'unsupported request {buf[:100]!r}; send {{"api": "DescribeBroker"}}'
+                }
             try:
                 await stream.send_all(json.dumps(out).encode() + b"\n")
             except (trio.BrokenResourceError, trio.ClosedResourceError):

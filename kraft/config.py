@@ -5,13 +5,15 @@ Kafka has the setting (``node.id``, ``controller.quorum.voters``, ``broker.sessi
 ...). Unknown keys are refused with a clear error rather than ignored, so a typo never silently
 falls back to a default.
 """
+
 from __future__ import annotations
 
 import ipaddress
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from kraft.rpc.auth import AuthError, ClientCredentials, CredentialStore
 
@@ -34,7 +36,7 @@ def load_properties(path: str | os.PathLike) -> dict[str, str]:
         sep = min((i for i in (line.find("="), line.find(":")) if i >= 0), default=-1)
         if sep <= 0:
             raise ConfigError(f"{path}:{lineno}: expected key=value, got {raw!r}")
-        props[line[:sep].strip()] = line[sep + 1:].strip()
+        props[line[:sep].strip()] = line[sep + 1 :].strip()
     return props
 
 
@@ -129,90 +131,229 @@ _COMMON = [
 ]
 
 CONTROLLER_SETTINGS = _COMMON + [
-    Setting("controller.quorum.voters", str, None, "id@host:port of every controller's RPC endpoint"),
-    Setting("controller.quorum.raft.voters", str, None, "id@host:port of every controller's Raft (PySyncObj) endpoint"),
-    Setting("metadata.log.dir", str, None, "where the Raft journal, metadata log and snapshots live"),
-    Setting("metadata.log.segment.bytes", int, 16 * 1024 * 1024, "roll a metadata log segment at this size"),
-    Setting("metadata.log.fsync", _choice("always", "never"), "always",
-            "always: a command is in the Raft journal on disk on a majority before it is "
-            "acknowledged; never: faster, loses acknowledged writes on power loss"),
-    Setting("metadata.log.flush.interval.ms", _positive, 100,
-            "how often the metadata log (derived from the Raft journal, re-derived from it after "
-            "a power loss) is synced; also synced before every snapshot"),
-    Setting("metadata.log.max.record.bytes.between.snapshots", int, 20 * 1024 * 1024,
-            "write a snapshot after this much new log"),
-    Setting("metadata.max.retention.ms", int, -1,
-            "delete metadata log segments older than this once a snapshot covers them "
-            "(-1: keep the whole history, the default)"),
-    Setting("metadata.max.retention.bytes", int, -1,
-            "delete the oldest metadata log segments covered by a snapshot while the log is "
-            "larger than this (-1: no limit, the default)"),
-    Setting("metadata.log.max.snapshot.interval.ms", int, 3_600_000,
-            "write a snapshot at least this often when there are new records (0 = never by time)"),
-    Setting("metadata.max.idle.interval.ms", int, 0,
-            "write a NoOp record after this long without writes (0 = never; Kafka uses 500)"),
+    Setting(
+        "controller.quorum.voters", str, None, "id@host:port of every controller's RPC endpoint"
+    ),
+    Setting(
+        "controller.quorum.raft.voters",
+        str,
+        None,
+        "id@host:port of every controller's Raft (PySyncObj) endpoint",
+    ),
+    Setting(
+        "metadata.log.dir", str, None, "where the Raft journal, metadata log and snapshots live"
+    ),
+    Setting(
+        "metadata.log.segment.bytes",
+        int,
+        16 * 1024 * 1024,
+        "roll a metadata log segment at this size",
+    ),
+    Setting(
+        "metadata.log.fsync",
+        _choice("always", "never"),
+        "always",
+        "always: a command is in the Raft journal on disk on a majority before it is "
+        "acknowledged; never: faster, loses acknowledged writes on power loss",
+    ),
+    Setting(
+        "metadata.log.flush.interval.ms",
+        _positive,
+        100,
+        "how often the metadata log (derived from the Raft journal, re-derived from it after "
+        "a power loss) is synced; also synced before every snapshot",
+    ),
+    Setting(
+        "metadata.log.max.record.bytes.between.snapshots",
+        int,
+        20 * 1024 * 1024,
+        "write a snapshot after this much new log",
+    ),
+    Setting(
+        "metadata.max.retention.ms",
+        int,
+        -1,
+        "delete metadata log segments older than this once a snapshot covers them "
+        "(-1: keep the whole history, the default)",
+    ),
+    Setting(
+        "metadata.max.retention.bytes",
+        int,
+        -1,
+        "delete the oldest metadata log segments covered by a snapshot while the log is "
+        "larger than this (-1: no limit, the default)",
+    ),
+    Setting(
+        "metadata.log.max.snapshot.interval.ms",
+        int,
+        3_600_000,
+        "write a snapshot at least this often when there are new records (0 = never by time)",
+    ),
+    Setting(
+        "metadata.max.idle.interval.ms",
+        int,
+        0,
+        "write a NoOp record after this long without writes (0 = never; Kafka uses 500)",
+    ),
     Setting("num.partitions", int, 1, "partitions of a topic created without a count"),
-    Setting("default.replication.factor", int, 1, "replication factor of a topic created without one"),
+    Setting(
+        "default.replication.factor", int, 1, "replication factor of a topic created without one"
+    ),
     Setting("controller.quorum.election.timeout.ms", int, 1000, "Raft election timeout (max)"),
-    Setting("controller.quorum.fetch.timeout.ms", int, 2500,
-            "a leader that hears from no majority this long steps down"),
+    Setting(
+        "controller.quorum.fetch.timeout.ms",
+        int,
+        2500,
+        "a leader that hears from no majority this long steps down",
+    ),
     Setting("controller.rpc.max.frame.bytes", int, 8 * 1024 * 1024, "largest RPC frame accepted"),
-    Setting("controller.rpc.max.connections", int, 1024, "RPC connections beyond this are closed at once"),
-    Setting("controller.rpc.io.timeout.ms", int, 10_000, "an RPC frame must arrive, a response be "
-            "taken, and (with auth) a connection authenticate within this"),
+    Setting(
+        "controller.rpc.max.connections",
+        int,
+        1024,
+        "RPC connections beyond this are closed at once",
+    ),
+    Setting(
+        "controller.rpc.io.timeout.ms",
+        int,
+        10_000,
+        "an RPC frame must arrive, a response be "
+        "taken, and (with auth) a connection authenticate within this",
+    ),
     Setting("controller.rpc.idle.timeout.ms", int, 600_000, "close RPC connections idle this long"),
-    Setting("controller.rpc.max.buffered.bytes", int, 256 * 1024 * 1024, "incomplete RPC frames of all "
-            "connections together may hold this much memory; the connection going over is closed"),
-    Setting("controller.rpc.auth.credentials.file", str, "", "users allowed to call the controller "
-            "RPC (name:pbkdf2_sha256$... lines); empty = no authentication"),
-    Setting(_CLIENT_CREDENTIALS, str, "", "this node's own RPC credentials (username=/password= "
-            "lines); required on controllers when controller.rpc.auth.credentials.file is set"),
-    Setting("controller.raft.secret.file", str, "", "file holding the Raft cluster secret "
-            "(or env KRAFT_RAFT_SECRET); required when Raft binds to a non-loopback address"),
-    Setting("raft.compaction.min.entries", int, 100_000, "compact PySyncObj's journal after this many entries"),
-    Setting("metadata.fetch.snapshot.min.lag.records", int, 100_000,
-            "a broker fetching this many records or more before the newest snapshot's end is told to "
-            "load that snapshot instead of replaying the log (-1: only when the log no longer holds "
-            "its offset)"),
-    Setting("metadata.fetch.linger.ms", int, 20,
-            "after an entry is applied, brokers' waiting FetchMetadata long-polls are answered this "
-            "much later, so one answer carries every entry applied meanwhile (0 = at once)"),
-    Setting("controller.group.commit.fill.ms", int, 2,
-            "when a group of commands commits, the next group waits up to this long for the "
-            "writers just answered to send again, so it carries them too (fewer Raft entries and "
-            "journal syncs under concurrent load; a sequential writer never waits; 0 = send at once)"),
+    Setting(
+        "controller.rpc.max.buffered.bytes",
+        int,
+        256 * 1024 * 1024,
+        "incomplete RPC frames of all "
+        "connections together may hold this much memory; the connection going over is closed",
+    ),
+    Setting(
+        "controller.rpc.auth.credentials.file",
+        str,
+        "",
+        "users allowed to call the controller "
+        "RPC (name:pbkdf2_sha256$... lines); empty = no authentication",
+    ),
+    Setting(
+        _CLIENT_CREDENTIALS,
+        str,
+        "",
+        "this node's own RPC credentials (username=/password= "
+        "lines); required on controllers when controller.rpc.auth.credentials.file is set",
+    ),
+    Setting(
+        "controller.raft.secret.file",
+        str,
+        "",
+        "file holding the Raft cluster secret "
+        "(or env KRAFT_RAFT_SECRET); required when Raft binds to a non-loopback address",
+    ),
+    Setting(
+        "raft.compaction.min.entries",
+        int,
+        100_000,
+        "compact PySyncObj's journal after this many entries",
+    ),
+    Setting(
+        "metadata.fetch.snapshot.min.lag.records",
+        int,
+        100_000,
+        "a broker fetching this many records or more before the newest snapshot's end is told to "
+        "load that snapshot instead of replaying the log (-1: only when the log no longer holds "
+        "its offset)",
+    ),
+    Setting(
+        "metadata.fetch.linger.ms",
+        int,
+        20,
+        "after an entry is applied, brokers' waiting FetchMetadata long-polls are answered this "
+        "much later, so one answer carries every entry applied meanwhile (0 = at once)",
+    ),
+    Setting(
+        "controller.group.commit.fill.ms",
+        int,
+        2,
+        "when a group of commands commits, the next group waits up to this long for the "
+        "writers just answered to send again, so it carries them too (fewer Raft entries and "
+        "journal syncs under concurrent load; a sequential writer never waits; 0 = send at once)",
+    ),
 ]
 
 BROKER_SETTINGS = _COMMON + [
     Setting("broker.rack", str, "", "rack of this broker (rack-aware placement)"),
-    Setting("listeners", str, "PLAINTEXT://127.0.0.1:9092", "Kafka listeners NAME://host:port,... "
-            "(NAME is the security protocol, or mapped by listener.security.protocol.map)"),
-    Setting("advertised.listeners", str, "", "what clients are told to connect to (default: listeners)"),
+    Setting(
+        "listeners",
+        str,
+        "PLAINTEXT://127.0.0.1:9092",
+        "Kafka listeners NAME://host:port,... "
+        "(NAME is the security protocol, or mapped by listener.security.protocol.map)",
+    ),
+    Setting(
+        "advertised.listeners", str, "", "what clients are told to connect to (default: listeners)"
+    ),
     Setting("log.dirs", str, None, "where partition logs live (comma-separated)"),
-    Setting("controller.quorum.bootstrap.servers", str, None, "host:port,... of the controllers' RPC endpoints"),
+    Setting(
+        "controller.quorum.bootstrap.servers",
+        str,
+        None,
+        "host:port,... of the controllers' RPC endpoints",
+    ),
     Setting("broker.admin.port", int, 0, "broker admin/state endpoint (0 = listener port + 1000)"),
-    Setting("initial.broker.registration.timeout.ms", int, 60000, "give up if not registered by then"),
+    Setting(
+        "initial.broker.registration.timeout.ms", int, 60000, "give up if not registered by then"
+    ),
     Setting("replica.lag.time.max.ms", int, 30000, "a follower lagging this long leaves the ISR"),
     Setting("replica.fetch.wait.max.ms", int, 500, "follower fetch long-poll"),
     Setting("min.insync.replicas", int, 1, "default min.insync.replicas for topics without one"),
-    Setting("connections.max.idle.ms", int, 600_000, "close a Kafka connection with no request "
-            "started for this long"),
-    Setting("request.read.timeout.ms", int, 30_000, "a started Kafka request must arrive whole "
-            "within this (slow senders are closed)"),
+    Setting(
+        "connections.max.idle.ms",
+        int,
+        600_000,
+        "close a Kafka connection with no request started for this long",
+    ),
+    Setting(
+        "request.read.timeout.ms",
+        int,
+        30_000,
+        "a started Kafka request must arrive whole within this (slow senders are closed)",
+    ),
     Setting("max.connections", int, 10_000, "Kafka connections per listener; more are refused"),
-    Setting("inter.broker.listener.name", str, "", "the listener followers fetch from "
-            "(default: the first of listeners)"),
-    Setting("listener.security.protocol.map", str, "", "NAME:PROTOCOL,... for listeners not named "
-            "after their protocol (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL)"),
-    Setting("ssl.certificate.location", str, "", "PEM certificate chain of an SSL/SASL_SSL listener"),
+    Setting(
+        "inter.broker.listener.name",
+        str,
+        "",
+        "the listener followers fetch from (default: the first of listeners)",
+    ),
+    Setting(
+        "listener.security.protocol.map",
+        str,
+        "",
+        "NAME:PROTOCOL,... for listeners not named "
+        "after their protocol (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL)",
+    ),
+    Setting(
+        "ssl.certificate.location", str, "", "PEM certificate chain of an SSL/SASL_SSL listener"
+    ),
     Setting("ssl.key.location", str, "", "PEM private key of an SSL/SASL_SSL listener"),
     Setting("ssl.client.auth", str, "none", "none | requested | required (mutual TLS)"),
     Setting("ssl.ca.location", str, "", "PEM CA certificates that sign client certificates"),
-    Setting("sasl.enabled.mechanisms", str, "PLAIN", "SASL mechanisms of a SASL_* listener (PLAIN only)"),
-    Setting("sasl.plain.users.file", str, "", "hashed SASL/PLAIN users (python -m kraft.rpc.auth "
-            "add-user FILE NAME)"),
-    Setting(_CLIENT_CREDENTIALS, str, "", "RPC credentials file (username=/password= lines) for "
-            "controllers that require authentication"),
+    Setting(
+        "sasl.enabled.mechanisms", str, "PLAIN", "SASL mechanisms of a SASL_* listener (PLAIN only)"
+    ),
+    Setting(
+        "sasl.plain.users.file",
+        str,
+        "",
+        "hashed SASL/PLAIN users (python -m kraft.rpc.auth add-user FILE NAME)",
+    ),
+    Setting(
+        _CLIENT_CREDENTIALS,
+        str,
+        "",
+        "RPC credentials file (username=/password= lines) for "
+        "controllers that require authentication",
+    ),
 ]
 
 
@@ -250,26 +391,36 @@ class ControllerConfig:
     rpc_client_credentials: ClientCredentials | None = field(default=None, repr=False)
 
     @classmethod
-    def from_properties(cls, props: dict[str, str], env: dict[str, str] | None = None) -> "ControllerConfig":
+    def from_properties(
+        cls, props: dict[str, str], env: dict[str, str] | None = None
+    ) -> ControllerConfig:
         v = _resolve(props, CONTROLLER_SETTINGS, "controller")
         if v["process.roles"] != "controller":
             raise ConfigError("process.roles must be 'controller' for a controller node")
         rpc = parse_voters(v["controller.quorum.voters"], "controller.quorum.voters")
         raft = parse_voters(v["controller.quorum.raft.voters"], "controller.quorum.raft.voters")
         if set(rpc) != set(raft):
-            raise ConfigError("controller.quorum.voters and controller.quorum.raft.voters name different ids")
+            raise ConfigError(
+                "controller.quorum.voters and controller.quorum.raft.voters name different ids"
+            )
         if not 0 <= v["metadata.fetch.linger.ms"] <= 1000:
             raise ConfigError("metadata.fetch.linger.ms must be between 0 and 1000")
         if not 0 <= v["controller.group.commit.fill.ms"] <= 100:
             raise ConfigError("controller.group.commit.fill.ms must be between 0 and 100")
         if v["node.id"] not in rpc:
-            raise ConfigError(f"node.id {v['node.id']} is not among controller.quorum.voters {sorted(rpc)}")
-        secret = _read_secret(v["controller.raft.secret.file"], env if env is not None else os.environ)
+            raise ConfigError(
+                f"node.id {v['node.id']} is not among controller.quorum.voters {sorted(rpc)}"
+            )
+        secret = _read_secret(
+            v["controller.raft.secret.file"], env if env is not None else os.environ
+        )
         off_loopback = sorted(f"{h}:{p}" for h, p in raft.values() if not is_loopback(h))
         if secret is None and off_loopback:
-            raise ConfigError(f"controller.quorum.raft.voters: {', '.join(off_loopback)} is not a loopback "
-                              "address, so the Raft port needs the cluster secret (PySyncObj peers exchange "
-                              "pickles): set controller.raft.secret.file or KRAFT_RAFT_SECRET")
+            raise ConfigError(
+                f"controller.quorum.raft.voters: {', '.join(off_loopback)} is not a loopback "
+                "address, so the Raft port needs the cluster secret (PySyncObj peers exchange "
+                "pickles): set controller.raft.secret.file or KRAFT_RAFT_SECRET"
+            )
         store = None
         if v["controller.rpc.auth.credentials.file"]:
             try:
@@ -277,13 +428,24 @@ class ControllerConfig:
             except AuthError as e:
                 raise ConfigError(f"controller.rpc.auth.credentials.file: {e}") from None
             if not v[_CLIENT_CREDENTIALS]:
-                raise ConfigError(f"{_CLIENT_CREDENTIALS} is required when controller.rpc.auth.credentials.file "
-                                  "is set: controllers call each other's RPC")
-        return cls(v, v["node.id"], v["cluster.id"], rpc, raft, Path(v["metadata.log.dir"]), secret, store,
-                   _client_credentials(v[_CLIENT_CREDENTIALS]))
+                raise ConfigError(
+                    f"{_CLIENT_CREDENTIALS} is required when controller.rpc.auth.credentials.file "
+                    "is set: controllers call each other's RPC"
+                )
+        return cls(
+            v,
+            v["node.id"],
+            v["cluster.id"],
+            rpc,
+            raft,
+            Path(v["metadata.log.dir"]),
+            secret,
+            store,
+            _client_credentials(v[_CLIENT_CREDENTIALS]),
+        )
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "ControllerConfig":
+    def load(cls, path: str | os.PathLike) -> ControllerConfig:
         return cls.from_properties(load_properties(path))
 
     def __getitem__(self, key: str) -> Any:
@@ -309,37 +471,58 @@ class BrokerConfig:
     advertised_listeners: tuple[tuple[str, str, int], ...] = ()
 
     @classmethod
-    def from_properties(cls, props: dict[str, str]) -> "BrokerConfig":
+    def from_properties(cls, props: dict[str, str]) -> BrokerConfig:
         v = _resolve(props, BROKER_SETTINGS, "broker")
         if v["process.roles"] != "broker":
             raise ConfigError("process.roles must be 'broker' for a broker node")
-        listeners = tuple(parse_listener(x.strip(), "listeners") for x in v["listeners"].split(",") if x.strip())
+        listeners = tuple(
+            parse_listener(x.strip(), "listeners") for x in v["listeners"].split(",") if x.strip()
+        )
         if not listeners:
             raise ConfigError("listeners: no listener given")
         names = [n for n, _, _ in listeners]
         if len(set(names)) != len(names):
             raise ConfigError(f"listeners: names must be unique, got {names}")
-        given = {n: (n, h, p) for n, h, p in (parse_listener(x.strip(), "advertised.listeners")
-                                              for x in v["advertised.listeners"].split(",") if x.strip())}
+        given = {
+            n: (n, h, p)
+            for n, h, p in (
+                parse_listener(x.strip(), "advertised.listeners")
+                for x in v["advertised.listeners"].split(",")
+                if x.strip()
+            )
+        }
         unknown = sorted(set(given) - set(names))
         if unknown:
             raise ConfigError(f"advertised.listeners: {unknown} are not in listeners {names}")
         advertised_all = tuple(given.get(n, (n, h, p)) for n, h, p in listeners)
         inter = v["inter.broker.listener.name"]
         if inter and inter not in names:
-            raise ConfigError(f"inter.broker.listener.name: {inter!r} is not one of the listeners {names}")
+            raise ConfigError(
+                f"inter.broker.listener.name: {inter!r} is not one of the listeners {names}"
+            )
         listener, advertised = listeners[0], advertised_all[0]
         log_dirs = [Path(p.strip()) for p in v["log.dirs"].split(",") if p.strip()]
         if not log_dirs:
             raise ConfigError("log.dirs: no directory given")
-        bootstrap = parse_hostports(v["controller.quorum.bootstrap.servers"],
-                                    "controller.quorum.bootstrap.servers")
-        return cls(v, v["node.id"], v["cluster.id"], listener, advertised, log_dirs, bootstrap,
-                   v["broker.rack"] or None, _client_credentials(v[_CLIENT_CREDENTIALS]),
-                   listeners, advertised_all)
+        bootstrap = parse_hostports(
+            v["controller.quorum.bootstrap.servers"], "controller.quorum.bootstrap.servers"
+        )
+        return cls(
+            v,
+            v["node.id"],
+            v["cluster.id"],
+            listener,
+            advertised,
+            log_dirs,
+            bootstrap,
+            v["broker.rack"] or None,
+            _client_credentials(v[_CLIENT_CREDENTIALS]),
+            listeners,
+            advertised_all,
+        )
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "BrokerConfig":
+    def load(cls, path: str | os.PathLike) -> BrokerConfig:
         return cls.from_properties(load_properties(path))
 
     def __getitem__(self, key: str) -> Any:
@@ -351,7 +534,9 @@ def _read_secret(path: str, env: dict[str, str]) -> str | None:
         try:
             secret = Path(path).read_text(encoding="utf-8").strip()
         except OSError as e:
-            raise ConfigError(f"controller.raft.secret.file: cannot read {path}: {e.strerror}") from None
+            raise ConfigError(
+                f"controller.raft.secret.file: cannot read {path}: {e.strerror}"
+            ) from None
         if not secret:
             raise ConfigError(f"controller.raft.secret.file: {path} is empty")
         return secret

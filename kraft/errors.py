@@ -4,6 +4,7 @@ Errors are values (a name + a message) at every boundary — RPC responses, CLI 
 :class:`KraftError` inside the code. Codes are Kafka's own so that the broker can hand them
 straight to Kafka clients.
 """
+
 from __future__ import annotations
 
 from enum import IntEnum
@@ -76,7 +77,11 @@ class KraftError(Exception):
         self.message = message
 
     def to_dict(self) -> dict:
-        return {"error_code": int(self.code), "error": self.code.name, "error_message": self.message}
+        return {
+            "error_code": int(self.code),
+            "error": self.code.name,
+            "error_message": self.message,
+        }
 
 
 def error_name(code: int) -> str:

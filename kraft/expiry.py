@@ -6,12 +6,14 @@ controller's CPU. :class:`Expiry` keeps the waiters' deadlines in one heap serve
 system task that sleeps until the earliest deadline of a waiter still waiting; a waiter
 settled before its deadline is dropped when it reaches the top of the heap.
 """
+
 from __future__ import annotations
 
 import heapq
 import itertools
 import math
-from typing import Callable, Generic, Protocol, TypeVar
+from collections.abc import Callable
+from typing import Generic, Protocol, TypeVar
 
 import trio
 

@@ -9,6 +9,7 @@ records (and when asked). Later collections then only walk what was allocated si
 objects are still freed by reference counting; only a cycle formed among objects that were alive
 at a freeze is never reclaimed, which is why freezes follow image growth, not a timer.
 """
+
 from __future__ import annotations
 
 import gc

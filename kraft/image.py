@@ -13,16 +13,18 @@ on a record that does not fit), and :meth:`MetadataDelta.apply` builds the next 
 Every mapping held by an image is read-only by convention (plain dicts for speed): never mutate
 one. Replay rules follow Kafka's (kraft-reference §3, §5, §8).
 """
+
 from __future__ import annotations
 
 import gc
 import hashlib
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from functools import partial
 from itertools import groupby
 from operator import attrgetter, itemgetter
-from dataclasses import dataclass, field, replace
-from typing import Any, Callable, ClassVar, Iterable, Iterator, Mapping, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import msgpack
 
@@ -99,14 +101,29 @@ class BrokerRegistration:
         return not self.fenced and not self.in_controlled_shutdown
 
     @classmethod
-    def from_record(cls, r: RegisterBrokerRecord) -> "BrokerRegistration":
-        return cls(r.broker_id, r.incarnation_id, r.broker_epoch, r.endpoints, r.features, r.rack,
-                   r.fenced, r.in_controlled_shutdown)
+    def from_record(cls, r: RegisterBrokerRecord) -> BrokerRegistration:
+        return cls(
+            r.broker_id,
+            r.incarnation_id,
+            r.broker_epoch,
+            r.endpoints,
+            r.features,
+            r.rack,
+            r.fenced,
+            r.in_controlled_shutdown,
+        )
 
     def to_record(self) -> RegisterBrokerRecord:
-        return RegisterBrokerRecord(self.broker_id, self.incarnation_id, self.epoch, self.endpoints,
-                                    self.features, self.rack, self.fenced,
-                                    self.in_controlled_shutdown)
+        return RegisterBrokerRecord(
+            self.broker_id,
+            self.incarnation_id,
+            self.epoch,
+            self.endpoints,
+            self.features,
+            self.rack,
+            self.fenced,
+            self.in_controlled_shutdown,
+        )
 
 
 class PartitionRegistration(NamedTuple):
@@ -126,7 +143,7 @@ class PartitionRegistration(NamedTuple):
     partition_epoch: int
 
     @classmethod
-    def from_record(cls, r: PartitionRecord) -> "PartitionRegistration":
+    def from_record(cls, r: PartitionRecord) -> PartitionRegistration:
         return _new_registration(_partition_record_values(r))
 
     def to_record(self, topic_id: str, partition_id: int) -> PartitionRecord:
@@ -141,7 +158,7 @@ class PartitionRegistration(NamedTuple):
         """replicas[0], or LEADER_NONE for a partition without replicas."""
         return self.replicas[0] if self.replicas else LEADER_NONE
 
-    def merge(self, change: PartitionChangeRecord) -> "PartitionRegistration":
+    def merge(self, change: PartitionChangeRecord) -> PartitionRegistration:
         """The registration after ``change``: unchanged fields stay, partition epoch + 1 always,
         leader epoch + 1 iff the change sets the leader (even to the same broker)."""
         replicas, isr, removing, adding, leader, recovery, leader_epoch, partition_epoch = self
@@ -149,16 +166,24 @@ class PartitionRegistration(NamedTuple):
             leader, leader_epoch = change.leader, leader_epoch + 1
         if change.leader_recovery_state != RECOVERY_UNCHANGED:
             recovery = change.leader_recovery_state
-        return _new_registration((
-            replicas if change.replicas is None else change.replicas,
-            isr if change.isr is None else change.isr,
-            removing if change.removing_replicas is None else change.removing_replicas,
-            adding if change.adding_replicas is None else change.adding_replicas,
-            leader, recovery, leader_epoch, partition_epoch + 1))
+        return _new_registration(
+            (
+                replicas if change.replicas is None else change.replicas,
+                isr if change.isr is None else change.isr,
+                removing if change.removing_replicas is None else change.removing_replicas,
+                adding if change.adding_replicas is None else change.adding_replicas,
+                leader,
+                recovery,
+                leader_epoch,
+                partition_epoch + 1,
+            )
+        )
 
 
 # PartitionRegistration from a tuple of its 8 values, without the keyword-handling __new__.
-_new_registration: Callable[[tuple], PartitionRegistration] = partial(tuple.__new__, PartitionRegistration)
+_new_registration: Callable[[tuple], PartitionRegistration] = partial(
+    tuple.__new__, PartitionRegistration
+)
 # A PartitionRecord's values after partition_id and topic_id: its registration's fields.
 _partition_record_values = attrgetter(*PartitionRegistration._fields)
 
@@ -176,14 +201,14 @@ class PartitionMap(Mapping):
 
     __slots__ = ("_chunks", "_len")
 
-    EMPTY: ClassVar["PartitionMap"]
+    EMPTY: ClassVar[PartitionMap]
 
     def __init__(self, chunks: dict[int, dict[int, PartitionRegistration]], length: int) -> None:
         self._chunks = chunks
         self._len = length
 
     @classmethod
-    def of(cls, partitions: Mapping[int, PartitionRegistration]) -> "PartitionMap":
+    def of(cls, partitions: Mapping[int, PartitionRegistration]) -> PartitionMap:
         """A map holding ``partitions`` (copied)."""
         return PartitionMap.EMPTY.updated(partitions)
 
@@ -231,7 +256,7 @@ class PartitionMap(Mapping):
     def __repr__(self) -> str:
         return f"PartitionMap({dict(self.items())!r})"
 
-    def updated(self, changes: Mapping[int, PartitionRegistration]) -> "PartitionMap":
+    def updated(self, changes: Mapping[int, PartitionRegistration]) -> PartitionMap:
         """A new map with ``changes`` set; this map is not modified."""
         if not changes:
             return self
@@ -287,8 +312,9 @@ class TopicImage:
             items = _sorted_items(self.partitions)
             pids = [pid for pid, _ in items]
             regs = [reg for _, reg in items]  # a registration packs as the list of its fields
-            d = hashlib.sha256(msgpack.packb([self.name, self.topic_id, pids, regs],
-                                             use_bin_type=True)).digest()
+            d = hashlib.sha256(
+                msgpack.packb([self.name, self.topic_id, pids, regs], use_bin_type=True)
+            ).digest()
             object.__setattr__(self, "_digest", d)
         return d
 
@@ -324,9 +350,11 @@ class MetadataImage:
     next_producer_id: int
     controller_id: int
     _checksum: str | None = field(default=None, init=False, compare=False, repr=False)
-    _topic_names: tuple[str, ...] | None = field(default=None, init=False, compare=False, repr=False)
+    _topic_names: tuple[str, ...] | None = field(
+        default=None, init=False, compare=False, repr=False
+    )
 
-    EMPTY: ClassVar["MetadataImage"]
+    EMPTY: ClassVar[MetadataImage]
 
     # ---- queries ----------------------------------------------------------------------------
 
@@ -416,16 +444,21 @@ class MetadataImage:
                 items = _sorted_items(self.topics_by_id[topic_id].partitions)
                 if items:
                     yield cls, rows
-                    cls, rows = PartitionRecord, [(pid, topic_id, *reg)
-                                                  for pid, reg in items]
+                    cls, rows = PartitionRecord, [(pid, topic_id, *reg) for pid, reg in items]
         if rows:
             yield cls, rows  # type: ignore[misc]
 
     def record_count(self) -> int:
         """How many records :meth:`iter_records` yields."""
-        return (len(self.features) + len(self.brokers) + len(self.topics_by_id)
-                + self.partition_count() + sum(len(c) for c in self.configs.values())
-                + (self.next_producer_id > 0) + (self.controller_id >= 0))
+        return (
+            len(self.features)
+            + len(self.brokers)
+            + len(self.topics_by_id)
+            + self.partition_count()
+            + sum(len(c) for c in self.configs.values())
+            + (self.next_producer_id > 0)
+            + (self.controller_id >= 0)
+        )
 
     def to_records(self) -> list[Record]:
         return list(self.iter_records())
@@ -487,12 +520,20 @@ class MetadataImage:
             topic_id = record.topic_id
             for pid, reg in _sorted_items(self.topics_by_id[topic_id].partitions):
                 # Same keys, same order as PartitionRecord.to_dict() (a test holds them equal).
-                yield {"type": partition_type, "version": partition_version, "partition_id": pid,
-                       "topic_id": topic_id, "replicas": reg.replicas, "isr": reg.isr,
-                       "removing_replicas": reg.removing_replicas,
-                       "adding_replicas": reg.adding_replicas, "leader": reg.leader,
-                       "leader_recovery_state": reg.leader_recovery_state,
-                       "leader_epoch": reg.leader_epoch, "partition_epoch": reg.partition_epoch}
+                yield {
+                    "type": partition_type,
+                    "version": partition_version,
+                    "partition_id": pid,
+                    "topic_id": topic_id,
+                    "replicas": reg.replicas,
+                    "isr": reg.isr,
+                    "removing_replicas": reg.removing_replicas,
+                    "adding_replicas": reg.adding_replicas,
+                    "leader": reg.leader,
+                    "leader_recovery_state": reg.leader_recovery_state,
+                    "leader_epoch": reg.leader_epoch,
+                    "partition_epoch": reg.partition_epoch,
+                }
 
 
 _EMPTY_MAP: Mapping[Any, Any] = {}
@@ -501,19 +542,32 @@ _registration_values = itemgetter(slice(2, None))  # a PartitionRecord row's reg
 _HEAD_TYPES = (FeatureLevelRecord, RegisterBrokerRecord)
 
 
-def _sorted_items(partitions: Mapping[int, PartitionRegistration]) -> list[tuple[int, PartitionRegistration]]:
+def _sorted_items(
+    partitions: Mapping[int, PartitionRegistration],
+) -> list[tuple[int, PartitionRegistration]]:
     if isinstance(partitions, PartitionMap):
         return partitions.sorted_items()
     return sorted(partitions.items(), key=_first)
+
 
 # built once per applied command / changed topic / registration: slot-setting __init__s
 for _cls in (BrokerRegistration, TopicImage, MetadataImage):
     _cls.__init__ = slot_init(_cls)  # type: ignore[method-assign]
 
 MetadataImage.EMPTY = MetadataImage(
-    offset=-1, term=0, raft_index=0, timestamp_ms=0, last_hash=ZERO_HASH, features={},
-    brokers={}, topics_by_id={}, topics_by_name={}, configs={}, next_producer_id=0,
-    controller_id=-1)
+    offset=-1,
+    term=0,
+    raft_index=0,
+    timestamp_ms=0,
+    last_hash=ZERO_HASH,
+    features={},
+    brokers={},
+    topics_by_id={},
+    topics_by_name={},
+    configs={},
+    next_producer_id=0,
+    controller_id=-1,
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -527,9 +581,11 @@ class _TopicChange:
     None; ``created``: the topic is new in this delta (base None, or a full delta's);
     ``partitions`` holds changed registrations only."""
 
-    __slots__ = ("name", "topic_id", "base", "partitions", "created")
+    __slots__ = ("base", "created", "name", "partitions", "topic_id")
 
-    def __init__(self, name: str, topic_id: str, base: TopicImage | None, created: bool = False) -> None:
+    def __init__(
+        self, name: str, topic_id: str, base: TopicImage | None, created: bool = False
+    ) -> None:
         self.name = name
         self.topic_id = topic_id
         self.base = base
@@ -576,7 +632,7 @@ class MetadataDelta:
         self._controller_id = image.controller_id
 
     @classmethod
-    def full(cls, image: MetadataImage) -> "MetadataDelta":
+    def full(cls, image: MetadataImage) -> MetadataDelta:
         """A delta from the empty image that, applied, gives ``image`` (a full publish): the same
         changes as replaying ``image.iter_records()`` into ``MetadataDelta(MetadataImage.EMPTY)``
         and setting its provenance, built from the image's (immutable) registrations without
@@ -587,13 +643,20 @@ class MetadataDelta:
         delta._broker_changes = dict(image.brokers)
         for name in sorted(image.topics_by_name):
             topic = image.topics_by_id[image.topics_by_name[name]]
-            delta._topic_changes[topic.topic_id] = _TopicChange(name, topic.topic_id, topic, created=True)
+            delta._topic_changes[topic.topic_id] = _TopicChange(
+                name, topic.topic_id, topic, created=True
+            )
             delta._created_names[name] = topic.topic_id
         delta._config_changes = {key: dict(entries) for key, entries in image.configs.items()}
         delta._next_producer_id = image.next_producer_id
         delta._controller_id = image.controller_id
-        delta.set_provenance(offset=image.offset, term=image.term, raft_index=image.raft_index,
-                             timestamp_ms=image.timestamp_ms, last_hash=image.last_hash)
+        delta.set_provenance(
+            offset=image.offset,
+            term=image.term,
+            raft_index=image.raft_index,
+            timestamp_ms=image.timestamp_ms,
+            last_hash=image.last_hash,
+        )
         return delta
 
     # ---- replay -----------------------------------------------------------------------------
@@ -611,12 +674,15 @@ class MetadataDelta:
         ``decode_batch``, its ``digest`` saves re-encoding the batch.
         The batch must continue the delta: base offset = offset + 1 and prev_hash = last hash."""
         if batch.base_offset != self._offset + 1:
-            raise ReplayError(f"batch at offset {batch.base_offset} does not follow offset "
-                              f"{self._offset}")
+            raise ReplayError(
+                f"batch at offset {batch.base_offset} does not follow offset {self._offset}"
+            )
         if batch.prev_hash != self._last_hash:
-            raise ReplayError(f"batch at offset {batch.base_offset}: prev_hash "
-                              f"{batch.prev_hash.hex()[:16]}… does not match the last hash "
-                              f"{self._last_hash.hex()[:16]}…")
+            raise ReplayError(
+                f"batch at offset {batch.base_offset}: prev_hash "
+                f"{batch.prev_hash.hex()[:16]}… does not match the last hash "
+                f"{self._last_hash.hex()[:16]}…"
+            )
         if not batch.records:
             raise ReplayError(f"batch at offset {batch.base_offset} is empty")
         handlers = _DELTA_HANDLERS
@@ -634,15 +700,17 @@ class MetadataDelta:
                     if reg is None:
                         reg = change.current(pid)
                         if reg is None:
-                            raise ReplayError(f"PartitionChangeRecord: unknown partition "
-                                              f"{record.topic_id}:{pid}")
+                            raise ReplayError(
+                                f"PartitionChangeRecord: unknown partition {record.topic_id}:{pid}"
+                            )
                     change.partitions[pid] = reg.merge(record)
                 elif cls is PartitionRecord:
                     change = topic_changes.get(record.topic_id)
                     if change is None:
                         change = self._open_topic(record.topic_id)
                     change.partitions[record.partition_id] = _new_registration(
-                        _partition_record_values(record))
+                        _partition_record_values(record)
+                    )
                 else:
                     handler = handlers.get(type(record))
                     if handler is None:
@@ -656,11 +724,14 @@ class MetadataDelta:
         self._raft_index = batch.raft_index
         self._timestamp_ms = batch.timestamp_ms
         if batch_hash_bytes is None:  # decoded batches know the hash of the bytes they came from
-            batch_hash_bytes = batch.digest if batch.digest is not None else batch_hash(batch.encode())
+            batch_hash_bytes = (
+                batch.digest if batch.digest is not None else batch_hash(batch.encode())
+            )
         self._last_hash = batch_hash_bytes
 
-    def set_provenance(self, *, offset: int, term: int, raft_index: int, timestamp_ms: int,
-                       last_hash: bytes) -> None:
+    def set_provenance(
+        self, *, offset: int, term: int, raft_index: int, timestamp_ms: int, last_hash: bytes
+    ) -> None:
         """Set the position the next image reports (snapshot loading)."""
         self._offset, self._term, self._raft_index = offset, term, raft_index
         self._timestamp_ms, self._last_hash = timestamp_ms, last_hash
@@ -683,7 +754,8 @@ class MetadataDelta:
 
     def _topic_exists(self, topic_id: str) -> bool:
         return topic_id in self._topic_changes or (
-            topic_id in self.image.topics_by_id and topic_id not in self._deleted_topics)
+            topic_id in self.image.topics_by_id and topic_id not in self._deleted_topics
+        )
 
     def _open_topic(self, topic_id: str) -> _TopicChange:
         change = self._topic_changes.get(topic_id)
@@ -705,7 +777,9 @@ class MetadataDelta:
         if reg is None:
             raise ReplayError(f"{what}: broker {broker_id} is not registered")
         if reg.epoch != epoch:
-            raise ReplayError(f"{what}: broker {broker_id} has epoch {reg.epoch}, record says {epoch}")
+            raise ReplayError(
+                f"{what}: broker {broker_id} has epoch {reg.epoch}, record says {epoch}"
+            )
         return reg
 
     def _replay_unregister_broker(self, r: UnregisterBrokerRecord) -> None:
@@ -727,10 +801,13 @@ class MetadataDelta:
         elif r.in_controlled_shutdown == 0:
             shutting_down = reg.in_controlled_shutdown
         else:
-            raise ReplayError("BrokerRegistrationChangeRecord: bad in_controlled_shutdown value "
-                              f"{r.in_controlled_shutdown}")
-        self._broker_changes[r.broker_id] = replace(reg, fenced=fenced,
-                                                    in_controlled_shutdown=shutting_down)
+            raise ReplayError(
+                "BrokerRegistrationChangeRecord: bad in_controlled_shutdown value "
+                f"{r.in_controlled_shutdown}"
+            )
+        self._broker_changes[r.broker_id] = replace(
+            reg, fenced=fenced, in_controlled_shutdown=shutting_down
+        )
 
     def _replay_topic(self, r: TopicRecord) -> None:
         if self._topic_exists(r.topic_id):
@@ -755,8 +832,9 @@ class MetadataDelta:
             if change is None:
                 change = self._open_topic(topic_id)
             group = tuple(group)
-            change.partitions.update(zip(map(_first, group),
-                                         map(_new_registration, map(_registration_values, group))))
+            change.partitions.update(
+                zip(map(_first, group), map(_new_registration, map(_registration_values, group)))
+            )
 
     def _replay_partition_change(self, r: PartitionChangeRecord) -> None:
         change = self._topic_changes.get(r.topic_id)
@@ -764,7 +842,9 @@ class MetadataDelta:
             change = self._open_topic(r.topic_id)
         reg = change.current(r.partition_id)
         if reg is None:
-            raise ReplayError(f"PartitionChangeRecord: unknown partition {r.topic_id}:{r.partition_id}")
+            raise ReplayError(
+                f"PartitionChangeRecord: unknown partition {r.topic_id}:{r.partition_id}"
+            )
         change.partitions[r.partition_id] = reg.merge(r)
 
     def _replay_remove_topic(self, r: RemoveTopicRecord) -> None:
@@ -800,8 +880,10 @@ class MetadataDelta:
 
     def _replay_producer_ids(self, r: ProducerIdsRecord) -> None:
         if r.next_producer_id <= self._next_producer_id:
-            raise ReplayError(f"ProducerIdsRecord: next producer id {r.next_producer_id} does not "
-                              f"advance {self._next_producer_id}")
+            raise ReplayError(
+                f"ProducerIdsRecord: next producer id {r.next_producer_id} does not "
+                f"advance {self._next_producer_id}"
+            )
         self._next_producer_id = r.next_producer_id
 
     def _replay_leader_change(self, r: LeaderChangeRecord) -> None:
@@ -860,9 +942,14 @@ class MetadataDelta:
             if change.created:  # every partition is new
                 name = change.name
                 base = change.base
-                items = base.partitions.items() if base is not None and not change.partitions \
+                items = (
+                    base.partitions.items()
+                    if base is not None and not change.partitions
                     else change.items()
-                for pid, reg in [item for item in items if broker_id in item[1][0]]:  # [0]: replicas
+                )
+                for pid, reg in [
+                    item for item in items if broker_id in item[1][0]
+                ]:  # [0]: replicas
                     target = leaders if reg.leader == broker_id else followers
                     target[(name, pid)] = (topic_id, reg)
                 continue
@@ -920,8 +1007,11 @@ class MetadataDelta:
                 if base is None:
                     topic = TopicImage(change.name, topic_id, PartitionMap.of(change.partitions))
                 elif change.partitions:
-                    topic = TopicImage(change.name, topic_id, _as_partition_map(base.partitions)
-                                       .updated(change.partitions))
+                    topic = TopicImage(
+                        change.name,
+                        topic_id,
+                        _as_partition_map(base.partitions).updated(change.partitions),
+                    )
                 elif change.created:  # a full delta's topic nothing changed: shared, digest too
                     topic = base
                 else:
@@ -938,9 +1028,19 @@ class MetadataDelta:
                     configs.pop(key, None)
 
         after = MetadataImage(  # positional (field order): an image per applied command
-            self._offset, self._term, self._raft_index, self._timestamp_ms, self._last_hash,
-            features, brokers, topics_by_id, topics_by_name, configs, self._next_producer_id,
-            self._controller_id)
+            self._offset,
+            self._term,
+            self._raft_index,
+            self._timestamp_ms,
+            self._last_hash,
+            features,
+            brokers,
+            topics_by_id,
+            topics_by_name,
+            configs,
+            self._next_producer_id,
+            self._controller_id,
+        )
         if topics_by_name is image.topics_by_name and image._topic_names is not None:
             object.__setattr__(after, "_topic_names", image._topic_names)
         return after
@@ -984,9 +1084,16 @@ def _gc_paused(freeze: bool = False) -> Iterator[None]:
             gc.enable()
 
 
-def image_from_records(records: Iterable[Record], *, offset: int, term: int = 0,
-                       raft_index: int = 0, timestamp_ms: int = 0,
-                       last_hash: bytes = ZERO_HASH, freeze: bool = False) -> MetadataImage:
+def image_from_records(
+    records: Iterable[Record],
+    *,
+    offset: int,
+    term: int = 0,
+    raft_index: int = 0,
+    timestamp_ms: int = 0,
+    last_hash: bytes = ZERO_HASH,
+    freeze: bool = False,
+) -> MetadataImage:
     """Build an image from a snapshot's records (as written by ``MetadataImage.iter_records``),
     positioned at ``offset`` (the last offset the snapshot includes).
 
@@ -1013,6 +1120,11 @@ def image_from_records(records: Iterable[Record], *, offset: int, term: int = 0,
         else:
             for record in records:
                 replay(record)
-        delta.set_provenance(offset=offset, term=term, raft_index=raft_index,
-                             timestamp_ms=timestamp_ms, last_hash=last_hash)
+        delta.set_provenance(
+            offset=offset,
+            term=term,
+            raft_index=raft_index,
+            timestamp_ms=timestamp_ms,
+            last_hash=last_hash,
+        )
         return delta.apply()

@@ -18,11 +18,13 @@ our log are skipped; the last one is re-applied only from the command after the 
 wrote, which reproduces exactly what a crash in the middle of that entry left unwritten (commands
 after the last written batch were evaluated against the same state the first time).
 """
+
 from __future__ import annotations
 
 import logging
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from kraft.controller.commands import Command
 from kraft.controller.state_machine import QuorumStateMachine
@@ -38,9 +40,13 @@ log = logging.getLogger(__name__)
 class MetadataApplier:
     """Applies committed command groups; owns the state machine and the metadata log writes."""
 
-    def __init__(self, state_machine: QuorumStateMachine, metadata_log: MetadataLog,
-                 snapshotter: Snapshotter,
-                 on_applied: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        state_machine: QuorumStateMachine,
+        metadata_log: MetadataLog,
+        snapshotter: Snapshotter,
+        on_applied: Callable[[], None] | None = None,
+    ) -> None:
         self.state_machine = state_machine
         self.log = metadata_log
         self.snapshotter = snapshotter
@@ -48,7 +54,9 @@ class MetadataApplier:
         # Where our log stands in Raft terms: the entry of the last batch, and that batch's
         # position inside it. Entries up to last_raft_index - 1 are complete.
         self._last_raft_index = metadata_log.last_raft_index
-        self._last_position = metadata_log.last_raft_position if metadata_log.next_offset > 0 else -1
+        self._last_position = (
+            metadata_log.last_raft_position if metadata_log.next_offset > 0 else -1
+        )
         self.fatal_error: BaseException | None = None
         # Called between the commands of an entry (the quorum's heartbeat check: a long entry
         # must not starve the followers into an election).
@@ -72,7 +80,9 @@ class MetadataApplier:
     def apply_entry(self, raft_index: int, term: int, commands: list[bytes]) -> list[Any]:
         """Apply one committed entry's commands in order; return one response per command."""
         if self.fatal_error is not None:
-            return [_error(ErrorCode.UNKNOWN_SERVER_ERROR, "controller has stopped applying")] * len(commands)
+            return [
+                _error(ErrorCode.UNKNOWN_SERVER_ERROR, "controller has stopped applying")
+            ] * len(commands)
         if raft_index < self._last_raft_index:
             return [None] * len(commands)
         skip_through = self._last_position if raft_index == self._last_raft_index else -1
@@ -93,23 +103,36 @@ class MetadataApplier:
                     self._last_position = written[-1][1].raft_position
         except BaseException as e:  # a record that fails to replay is a fatal fault
             self.fatal_error = e
-            log.critical("fatal: applying raft entry %d failed; this controller stops applying: %r",
-                         raft_index, e)
+            log.critical(
+                "fatal: applying raft entry %d failed; this controller stops applying: %r",
+                raft_index,
+                e,
+            )
             raise
         self._on_applied()
         return results
 
-    def _apply_one(self, raw: bytes, raft_index: int, term: int, position: int,
-                   written: list[tuple[bytes, Batch, bytes]]) -> Any:
+    def _apply_one(
+        self,
+        raw: bytes,
+        raft_index: int,
+        term: int,
+        position: int,
+        written: list[tuple[bytes, Batch, bytes]],
+    ) -> Any:
         command = self.own_commands.pop(raw, None)
         if command is None:
             try:
                 command = Command.decode(raw)
             except ValueError as e:
                 return _error(ErrorCode.INVALID_REQUEST, f"undecodable command: {e}")
-        batch, response = self.state_machine.apply(command, raft_index, term, raft_position=position)
+        batch, response = self.state_machine.apply(
+            command, raft_index, term, raft_position=position
+        )
         if batch is not None:  # the image's last hash is the hash of that encoding
-            written.append((self.state_machine.last_encoded, batch, self.state_machine.image.last_hash))
+            written.append(
+                (self.state_machine.last_encoded, batch, self.state_machine.image.last_hash)
+            )
             self._heap.note(len(batch.records))
         return response
 
@@ -126,7 +149,9 @@ class MetadataApplier:
         self.state_machine.reset(incoming, self.snapshotter.request_ids)
         # Everything up to the snapshot's last batch is in it; PySyncObj continues after the dump.
         self._last_raft_index, self._last_position = incoming.raft_index, sys.maxsize
-        log.info("installed snapshot at offset %d (raft index %d)", incoming.offset, incoming.raft_index)
+        log.info(
+            "installed snapshot at offset %d (raft index %d)", incoming.offset, incoming.raft_index
+        )
         freeze_heap()
         self._on_applied()
 

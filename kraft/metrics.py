@@ -11,13 +11,20 @@ thread); the two histograms are observed by the node as requests complete. The H
 prometheus_client's, on a daemon thread; the collector only reads immutable images and copies
 of small dicts, so it is safe from that thread.
 """
+
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
-from prometheus_client import CollectorRegistry, disable_created_metrics, Histogram, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Histogram,
+    disable_created_metrics,
+    start_http_server,
+)
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -42,7 +49,7 @@ class ImageCounts:
     active_brokers: int
 
     @classmethod
-    def of(cls, image: MetadataImage) -> "ImageCounts":
+    def of(cls, image: MetadataImage) -> ImageCounts:
         partitions = offline = imbalance = 0
         for topic in image.topics_by_id.values():
             for reg in topic.partitions.values():
@@ -52,8 +59,14 @@ class ImageCounts:
                 elif reg.replicas and reg.leader != reg.replicas[0]:
                     imbalance += 1
         fenced = sum(1 for b in image.brokers.values() if b.fenced)
-        return cls(len(image.topics_by_id), partitions, offline, imbalance, fenced,
-                   len(image.brokers) - fenced)
+        return cls(
+            len(image.topics_by_id),
+            partitions,
+            offline,
+            imbalance,
+            fenced,
+            len(image.brokers) - fenced,
+        )
 
 
 class _CountsCache:
@@ -92,35 +105,82 @@ class ControllerCollector(Collector):
         stats = quorum.stats() if quorum is not None else {}
         leader = status.get("leader_id")
         metrics = [
-            gauge(KC + "activecontrollercount", "1 on the active controller, else 0",
-                  1 if node.is_active else 0),
+            gauge(
+                KC + "activecontrollercount",
+                "1 on the active controller, else 0",
+                1 if node.is_active else 0,
+            ),
             gauge(KC + "globaltopiccount", "topics in the metadata image", counts.topics),
-            gauge(KC + "globalpartitioncount", "partitions in the metadata image", counts.partitions),
-            gauge(KC + "offlinepartitionscount", "partitions without a leader",
-                  counts.offline_partitions),
-            gauge(KC + "preferredreplicaimbalancecount",
-                  "partitions led by a replica other than the first (preferred) one",
-                  counts.preferred_replica_imbalance),
-            gauge(KC + "fencedbrokercount", "registered brokers that are fenced", counts.fenced_brokers),
-            gauge(KC + "activebrokercount", "registered brokers that are unfenced", counts.active_brokers),
-            gauge(KC + "lastappliedrecordoffset", "offset of the last metadata record applied",
-                  image.offset),
-            gauge(KC + "lastappliedrecordtimestamp",
-                  "append time (ms since epoch) of the last record applied", image.timestamp_ms),
-            gauge(KC + "lastappliedrecordlagms", "now minus the append time of the last record applied",
-                  max(now_ms - image.timestamp_ms, 0) if image.offset >= 0 else 0),
-            gauge(RAFT + "current_leader", "node id of the Raft leader (-1 unknown)",
-                  -1 if leader is None else leader),
+            gauge(
+                KC + "globalpartitioncount", "partitions in the metadata image", counts.partitions
+            ),
+            gauge(
+                KC + "offlinepartitionscount",
+                "partitions without a leader",
+                counts.offline_partitions,
+            ),
+            gauge(
+                KC + "preferredreplicaimbalancecount",
+                "partitions led by a replica other than the first (preferred) one",
+                counts.preferred_replica_imbalance,
+            ),
+            gauge(
+                KC + "fencedbrokercount",
+                "registered brokers that are fenced",
+                counts.fenced_brokers,
+            ),
+            gauge(
+                KC + "activebrokercount",
+                "registered brokers that are unfenced",
+                counts.active_brokers,
+            ),
+            gauge(
+                KC + "lastappliedrecordoffset",
+                "offset of the last metadata record applied",
+                image.offset,
+            ),
+            gauge(
+                KC + "lastappliedrecordtimestamp",
+                "append time (ms since epoch) of the last record applied",
+                image.timestamp_ms,
+            ),
+            gauge(
+                KC + "lastappliedrecordlagms",
+                "now minus the append time of the last record applied",
+                max(now_ms - image.timestamp_ms, 0) if image.offset >= 0 else 0,
+            ),
+            gauge(
+                RAFT + "current_leader",
+                "node id of the Raft leader (-1 unknown)",
+                -1 if leader is None else leader,
+            ),
             gauge(RAFT + "current_epoch", "current Raft term", status.get("term")),
-            gauge(RAFT + "high_watermark", "next metadata log offset (log end)", node.log.next_offset),
-            gauge("pykraft_raft_commit_index", "PySyncObj commit index", status.get("commit_index")),
-            gauge("pykraft_raft_last_applied_index", "PySyncObj last applied Raft index",
-                  status.get("last_applied")),
-            gauge("pykraft_raft_has_quorum", "1 when this member sees a quorum",
-                  1 if status.get("has_quorum") else 0),
-            gauge("kafka_controller_controllereventmanager_eventqueuesize",
-                  "commands waiting in the group-commit queue", stats.get("queued")),
-            gauge("pykraft_raft_group_commit_in_flight", "groups being replicated", stats.get("in_flight")),
+            gauge(
+                RAFT + "high_watermark", "next metadata log offset (log end)", node.log.next_offset
+            ),
+            gauge(
+                "pykraft_raft_commit_index", "PySyncObj commit index", status.get("commit_index")
+            ),
+            gauge(
+                "pykraft_raft_last_applied_index",
+                "PySyncObj last applied Raft index",
+                status.get("last_applied"),
+            ),
+            gauge(
+                "pykraft_raft_has_quorum",
+                "1 when this member sees a quorum",
+                1 if status.get("has_quorum") else 0,
+            ),
+            gauge(
+                "kafka_controller_controllereventmanager_eventqueuesize",
+                "commands waiting in the group-commit queue",
+                stats.get("queued"),
+            ),
+            gauge(
+                "pykraft_raft_group_commit_in_flight",
+                "groups being replicated",
+                stats.get("in_flight"),
+            ),
         ]
         yield from (m for m in metrics if m is not None)
 
@@ -139,7 +199,9 @@ class MetricsEndpoint:
         try:
             self._server, _thread = start_http_server(port, addr=host, registry=self.registry)
         except OSError as e:
-            raise OSError(e.errno, f"metrics.port: cannot serve metrics on {host}:{port}: {e.strerror}") from None
+            raise OSError(
+                e.errno, f"metrics.port: cannot serve metrics on {host}:{port}: {e.strerror}"
+            ) from None
 
     def close(self) -> None:
         if self._server is not None:
@@ -156,12 +218,16 @@ class ControllerMetrics(MetricsEndpoint):
         self.commit_latency = Histogram(
             RAFT + "commit_latency_ms",
             "ms from handing a command to the quorum until it is committed and applied",
-            registry=self.registry, buckets=MS_BUCKETS)
+            registry=self.registry,
+            buckets=MS_BUCKETS,
+        )
         self.event_processing = Histogram(
             "kafka_controller_controllereventmanager_eventqueueprocessingtimems",
             "ms the active controller spends on one write request (validation, every commit "
-            "of a stepped transition, the response)", registry=self.registry, buckets=MS_BUCKETS)
-
+            "of a stepped transition, the response)",
+            registry=self.registry,
+            buckets=MS_BUCKETS,
+        )
 
 
 def serve_controller_metrics(node: Any, host: str, port: int) -> ControllerMetrics:

@@ -6,6 +6,7 @@ server, broker liveness (:class:`BrokerHeartbeatManager`, active controller only
 timer that fences silent brokers one at a time, periodic snapshots, and long-polls for brokers
 that follow the log.
 """
+
 from __future__ import annotations
 
 import logging
@@ -48,8 +49,10 @@ def now_ms() -> int:
 
 
 def _not_controller(leader: tuple[int, str, int] | None) -> KraftError:
-    err = KraftError(ErrorCode.NOT_CONTROLLER,
-                     "this controller is not active" + ("" if leader else " and no leader is known yet"))
+    err = KraftError(
+        ErrorCode.NOT_CONTROLLER,
+        "this controller is not active" + ("" if leader else " and no leader is known yet"),
+    )
     lid, host, port = leader if leader else (-1, "", 0)
     err.body = {"leader_id": lid, "leader_host": host, "leader_port": port}  # type: ignore[attr-defined]
     return err
@@ -68,12 +71,18 @@ class ControllerNode:
         )
         meta = config.metadata_dir
         (meta / "raft").mkdir(parents=True, exist_ok=True)
-        self.log = MetadataLog.open(meta / "log", segment_bytes=config["metadata.log.segment.bytes"],
-                                    fsync=config["metadata.log.fsync"])
-        self.snapshotter = Snapshotter(meta / "log", self.log,
-                                       config["metadata.log.max.record.bytes.between.snapshots"],
-                                       config["metadata.log.max.snapshot.interval.ms"],
-                                       phase=(self.node_id % 3) / 3)  # controllers snapshot in turn
+        self.log = MetadataLog.open(
+            meta / "log",
+            segment_bytes=config["metadata.log.segment.bytes"],
+            fsync=config["metadata.log.fsync"],
+        )
+        self.snapshotter = Snapshotter(
+            meta / "log",
+            self.log,
+            config["metadata.log.max.record.bytes.between.snapshots"],
+            config["metadata.log.max.snapshot.interval.ms"],
+            phase=(self.node_id % 3) / 3,
+        )  # controllers snapshot in turn
         image = self.snapshotter.load_image()
         self.state_machine = QuorumStateMachine(self.settings, image)
         self._seed_dedup_window(image.offset)
@@ -83,11 +92,17 @@ class ControllerNode:
                 continue
             self.state_machine.replay_batch(batch)
             replayed += 1
-        log.info("node %d: metadata log %s..%s recovered; image at offset %d (%d batches replayed)",
-                 self.node_id, self.log.start_offset, self.log.next_offset, self.state_machine.image.offset,
-                 replayed)
-        self.applier = MetadataApplier(self.state_machine, self.log, self.snapshotter,
-                                       on_applied=self._on_applied)
+        log.info(
+            "node %d: metadata log %s..%s recovered; image at offset %d (%d batches replayed)",
+            self.node_id,
+            self.log.start_offset,
+            self.log.next_offset,
+            self.state_machine.image.offset,
+            replayed,
+        )
+        self.applier = MetadataApplier(
+            self.state_machine, self.log, self.snapshotter, on_applied=self._on_applied
+        )
         self.heartbeats = BrokerHeartbeatManager(config["broker.session.timeout.ms"])
         self._new_data = trio.Event()
         self._applied = trio.Event()  # set on the trio thread after each applied Raft entry
@@ -109,12 +124,16 @@ class ControllerNode:
             return
         if snapshot_offset < 0 or window == 0 or self.log.start_offset > snapshot_offset:
             return
-        batches = self.log.recent_batches_before(snapshot_offset, window,
-                                                 lambda b: bool(b.provenance.request_id))
+        batches = self.log.recent_batches_before(
+            snapshot_offset, window, lambda b: bool(b.provenance.request_id)
+        )
         for batch in batches:
             self.state_machine.note_replayed_batch(batch)
-        log.info("node %d: dedup window seeded with %d request ids from before the snapshot",
-                 self.node_id, len(batches))
+        log.info(
+            "node %d: dedup window seeded with %d request ids from before the snapshot",
+            self.node_id,
+            len(batches),
+        )
 
     # ---- applied entries → waiting brokers ----------------------------------------------------
 
@@ -167,12 +186,17 @@ class ControllerNode:
             ),
         )
         rpc_host, rpc_port = cfg.rpc_voters[self.node_id]
-        server = RpcServer(rpc_host, rpc_port, self.handle, max_frame_bytes=cfg["controller.rpc.max.frame.bytes"],
-                           credentials=cfg.rpc_credentials,
-                           max_connections=cfg["controller.rpc.max.connections"],
-                           io_timeout=cfg["controller.rpc.io.timeout.ms"] / 1000,
-                           idle_timeout=cfg["controller.rpc.idle.timeout.ms"] / 1000,
-                           max_buffered_bytes=cfg["controller.rpc.max.buffered.bytes"])
+        server = RpcServer(
+            rpc_host,
+            rpc_port,
+            self.handle,
+            max_frame_bytes=cfg["controller.rpc.max.frame.bytes"],
+            credentials=cfg.rpc_credentials,
+            max_connections=cfg["controller.rpc.max.connections"],
+            io_timeout=cfg["controller.rpc.io.timeout.ms"] / 1000,
+            idle_timeout=cfg["controller.rpc.idle.timeout.ms"] / 1000,
+            max_buffered_bytes=cfg["controller.rpc.max.buffered.bytes"],
+        )
         try:
             async with trio.open_nursery() as nursery:
                 self.quorum.start()
@@ -186,9 +210,18 @@ class ControllerNode:
                     nursery.start_soon(self._idle_noop_loop)
                 if cfg["metrics.port"]:
                     from kraft.metrics import serve_controller_metrics
-                    self.metrics = serve_controller_metrics(self, cfg["metrics.host"], cfg["metrics.port"])
-                log.info("node %d: controller RPC on %s:%d, raft on %s:%d", self.node_id, rpc_host,
-                         rpc_port, raft_host, raft_port)
+
+                    self.metrics = serve_controller_metrics(
+                        self, cfg["metrics.host"], cfg["metrics.port"]
+                    )
+                log.info(
+                    "node %d: controller RPC on %s:%d, raft on %s:%d",
+                    self.node_id,
+                    rpc_host,
+                    rpc_port,
+                    raft_host,
+                    raft_port,
+                )
                 task_status.started(self)
                 await self._stopping.wait()
                 nursery.cancel_scope.cancel()
@@ -220,10 +253,15 @@ class ControllerNode:
         assert self.quorum is not None
         while self.quorum.is_leader and self.quorum.term == term and self._active_term != term:
             try:
-                await self._submit("ActivateController", {"leader_id": self.node_id, "term": term},
-                                   request_id=f"activate-{self.node_id}-{term}")
+                await self._submit(
+                    "ActivateController",
+                    {"leader_id": self.node_id, "term": term},
+                    request_id=f"activate-{self.node_id}-{term}",
+                )
             except KraftError as e:
-                log.info("node %d: activation in term %d failed (%s); retrying", self.node_id, term, e)
+                log.info(
+                    "node %d: activation in term %d failed (%s); retrying", self.node_id, term, e
+                )
                 await trio.sleep(0.1)
             else:
                 self._active_term = term
@@ -232,7 +270,11 @@ class ControllerNode:
 
     @property
     def is_active(self) -> bool:
-        return self.quorum is not None and self.quorum.is_leader and self._active_term == self.quorum.term
+        return (
+            self.quorum is not None
+            and self.quorum.is_leader
+            and self._active_term == self.quorum.term
+        )
 
     def _leader_hint(self) -> tuple[int, str, int] | None:
         lid = self.quorum.leader_id if self.quorum else None
@@ -256,8 +298,14 @@ class ControllerNode:
                 continue
             log.info("node %d: broker %d session expired; fencing it", self.node_id, broker_id)
             try:
-                await self._submit("FenceBroker", {"broker_id": broker_id, "broker_epoch": reg.epoch,
-                                                   "reason": "session-timeout"})
+                await self._submit(
+                    "FenceBroker",
+                    {
+                        "broker_id": broker_id,
+                        "broker_epoch": reg.epoch,
+                        "reason": "session-timeout",
+                    },
+                )
             except KraftError as e:
                 log.warning("node %d: fencing broker %d failed: %s", self.node_id, broker_id, e)
 
@@ -278,11 +326,14 @@ class ControllerNode:
                 # the dedup window is copied only for a snapshot that will be written
                 image, request_ids = self.state_machine.snapshot_state()
                 await trio.to_thread.run_sync(self.snapshotter.write, image, request_ids)
-            max_ms, max_bytes = (self.config["metadata.max.retention.ms"],
-                                 self.config["metadata.max.retention.bytes"])
+            max_ms, max_bytes = (
+                self.config["metadata.max.retention.ms"],
+                self.config["metadata.max.retention.bytes"],
+            )
             if max_ms >= 0 or max_bytes >= 0:
-                await trio.to_thread.run_sync(self.snapshotter.enforce_retention, now_ms(),
-                                              max_ms, max_bytes)
+                await trio.to_thread.run_sync(
+                    self.snapshotter.enforce_retention, now_ms(), max_ms, max_bytes
+                )
 
     async def _log_flush_loop(self) -> None:
         """Sync the metadata log's appends every ``metadata.log.flush.interval.ms`` (off the
@@ -305,8 +356,16 @@ class ControllerNode:
 
     # ---- writes -------------------------------------------------------------------------------
 
-    async def _submit(self, api: str, body: dict, *, request_id: str | None = None, principal: str = "controller",
-                      client_id: str = "", wire_body: bool = False) -> dict:
+    async def _submit(
+        self,
+        api: str,
+        body: dict,
+        *,
+        request_id: str | None = None,
+        principal: str = "controller",
+        client_id: str = "",
+        wire_body: bool = False,
+    ) -> dict:
         """Replicate one command and return its response; a response error raises KraftError.
         Broker transitions move at most one batch of partitions per command, so a stepped API
         answered ``incomplete`` is repeated (as a new command) until it is done. ``wire_body``:
@@ -316,9 +375,16 @@ class ControllerNode:
         while True:
             if not self.quorum.is_leader:
                 raise _not_controller(self._leader_hint())
-            command = Command(api=api, body=body, request_id=request_id or str(uuid.uuid4()),
-                              principal=principal, client_id=client_id, timestamp_ms=now_ms(),
-                              seed=random.getrandbits(63), leader_id=self.node_id)
+            command = Command(
+                api=api,
+                body=body,
+                request_id=request_id or str(uuid.uuid4()),
+                principal=principal,
+                client_id=client_id,
+                timestamp_ms=now_ms(),
+                seed=random.getrandbits(63),
+                leader_id=self.node_id,
+            )
             started = time.monotonic()
             raw = command.encode()
             if wire_body:
@@ -330,7 +396,9 @@ class ControllerNode:
             if self.metrics is not None:
                 self.metrics.commit_latency.observe((time.monotonic() - started) * 1000)
             if not isinstance(result, dict):
-                raise KraftError(ErrorCode.UNKNOWN_SERVER_ERROR, "the command was applied without a result")
+                raise KraftError(
+                    ErrorCode.UNKNOWN_SERVER_ERROR, "the command was applied without a result"
+                )
             if result.get("error_code"):
                 err = KraftError(ErrorCode(result["error_code"]), result.get("error_message", ""))
                 err.body = result  # type: ignore[attr-defined]
@@ -348,18 +416,30 @@ class ControllerNode:
         if spec.kind == "read":
             return self.state_machine.read(api, body)
         if spec.kind == "write":
-            if api in ("FenceBroker", "UnfenceBroker", "BeginControlledShutdown", "ActivateController"):
-                raise KraftError(ErrorCode.CLUSTER_AUTHORIZATION_FAILED, f"{api} is issued by the controller itself")
+            if api in (
+                "FenceBroker",
+                "UnfenceBroker",
+                "BeginControlledShutdown",
+                "ActivateController",
+            ):
+                raise KraftError(
+                    ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+                    f"{api} is issued by the controller itself",
+                )
             if not self.is_active:
                 raise _not_controller(self._leader_hint())
             started = time.monotonic()
             try:
                 if api == "BrokerRegistration":
                     return await self._register_broker(body, ctx)
-                return await self._submit(api, body, request_id=getattr(ctx, "request_id", None),
-                                          principal=getattr(ctx, "principal", "ANONYMOUS") or "ANONYMOUS",
-                                          client_id=getattr(ctx, "client_id", "") or "",
-                                          wire_body=True)
+                return await self._submit(
+                    api,
+                    body,
+                    request_id=getattr(ctx, "request_id", None),
+                    principal=getattr(ctx, "principal", "ANONYMOUS") or "ANONYMOUS",
+                    client_id=getattr(ctx, "client_id", "") or "",
+                    wire_body=True,
+                )
             finally:
                 if self.metrics is not None:
                     self.metrics.event_processing.observe((time.monotonic() - started) * 1000)
@@ -368,14 +448,25 @@ class ControllerNode:
     async def _register_broker(self, body: dict, ctx: Any) -> dict:
         broker_id = body["broker_id"]
         existing = self.state_machine.image.brokers.get(broker_id)
-        live = (existing is not None and existing.incarnation_id != body["incarnation_id"]
-                and self.heartbeats.has_live_session(broker_id, now_ms()))
-        result = await self._submit("BrokerRegistration", dict(body, has_live_session=live),
-                                    request_id=getattr(ctx, "request_id", None),
-                                    principal=getattr(ctx, "principal", "ANONYMOUS") or "ANONYMOUS",
-                                    client_id=getattr(ctx, "client_id", "") or "")
+        live = (
+            existing is not None
+            and existing.incarnation_id != body["incarnation_id"]
+            and self.heartbeats.has_live_session(broker_id, now_ms())
+        )
+        result = await self._submit(
+            "BrokerRegistration",
+            dict(body, has_live_session=live),
+            request_id=getattr(ctx, "request_id", None),
+            principal=getattr(ctx, "principal", "ANONYMOUS") or "ANONYMOUS",
+            client_id=getattr(ctx, "client_id", "") or "",
+        )
         self.heartbeats.register(broker_id, result["broker_epoch"], now_ms())
-        log.info("node %d: broker %d registered with epoch %d", self.node_id, broker_id, result["broker_epoch"])
+        log.info(
+            "node %d: broker %d registered with epoch %d",
+            self.node_id,
+            broker_id,
+            result["broker_epoch"],
+        )
         return result
 
     async def _api_BrokerHeartbeat(self, body: dict, ctx: Any) -> dict:
@@ -385,11 +476,20 @@ class ControllerNode:
         now = now_ms()
         caught_up = body["metadata_offset"] >= self.log.next_offset - 1
         previous = self._observers.get(broker_id)
-        self._observers[broker_id] = (body["metadata_offset"], now,
-                                      now if caught_up else previous[2] if previous else -1)
-        decision = self.heartbeats.heartbeat(broker_id, body["broker_epoch"], body["metadata_offset"],
-                                             body["want_fence"], body["want_shutdown"], now,
-                                             self.state_machine.image)
+        self._observers[broker_id] = (
+            body["metadata_offset"],
+            now,
+            now if caught_up else previous[2] if previous else -1,
+        )
+        decision = self.heartbeats.heartbeat(
+            broker_id,
+            body["broker_epoch"],
+            body["metadata_offset"],
+            body["want_fence"],
+            body["want_shutdown"],
+            now,
+            self.state_machine.image,
+        )
         if decision.command is not None:
             api, cmd_body = decision.command
             try:
@@ -398,17 +498,29 @@ class ControllerNode:
                 log.warning("node %d: %s for broker %d failed: %s", self.node_id, api, broker_id, e)
             else:
                 if api == "BeginControlledShutdown":
-                    self.heartbeats.note_controlled_shutdown_offset(broker_id, self.state_machine.image.offset)
-                decision = self.heartbeats.heartbeat(broker_id, body["broker_epoch"], body["metadata_offset"],
-                                                     body["want_fence"], body["want_shutdown"], now,
-                                                     self.state_machine.image)
-        return {"is_caught_up": decision.is_caught_up, "is_fenced": decision.is_fenced,
-                "should_shut_down": decision.should_shut_down}
+                    self.heartbeats.note_controlled_shutdown_offset(
+                        broker_id, self.state_machine.image.offset
+                    )
+                decision = self.heartbeats.heartbeat(
+                    broker_id,
+                    body["broker_epoch"],
+                    body["metadata_offset"],
+                    body["want_fence"],
+                    body["want_shutdown"],
+                    now,
+                    self.state_machine.image,
+                )
+        return {
+            "is_caught_up": decision.is_caught_up,
+            "is_fenced": decision.is_fenced,
+            "should_shut_down": decision.should_shut_down,
+        }
 
     async def _submit_keeping_session(self, broker_id: int, api: str, body: dict) -> None:
         """``_submit`` a command a broker's heartbeat asked for, refreshing that broker's session
         meanwhile: it is alive while its transition is written, which for a stepped one over
         tens of thousands of partitions can outlast the session timeout."""
+
         async def keep() -> None:
             while True:
                 self.heartbeats.touch(broker_id, now_ms())
@@ -431,14 +543,24 @@ class ControllerNode:
         max_bytes = min(body.get("max_bytes") or MAX_FETCH_BYTES, MAX_FETCH_BYTES)
         snap = self._snapshot_for_fetch(from_offset)
         if snap is not None:
-            return {"batches": [], "high_watermark": self.log.next_offset,
-                    "snapshot": {"name": snap.name, "end_offset": self.snapshotter.end_offset(snap),
-                                 "size": snap.stat().st_size}}
+            return {
+                "batches": [],
+                "high_watermark": self.log.next_offset,
+                "snapshot": {
+                    "name": snap.name,
+                    "end_offset": self.snapshotter.end_offset(snap),
+                    "size": snap.stat().st_size,
+                },
+            }
         if from_offset >= self.log.next_offset and max_wait > 0:
             with trio.move_on_after(max_wait):
                 while from_offset >= self.log.next_offset:
                     await self._new_data.wait()
-        batches = self.log.read_encoded(from_offset, max_bytes) if from_offset < self.log.next_offset else []
+        batches = (
+            self.log.read_encoded(from_offset, max_bytes)
+            if from_offset < self.log.next_offset
+            else []
+        )
         return {"batches": batches, "high_watermark": self.log.next_offset, "snapshot": None}
 
     def _snapshot_for_fetch(self, from_offset: int) -> Any:
@@ -449,7 +571,9 @@ class ControllerNode:
         if from_offset < self.log.start_offset:
             snap = self.snapshotter.latest()
             if snap is None:
-                raise KraftError(ErrorCode.OFFSET_OUT_OF_RANGE, f"offset {from_offset} is before the log start")
+                raise KraftError(
+                    ErrorCode.OFFSET_OUT_OF_RANGE, f"offset {from_offset} is before the log start"
+                )
             return snap
         min_lag = self.config["metadata.fetch.snapshot.min.lag.records"]
         if min_lag < 0:
@@ -463,8 +587,11 @@ class ControllerNode:
         return None
 
     async def _api_FetchSnapshot(self, body: dict, ctx: Any) -> dict:
-        return self.snapshotter.read_chunk(body["name"], body["position"],
-                                           min(body.get("max_bytes") or MAX_FETCH_BYTES, MAX_FETCH_BYTES))
+        return self.snapshotter.read_chunk(
+            body["name"],
+            body["position"],
+            min(body.get("max_bytes") or MAX_FETCH_BYTES, MAX_FETCH_BYTES),
+        )
 
     async def _api_DescribeQuorum(self, body: dict, ctx: Any) -> dict:
         assert self.quorum is not None
@@ -474,8 +601,12 @@ class ControllerNode:
         if not self.quorum.is_leader and hint is not None:
             # Only the leader knows its followers' progress; ask it (one hop).
             from kraft.rpc.client import ControllerClient
-            client = ControllerClient([(hint[1], hint[2])], client_id=f"controller-{self.node_id}",
-                                      credentials=self.config.rpc_client_credentials)
+
+            client = ControllerClient(
+                [(hint[1], hint[2])],
+                client_id=f"controller-{self.node_id}",
+                credentials=self.config.rpc_client_credentials,
+            )
             try:
                 with trio.fail_after(3):
                     return await client.call("DescribeQuorum", {"forwarded": True})
@@ -489,21 +620,40 @@ class ControllerNode:
         voters = []
         for vid, (host, port) in sorted(self.config.rpc_voters.items()):
             v = status.get("voters", {}).get(vid, {})
-            voters.append({"node_id": vid, "host": host, "port": port,
-                           "raft_match_index": v.get("match_index"),
-                           "applied_offset": hw - 1 if vid == self.node_id else applied.get(vid),
-                           "lag": v.get("lag"), "last_contact_ms": v.get("last_contact_ms"),
-                           # a follower whose last answer acknowledged the whole log was caught up then
-                           "last_caught_up_ms": v.get("last_contact_ms") if v.get("lag") == 0 else None,
-                           "is_leader": vid == leader_id})
+            voters.append(
+                {
+                    "node_id": vid,
+                    "host": host,
+                    "port": port,
+                    "raft_match_index": v.get("match_index"),
+                    "applied_offset": hw - 1 if vid == self.node_id else applied.get(vid),
+                    "lag": v.get("lag"),
+                    "last_contact_ms": v.get("last_contact_ms"),
+                    # a follower whose last answer acknowledged the whole log was caught up then
+                    "last_caught_up_ms": v.get("last_contact_ms") if v.get("lag") == 0 else None,
+                    "is_leader": vid == leader_id,
+                }
+            )
         now = now_ms()
-        observers = [{"broker_id": b, "metadata_offset": off, "lag": max(hw - 1 - off, 0),
-                      "last_contact_ms": now - seen,
-                      "last_caught_up_ms": now - caught if caught >= 0 else None}
-                     for b, (off, seen, caught) in sorted(dict(self._observers).items())]
-        return {"cluster_id": self.config.cluster_id,
-                "leader_id": leader_id if leader_id is not None else -1, "term": status.get("term", 0),
-                "commit_index": commit_index, "high_watermark": hw, "voters": voters, "observers": observers}
+        observers = [
+            {
+                "broker_id": b,
+                "metadata_offset": off,
+                "lag": max(hw - 1 - off, 0),
+                "last_contact_ms": now - seen,
+                "last_caught_up_ms": now - caught if caught >= 0 else None,
+            }
+            for b, (off, seen, caught) in sorted(dict(self._observers).items())
+        ]
+        return {
+            "cluster_id": self.config.cluster_id,
+            "leader_id": leader_id if leader_id is not None else -1,
+            "term": status.get("term", 0),
+            "commit_index": commit_index,
+            "high_watermark": hw,
+            "voters": voters,
+            "observers": observers,
+        }
 
     async def _voter_applied_offsets(self) -> dict[int, int]:
         """Ask every other voter for its applied offset (1 s budget; silent ones are left out)."""
@@ -512,8 +662,11 @@ class ControllerNode:
         applied: dict[int, int] = {}
 
         async def ask(vid: int, host: str, port: int) -> None:
-            client = ControllerClient([(host, port)], client_id=f"controller-{self.node_id}",
-                                      credentials=self.config.rpc_client_credentials)
+            client = ControllerClient(
+                [(host, port)],
+                client_id=f"controller-{self.node_id}",
+                credentials=self.config.rpc_client_credentials,
+            )
             try:
                 with trio.move_on_after(1.0):
                     reply = await client.call("DescribeNode", {"checksum": False}, timeout=1.0)
@@ -531,18 +684,28 @@ class ControllerNode:
 
     async def _api_DescribeNode(self, body: dict, ctx: Any) -> dict:
         image = self.state_machine.image
-        checksum = await trio.to_thread.run_sync(image.checksum) if body.get("checksum", True) else None
-        return {"node_id": self.node_id, "is_active": self.is_active, "applied_offset": image.offset,
-                "image_checksum": checksum, "log_start_offset": self.log.start_offset,
-                "log_end_offset": self.log.next_offset,
-                "raft": self.quorum.status() if self.quorum else {},
-                "raft_stats": self.quorum.stats() if self.quorum else {}}
+        checksum = (
+            await trio.to_thread.run_sync(image.checksum) if body.get("checksum", True) else None
+        )
+        return {
+            "node_id": self.node_id,
+            "is_active": self.is_active,
+            "applied_offset": image.offset,
+            "image_checksum": checksum,
+            "log_start_offset": self.log.start_offset,
+            "log_end_offset": self.log.next_offset,
+            "raft": self.quorum.status() if self.quorum else {},
+            "raft_stats": self.quorum.stats() if self.quorum else {},
+        }
 
 
 def main(config_path: str) -> int:
     """Run a controller until SIGTERM/SIGINT. Returns the process exit code."""
-    logging.basicConfig(level=os.environ.get("KRAFT_LOG_LEVEL", "INFO"),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=os.environ.get("KRAFT_LOG_LEVEL", "INFO"),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
     try:
         config = ControllerConfig.load(config_path)
         node = ControllerNode(config)

@@ -8,6 +8,7 @@ limit. The segment being written always stays, and so does the newest snapshot; 
 end before the new log start can no longer be continued from and go too. A reader (a broker, a
 lagging controller's FetchMetadata) that asks for a deleted offset is sent the snapshot.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -24,8 +25,9 @@ class SegmentInfo:
     mtime_ms: int
 
 
-def retention_cut(segments: list[SegmentInfo], snapshot_end_offset: int, now_ms: int,
-                  max_ms: int, max_bytes: int) -> int | None:
+def retention_cut(
+    segments: list[SegmentInfo], snapshot_end_offset: int, now_ms: int, max_ms: int, max_bytes: int
+) -> int | None:
     """The offset to delete whole segments before (``MetadataLog.truncate_before``), or None.
 
     ``snapshot_end_offset`` is the newest snapshot's end offset (last included offset + 1):

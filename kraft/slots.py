@@ -5,10 +5,12 @@ setting each slot through its descriptor instead costs about half. :func:`slot_i
 an ``__init__`` with the same parameters and defaults (so keyword calls and
 ``dataclasses.replace`` keep working); fields with ``init=False`` get their default.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import MISSING, fields
-from typing import Any, Callable
+from typing import Any
 
 
 def slot_init(cls: type) -> Callable[..., None]:
@@ -32,7 +34,7 @@ def slot_init(cls: type) -> Callable[..., None]:
         body.append(f"    _s{i}(self, {f.name})")
     header = f"def __init__(self{''.join(', ' + p for p in params)}):"
     source = "\n".join([header, *(body or ["    pass"])])
-    exec(source, env)  # noqa: S102 - built from the class's own field names only
+    exec(source, env)
     init = env["__init__"]
     init.__qualname__ = f"{cls.__name__}.__init__"
     return init

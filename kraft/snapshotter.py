@@ -6,6 +6,7 @@ or ``metadata.log.max.snapshot.interval.ms`` with new records; PySyncObj's compa
 a snapshot, so a lagging controller can be installed from it. Brokers fetch them with
 ``FetchSnapshot`` when their offset is before the log start.
 """
+
 from __future__ import annotations
 
 import logging
@@ -16,13 +17,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kraft.errors import ErrorCode, KraftError
 from kraft.image import MetadataImage, image_from_records
 from kraft.log.errors import CorruptSnapshotError
 from kraft.log.metadata_log import MetadataLog
-from kraft.log.snapshot import (SnapshotHeader, delete_snapshots_before, latest_snapshot,
-                                list_snapshots, parse_snapshot_name, read_snapshot,
-                                write_snapshot_runs)
-from kraft.errors import ErrorCode, KraftError
+from kraft.log.snapshot import (
+    SnapshotHeader,
+    delete_snapshots_before,
+    latest_snapshot,
+    list_snapshots,
+    parse_snapshot_name,
+    read_snapshot,
+    write_snapshot_runs,
+)
 from kraft.retention import SegmentInfo, retention_cut
 
 log = logging.getLogger(__name__)
@@ -34,10 +41,16 @@ RequestIds = tuple[tuple[str, dict[str, Any]], ...]
 def image_to_snapshot(directory: Path, image: MetadataImage, request_ids: RequestIds = ()) -> Path:
     """Write ``image`` (and the dedup window at its offset) as a snapshot file in
     ``directory``; returns its path."""
-    header = SnapshotHeader(end_offset=image.offset + 1, term=image.term, raft_index=image.raft_index,
-                            timestamp_ms=image.timestamp_ms, last_hash=image.last_hash,
-                            record_count=image.record_count(), image_checksum=image.checksum(),
-                            request_ids=tuple(request_ids))
+    header = SnapshotHeader(
+        end_offset=image.offset + 1,
+        term=image.term,
+        raft_index=image.raft_index,
+        timestamp_ms=image.timestamp_ms,
+        last_hash=image.last_hash,
+        record_count=image.record_count(),
+        image_checksum=image.checksum(),
+        request_ids=tuple(request_ids),
+    )
     return write_snapshot_runs(directory, header, image.record_runs())
 
 
@@ -50,11 +63,20 @@ def snapshot_state(path: Path, freeze: bool = False) -> tuple[MetadataImage, Req
     CorruptSnapshotError. ``freeze``: the built image leaves the cyclic GC's reach (kept long)."""
     header, records = read_snapshot(path, unchecked_partitions=True)
     try:
-        image = image_from_records(records, offset=header.end_offset - 1, term=header.term,
-                                   raft_index=header.raft_index, timestamp_ms=header.timestamp_ms,
-                                   last_hash=header.last_hash, freeze=freeze)
-        problem = (None if image.checksum(header.checksum_version) == header.image_checksum
-                   else "image checksum does not match the header")
+        image = image_from_records(
+            records,
+            offset=header.end_offset - 1,
+            term=header.term,
+            raft_index=header.raft_index,
+            timestamp_ms=header.timestamp_ms,
+            last_hash=header.last_hash,
+            freeze=freeze,
+        )
+        problem = (
+            None
+            if image.checksum(header.checksum_version) == header.image_checksum
+            else "image checksum does not match the header"
+        )
     except CorruptSnapshotError:
         raise
     except Exception as e:  # a ReplayError, or an unchecked value of the wrong type
@@ -74,8 +96,14 @@ def image_from_snapshot(path: Path) -> MetadataImage:
 class Snapshotter:
     """Snapshot policy and I/O for one node's metadata log directory."""
 
-    def __init__(self, directory: Path, metadata_log: MetadataLog, max_bytes_between: int,
-                 max_interval_ms: int, phase: float = 0.0) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        metadata_log: MetadataLog,
+        max_bytes_between: int,
+        max_interval_ms: int,
+        phase: float = 0.0,
+    ) -> None:
         """``phase`` (0 <= phase < 1) brings this node's first byte-triggered snapshot forward by
         that fraction of ``max_bytes_between``: every controller's log is identical, so without
         it all of them write a full-image snapshot at the same offset, competing for the same
@@ -121,7 +149,9 @@ class Snapshotter:
             if image.offset + 1 > self.log.next_offset:
                 self.request_ids = request_ids
                 self._continue_log_from(image)
-                log.info("log continues from snapshot %s (offset %d)", snapshots[-1].name, image.offset)
+                log.info(
+                    "log continues from snapshot %s (offset %d)", snapshots[-1].name, image.offset
+                )
                 return image
         for path in reversed(snapshots):
             end = parse_snapshot_name(path)[0]
@@ -130,8 +160,10 @@ class Snapshotter:
                 log.info("loaded snapshot %s (offset %d)", path.name, image.offset)
                 return image
         if self.log.start_offset > 0:
-            raise RuntimeError(f"metadata log in {self.directory} starts at offset {self.log.start_offset} "
-                               "but no snapshot covers the offsets before it")
+            raise RuntimeError(
+                f"metadata log in {self.directory} starts at offset {self.log.start_offset} "
+                "but no snapshot covers the offsets before it"
+            )
         return MetadataImage.EMPTY
 
     def due(self, image: MetadataImage, now_ms: int) -> bool:
@@ -157,8 +189,13 @@ class Snapshotter:
             self._last_end_offset = image.offset + 1
             self._last_log_bytes = self.log.size_bytes
             self._last_time_ms = int(time.time() * 1000)
-            log.info("wrote snapshot %s (%d partitions) in %.2fs (%.2fs CPU)", path.name,
-                     image.partition_count(), time.monotonic() - started, time.thread_time() - cpu)
+            log.info(
+                "wrote snapshot %s (%d partitions) in %.2fs (%.2fs CPU)",
+                path.name,
+                image.partition_count(),
+                time.monotonic() - started,
+                time.thread_time() - cpu,
+            )
             return path
 
     def enforce_retention(self, now_ms: int, max_ms: int, max_bytes: int) -> list[Path]:
@@ -175,8 +212,11 @@ class Snapshotter:
                     mtime_ms = int(path.stat().st_mtime * 1000)
                 except FileNotFoundError:
                     return []
-                infos.append(SegmentInfo(base, sizes[i + 1][1] if i + 1 < len(sizes) else None,
-                                         size, mtime_ms))
+                infos.append(
+                    SegmentInfo(
+                        base, sizes[i + 1][1] if i + 1 < len(sizes) else None, size, mtime_ms
+                    )
+                )
             cut = retention_cut(infos, parse_snapshot_name(latest)[0], now_ms, max_ms, max_bytes)
             if cut is None:
                 return []
@@ -211,13 +251,20 @@ class Snapshotter:
             self.request_ids = request_ids
             self._last_end_offset = image.offset + 1
             self._last_log_bytes = self.log.size_bytes
-            log.warning("installed the leader's snapshot at offset %d; this node's history now starts there",
-                        image.offset)
+            log.warning(
+                "installed the leader's snapshot at offset %d; this node's history now starts there",
+                image.offset,
+            )
             return image
 
     def _continue_log_from(self, image: MetadataImage) -> None:
-        self.log.reset(image.offset + 1, image.last_hash, last_term=image.term,
-                       last_raft_index=image.raft_index, last_timestamp_ms=image.timestamp_ms)
+        self.log.reset(
+            image.offset + 1,
+            image.last_hash,
+            last_term=image.term,
+            last_raft_index=image.raft_index,
+            last_timestamp_ms=image.timestamp_ms,
+        )
 
     def read_chunk(self, name: str, position: int, max_bytes: int) -> dict:
         """One chunk of a snapshot file for ``FetchSnapshot``."""
@@ -226,7 +273,10 @@ class Snapshotter:
             raise KraftError(ErrorCode.RESOURCE_NOT_FOUND, f"no snapshot named {name!r}")
         size = path.stat().st_size
         if position < 0 or position > size:
-            raise KraftError(ErrorCode.OFFSET_OUT_OF_RANGE, f"position {position} outside snapshot of {size} bytes")
+            raise KraftError(
+                ErrorCode.OFFSET_OUT_OF_RANGE,
+                f"position {position} outside snapshot of {size} bytes",
+            )
         with open(path, "rb") as f:
             f.seek(position)
             data = f.read(max_bytes)

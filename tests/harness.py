@@ -1,5 +1,6 @@
 """Helpers for integration tests: run the real ``kraft`` CLI, start/stop real local clusters,
 poll for conditions with deadlines, and read nodes' metadata logs."""
+
 from __future__ import annotations
 
 import hashlib
@@ -9,8 +10,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 ENV = dict(os.environ, PYTHONPATH=str(REPO), KRAFT_LOG_LEVEL="INFO")
@@ -18,11 +20,19 @@ ENV = dict(os.environ, PYTHONPATH=str(REPO), KRAFT_LOG_LEVEL="INFO")
 
 def kraft(*args: str, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess:
     """Run ``kraft ARGS`` as a user would; raise with its output if it fails and ``check``."""
-    proc = subprocess.run([sys.executable, "-m", "tools.cli", *args], cwd=REPO, env=ENV,
-                          capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tools.cli", *args],
+        cwd=REPO,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     if check and proc.returncode != 0:
-        raise AssertionError(f"kraft {' '.join(args)} exited {proc.returncode}\n"
-                             f"stdout: {proc.stdout}\nstderr: {proc.stderr}")
+        raise AssertionError(
+            f"kraft {' '.join(args)} exited {proc.returncode}\n"
+            f"stdout: {proc.stdout}\nstderr: {proc.stderr}"
+        )
     return proc
 
 
@@ -30,7 +40,9 @@ def kraft_json(*args: str, timeout: float = 60) -> Any:
     return json.loads(kraft(*args, "--json", timeout=timeout).stdout)
 
 
-def poll(condition: Callable[[], Any], timeout: float, interval: float = 0.1, what: str = "condition") -> Any:
+def poll(
+    condition: Callable[[], Any], timeout: float, interval: float = 0.1, what: str = "condition"
+) -> Any:
     """Call ``condition`` until it returns something truthy; fail after ``timeout`` seconds.
     Exceptions count as "not yet" (the last one is reported)."""
     deadline = time.monotonic() + timeout
@@ -40,10 +52,12 @@ def poll(condition: Callable[[], Any], timeout: float, interval: float = 0.1, wh
             value = condition()
             if value:
                 return value
-        except Exception as e:  # noqa: BLE001 - polling: remember and retry
+        except Exception as e:
             last_error = e
         time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last error: {last_error!r}")
+    raise AssertionError(
+        f"timed out after {timeout}s waiting for {what}; last error: {last_error!r}"
+    )
 
 
 class LocalCluster:
@@ -57,9 +71,20 @@ class LocalCluster:
     def meta(self) -> dict:
         return json.loads((self.dir / "cluster.json").read_text())
 
-    def up(self, controllers: int = 3, brokers: int = 0, *extra: str) -> "LocalCluster":
-        kraft("cluster", "up", "--dir", str(self.dir), "--controllers", str(controllers),
-              "--brokers", str(brokers), "--detach", *extra, timeout=120)
+    def up(self, controllers: int = 3, brokers: int = 0, *extra: str) -> LocalCluster:
+        kraft(
+            "cluster",
+            "up",
+            "--dir",
+            str(self.dir),
+            "--controllers",
+            str(controllers),
+            "--brokers",
+            str(brokers),
+            "--detach",
+            *extra,
+            timeout=120,
+        )
         return self
 
     def controller(self, node_id: int) -> dict:
@@ -85,11 +110,26 @@ class LocalCluster:
 
     def start_sim_brokers(self, count: int = 3, racks: str = "") -> None:
         """Run simulated brokers (real RPC: register, follow the log, heartbeat) in a subprocess."""
-        cmd = [sys.executable, "-m", "tools.sim_broker", "--cluster", str(self.dir), "--count", str(count)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "tools.sim_broker",
+            "--cluster",
+            str(self.dir),
+            "--count",
+            str(count),
+        ]
         if racks:
             cmd += ["--racks", racks]
-        self.sim_brokers = subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=subprocess.PIPE,
-                                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        self.sim_brokers = subprocess.Popen(
+            cmd,
+            cwd=REPO,
+            env=ENV,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
         line = poll(lambda: self.sim_brokers.stdout.readline(), 60, what="simulated brokers ready")
         assert line.strip() == "ready", line
 
@@ -99,7 +139,16 @@ class LocalCluster:
             self.sim_brokers.wait(10)
             self.sim_brokers = None
         if (self.dir / "cluster.json").exists():
-            kraft("cluster", "down", "--dir", str(self.dir), "--timeout", "20", check=False, timeout=60)
+            kraft(
+                "cluster",
+                "down",
+                "--dir",
+                str(self.dir),
+                "--timeout",
+                "20",
+                check=False,
+                timeout=60,
+            )
             for node in self.meta["controllers"] + self.meta.get("brokers", []):
                 pid = node.get("pid")
                 if pid:

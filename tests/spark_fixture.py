@@ -1,8 +1,10 @@
 """One module-scoped real SparkSession (local mode) for the audit test modules."""
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -14,8 +16,9 @@ def module_spark(master: str, app_name: str) -> Callable[..., Any]:
     def spark(tmp_path_factory: pytest.TempPathFactory) -> Any:
         from tools.audit.session import build_session
 
-        session = build_session(master, Path(tmp_path_factory.mktemp("spark")) / "spark.log",
-                                app_name=app_name)
+        session = build_session(
+            master, Path(tmp_path_factory.mktemp("spark")) / "spark.log", app_name=app_name
+        )
         yield session
         session.stop()
 

@@ -1,5 +1,6 @@
 """The audit's driver JVM: its class archive (where it lives, when it is used, that a real Spark
 driver maps it and starts quietly when the archive is unusable) and its options."""
+
 from __future__ import annotations
 
 import json
@@ -14,7 +15,7 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from tools.audit import classdata  # noqa: E402
+from tools.audit import classdata
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -40,9 +41,14 @@ spark.stop()
 
 
 def _probe(tmp_path: Path, **env: str) -> tuple[dict, str]:
-    proc = subprocess.run([sys.executable, "-c", PROBE, str(tmp_path / "spark.log")], cwd=REPO,
-                          capture_output=True, text=True, timeout=300,
-                          env={**os.environ, **env})
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, str(tmp_path / "spark.log")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **env},
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     last = proc.stdout.strip().splitlines()[-1]
     return json.loads(last), proc.stdout
@@ -100,12 +106,24 @@ def test_an_unusable_archive_is_ignored_quietly(tmp_path):
     speed-up: no warning in the user's terminal."""
     made, _ = classdata.create()
     assert made is not None
-    env = {"KRAFT_AUDIT_CDS_DIR": str(tmp_path / "cds"),
-           "SPARK_CONF_DIR": str(tmp_path / "other-conf")}  # first on the class path
-    probe = (f"import os; os.environ.update({env!r}); from tools.audit import classdata; "
-             "print(classdata.archive_path())")
-    where = Path(subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True,
-                                text=True, timeout=60, check=True).stdout.strip())
+    env = {
+        "KRAFT_AUDIT_CDS_DIR": str(tmp_path / "cds"),
+        "SPARK_CONF_DIR": str(tmp_path / "other-conf"),
+    }  # first on the class path
+    probe = (
+        f"import os; os.environ.update({env!r}); from tools.audit import classdata; "
+        "print(classdata.archive_path())"
+    )
+    where = Path(
+        subprocess.run(
+            [sys.executable, "-c", probe],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout.strip()
+    )
     where.parent.mkdir(parents=True)
     shutil.copyfile(made, where)
     (tmp_path / "other-conf").mkdir()
@@ -117,8 +135,11 @@ def test_an_unusable_archive_is_ignored_quietly(tmp_path):
 
 def test_archives_unused_for_a_month_are_pruned_beside_a_new_one(tmp_path):
     keep = tmp_path / "spark-classes-aaaa.jsa"
-    stale, recent, other = (tmp_path / "spark-classes-bbbb.jsa", tmp_path / "spark-classes-cccc.jsa",
-                            tmp_path / "notes.txt")
+    stale, recent, other = (
+        tmp_path / "spark-classes-bbbb.jsa",
+        tmp_path / "spark-classes-cccc.jsa",
+        tmp_path / "notes.txt",
+    )
     for p in (keep, stale, recent, other):
         p.write_bytes(b"x")
     month_ago = time.time() - classdata.UNUSED_FOR_S - 60

@@ -2,6 +2,7 @@
 record type, on random records of every type (any text, 64-bit integers), with offset bounds,
 and on damaged logs (edited bytes, torn tail, and frames whose CRC is right but whose batch fails
 strict validation or is not the codec's canonical encoding). Pure Python, no SparkSession."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,21 +12,44 @@ import pytest
 pa = pytest.importorskip("pyarrow")
 pytest.importorskip("numpy")
 
-import msgpack  # noqa: E402
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+import msgpack
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from kraft.log.metadata_log import MetadataLog  # noqa: E402
-from kraft.log.segment import encode_frame, iter_frames, list_segments  # noqa: E402
-from kraft.records import (  # noqa: E402
-    BOOL, ENDPOINTS, FEATURES, INT, INTS, OPT_INT, OPT_INTS, OPT_STR, RECORD_TYPES, STR, ZERO_HASH,
-    Batch, FeatureLevelRecord, NoOpRecord, ProducerIdsRecord, Provenance, UnregisterBrokerRecord,
-    RecordDecodeError, batch_hash, decode_batch)
-from tools.audit.sample_log import write_history  # noqa: E402
-from tools.audit.columns import (ARROW_SCHEMA, COLUMNS, JSON_ONLY, RENAMES,  # noqa: E402
-                                 decode_segment)
-from tools.audit.fastdecode import decode_segment_fast  # noqa: E402
-from tools.audit.structs import decode_batch_fast, decode_canonical  # noqa: E402
+from kraft.log.metadata_log import MetadataLog
+from kraft.log.segment import encode_frame, iter_frames, list_segments
+from kraft.records import (
+    BOOL,
+    ENDPOINTS,
+    FEATURES,
+    INT,
+    INTS,
+    OPT_INT,
+    OPT_INTS,
+    OPT_STR,
+    RECORD_TYPES,
+    STR,
+    ZERO_HASH,
+    Batch,
+    FeatureLevelRecord,
+    NoOpRecord,
+    ProducerIdsRecord,
+    Provenance,
+    RecordDecodeError,
+    UnregisterBrokerRecord,
+    batch_hash,
+    decode_batch,
+)
+from tools.audit.columns import (
+    ARROW_SCHEMA,
+    COLUMNS,
+    JSON_ONLY,
+    RENAMES,
+    decode_segment,
+)
+from tools.audit.fastdecode import decode_segment_fast
+from tools.audit.sample_log import write_history
+from tools.audit.structs import decode_batch_fast, decode_canonical
 
 
 def _table(batches) -> pa.Table:
@@ -52,18 +76,32 @@ def every_type_log(tmp_path_factory) -> Path:
     write_history(d, segment_bytes=1500)
     with MetadataLog.open(d, segment_bytes=1500, fsync="never") as mlog:
         prov = Provenance("User:carol", "tool", "req-x", "Misc", "test")
-        extra = (FeatureLevelRecord("kraft.version", 1), ProducerIdsRecord(101, 5, 1000),
-                 NoOpRecord(), UnregisterBrokerRecord(103, 7))
-        batch = Batch(mlog.next_offset, mlog.last_term, mlog.last_raft_index + 1,
-                      mlog.last_timestamp_ms + 1000, prov, mlog.last_hash, extra)
+        extra = (
+            FeatureLevelRecord("kraft.version", 1),
+            ProducerIdsRecord(101, 5, 1000),
+            NoOpRecord(),
+            UnregisterBrokerRecord(103, 7),
+        )
+        batch = Batch(
+            mlog.next_offset,
+            mlog.last_term,
+            mlog.last_raft_index + 1,
+            mlog.last_timestamp_ms + 1000,
+            prov,
+            mlog.last_hash,
+            extra,
+        )
         mlog.append(batch)
     return d
 
 
 def _all_canonical(directory: Path) -> bool:
     """Every frame takes the fast path (else a comparison would only test the strict one)."""
-    return all(decode_canonical(f.payload) is not None
-               for p in list_segments(directory) for f in iter_frames(p.read_bytes()))
+    return all(
+        decode_canonical(f.payload) is not None
+        for p in list_segments(directory)
+        for f in iter_frames(p.read_bytes())
+    )
 
 
 def test_fast_decode_equals_strict_on_a_real_log_with_every_record_type(every_type_log):
@@ -133,35 +171,54 @@ def _ints_for(cls, name: str):
 def _values(cls, name: str, kind):
     ints = _ints_for(cls, name)
     return {
-        INT: ints, STR: _TEXT, BOOL: st.booleans(), OPT_STR: st.none() | _TEXT,
-        OPT_INT: st.none() | ints, INTS: st.lists(ints, max_size=4).map(tuple),
+        INT: ints,
+        STR: _TEXT,
+        BOOL: st.booleans(),
+        OPT_STR: st.none() | _TEXT,
+        OPT_INT: st.none() | ints,
+        INTS: st.lists(ints, max_size=4).map(tuple),
         OPT_INTS: st.none() | st.lists(ints, max_size=4).map(tuple),
-        ENDPOINTS: st.lists(st.fixed_dictionaries(
-            {"name": _TEXT, "host": _TEXT, "port": _ANY_INT, "security_protocol": _TEXT}),
-            max_size=2).map(tuple),
-        FEATURES: st.lists(st.fixed_dictionaries(
-            {"name": _TEXT, "min_version": _ANY_INT, "max_version": _ANY_INT}),
-            max_size=2).map(tuple),
+        ENDPOINTS: st.lists(
+            st.fixed_dictionaries(
+                {"name": _TEXT, "host": _TEXT, "port": _ANY_INT, "security_protocol": _TEXT}
+            ),
+            max_size=2,
+        ).map(tuple),
+        FEATURES: st.lists(
+            st.fixed_dictionaries(
+                {"name": _TEXT, "min_version": _ANY_INT, "max_version": _ANY_INT}
+            ),
+            max_size=2,
+        ).map(tuple),
     }[kind]
 
 
-_RECORD = st.one_of([st.tuples(*[_values(cls, n, k) for n, k in cls.FIELDS]).map(
-    lambda v, c=cls: c(*v)) for cls in RECORD_TYPES.values()])
+_RECORD = st.one_of(
+    [
+        st.tuples(*[_values(cls, n, k) for n, k in cls.FIELDS]).map(lambda v, c=cls: c(*v))
+        for cls in RECORD_TYPES.values()
+    ]
+)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(batches=st.lists(st.lists(_RECORD, min_size=1, max_size=6), min_size=1, max_size=6),
-       who=st.tuples(_TEXT, _TEXT, _TEXT, _TEXT, _TEXT), rows=st.sampled_from([1, 4, 1000]))
-def test_fast_decode_equals_strict_on_random_records_of_every_type(tmp_path_factory, batches,
-                                                                   who, rows):
+@given(
+    batches=st.lists(st.lists(_RECORD, min_size=1, max_size=6), min_size=1, max_size=6),
+    who=st.tuples(_TEXT, _TEXT, _TEXT, _TEXT, _TEXT),
+    rows=st.sampled_from([1, 4, 1000]),
+)
+def test_fast_decode_equals_strict_on_random_records_of_every_type(
+    tmp_path_factory, batches, who, rows
+):
     """Any text (quotes, control characters, non-ASCII) and any 64-bit integer: the fast path
     takes every frame and its rows, JSON included, are the strict path's."""
     d = tmp_path_factory.mktemp("random")
     prev, offset = ZERO_HASH, 0
     with open(d / "00000000000000000000.log", "wb") as f:
         for i, records in enumerate(batches):
-            encoded = Batch(offset, 1, i + 1, 1_790_000_000_000 + i, Provenance(*who), prev,
-                            tuple(records)).encode()
+            encoded = Batch(
+                offset, 1, i + 1, 1_790_000_000_000 + i, Provenance(*who), prev, tuple(records)
+            ).encode()
             f.write(encode_frame(encoded))
             prev, offset = batch_hash(encoded), offset + len(records)
     assert _all_canonical(d)
@@ -185,16 +242,28 @@ def _duplicate_first_key(payload: bytes) -> bytes:
     """``payload`` whose first record map carries its ``version`` key twice."""
     i = payload.index(msgpack.packb("records")) + len(msgpack.packb("records"))
     j = i + (1 if payload[i] & 0xF0 == 0x90 else 3)  # past the array header
-    assert payload[j] & 0xF0 == 0x80                 # a fixmap: its size is in the low bits
+    assert payload[j] & 0xF0 == 0x80  # a fixmap: its size is in the low bits
     version = msgpack.packb("version")
     k = payload.index(version, j) + len(version) + 1
-    return (payload[:j] + bytes([payload[j] + 1]) + payload[j + 1:k] + version + b"\x00"
-            + payload[k:])
+    return (
+        payload[:j] + bytes([payload[j] + 1]) + payload[j + 1 : k] + version + b"\x00" + payload[k:]
+    )
 
 
-@pytest.mark.parametrize("edit", ["unknown-type", "bool-version", "extra-field", "key-order",
-                                  "not-msgpack", "bool-int", "wide-int", "duplicate-key",
-                                  "short-hash"])
+@pytest.mark.parametrize(
+    "edit",
+    [
+        "unknown-type",
+        "bool-version",
+        "extra-field",
+        "key-order",
+        "not-msgpack",
+        "bool-int",
+        "wide-int",
+        "duplicate-key",
+        "short-hash",
+    ],
+)
 def test_frames_the_fast_path_cannot_vouch_for_give_the_strict_rows(tmp_path, edit):
     d = tmp_path / "log"
     write_history(d, segment_bytes=1 << 20)
@@ -237,9 +306,9 @@ def test_edited_bytes_and_a_torn_tail_give_the_strict_rows(tmp_path):
     pos, end, payload = _frames(seg)[4]
     data = bytearray(seg.read_bytes())
     i = pos + 8 + payload.index(b"req-")
-    data[i + 2] = ord("Q")                               # an edit that still decodes
+    data[i + 2] = ord("Q")  # an edit that still decodes
     pos2, _, payload2 = _frames(seg)[6]
-    data[pos2 + 9] ^= 0xFF                               # an edit that no longer decodes
+    data[pos2 + 9] ^= 0xFF  # an edit that no longer decodes
     seg.write_bytes(bytes(data) + b"\x00\x00\x10\x00\x00")  # and a torn frame at the end
     table = _same(seg)
     problems = [r["problem"] for r in table.to_pylist() if r["problem"]]
@@ -249,12 +318,15 @@ def test_edited_bytes_and_a_torn_tail_give_the_strict_rows(tmp_path):
     assert edited[0]["batch_hash"] != batch_hash(payload).hex()
 
 
-@pytest.mark.parametrize("columns", [
-    ["offset", "record_type"],
-    ["isr", "leader", "topic_id", "principal", "batch_hash", "position"],  # not in table order
-    ["record_json"],
-    ["feature_level", "config_value", "problem", "crc_ok"],
-])
+@pytest.mark.parametrize(
+    "columns",
+    [
+        ["offset", "record_type"],
+        ["isr", "leader", "topic_id", "principal", "batch_hash", "position"],  # not in table order
+        ["record_json"],
+        ["feature_level", "config_value", "problem", "crc_ok"],
+    ],
+)
 def test_a_column_subset_is_the_whole_tables_columns(every_type_log, tmp_path, columns):
     """Only the asked-for columns are built, equal to the whole table's, also for the strict
     decoder's rows (an edited frame, a torn tail)."""
@@ -301,7 +373,9 @@ def _same_batch(payload: bytes) -> None:
 def test_the_replays_fast_batch_decode_is_the_strict_one(records, who):
     """Every record type, any text and 64-bit integer, and the frames the fast path refuses:
     the replay gets what the strict decoder gives."""
-    encoded = Batch(7, 2, 3, 1_790_000_000_000, Provenance(*who), ZERO_HASH, tuple(records)).encode()
+    encoded = Batch(
+        7, 2, 3, 1_790_000_000_000, Provenance(*who), ZERO_HASH, tuple(records)
+    ).encode()
     assert decode_canonical(encoded) is not None
     _same_batch(encoded)
     doc = msgpack.unpackb(encoded, raw=False)

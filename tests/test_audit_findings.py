@@ -1,15 +1,15 @@
 """The findings' counts and samples (what findings.json reports per rule) come from one Spark
 job: counted per (rule, severity) however many rows a rule has, its samples the first
 ``SAMPLES_PER_RULE`` by offset."""
+
 from __future__ import annotations
 
 import pytest
 
 pyspark = pytest.importorskip("pyspark")
 
-from tests.spark_fixture import module_spark  # noqa: E402
-
-from tools.audit.run import SAMPLES_PER_RULE, _counts_and_samples  # noqa: E402
+from tests.spark_fixture import module_spark
+from tools.audit.run import SAMPLES_PER_RULE, _counts_and_samples
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -18,18 +18,24 @@ spark = module_spark("local[2]", "kraft-audit-findings-test")
 
 def test_counts_every_severity_and_samples_the_first_by_offset(spark):
     many = SAMPLES_PER_RULE + 50
-    rows = ([("hash-chain", "error", 1000 - i, f"e{i}") for i in range(many)]
-            # warnings only after the rule's first SAMPLES_PER_RULE rows
-            + [("hash-chain", "warning", 5000 + i, f"w{i}") for i in range(3)]
-            + [("unclean-election", "warning", 7, "u")])
+    rows = (
+        [("hash-chain", "error", 1000 - i, f"e{i}") for i in range(many)]
+        # warnings only after the rule's first SAMPLES_PER_RULE rows
+        + [("hash-chain", "warning", 5000 + i, f"w{i}") for i in range(3)]
+        + [("unclean-election", "warning", 7, "u")]
+    )
     df = spark.createDataFrame(rows, "rule string, severity string, offset bigint, detail string")
     counts, samples = _counts_and_samples(df.repartition(3))
-    assert counts == {("hash-chain", "error"): many, ("hash-chain", "warning"): 3,
-                      ("unclean-election", "warning"): 1}
+    assert counts == {
+        ("hash-chain", "error"): many,
+        ("hash-chain", "warning"): 3,
+        ("unclean-election", "warning"): 1,
+    }
     chain = [r["offset"] for r in samples if r["rule"] == "hash-chain"]
     assert chain == sorted(1000 - i for i in range(many))[:SAMPLES_PER_RULE]
-    assert [(r["offset"], r["detail"]) for r in samples if r["rule"] == "unclean-election"] == \
-        [(7, "u")]
+    assert [(r["offset"], r["detail"]) for r in samples if r["rule"] == "unclean-election"] == [
+        (7, "u")
+    ]
 
 
 def test_no_findings(spark):
@@ -43,8 +49,13 @@ def test_batch_rules_with_known_bounds_equal_those_with_aggregated_ones(spark):
     from tools.audit import checks
 
     z = "0" * 64
-    rows = [(0, 4, 1, "h0", z), (5, 9, 1, "h1", "h0"), (12, 15, 1, "h2", "h1"),
-            (12, 13, 1, "h3", "h2"), (16, 20, 1, "h4", "bad")]
+    rows = [
+        (0, 4, 1, "h0", z),
+        (5, 9, 1, "h1", "h0"),
+        (12, 15, 1, "h2", "h1"),
+        (12, 13, 1, "h3", "h2"),
+        (16, 20, 1, "h4", "bad"),
+    ]
     cols = ("batch_base_offset", "batch_last_offset", "term", "batch_hash", "prev_hash")
     every = spark.createDataFrame(rows, cols)
     new = every.filter("batch_base_offset >= 12")

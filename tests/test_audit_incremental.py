@@ -9,6 +9,7 @@ fences a broker, takes partitions offline, elects unclean leaders (one asked for
 ElectLeaders, one not), re-registers a broker with a used epoch, deletes a topic, creates
 another and changes configs — so open intervals close, tails move and findings appear.
 """
+
 from __future__ import annotations
 
 import io
@@ -24,16 +25,27 @@ import pytest
 
 pyspark = pytest.importorskip("pyspark")
 
-from bench.audit_bench import append_segment, generate  # noqa: E402
-from tests.spark_fixture import module_spark  # noqa: E402
-
-from kraft.log.metadata_log import MetadataLog  # noqa: E402
-from kraft.log.segment import list_segments, scan_segment  # noqa: E402
-from kraft.records import (  # noqa: E402
-    LEADER_NONE, LEADER_UNCHANGED, RECOVERY_UNCHANGED, ZERO_HASH, Batch,
-    BrokerRegistrationChangeRecord, ConfigRecord, PartitionChangeRecord, PartitionRecord,
-    Provenance, RegisterBrokerRecord, RemoveTopicRecord, TopicRecord, batch_hash)
-from tools.audit.run import TABLES, AuditOptions, run_audit  # noqa: E402
+from bench.audit_bench import append_segment, generate
+from kraft.log.metadata_log import MetadataLog
+from kraft.log.segment import list_segments, scan_segment
+from kraft.records import (
+    LEADER_NONE,
+    LEADER_UNCHANGED,
+    RECOVERY_UNCHANGED,
+    ZERO_HASH,
+    Batch,
+    BrokerRegistrationChangeRecord,
+    ConfigRecord,
+    PartitionChangeRecord,
+    PartitionRecord,
+    Provenance,
+    RegisterBrokerRecord,
+    RemoveTopicRecord,
+    TopicRecord,
+    batch_hash,
+)
+from tests.spark_fixture import module_spark
+from tools.audit.run import TABLES, AuditOptions, run_audit
 
 pytestmark = pytest.mark.timeout(1200)  # eight audits of small logs on real Spark
 
@@ -45,7 +57,13 @@ class _Log:
     """Appends chained batches to a metadata log directory (reopened each time)."""
 
     def __init__(self, directory: Path) -> None:
-        self.dir, self.offset, self.prev, self.index, self.ts = directory, 0, ZERO_HASH, 0, 1_790_000_000_000
+        self.dir, self.offset, self.prev, self.index, self.ts = (
+            directory,
+            0,
+            ZERO_HASH,
+            0,
+            1_790_000_000_000,
+        )
         self.rnd = random.Random(11)
         self.parts: dict[tuple[str, int], dict] = {}
         self.topics: dict[str, str] = {}
@@ -55,8 +73,9 @@ class _Log:
             for prov, records in batches:
                 self.index += 1
                 self.ts += 50
-                batch = Batch(self.offset, 1 + self.index // 40, self.index, self.ts, prov,
-                              self.prev, records)
+                batch = Batch(
+                    self.offset, 1 + self.index // 40, self.index, self.ts, prov, self.prev, records
+                )
                 encoded = batch.encode()
                 mlog.append_encoded(encoded, batch)
                 self.prev, self.offset = batch_hash(encoded), batch.next_offset
@@ -81,25 +100,57 @@ class _Log:
                 s = self.parts[key]
                 if kind == "isr-shrink" and len(s["isr"]) > 1:
                     s["isr"].remove(self.rnd.choice([r for r in s["isr"] if r != s["leader"]]))
-                    changes.append(PartitionChangeRecord(key[1], key[0], tuple(s["isr"]),
-                                                         LEADER_UNCHANGED, None, None, None,
-                                                         RECOVERY_UNCHANGED, None))
+                    changes.append(
+                        PartitionChangeRecord(
+                            key[1],
+                            key[0],
+                            tuple(s["isr"]),
+                            LEADER_UNCHANGED,
+                            None,
+                            None,
+                            None,
+                            RECOVERY_UNCHANGED,
+                            None,
+                        )
+                    )
                 elif kind == "isr-expand" and len(s["isr"]) < 3:
                     add = [r for r in s["reps"] if r not in s["isr"] and r in live]
                     if add:
                         s["isr"].append(add[0])
-                        changes.append(PartitionChangeRecord(key[1], key[0], tuple(s["isr"]),
-                                                             LEADER_UNCHANGED, None, None, None,
-                                                             RECOVERY_UNCHANGED, None))
+                        changes.append(
+                            PartitionChangeRecord(
+                                key[1],
+                                key[0],
+                                tuple(s["isr"]),
+                                LEADER_UNCHANGED,
+                                None,
+                                None,
+                                None,
+                                RECOVERY_UNCHANGED,
+                                None,
+                            )
+                        )
                 elif kind == "clean":
                     others = [r for r in s["isr"] if r != s["leader"] and r in live]
                     if others:
                         s["leader"] = others[0]
-                        changes.append(PartitionChangeRecord(key[1], key[0], None, s["leader"],
-                                                             None, None, None, RECOVERY_UNCHANGED,
-                                                             "clean"))
+                        changes.append(
+                            PartitionChangeRecord(
+                                key[1],
+                                key[0],
+                                None,
+                                s["leader"],
+                                None,
+                                None,
+                                None,
+                                RECOVERY_UNCHANGED,
+                                "clean",
+                            )
+                        )
             if changes:
-                out.append((Provenance("controller", "", "r", "AlterPartition", kind), tuple(changes)))
+                out.append(
+                    (Provenance("controller", "", "r", "AlterPartition", kind), tuple(changes))
+                )
         return out
 
 
@@ -110,16 +161,36 @@ def _ctl(api: str, reason: str) -> Provenance:
 def _first_part(log: _Log) -> list[tuple[Provenance, tuple]]:
     batches = []
     for b in BROKERS:
-        batches.append((Provenance("User:ANONYMOUS", f"broker-{b}", "r", "BrokerRegistration",
-                                   "broker-registration"),
-                        (RegisterBrokerRecord(b, str(uuid.UUID(int=b)), 100 + b, (), FEATURES,
-                                              f"r{b % 3}", True, False),)))
-        batches.append((_ctl("UnfenceBroker", "broker-unfenced"),
-                        (BrokerRegistrationChangeRecord(b, 100 + b, -1, 0),)))
+        batches.append(
+            (
+                Provenance(
+                    "User:ANONYMOUS",
+                    f"broker-{b}",
+                    "r",
+                    "BrokerRegistration",
+                    "broker-registration",
+                ),
+                (
+                    RegisterBrokerRecord(
+                        b, str(uuid.UUID(int=b)), 100 + b, (), FEATURES, f"r{b % 3}", True, False
+                    ),
+                ),
+            )
+        )
+        batches.append(
+            (
+                _ctl("UnfenceBroker", "broker-unfenced"),
+                (BrokerRegistrationChangeRecord(b, 100 + b, -1, 0),),
+            )
+        )
     for t in range(5):
         batches.append(log.create(f"topic-{t}", 4))
-    batches.append((Provenance("User:bob", "ops", "c", "IncrementalAlterConfigs", "user-request"),
-                    (ConfigRecord(2, "topic-1", "retention.ms", "1000"),)))
+    batches.append(
+        (
+            Provenance("User:bob", "ops", "c", "IncrementalAlterConfigs", "user-request"),
+            (ConfigRecord(2, "topic-1", "retention.ms", "1000"),),
+        )
+    )
     return batches + log.churn(40, BROKERS)
 
 
@@ -133,37 +204,100 @@ def _second_part(log: _Log) -> list[tuple[Provenance, tuple]]:
             s["isr"].remove(2)
             if s["leader"] == 2:
                 s["leader"] = s["isr"][0] if s["isr"] else LEADER_NONE
-                moves.append(PartitionChangeRecord(p, tid, tuple(s["isr"]), s["leader"], None, None,
-                                                   None, RECOVERY_UNCHANGED, "clean"))
+                moves.append(
+                    PartitionChangeRecord(
+                        p,
+                        tid,
+                        tuple(s["isr"]),
+                        s["leader"],
+                        None,
+                        None,
+                        None,
+                        RECOVERY_UNCHANGED,
+                        "clean",
+                    )
+                )
             else:
-                moves.append(PartitionChangeRecord(p, tid, tuple(s["isr"]), LEADER_UNCHANGED, None,
-                                                   None, None, RECOVERY_UNCHANGED, None))
-    batches.append((_ctl("BrokerHeartbeat", "broker-fenced"),
-                    (BrokerRegistrationChangeRecord(2, 102, 1, 0), *moves)))
+                moves.append(
+                    PartitionChangeRecord(
+                        p,
+                        tid,
+                        tuple(s["isr"]),
+                        LEADER_UNCHANGED,
+                        None,
+                        None,
+                        None,
+                        RECOVERY_UNCHANGED,
+                        None,
+                    )
+                )
+    batches.append(
+        (
+            _ctl("BrokerHeartbeat", "broker-fenced"),
+            (BrokerRegistrationChangeRecord(2, 102, 1, 0), *moves),
+        )
+    )
     batches += log.churn(10, live)
     # two unclean elections: one asked for (a warning), one not (an error)
     (t1, p1), (t2, p2) = sorted(log.parts)[:2]
     for (tid, p), api in (((t1, p1), "ElectLeaders"), ((t2, p2), "AlterPartition")):
         s = log.parts[(tid, p)]
-        s["leader"] = next(r for r in s["reps"] if r not in s["isr"] and r in live) \
-            if any(r not in s["isr"] and r in live for r in s["reps"]) else s["reps"][0]
+        s["leader"] = (
+            next(r for r in s["reps"] if r not in s["isr"] and r in live)
+            if any(r not in s["isr"] and r in live for r in s["reps"])
+            else s["reps"][0]
+        )
         s["isr"] = [s["leader"]]
-        batches.append((_ctl(api, "unclean"), (PartitionChangeRecord(
-            p, tid, (s["leader"],), s["leader"], None, None, None, RECOVERY_UNCHANGED, "unclean"),)))
+        batches.append(
+            (
+                _ctl(api, "unclean"),
+                (
+                    PartitionChangeRecord(
+                        p,
+                        tid,
+                        (s["leader"],),
+                        s["leader"],
+                        None,
+                        None,
+                        None,
+                        RECOVERY_UNCHANGED,
+                        "unclean",
+                    ),
+                ),
+            )
+        )
     # broker 5 re-registers with broker 4's epoch (broker-epoch-unique, a whole-log rule)
-    batches.append((Provenance("User:ANONYMOUS", "broker-5", "r", "BrokerRegistration",
-                               "broker-registration"),
-                    (RegisterBrokerRecord(5, str(uuid.UUID(int=55)), 104, (), FEATURES, "r2", True,
-                                          False),)))
+    batches.append(
+        (
+            Provenance(
+                "User:ANONYMOUS", "broker-5", "r", "BrokerRegistration", "broker-registration"
+            ),
+            (
+                RegisterBrokerRecord(
+                    5, str(uuid.UUID(int=55)), 104, (), FEATURES, "r2", True, False
+                ),
+            ),
+        )
+    )
     gone = log.topics["topic-3"]
-    batches.append((Provenance("User:alice", "admin", "c", "DeleteTopics", "user-request"),
-                    (RemoveTopicRecord(gone),)))
+    batches.append(
+        (
+            Provenance("User:alice", "admin", "c", "DeleteTopics", "user-request"),
+            (RemoveTopicRecord(gone),),
+        )
+    )
     for key in [k for k in log.parts if k[0] == gone]:
         del log.parts[key]
     batches.append(log.create("topic-new", 3))
-    batches.append((Provenance("User:bob", "ops", "c", "IncrementalAlterConfigs", "user-request"),
-                    (ConfigRecord(2, "topic-1", "retention.ms", "2000"),
-                     ConfigRecord(2, "topic-new", "cleanup.policy", "compact"))))
+    batches.append(
+        (
+            Provenance("User:bob", "ops", "c", "IncrementalAlterConfigs", "user-request"),
+            (
+                ConfigRecord(2, "topic-1", "retention.ms", "2000"),
+                ConfigRecord(2, "topic-new", "cleanup.policy", "compact"),
+            ),
+        )
+    )
     return batches + log.churn(15, live)
 
 
@@ -179,7 +313,7 @@ def _audit(spark, log_dir: Path, out: Path) -> tuple[object, str]:
 
 def _rows(spark, out: Path, name: str) -> list[tuple]:
     df = spark.read.parquet(str(out / "tables" / name))
-    return sorted((tuple(map(repr, r)) for r in df.select(*sorted(df.columns)).collect()))
+    return sorted(tuple(map(repr, r)) for r in df.select(*sorted(df.columns)).collect())
 
 
 def _same_as_whole(spark, out: Path, whole: Path) -> dict:
@@ -212,7 +346,7 @@ def test_reaudit_equals_a_whole_log_audit(spark, tmp_path):
     assert "whole log audited" in text
 
     log.write(_second_part(log))
-    assert list_segments(log.dir)[:len(first_segments)] == first_segments
+    assert list_segments(log.dir)[: len(first_segments)] == first_segments
     assert len(list_segments(log.dir)) > len(first_segments)
     again, text = _audit(spark, log.dir, out)
     assert "re-audit:" in text, text
@@ -273,9 +407,15 @@ def test_reaudit_of_the_bench_logs_appended_segment(spark, tmp_path):
         for record in entry.batch.records:
             kinds[type(record).__name__] = kinds.get(type(record).__name__, 0) + 1
     assert sum(kinds.values()) == added
-    assert {"PartitionChangeRecord", "PartitionRecord", "TopicRecord", "RemoveTopicRecord",
-            "ConfigRecord", "RegisterBrokerRecord", "BrokerRegistrationChangeRecord"} <= set(kinds), \
-        kinds
+    assert {
+        "PartitionChangeRecord",
+        "PartitionRecord",
+        "TopicRecord",
+        "RemoveTopicRecord",
+        "ConfigRecord",
+        "RegisterBrokerRecord",
+        "BrokerRegistrationChangeRecord",
+    } <= set(kinds), kinds
 
     again, text = _audit(spark, log_dir, out)
     assert f"re-audit: {added:,} new records" in text, text

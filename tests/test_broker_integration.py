@@ -1,5 +1,6 @@
 """Brokers as users meet them: 3 real controllers + 3 real brokers on loopback, the kraft CLI,
 the brokers' state endpoint, and real Kafka clients."""
+
 from __future__ import annotations
 
 import json
@@ -35,11 +36,17 @@ def state(b: dict) -> dict:
 
 
 def partitions_of(cluster: LocalCluster, topic: str) -> list[dict]:
-    return kraft_json("topics", "describe", topic, "--cluster", str(cluster.dir))["topics"][0]["partitions"]
+    return kraft_json("topics", "describe", topic, "--cluster", str(cluster.dir))["topics"][0][
+        "partitions"
+    ]
 
 
 def local_roles(b: dict, topic: str) -> dict[int, tuple[str, int]]:
-    return {p["partition"]: (p["role"], p["leader_epoch"]) for p in state(b)["partitions"] if p["topic"] == topic}
+    return {
+        p["partition"]: (p["role"], p["leader_epoch"])
+        for p in state(b)["partitions"]
+        if p["topic"] == topic
+    }
 
 
 def converged(cluster: LocalCluster, topic: str) -> bool:
@@ -50,8 +57,11 @@ def converged(cluster: LocalCluster, topic: str) -> bool:
             roles = local_roles(b, topic)
         except OSError:
             continue  # a stopped broker
-        expected = {p["partition"]: ("leader" if p["leader"] == b["id"] else "follower", p["leader_epoch"])
-                    for p in parts if b["id"] in p["replicas"]}
+        expected = {
+            p["partition"]: ("leader" if p["leader"] == b["id"] else "follower", p["leader_epoch"])
+            for p in parts
+            if b["id"] in p["replicas"]
+        }
         if roles != expected:
             return False
     return True
@@ -65,20 +75,42 @@ def broker_state(cluster: LocalCluster, broker_id: int) -> str:
 def test_brokers_run_and_follow_the_assignment(cluster):
     for b in brokers(cluster):
         poll(lambda: state(b)["state"] == "RUNNING", 30, what=f"broker {b['id']} RUNNING")
-    kraft("topics", "create", "orders", "--partitions", "6", "--replication-factor", "3", "--cluster", str(cluster.dir))
+    kraft(
+        "topics",
+        "create",
+        "orders",
+        "--partitions",
+        "6",
+        "--replication-factor",
+        "3",
+        "--cluster",
+        str(cluster.dir),
+    )
     poll(lambda: converged(cluster, "orders"), 30, what="brokers to take their roles")
     for p in partitions_of(cluster, "orders"):
         assert len({b for b in p["replicas"]}) == 3  # one replica per rack
+
     # All brokers report the same image checksum at the same offset.
     def same_checksum():
         views = [state(b) for b in brokers(cluster)]
         offsets = {v["last_applied_offset"] for v in views}
         return len(offsets) == 1 and len({v["image_checksum"] for v in views}) == 1
+
     poll(same_checksum, 30, what="equal image checksums at one offset")
 
 
 def test_real_kafka_clients_see_the_topics(cluster):
-    kraft("topics", "create", "visible", "--partitions", "2", "--replication-factor", "2", "--cluster", str(cluster.dir))
+    kraft(
+        "topics",
+        "create",
+        "visible",
+        "--partitions",
+        "2",
+        "--replication-factor",
+        "2",
+        "--cluster",
+        str(cluster.dir),
+    )
     bootstrap = ",".join(f"{b['host']}:{b['port']}" for b in brokers(cluster))
     from kafka import KafkaConsumer
 
@@ -88,48 +120,106 @@ def test_real_kafka_clients_see_the_topics(cluster):
             return "visible" in consumer.topics()
         finally:
             consumer.close()
+
     poll(kafka_python_sees, 30, what="kafka-python to list the topic")
     kcat = shutil.which("kcat")
     if kcat is None:
         pytest.skip("kcat is not installed")
-    out = subprocess.run([kcat, "-b", bootstrap, "-L", "-J"], capture_output=True, text=True, timeout=30)
+    out = subprocess.run(
+        [kcat, "-b", bootstrap, "-L", "-J"], capture_output=True, text=True, timeout=30
+    )
     listed = {t["topic"] for t in json.loads(out.stdout)["topics"]}
     assert "visible" in listed
 
 
 def test_deleted_topic_directories_disappear(cluster):
-    kraft("topics", "create", "doomed", "--partitions", "3", "--replication-factor", "3", "--cluster", str(cluster.dir))
+    kraft(
+        "topics",
+        "create",
+        "doomed",
+        "--partitions",
+        "3",
+        "--replication-factor",
+        "3",
+        "--cluster",
+        str(cluster.dir),
+    )
     poll(lambda: converged(cluster, "doomed"), 30, what="doomed partitions on brokers")
     dirs = [Path(d) for b in brokers(cluster) for d in b["log_dirs"].split(",")]
     assert any(list(d.glob("doomed-*")) for d in dirs)
     kraft("topics", "delete", "doomed", "--cluster", str(cluster.dir))
-    poll(lambda: not any(list(d.glob("doomed-*")) for d in dirs), 30, what="partition directories to be deleted")
+    poll(
+        lambda: not any(list(d.glob("doomed-*")) for d in dirs),
+        30,
+        what="partition directories to be deleted",
+    )
 
 
 def test_killed_broker_is_fenced_and_comes_back_as_follower(cluster):
-    kraft("topics", "create", "failover", "--partitions", "3", "--replication-factor", "3", "--cluster", str(cluster.dir))
+    kraft(
+        "topics",
+        "create",
+        "failover",
+        "--partitions",
+        "3",
+        "--replication-factor",
+        "3",
+        "--cluster",
+        str(cluster.dir),
+    )
     poll(lambda: converged(cluster, "failover"), 30, what="initial roles")
     victim = partitions_of(cluster, "failover")[0]["leader"]
     cluster.kill(victim)
-    poll(lambda: broker_state(cluster, victim) == "fenced", 30, what="the killed broker to be fenced")
-    parts = poll(lambda: (lambda ps: ps if all(p["leader"] not in (victim, -1) for p in ps) else None)(
-        partitions_of(cluster, "failover")), 30, what="new leaders")
+    poll(
+        lambda: broker_state(cluster, victim) == "fenced", 30, what="the killed broker to be fenced"
+    )
+    parts = poll(
+        lambda: (lambda ps: ps if all(p["leader"] not in (victim, -1) for p in ps) else None)(
+            partitions_of(cluster, "failover")
+        ),
+        30,
+        what="new leaders",
+    )
     assert all(victim not in p["isr"] for p in parts)
     poll(lambda: converged(cluster, "failover"), 30, what="survivors to follow the new leaders")
     cluster.start(victim)
-    poll(lambda: broker_state(cluster, victim) == "unfenced", 60, what="the restarted broker to be unfenced")
+    poll(
+        lambda: broker_state(cluster, victim) == "unfenced",
+        60,
+        what="the restarted broker to be unfenced",
+    )
     vb = next(b for b in brokers(cluster) if b["id"] == victim)
-    poll(lambda: all(role == "follower" for role, _ in local_roles(vb, "failover").values())
-         and len(local_roles(vb, "failover")) == 3, 30, what="the restarted broker to follow")
+    poll(
+        lambda: (
+            all(role == "follower" for role, _ in local_roles(vb, "failover").values())
+            and len(local_roles(vb, "failover")) == 3
+        ),
+        30,
+        what="the restarted broker to follow",
+    )
 
 
 def test_sigterm_moves_leadership_before_exit(cluster):
-    kraft("topics", "create", "graceful", "--partitions", "3", "--replication-factor", "3", "--cluster", str(cluster.dir))
+    kraft(
+        "topics",
+        "create",
+        "graceful",
+        "--partitions",
+        "3",
+        "--replication-factor",
+        "3",
+        "--cluster",
+        str(cluster.dir),
+    )
     poll(lambda: converged(cluster, "graceful"), 30, what="initial roles")
     victim = partitions_of(cluster, "graceful")[1]["leader"]
     cluster.kill(victim, "TERM")
     vb = next(b for b in cluster.meta["brokers"] if b["id"] == victim)
-    poll(lambda: vb["pid"] is None or not Path(f"/proc/{vb['pid']}").exists(), 30, what="the broker to exit")
+    poll(
+        lambda: vb["pid"] is None or not Path(f"/proc/{vb['pid']}").exists(),
+        30,
+        what="the broker to exit",
+    )
     parts = partitions_of(cluster, "graceful")
     assert all(p["leader"] != victim for p in parts), parts
     cluster.start(victim)
@@ -137,14 +227,32 @@ def test_sigterm_moves_leadership_before_exit(cluster):
 
 
 def test_controller_failover_keeps_brokers_unfenced(cluster):
-    kraft("topics", "create", "steady", "--partitions", "3", "--replication-factor", "3", "--cluster", str(cluster.dir))
+    kraft(
+        "topics",
+        "create",
+        "steady",
+        "--partitions",
+        "3",
+        "--replication-factor",
+        "3",
+        "--cluster",
+        str(cluster.dir),
+    )
     poll(lambda: converged(cluster, "steady"), 30, what="initial roles")
     for b in brokers(cluster):
-        poll(lambda: broker_state(cluster, b["id"]) == "unfenced", 60, what=f"broker {b['id']} unfenced")
+        poll(
+            lambda: broker_state(cluster, b["id"]) == "unfenced",
+            60,
+            what=f"broker {b['id']} unfenced",
+        )
     before = partitions_of(cluster, "steady")
     old = cluster.active_controller()
     cluster.kill(old)
-    new = poll(lambda: (lambda n: n if n != old else None)(cluster.active_controller()), 30, what="a new controller")
+    new = poll(
+        lambda: (lambda n: n if n != old else None)(cluster.active_controller()),
+        30,
+        what="a new controller",
+    )
     assert new != old
     # Watch for longer than a broker session (9 s): no broker may be fenced by mistake.
     deadline = time.monotonic() + 11
@@ -153,7 +261,16 @@ def test_controller_failover_keeps_brokers_unfenced(cluster):
         assert all(b["state"] == "unfenced" for b in desc["brokers"]), desc
         time.sleep(0.5)
     kraft("topics", "create", "after-failover", "--cluster", str(cluster.dir))
-    poll(lambda: sum("after-failover" in {p["topic"] for p in state(b)["partitions"]} for b in brokers(cluster)) == 1,
-         30, what="the new topic's replica on one broker")
+    poll(
+        lambda: (
+            sum(
+                "after-failover" in {p["topic"] for p in state(b)["partitions"]}
+                for b in brokers(cluster)
+            )
+            == 1
+        ),
+        30,
+        what="the new topic's replica on one broker",
+    )
     assert partitions_of(cluster, "steady") == before
     cluster.start(old)

@@ -14,6 +14,7 @@ Kafka clients are in test_broker_integration.py):
 Loading a controller snapshot with FetchSnapshot (a broker behind a controller whose retention
 deleted the segments it needs) is in test_retention.py.
 """
+
 from __future__ import annotations
 
 import re
@@ -47,6 +48,7 @@ def cluster(tmp_path_factory):
 
 # ---- helpers --------------------------------------------------------------------------------
 
+
 def broker(cluster: LocalCluster, broker_id: int) -> dict:
     return next(b for b in cluster.meta["brokers"] if b["id"] == broker_id)
 
@@ -55,7 +57,9 @@ def state(b: dict) -> dict:
     return describe(b["host"], b["admin_port"], timeout=5.0)
 
 
-def controller_views(cluster: LocalCluster, ids: list[int] | None = None) -> dict[int, tuple[int, str]]:
+def controller_views(
+    cluster: LocalCluster, ids: list[int] | None = None
+) -> dict[int, tuple[int, str]]:
     """(applied offset, image checksum) of each controller in ``ids`` (default: all), asked
     directly (DescribeNode is answered by the controller you reach)."""
     views = {}
@@ -72,18 +76,32 @@ def in_sync(cluster: LocalCluster, broker_ids: list[int], controller_ids: list[i
     views = set(controller_views(cluster, controller_ids).values())
     if len(views) != 1:
         return None
-    (offset, checksum), = views
+    ((offset, checksum),) = views
     for bid in broker_ids:
         s = state(broker(cluster, bid))
-        if s["state"] != "RUNNING" or (s["last_applied_offset"], s["image_checksum"]) != (offset, checksum):
+        if s["state"] != "RUNNING" or (s["last_applied_offset"], s["image_checksum"]) != (
+            offset,
+            checksum,
+        ):
             return None
     return offset, checksum
 
 
 def stop_broker(cluster: LocalCluster, broker_id: int) -> None:
     """SIGTERM (controlled shutdown, which checkpoints) and wait for the process to exit."""
-    kraft("cluster", "kill", "--dir", str(cluster.dir), "--node", str(broker_id), "--signal", "TERM",
-          "--timeout", str(TIMEOUT), timeout=TIMEOUT + 15)
+    kraft(
+        "cluster",
+        "kill",
+        "--dir",
+        str(cluster.dir),
+        "--node",
+        str(broker_id),
+        "--signal",
+        "TERM",
+        "--timeout",
+        str(TIMEOUT),
+        timeout=TIMEOUT + 15,
+    )
 
 
 def newest_checkpoint(b: dict) -> Path:
@@ -123,8 +141,11 @@ def fetch_controller(cluster: LocalCluster, broker_id: int, active: int) -> int 
     controller it reached); so the fetch target is the non-active one, or the active one if
     both connections go there."""
     ports = {c["rpc_port"]: c["id"] for c in cluster.meta["controllers"]}
-    conns = [ports[c.raddr.port] for c in psutil.Process(broker(cluster, broker_id)["pid"]).net_connections("tcp")
-             if c.raddr and c.raddr.port in ports and c.status == psutil.CONN_ESTABLISHED]
+    conns = [
+        ports[c.raddr.port]
+        for c in psutil.Process(broker(cluster, broker_id)["pid"]).net_connections("tcp")
+        if c.raddr and c.raddr.port in ports and c.status == psutil.CONN_ESTABLISHED
+    ]
     if len(conns) != 2 or active not in conns:
         return None  # reconnecting: ask again
     others = [c for c in conns if c != active]
@@ -133,48 +154,93 @@ def fetch_controller(cluster: LocalCluster, broker_id: int, active: int) -> int 
 
 # ---- tests ----------------------------------------------------------------------------------
 
+
 def test_broker_image_equals_the_controllers(cluster):
     topics("create", "replay-a", "--partitions", "3", "--replication-factor", "2", cluster=cluster)
     topics("create", "replay-b", "--partitions", "2", "--replication-factor", "1", cluster=cluster)
     topics("create", "replay-c", "--partitions", "1", "--replication-factor", "2", cluster=cluster)
-    kraft("configs", "alter", "--topic", "replay-a", "--set", "cleanup.policy=compact",
-          "--set", "max.message.bytes=2000000", "--cluster", str(cluster.dir))
-    kraft("configs", "alter", "--broker-defaults", "--set", "min.insync.replicas=2", "--cluster", str(cluster.dir))
+    kraft(
+        "configs",
+        "alter",
+        "--topic",
+        "replay-a",
+        "--set",
+        "cleanup.policy=compact",
+        "--set",
+        "max.message.bytes=2000000",
+        "--cluster",
+        str(cluster.dir),
+    )
+    kraft(
+        "configs",
+        "alter",
+        "--broker-defaults",
+        "--set",
+        "min.insync.replicas=2",
+        "--cluster",
+        str(cluster.dir),
+    )
     topics("delete", "replay-b", cluster=cluster)
     topics("add-partitions", "replay-c", "--partitions", "3", cluster=cluster)
-    offset, checksum = poll(lambda: in_sync(cluster, [101, 102]), TIMEOUT,
-                            what="both brokers at the controllers' offset and checksum")
+    offset, checksum = poll(
+        lambda: in_sync(cluster, [101, 102]),
+        TIMEOUT,
+        what="both brokers at the controllers' offset and checksum",
+    )
     assert offset >= 7  # every change above is in the image both sides agree on
     for bid in (101, 102):
         parts = state(broker(cluster, bid))["partitions"]
         assert {p["topic"] for p in parts} <= {"replay-a", "replay-c"}
     together = [p for bid in (101, 102) for p in state(broker(cluster, bid))["partitions"]]
-    assert sorted({(p["topic"], p["partition"]) for p in together}) == \
-        [("replay-a", 0), ("replay-a", 1), ("replay-a", 2), ("replay-c", 0), ("replay-c", 1), ("replay-c", 2)]
+    assert sorted({(p["topic"], p["partition"]) for p in together}) == [
+        ("replay-a", 0),
+        ("replay-a", 1),
+        ("replay-a", 2),
+        ("replay-c", 0),
+        ("replay-c", 1),
+        ("replay-c", 2),
+    ]
 
 
 def test_restart_resumes_from_the_checkpoint(cluster):
     b = broker(cluster, 102)
-    topics("create", "resume-doomed", "--partitions", "2", "--replication-factor", "2", cluster=cluster)
-    poll(lambda: partitions_of(b, "resume-doomed") == {0, 1}, TIMEOUT, what="broker 102 to host resume-doomed")
-    before = poll(lambda: (s := state(b))["state"] == "RUNNING" and s, TIMEOUT, what="broker 102 RUNNING")
+    topics(
+        "create", "resume-doomed", "--partitions", "2", "--replication-factor", "2", cluster=cluster
+    )
+    poll(
+        lambda: partitions_of(b, "resume-doomed") == {0, 1},
+        TIMEOUT,
+        what="broker 102 to host resume-doomed",
+    )
+    before = poll(
+        lambda: (s := state(b))["state"] == "RUNNING" and s, TIMEOUT, what="broker 102 RUNNING"
+    )
     stop_broker(cluster, 102)
     checkpoint = newest_checkpoint(b)
     saved = read_snapshot_header(checkpoint).end_offset - 1
     assert saved >= before["last_applied_offset"]
     # The log moves on while the broker is down (replicas can only go to broker 101 now).
-    topics("create", "while-down-1", "--partitions", "2", "--replication-factor", "1", cluster=cluster)
-    topics("create", "while-down-2", "--partitions", "1", "--replication-factor", "1", cluster=cluster)
+    topics(
+        "create", "while-down-1", "--partitions", "2", "--replication-factor", "1", cluster=cluster
+    )
+    topics(
+        "create", "while-down-2", "--partitions", "1", "--replication-factor", "1", cluster=cluster
+    )
     topics("delete", "resume-doomed", cluster=cluster)
     target = max(o for o, _ in controller_views(cluster).values())
     assert target > saved
     position = log_size(b)
     cluster.start(102)
     b = broker(cluster, 102)
-    offset, _ = poll(lambda: in_sync(cluster, [101, 102]), TIMEOUT, what="restarted broker 102 in sync")
+    offset, _ = poll(
+        lambda: in_sync(cluster, [101, 102]), TIMEOUT, what="restarted broker 102 in sync"
+    )
     assert offset >= target
     after = state(b)
-    assert after["incarnation_id"] != before["incarnation_id"] and after["broker_epoch"] > before["broker_epoch"]
+    assert (
+        after["incarnation_id"] != before["incarnation_id"]
+        and after["broker_epoch"] > before["broker_epoch"]
+    )
     assert partitions_of(b, "resume-doomed") == set()  # deleted while it was down: strays removed
     assert not list(Path(b["log_dirs"].split(",")[0]).glob("resume-doomed-*"))
     # It resumed from the checkpoint: loaded it, and its first (full) publish started there, not at -1.
@@ -188,8 +254,14 @@ def test_restart_resumes_from_the_checkpoint(cluster):
 
 def test_corrupt_checkpoint_is_set_aside(cluster):
     b = broker(cluster, 102)
-    topics("create", "corrupt-kept", "--partitions", "3", "--replication-factor", "2", cluster=cluster)
-    poll(lambda: partitions_of(b, "corrupt-kept") == {0, 1, 2}, TIMEOUT, what="broker 102 to host corrupt-kept")
+    topics(
+        "create", "corrupt-kept", "--partitions", "3", "--replication-factor", "2", cluster=cluster
+    )
+    poll(
+        lambda: partitions_of(b, "corrupt-kept") == {0, 1, 2},
+        TIMEOUT,
+        what="broker 102 to host corrupt-kept",
+    )
     stop_broker(cluster, 102)
     metadata_dir = newest_checkpoint(b).parent
     snaps = list_snapshots(metadata_dir)
@@ -199,16 +271,30 @@ def test_corrupt_checkpoint_is_set_aside(cluster):
     for i in (len(raw) // 2, len(raw) - 5):  # a record frame and the SHA-256 footer
         raw[i] ^= 0xFF
     victim.write_bytes(bytes(raw))
-    topics("create", "after-corruption", "--partitions", "1", "--replication-factor", "1", cluster=cluster)
+    topics(
+        "create",
+        "after-corruption",
+        "--partitions",
+        "1",
+        "--replication-factor",
+        "1",
+        cluster=cluster,
+    )
     position = log_size(b)
     cluster.start(102)
     b = broker(cluster, 102)
-    poll(lambda: in_sync(cluster, [101, 102]), TIMEOUT, what="broker 102 in sync after a corrupt checkpoint")
+    poll(
+        lambda: in_sync(cluster, [101, 102]),
+        TIMEOUT,
+        what="broker 102 in sync after a corrupt checkpoint",
+    )
     assert partitions_of(b, "corrupt-kept") == {0, 1, 2}  # its replicas are back
     assert (metadata_dir / (victim.name + ".corrupt")).exists()
     assert not victim.exists()
     text = log_since(b, position)
-    assert re.search(rf"WARNING .*metadata checkpoint .*{re.escape(victim.name)} is corrupt", text), text
+    assert re.search(
+        rf"WARNING .*metadata checkpoint .*{re.escape(victim.name)} is corrupt", text
+    ), text
     if older is not None:  # it fell back to the previous checkpoint and replayed the rest
         saved = read_snapshot_header(older).end_offset - 1
         assert f"loaded metadata checkpoint {older.name}: offset {saved}," in text, text
@@ -220,15 +306,25 @@ def test_corrupt_checkpoint_is_set_aside(cluster):
 
 def test_wrong_cluster_id_is_fatal(cluster, tmp_path):
     source = Path(broker(cluster, 101)["config"]).read_text().splitlines()
-    overrides = {"node.id": "150", "cluster.id": "not-this-cluster",
-                 "listeners": f"PLAINTEXT://127.0.0.1:{free_port()}", "log.dirs": str(tmp_path / "data"),
-                 "broker.admin.port": str(free_port())}
+    overrides = {
+        "node.id": "150",
+        "cluster.id": "not-this-cluster",
+        "listeners": f"PLAINTEXT://127.0.0.1:{free_port()}",
+        "log.dirs": str(tmp_path / "data"),
+        "broker.admin.port": str(free_port()),
+    }
     lines = [line for line in source if line.split("=", 1)[0].strip() not in overrides]
     lines += [f"{k}={v}" for k, v in overrides.items()]
     config = tmp_path / "broker.properties"
     config.write_text("\n".join(lines) + "\n")
-    proc = subprocess.Popen([sys.executable, "-m", "tools.cli", "broker", "--config", str(config)],
-                            cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tools.cli", "broker", "--config", str(config)],
+        cwd=REPO,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         out, err = proc.communicate(timeout=60)
     finally:
@@ -248,10 +344,17 @@ def test_losing_the_fetch_controller_and_the_active_controller(cluster):
     replay new topics with the broker epochs they had, i.e. they never re-registered."""
     b = broker(cluster, 101)
     poll(lambda: in_sync(cluster, [101, 102]), TIMEOUT, what="brokers in sync before the failovers")
-    epochs = {bid: (s["broker_epoch"], s["incarnation_id"])
-              for bid in (101, 102) for s in [state(broker(cluster, bid))]}
+    epochs = {
+        bid: (s["broker_epoch"], s["incarnation_id"])
+        for bid in (101, 102)
+        for s in [state(broker(cluster, bid))]
+    }
     active = cluster.active_controller()
-    fetching = poll(lambda: fetch_controller(cluster, 101, active), TIMEOUT, what="broker 101's fetch connection")
+    fetching = poll(
+        lambda: fetch_controller(cluster, 101, active),
+        TIMEOUT,
+        what="broker 101's fetch connection",
+    )
     victims = [fetching] + ([active] if active != fetching else [])
     down: list[int] = []
     try:
@@ -262,19 +365,64 @@ def test_losing_the_fetch_controller_and_the_active_controller(cluster):
             down.append(victim)
             alive = [c["id"] for c in cluster.meta["controllers"] if c["id"] != victim]
             topic = f"after-loss-{round_no}"
-            kraft("topics", "create", topic, "--partitions", "2", "--replication-factor", "2",
-                  "--cluster", str(cluster.dir), "--timeout", str(TIMEOUT), timeout=TIMEOUT + 15)
-            poll(lambda: partitions_of(b, topic) == {0, 1}, TIMEOUT, what=f"broker 101 to replay {topic}")
-            poll(lambda: in_sync(cluster, [101, 102], alive), TIMEOUT,
-                 what=f"brokers in sync with the surviving controllers after losing controller {victim}")
+            kraft(
+                "topics",
+                "create",
+                topic,
+                "--partitions",
+                "2",
+                "--replication-factor",
+                "2",
+                "--cluster",
+                str(cluster.dir),
+                "--timeout",
+                str(TIMEOUT),
+                timeout=TIMEOUT + 15,
+            )
+            poll(
+                lambda: partitions_of(b, topic) == {0, 1},
+                TIMEOUT,
+                what=f"broker 101 to replay {topic}",
+            )
+            poll(
+                lambda: in_sync(cluster, [101, 102], alive),
+                TIMEOUT,
+                what=f"brokers in sync with the surviving controllers after losing controller {victim}",
+            )
             for bid in (101, 102):
                 s = state(broker(cluster, bid))
-                assert (s["broker_epoch"], s["incarnation_id"]) == epochs[bid], (bid, s, epochs[bid])
-            kraft("cluster", "start", "--dir", str(cluster.dir), "--node", str(victim), "--wait",
-                  "--ready-timeout", str(TIMEOUT), timeout=TIMEOUT + 30)
+                assert (s["broker_epoch"], s["incarnation_id"]) == epochs[bid], (
+                    bid,
+                    s,
+                    epochs[bid],
+                )
+            kraft(
+                "cluster",
+                "start",
+                "--dir",
+                str(cluster.dir),
+                "--node",
+                str(victim),
+                "--wait",
+                "--ready-timeout",
+                str(TIMEOUT),
+                timeout=TIMEOUT + 30,
+            )
             down.remove(victim)
-            poll(lambda: in_sync(cluster, [101, 102]), TIMEOUT, what=f"controller {victim} back in sync")
+            poll(
+                lambda: in_sync(cluster, [101, 102]),
+                TIMEOUT,
+                what=f"controller {victim} back in sync",
+            )
     finally:
         for victim in down:
-            kraft("cluster", "start", "--dir", str(cluster.dir), "--node", str(victim), check=False,
-                  timeout=TIMEOUT + 30)
+            kraft(
+                "cluster",
+                "start",
+                "--dir",
+                str(cluster.dir),
+                "--node",
+                str(victim),
+                check=False,
+                timeout=TIMEOUT + 30,
+            )

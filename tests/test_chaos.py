@@ -2,6 +2,7 @@
 workload through the RPC client, and faults of every kind (kill -9 and restart, SIGSTOP longer
 than the election and session timeouts, the active controller partitioned away with reset and
 with silently stalled links). The history checker must find nothing wrong."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,8 +11,15 @@ from tests.chaos.runner import ChaosRun
 
 pytestmark = pytest.mark.integration
 
-ROUNDS = ["kill-controller", "partition-cut", "pause-broker", "kill-broker", "pause-controller",
-          "partition-stall", "kill-in-election"]
+ROUNDS = [
+    "kill-controller",
+    "partition-cut",
+    "pause-broker",
+    "kill-broker",
+    "pause-controller",
+    "partition-stall",
+    "kill-in-election",
+]
 
 
 @pytest.mark.timeout(480)  # ~110 s on 2 loaded cores; a hang still fails

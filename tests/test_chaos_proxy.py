@@ -1,5 +1,6 @@
 """The chaos TCP proxy: forwards, cuts (reset + refuse), stalls (hold bytes) and heals; the Raft
 mesh lists each pair's proxy only in the dialer's voters, sorting below the dialer's address."""
+
 from __future__ import annotations
 
 import random
@@ -56,8 +57,8 @@ def test_forward_cut_heal(echo_server) -> None:
         s.sendall(b"hello")
         assert s.recv(100) == b"hello"
         proxy.cut()
-        assert s.recv(100) == b""                      # live connection dropped
-        s2 = connect(proxy)                            # new ones accepted, then closed
+        assert s.recv(100) == b""  # live connection dropped
+        s2 = connect(proxy)  # new ones accepted, then closed
         assert s2.recv(100) == b""
         proxy.heal()
         s3 = connect(proxy)
@@ -93,15 +94,15 @@ def test_mesh_voters_follow_pysyncobj_dialing_rule() -> None:
     try:
         voters = {n: dict(v.split("@") for v in mesh.voters_for(n).split(",")) for n in real}
         for a in real:
-            assert voters[a][str(a)] == f"127.0.0.1:{real[a][1]}"   # itself: real address
+            assert voters[a][str(a)] == f"127.0.0.1:{real[a][1]}"  # itself: real address
             for b in real:
                 if a == b:
                     continue
                 mine, theirs = f"127.0.0.1:{real[a][1]}", f"127.0.0.1:{real[b][1]}"
                 listed = voters[a][str(b)]
-                if mine > theirs:       # a dials b: through the pair's proxy, which sorts lower
+                if mine > theirs:  # a dials b: through the pair's proxy, which sorts lower
                     assert listed != theirs and listed < mine
-                else:                   # b dials a and announces its real address
+                else:  # b dials a and announces its real address
                     assert listed == theirs
     finally:
         mesh.close()

@@ -1,5 +1,6 @@
 """The kraft command line: parsing, request bodies, output and exit codes (no controller needed:
 the RPC call is replaced by a fake that records requests and returns canned responses)."""
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,14 @@ class FakeRpc:
         self.calls: list[tuple[list[tuple[str, int]], str, dict, float]] = []
         self.responses: dict[str, Any] = {}
 
-    def __call__(self, bootstrap: list[tuple[str, int]], api: str, body: dict,
-                 timeout: float, credentials: Any = None) -> dict:
+    def __call__(
+        self,
+        bootstrap: list[tuple[str, int]],
+        api: str,
+        body: dict,
+        timeout: float,
+        credentials: Any = None,
+    ) -> dict:
         self.calls.append((bootstrap, api, body, timeout))
         self.credentials = credentials
         answer = self.responses.get(api, {})
@@ -59,11 +66,27 @@ def run(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str, str]:
 # ---- help and usage ---------------------------------------------------------------------------
 
 HELP_COMMANDS = [
-    [], ["controller"], ["broker"], ["cluster"], ["cluster", "up"], ["cluster", "down"],
-    ["cluster", "start"], ["cluster", "kill"], ["cluster", "status"], ["cluster", "describe"],
-    ["quorum"], ["quorum", "status"], ["topics"], ["topics", "create"], ["topics", "list"],
-    ["topics", "describe"], ["topics", "delete"], ["topics", "add-partitions"], ["configs"],
-    ["configs", "describe"], ["configs", "alter"],
+    [],
+    ["controller"],
+    ["broker"],
+    ["cluster"],
+    ["cluster", "up"],
+    ["cluster", "down"],
+    ["cluster", "start"],
+    ["cluster", "kill"],
+    ["cluster", "status"],
+    ["cluster", "describe"],
+    ["quorum"],
+    ["quorum", "status"],
+    ["topics"],
+    ["topics", "create"],
+    ["topics", "list"],
+    ["topics", "describe"],
+    ["topics", "delete"],
+    ["topics", "add-partitions"],
+    ["configs"],
+    ["configs", "describe"],
+    ["configs", "alter"],
 ]
 
 
@@ -77,7 +100,8 @@ def test_every_command_has_a_manual(capsys: pytest.CaptureFixture, words: list[s
 
 
 def test_unknown_command_and_missing_arguments_are_usage_errors(
-        capsys: pytest.CaptureFixture) -> None:
+    capsys: pytest.CaptureFixture,
+) -> None:
     assert run(capsys, "frobnicate")[0] == 2
     assert run(capsys)[0] == 2
     assert run(capsys, "topics")[0] == 2
@@ -87,8 +111,9 @@ def test_unknown_command_and_missing_arguments_are_usage_errors(
     assert run(capsys, "cluster", "up", "--dir", "x")[0] == 2  # --controllers required
 
 
-def test_bootstrap_and_cluster_are_mutually_exclusive(capsys: pytest.CaptureFixture,
-                                                      rpc: FakeRpc) -> None:
+def test_bootstrap_and_cluster_are_mutually_exclusive(
+    capsys: pytest.CaptureFixture, rpc: FakeRpc
+) -> None:
     assert run(capsys, "topics", "list", *BOOT, "--cluster", "/tmp")[0] == 2
     assert rpc.calls == []
 
@@ -106,6 +131,7 @@ def test_version(capsys: pytest.CaptureFixture) -> None:
 
 # ---- endpoints and bootstrap --------------------------------------------------------------------
 
+
 def test_parse_endpoints() -> None:
     assert parse_endpoint("127.0.0.1:9093") == ("127.0.0.1", 9093)
     assert parse_endpoint(" [::1]:9093 ") == ("::1", 9093)
@@ -118,17 +144,20 @@ def test_parse_endpoints() -> None:
 
 
 def test_bootstrap_controller_list_and_timeout_reach_the_call(
-        capsys: pytest.CaptureFixture, rpc: FakeRpc) -> None:
+    capsys: pytest.CaptureFixture, rpc: FakeRpc
+) -> None:
     rpc.responses["ListTopics"] = {"offset": 3, "topics": []}
-    code, out, _ = run(capsys, "topics", "list", "--bootstrap-controller", "h1:1,h2:2",
-                       "--timeout", "2.5")
+    code, out, _ = run(
+        capsys, "topics", "list", "--bootstrap-controller", "h1:1,h2:2", "--timeout", "2.5"
+    )
     assert code == 0
     assert rpc.calls == [([("h1", 1), ("h2", 2)], "ListTopics", {}, 2.5)]
     assert out.strip() == "No topics."
 
 
-def test_cluster_dir_gives_every_controller_endpoint(capsys: pytest.CaptureFixture,
-                                                     rpc: FakeRpc, tmp_path: Path) -> None:
+def test_cluster_dir_gives_every_controller_endpoint(
+    capsys: pytest.CaptureFixture, rpc: FakeRpc, tmp_path: Path
+) -> None:
     layout = plan_cluster(tmp_path, 3, 1)
     write_cluster_json(tmp_path, layout)
     run(capsys, "topics", "list", "--cluster", str(tmp_path))
@@ -136,13 +165,15 @@ def test_cluster_dir_gives_every_controller_endpoint(capsys: pytest.CaptureFixtu
 
 
 def test_cluster_dir_without_cluster_json_is_a_usage_error(
-        capsys: pytest.CaptureFixture, rpc: FakeRpc, tmp_path: Path) -> None:
+    capsys: pytest.CaptureFixture, rpc: FakeRpc, tmp_path: Path
+) -> None:
     code, _, err = run(capsys, "topics", "list", "--cluster", str(tmp_path))
     assert code == 2 and "cluster.json" in err
 
 
-def test_bootstrap_from_environment(capsys: pytest.CaptureFixture, rpc: FakeRpc,
-                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bootstrap_from_environment(
+    capsys: pytest.CaptureFixture, rpc: FakeRpc, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv(common.BOOTSTRAP_ENV, "envhost:7")
     run(capsys, "quorum", "status")
     assert rpc.calls[0][0] == [("envhost", 7)]
@@ -162,6 +193,7 @@ def test_transport_errors_become_kafka_errors(monkeypatch: pytest.MonkeyPatch) -
 
 # ---- whole-request errors -------------------------------------------------------------------------
 
+
 def test_kafka_error_prints_name_and_exits_1(capsys: pytest.CaptureFixture, rpc: FakeRpc) -> None:
     rpc.responses["ListTopics"] = KraftError(ErrorCode.REQUEST_TIMED_OUT, "no answer")
     code, out, err = run(capsys, "topics", "list", *BOOT)
@@ -170,8 +202,9 @@ def test_kafka_error_prints_name_and_exits_1(capsys: pytest.CaptureFixture, rpc:
     assert err.strip() == "Error: REQUEST_TIMED_OUT: no answer"
 
 
-def test_kafka_error_with_json_prints_error_document(capsys: pytest.CaptureFixture,
-                                                     rpc: FakeRpc) -> None:
+def test_kafka_error_with_json_prints_error_document(
+    capsys: pytest.CaptureFixture, rpc: FakeRpc
+) -> None:
     rpc.responses["DescribeQuorum"] = KraftError(ErrorCode.NOT_CONTROLLER, "no leader")
     code, out, err = run(capsys, "quorum", "status", *BOOT, "--json")
     assert code == 1
@@ -180,6 +213,7 @@ def test_kafka_error_with_json_prints_error_document(capsys: pytest.CaptureFixtu
 
 
 # ---- topics -----------------------------------------------------------------------------------------
+
 
 def test_parse_replica_assignment() -> None:
     assert parse_replica_assignment("1:2:3,2:3:1") == [[1, 2, 3], [2, 3, 1]]
@@ -190,38 +224,75 @@ def test_parse_replica_assignment() -> None:
 
 
 def test_create_with_counts_and_configs(capsys: pytest.CaptureFixture, rpc: FakeRpc) -> None:
-    rpc.responses["CreateTopics"] = {"topics": [{
-        "name": "orders", "topic_id": "abc", "error_code": 0, "error_message": None,
-        "num_partitions": 6, "replication_factor": 3}]}
-    code, out, _ = run(capsys, "topics", "create", "orders", "--partitions", "6",
-                       "--replication-factor", "3", "--config", "retention.ms=1000",
-                       "--config", "x.list=a,b=c", *BOOT)
+    rpc.responses["CreateTopics"] = {
+        "topics": [
+            {
+                "name": "orders",
+                "topic_id": "abc",
+                "error_code": 0,
+                "error_message": None,
+                "num_partitions": 6,
+                "replication_factor": 3,
+            }
+        ]
+    }
+    code, out, _ = run(
+        capsys,
+        "topics",
+        "create",
+        "orders",
+        "--partitions",
+        "6",
+        "--replication-factor",
+        "3",
+        "--config",
+        "retention.ms=1000",
+        "--config",
+        "x.list=a,b=c",
+        *BOOT,
+    )
     assert code == 0
     assert rpc.calls[0][1] == "CreateTopics"
-    assert rpc.body == {"topics": [{"name": "orders", "num_partitions": 6,
-                                    "replication_factor": 3,
-                                    "configs": {"retention.ms": "1000", "x.list": "a,b=c"}}],
-                        "validate_only": False}
+    assert rpc.body == {
+        "topics": [
+            {
+                "name": "orders",
+                "num_partitions": 6,
+                "replication_factor": 3,
+                "configs": {"retention.ms": "1000", "x.list": "a,b=c"},
+            }
+        ],
+        "validate_only": False,
+    }
     assert "Created topic orders with 6 partition(s), replication factor 3, id abc." in out
 
 
-def test_create_defaults_to_controller_settings(capsys: pytest.CaptureFixture,
-                                                rpc: FakeRpc) -> None:
+def test_create_defaults_to_controller_settings(
+    capsys: pytest.CaptureFixture, rpc: FakeRpc
+) -> None:
     run(capsys, "topics", "create", "t", "--validate-only", *BOOT)
-    assert rpc.body == {"topics": [{"name": "t", "num_partitions": -1, "replication_factor": -1}],
-                        "validate_only": True}
+    assert rpc.body == {
+        "topics": [{"name": "t", "num_partitions": -1, "replication_factor": -1}],
+        "validate_only": True,
+    }
 
 
 def test_create_with_replica_assignment(capsys: pytest.CaptureFixture, rpc: FakeRpc) -> None:
     run(capsys, "topics", "create", "t", "--replica-assignment", "1:2,2:3", *BOOT)
-    assert rpc.body["topics"][0] == {"name": "t", "num_partitions": -1, "replication_factor": -1,
-                                     "assignments": {0: [1, 2], 1: [2, 3]}}
+    assert rpc.body["topics"][0] == {
+        "name": "t",
+        "num_partitions": -1,
+        "replication_factor": -1,
+        "assignments": {0: [1, 2], 1: [2, 3]},
+    }
 
 
-def test_create_assignment_conflicts_with_counts(capsys: pytest.CaptureFixture,
-                                                 rpc: FakeRpc) -> None:
-    code, _, err = run(capsys, "topics", "create", "t", "--replica-assignment", "1:2",
-                       "--partitions", "2", *BOOT)
+def test_create_assignment_conflicts_with_counts(
+    capsys: pytest.CaptureFixture, rpc: FakeRpc
+) -> None:
+    code, _, err = run(
+        capsys, "topics", "create", "t", "--replica-assignment", "1:2", "--partitions", "2", *BOOT
+    )
     assert code == 2 and "--replica-assignment" in err
     assert rpc.calls == []
 
@@ -233,9 +304,16 @@ def test_bad_config_option_is_a_usage_error(capsys: pytest.CaptureFixture, rpc: 
 
 
 def test_create_existing_topic(capsys: pytest.CaptureFixture, rpc: FakeRpc) -> None:
-    rpc.responses["CreateTopics"] = {"topics": [{
-        "name": "t", "topic_id": None, "error_code": 36,
-        "error_message": "Topic 't' already exists."}]}
+    rpc.responses["CreateTopics"] = {
+        "topics": [
+            {
+                "name": "t",
+                "topic_id": None,
+                "error_code": 36,
+                "error_message": "Topic 't' already exists.",
+            }
+        ]
+    }
     code, out, err = run(capsys, "topics", "create", "t", *BOOT)
     assert code == 1
     assert "Error: TOPIC_ALREADY_EXISTS: topic t: Topic 't' already exists." in err
@@ -244,8 +322,9 @@ def test_create_existing_topic(capsys: pytest.CaptureFixture, rpc: FakeRpc) -> N
 
 
 def test_create_json_annotates_error_names(capsys: pytest.CaptureFixture, rpc: FakeRpc) -> None:
-    rpc.responses["CreateTopics"] = {"topics": [{"name": "t", "error_code": 37,
-                                                 "error_message": "bad"}]}
+    rpc.responses["CreateTopics"] = {
+        "topics": [{"name": "t", "error_code": 37, "error_message": "bad"}]
+    }
     code, out, err = run(capsys, "topics", "create", "t", *BOOT, "--json")
     assert code == 1
     doc = json.loads(out)
@@ -255,9 +334,12 @@ def test_create_json_annotates_error_names(capsys: pytest.CaptureFixture, rpc: F
 
 
 def test_delete_reports_each_topic(capsys: pytest.CaptureFixture, rpc: FakeRpc) -> None:
-    rpc.responses["DeleteTopics"] = {"topics": [
-        {"name": "a", "topic_id": "x", "error_code": 0, "error_message": None},
-        {"name": "b", "topic_id": None, "error_code": 3, "error_message": "unknown topic b"}]}
+    rpc.responses["DeleteTopics"] = {
+        "topics": [
+            {"name": "a", "topic_id": "x", "error_code": 0, "error_message": None},
+            {"name": "b", "topic_id": None, "error_code": 3, "error_message": "unknown topic b"},
+        ]
+    }
     code, out, err = run(capsys, "topics", "delete", "a", "b", *BOOT)
     assert rpc.body == {"names": ["a", "b"]}
     assert code == 1
@@ -268,42 +350,91 @@ def test_delete_reports_each_topic(capsys: pytest.CaptureFixture, rpc: FakeRpc) 
 
 
 def test_list_table_sorted(capsys: pytest.CaptureFixture, rpc: FakeRpc) -> None:
-    rpc.responses["ListTopics"] = {"offset": 9, "topics": [
-        {"name": "zeta", "topic_id": "id-z", "partitions": 1},
-        {"name": "alpha", "topic_id": "id-a", "partitions": 12}]}
+    rpc.responses["ListTopics"] = {
+        "offset": 9,
+        "topics": [
+            {"name": "zeta", "topic_id": "id-z", "partitions": 1},
+            {"name": "alpha", "topic_id": "id-a", "partitions": 12},
+        ],
+    }
     code, out, _ = run(capsys, "topics", "list", *BOOT)
     assert code == 0
-    assert out.splitlines() == ["NAME   TOPIC ID  PARTITIONS", "alpha  id-a              12",
-                                "zeta   id-z               1"]
+    assert out.splitlines() == [
+        "NAME   TOPIC ID  PARTITIONS",
+        "alpha  id-a              12",
+        "zeta   id-z               1",
+    ]
     code, out, _ = run(capsys, "topics", "list", *BOOT, "--json")
     assert json.loads(out) == rpc.responses["ListTopics"]
 
 
-DESCRIBE = {"offset": 20, "topics": [
-    {"name": "orders", "topic_id": "tid", "error_code": 0, "error_message": None,
-     "configs": {"retention.ms": "5"},
-     "partitions": [
-         {"partition": 1, "leader": -1, "leader_epoch": 4, "partition_epoch": 7,
-          "replicas": [2, 3], "isr": [], "removing_replicas": [], "adding_replicas": [],
-          "leader_recovery_state": 0},
-         {"partition": 0, "leader": 1, "leader_epoch": 2, "partition_epoch": 3,
-          "replicas": [1, 2], "isr": [1, 2], "removing_replicas": [], "adding_replicas": [3],
-          "leader_recovery_state": 0}]},
-    {"name": "nope", "topic_id": None, "error_code": 3, "error_message": "no such topic",
-     "configs": {}, "partitions": []}]}
+DESCRIBE = {
+    "offset": 20,
+    "topics": [
+        {
+            "name": "orders",
+            "topic_id": "tid",
+            "error_code": 0,
+            "error_message": None,
+            "configs": {"retention.ms": "5"},
+            "partitions": [
+                {
+                    "partition": 1,
+                    "leader": -1,
+                    "leader_epoch": 4,
+                    "partition_epoch": 7,
+                    "replicas": [2, 3],
+                    "isr": [],
+                    "removing_replicas": [],
+                    "adding_replicas": [],
+                    "leader_recovery_state": 0,
+                },
+                {
+                    "partition": 0,
+                    "leader": 1,
+                    "leader_epoch": 2,
+                    "partition_epoch": 3,
+                    "replicas": [1, 2],
+                    "isr": [1, 2],
+                    "removing_replicas": [],
+                    "adding_replicas": [3],
+                    "leader_recovery_state": 0,
+                },
+            ],
+        },
+        {
+            "name": "nope",
+            "topic_id": None,
+            "error_code": 3,
+            "error_message": "no such topic",
+            "configs": {},
+            "partitions": [],
+        },
+    ],
+}
 
 
-def test_describe_shows_partitions_and_item_errors(capsys: pytest.CaptureFixture,
-                                                   rpc: FakeRpc) -> None:
+def test_describe_shows_partitions_and_item_errors(
+    capsys: pytest.CaptureFixture, rpc: FakeRpc
+) -> None:
     rpc.responses["DescribeTopics"] = DESCRIBE
     code, out, err = run(capsys, "topics", "describe", "orders", "nope", *BOOT)
     assert rpc.body == {"names": ["orders", "nope"]}
     assert code == 1
     lines = out.splitlines()
-    assert lines[0] == ("Topic: orders  TopicId: tid  PartitionCount: 2  ReplicationFactor: 2  "
-                        "Configs: retention.ms=5")
-    assert lines[1].split() == ["PARTITION", "LEADER", "LEADER", "EPOCH", "REPLICAS", "ISR",
-                                "NOTES"]
+    assert lines[0] == (
+        "Topic: orders  TopicId: tid  PartitionCount: 2  ReplicationFactor: 2  "
+        "Configs: retention.ms=5"
+    )
+    assert lines[1].split() == [
+        "PARTITION",
+        "LEADER",
+        "LEADER",
+        "EPOCH",
+        "REPLICAS",
+        "ISR",
+        "NOTES",
+    ]
     assert lines[2].split() == ["0", "1", "2", "1,2", "1,2", "adding=3"]
     assert lines[3].split() == ["1", "none", "4", "2,3", "-", "-"]
     assert "Error: UNKNOWN_TOPIC_OR_PARTITION: topic nope: no such topic" in err
@@ -316,17 +447,30 @@ def test_describe_all_sends_null_names(capsys: pytest.CaptureFixture, rpc: FakeR
 
 
 def test_add_partitions(capsys: pytest.CaptureFixture, rpc: FakeRpc) -> None:
-    rpc.responses["CreatePartitions"] = {"topics": [{"name": "t", "error_code": 0,
-                                                     "error_message": None}]}
-    code, out, _ = run(capsys, "topics", "add-partitions", "t", "--partitions", "4",
-                       "--replica-assignment", "1:2,2:1", *BOOT)
+    rpc.responses["CreatePartitions"] = {
+        "topics": [{"name": "t", "error_code": 0, "error_message": None}]
+    }
+    code, out, _ = run(
+        capsys,
+        "topics",
+        "add-partitions",
+        "t",
+        "--partitions",
+        "4",
+        "--replica-assignment",
+        "1:2,2:1",
+        *BOOT,
+    )
     assert code == 0
-    assert rpc.body == {"topics": [{"name": "t", "count": 4, "assignments": [[1, 2], [2, 1]]}],
-                        "validate_only": False}
+    assert rpc.body == {
+        "topics": [{"name": "t", "count": 4, "assignments": [[1, 2], [2, 1]]}],
+        "validate_only": False,
+    }
     assert "now has 4 partition(s)" in out
 
 
 # ---- configs ------------------------------------------------------------------------------------------
+
 
 def test_configs_resource_selection(capsys: pytest.CaptureFixture, rpc: FakeRpc) -> None:
     rpc.responses["DescribeConfigs"] = {"offset": 1, "resources": []}
@@ -341,15 +485,40 @@ def test_configs_resource_selection(capsys: pytest.CaptureFixture, rpc: FakeRpc)
 
 
 def test_configs_describe_table(capsys: pytest.CaptureFixture, rpc: FakeRpc) -> None:
-    rpc.responses["DescribeConfigs"] = {"offset": 1, "resources": [{
-        "resource_type": "topic", "resource_name": "t", "error_code": 0, "error_message": None,
-        "configs": [
-            {"name": "retention.ms", "value": "10", "source": "dynamic", "read_only": False,
-             "sensitive": False},
-            {"name": "cleanup.policy", "value": "delete", "source": "default", "read_only": True,
-             "sensitive": False},
-            {"name": "secret", "value": None, "source": "dynamic", "read_only": False,
-             "sensitive": True}]}]}
+    rpc.responses["DescribeConfigs"] = {
+        "offset": 1,
+        "resources": [
+            {
+                "resource_type": "topic",
+                "resource_name": "t",
+                "error_code": 0,
+                "error_message": None,
+                "configs": [
+                    {
+                        "name": "retention.ms",
+                        "value": "10",
+                        "source": "dynamic",
+                        "read_only": False,
+                        "sensitive": False,
+                    },
+                    {
+                        "name": "cleanup.policy",
+                        "value": "delete",
+                        "source": "default",
+                        "read_only": True,
+                        "sensitive": False,
+                    },
+                    {
+                        "name": "secret",
+                        "value": None,
+                        "source": "dynamic",
+                        "read_only": False,
+                        "sensitive": True,
+                    },
+                ],
+            }
+        ],
+    }
     code, out, _ = run(capsys, "configs", "describe", "--topic", "t", *BOOT)
     assert code == 0
     lines = out.splitlines()
@@ -359,29 +528,66 @@ def test_configs_describe_table(capsys: pytest.CaptureFixture, rpc: FakeRpc) -> 
 
 
 def test_configs_alter_ops(capsys: pytest.CaptureFixture, rpc: FakeRpc) -> None:
-    rpc.responses["IncrementalAlterConfigs"] = {"resources": [{
-        "resource_type": "topic", "resource_name": "t", "error_code": 0, "error_message": None}]}
-    code, out, _ = run(capsys, "configs", "alter", "--topic", "t", "--set", "a=1",
-                       "--set", "b=x=y", "--delete", "c", "--append", "l=v", *BOOT)
+    rpc.responses["IncrementalAlterConfigs"] = {
+        "resources": [
+            {"resource_type": "topic", "resource_name": "t", "error_code": 0, "error_message": None}
+        ]
+    }
+    code, out, _ = run(
+        capsys,
+        "configs",
+        "alter",
+        "--topic",
+        "t",
+        "--set",
+        "a=1",
+        "--set",
+        "b=x=y",
+        "--delete",
+        "c",
+        "--append",
+        "l=v",
+        *BOOT,
+    )
     assert code == 0 and "Updated configs of topic t." in out
-    assert rpc.body == {"resources": [{"resource_type": "topic", "resource_name": "t", "ops": [
-        {"name": "a", "op": "SET", "value": "1"}, {"name": "b", "op": "SET", "value": "x=y"},
-        {"name": "l", "op": "APPEND", "value": "v"}, {"name": "c", "op": "DELETE"}]}],
-        "validate_only": False}
+    assert rpc.body == {
+        "resources": [
+            {
+                "resource_type": "topic",
+                "resource_name": "t",
+                "ops": [
+                    {"name": "a", "op": "SET", "value": "1"},
+                    {"name": "b", "op": "SET", "value": "x=y"},
+                    {"name": "l", "op": "APPEND", "value": "v"},
+                    {"name": "c", "op": "DELETE"},
+                ],
+            }
+        ],
+        "validate_only": False,
+    }
 
 
 def test_configs_alter_usage_errors(capsys: pytest.CaptureFixture, rpc: FakeRpc) -> None:
     assert run(capsys, "configs", "alter", "--topic", "t", *BOOT)[0] == 2
-    assert run(capsys, "configs", "alter", "--topic", "t", "--set", "a=1", "--delete", "a",
-               *BOOT)[0] == 2
+    assert (
+        run(capsys, "configs", "alter", "--topic", "t", "--set", "a=1", "--delete", "a", *BOOT)[0]
+        == 2
+    )
     assert run(capsys, "configs", "alter", "--topic", "t", "--delete", "a=1", *BOOT)[0] == 2
     assert rpc.calls == []
 
 
 def test_configs_alter_item_error(capsys: pytest.CaptureFixture, rpc: FakeRpc) -> None:
-    rpc.responses["IncrementalAlterConfigs"] = {"resources": [{
-        "resource_type": "broker", "resource_name": "", "error_code": 40,
-        "error_message": "unknown config x"}]}
+    rpc.responses["IncrementalAlterConfigs"] = {
+        "resources": [
+            {
+                "resource_type": "broker",
+                "resource_name": "",
+                "error_code": 40,
+                "error_message": "unknown config x",
+            }
+        ]
+    }
     code, _, err = run(capsys, "configs", "alter", "--broker-defaults", "--set", "x=1", *BOOT)
     assert code == 1
     assert "Error: INVALID_CONFIG: broker defaults: unknown config x" in err
@@ -389,20 +595,47 @@ def test_configs_alter_item_error(capsys: pytest.CaptureFixture, rpc: FakeRpc) -
 
 # ---- cluster describe (the quorum commands: test_quorum_cli.py) ----------------------------------
 
+
 def test_cluster_describe(capsys: pytest.CaptureFixture, rpc: FakeRpc) -> None:
-    rpc.responses["DescribeCluster"] = {"offset": 7, "cluster_id": "cid", "controller_id": 1,
-                                        "brokers": [
-        {"broker_id": 102, "epoch": 9, "incarnation_id": "i", "rack": None, "fenced": True,
-         "in_controlled_shutdown": False, "state": "fenced",
-         "listeners": [{"name": "PLAINTEXT", "host": "127.0.0.1", "port": 9092,
-                        "security_protocol": "PLAINTEXT"}]},
-        {"broker_id": 101, "epoch": 8, "incarnation_id": "j", "rack": "r1", "fenced": False,
-         "in_controlled_shutdown": False, "state": "unfenced", "listeners": []}]}
+    rpc.responses["DescribeCluster"] = {
+        "offset": 7,
+        "cluster_id": "cid",
+        "controller_id": 1,
+        "brokers": [
+            {
+                "broker_id": 102,
+                "epoch": 9,
+                "incarnation_id": "i",
+                "rack": None,
+                "fenced": True,
+                "in_controlled_shutdown": False,
+                "state": "fenced",
+                "listeners": [
+                    {
+                        "name": "PLAINTEXT",
+                        "host": "127.0.0.1",
+                        "port": 9092,
+                        "security_protocol": "PLAINTEXT",
+                    }
+                ],
+            },
+            {
+                "broker_id": 101,
+                "epoch": 8,
+                "incarnation_id": "j",
+                "rack": "r1",
+                "fenced": False,
+                "in_controlled_shutdown": False,
+                "state": "unfenced",
+                "listeners": [],
+            },
+        ],
+    }
     code, out, _ = run(capsys, "cluster", "describe", *BOOT)
     assert code == 0
     lines = out.splitlines()
     assert "Cluster id:        cid" in lines and "Active controller: 1" in lines
-    table = lines[lines.index("BROKER  EPOCH  RACK  STATE     LISTENERS"):]
+    table = lines[lines.index("BROKER  EPOCH  RACK  STATE     LISTENERS") :]
     assert table[1].split() == ["101", "8", "r1", "unfenced", "-"]
     assert table[2].split() == ["102", "9", "-", "fenced", "PLAINTEXT://127.0.0.1:9092"]
     code, out, _ = run(capsys, "cluster", "describe", *BOOT, "--json")
@@ -411,12 +644,14 @@ def test_cluster_describe(capsys: pytest.CaptureFixture, rpc: FakeRpc) -> None:
 
 # ---- node commands -------------------------------------------------------------------------------------
 
+
 def test_controller_and_broker_commands_run_the_node_mains(
-        capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     seen: list[tuple[str, str]] = []
     for module, role in (("kraft.node", "controller"), ("broker.node", "broker")):
         fake = types.ModuleType(module)
-        fake.main = lambda path, role=role: seen.append((role, path)) or 3  # type: ignore
+        fake.main = lambda path, role=role: seen.append((role, path)) or 3  # type: ignore[attr-defined]  # a stand-in module
         monkeypatch.setitem(sys.modules, module, fake)
     assert run(capsys, "controller", "--config", "c.properties")[0] == 3
     assert run(capsys, "broker", "--config", "b.properties")[0] == 3
@@ -425,6 +660,7 @@ def test_controller_and_broker_commands_run_the_node_mains(
 
 
 def test_kill_signal_names_are_case_insensitive() -> None:
-    args = cli.build_parser().parse_args(["cluster", "kill", "--dir", "d", "--node", "1",
-                                          "--signal", "stop"])
+    args = cli.build_parser().parse_args(
+        ["cluster", "kill", "--dir", "d", "--node", "1", "--signal", "stop"]
+    )
     assert args.signal == "STOP"

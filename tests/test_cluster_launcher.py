@@ -3,6 +3,7 @@
 Real processes are used, but they are stand-in sleepers (``node_command`` is replaced), and
 the controllers' answers come from a fake RPC call, so no controller code runs here.
 """
+
 from __future__ import annotations
 
 import base64
@@ -13,8 +14,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -24,8 +26,10 @@ from tools import cluster as launcher
 from tools.cluster import ClusterError, Readiness
 
 SLEEPER = "import sys, time; print('node up', sys.argv[1:], flush=True); time.sleep(120)"
-STUBBORN = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-            "print('ignoring TERM', flush=True); time.sleep(120)")
+STUBBORN = (
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    "print('ignoring TERM', flush=True); time.sleep(120)"
+)
 
 
 @pytest.fixture
@@ -72,12 +76,19 @@ class FakeControllers:
         self.unfenced = set(unfenced)
         self.calls: list[tuple[list[tuple[str, int]], str]] = []
 
-    def __call__(self, bootstrap: list[tuple[str, int]], api: str, body: dict,
-                 timeout: float) -> dict:
+    def __call__(
+        self, bootstrap: list[tuple[str, int]], api: str, body: dict, timeout: float
+    ) -> dict:
         self.calls.append((bootstrap, api))
         if api == "DescribeQuorum":
-            return {"leader_id": self.leader, "term": 2, "commit_index": 5, "high_watermark": 5,
-                    "voters": [], "observers": []}
+            return {
+                "leader_id": self.leader,
+                "term": 2,
+                "commit_index": 5,
+                "high_watermark": 5,
+                "voters": [],
+                "observers": [],
+            }
         if api == "DescribeCluster":
             return {"brokers": [{"broker_id": b, "state": "unfenced"} for b in self.unfenced]}
         raise AssertionError(api)
@@ -88,6 +99,7 @@ def alive(pid: int | None, config: str) -> bool:
 
 
 # ---- ids, ports, layout -----------------------------------------------------------------------
+
 
 def test_cluster_id_is_kafka_style() -> None:
     ids = {launcher.new_cluster_id() for _ in range(50)}
@@ -122,8 +134,9 @@ def test_plan_cluster_ids_ports_paths_racks(tmp_path: Path) -> None:
     assert [c.id for c in layout.controllers] == [1, 2, 3]
     assert [b.id for b in layout.brokers] == [101, 102, 103, 104]
     assert [b.rack for b in layout.brokers] == ["r1", "r2", "r1", "r2"]
-    ports = ([p for c in layout.controllers for p in (c.rpc_port, c.raft_port)]
-             + [p for b in layout.brokers for p in (b.port, b.admin_port)])
+    ports = [p for c in layout.controllers for p in (c.rpc_port, c.raft_port)] + [
+        p for b in layout.brokers for p in (b.port, b.admin_port)
+    ]
     assert len(set(ports)) == len(ports) == 14
     c1, b1 = layout.controllers[0], layout.brokers[0]
     assert Path(c1.config) == (tmp_path / "c" / "controller-1" / "controller.properties").resolve()
@@ -143,13 +156,16 @@ def test_plan_cluster_with_base_port(tmp_path: Path) -> None:
         layout = launcher.plan_cluster(tmp_path, 2, 1, base_port=base)
     except ClusterError:
         pytest.skip("a port right after the picked one is in use")
-    assert [(c.rpc_port, c.raft_port) for c in layout.controllers] == \
-        [(base, base + 1), (base + 2, base + 3)]
+    assert [(c.rpc_port, c.raft_port) for c in layout.controllers] == [
+        (base, base + 1),
+        (base + 2, base + 3),
+    ]
     assert (layout.brokers[0].port, layout.brokers[0].admin_port) == (base + 4, base + 5)
     assert layout.brokers[0].rack is None
 
 
 # ---- config files ----------------------------------------------------------------------------
+
 
 def test_generated_configs_are_valid_node_configs(tmp_path: Path) -> None:
     layout = launcher.plan_cluster(tmp_path, 3, 2, racks=["a", "b"], fsync="never")
@@ -180,6 +196,7 @@ def test_broker_without_rack_has_no_rack_key(tmp_path: Path) -> None:
 
 # ---- cluster.json -----------------------------------------------------------------------------
 
+
 def test_cluster_json_round_trip_and_shape(tmp_path: Path) -> None:
     layout = launcher.plan_cluster(tmp_path, 2, 1, racks=["x"])
     layout.controllers[0].pid = 1234
@@ -187,10 +204,19 @@ def test_cluster_json_round_trip_and_shape(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == ["cluster.json"]
     doc = json.loads((tmp_path / "cluster.json").read_text())
     assert {"cluster_id", "controllers", "brokers"} <= set(doc)
-    assert set(doc["controllers"][0]) == {"id", "host", "rpc_port", "raft_port", "pid", "config",
-                                          "metadata_dir", "log_file"}
-    assert {"id", "host", "port", "pid", "config", "log_dirs", "rack", "log_file"} <= \
-        set(doc["brokers"][0])
+    assert set(doc["controllers"][0]) == {
+        "id",
+        "host",
+        "rpc_port",
+        "raft_port",
+        "pid",
+        "config",
+        "metadata_dir",
+        "log_file",
+    }
+    assert {"id", "host", "port", "pid", "config", "log_dirs", "rack", "log_file"} <= set(
+        doc["brokers"][0]
+    )
     assert launcher.read_cluster_json(tmp_path) == layout
 
 
@@ -213,8 +239,8 @@ def test_update_pid(tmp_path: Path) -> None:
 
 # ---- pid ownership ----------------------------------------------------------------------------
 
-def test_pid_owned_checks_the_command_line(spawned: list[subprocess.Popen],
-                                           tmp_path: Path) -> None:
+
+def test_pid_owned_checks_the_command_line(spawned: list[subprocess.Popen], tmp_path: Path) -> None:
     config = str(tmp_path / "controller.properties")
     proc = subprocess.Popen([sys.executable, "-c", SLEEPER, "--config", config])
     spawned.append(proc)
@@ -237,6 +263,7 @@ def test_pid_cmdline_of_missing_process_is_none() -> None:
 
 # ---- starting and stopping --------------------------------------------------------------------
 
+
 def test_start_node_detaches_and_logs(fake_nodes: dict[str, str], tmp_path: Path) -> None:
     layout = launcher.plan_cluster(tmp_path, 1)
     node = layout.controllers[0]
@@ -254,27 +281,35 @@ def test_start_node_detaches_and_logs(fake_nodes: dict[str, str], tmp_path: Path
 
 def test_real_node_command_runs_the_cli() -> None:
     node = launcher.ControllerNode(1, "127.0.0.1", 1, 2, None, "/d/c.properties", "/d/m", "/d/l")
-    assert launcher.node_command(node)[1:] == ["-m", "tools.cli", "controller", "--config",
-                                               "/d/c.properties"]
+    assert launcher.node_command(node)[1:] == [
+        "-m",
+        "tools.cli",
+        "controller",
+        "--config",
+        "/d/c.properties",
+    ]
 
 
-def test_stop_nodes_terms_then_kills_stragglers(fake_nodes: dict[str, str],
-                                                tmp_path: Path) -> None:
+def test_stop_nodes_terms_then_kills_stragglers(fake_nodes: dict[str, str], tmp_path: Path) -> None:
     layout = launcher.plan_cluster(tmp_path, 2, 1)
     fake_nodes["controller-2"] = STUBBORN
     children = {n.id: launcher.start_node(n) for n in layout.nodes()}
     stubborn = layout.node(2)
     assert launcher.wait_until(lambda: "ignoring TERM" in launcher.log_tail(stubborn), 10)
     results = launcher.stop_cluster(layout, timeout=1.0, children=children)
-    assert [(r.node.id, r.outcome) for r in results] == \
-        [(101, "stopped"), (1, "stopped"), (2, "killed")]
+    assert [(r.node.id, r.outcome) for r in results] == [
+        (101, "stopped"),
+        (1, "stopped"),
+        (2, "killed"),
+    ]
     assert launcher.running_nodes(layout) == []
     again = launcher.stop_cluster(layout, timeout=1.0, children=children)
     assert {r.outcome for r in again} == {"not running"}
 
 
-def test_signal_node_refuses_a_pid_that_is_not_ours(tmp_path: Path,
-                                                    spawned: list[subprocess.Popen]) -> None:
+def test_signal_node_refuses_a_pid_that_is_not_ours(
+    tmp_path: Path, spawned: list[subprocess.Popen]
+) -> None:
     proc = subprocess.Popen([sys.executable, "-c", SLEEPER, "--config", "/some/other"])
     spawned.append(proc)
     node = launcher.plan_cluster(tmp_path, 1).controllers[0]
@@ -285,12 +320,12 @@ def test_signal_node_refuses_a_pid_that_is_not_ours(tmp_path: Path,
 
 # ---- readiness ------------------------------------------------------------------------------------
 
+
 def test_readiness_rules() -> None:
     assert not Readiness().ready
     assert Readiness(controllers_with_leader={2}).ready
     assert not Readiness(controllers_with_leader={2}, required_brokers={101}).ready
-    assert Readiness(controllers_with_leader={2}, required_brokers={101},
-                     unfenced={101, 102}).ready
+    assert Readiness(controllers_with_leader={2}, required_brokers={101}, unfenced={101, 102}).ready
     assert not Readiness(controllers_with_leader={2}, required_controllers={1, 2}).ready
     assert "no leader yet" in Readiness().summary()
 
@@ -312,12 +347,14 @@ def test_probe_tolerates_unreachable_controllers(tmp_path: Path) -> None:
 def test_wait_ready_times_out_with_a_summary(tmp_path: Path) -> None:
     layout = launcher.plan_cluster(tmp_path, 1, 1)
     with pytest.raises(ClusterError, match=r"not ready after 0.3s: .*brokers unfenced: 0/1"):
-        launcher.wait_ready(layout, 0.3, {}, required_brokers={101},
-                            call=FakeControllers(), interval=0.05)
+        launcher.wait_ready(
+            layout, 0.3, {}, required_brokers={101}, call=FakeControllers(), interval=0.05
+        )
 
 
-def test_wait_ready_fails_fast_when_a_node_exits(fake_nodes: dict[str, str],
-                                                 tmp_path: Path) -> None:
+def test_wait_ready_fails_fast_when_a_node_exits(
+    fake_nodes: dict[str, str], tmp_path: Path
+) -> None:
     layout = launcher.plan_cluster(tmp_path, 1)
     fake_nodes["controller-1"] = "import sys; print('bad config: node.id'); sys.exit(2)"
     children = {1: launcher.start_node(layout.controllers[0])}
@@ -327,13 +364,32 @@ def test_wait_ready_fails_fast_when_a_node_exits(fake_nodes: dict[str, str],
 
 # ---- the cluster commands end to end (stand-in nodes) ----------------------------------------------
 
-def test_up_detach_status_kill_start_down(fake_nodes: dict[str, str], tmp_path: Path,
-                                          monkeypatch: pytest.MonkeyPatch,
-                                          capsys: pytest.CaptureFixture) -> None:
+
+def test_up_detach_status_kill_start_down(
+    fake_nodes: dict[str, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+) -> None:
     monkeypatch.setattr(launcher, "_default_call", FakeControllers(1, unfenced=(101, 102)))
     d = str(tmp_path / "c")
-    code = cli.main(["cluster", "up", "--dir", d, "--controllers", "3", "--brokers", "2",
-                     "--racks", "a,b", "--detach", "--fsync", "never"])
+    code = cli.main(
+        [
+            "cluster",
+            "up",
+            "--dir",
+            d,
+            "--controllers",
+            "3",
+            "--brokers",
+            "2",
+            "--racks",
+            "a,b",
+            "--detach",
+            "--fsync",
+            "never",
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == 0, err
     assert "Ready: quorum: leader 1 (term 2); brokers unfenced: 2/2." in out
@@ -370,13 +426,20 @@ def test_up_detach_status_kill_start_down(fake_nodes: dict[str, str], tmp_path: 
     assert cli.main(["cluster", "down", "--dir", d, "--timeout", "5", "--json"]) == 0
     results = json.loads(capsys.readouterr().out)["nodes"]
     assert [(r["id"], r["result"]) for r in results] == [
-        (101, "stopped"), (102, "stopped"), (1, "stopped"), (2, "stopped"), (3, "stopped")]
+        (101, "stopped"),
+        (102, "stopped"),
+        (1, "stopped"),
+        (2, "stopped"),
+        (3, "stopped"),
+    ]
     after = launcher.read_cluster_json(Path(d))
     assert all(n.pid is None for n in after.nodes())
 
     # a stopped cluster of the same shape is restarted with the same id and ports
-    assert cli.main(["cluster", "up", "--dir", d, "--controllers", "3", "--brokers", "2",
-                     "--detach"]) == 0
+    assert (
+        cli.main(["cluster", "up", "--dir", d, "--controllers", "3", "--brokers", "2", "--detach"])
+        == 0
+    )
     again = launcher.read_cluster_json(Path(d))
     assert again.cluster_id == layout.cluster_id
     assert [n.config for n in again.nodes()] == [n.config for n in layout.nodes()]
@@ -384,9 +447,12 @@ def test_up_detach_status_kill_start_down(fake_nodes: dict[str, str], tmp_path: 
     assert cli.main(["cluster", "down", "--dir", d]) == 0
 
 
-def test_up_foreground_stops_every_node_on_interrupt(fake_nodes: dict[str, str], tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch,
-                                                     capsys: pytest.CaptureFixture) -> None:
+def test_up_foreground_stops_every_node_on_interrupt(
+    fake_nodes: dict[str, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+) -> None:
     from tools.commands import cluster_cmd
 
     monkeypatch.setattr(launcher, "_default_call", FakeControllers(2))
@@ -403,8 +469,10 @@ def test_up_foreground_stops_every_node_on_interrupt(fake_nodes: dict[str, str],
 
     monkeypatch.setattr(cluster_cmd, "_monitor", interrupt)
     d = tmp_path / "fg"
-    assert cli.main(["cluster", "up", "--dir", str(d), "--controllers", "2",
-                     "--stop-timeout", "5"]) == 0
+    assert (
+        cli.main(["cluster", "up", "--dir", str(d), "--controllers", "2", "--stop-timeout", "5"])
+        == 0
+    )
     err = capsys.readouterr().err
     assert seen["alive"] == [True, True]
     assert "Stopping the cluster" in err
@@ -413,14 +481,31 @@ def test_up_foreground_stops_every_node_on_interrupt(fake_nodes: dict[str, str],
     assert signal.getsignal(signal.SIGTERM) is not signal.default_int_handler
 
 
-def test_up_failure_stops_the_started_nodes(fake_nodes: dict[str, str], tmp_path: Path,
-                                            monkeypatch: pytest.MonkeyPatch,
-                                            capsys: pytest.CaptureFixture) -> None:
+def test_up_failure_stops_the_started_nodes(
+    fake_nodes: dict[str, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+) -> None:
     monkeypatch.setattr(launcher, "_default_call", FakeControllers(leader=-1))
     fake_nodes["controller-2"] = "import sys; print('cannot bind'); sys.exit(1)"
     d = tmp_path / "bad"
-    assert cli.main(["cluster", "up", "--dir", str(d), "--controllers", "3", "--detach",
-                     "--stop-timeout", "5"]) == 1
+    assert (
+        cli.main(
+            [
+                "cluster",
+                "up",
+                "--dir",
+                str(d),
+                "--controllers",
+                "3",
+                "--detach",
+                "--stop-timeout",
+                "5",
+            ]
+        )
+        == 1
+    )
     err = capsys.readouterr().err
     assert "controller-2 exited with code 1" in err and "cannot bind" in err
     assert launcher.running_nodes(launcher.read_cluster_json(d)) == []
@@ -433,26 +518,44 @@ def test_cluster_commands_without_a_cluster(tmp_path: Path, capsys: pytest.Captu
         capsys.readouterr()
         assert cli.main(["cluster", *words, "--dir", str(tmp_path)]) == 1
         assert "no cluster in" in capsys.readouterr().err
-    assert cli.main(["cluster", "up", "--dir", str(tmp_path), "--controllers", "1",
-                     "--racks", "a"]) == 2
+    assert (
+        cli.main(["cluster", "up", "--dir", str(tmp_path), "--controllers", "1", "--racks", "a"])
+        == 2
+    )
 
 
 def test_fetch_linger_defaults_to_20_ms_and_is_bounded(tmp_path: Path) -> None:
-    props = {"node.id": "1", "process.roles": "controller", "cluster.id": "c",
-             "controller.quorum.voters": "1@127.0.0.1:9000",
-             "controller.quorum.raft.voters": "1@127.0.0.1:9001", "metadata.log.dir": str(tmp_path)}
+    props = {
+        "node.id": "1",
+        "process.roles": "controller",
+        "cluster.id": "c",
+        "controller.quorum.voters": "1@127.0.0.1:9000",
+        "controller.quorum.raft.voters": "1@127.0.0.1:9001",
+        "metadata.log.dir": str(tmp_path),
+    }
     assert ControllerConfig.from_properties(props, env={})["metadata.fetch.linger.ms"] == 20
-    assert ControllerConfig.from_properties(dict(props, **{"metadata.fetch.linger.ms": "0"}),
-                                            env={})["metadata.fetch.linger.ms"] == 0
+    assert (
+        ControllerConfig.from_properties(dict(props, **{"metadata.fetch.linger.ms": "0"}), env={})[
+            "metadata.fetch.linger.ms"
+        ]
+        == 0
+    )
     for bad in ("-1", "1001"):
         with pytest.raises(ConfigError, match="metadata.fetch.linger.ms"):
-            ControllerConfig.from_properties(dict(props, **{"metadata.fetch.linger.ms": bad}), env={})
+            ControllerConfig.from_properties(
+                dict(props, **{"metadata.fetch.linger.ms": bad}), env={}
+            )
 
 
 def test_group_commit_fill_defaults_to_2_ms_and_is_bounded(tmp_path: Path) -> None:
-    props = {"node.id": "1", "process.roles": "controller", "cluster.id": "c",
-             "controller.quorum.voters": "1@127.0.0.1:9000",
-             "controller.quorum.raft.voters": "1@127.0.0.1:9001", "metadata.log.dir": str(tmp_path)}
+    props = {
+        "node.id": "1",
+        "process.roles": "controller",
+        "cluster.id": "c",
+        "controller.quorum.voters": "1@127.0.0.1:9000",
+        "controller.quorum.raft.voters": "1@127.0.0.1:9001",
+        "metadata.log.dir": str(tmp_path),
+    }
     key = "controller.group.commit.fill.ms"
     assert ControllerConfig.from_properties(props, env={})[key] == 2
     assert ControllerConfig.from_properties(dict(props, **{key: "0"}), env={})[key] == 0

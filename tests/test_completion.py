@@ -1,5 +1,6 @@
 """``kraft completion bash|zsh``: the generated script, sourced by a real bash (and zsh when
 installed), completes commands, sub-commands, options, option choices and directories."""
+
 from __future__ import annotations
 
 import contextlib
@@ -35,10 +36,17 @@ def complete(script: Path, line: str, cwd: Path | None = None) -> list[str]:
     if line.endswith(" "):
         words.append("")
     array = " ".join(f"'{w}'" for w in words)
-    program = (f"source '{script}'; COMP_WORDS=({array}); COMP_CWORD={len(words) - 1}; "
-               "_kraft_complete; printf '%s\\n' \"${COMPREPLY[@]}\"")
-    proc = subprocess.run(["bash", "--norc", "--noprofile", "-c", program], capture_output=True,
-                          text=True, timeout=30, cwd=cwd)
+    program = (
+        f"source '{script}'; COMP_WORDS=({array}); COMP_CWORD={len(words) - 1}; "
+        "_kraft_complete; printf '%s\\n' \"${COMPREPLY[@]}\""
+    )
+    proc = subprocess.run(
+        ["bash", "--norc", "--noprofile", "-c", program],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=cwd,
+    )
     assert proc.returncode == 0, proc.stderr
     return sorted(w for w in proc.stdout.splitlines() if w)
 
@@ -57,7 +65,9 @@ def test_every_command_that_reports_has_json() -> None:
     """--json everywhere: every leaf command but the node runners, the interactive shell and the
     completion script (its output is a script) offers --json."""
     tree = command_tree(cli.build_parser())
-    leaves = {p for p, i in tree.items() if p and not [s for s in i.subcommands if f"{p} {s}" in tree]}
+    leaves = {
+        p for p, i in tree.items() if p and not [s for s in i.subcommands if f"{p} {s}" in tree]
+    }
     without = {p for p in leaves if "--json" not in tree[p].options}
     assert without == {"controller", "broker", "shell", "completion"}
 
@@ -81,12 +91,17 @@ def test_bash_completes_commands_options_choices_and_dirs(script: Path, tmp_path
 
 @pytest.mark.skipif(shutil.which("zsh") is None, reason="zsh is not installed")
 def test_zsh_script_loads() -> None:
-    proc = subprocess.run(["zsh", "-f", "-c", generated("zsh") + "\nwhence -w _kraft_complete"],
-                          capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(
+        ["zsh", "-f", "-c", generated("zsh") + "\nwhence -w _kraft_complete"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert proc.returncode == 0 and "function" in proc.stdout, proc.stderr
 
 
 # ---- progress ---------------------------------------------------------------------------------------
+
 
 class _Terminal(io.StringIO):
     def isatty(self) -> bool:

@@ -1,5 +1,6 @@
 """The controller quorum as a user meets it: real controller processes on loopback, driven by the
 ``kraft`` CLI and the controller RPC."""
+
 from __future__ import annotations
 
 import threading
@@ -33,7 +34,10 @@ def test_three_controllers_elect_exactly_one_active(cluster):
     ids = [c["id"] for c in cluster.meta["controllers"]]
 
     def agreed_leader():
-        views = [kraft_json("quorum", "status", "--bootstrap-controller", cluster.bootstrap(i)) for i in ids]
+        views = [
+            kraft_json("quorum", "status", "--bootstrap-controller", cluster.bootstrap(i))
+            for i in ids
+        ]
         leaders = {v["leader_id"] for v in views}
         return views if len(leaders) == 1 and leaders != {-1} else None
 
@@ -47,21 +51,51 @@ def test_three_controllers_elect_exactly_one_active(cluster):
 def test_topics_created_and_deleted_on_every_controller(cluster):
     cluster.up(controllers=3)
     cluster.start_sim_brokers(3)
-    kraft("topics", "create", "orders", "--partitions", "6", "--replication-factor", "3",
-          "--config", "retention.ms=60000", "--cluster", str(cluster.dir))
-    kraft("topics", "create", "events", "--partitions", "2", "--replication-factor", "2",
-          "--cluster", str(cluster.dir))
+    kraft(
+        "topics",
+        "create",
+        "orders",
+        "--partitions",
+        "6",
+        "--replication-factor",
+        "3",
+        "--config",
+        "retention.ms=60000",
+        "--cluster",
+        str(cluster.dir),
+    )
+    kraft(
+        "topics",
+        "create",
+        "events",
+        "--partitions",
+        "2",
+        "--replication-factor",
+        "2",
+        "--cluster",
+        str(cluster.dir),
+    )
     ids = [c["id"] for c in cluster.meta["controllers"]]
     for i in ids:
-        poll(lambda: {"orders", "events"} <= _topic_names(cluster, i), 20, what=f"topics on controller {i}")
-        described = kraft_json("topics", "describe", "orders", "--bootstrap-controller", cluster.bootstrap(i))
+        poll(
+            lambda: {"orders", "events"} <= _topic_names(cluster, i),
+            20,
+            what=f"topics on controller {i}",
+        )
+        described = kraft_json(
+            "topics", "describe", "orders", "--bootstrap-controller", cluster.bootstrap(i)
+        )
         topic = described["topics"][0]
         assert len(topic["partitions"]) == 6
         for p in topic["partitions"]:
             assert len(set(p["replicas"])) == 3 and p["leader"] in p["isr"]
     kraft("topics", "delete", "orders", "--cluster", str(cluster.dir))
     for i in ids:
-        poll(lambda: "orders" not in _topic_names(cluster, i), 20, what=f"orders gone on controller {i}")
+        poll(
+            lambda: "orders" not in _topic_names(cluster, i),
+            20,
+            what=f"orders gone on controller {i}",
+        )
 
 
 def test_bad_input_gets_kafka_errors_and_changes_nothing(cluster):
@@ -70,9 +104,18 @@ def test_bad_input_gets_kafka_errors_and_changes_nothing(cluster):
     d = str(cluster.dir)
     cases = [
         (["topics", "create", "bad name!", "--cluster", d], "INVALID_TOPIC_EXCEPTION"),
-        (["topics", "create", "x", "--replication-factor", "4", "--cluster", d], "INVALID_REPLICATION_FACTOR"),
-        (["topics", "create", "x", "--config", "retention.ms=soon", "--cluster", d], "INVALID_CONFIG"),
-        (["topics", "create", "x", "--replica-assignment", "101:999", "--cluster", d], "INVALID_REPLICA_ASSIGNMENT"),
+        (
+            ["topics", "create", "x", "--replication-factor", "4", "--cluster", d],
+            "INVALID_REPLICATION_FACTOR",
+        ),
+        (
+            ["topics", "create", "x", "--config", "retention.ms=soon", "--cluster", d],
+            "INVALID_CONFIG",
+        ),
+        (
+            ["topics", "create", "x", "--replica-assignment", "101:999", "--cluster", d],
+            "INVALID_REPLICA_ASSIGNMENT",
+        ),
     ]
     before = kraft_json("topics", "list", "--cluster", d)
     for args, error in cases:
@@ -81,8 +124,12 @@ def test_bad_input_gets_kafka_errors_and_changes_nothing(cluster):
         assert error in proc.stderr, (args, proc.stderr)
     # The CLI refuses --partitions 0 itself; the controller must refuse it too.
     bootstrap = [(c["host"], c["rpc_port"]) for c in cluster.meta["controllers"]]
-    result = call_sync(bootstrap, "CreateTopics", {"topics": [{"name": "x", "num_partitions": 0,
-                                                                "replication_factor": 1}]}, 10)
+    result = call_sync(
+        bootstrap,
+        "CreateTopics",
+        {"topics": [{"name": "x", "num_partitions": 0, "replication_factor": 1}]},
+        10,
+    )
     assert result["topics"][0]["error_code"] == ErrorCode.INVALID_PARTITIONS
     kraft("topics", "create", "dup", "--cluster", d)
     proc = kraft("topics", "create", "dup", "--cluster", d, check=False)
@@ -100,9 +147,11 @@ def _create_stream(bootstrap, stop: threading.Event, acknowledged: list, failed:
                 name = f"stream-{i}"
                 i += 1
                 try:
-                    result = await client.call("CreateTopics", {"topics": [{"name": name, "num_partitions": 1,
-                                                                            "replication_factor": 1}]},
-                                               timeout=15)
+                    result = await client.call(
+                        "CreateTopics",
+                        {"topics": [{"name": name, "num_partitions": 1, "replication_factor": 1}]},
+                        timeout=15,
+                    )
                 except (KraftError, trio.TooSlowError, OSError) as e:
                     failed.append((name, repr(e)))
                     continue
@@ -123,14 +172,20 @@ def test_kill_active_controller_during_creates_loses_nothing(cluster):
     acknowledged: list[str] = []
     failed: list = []
     stop = threading.Event()
-    writer = threading.Thread(target=_create_stream, args=(bootstrap, stop, acknowledged, failed), daemon=True)
+    writer = threading.Thread(
+        target=_create_stream, args=(bootstrap, stop, acknowledged, failed), daemon=True
+    )
     writer.start()
     try:
         poll(lambda: len(acknowledged) >= 20, 30, what="creates before the kill")
         old_leader = cluster.active_controller()
         cluster.kill(old_leader)
         count_at_kill = len(acknowledged)
-        poll(lambda: len(acknowledged) >= count_at_kill + 20, 30, what="creates to continue after failover")
+        poll(
+            lambda: len(acknowledged) >= count_at_kill + 20,
+            30,
+            what="creates to continue after failover",
+        )
         new_leader = cluster.active_controller()
         assert new_leader != old_leader
     finally:
@@ -141,10 +196,15 @@ def test_kill_active_controller_during_creates_loses_nothing(cluster):
     missing = set(acknowledged) - names
     assert not missing, f"acknowledged creates lost: {sorted(missing)[:10]}"
     cluster.start(old_leader)
-    poll(lambda: set(acknowledged) <= _topic_names(cluster, old_leader), 60,
-         what="the restarted controller to catch up")
+    poll(
+        lambda: set(acknowledged) <= _topic_names(cluster, old_leader),
+        60,
+        what="the restarted controller to catch up",
+    )
     cluster.down()
-    digests = {c["id"]: log_stream_digest(cluster.log_dir(c["id"])) for c in cluster.meta["controllers"]}
+    digests = {
+        c["id"]: log_stream_digest(cluster.log_dir(c["id"])) for c in cluster.meta["controllers"]
+    }
     assert len(set(digests.values())) == 1, digests
 
 
@@ -152,17 +212,35 @@ def test_stop_all_and_restart_keeps_topics_and_log(cluster):
     cluster.up(controllers=3)
     cluster.start_sim_brokers(3)
     for name in ("a", "b", "c"):
-        kraft("topics", "create", name, "--partitions", "3", "--replication-factor", "3", "--cluster", str(cluster.dir))
+        kraft(
+            "topics",
+            "create",
+            name,
+            "--partitions",
+            "3",
+            "--replication-factor",
+            "3",
+            "--cluster",
+            str(cluster.dir),
+        )
     before = kraft_json("topics", "describe", "--cluster", str(cluster.dir))
     cluster.down()
-    digests_before = {c["id"]: log_stream_digest(cluster.log_dir(c["id"])) for c in cluster.meta["controllers"]}
+    digests_before = {
+        c["id"]: log_stream_digest(cluster.log_dir(c["id"])) for c in cluster.meta["controllers"]
+    }
     assert len(set(digests_before.values())) == 1
     cluster.start()
     poll(lambda: cluster.active_controller(), 30, what="a leader after restart")
-    after = poll(lambda: kraft_json("topics", "describe", "--cluster", str(cluster.dir)), 30, what="describe")
-    assert {t["name"]: t["topic_id"] for t in after["topics"]} == {t["name"]: t["topic_id"] for t in before["topics"]}
+    after = poll(
+        lambda: kraft_json("topics", "describe", "--cluster", str(cluster.dir)), 30, what="describe"
+    )
+    assert {t["name"]: t["topic_id"] for t in after["topics"]} == {
+        t["name"]: t["topic_id"] for t in before["topics"]
+    }
     cluster.down()
-    digests_after = {c["id"]: log_stream_digest(cluster.log_dir(c["id"])) for c in cluster.meta["controllers"]}
+    digests_after = {
+        c["id"]: log_stream_digest(cluster.log_dir(c["id"])) for c in cluster.meta["controllers"]
+    }
     # The restart added only the new leader's activation record on top of the same history.
     assert len(set(digests_after.values())) == 1
 
@@ -189,14 +267,23 @@ def test_lagging_controller_installs_the_leaders_snapshot(cluster):
         kraft("topics", "create", f"while-down-{i}", "--cluster", str(cluster.dir))
     expected = {f"while-down-{i}" for i in range(60)}
     cluster.start(lagging)
-    poll(lambda: expected <= _topic_names(cluster, lagging), 60, what="the lagging controller to catch up")
+    poll(
+        lambda: expected <= _topic_names(cluster, lagging),
+        60,
+        what="the lagging controller to catch up",
+    )
 
     def same_image():
         views = [_describe_node(cluster, c["id"]) for c in cluster.meta["controllers"]]
-        return views if len({(v["applied_offset"], v["image_checksum"]) for v in views}) == 1 else None
+        return (
+            views if len({(v["applied_offset"], v["image_checksum"]) for v in views}) == 1 else None
+        )
+
     views = poll(same_image, 30, what="equal images on all controllers")
     node = next(v for v in views if v["node_id"] == lagging)
-    assert node["log_start_offset"] > 0, "the lagging controller should have started from a snapshot"
+    assert node["log_start_offset"] > 0, (
+        "the lagging controller should have started from a snapshot"
+    )
     cluster.kill(lagging)
     cluster.start(lagging)
     poll(lambda: expected <= _topic_names(cluster, lagging), 60, what="topics after restarting it")

@@ -8,6 +8,7 @@ files are left exactly as they were. Broker-side copies (metadata checkpoints, p
 caches of replicated data: they are discarded or truncated with a WARNING naming the file, as
 Kafka does, and refetched.
 """
+
 from __future__ import annotations
 
 import logging
@@ -18,16 +19,29 @@ import sys
 from pathlib import Path
 
 import pytest
+from harness import ENV, REPO
+from test_fuzz_kafka_listener import record_batch
 
 from broker.checkpoint import load_checkpoint, write_checkpoint
 from broker.partition_log import HW_FILE, LEADER_EPOCH_FILE, PartitionLog
-from harness import ENV, REPO
 from kraft.image import image_from_records
-from kraft.log import CorruptLogError, CorruptSnapshotError, MetadataLog, read_snapshot, segment_name
+from kraft.log import (
+    CorruptLogError,
+    CorruptSnapshotError,
+    MetadataLog,
+    read_snapshot,
+    segment_name,
+)
 from kraft.log.segment import HEADER_SIZE, iter_frames
-from kraft.records import ZERO_HASH, Batch, Provenance, RegisterBrokerRecord, TopicRecord, batch_hash
+from kraft.records import (
+    ZERO_HASH,
+    Batch,
+    Provenance,
+    RegisterBrokerRecord,
+    TopicRecord,
+    batch_hash,
+)
 from kraft.snapshotter import Snapshotter
-from test_fuzz_kafka_listener import record_batch
 
 SEGMENT_BYTES = 600  # a handful of batches per segment
 
@@ -79,7 +93,9 @@ def assert_refused(d: Path, path: Path, position: int | None = None) -> CorruptL
     return err
 
 
-def assert_truncated(d: Path, caplog: pytest.LogCaptureFixture, path: Path, keep_next_offset: int) -> None:
+def assert_truncated(
+    d: Path, caplog: pytest.LogCaptureFixture, path: Path, keep_next_offset: int
+) -> None:
     with caplog.at_level(logging.WARNING, logger="kraft.log.metadata_log"):
         with MetadataLog.open(d, segment_bytes=SEGMENT_BYTES, fsync="never") as mlog:
             assert mlog.next_offset == keep_next_offset
@@ -90,7 +106,10 @@ def assert_truncated(d: Path, caplog: pytest.LogCaptureFixture, path: Path, keep
 
 # ---- metadata log: torn tails are truncated ------------------------------------------------
 
-def test_torn_tail_anywhere_in_the_last_frame(log_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+
+def test_torn_tail_anywhere_in_the_last_frame(
+    log_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     last = segments(log_dir)[-1]
     original = last.read_bytes()
     pos, end = frames_of(last)[-1]
@@ -101,14 +120,18 @@ def test_torn_tail_anywhere_in_the_last_frame(log_dir: Path, caplog: pytest.LogC
 
 
 @pytest.mark.parametrize("tail", [b"\x00" * 7, b"\x00" * 8, b"\x00" * 100, b"\x00" * 4096])
-def test_zero_filled_tail_is_truncated(log_dir: Path, caplog: pytest.LogCaptureFixture, tail: bytes) -> None:
+def test_zero_filled_tail_is_truncated(
+    log_dir: Path, caplog: pytest.LogCaptureFixture, tail: bytes
+) -> None:
     """A crash after the file grew but before the data reached the disk leaves zeros."""
     last = segments(log_dir)[-1]
     last.write_bytes(last.read_bytes() + tail)
     assert_truncated(log_dir, caplog, last, keep_next_offset=24)
 
 
-def test_zero_filled_last_frame_is_truncated(log_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_zero_filled_last_frame_is_truncated(
+    log_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     last = segments(log_dir)[-1]
     data = bytearray(last.read_bytes())
     pos, end = frames_of(last)[-1]
@@ -118,10 +141,13 @@ def test_zero_filled_last_frame_is_truncated(log_dir: Path, caplog: pytest.LogCa
 
 
 @pytest.mark.parametrize("seed", range(8))
-def test_garbage_appended_is_truncated_or_refused_never_accepted(log_dir: Path, caplog: pytest.LogCaptureFixture,
-                                                                  seed: int) -> None:
+def test_garbage_appended_is_truncated_or_refused_never_accepted(
+    log_dir: Path, caplog: pytest.LogCaptureFixture, seed: int
+) -> None:
     last = segments(log_dir)[-1]
-    last.write_bytes(last.read_bytes() + random.Random(seed).randbytes(random.Random(seed).randint(1, 300)))
+    last.write_bytes(
+        last.read_bytes() + random.Random(seed).randbytes(random.Random(seed).randint(1, 300))
+    )
     try:
         assert_truncated(log_dir, caplog, last, keep_next_offset=24)
     except CorruptLogError as err:
@@ -130,12 +156,14 @@ def test_garbage_appended_is_truncated_or_refused_never_accepted(log_dir: Path, 
 
 # ---- metadata log: anything else is refused, naming file, byte and offset --------------------
 
-FIELDS = {"length": range(0, 4), "crc": range(4, 8), "payload": None}
+FIELDS = {"length": range(4), "crc": range(4, 8), "payload": None}
 
 
 @pytest.mark.parametrize("field", list(FIELDS))
 @pytest.mark.parametrize("where", ["first segment", "middle of the last segment"])
-def test_every_frame_field_corrupted_inside_the_log_is_refused(log_dir: Path, field: str, where: str) -> None:
+def test_every_frame_field_corrupted_inside_the_log_is_refused(
+    log_dir: Path, field: str, where: str
+) -> None:
     segs = segments(log_dir)
     path = segs[0] if where == "first segment" else segs[-1]
     frames = frames_of(path)
@@ -143,7 +171,7 @@ def test_every_frame_field_corrupted_inside_the_log_is_refused(log_dir: Path, fi
     original = path.read_bytes()
     offsets = FIELDS[field] or range(HEADER_SIZE, end - pos, 9)  # every 9th payload byte
     for i in offsets:
-        for flip in (0x01, 0x80, 0xff) if field != "payload" else (0x41,):
+        for flip in (0x01, 0x80, 0xFF) if field != "payload" else (0x41,):
             data = bytearray(original)
             data[pos + i] ^= flip
             path.write_bytes(bytes(data))
@@ -207,15 +235,29 @@ def test_controller_refuses_to_start_on_a_corrupt_log(tmp_path: Path, log_dir: P
     log_dir.rename(meta / "log")
     path = segments(meta / "log")[1]
     data = bytearray(path.read_bytes())
-    data[HEADER_SIZE + 3] ^= 0xff
+    data[HEADER_SIZE + 3] ^= 0xFF
     path.write_bytes(bytes(data))
     config = tmp_path / "controller.properties"
-    write_properties(config, {"node.id": 1, "process.roles": "controller", "cluster.id": "c",
-                              "controller.quorum.voters": "1@127.0.0.1:1",
-                              "controller.quorum.raft.voters": "1@127.0.0.1:2", "metadata.log.dir": meta})
+    write_properties(
+        config,
+        {
+            "node.id": 1,
+            "process.roles": "controller",
+            "cluster.id": "c",
+            "controller.quorum.voters": "1@127.0.0.1:1",
+            "controller.quorum.raft.voters": "1@127.0.0.1:2",
+            "metadata.log.dir": meta,
+        },
+    )
     before = snapshot_of_files(meta / "log")
-    proc = subprocess.run([sys.executable, "-m", "tools.cli", "controller", "--config", str(config)],
-                          cwd=REPO, env=ENV, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tools.cli", "controller", "--config", str(config)],
+        cwd=REPO,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 1, proc.stderr
     assert f"refusing to start: corrupt metadata log {path} at byte 0 (offset" in proc.stderr
     assert snapshot_of_files(meta / "log") == before
@@ -223,8 +265,12 @@ def test_controller_refuses_to_start_on_a_corrupt_log(tmp_path: Path, log_dir: P
 
 # ---- snapshots -----------------------------------------------------------------------------
 
+
 def _image(brokers: int = 3, topics: int = 40):
-    recs = [RegisterBrokerRecord(b, f"inc-{b}", 1, (), (), None, False, False) for b in range(1, brokers + 1)]
+    recs = [
+        RegisterBrokerRecord(b, f"inc-{b}", 1, (), (), None, False, False)
+        for b in range(1, brokers + 1)
+    ]
     recs += [TopicRecord(f"t{i}", f"00000000-0000-4000-8000-{i:012d}") for i in range(topics)]
     return image_from_records(recs, offset=len(recs) - 1, term=2)
 
@@ -241,9 +287,13 @@ def test_snapshot_corrupted_anywhere_is_refused(snapshot_file: Path) -> None:
     frames = [(f.position, f.end) for f in iter_frames(original)]
     header, footer = frames[0], frames[-1]
     targets = {
-        "header length": header[0], "header crc": header[0] + 5, "header payload": header[0] + 12,
-        "chunk crc": frames[1][0] + 4, "chunk payload": frames[1][0] + 20,
-        "footer crc": footer[0] + 6, "footer checksum": footer[1] - 3,
+        "header length": header[0],
+        "header crc": header[0] + 5,
+        "header payload": header[0] + 12,
+        "chunk crc": frames[1][0] + 4,
+        "chunk payload": frames[1][0] + 20,
+        "footer crc": footer[0] + 6,
+        "footer checksum": footer[1] - 3,
     }
     for name, i in targets.items():
         data = bytearray(original)
@@ -272,6 +322,7 @@ def test_controller_refuses_a_corrupt_snapshot_it_needs(tmp_path: Path) -> None:
         for b, enc in make_batches(24):
             mlog.append_encoded(enc, b)
         from kraft.image import MetadataDelta, MetadataImage
+
         image = MetadataImage.EMPTY
         for b in mlog.read_batches(0):
             delta = MetadataDelta(image)
@@ -291,8 +342,10 @@ def test_controller_refuses_a_corrupt_snapshot_it_needs(tmp_path: Path) -> None:
 
 # ---- broker metadata checkpoints -------------------------------------------------------------
 
-def test_corrupt_broker_checkpoint_is_discarded_with_a_warning(tmp_path: Path,
-                                                               caplog: pytest.LogCaptureFixture) -> None:
+
+def test_corrupt_broker_checkpoint_is_discarded_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     d = tmp_path / "metadata"
     d.mkdir()
     older = write_checkpoint(d, _image(topics=10))
@@ -314,6 +367,7 @@ def test_corrupt_broker_checkpoint_is_discarded_with_a_warning(tmp_path: Path,
 
 # ---- partition logs ------------------------------------------------------------------------
 
+
 @pytest.fixture()
 def partition_dir(tmp_path: Path) -> Path:
     d = tmp_path / "orders-0"
@@ -331,13 +385,19 @@ def _reopen(d: Path) -> PartitionLog:
 
 
 @pytest.mark.parametrize("damage", ["torn", "zeros", "garbage"])
-def test_partition_log_tail_damage_is_truncated_with_a_warning(partition_dir: Path, damage: str,
-                                                                caplog: pytest.LogCaptureFixture) -> None:
+def test_partition_log_tail_damage_is_truncated_with_a_warning(
+    partition_dir: Path, damage: str, caplog: pytest.LogCaptureFixture
+) -> None:
     last = sorted(partition_dir.glob("*.log"))[-1]
     data = last.read_bytes()
     size = len(data)
-    last.write_bytes({"torn": data[:-7], "zeros": data + bytes(500),
-                      "garbage": data + random.Random(1).randbytes(90)}[damage])
+    last.write_bytes(
+        {
+            "torn": data[:-7],
+            "zeros": data + bytes(500),
+            "garbage": data + random.Random(1).randbytes(90),
+        }[damage]
+    )
     with caplog.at_level(logging.WARNING, logger="broker.partition_log"):
         plog = _reopen(partition_dir)
     try:
@@ -346,12 +406,14 @@ def test_partition_log_tail_damage_is_truncated_with_a_warning(partition_dir: Pa
             assert last.stat().st_size == size
     finally:
         plog.close()
-    assert any(str(partition_dir) in r.getMessage() or last.name in r.getMessage()
-               for r in caplog.records), caplog.text
+    assert any(
+        str(partition_dir) in r.getMessage() or last.name in r.getMessage() for r in caplog.records
+    ), caplog.text
 
 
-def test_partition_log_mid_log_corruption_truncates_from_the_bad_batch(partition_dir: Path,
-                                                                       caplog: pytest.LogCaptureFixture) -> None:
+def test_partition_log_mid_log_corruption_truncates_from_the_bad_batch(
+    partition_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """Kafka's log recovery: the bad batch and everything after it go (the replica refetches
     them from the leader); the warning names the file and byte."""
     first = sorted(partition_dir.glob("*.log"))[0]
@@ -365,13 +427,17 @@ def test_partition_log_mid_log_corruption_truncates_from_the_bad_batch(partition
         assert plog.high_watermark == 0
     finally:
         plog.close()
-    assert any(first.name in r.getMessage() and "byte 0" in r.getMessage() for r in caplog.records), caplog.text
+    assert any(
+        first.name in r.getMessage() and "byte 0" in r.getMessage() for r in caplog.records
+    ), caplog.text
 
 
-@pytest.mark.parametrize("content", ["", "garbage", "0\n1\n", "0\n1\nnot-a-number\n", "7\n1\n5\n",
-                                     "0\n3\n5\n"])
-def test_partition_checkpoint_files_damaged(partition_dir: Path, content: str,
-                                            caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize(
+    "content", ["", "garbage", "0\n1\n", "0\n1\nnot-a-number\n", "7\n1\n5\n", "0\n3\n5\n"]
+)
+def test_partition_checkpoint_files_damaged(
+    partition_dir: Path, content: str, caplog: pytest.LogCaptureFixture
+) -> None:
     (partition_dir / HW_FILE).write_text(content)
     (partition_dir / LEADER_EPOCH_FILE).write_text(content)
     with caplog.at_level(logging.WARNING, logger="broker.partition_log"):

@@ -1,5 +1,6 @@
 """``make demo`` for real: ``python -m tools.demo`` in a scratch directory runs the whole story to
 exit 0 and leaves no process behind; Ctrl-C while the cluster is starting stops every node too."""
+
 from __future__ import annotations
 
 import os
@@ -11,7 +12,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from harness import ENV, poll
 
 pytestmark = pytest.mark.integration
@@ -23,7 +23,9 @@ def processes_under(directory: Path) -> list[psutil.Process]:
     found = []
     for p in psutil.process_iter(["cmdline", "status"]):
         try:
-            if p.info["status"] != psutil.STATUS_ZOMBIE and str(directory) in " ".join(p.info["cmdline"] or ()):
+            if p.info["status"] != psutil.STATUS_ZOMBIE and str(directory) in " ".join(
+                p.info["cmdline"] or ()
+            ):
                 found.append(p)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
@@ -40,8 +42,15 @@ def kill_leftovers(directory: Path) -> None:
 
 
 def start_demo(cwd: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "tools.demo"], cwd=cwd, env=ENV, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "tools.demo"],
+        cwd=cwd,
+        env=ENV,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 @pytest.mark.timeout(DEMO_TIMEOUT_S + 60)
@@ -56,9 +65,13 @@ def test_demo_tells_the_whole_story_and_cleans_up(tmp_path: Path) -> None:
         pytest.fail(f"the demo did not finish in {DEMO_TIMEOUT_S}s:\n{out[-4000:]}")
     try:
         assert demo.returncode == 0, out[-4000:]
-        for heading in ("1. Start 3 controllers + 3 brokers", "2. The Raft quorum and some topics",
-                        "3. Crash the active controller", "4. Crash the broker leading orders partition 0",
-                        "6. Stop everything"):
+        for heading in (
+            "1. Start 3 controllers + 3 brokers",
+            "2. The Raft quorum and some topics",
+            "3. Crash the active controller",
+            "4. Crash the broker leading orders partition 0",
+            "6. Stop everything",
+        ):
             assert f"=== {heading}" in out
         for created in ("orders", "payments", "audit-log"):
             assert f"Created topic {created} with" in out
@@ -77,8 +90,12 @@ def test_ctrl_c_while_the_cluster_starts_stops_every_node(tmp_path: Path) -> Non
     demo = start_demo(tmp_path)
     try:
         # Ctrl-C once a node runs: the terminal sends SIGINT to the whole foreground group.
-        poll(lambda: processes_under(tmp_path / "demo-cluster"), 120, interval=0.2,
-             what="the demo's first node process")
+        poll(
+            lambda: processes_under(tmp_path / "demo-cluster"),
+            120,
+            interval=0.2,
+            what="the demo's first node process",
+        )
         os.killpg(demo.pid, signal.SIGINT)
         out, _ = demo.communicate(timeout=180)
         assert demo.returncode == 130, out[-4000:]

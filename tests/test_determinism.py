@@ -1,6 +1,7 @@
 """Determinism: the same commands give byte-identical batches and equal images on independent
 controllers — including one restarted from a snapshot of the image (different dict insertion
 orders) and one rebuilt by replaying the log."""
+
 from __future__ import annotations
 
 import uuid
@@ -18,25 +19,56 @@ NAMES = ["orders", "x.y", "x_y", "logs", "a-b"]
 BROKERS = range(5)
 
 action = st.one_of(
-    st.tuples(st.just("register"), st.sampled_from(BROKERS), st.integers(0, 2), st.sampled_from([None, "a", "b"])),
+    st.tuples(
+        st.just("register"),
+        st.sampled_from(BROKERS),
+        st.integers(0, 2),
+        st.sampled_from([None, "a", "b"]),
+    ),
     st.tuples(st.just("unfence"), st.sampled_from(BROKERS), st.booleans()),
     st.tuples(st.just("fence"), st.sampled_from(BROKERS), st.booleans()),
     st.tuples(st.just("shutdown"), st.sampled_from(BROKERS), st.booleans()),
     st.tuples(st.just("unregister"), st.sampled_from(BROKERS)),
-    st.tuples(st.just("create"), st.sampled_from(NAMES), st.integers(-1, 4), st.integers(-1, 3),
-              st.sampled_from([None, {"cleanup.policy": "compact"}, {"unclean.leader.election.enable": "true"},
-                               {"retention.ms": "bad"}])),
-    st.tuples(st.just("assign"), st.sampled_from(NAMES), st.lists(st.permutations(list(BROKERS)), min_size=1,
-                                                                   max_size=3), st.integers(1, 3)),
+    st.tuples(
+        st.just("create"),
+        st.sampled_from(NAMES),
+        st.integers(-1, 4),
+        st.integers(-1, 3),
+        st.sampled_from(
+            [
+                None,
+                {"cleanup.policy": "compact"},
+                {"unclean.leader.election.enable": "true"},
+                {"retention.ms": "bad"},
+            ]
+        ),
+    ),
+    st.tuples(
+        st.just("assign"),
+        st.sampled_from(NAMES),
+        st.lists(st.permutations(list(BROKERS)), min_size=1, max_size=3),
+        st.integers(1, 3),
+    ),
     st.tuples(st.just("grow"), st.sampled_from(NAMES), st.integers(0, 6)),
     st.tuples(st.just("delete"), st.lists(st.sampled_from(NAMES), min_size=1, max_size=2)),
-    st.tuples(st.just("config"), st.sampled_from(NAMES + [""]), st.sampled_from(["SET", "DELETE", "APPEND", "SUBTRACT"]),
-              st.sampled_from(["cleanup.policy", "retention.ms", "unclean.leader.election.enable"]),
-              st.sampled_from(["compact", "delete", "1000", "true"])),
+    st.tuples(
+        st.just("config"),
+        st.sampled_from(NAMES + [""]),
+        st.sampled_from(["SET", "DELETE", "APPEND", "SUBTRACT"]),
+        st.sampled_from(["cleanup.policy", "retention.ms", "unclean.leader.election.enable"]),
+        st.sampled_from(["compact", "delete", "1000", "true"]),
+    ),
     st.tuples(st.just("elect"), st.sampled_from(["preferred", "unclean"]), st.booleans()),
-    st.tuples(st.just("isr"), st.integers(0, 4), st.integers(0, 3), st.lists(st.sampled_from(BROKERS), max_size=3)),
+    st.tuples(
+        st.just("isr"),
+        st.integers(0, 4),
+        st.integers(0, 3),
+        st.lists(st.sampled_from(BROKERS), max_size=3),
+    ),
     st.tuples(st.just("producer"), st.sampled_from(BROKERS)),
-    st.tuples(st.just("noop"),),
+    st.tuples(
+        st.just("noop"),
+    ),
     st.tuples(st.just("activate"), st.integers(1, 3)),
 )
 
@@ -50,51 +82,115 @@ def to_command(image: MetadataImage, step: int, seed: int, a: tuple) -> Command:
         return (reg.epoch if reg else 0) + (1 if stale else 0)
 
     if kind == "register":
-        body = {"broker_id": a[1], "cluster_id": SETTINGS.cluster_id, "incarnation_id": str(uuid.UUID(int=a[2] + 1)),
-                "listeners": [{"name": "PLAINTEXT", "host": "h", "port": 9000 + a[1], "security_protocol": "PLAINTEXT"}],
-                "rack": a[3]}
+        body = {
+            "broker_id": a[1],
+            "cluster_id": SETTINGS.cluster_id,
+            "incarnation_id": str(uuid.UUID(int=a[2] + 1)),
+            "listeners": [
+                {
+                    "name": "PLAINTEXT",
+                    "host": "h",
+                    "port": 9000 + a[1],
+                    "security_protocol": "PLAINTEXT",
+                }
+            ],
+            "rack": a[3],
+        }
         api = "BrokerRegistration"
     elif kind in ("unfence", "fence", "shutdown"):
-        api = {"unfence": "UnfenceBroker", "fence": "FenceBroker", "shutdown": "BeginControlledShutdown"}[kind]
+        api = {
+            "unfence": "UnfenceBroker",
+            "fence": "FenceBroker",
+            "shutdown": "BeginControlledShutdown",
+        }[kind]
         body = {"broker_id": a[1], "broker_epoch": epoch(a[1], a[2]), "reason": "session-timeout"}
     elif kind == "unregister":
         api, body = "UnregisterBroker", {"broker_id": a[1]}
     elif kind == "create":
-        api, body = "CreateTopics", {"topics": [{"name": a[1], "num_partitions": a[2], "replication_factor": a[3],
-                                                 "configs": a[4]}]}
+        api, body = (
+            "CreateTopics",
+            {
+                "topics": [
+                    {
+                        "name": a[1],
+                        "num_partitions": a[2],
+                        "replication_factor": a[3],
+                        "configs": a[4],
+                    }
+                ]
+            },
+        )
     elif kind == "assign":
         rf = a[3]
-        api, body = "CreateTopics", {"topics": [{"name": a[1], "assignments": {i: p[:rf] for i, p in enumerate(a[2])}}]}
+        api, body = (
+            "CreateTopics",
+            {"topics": [{"name": a[1], "assignments": {i: p[:rf] for i, p in enumerate(a[2])}}]},
+        )
     elif kind == "grow":
         api, body = "CreatePartitions", {"topics": [{"name": a[1], "count": a[2]}]}
     elif kind == "delete":
         api, body = "DeleteTopics", {"names": a[1]}
     elif kind == "config":
         rtype = "broker" if a[1] == "" else "topic"
-        key = {"retention.ms": "log.retention.ms", "cleanup.policy": "log.cleanup.policy"}.get(a[3], a[3]) \
-            if rtype == "broker" else a[3]
-        api, body = "IncrementalAlterConfigs", {"resources": [{"resource_type": rtype, "resource_name": a[1],
-                                                               "ops": [{"name": key, "op": a[2], "value": a[4]}]}]}
+        key = (
+            {"retention.ms": "log.retention.ms", "cleanup.policy": "log.cleanup.policy"}.get(
+                a[3], a[3]
+            )
+            if rtype == "broker"
+            else a[3]
+        )
+        api, body = (
+            "IncrementalAlterConfigs",
+            {
+                "resources": [
+                    {
+                        "resource_type": rtype,
+                        "resource_name": a[1],
+                        "ops": [{"name": key, "op": a[2], "value": a[4]}],
+                    }
+                ]
+            },
+        )
     elif kind == "elect":
-        partitions = None if a[2] else [{"topic": n, "partition": 0} for n in sorted(image.topics_by_name)]
+        partitions = (
+            None if a[2] else [{"topic": n, "partition": 0} for n in sorted(image.topics_by_name)]
+        )
         api, body = "ElectLeaders", {"election_type": a[1], "partitions": partitions}
     elif kind == "isr":
         names = sorted(image.topics_by_name)
         topic = image.topic(names[a[1] % len(names)]) if names else None
         part = topic.partitions.get(a[2]) if topic else None
         leader = part.leader if part else 0
-        item = {"partition": a[2], "leader_epoch": part.leader_epoch if part else 0,
-                "partition_epoch": part.partition_epoch if part else 0, "isr": [leader, *a[3]]}
-        api, body = "AlterPartition", {"broker_id": leader, "broker_epoch": epoch(leader),
-                                       "topics": [{"topic_id": topic.topic_id if topic else "none", "partitions": [item]}]}
+        item = {
+            "partition": a[2],
+            "leader_epoch": part.leader_epoch if part else 0,
+            "partition_epoch": part.partition_epoch if part else 0,
+            "isr": [leader, *a[3]],
+        }
+        api, body = (
+            "AlterPartition",
+            {
+                "broker_id": leader,
+                "broker_epoch": epoch(leader),
+                "topics": [{"topic_id": topic.topic_id if topic else "none", "partitions": [item]}],
+            },
+        )
     elif kind == "producer":
         api, body = "AllocateProducerIds", {"broker_id": a[1], "broker_epoch": epoch(a[1])}
     elif kind == "activate":
         api, body = "ActivateController", {"leader_id": a[1], "term": step}
     else:
         api, body = "NoOp", {}
-    return Command(api, body, request_id=f"r{step}", principal="User:p", client_id="c", timestamp_ms=10_000 + step,
-                   seed=seed, leader_id=1)
+    return Command(
+        api,
+        body,
+        request_id=f"r{step}",
+        principal="User:p",
+        client_id="c",
+        timestamp_ms=10_000 + step,
+        seed=seed,
+        leader_id=1,
+    )
 
 
 def run_pair(actions, seeds, restart_at: int):
@@ -105,9 +201,17 @@ def run_pair(actions, seeds, restart_at: int):
     for step, (act, seed) in enumerate(zip(actions, seeds)):
         if step == restart_at:
             img = b.image
-            b = QuorumStateMachine(SETTINGS, image_from_records(
-                img.iter_records(), offset=img.offset, term=img.term, raft_index=img.raft_index,
-                timestamp_ms=img.timestamp_ms, last_hash=img.last_hash))
+            b = QuorumStateMachine(
+                SETTINGS,
+                image_from_records(
+                    img.iter_records(),
+                    offset=img.offset,
+                    term=img.term,
+                    raft_index=img.raft_index,
+                    timestamp_ms=img.timestamp_ms,
+                    last_hash=img.last_hash,
+                ),
+            )
         cmd = Command.decode(to_command(a.image, step, seed, act).encode())
         batch_a, resp_a = a.apply(cmd, step + 1, 1)
         batch_b, resp_b = b.apply(cmd, step + 1, 1)
@@ -124,8 +228,11 @@ def run_pair(actions, seeds, restart_at: int):
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(actions=st.lists(action, min_size=1, max_size=40), seed=st.integers(0, 2**64 - 1),
-       restart=st.integers(0, 40))
+@given(
+    actions=st.lists(action, min_size=1, max_size=40),
+    seed=st.integers(0, 2**64 - 1),
+    restart=st.integers(0, 40),
+)
 def test_random_command_sequences_are_deterministic(actions, seed, restart):
     seeds = [(seed + i * 7919) % 2**64 for i in range(len(actions))]
     a, b, _, batches = run_pair(actions, seeds, restart)
@@ -139,13 +246,29 @@ def test_random_command_sequences_are_deterministic(actions, seed, restart):
 
 def test_a_scripted_cluster_history_is_byte_identical():
     script = [("activate", 1)]
-    script += [("register", b, 0, "ab"[b % 2]) for b in BROKERS] + [("unfence", b, False) for b in BROKERS]
-    script += [("create", "orders", 4, 3, {"cleanup.policy": "compact"}), ("create", "x.y", -1, -1, None),
-               ("create", "x_y", 1, 1, None), ("assign", "logs", [[0, 1, 2], [2, 1, 0]], 2),
-               ("fence", 0, False), ("isr", 0, 0, [3]), ("unfence", 0, False), ("elect", "preferred", True),
-               ("shutdown", 1, False), ("grow", "orders", 6), ("config", "orders", "APPEND", "cleanup.policy", "delete"),
-               ("config", "", "SET", "retention.ms", "1000"), ("producer", 2), ("delete", ["x.y", "nope"]),
-               ("create", "x_y", 2, 2, None), ("unregister", 4), ("elect", "unclean", True), ("noop",)]
+    script += [("register", b, 0, "ab"[b % 2]) for b in BROKERS] + [
+        ("unfence", b, False) for b in BROKERS
+    ]
+    script += [
+        ("create", "orders", 4, 3, {"cleanup.policy": "compact"}),
+        ("create", "x.y", -1, -1, None),
+        ("create", "x_y", 1, 1, None),
+        ("assign", "logs", [[0, 1, 2], [2, 1, 0]], 2),
+        ("fence", 0, False),
+        ("isr", 0, 0, [3]),
+        ("unfence", 0, False),
+        ("elect", "preferred", True),
+        ("shutdown", 1, False),
+        ("grow", "orders", 6),
+        ("config", "orders", "APPEND", "cleanup.policy", "delete"),
+        ("config", "", "SET", "retention.ms", "1000"),
+        ("producer", 2),
+        ("delete", ["x.y", "nope"]),
+        ("create", "x_y", 2, 2, None),
+        ("unregister", 4),
+        ("elect", "unclean", True),
+        ("noop",),
+    ]
     seeds = [0xDEADBEEF + i for i in range(len(script))]
     a, b, encodings, _ = run_pair(script, seeds, restart_at=len(script) // 2)
     again, _, encodings_again, _ = run_pair(script, seeds, restart_at=len(script))
@@ -155,27 +278,99 @@ def test_a_scripted_cluster_history_is_byte_identical():
 
 
 json_like = st.recursive(
-    st.none() | st.booleans() | st.integers(-3, 5) | st.sampled_from(["", "t", "x.y", "SET", "topic", "broker", "0"]),
-    lambda children: st.lists(children, max_size=3) | st.dictionaries(
-        st.sampled_from(["name", "topics", "count", "assignments", "configs", "num_partitions", "replication_factor",
-                         "names", "resources", "resource_type", "resource_name", "ops", "op", "value", "partitions",
-                         "partition", "topic", "topic_id", "isr", "leader_epoch", "partition_epoch", 0, 1]),
-        children, max_size=4),
-    max_leaves=12)
+    st.none()
+    | st.booleans()
+    | st.integers(-3, 5)
+    | st.sampled_from(["", "t", "x.y", "SET", "topic", "broker", "0"]),
+    lambda children: (
+        st.lists(children, max_size=3)
+        | st.dictionaries(
+            st.sampled_from(
+                [
+                    "name",
+                    "topics",
+                    "count",
+                    "assignments",
+                    "configs",
+                    "num_partitions",
+                    "replication_factor",
+                    "names",
+                    "resources",
+                    "resource_type",
+                    "resource_name",
+                    "ops",
+                    "op",
+                    "value",
+                    "partitions",
+                    "partition",
+                    "topic",
+                    "topic_id",
+                    "isr",
+                    "leader_epoch",
+                    "partition_epoch",
+                    0,
+                    1,
+                ]
+            ),
+            children,
+            max_size=4,
+        )
+    ),
+    max_leaves=12,
+)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(api=st.sampled_from(["CreateTopics", "CreatePartitions", "DeleteTopics", "IncrementalAlterConfigs",
-                            "ElectLeaders", "BrokerRegistration", "UnregisterBroker", "FenceBroker", "UnfenceBroker",
-                            "BeginControlledShutdown", "AlterPartition", "AllocateProducerIds", "ActivateController"]),
-       body=st.dictionaries(st.sampled_from(["topics", "names", "resources", "partitions", "election_type",
-                                             "broker_id", "broker_epoch", "validate_only", "reason", "cluster_id",
-                                             "incarnation_id", "listeners", "leader_id", "term"]),
-                            json_like, max_size=5))
+@given(
+    api=st.sampled_from(
+        [
+            "CreateTopics",
+            "CreatePartitions",
+            "DeleteTopics",
+            "IncrementalAlterConfigs",
+            "ElectLeaders",
+            "BrokerRegistration",
+            "UnregisterBroker",
+            "FenceBroker",
+            "UnfenceBroker",
+            "BeginControlledShutdown",
+            "AlterPartition",
+            "AllocateProducerIds",
+            "ActivateController",
+        ]
+    ),
+    body=st.dictionaries(
+        st.sampled_from(
+            [
+                "topics",
+                "names",
+                "resources",
+                "partitions",
+                "election_type",
+                "broker_id",
+                "broker_epoch",
+                "validate_only",
+                "reason",
+                "cluster_id",
+                "incarnation_id",
+                "listeners",
+                "leader_id",
+                "term",
+            ]
+        ),
+        json_like,
+        max_size=5,
+    ),
+)
 def test_garbage_input_never_raises(api, body):
     sm = QuorumStateMachine(SETTINGS)
     sm.apply(Command("ActivateController", {"leader_id": 1, "term": 1}, "a"), 1, 1)
-    reg = {"broker_id": 0, "cluster_id": SETTINGS.cluster_id, "incarnation_id": str(uuid.UUID(int=1)), "listeners": []}
+    reg = {
+        "broker_id": 0,
+        "cluster_id": SETTINGS.cluster_id,
+        "incarnation_id": str(uuid.UUID(int=1)),
+        "listeners": [],
+    }
     sm.apply(Command("BrokerRegistration", reg, "b"), 2, 1)
     sm.apply(Command("UnfenceBroker", {"broker_id": 0, "broker_epoch": 2}, "c"), 3, 1)
     sm.apply(Command("CreateTopics", {"topics": [{"name": "t", "num_partitions": 2}]}, "d"), 4, 1)
@@ -200,8 +395,13 @@ def _same(x, y) -> bool:
 
 
 @settings(max_examples=200, deadline=None)
-@given(body=st.dictionaries(st.sampled_from(["topics", "resources", "x", 0, 1]),
-                            json_like | st.floats(allow_nan=False) | st.binary(max_size=4), max_size=5))
+@given(
+    body=st.dictionaries(
+        st.sampled_from(["topics", "resources", "x", 0, 1]),
+        json_like | st.floats(allow_nan=False) | st.binary(max_size=4),
+        max_size=5,
+    )
+)
 def test_a_wire_decoded_command_is_what_its_bytes_decode_to(body):
     """The active controller applies the command objects it built from RPC bodies instead of
     decoding their bytes again (MetadataApplier.own_commands): that is only sound because a
@@ -209,7 +409,15 @@ def test_a_wire_decoded_command_is_what_its_bytes_decode_to(body):
     from kraft.rpc.framing import decode_payload, encode_frame
 
     wire = decode_payload(encode_frame({"body": body})[4:])["body"]
-    cmd = Command(api="IncrementalAlterConfigs", body=wire, request_id="r", principal="User:a",
-                  client_id="c", timestamp_ms=5, seed=2**63 + 1, leader_id=1)
+    cmd = Command(
+        api="IncrementalAlterConfigs",
+        body=wire,
+        request_id="r",
+        principal="User:a",
+        client_id="c",
+        timestamp_ms=5,
+        seed=2**63 + 1,
+        leader_id=1,
+    )
     again = Command.decode(cmd.encode())
     assert _same(again.body, cmd.body) and again == cmd

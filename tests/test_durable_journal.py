@@ -1,4 +1,5 @@
 """The Raft journal's file: pwrite into zero-filled space, readable by PySyncObj's own journal."""
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """Leader election rules (kraft-reference §6.9, §6.10), one test per rule."""
+
 from __future__ import annotations
 
 import uuid
@@ -37,7 +38,9 @@ def reg(replicas, isr=None, leader=None, recovery=RECOVERED, removing=(), adding
     replicas = tuple(replicas)
     isr = replicas if isr is None else tuple(isr)
     leader = (isr[0] if isr else LEADER_NONE) if leader is None else leader
-    return PartitionRegistration(replicas, isr, tuple(removing), tuple(adding), leader, recovery, 3, 9)
+    return PartitionRegistration(
+        replicas, isr, tuple(removing), tuple(adding), leader, recovery, 3, 9
+    )
 
 
 def everyone(_b):
@@ -53,6 +56,7 @@ def change(part, acceptable=everyone, **kw):
 
 
 # ---- online ------------------------------------------------------------------------------------
+
 
 def test_no_change_gives_none():
     assert change(reg([1, 2, 3])) is None
@@ -95,10 +99,16 @@ def test_recovery_state_target():
 
 # ---- unclean ------------------------------------------------------------------------------------
 
+
 def test_unclean_takes_first_acceptable_replica_and_resets_isr():
     part = reg([1, 2, 3], isr=[1], leader=LEADER_NONE)
     r = change(part, only(2, 3), election=UNCLEAN)
-    assert (r.leader, r.isr, r.leader_recovery_state, r.election) == (2, (2,), RECOVERING, "unclean")
+    assert (r.leader, r.isr, r.leader_recovery_state, r.election) == (
+        2,
+        (2,),
+        RECOVERING,
+        "unclean",
+    )
 
 
 def test_unclean_allowed_turns_online_into_unclean():
@@ -116,6 +126,7 @@ def test_unclean_prefers_a_clean_candidate():
 
 # ---- preferred ----------------------------------------------------------------------------------
 
+
 def test_preferred_elects_replica_zero():
     r = change(reg([1, 2, 3], leader=2), election=PREFERRED)
     assert r.leader == 1 and r.election == "preferred"
@@ -132,7 +143,9 @@ def test_preferred_falls_back_to_another_isr_replica_when_leaderless():
 
 
 def test_elect_preferred_leader_outcomes():
-    assert elect_preferred_leader(T, 0, reg([1, 2]), everyone).error == ErrorCode.ELECTION_NOT_NEEDED
+    assert (
+        elect_preferred_leader(T, 0, reg([1, 2]), everyone).error == ErrorCode.ELECTION_NOT_NEEDED
+    )
     out = elect_preferred_leader(T, 0, reg([1, 2], leader=2), only(2))
     assert out == (None, ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE)
     out = elect_preferred_leader(T, 0, reg([1, 2], leader=2), everyone)
@@ -142,7 +155,9 @@ def test_elect_preferred_leader_outcomes():
 def test_elect_unclean_leader_outcomes():
     assert elect_unclean_leader(T, 0, reg([1, 2]), everyone).error == ErrorCode.ELECTION_NOT_NEEDED
     part = reg([1, 2], isr=[1], leader=LEADER_NONE)
-    assert elect_unclean_leader(T, 0, part, only()).error == ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE
+    assert (
+        elect_unclean_leader(T, 0, part, only()).error == ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE
+    )
     out = elect_unclean_leader(T, 0, part, only(2))
     assert out.error == ErrorCode.NONE and (out.record.leader, out.record.isr) == (2, (2,))
 
@@ -153,6 +168,7 @@ def test_unknown_election_type():
 
 
 # ---- epochs and reassignment ---------------------------------------------------------------------
+
 
 def test_dropping_a_replica_sets_the_leader_to_bump_its_epoch():
     part = reg([1, 2, 3], leader=1)
@@ -193,12 +209,16 @@ def cluster(*partitions, fenced=(), brokers=(1, 2, 3)):
         delta.replay(RegisterBrokerRecord(b, f"inc-{b}", b, EP, (), None, b in fenced, False))
     delta.replay(TopicRecord("t", T))
     for pid, (replicas, isr, leader) in enumerate(partitions):
-        delta.replay(PartitionRecord(pid, T, tuple(replicas), tuple(isr), (), (), leader, RECOVERED, 0, 0))
+        delta.replay(
+            PartitionRecord(pid, T, tuple(replicas), tuple(isr), (), (), leader, RECOVERED, 0, 0)
+        )
     return delta.apply()
 
 
 def test_fencing_removes_the_broker_from_isrs_and_moves_leadership():
-    image = cluster(([1, 2, 3], [1, 2, 3], 1), ([2, 1], [2, 1], 2), ([1, 3], [1], 1), ([2, 3], [2, 3], 2))
+    image = cluster(
+        ([1, 2, 3], [1, 2, 3], 1), ([2, 1], [2, 1], 2), ([1, 3], [1], 1), ([2, 3], [2, 3], 2)
+    )
     records = changes_for_fenced_broker(image, 1)
     by_pid = {r.partition_id: r for r in records}
     assert set(by_pid) == {0, 1, 2}
@@ -221,8 +241,9 @@ def test_controlled_shutdown_moves_leadership_away():
 
 
 def test_unfencing_gives_leaderless_partitions_a_leader():
-    image = cluster(([1, 2], [1], LEADER_NONE), ([2, 1], [2], LEADER_NONE), ([1, 2], [1, 2], 2),
-                    fenced=(1, 2))
+    image = cluster(
+        ([1, 2], [1], LEADER_NONE), ([2, 1], [2], LEADER_NONE), ([1, 2], [1, 2], 2), fenced=(1, 2)
+    )
     records = changes_for_unfenced_broker(image, 1)
     assert [(r.partition_id, r.leader, r.election) for r in records] == [(0, 1, "clean")]
     records = changes_for_unfenced_broker(image, 1, unclean_allowed=lambda topic: True)
@@ -256,15 +277,27 @@ def test_leaving_change_is_the_builder_spelt_out():
         isr = tuple(b for b in replicas if rng.random() < 0.7)
         if rng.random() < 0.1 and 5 not in isr:
             isr += (5,)  # an ISR member outside the replicas
-        leader = rng.choice([*isr, LEADER_NONE, *([rng.choice(brokers)] if rng.random() < 0.1 else [])])
+        leader = rng.choice(
+            [*isr, LEADER_NONE, *([rng.choice(brokers)] if rng.random() < 0.1 else [])]
+        )
         removing = tuple(b for b in replicas if rng.random() < 0.1)
         adding = tuple(b for b in replicas if rng.random() < 0.1 and b not in removing)
-        part = PartitionRegistration(replicas, isr, removing, adding, leader,
-                                     rng.choice([RECOVERED, RECOVERING]), 3, 9)
+        part = PartitionRegistration(
+            replicas, isr, removing, adding, leader, rng.choice([RECOVERED, RECOVERING]), 3, 9
+        )
         leaving = rng.choice(brokers)
         acceptable = frozenset(b for b in brokers if b != leaving and rng.random() < 0.7)
         unclean = rng.random() < 0.3
-        expected = build_partition_change(T, 4, part, acceptable.__contains__,
-                                          target_isr=[b for b in isr if b != leaving],
-                                          unclean_allowed=unclean)
-        assert leaving_change(T, 4, part, leaving, acceptable, unclean) == expected, (part, leaving, acceptable)
+        expected = build_partition_change(
+            T,
+            4,
+            part,
+            acceptable.__contains__,
+            target_isr=[b for b in isr if b != leaving],
+            unclean_allowed=unclean,
+        )
+        assert leaving_change(T, 4, part, leaving, acceptable, unclean) == expected, (
+            part,
+            leaving,
+            acceptable,
+        )

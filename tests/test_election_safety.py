@@ -2,6 +2,7 @@
 elections, again and again, never let two controllers lead in one Raft term. Leadership is
 observed twice: each controller's own "leader in term T" reports (written on PySyncObj's thread)
 and the LeaderChange records of the committed log; the logs must also end byte-identical."""
+
 from __future__ import annotations
 
 import pytest

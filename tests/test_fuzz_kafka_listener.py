@@ -5,30 +5,33 @@ ListOffsets), random bytes, oversized length prefixes, slowloris and a thousand 
 connections: the broker never crashes or hangs, its memory stays bounded, and a fresh client
 still gets its Metadata answered. ``bench/fuzz.py --target kafka`` runs the same for longer.
 """
+
 from __future__ import annotations
 
 import random
 import socket
 import struct
 import time
-from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 import psutil
 import pytest
 from crc32c import crc32c
+from harness import LocalCluster, kraft, poll
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from harness import LocalCluster, kraft, poll
 from test_fuzz_rpc import mutate
 from test_kafka_listener import recv_frame as read_frame
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 TOPIC = "fuzz-topic"
-FUZZ = settings(derandomize=True, max_examples=100, deadline=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+FUZZ = settings(
+    derandomize=True,
+    max_examples=100,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 
 
 def _str(s: str | None) -> bytes:
@@ -54,13 +57,27 @@ def record_batch(values: list[bytes]) -> bytes:
     for i, v in enumerate(values):
         body = b"\x00" + _varint(0) + _varint(i) + _varint(-1) + _varint(len(v)) + v + _varint(0)
         records += _varint(len(body)) + body
-    after_crc = (struct.pack(">hiqqqhii", 0, len(values) - 1, 1_700_000_000_000, 1_700_000_000_000,
-                             -1, -1, -1, len(values)) + records)
+    after_crc = (
+        struct.pack(
+            ">hiqqqhii",
+            0,
+            len(values) - 1,
+            1_700_000_000_000,
+            1_700_000_000_000,
+            -1,
+            -1,
+            -1,
+            len(values),
+        )
+        + records
+    )
     tail = struct.pack(">ib", 0, 2) + struct.pack(">I", crc32c(after_crc)) + after_crc
     return struct.pack(">qi", 0, len(tail)) + tail
 
 
-def request(api_key: int, version: int, body: bytes, correlation_id: int = 1, flexible: bool = False) -> bytes:
+def request(
+    api_key: int, version: int, body: bytes, correlation_id: int = 1, flexible: bool = False
+) -> bytes:
     head = struct.pack(">hhi", api_key, version, correlation_id) + _str("fuzz")
     if flexible:
         head += b"\x00"
@@ -70,10 +87,22 @@ def request(api_key: int, version: int, body: bytes, correlation_id: int = 1, fl
 def seed_requests() -> list[bytes]:
     """One valid request per served API family."""
     batch = record_batch([b"hello", b"fuzz"])
-    produce = _str(None) + struct.pack(">hii", 1, 5000, 1) + _str(TOPIC) + struct.pack(">ii", 1, 0) \
-        + struct.pack(">i", len(batch)) + batch
-    fetch = struct.pack(">iiiibii", -1, 100, 1, 1 << 20, 0, 0, -1) + struct.pack(">i", 1) + _str(TOPIC) \
-        + struct.pack(">iiiqqi", 1, 0, -1, 0, -1, 1 << 20) + struct.pack(">i", 0) + _str("")
+    produce = (
+        _str(None)
+        + struct.pack(">hii", 1, 5000, 1)
+        + _str(TOPIC)
+        + struct.pack(">ii", 1, 0)
+        + struct.pack(">i", len(batch))
+        + batch
+    )
+    fetch = (
+        struct.pack(">iiiibii", -1, 100, 1, 1 << 20, 0, 0, -1)
+        + struct.pack(">i", 1)
+        + _str(TOPIC)
+        + struct.pack(">iiiqqi", 1, 0, -1, 0, -1, 1 << 20)
+        + struct.pack(">i", 0)
+        + _str("")
+    )
     list_offsets = struct.pack(">ii", -1, 1) + _str(TOPIC) + struct.pack(">iiq", 1, 0, -1)
     return [
         request(18, 0, b""),
@@ -103,7 +132,7 @@ def send_and_drain(port: int, data: bytes, wait: float = 2.0) -> None:
             try:
                 if not s.recv(65536):
                     return
-            except (socket.timeout, ConnectionResetError):
+            except (TimeoutError, ConnectionResetError):
                 return
 
 
@@ -118,7 +147,9 @@ class Broker:
 
     def assert_healthy(self, within: float = 10.0) -> None:
         """The broker runs and answers a fresh Metadata request naming the topic."""
-        assert self.ps.is_running() and self.ps.status() != psutil.STATUS_ZOMBIE, "the broker exited"
+        assert self.ps.is_running() and self.ps.status() != psutil.STATUS_ZOMBIE, (
+            "the broker exited"
+        )
         with socket.create_connection(("127.0.0.1", self.port), timeout=within) as s:
             s.settimeout(within)
             s.sendall(request(3, 1, struct.pack(">i", -1), correlation_id=77))
@@ -131,8 +162,17 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
     cluster = LocalCluster(tmp_path_factory.mktemp("fuzz-kafka") / "c")
     try:
         cluster.up(1, 1, "--fsync", "never")
-        kraft("topics", "create", TOPIC, "--partitions", "1", "--replication-factor", "1",
-              "--cluster", str(cluster.dir))
+        kraft(
+            "topics",
+            "create",
+            TOPIC,
+            "--partitions",
+            "1",
+            "--replication-factor",
+            "1",
+            "--cluster",
+            str(cluster.dir),
+        )
         b = Broker(cluster)
         poll(lambda: b.assert_healthy() is None, 60, what="the broker to know the topic")
         yield b
@@ -158,13 +198,20 @@ def test_seed_requests_are_valid(broker: Broker) -> None:
 
 @FUZZ
 @given(index=st.integers(0, len(SEEDS) - 1), rng=st.randoms(use_true_random=False))
-def test_mutated_valid_requests(broker: Broker, baseline_rss: int, index: int, rng: random.Random) -> None:
+def test_mutated_valid_requests(
+    broker: Broker, baseline_rss: int, index: int, rng: random.Random
+) -> None:
     send_and_drain(broker.port, mutate(SEEDS[index], rng, rounds=4), wait=1.0)
 
 
 @FUZZ
-@given(blob=st.binary(max_size=300) | st.builds(
-    lambda payload: struct.pack(">i", len(payload)) + payload, st.binary(min_size=1, max_size=200)))
+@given(
+    blob=st.binary(max_size=300)
+    | st.builds(
+        lambda payload: struct.pack(">i", len(payload)) + payload,
+        st.binary(min_size=1, max_size=200),
+    )
+)
 def test_random_bytes(broker: Broker, baseline_rss: int, blob: bytes) -> None:
     send_and_drain(broker.port, blob, wait=1.0)
 
@@ -193,7 +240,7 @@ def test_slowloris_does_not_starve_others(broker: Broker) -> None:
     try:
         for step in range(min(len(frame) - 1, 30)):
             for s in socks:
-                s.sendall(frame[step:step + 1])
+                s.sendall(frame[step : step + 1])
             if step % 10 == 0:
                 broker.assert_healthy()
             time.sleep(0.05)  # the attacker's pace, not synchronisation
@@ -216,7 +263,9 @@ def test_a_thousand_idle_connections(broker: Broker, baseline_rss: int) -> None:
     finally:
         for s in socks:
             s.close()
-    poll(lambda: broker.assert_healthy() is None, 30, what="the broker to serve after the idle flood")
+    poll(
+        lambda: broker.assert_healthy() is None, 30, what="the broker to serve after the idle flood"
+    )
 
 
 @pytest.mark.parametrize("version", [1, 4, 9])

@@ -6,6 +6,7 @@ thousand idle connections: the controller never crashes or hangs, answers every 
 decode with a clear error (never ``UNKNOWN_SERVER_ERROR``), keeps its memory bounded and keeps
 serving other clients promptly. ``bench/fuzz.py`` runs the same generators for longer.
 """
+
 from __future__ import annotations
 
 import random
@@ -14,16 +15,17 @@ import struct
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import msgpack
 import psutil
 import pytest
+from harness import ENV, REPO, poll
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness import ENV, REPO, poll
 from kraft.errors import ErrorCode
 from kraft.rpc.client import call_sync
 from kraft.rpc.framing import FrameDecoder, FrameError, encode_frame
@@ -32,33 +34,91 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 IO_TIMEOUT_MS = 1500
 MAX_BUFFERED = 32 * 2**20  # controller.rpc.max.buffered.bytes of the fuzzed controller
-FUZZ = settings(derandomize=True, max_examples=100, deadline=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+FUZZ = settings(
+    derandomize=True,
+    max_examples=100,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 
 #: Valid requests the mutations start from (one per API family).
 SEED_REQUESTS: list[dict[str, Any]] = [
     {"api": "ListTopics", "body": {}},
     {"api": "DescribeTopics", "body": {"names": ["fuzz-a", "fuzz-b"]}},
     {"api": "DescribeCluster", "body": {}},
-    {"api": "DescribeConfigs", "body": {"resources": [{"resource_type": "broker", "resource_name": ""}]}},
-    {"api": "CreateTopics", "request_id": "fz-1",
-     "body": {"topics": [{"name": "fuzz-a", "num_partitions": 2, "replication_factor": 1,
-                          "configs": {"cleanup.policy": "compact"}}]}},
-    {"api": "CreatePartitions", "request_id": "fz-2", "body": {"topics": [{"name": "fuzz-a", "count": 3}]}},
+    {
+        "api": "DescribeConfigs",
+        "body": {"resources": [{"resource_type": "broker", "resource_name": ""}]},
+    },
+    {
+        "api": "CreateTopics",
+        "request_id": "fz-1",
+        "body": {
+            "topics": [
+                {
+                    "name": "fuzz-a",
+                    "num_partitions": 2,
+                    "replication_factor": 1,
+                    "configs": {"cleanup.policy": "compact"},
+                }
+            ]
+        },
+    },
+    {
+        "api": "CreatePartitions",
+        "request_id": "fz-2",
+        "body": {"topics": [{"name": "fuzz-a", "count": 3}]},
+    },
     {"api": "DeleteTopics", "request_id": "fz-3", "body": {"names": ["fuzz-a"]}},
-    {"api": "IncrementalAlterConfigs", "request_id": "fz-4",
-     "body": {"resources": [{"resource_type": "broker", "resource_name": "",
-                             "ops": [{"name": "background.threads", "op": "SET", "value": "4"}]}]}},
-    {"api": "ElectLeaders", "request_id": "fz-5", "body": {"election_type": "preferred", "partitions": None}},
-    {"api": "BrokerRegistration", "request_id": "fz-6",
-     "body": {"broker_id": 7, "incarnation_id": "00000000-0000-4000-8000-000000000007",
-              "cluster_id": "x", "listeners": [{"name": "PLAINTEXT", "host": "h", "port": 1}],
-              "features": [], "rack": None}},
-    {"api": "BrokerHeartbeat", "body": {"broker_id": 7, "broker_epoch": 1, "metadata_offset": 0,
-                                        "want_fence": False, "want_shutdown": False}},
+    {
+        "api": "IncrementalAlterConfigs",
+        "request_id": "fz-4",
+        "body": {
+            "resources": [
+                {
+                    "resource_type": "broker",
+                    "resource_name": "",
+                    "ops": [{"name": "background.threads", "op": "SET", "value": "4"}],
+                }
+            ]
+        },
+    },
+    {
+        "api": "ElectLeaders",
+        "request_id": "fz-5",
+        "body": {"election_type": "preferred", "partitions": None},
+    },
+    {
+        "api": "BrokerRegistration",
+        "request_id": "fz-6",
+        "body": {
+            "broker_id": 7,
+            "incarnation_id": "00000000-0000-4000-8000-000000000007",
+            "cluster_id": "x",
+            "listeners": [{"name": "PLAINTEXT", "host": "h", "port": 1}],
+            "features": [],
+            "rack": None,
+        },
+    },
+    {
+        "api": "BrokerHeartbeat",
+        "body": {
+            "broker_id": 7,
+            "broker_epoch": 1,
+            "metadata_offset": 0,
+            "want_fence": False,
+            "want_shutdown": False,
+        },
+    },
     {"api": "FetchMetadata", "body": {"from_offset": 0, "max_wait_ms": 0, "max_bytes": 4096}},
-    {"api": "FetchSnapshot", "body": {"name": "00000000000000000001-0000000001.checkpoint",
-                                      "position": 0, "max_bytes": 100}},
+    {
+        "api": "FetchSnapshot",
+        "body": {
+            "name": "00000000000000000001-0000000001.checkpoint",
+            "position": 0,
+            "max_bytes": 100,
+        },
+    },
     {"api": "DescribeQuorum", "body": {}},
     {"api": "DescribeNode", "body": {"checksum": False}},
     {"api": "SaslAuthenticate", "body": {"mechanism": "PLAIN", "username": "a", "password": "b"}},
@@ -66,8 +126,12 @@ SEED_REQUESTS: list[dict[str, Any]] = [
 
 
 def seed_frame(index: int, correlation_id: int = 1) -> bytes:
-    request = dict(SEED_REQUESTS[index % len(SEED_REQUESTS)], version=0, correlation_id=correlation_id,
-                   client_id="fuzz")
+    request = dict(
+        SEED_REQUESTS[index % len(SEED_REQUESTS)],
+        version=0,
+        correlation_id=correlation_id,
+        client_id="fuzz",
+    )
     return encode_frame(request)
 
 
@@ -80,11 +144,13 @@ def mutate(data: bytes, rng: random.Random, rounds: int = 3) -> bytes:
         if op == 0 and buf:
             buf[min(pos, len(buf) - 1)] ^= 1 << rng.randrange(8)
         elif op == 1 and buf:
-            buf[min(pos, len(buf) - 1)] = rng.choice([0x00, 0xff, 0x7f, 0x80, 0xc1, 0xdd, 0xdf, 0xcf])
+            buf[min(pos, len(buf) - 1)] = rng.choice(
+                [0x00, 0xFF, 0x7F, 0x80, 0xC1, 0xDD, 0xDF, 0xCF]
+            )
         elif op == 2:
             buf[pos:pos] = rng.randbytes(rng.randint(1, 16))
         elif op == 3 and buf:
-            del buf[pos:pos + rng.randint(1, 16)]
+            del buf[pos : pos + rng.randint(1, 16)]
         elif op == 4:
             del buf[pos:]
         elif op == 5:
@@ -123,7 +189,7 @@ def exchange(port: int, data: bytes, wait: float = 2.0) -> tuple[list[dict], boo
             s.settimeout(max(0.01, deadline - time.monotonic()))
             try:
                 chunk = s.recv(65536)
-            except socket.timeout:
+            except TimeoutError:
                 break
             except ConnectionResetError:
                 return answers, True
@@ -139,7 +205,8 @@ def exchange(port: int, data: bytes, wait: float = 2.0) -> tuple[list[dict], boo
 def assert_clear_errors(answers: list[dict], sent: bytes) -> None:
     for a in answers:
         assert a.get("error_code") != ErrorCode.UNKNOWN_SERVER_ERROR, (
-            f"internal error for input {sent[:200]!r}: {a}")
+            f"internal error for input {sent[:200]!r}: {a}"
+        )
 
 
 class Controller:
@@ -151,18 +218,35 @@ class Controller:
 
         self.rpc_port, raft_port = pick_free_ports(2)
         config = directory / "controller.properties"
-        write_properties(config, {
-            "node.id": 1, "process.roles": "controller", "cluster.id": "fuzz-cluster",
-            "controller.quorum.voters": f"1@127.0.0.1:{self.rpc_port}",
-            "controller.quorum.raft.voters": f"1@127.0.0.1:{raft_port}",
-            "metadata.log.dir": directory / "metadata", "metadata.log.fsync": "never",
-            "controller.rpc.io.timeout.ms": IO_TIMEOUT_MS, "controller.rpc.max.buffered.bytes": MAX_BUFFERED,
-            **(extra or {})})
-        self.log = open(directory / "node.log", "wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "tools.cli", "controller", "--config", str(config)],
-                                     cwd=REPO, env=ENV, stdout=self.log, stderr=subprocess.STDOUT)
+        write_properties(
+            config,
+            {
+                "node.id": 1,
+                "process.roles": "controller",
+                "cluster.id": "fuzz-cluster",
+                "controller.quorum.voters": f"1@127.0.0.1:{self.rpc_port}",
+                "controller.quorum.raft.voters": f"1@127.0.0.1:{raft_port}",
+                "metadata.log.dir": directory / "metadata",
+                "metadata.log.fsync": "never",
+                "controller.rpc.io.timeout.ms": IO_TIMEOUT_MS,
+                "controller.rpc.max.buffered.bytes": MAX_BUFFERED,
+                **(extra or {}),
+            },
+        )
+        self.log = open(directory / "node.log", "wb")  # noqa: SIM115 -- closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tools.cli", "controller", "--config", str(config)],
+            cwd=REPO,
+            env=ENV,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
         self.ps = psutil.Process(self.proc.pid)
-        poll(lambda: self.call("DescribeQuorum", {})["leader_id"] == 1, 60, what="the controller to lead")
+        poll(
+            lambda: self.call("DescribeQuorum", {})["leader_id"] == 1,
+            60,
+            what="the controller to lead",
+        )
 
     def call(self, api: str, body: dict, timeout: float = 5.0) -> dict:
         return call_sync([("127.0.0.1", self.rpc_port)], api, body, timeout)
@@ -199,11 +283,24 @@ def baseline_rss(controller: Controller) -> int:
 
 
 def msgpack_values() -> st.SearchStrategy[Any]:
-    scalars = (st.none() | st.booleans() | st.integers(min_value=-2**63, max_value=2**64 - 1)
-               | st.floats() | st.text(max_size=40) | st.binary(max_size=40))
-    return st.recursive(scalars, lambda kids: st.lists(kids, max_size=4)
-                        | st.dictionaries(st.text(max_size=10) | st.integers(-2**63, 2**63 - 1), kids, max_size=4),
-                        max_leaves=12)
+    scalars = (
+        st.none()
+        | st.booleans()
+        | st.integers(min_value=-(2**63), max_value=2**64 - 1)
+        | st.floats()
+        | st.text(max_size=40)
+        | st.binary(max_size=40)
+    )
+    return st.recursive(
+        scalars,
+        lambda kids: (
+            st.lists(kids, max_size=4)
+            | st.dictionaries(
+                st.text(max_size=10) | st.integers(-(2**63), 2**63 - 1), kids, max_size=4
+            )
+        ),
+        max_leaves=12,
+    )
 
 
 @FUZZ
@@ -215,10 +312,14 @@ def test_mutated_valid_frames(controller: Controller, index: int, rng: random.Ra
 
 
 @FUZZ
-@given(index=st.integers(0, len(SEED_REQUESTS) - 1), rng=st.randoms(use_true_random=False),
-       value=msgpack_values())
-def test_valid_frames_with_random_field_values(controller: Controller, index: int, rng: random.Random,
-                                               value: Any) -> None:
+@given(
+    index=st.integers(0, len(SEED_REQUESTS) - 1),
+    rng=st.randoms(use_true_random=False),
+    value=msgpack_values(),
+)
+def test_valid_frames_with_random_field_values(
+    controller: Controller, index: int, rng: random.Random, value: Any
+) -> None:
     request = dict(SEED_REQUESTS[index], version=0, correlation_id=5)
     data = encode_frame(retype(request, rng, value))
     answers, _ = exchange(controller.rpc_port, data)
@@ -227,8 +328,13 @@ def test_valid_frames_with_random_field_values(controller: Controller, index: in
 
 
 @FUZZ
-@given(blob=st.binary(max_size=300) | st.builds(
-    lambda payload: struct.pack(">I", len(payload)) + payload, st.binary(min_size=1, max_size=200)))
+@given(
+    blob=st.binary(max_size=300)
+    | st.builds(
+        lambda payload: struct.pack(">I", len(payload)) + payload,
+        st.binary(min_size=1, max_size=200),
+    )
+)
 def test_random_bytes_and_random_payloads(controller: Controller, blob: bytes) -> None:
     answers, _ = exchange(controller.rpc_port, blob)
     assert_clear_errors(answers, blob)
@@ -242,15 +348,18 @@ def test_frames_holding_other_msgpack_values(controller: Controller, values: lis
     assert_clear_errors(answers, data)
 
 
-def test_after_fuzzing_the_controller_is_healthy_and_small(controller: Controller, baseline_rss: int) -> None:
+def test_after_fuzzing_the_controller_is_healthy_and_small(
+    controller: Controller, baseline_rss: int
+) -> None:
     # Runs after the fuzz tests above (file order): nothing leaked, still prompt.
     controller.assert_healthy()
     assert controller.rss() < baseline_rss + 64 * 2**20, (baseline_rss, controller.rss())
 
 
 @pytest.mark.parametrize("length", [0, 8 * 2**20 + 1, 2**31, 2**32 - 1])
-def test_oversized_and_empty_length_prefixes_close_at_once(controller: Controller, baseline_rss: int,
-                                                           length: int) -> None:
+def test_oversized_and_empty_length_prefixes_close_at_once(
+    controller: Controller, baseline_rss: int, length: int
+) -> None:
     with socket.create_connection(("127.0.0.1", controller.rpc_port), timeout=5) as s:
         s.sendall(struct.pack(">I", length) + b"\x80" * 64)
         s.settimeout(5)
@@ -268,7 +377,9 @@ def test_slowloris_connections_are_cut_and_others_served(controller: Controller)
     each is closed once io timeout passes, and meanwhile other clients get answers (within the
     10 s of ``assert_healthy``; a few ms when the machine is not loaded)."""
     frame = seed_frame(0) * 3
-    socks = [socket.create_connection(("127.0.0.1", controller.rpc_port), timeout=5) for _ in range(20)]
+    socks = [
+        socket.create_connection(("127.0.0.1", controller.rpc_port), timeout=5) for _ in range(20)
+    ]
     closed: set[int] = set()
     started = time.monotonic()
     for s in socks:
@@ -279,7 +390,7 @@ def test_slowloris_connections_are_cut_and_others_served(controller: Controller)
             if i in closed:
                 continue
             try:
-                s.send(frame[step % len(frame):step % len(frame) + 1])
+                s.send(frame[step % len(frame) : step % len(frame) + 1])
                 if s.recv(1) == b"":
                     closed.add(i)
             except BlockingIOError:
@@ -293,7 +404,9 @@ def test_slowloris_connections_are_cut_and_others_served(controller: Controller)
     elapsed = time.monotonic() - started
     for s in socks:
         s.close()
-    assert len(closed) == len(socks), f"only {len(closed)} of {len(socks)} slow connections were cut"
+    assert len(closed) == len(socks), (
+        f"only {len(closed)} of {len(socks)} slow connections were cut"
+    )
     assert IO_TIMEOUT_MS / 1000 <= elapsed < IO_TIMEOUT_MS / 1000 + 15
 
 
@@ -313,8 +426,9 @@ def test_a_thousand_idle_connections(controller: Controller, baseline_rss: int) 
     poll(controller.assert_healthy, 30, what="the controller to serve after the idle flood")
 
 
-
-def test_many_large_incomplete_frames_keep_memory_bounded(controller: Controller, baseline_rss: int) -> None:
+def test_many_large_incomplete_frames_keep_memory_bounded(
+    controller: Controller, baseline_rss: int
+) -> None:
     """Forty connections each start an 8 MiB frame and send 4 MiB of it (160 MiB in all): the
     controller holds at most max.buffered.bytes of them, closing the connections that go over."""
     chunk = b"\x81" * (4 * 2**20)
@@ -339,7 +453,7 @@ def test_many_large_incomplete_frames_keep_memory_bounded(controller: Controller
             s.settimeout(10)
             try:
                 closed += s.recv(1) == b""
-            except (ConnectionResetError, socket.timeout):
+            except (TimeoutError, ConnectionResetError):
                 closed += 1
         assert closed == len(socks)  # over the limit at once, the rest after the io timeout
     finally:
@@ -349,8 +463,9 @@ def test_many_large_incomplete_frames_keep_memory_bounded(controller: Controller
 
 @FUZZ
 @given(rng=st.randoms(use_true_random=False), value=msgpack_values())
-def test_mutated_handshakes_never_reach_a_handler(tmp_path_factory: pytest.TempPathFactory, rng: random.Random,
-                                                  value: Any) -> None:
+def test_mutated_handshakes_never_reach_a_handler(
+    tmp_path_factory: pytest.TempPathFactory, rng: random.Random, value: Any
+) -> None:
     """Against an authenticating server (in process): mutated SaslAuthenticate frames and
     handshakes with random field values are refused or closed; no request is ever handled."""
     import threading
@@ -368,16 +483,24 @@ def test_mutated_handshakes_never_reach_a_handler(tmp_path_factory: pytest.TempP
         handled.append(api)
         return {}
 
-    handshake = {"api": "SaslAuthenticate", "version": 0, "correlation_id": 1,
-                 "body": {"mechanism": "PLAIN", "username": "alice", "password": "wrong"}}
+    handshake = {
+        "api": "SaslAuthenticate",
+        "version": 0,
+        "correlation_id": 1,
+        "body": {"mechanism": "PLAIN", "username": "alice", "password": "wrong"},
+    }
     write = seed_frame(4, correlation_id=2)
-    inputs = [mutate(encode_frame(handshake), rng) + write,
-              encode_frame(retype(handshake, rng, value)) + write]
+    inputs = [
+        mutate(encode_frame(handshake), rng) + write,
+        encode_frame(retype(handshake, rng, value)) + write,
+    ]
     ready, box = threading.Event(), {}
 
     async def serve() -> None:
         async with trio.open_nursery() as nursery:
-            server = RpcServer("127.0.0.1", 0, handler, credentials=CredentialStore.load(users), io_timeout=1.0)
+            server = RpcServer(
+                "127.0.0.1", 0, handler, credentials=CredentialStore.load(users), io_timeout=1.0
+            )
             box["port"] = await nursery.start(server.serve)
             box["stop"] = (trio.lowlevel.current_trio_token(), nursery.cancel_scope.cancel)
             ready.set()

@@ -1,4 +1,5 @@
 """kraft.heap: the metadata image leaves the cyclic GC's reach after enough growth."""
+
 import gc
 import weakref
 

@@ -1,4 +1,5 @@
 """BrokerHeartbeatManager: sessions with a fake clock, heartbeat transitions (kraft-reference §6.2, §6.3)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -43,8 +44,13 @@ def apply(image, *records):
 
 
 def registered(*ids, fenced=True, epoch_base=10):
-    return apply(MetadataImage.EMPTY, *(
-        RegisterBrokerRecord(b, f"inc-{b}", epoch_base + b, EP, (), None, fenced, False) for b in ids))
+    return apply(
+        MetadataImage.EMPTY,
+        *(
+            RegisterBrokerRecord(b, f"inc-{b}", epoch_base + b, EP, (), None, fenced, False)
+            for b in ids
+        ),
+    )
 
 
 def unfence(image, b):
@@ -52,6 +58,7 @@ def unfence(image, b):
 
 
 # ---- sessions ---------------------------------------------------------------------------------
+
 
 def test_session_expiry_fences_one_at_a_time_oldest_first():
     clock = Clock()
@@ -132,6 +139,7 @@ def test_forget_and_reregistration():
 
 # ---- heartbeat transitions -------------------------------------------------------------------
 
+
 def test_unknown_broker_and_stale_epoch():
     m = BrokerHeartbeatManager(TIMEOUT)
     image = registered(1)
@@ -147,7 +155,12 @@ def test_caught_up_then_unfence():
     m = BrokerHeartbeatManager(TIMEOUT)
     image = registered(1)  # epoch 11
     d = m.heartbeat(1, 11, 10, False, False, 0, image)
-    assert (d.is_caught_up, d.is_fenced, d.should_shut_down, d.command) == (False, True, False, None)
+    assert (d.is_caught_up, d.is_fenced, d.should_shut_down, d.command) == (
+        False,
+        True,
+        False,
+        None,
+    )
     d = m.heartbeat(1, 11, 11, True, False, 0, image)  # caught up but wants to stay fenced
     assert d.is_caught_up and d.command is None
     d = m.heartbeat(1, 11, 11, False, False, 0, image)
@@ -173,8 +186,11 @@ def test_unfenced_broker_wanting_fence():
 
 
 def with_partition(image, leader, replicas=(1, 2)):
-    return apply(image, TopicRecord("t", T),
-                 PartitionRecord(0, T, tuple(replicas), tuple(replicas), (), (), leader, RECOVERED, 0, 0))
+    return apply(
+        image,
+        TopicRecord("t", T),
+        PartitionRecord(0, T, tuple(replicas), tuple(replicas), (), (), leader, RECOVERED, 0, 0),
+    )
 
 
 def test_shutdown_of_a_broker_leading_nothing_is_immediate():
@@ -182,7 +198,10 @@ def test_shutdown_of_a_broker_leading_nothing_is_immediate():
     image = with_partition(unfence(unfence(registered(1, 2), 1), 2), leader=2)
     d = m.heartbeat(1, 11, 30, False, True, 0, image)
     assert d.should_shut_down and d.state == "SHUTDOWN_NOW"
-    assert d.command == ("FenceBroker", {"broker_id": 1, "broker_epoch": 11, "reason": "controlled-shutdown"})
+    assert d.command == (
+        "FenceBroker",
+        {"broker_id": 1, "broker_epoch": 11, "reason": "controlled-shutdown"},
+    )
 
 
 def test_a_broker_told_to_shut_down_has_no_live_session():
@@ -218,7 +237,10 @@ def test_controlled_shutdown_completes_when_leaderless_and_others_caught_up():
     assert m.lowest_active_offset(image) == 40
     d = m.heartbeat(1, 11, 40, False, True, clock.now, image)
     assert d.should_shut_down and d.state == "SHUTDOWN_NOW"
-    assert d.command == ("FenceBroker", {"broker_id": 1, "broker_epoch": 11, "reason": "controlled-shutdown"})
+    assert d.command == (
+        "FenceBroker",
+        {"broker_id": 1, "broker_epoch": 11, "reason": "controlled-shutdown"},
+    )
 
 
 def test_controlled_shutdown_waits_while_still_leading_and_want_fence_ends_it():
@@ -253,5 +275,7 @@ def test_leads_any_partition_cache_follows_the_image():
     m = BrokerHeartbeatManager(TIMEOUT)
     image = with_partition(unfence(registered(1, 2), 1), leader=1)
     assert m.leads_any_partition(image, 1) and not m.leads_any_partition(image, 2)
-    image2 = apply(image, PartitionRecord(0, T, (1, 2), (1, 2), (), (), LEADER_NONE, RECOVERED, 1, 1))
+    image2 = apply(
+        image, PartitionRecord(0, T, (1, 2), (1, 2), (), (), LEADER_NONE, RECOVERED, 1, 1)
+    )
     assert not m.leads_any_partition(image2, 1)

@@ -1,5 +1,6 @@
 """Unit tests for the chaos history checker (tests/chaos/history.py): each check passes on a
 correct history and names the anomaly on a broken one. Logs are built with the real state machine."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -11,9 +12,19 @@ from kraft.controller.commands import Command
 from kraft.controller.settings import ControllerSettings
 from kraft.controller.state_machine import QuorumStateMachine
 from kraft.records import Batch, PartitionChangeRecord, Provenance
-from tests.chaos.history import (FAIL, INFO, OK, History, check_images, check_leader_epochs,
-                                 check_logs_identical, check_operations, check_raft_terms, leader_reports,
-                                 scan_log)
+from tests.chaos.history import (
+    FAIL,
+    INFO,
+    OK,
+    History,
+    check_images,
+    check_leader_epochs,
+    check_logs_identical,
+    check_operations,
+    check_raft_terms,
+    leader_reports,
+    scan_log,
+)
 from tests.chaos.workload import request
 
 
@@ -26,23 +37,47 @@ class Log:
         self.index = itertools.count(1)
         self.write("ActivateController", {"leader_id": 1, "term": 1}, "activate-1-1")
         for b in (101, 102):
-            self.write("BrokerRegistration", {
-                "broker_id": b, "cluster_id": "c1", "incarnation_id": f"00000000-0000-4000-8000-{b:012d}",
-                "listeners": [{"name": "PLAINTEXT", "host": "h", "port": 9000 + b, "security_protocol": "PLAINTEXT"}],
-                "rack": None, "features": [{"name": "metadata.version", "min_version": 1, "max_version": 1}]},
-                f"reg-{b}")
+            self.write(
+                "BrokerRegistration",
+                {
+                    "broker_id": b,
+                    "cluster_id": "c1",
+                    "incarnation_id": f"00000000-0000-4000-8000-{b:012d}",
+                    "listeners": [
+                        {
+                            "name": "PLAINTEXT",
+                            "host": "h",
+                            "port": 9000 + b,
+                            "security_protocol": "PLAINTEXT",
+                        }
+                    ],
+                    "rack": None,
+                    "features": [{"name": "metadata.version", "min_version": 1, "max_version": 1}],
+                },
+                f"reg-{b}",
+            )
             epoch = self.sm.image.brokers[b].epoch
             self.write("UnfenceBroker", {"broker_id": b, "broker_epoch": epoch}, f"unfence-{b}")
 
     def write(self, api: str, body: dict, request_id: str, term: int = 1) -> dict:
-        cmd = Command(api=api, body=body, request_id=request_id, principal="test", client_id="t",
-                      timestamp_ms=1000, seed=7, leader_id=1)
+        cmd = Command(
+            api=api,
+            body=body,
+            request_id=request_id,
+            principal="test",
+            client_id="t",
+            timestamp_ms=1000,
+            seed=7,
+            leader_id=1,
+        )
         batch, response = self.sm.apply(cmd, next(self.index), term)
         if batch is not None:
             self.batches.append(batch)
         return response
 
-    def op(self, history: History, kind: str, topic: str, args: dict, outcome: str, apply: bool = True) -> None:
+    def op(
+        self, history: History, kind: str, topic: str, args: dict, outcome: str, apply: bool = True
+    ) -> None:
         rid = f"{kind}-{topic}-{len(history.ops)}"
         op = history.invoke(kind, topic, rid, args, float(len(history.ops)))
         if apply:
@@ -60,8 +95,8 @@ def test_correct_history_has_no_anomalies() -> None:
     log.op(h, "config", "a", {"key": "retention.ms", "value": "123456"}, OK)
     log.op(h, "create", "b", CREATE, OK)
     log.op(h, "delete", "b", {}, OK)
-    log.op(h, "create", "c", CREATE, INFO)                 # timed out but applied: allowed
-    log.op(h, "create", "d", CREATE, INFO, apply=False)    # timed out, never applied: allowed
+    log.op(h, "create", "c", CREATE, INFO)  # timed out but applied: allowed
+    log.op(h, "create", "d", CREATE, INFO, apply=False)  # timed out, never applied: allowed
     log.op(h, "create", "e", CREATE, FAIL, apply=False)
     facts = scan_log(log.batches)
     assert check_operations(h.ops, facts) == []
@@ -82,8 +117,10 @@ def test_applied_twice_is_found() -> None:
     rid = h.ops[0].request_id
     log.write("CreatePartitions", {"topics": [{"name": "a", "count": 3}]}, "other")
     log.batches[-1] = dataclasses.replace(log.batches[-1], provenance=Provenance(request_id=rid))
-    assert any(a.kind == "applied-count" and "2 batch" in a.detail
-               for a in check_operations(h.ops, scan_log(log.batches)))
+    assert any(
+        a.kind == "applied-count" and "2 batch" in a.detail
+        for a in check_operations(h.ops, scan_log(log.batches))
+    )
 
 
 def test_failed_write_that_was_applied_is_found() -> None:
@@ -158,12 +195,27 @@ def test_partition_change_epochs_tracked_per_record() -> None:
     tid = log.sm.image.topic("a").topic_id
     reg = log.sm.image.partition(tid, 0)
     other = next(r for r in reg.replicas if r != reg.leader)
-    change = PartitionChangeRecord(partition_id=0, topic_id=tid, isr=None, leader=other, replicas=None,
-                                   removing_replicas=None, adding_replicas=None,
-                                   leader_recovery_state=-1, election="clean")
+    change = PartitionChangeRecord(
+        partition_id=0,
+        topic_id=tid,
+        isr=None,
+        leader=other,
+        replicas=None,
+        removing_replicas=None,
+        adding_replicas=None,
+        leader_recovery_state=-1,
+        election="clean",
+    )
     last = log.batches[-1]
-    extra = Batch(base_offset=last.next_offset, term=1, raft_index=99, timestamp_ms=last.timestamp_ms,
-                  provenance=Provenance(request_id="x"), prev_hash=log.sm.image.last_hash, records=(change,))
+    extra = Batch(
+        base_offset=last.next_offset,
+        term=1,
+        raft_index=99,
+        timestamp_ms=last.timestamp_ms,
+        provenance=Provenance(request_id="x"),
+        prev_hash=log.sm.image.last_hash,
+        records=(change,),
+    )
     facts = scan_log(log.batches + [extra])
     assert facts.leader_epochs[-1] == (tid, 0, reg.leader_epoch + 1, other)
 
@@ -175,9 +227,11 @@ def test_raft_terms() -> None:
 
 
 def test_leader_reports_parse_controller_logs() -> None:
-    text = ("2026-11-22 11:13:03,476 INFO kraft.quorum.raft: raft member 3: leader in term 105\n"
-            "2026-11-22 11:13:03,493 INFO kraft.quorum.raft: raft member 2: not leader in term 106\n"
-            "2026-11-22 11:13:03,553 INFO kraft.quorum.raft: raft member 2: leader in term 106\n")
+    text = (
+        "2026-11-22 11:13:03,476 INFO kraft.quorum.raft: raft member 3: leader in term 105\n"
+        "2026-11-22 11:13:03,493 INFO kraft.quorum.raft: raft member 2: not leader in term 106\n"
+        "2026-11-22 11:13:03,553 INFO kraft.quorum.raft: raft member 2: leader in term 106\n"
+    )
     assert leader_reports(text) == [(105, 3), (106, 2)]
     assert check_raft_terms([(106, 2)], leader_reports(text)) == []
 

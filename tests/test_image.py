@@ -1,4 +1,5 @@
 """MetadataImage / MetadataDelta: replay rules, O(changed) sharing, local changes, checksums."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -48,26 +49,62 @@ from kraft.records import (
 T1 = str(uuid.UUID(int=1))
 T2 = str(uuid.UUID(int=2))
 T3 = str(uuid.UUID(int=3))
-ENDPOINTS = ({"name": "PLAINTEXT", "host": "localhost", "port": 9092, "security_protocol": "PLAINTEXT"},)
+ENDPOINTS = (
+    {"name": "PLAINTEXT", "host": "localhost", "port": 9092, "security_protocol": "PLAINTEXT"},
+)
 
 
 def register(broker_id, epoch, fenced=True, rack=None, incarnation=None, shutdown=False):
-    return RegisterBrokerRecord(broker_id, incarnation or str(uuid.UUID(int=1000 + broker_id)),
-                                epoch, ENDPOINTS, (), rack, fenced, shutdown)
+    return RegisterBrokerRecord(
+        broker_id,
+        incarnation or str(uuid.UUID(int=1000 + broker_id)),
+        epoch,
+        ENDPOINTS,
+        (),
+        rack,
+        fenced,
+        shutdown,
+    )
 
 
 def partition(tid, pid, replicas, leader=None, isr=None, leader_epoch=0, partition_epoch=0):
     replicas = tuple(replicas)
     leader = replicas[0] if leader is None else leader
-    return PartitionRecord(pid, tid, replicas, tuple(replicas if isr is None else isr), (), (),
-                           leader, RECOVERED, leader_epoch, partition_epoch)
+    return PartitionRecord(
+        pid,
+        tid,
+        replicas,
+        tuple(replicas if isr is None else isr),
+        (),
+        (),
+        leader,
+        RECOVERED,
+        leader_epoch,
+        partition_epoch,
+    )
 
 
-def change(tid, pid, *, isr=None, leader=LEADER_UNCHANGED, replicas=None,
-           recovery=RECOVERY_UNCHANGED, election=None):
-    return PartitionChangeRecord(pid, tid, None if isr is None else tuple(isr), leader,
-                                 None if replicas is None else tuple(replicas), None, None,
-                                 recovery, election)
+def change(
+    tid,
+    pid,
+    *,
+    isr=None,
+    leader=LEADER_UNCHANGED,
+    replicas=None,
+    recovery=RECOVERY_UNCHANGED,
+    election=None,
+):
+    return PartitionChangeRecord(
+        pid,
+        tid,
+        None if isr is None else tuple(isr),
+        leader,
+        None if replicas is None else tuple(replicas),
+        None,
+        None,
+        recovery,
+        election,
+    )
 
 
 def build(*records, image=MetadataImage.EMPTY) -> MetadataImage:
@@ -81,25 +118,38 @@ def base_image() -> MetadataImage:
     """3 brokers (1, 2 unfenced; 3 fenced), topics a (2 partitions) and b (1 partition)."""
     return build(
         FeatureLevelRecord("metadata.version", 1),
-        register(1, 10, fenced=False, rack="r1"), register(2, 11, fenced=False, rack="r2"),
+        register(1, 10, fenced=False, rack="r1"),
+        register(2, 11, fenced=False, rack="r2"),
         register(3, 12, fenced=True, rack="r3"),
-        TopicRecord("a", T1), partition(T1, 0, [1, 2]), partition(T1, 1, [2, 3]),
-        TopicRecord("b", T2), partition(T2, 0, [3, 1], leader=3),
+        TopicRecord("a", T1),
+        partition(T1, 0, [1, 2]),
+        partition(T1, 1, [2, 3]),
+        TopicRecord("b", T2),
+        partition(T2, 0, [3, 1], leader=3),
         ConfigRecord(RESOURCE_TOPIC, "a", "retention.ms", "1000"),
     )
 
 
 # ---- registrations ----------------------------------------------------------------------------
 
+
 def test_partition_merge_bumps_epochs():
     reg = PartitionRegistration((1, 2, 3), (1, 2, 3), (), (), 1, RECOVERED, 4, 7)
     isr_only = reg.merge(change(T1, 0, isr=[1, 2]))
-    assert (isr_only.isr, isr_only.leader, isr_only.leader_epoch, isr_only.partition_epoch) == \
-        ((1, 2), 1, 4, 8)
+    assert (isr_only.isr, isr_only.leader, isr_only.leader_epoch, isr_only.partition_epoch) == (
+        (1, 2),
+        1,
+        4,
+        8,
+    )
     same_leader = reg.merge(change(T1, 0, leader=1))
     assert (same_leader.leader, same_leader.leader_epoch, same_leader.partition_epoch) == (1, 5, 8)
     none = reg.merge(change(T1, 0, leader=LEADER_NONE, recovery=RECOVERING))
-    assert (none.leader, none.leader_epoch, none.leader_recovery_state) == (LEADER_NONE, 5, RECOVERING)
+    assert (none.leader, none.leader_epoch, none.leader_recovery_state) == (
+        LEADER_NONE,
+        5,
+        RECOVERING,
+    )
     moved = reg.merge(change(T1, 0, replicas=[3, 2, 1]))
     assert moved.replicas == (3, 2, 1) and moved.isr == (1, 2, 3)
 
@@ -112,13 +162,17 @@ def test_registrations_are_frozen():
     assert reg == PartitionRegistration((1,), (1,), (), (), 1, 0, 0, 0)
     # a registration is its fields in order: a snapshot row's tail, and what a digest packs
     row = (7, "t", (1,), (1,), (), (), 1, 0, 0, 0)
-    assert PartitionRegistration(*row[2:]) == reg == PartitionRegistration.from_record(
-        PartitionRecord(*row))
+    assert (
+        PartitionRegistration(*row[2:])
+        == reg
+        == PartitionRegistration.from_record(PartitionRecord(*row))
+    )
     assert reg.to_record("t", 7) == PartitionRecord(*row)
     assert hash(reg) == hash(PartitionRegistration((1,), (1,), (), (), 1, 0, 0, 0))
 
 
 # ---- replay of every record type -------------------------------------------------------------
+
 
 def test_register_broker_and_change_records():
     image = build(register(1, 5))
@@ -197,8 +251,13 @@ def test_partition_change_record():
     p = image2.partition(T1, 0)
     assert (p.isr, p.leader, p.leader_epoch, p.partition_epoch) == ((1,), 1, 1, 1)
     # a change in the same delta as the PartitionRecord that created the partition
-    image3 = build(TopicRecord("c", T3), partition(T3, 0, [1, 2]), change(T3, 0, isr=[1]),
-                   change(T3, 0, leader=2), image=image)
+    image3 = build(
+        TopicRecord("c", T3),
+        partition(T3, 0, [1, 2]),
+        change(T3, 0, isr=[1]),
+        change(T3, 0, leader=2),
+        image=image,
+    )
     p = image3.partition(T3, 0)
     assert (p.isr, p.leader, p.leader_epoch, p.partition_epoch) == ((1,), 2, 1, 2)
 
@@ -222,9 +281,11 @@ def test_remove_topic_removes_partitions_and_configs():
 
 
 def test_config_records():
-    image = build(ConfigRecord(RESOURCE_BROKER, "", "log.retention.ms", "5"),
-                  ConfigRecord(RESOURCE_BROKER, "1", "a", "x"),
-                  ConfigRecord(RESOURCE_BROKER, "1", "b", "y"))
+    image = build(
+        ConfigRecord(RESOURCE_BROKER, "", "log.retention.ms", "5"),
+        ConfigRecord(RESOURCE_BROKER, "1", "a", "x"),
+        ConfigRecord(RESOURCE_BROKER, "1", "b", "y"),
+    )
     assert image.config(RESOURCE_BROKER, "") == {"log.retention.ms": "5"}
     image2 = build(ConfigRecord(RESOURCE_BROKER, "1", "a", None), image=image)
     assert image2.config(RESOURCE_BROKER, "1") == {"b": "y"}
@@ -236,8 +297,13 @@ def test_config_records():
 
 
 def test_feature_producer_ids_leader_change_noop():
-    image = build(FeatureLevelRecord("metadata.version", 3), FeatureLevelRecord("x", 2),
-                  ProducerIdsRecord(1, 5, 1000), LeaderChangeRecord(2, 7), NoOpRecord())
+    image = build(
+        FeatureLevelRecord("metadata.version", 3),
+        FeatureLevelRecord("x", 2),
+        ProducerIdsRecord(1, 5, 1000),
+        LeaderChangeRecord(2, 7),
+        NoOpRecord(),
+    )
     assert image.features == {"metadata.version": 3, "x": 2}
     assert image.next_producer_id == 1000 and image.controller_id == 2
     image2 = build(FeatureLevelRecord("x", 0), ProducerIdsRecord(1, 5, 2000), image=image)
@@ -248,9 +314,17 @@ def test_feature_producer_ids_leader_change_noop():
 
 # ---- batches -------------------------------------------------------------------------------------
 
+
 def make_batch(image: MetadataImage, *records, term=3, raft_index=17, ts=12345) -> Batch:
-    return Batch(image.offset + 1, term, raft_index, ts, Provenance(api="Test"), image.last_hash,
-                 tuple(records))
+    return Batch(
+        image.offset + 1,
+        term,
+        raft_index,
+        ts,
+        Provenance(api="Test"),
+        image.last_hash,
+        tuple(records),
+    )
 
 
 def test_replay_batch_adopts_position_and_hash():
@@ -262,17 +336,26 @@ def test_replay_batch_adopts_position_and_hash():
     b2 = Batch(2, 4, 18, 999, Provenance(), h1, (NoOpRecord(),))
     delta.replay_batch(b2, batch_hash_bytes=b"\x01" * 32)
     image = delta.apply()
-    assert (image.offset, image.term, image.raft_index, image.timestamp_ms, image.last_hash) == \
-        (2, 4, 18, 999, b"\x01" * 32)
+    assert (image.offset, image.term, image.raft_index, image.timestamp_ms, image.last_hash) == (
+        2,
+        4,
+        18,
+        999,
+        b"\x01" * 32,
+    )
     assert image.next_offset == 3
 
 
 def test_replay_batch_refuses_gaps_wrong_hash_and_names_the_offset():
     image = build(register(1, 1))  # offset -1 still (no batch)
     with pytest.raises(ReplayError, match="does not follow"):
-        MetadataDelta(image).replay_batch(Batch(5, 1, 1, 0, Provenance(), ZERO_HASH, (NoOpRecord(),)))
+        MetadataDelta(image).replay_batch(
+            Batch(5, 1, 1, 0, Provenance(), ZERO_HASH, (NoOpRecord(),))
+        )
     with pytest.raises(ReplayError, match="prev_hash"):
-        MetadataDelta(image).replay_batch(Batch(0, 1, 1, 0, Provenance(), b"\x02" * 32, (NoOpRecord(),)))
+        MetadataDelta(image).replay_batch(
+            Batch(0, 1, 1, 0, Provenance(), b"\x02" * 32, (NoOpRecord(),))
+        )
     bad = make_batch(image, NoOpRecord(), BrokerRegistrationChangeRecord(1, 99, UNFENCE, 0))
     with pytest.raises(ReplayError, match="^offset 1: "):
         MetadataDelta(image).replay_batch(bad)
@@ -280,23 +363,41 @@ def test_replay_batch_refuses_gaps_wrong_hash_and_names_the_offset():
 
 def test_replay_batch_sees_a_topic_removed_between_two_of_its_partition_changes():
     image = base_image()
-    batch = make_batch(image, change(T1, 0, isr=[1]), change(T1, 1, isr=[2]), RemoveTopicRecord(T1),
-                       change(T1, 0, isr=[2]))
+    batch = make_batch(
+        image,
+        change(T1, 0, isr=[1]),
+        change(T1, 1, isr=[2]),
+        RemoveTopicRecord(T1),
+        change(T1, 0, isr=[2]),
+    )
     with pytest.raises(ReplayError, match="unknown topic id"):
         MetadataDelta(image).replay_batch(batch)
-    batch = make_batch(image, change(T1, 0, isr=[1]), RemoveTopicRecord(T1), TopicRecord("a", T3),
-                       partition(T3, 0, [1]), change(T3, 0, isr=[1]), change(T1, 1, isr=[2]))
+    batch = make_batch(
+        image,
+        change(T1, 0, isr=[1]),
+        RemoveTopicRecord(T1),
+        TopicRecord("a", T3),
+        partition(T3, 0, [1]),
+        change(T3, 0, isr=[1]),
+        change(T1, 1, isr=[2]),
+    )
     with pytest.raises(ReplayError, match="unknown topic id"):
         MetadataDelta(image).replay_batch(batch)
-    batch = make_batch(image, change(T1, 0, isr=[1]), change(T2, 0, isr=[1]), change(T1, 1, isr=[3]))
+    batch = make_batch(
+        image, change(T1, 0, isr=[1]), change(T2, 0, isr=[1]), change(T1, 1, isr=[3])
+    )
     delta = MetadataDelta(image)
     delta.replay_batch(batch)
     after = delta.apply()
-    assert (after.partition(T1, 0).isr, after.partition(T1, 1).isr, after.partition(T2, 0).isr) == \
-        ((1,), (3,), (1,))
+    assert (after.partition(T1, 0).isr, after.partition(T1, 1).isr, after.partition(T2, 0).isr) == (
+        (1,),
+        (3,),
+        (1,),
+    )
 
 
 # ---- O(changed) sharing ---------------------------------------------------------------------------
+
 
 def test_apply_shares_unchanged_objects():
     image = base_image()
@@ -352,12 +453,20 @@ def test_big_topic_change_copies_only_its_chunk():
 
 # ---- delta introspection and local changes -------------------------------------------------------
 
+
 def test_delta_introspection():
     image = base_image()
     delta = MetadataDelta(image)
-    for r in (change(T1, 0, isr=[1]), RemoveTopicRecord(T2), TopicRecord("c", T3),
-              partition(T3, 0, [1]), partition(T3, 1, [2]), register(4, 40),
-              ConfigRecord(RESOURCE_BROKER, "", "k", "v"), FeatureLevelRecord("f", 1)):
+    for r in (
+        change(T1, 0, isr=[1]),
+        RemoveTopicRecord(T2),
+        TopicRecord("c", T3),
+        partition(T3, 0, [1]),
+        partition(T3, 1, [2]),
+        register(4, 40),
+        ConfigRecord(RESOURCE_BROKER, "", "k", "v"),
+        FeatureLevelRecord("f", 1),
+    ):
         delta.replay(r)
     assert delta.created_topics == {T3}
     assert set(delta.deleted_topics) == {T2} and delta.deleted_topics[T2] is image.topics_by_id[T2]
@@ -371,10 +480,12 @@ def test_local_changes():
     image = base_image()  # a-0 [1,2] leader 1; a-1 [2,3] leader 2; b-0 [3,1] leader 3
     delta = MetadataDelta(image)
     for r in (
-        change(T1, 0, leader=2, election="clean"),          # broker 1 becomes follower of a-0
-        change(T1, 1, replicas=[2, 1], isr=[2, 1]),          # broker 1 joins a-1 as follower
-        RemoveTopicRecord(T2),                               # b deleted
-        TopicRecord("c", T3), partition(T3, 0, [1, 2]), partition(T3, 1, [2, 3]),
+        change(T1, 0, leader=2, election="clean"),  # broker 1 becomes follower of a-0
+        change(T1, 1, replicas=[2, 1], isr=[2, 1]),  # broker 1 joins a-1 as follower
+        RemoveTopicRecord(T2),  # b deleted
+        TopicRecord("c", T3),
+        partition(T3, 0, [1, 2]),
+        partition(T3, 1, [2, 3]),
     ):
         delta.replay(r)
     lc = delta.local_changes(1)
@@ -413,51 +524,104 @@ def test_local_changes_topic_recreated_under_same_name():
 
 # ---- canonical records, checksum, round trip ----------------------------------------------------
 
+
 def full_image() -> MetadataImage:
     image = base_image()
     delta = MetadataDelta(image)
-    delta.replay_batch(make_batch(image, ProducerIdsRecord(1, 10, 1000), LeaderChangeRecord(2, 3),
-                                  ConfigRecord(RESOURCE_BROKER, "", "x", "y")))
+    delta.replay_batch(
+        make_batch(
+            image,
+            ProducerIdsRecord(1, 10, 1000),
+            LeaderChangeRecord(2, 3),
+            ConfigRecord(RESOURCE_BROKER, "", "x", "y"),
+        )
+    )
     return delta.apply()
 
 
 def test_to_records_canonical_order():
     image = full_image()
     names = [type(r).__name__ for r in image.to_records()]
-    assert names == ["FeatureLevelRecord", "RegisterBrokerRecord", "RegisterBrokerRecord",
-                     "RegisterBrokerRecord", "TopicRecord", "PartitionRecord", "PartitionRecord",
-                     "TopicRecord", "PartitionRecord", "ConfigRecord", "ConfigRecord",
-                     "ProducerIdsRecord", "LeaderChangeRecord"]
+    assert names == [
+        "FeatureLevelRecord",
+        "RegisterBrokerRecord",
+        "RegisterBrokerRecord",
+        "RegisterBrokerRecord",
+        "TopicRecord",
+        "PartitionRecord",
+        "PartitionRecord",
+        "TopicRecord",
+        "PartitionRecord",
+        "ConfigRecord",
+        "ConfigRecord",
+        "ProducerIdsRecord",
+        "LeaderChangeRecord",
+    ]
     assert image.record_count() == len(names)
-    configs = [(r.resource_type, r.resource_name) for r in image.to_records() if isinstance(r, ConfigRecord)]
+    configs = [
+        (r.resource_type, r.resource_name)
+        for r in image.to_records()
+        if isinstance(r, ConfigRecord)
+    ]
     assert configs == sorted(configs)
 
 
 def test_checksum_matches_the_definition_and_is_stable():
     image = full_image()
     records = image.to_records()
-    legacy = hashlib.sha256(msgpack.packb([image.offset, [r.to_dict() for r in records]],
-                                          use_bin_type=True)).hexdigest()
+    legacy = hashlib.sha256(
+        msgpack.packb([image.offset, [r.to_dict() for r in records]], use_bin_type=True)
+    ).hexdigest()
     assert image.checksum(1) == legacy
     assert MetadataImage.EMPTY.checksum(1) == hashlib.sha256(msgpack.packb([-1, []])).hexdigest()
     # version 2: head records, one digest per topic (by name), tail records
-    head = [r.to_dict() for r in records if isinstance(r, (FeatureLevelRecord, RegisterBrokerRecord))]
-    tail = [r.to_dict() for r in records
-            if not isinstance(r, (FeatureLevelRecord, RegisterBrokerRecord, TopicRecord, PartitionRecord))]
+    head = [
+        r.to_dict() for r in records if isinstance(r, (FeatureLevelRecord, RegisterBrokerRecord))
+    ]
+    tail = [
+        r.to_dict()
+        for r in records
+        if not isinstance(
+            r, (FeatureLevelRecord, RegisterBrokerRecord, TopicRecord, PartitionRecord)
+        )
+    ]
     digests = []
     for t in (r for r in records if isinstance(r, TopicRecord)):
         parts = [r for r in records if isinstance(r, PartitionRecord) and r.topic_id == t.topic_id]
-        body = [t.name, t.topic_id, [r.partition_id for r in parts],
-                [[r.replicas, r.isr, r.removing_replicas, r.adding_replicas, r.leader,
-                  r.leader_recovery_state, r.leader_epoch, r.partition_epoch] for r in parts]]
+        body = [
+            t.name,
+            t.topic_id,
+            [r.partition_id for r in parts],
+            [
+                [
+                    r.replicas,
+                    r.isr,
+                    r.removing_replicas,
+                    r.adding_replicas,
+                    r.leader,
+                    r.leader_recovery_state,
+                    r.leader_epoch,
+                    r.partition_epoch,
+                ]
+                for r in parts
+            ],
+        ]
         digests.append(hashlib.sha256(msgpack.packb(body, use_bin_type=True)).digest())
-    expected = hashlib.sha256(msgpack.packb([2, image.offset, head, digests, tail],
-                                            use_bin_type=True)).hexdigest()
+    expected = hashlib.sha256(
+        msgpack.packb([2, image.offset, head, digests, tail], use_bin_type=True)
+    ).hexdigest()
     assert image.checksum() == image.checksum(2) == expected
-    assert MetadataImage.EMPTY.checksum() == hashlib.sha256(msgpack.packb([2, -1, [], [], []])).hexdigest()
+    assert (
+        MetadataImage.EMPTY.checksum()
+        == hashlib.sha256(msgpack.packb([2, -1, [], [], []])).hexdigest()
+    )
     # order of replay does not matter for the checksum; content and offset do
-    shuffled = build(*reversed([r for r in image.to_records() if not isinstance(r, (TopicRecord, PartitionRecord))]),
-                     *[r for r in image.to_records() if isinstance(r, (TopicRecord, PartitionRecord))])
+    shuffled = build(
+        *reversed(
+            [r for r in image.to_records() if not isinstance(r, (TopicRecord, PartitionRecord))]
+        ),
+        *[r for r in image.to_records() if isinstance(r, (TopicRecord, PartitionRecord))],
+    )
     shuffled = dataclasses.replace(shuffled, offset=image.offset, term=image.term)
     assert shuffled.checksum() == image.checksum()
     assert dataclasses.replace(image, offset=image.offset + 1).checksum() != image.checksum()
@@ -485,10 +649,16 @@ def test_broker_checkpoint_verifies_the_checksum_version_its_format_names(tmp_pa
     image = full_image()
 
     def snapshot(checksum: str):
-        header = SnapshotHeader(end_offset=image.offset + 1, term=image.term,
-                                raft_index=image.raft_index, timestamp_ms=image.timestamp_ms,
-                                last_hash=image.last_hash, record_count=image.record_count(),
-                                image_checksum=checksum, format=version)
+        header = SnapshotHeader(
+            end_offset=image.offset + 1,
+            term=image.term,
+            raft_index=image.raft_index,
+            timestamp_ms=image.timestamp_ms,
+            last_hash=image.last_hash,
+            record_count=image.record_count(),
+            image_checksum=checksum,
+            format=version,
+        )
         return write_snapshot(tmp_path, header, image.iter_records())
 
     assert image_from_snapshot(snapshot(image.checksum(version))) == image
@@ -501,8 +671,13 @@ def test_full_delta_equals_replaying_the_image_records():
     replayed = MetadataDelta(MetadataImage.EMPTY)
     for record in image.iter_records():
         replayed.replay(record)
-    replayed.set_provenance(offset=image.offset, term=image.term, raft_index=image.raft_index,
-                            timestamp_ms=image.timestamp_ms, last_hash=image.last_hash)
+    replayed.set_provenance(
+        offset=image.offset,
+        term=image.term,
+        raft_index=image.raft_index,
+        timestamp_ms=image.timestamp_ms,
+        last_hash=image.last_hash,
+    )
     full = MetadataDelta.full(image)
     assert full.apply() == replayed.apply() == image
     assert full.created_topics == replayed.created_topics
@@ -538,9 +713,14 @@ def test_replay_of_a_decoded_batch_adopts_the_hash_of_its_bytes():
 
 def test_round_trip_through_records():
     image = full_image()
-    copy = image_from_records(image.to_records(), offset=image.offset, term=image.term,
-                              raft_index=image.raft_index, timestamp_ms=image.timestamp_ms,
-                              last_hash=image.last_hash)
+    copy = image_from_records(
+        image.to_records(),
+        offset=image.offset,
+        term=image.term,
+        raft_index=image.raft_index,
+        timestamp_ms=image.timestamp_ms,
+        last_hash=image.last_hash,
+    )
     assert copy == image
     assert copy.checksum() == image.checksum()
     assert copy.to_records() == image.to_records()
@@ -548,8 +728,13 @@ def test_round_trip_through_records():
 
 def test_replay_batch_partition_records_fast_path():
     image = base_image()
-    ok = make_batch(image, TopicRecord("c", T3), partition(T3, 0, [1, 2]), partition(T3, 1, [2, 1]),
-                    partition(T1, 0, [2, 1], leader_epoch=5, partition_epoch=5))
+    ok = make_batch(
+        image,
+        TopicRecord("c", T3),
+        partition(T3, 0, [1, 2]),
+        partition(T3, 1, [2, 1]),
+        partition(T1, 0, [2, 1], leader_epoch=5, partition_epoch=5),
+    )
     delta = MetadataDelta(image)
     delta.replay_batch(ok)
     after = delta.apply()

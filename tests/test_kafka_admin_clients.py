@@ -2,6 +2,7 @@
 KafkaAdminClient and confluent-kafka's AdminClient create, describe, alter, grow, elect and delete
 topics through brokers, which forward to the active controller; ``kraft topics describe --json``
 and the metadata log (with the Kafka client's id in the provenance) agree."""
+
 from __future__ import annotations
 
 import io
@@ -44,58 +45,100 @@ def describe_topic(cluster: LocalCluster, name: str) -> dict:
 
 
 def topic_names(cluster: LocalCluster) -> set[str]:
-    return {t["name"] for t in kraft_json("topics", "list", "--cluster", str(cluster.dir))["topics"]}
+    return {
+        t["name"] for t in kraft_json("topics", "list", "--cluster", str(cluster.dir))["topics"]
+    }
 
 
 def provenance_of(cluster: LocalCluster, api: str) -> list[dict]:
     """Provenance of every record written by ``api``, from controller 1's log."""
     path = cluster.controller(1)["metadata_dir"]
     items = [json.loads(line) for line in kraft("log", "dump", path, "--json").stdout.splitlines()]
-    return [i["provenance"] for i in items if i["kind"] == "record" and i["provenance"]["api"] == api]
+    return [
+        i["provenance"] for i in items if i["kind"] == "record" and i["provenance"]["api"] == api
+    ]
 
 
 # ---- kafka-python --------------------------------------------------------------------------
+
 
 def test_kafka_python_admin_client(cluster):
     from kafka.admin import ConfigResource, ConfigResourceType, NewPartitions
     from kafka.errors import InvalidTopicError, TopicAlreadyExistsError
 
-    admin = kafka_admin.KafkaAdminClient(bootstrap_servers=broker_address(cluster, 102),
-                                         client_id="kp-admin", request_timeout_ms=30000)
+    admin = kafka_admin.KafkaAdminClient(
+        bootstrap_servers=broker_address(cluster, 102),
+        client_id="kp-admin",
+        request_timeout_ms=30000,
+    )
     try:
-        created = admin.create_topics({"kp-orders": {"num_partitions": 3, "replication_factor": 2,
-                                                     "configs": {"retention.ms": "3600000"}}})["topics"][0]
-        assert created["configs"]["retention.ms"]["value"] == "3600000"  # v5+: the new topic's configs
+        created = admin.create_topics(
+            {
+                "kp-orders": {
+                    "num_partitions": 3,
+                    "replication_factor": 2,
+                    "configs": {"retention.ms": "3600000"},
+                }
+            }
+        )["topics"][0]
+        assert (
+            created["configs"]["retention.ms"]["value"] == "3600000"
+        )  # v5+: the new topic's configs
         assert created["configs"]["segment.ms"]["config_source"] == "DEFAULT_CONFIG"
         with pytest.raises(TopicAlreadyExistsError):
             admin.create_topics({"kp-orders": {"num_partitions": 1, "replication_factor": 1}})
-        bad = admin.create_topics({"bad name!": {"num_partitions": 1, "replication_factor": 1}},
-                                  raise_errors=False)["topics"][0]
+        bad = admin.create_topics(
+            {"bad name!": {"num_partitions": 1, "replication_factor": 1}}, raise_errors=False
+        )["topics"][0]
         assert bad["error_code"] == InvalidTopicError.errno and "bad name!" in bad["error_message"]
-        checked = admin.create_topics({"kp-validate": {"num_partitions": 2, "replication_factor": 1}},
-                                      validate_only=True)["topics"][0]
+        checked = admin.create_topics(
+            {"kp-validate": {"num_partitions": 2, "replication_factor": 1}}, validate_only=True
+        )["topics"][0]
         assert checked["error_code"] == 0
 
         # Reads may reach a controller that has not applied the write yet (as Kafka's brokers'
         # metadata may lag): poll them.
         topic = ConfigResource(ConfigResourceType.TOPIC, "kp-orders")
-        configs = poll(lambda: admin.describe_configs([topic])["topic"]["kp-orders"], 30, what="configs")
+        configs = poll(
+            lambda: admin.describe_configs([topic])["topic"]["kp-orders"], 30, what="configs"
+        )
         assert configs["retention.ms"]["value"] == "3600000"
         assert configs["retention.ms"]["config_source"] == "DYNAMIC_TOPIC_CONFIG"
-        admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, "kp-orders",
-                                            configs={"cleanup.policy": "compact"})])
-        everything = poll(lambda: (c := admin.describe_configs([topic], config_filter="all")["topic"]["kp-orders"])
-                          and c["cleanup.policy"]["value"] == "compact" and c, 30, what="altered configs")
+        admin.alter_configs(
+            [
+                ConfigResource(
+                    ConfigResourceType.TOPIC, "kp-orders", configs={"cleanup.policy": "compact"}
+                )
+            ]
+        )
+        everything = poll(
+            lambda: (
+                (c := admin.describe_configs([topic], config_filter="all")["topic"]["kp-orders"])
+                and c["cleanup.policy"]["value"] == "compact"
+                and c
+            ),
+            30,
+            what="altered configs",
+        )
         assert everything["segment.ms"]["config_source"] == "DEFAULT_CONFIG"
-        broker = admin.describe_configs([ConfigResource(ConfigResourceType.BROKER, "101")],
-                                        config_filter="all")["broker"]["101"]
+        broker = admin.describe_configs(
+            [ConfigResource(ConfigResourceType.BROKER, "101")], config_filter="all"
+        )["broker"]["101"]
         assert broker["min.insync.replicas"]["config_source"] == "DEFAULT_CONFIG"
 
         admin.create_partitions({"kp-orders": NewPartitions(total_count=4)})
         admin.elect_leaders(0, {"kp-orders": [0, 1]})  # preferred leaders already lead: not needed
 
-        described = poll(lambda: (d := describe_topic(cluster, "kp-orders")) and len(d["partitions"]) == 4
-                         and d["configs"].get("cleanup.policy") and d, 30, what="kraft topics describe")
+        described = poll(
+            lambda: (
+                (d := describe_topic(cluster, "kp-orders"))
+                and len(d["partitions"]) == 4
+                and d["configs"].get("cleanup.policy")
+                and d
+            ),
+            30,
+            what="kraft topics describe",
+        )
         assert all(len(p["replicas"]) == 2 for p in described["partitions"])
         assert described["configs"] == {"cleanup.policy": "compact", "retention.ms": "3600000"}
 
@@ -103,25 +146,41 @@ def test_kafka_python_admin_client(cluster):
         assert sorted(b["broker_id"] for b in info["brokers"]) == [101, 102, 103]
         assert info["cluster_id"] == cluster.meta["cluster_id"]
 
-        poll(lambda: any(p["client_id"].startswith("kp-admin@broker-") for p in provenance_of(cluster, "CreateTopics")),
-             30, what="the Kafka client's id in the metadata log")
+        poll(
+            lambda: any(
+                p["client_id"].startswith("kp-admin@broker-")
+                for p in provenance_of(cluster, "CreateTopics")
+            ),
+            30,
+            what="the Kafka client's id in the metadata log",
+        )
 
         admin.delete_topics(["kp-orders"])
-        poll(lambda: not {"kp-orders", "kp-validate"} & set(admin.list_topics()), 30, what="kp-orders gone")
+        poll(
+            lambda: not {"kp-orders", "kp-validate"} & set(admin.list_topics()),
+            30,
+            what="kp-orders gone",
+        )
     finally:
         admin.close()
 
 
 # ---- confluent-kafka -------------------------------------------------------------------------
 
+
 def test_confluent_admin_client(cluster):
     from confluent_kafka import ElectionType, KafkaError, KafkaException, TopicPartition
     from confluent_kafka.admin import (
-        AlterConfigOpType, ConfigEntry, ConfigResource, NewPartitions, NewTopic,
+        AlterConfigOpType,
+        ConfigEntry,
+        ConfigResource,
+        NewPartitions,
+        NewTopic,
     )
 
-    admin = confluent_admin.AdminClient({"bootstrap.servers": broker_address(cluster, 103),
-                                         "client.id": "ck-admin"})
+    admin = confluent_admin.AdminClient(
+        {"bootstrap.servers": broker_address(cluster, 103), "client.id": "ck-admin"}
+    )
 
     def result(futures: dict):
         return {k: f.result(timeout=30) for k, f in futures.items()}
@@ -136,23 +195,47 @@ def test_confluent_admin_client(cluster):
     configs = poll(lambda: result(admin.describe_configs([resource]))[resource], 30, what="configs")
     assert configs["retention.ms"].value == "7200000" and not configs["retention.ms"].is_default
     assert configs["segment.ms"].is_default
-    change = ConfigResource(ConfigResource.Type.TOPIC, "ck-orders", incremental_configs=[
-        ConfigEntry("retention.ms", None, incremental_operation=AlterConfigOpType.DELETE),
-        ConfigEntry("cleanup.policy", "delete,compact", incremental_operation=AlterConfigOpType.SET)])
+    change = ConfigResource(
+        ConfigResource.Type.TOPIC,
+        "ck-orders",
+        incremental_configs=[
+            ConfigEntry("retention.ms", None, incremental_operation=AlterConfigOpType.DELETE),
+            ConfigEntry(
+                "cleanup.policy", "delete,compact", incremental_operation=AlterConfigOpType.SET
+            ),
+        ],
+    )
     result(admin.incremental_alter_configs([change]))
-    bad_value = ConfigResource(ConfigResource.Type.TOPIC, "ck-orders", incremental_configs=[
-        ConfigEntry("retention.ms", "soon", incremental_operation=AlterConfigOpType.SET)])
+    bad_value = ConfigResource(
+        ConfigResource.Type.TOPIC,
+        "ck-orders",
+        incremental_configs=[
+            ConfigEntry("retention.ms", "soon", incremental_operation=AlterConfigOpType.SET)
+        ],
+    )
     with pytest.raises(KafkaException) as invalid:
         result(admin.incremental_alter_configs([bad_value]))
     assert invalid.value.args[0].code() == KafkaError.INVALID_CONFIG
 
     result(admin.create_partitions([NewPartitions("ck-orders", 3)]))
-    elected = admin.elect_leaders(ElectionType.PREFERRED, [TopicPartition("ck-orders", 0)]).result(timeout=30)
-    assert elected[TopicPartition("ck-orders", 0)] is None or \
-        elected[TopicPartition("ck-orders", 0)].code() == KafkaError.ELECTION_NOT_NEEDED
+    elected = admin.elect_leaders(ElectionType.PREFERRED, [TopicPartition("ck-orders", 0)]).result(
+        timeout=30
+    )
+    assert (
+        elected[TopicPartition("ck-orders", 0)] is None
+        or elected[TopicPartition("ck-orders", 0)].code() == KafkaError.ELECTION_NOT_NEEDED
+    )
 
-    described = poll(lambda: (d := describe_topic(cluster, "ck-orders")) and len(d["partitions"]) == 3
-                     and "retention.ms" not in d["configs"] and d, 30, what="kraft topics describe")
+    described = poll(
+        lambda: (
+            (d := describe_topic(cluster, "ck-orders"))
+            and len(d["partitions"]) == 3
+            and "retention.ms" not in d["configs"]
+            and d
+        ),
+        30,
+        what="kraft topics describe",
+    )
     assert described["configs"] == {"cleanup.policy": "delete,compact"}
     assert all(len(p["replicas"]) == 3 for p in described["partitions"])
 
@@ -160,14 +243,20 @@ def test_confluent_admin_client(cluster):
     with pytest.raises(KafkaException) as gone:
         result(admin.delete_topics(["ck-orders"]))
     assert gone.value.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART
-    poll(lambda: not {"ck-orders", "ck-validate"} & set(admin.list_topics(timeout=10).topics), 30,
-         what="ck-orders gone")
-    del admin  # librdkafka stops its threads and connections now, not when the cluster is gone
+    poll(
+        lambda: not {"ck-orders", "ck-validate"} & set(admin.list_topics(timeout=10).topics),
+        30,
+        what="ck-orders gone",
+    )
+    admin = None  # librdkafka stops its threads and connections now, not when the cluster is gone
 
 
 # ---- any broker forwards ---------------------------------------------------------------------
 
-def kafka_call(address: str, api_key: int, version: int, values: dict, client_id: str = "raw") -> object:
+
+def kafka_call(
+    address: str, api_key: int, version: int, values: dict, client_id: str = "raw"
+) -> object:
     """One request/response over a fresh socket (request header v1, or v2 for flexible versions)."""
     cls = load_request_schema(api_key, version)
     buf = io.BytesIO()
@@ -184,28 +273,79 @@ def kafka_call(address: str, api_key: int, version: int, values: dict, client_id
             assert chunk, "connection closed"
             data += chunk
     assert struct.unpack(">i", data[4:8])[0] == 7
-    return entity_reader(load_response_schema(api_key, version))(data, 9 if cls.__flexible__ else 8)[0]
+    return entity_reader(load_response_schema(api_key, version))(
+        data, 9 if cls.__flexible__ else 8
+    )[0]
 
 
 def test_every_broker_forwards_to_the_active_controller(cluster):
     for broker_id in (101, 102, 103):
         address, name = broker_address(cluster, broker_id), f"via-{broker_id}"
-        resp = kafka_call(address, 19, 7, {
-            "topics": [{"name": name, "num_partitions": 2, "replication_factor": 3, "assignments": [],
-                        "configs": []}], "timeout": timedelta(seconds=20), "validate_only": False})
+        resp = kafka_call(
+            address,
+            19,
+            7,
+            {
+                "topics": [
+                    {
+                        "name": name,
+                        "num_partitions": 2,
+                        "replication_factor": 3,
+                        "assignments": [],
+                        "configs": [],
+                    }
+                ],
+                "timeout": timedelta(seconds=20),
+                "validate_only": False,
+            },
+        )
         created = resp.topics[0]
-        assert (created.error_code, created.num_partitions, created.replication_factor) == (0, 2, 3), resp
+        assert (created.error_code, created.num_partitions, created.replication_factor) == (
+            0,
+            2,
+            3,
+        ), resp
         # DeleteTopics v6 (flexible) by topic id: the broker resolves the id from its image
-        poll(lambda: kafka_call(address, 20, 6, {
-            "topics": [{"name": None, "topic_id": created.topic_id}], "timeout": timedelta(seconds=20)}
-        ).responses[0].error_code == 0, 30, what=f"{name} deleted by id through broker {broker_id}")
+        poll(
+            lambda: (
+                kafka_call(
+                    address,
+                    20,
+                    6,
+                    {
+                        "topics": [{"name": None, "topic_id": created.topic_id}],
+                        "timeout": timedelta(seconds=20),
+                    },
+                )
+                .responses[0]
+                .error_code
+                == 0
+            ),
+            30,
+            what=f"{name} deleted by id through broker {broker_id}",
+        )
     poll(lambda: not any(n.startswith("via-") for n in topic_names(cluster)), 30, what="via-* gone")
 
 
 def test_follows_a_new_active_controller(cluster):
     """Last in the module: it stops the active controller."""
     cluster.kill(cluster.active_controller())
-    resp = kafka_call(broker_address(cluster, 102), 19, 7, {
-        "topics": [{"name": "after-failover", "num_partitions": 1, "replication_factor": 1, "assignments": [],
-                    "configs": []}], "timeout": timedelta(seconds=30), "validate_only": False})
+    resp = kafka_call(
+        broker_address(cluster, 102),
+        19,
+        7,
+        {
+            "topics": [
+                {
+                    "name": "after-failover",
+                    "num_partitions": 1,
+                    "replication_factor": 1,
+                    "assignments": [],
+                    "configs": [],
+                }
+            ],
+            "timeout": timedelta(seconds=30),
+            "validate_only": False,
+        },
+    )
     assert resp.topics[0].error_code == 0, resp

@@ -1,5 +1,6 @@
 """The broker's Kafka listener against real clients (kafka-python, confluent-kafka, kcat) and raw
 frames (pipelining, trailing bytes, unknown tags, unsupported versions, garbage)."""
+
 from __future__ import annotations
 
 import json
@@ -18,7 +19,10 @@ from broker.kafka_listener import KafkaListener
 from broker.metadata_cache import MetadataCache
 from kraft.image import image_from_records
 from kraft.records import (
-    LeaderChangeRecord, PartitionRecord, RegisterBrokerRecord, TopicRecord,
+    LeaderChangeRecord,
+    PartitionRecord,
+    RegisterBrokerRecord,
+    TopicRecord,
 )
 
 CLUSTER_ID = "test-cluster-abc"
@@ -29,10 +33,25 @@ def build_image(port: int, fenced: tuple[int, ...] = ()):
     """Three brokers (all advertising this listener), two topics, controller 3000."""
     recs = []
     for b in (1, 2, 3):
-        recs.append(RegisterBrokerRecord(
-            b, str(uuid.uuid4()), 10 + b,
-            ({"name": "PLAINTEXT", "host": "127.0.0.1", "port": port, "security_protocol": "PLAINTEXT"},),
-            (), f"rack-{b}", b in fenced, False))
+        recs.append(
+            RegisterBrokerRecord(
+                b,
+                str(uuid.uuid4()),
+                10 + b,
+                (
+                    {
+                        "name": "PLAINTEXT",
+                        "host": "127.0.0.1",
+                        "port": port,
+                        "security_protocol": "PLAINTEXT",
+                    },
+                ),
+                (),
+                f"rack-{b}",
+                b in fenced,
+                False,
+            )
+        )
     recs.append(TopicRecord("orders", T1))
     for p in range(3):
         replicas = (1 + p % 3, 1 + (p + 1) % 3)
@@ -61,7 +80,9 @@ class ListenerThread:
         self._token = trio.lowlevel.current_trio_token()
         with trio.CancelScope() as self._scope:
             async with trio.open_nursery() as nursery:
-                listener = KafkaListener(self.cache, "127.0.0.1", 0, admin=self.admin, **self.listener_kw)
+                listener = KafkaListener(
+                    self.cache, "127.0.0.1", 0, admin=self.admin, **self.listener_kw
+                )
                 if self.replicas is not None:
                     listener.serve_data(self.replicas)
                 self.port = await nursery.start(listener.serve)
@@ -88,6 +109,7 @@ def listener():
 
 
 # ---- raw protocol helpers ---------------------------------------------------------------------
+
 
 def uvarint(n: int) -> bytes:
     out = bytearray()
@@ -132,7 +154,7 @@ def is_closed(sock: socket.socket) -> bool:
         try:
             if sock.recv(1) == b"":
                 return True
-        except socket.timeout:
+        except TimeoutError:
             continue
         except ConnectionError:
             return True
@@ -140,6 +162,7 @@ def is_closed(sock: socket.socket) -> bool:
 
 
 # ---- real clients -----------------------------------------------------------------------------
+
 
 def test_kafka_python_sees_cluster(listener):
     from kafka import KafkaAdminClient, KafkaConsumer
@@ -182,8 +205,13 @@ def test_confluent_list_topics(listener):
 @pytest.mark.skipif(shutil.which("kcat") is None, reason="kcat is not installed")
 def test_kcat_list(listener):
     cache, port = listener
-    out = subprocess.run(["kcat", "-b", f"127.0.0.1:{port}", "-L", "-J"], capture_output=True,
-                         text=True, timeout=30, check=True)
+    out = subprocess.run(
+        ["kcat", "-b", f"127.0.0.1:{port}", "-L", "-J"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
     md = json.loads(out.stdout)
     assert sorted(b["id"] for b in md["brokers"]) == [1, 2, 3]
     topics = {t["topic"]: t for t in md["topics"]}
@@ -205,6 +233,7 @@ def test_fenced_broker_hidden_and_leader_unavailable(listener):
 
 # ---- raw frames -------------------------------------------------------------------------------
 
+
 def test_api_versions_unsupported_version_answers_v0(listener):
     _, port = listener
     with connect(port) as s:
@@ -212,8 +241,12 @@ def test_api_versions_unsupported_version_answers_v0(listener):
         resp = recv_frame(s)
         corr, err, n = struct.unpack_from(">ihi", resp)
         assert (corr, err) == (7, 35)
-        ranges = {struct.unpack_from(">hhh", resp, 10 + 6 * i)[0]: struct.unpack_from(">hhh", resp, 10 + 6 * i)[1:]
-                  for i in range(n)}
+        ranges = {
+            struct.unpack_from(">hhh", resp, 10 + 6 * i)[0]: struct.unpack_from(
+                ">hhh", resp, 10 + 6 * i
+            )[1:]
+            for i in range(n)
+        }
         assert ranges[18] == (0, 4) and ranges[3] == (0, 13) and ranges[10] == (0, 4)
 
 
@@ -227,13 +260,21 @@ def metadata_v12_body(topics: list[str] | None, tags: bytes = b"\x00") -> bytes:
 def test_pipelined_requests_answered_in_order_with_trailing_bytes_and_unknown_tags(listener):
     _, port = listener
     unknown_tag = uvarint(1) + uvarint(42) + uvarint(3) + b"xyz"
-    frames = b"".join([
-        request(18, 3, 1, b"\x00", flexible=True),
-        request(3, 12, 2, metadata_v12_body(["orders"], tags=unknown_tag) + b"\x01\x02\x03", flexible=True),
-        request(3, 1, 3, struct.pack(">i", -1), flexible=False),
-        request(3, 0, 4, struct.pack(">i", 0), flexible=False),
-        request(3, 12, 5, metadata_v12_body(["nope"]), flexible=True),
-    ])
+    frames = b"".join(
+        [
+            request(18, 3, 1, b"\x00", flexible=True),
+            request(
+                3,
+                12,
+                2,
+                metadata_v12_body(["orders"], tags=unknown_tag) + b"\x01\x02\x03",
+                flexible=True,
+            ),
+            request(3, 1, 3, struct.pack(">i", -1), flexible=False),
+            request(3, 0, 4, struct.pack(">i", 0), flexible=False),
+            request(3, 12, 5, metadata_v12_body(["nope"]), flexible=True),
+        ]
+    )
     with connect(port) as s:
         s.sendall(frames)
         corrs = [struct.unpack_from(">i", recv_frame(s))[0] for _ in range(5)]
@@ -282,7 +323,7 @@ class EchoAdmin:
 
     async def handle(self, header, reader) -> bytes:
         await trio.sleep(0)
-        rest = reader.data[reader.pos:]
+        rest = reader.data[reader.pos :]
         body = header.client_id.encode() + struct.pack(">i", len(rest))
         return struct.pack(">ii", 4 + len(body), header.correlation_id) + body
 
@@ -293,13 +334,19 @@ def test_admin_handler_advertised_and_dispatched():
     port = lt.start()
     try:
         with connect(port) as s:
-            s.sendall(request(18, 0, 1, b"", flexible=False)
-                      + request(60, 1, 2, b"\x01\x02\x00", flexible=True)
-                      + request(18, 0, 3, b"", flexible=False))
+            s.sendall(
+                request(18, 0, 1, b"", flexible=False)
+                + request(60, 1, 2, b"\x01\x02\x00", flexible=True)
+                + request(18, 0, 3, b"", flexible=False)
+            )
             resp = recv_frame(s)
             corr, err, n = struct.unpack_from(">ihi", resp)
-            ranges = {struct.unpack_from(">hhh", resp, 10 + 6 * i)[0]: struct.unpack_from(">hhh", resp, 10 + 6 * i)[1:]
-                      for i in range(n)}
+            ranges = {
+                struct.unpack_from(">hhh", resp, 10 + 6 * i)[0]: struct.unpack_from(
+                    ">hhh", resp, 10 + 6 * i
+                )[1:]
+                for i in range(n)
+            }
             assert ranges[60] == (0, 1) and ranges[18] == (0, 4)
             # header v2: the tag section after client_id was consumed, the body is 3 bytes
             assert recv_frame(s) == struct.pack(">i", 2) + b"test" + struct.pack(">i", 3)
@@ -311,6 +358,7 @@ def test_admin_handler_advertised_and_dispatched():
 
 
 # ---- data plane: produce purgatory, long-poll fetch, per-partition errors -----------------------
+
 
 class DataPlane:
     """A listener serving the data plane from broker 1's ReplicaManager: broker 1 leads orders-0
@@ -344,9 +392,10 @@ class DataPlane:
         """A request encoded by kio (header v1 or v2 as the version needs)."""
         import io
 
-        from broker.kafka_codec import build
         from kio.index import load_request_schema
         from kio.serial import entity_writer
+
+        from broker.kafka_codec import build
 
         cls = load_request_schema(api_key, version)
         buf = io.BytesIO()
@@ -354,16 +403,33 @@ class DataPlane:
         self.corr += 1
         return request(api_key, version, self.corr, buf.getvalue(), flexible=cls.__flexible__)
 
-    def produce(self, topic: str, pid: int, records: bytes, acks: int = -1, timeout_ms: int = 5000,
-                sock=None) -> tuple[int, int]:
+    def produce(
+        self,
+        topic: str,
+        pid: int,
+        records: bytes,
+        acks: int = -1,
+        timeout_ms: int = 5000,
+        sock=None,
+    ) -> tuple[int, int]:
         """(error code, base offset) of a Produce v8."""
         import datetime
 
         from kio.index import load_response_schema
         from kio.serial import entity_reader
 
-        data = self.frame(0, 8, {"transactional_id": None, "acks": acks, "timeout": datetime.timedelta(milliseconds=timeout_ms),
-                                 "topic_data": [{"name": topic, "partition_data": [{"index": pid, "records": records}]}]})
+        data = self.frame(
+            0,
+            8,
+            {
+                "transactional_id": None,
+                "acks": acks,
+                "timeout": datetime.timedelta(milliseconds=timeout_ms),
+                "topic_data": [
+                    {"name": topic, "partition_data": [{"index": pid, "records": records}]}
+                ],
+            },
+        )
         with connect(self.port) as s:
             s.settimeout(15)
             s.sendall(data)
@@ -371,12 +437,31 @@ class DataPlane:
         p = resp.responses[0].partition_responses[0]
         return p.error_code.value, p.base_offset
 
-    def fetch_frame(self, replica_id: int, topic: str, pid: int, offset: int, epoch: int = -1,
-                    max_wait_ms: int = 0) -> bytes:
-        from broker.data_codec import FetchPartition, FetchRequest, frame_request, write_fetch_request
+    def fetch_frame(
+        self,
+        replica_id: int,
+        topic: str,
+        pid: int,
+        offset: int,
+        epoch: int = -1,
+        max_wait_ms: int = 0,
+    ) -> bytes:
+        from broker.data_codec import (
+            FetchPartition,
+            FetchRequest,
+            frame_request,
+            write_fetch_request,
+        )
 
         self.corr += 1
-        req = FetchRequest(replica_id, max_wait_ms, 1, 1 << 20, 0, [(topic, [FetchPartition(pid, epoch, offset, 0, 1 << 20)])])
+        req = FetchRequest(
+            replica_id,
+            max_wait_ms,
+            1,
+            1 << 20,
+            0,
+            [(topic, [FetchPartition(pid, epoch, offset, 0, 1 << 20)])],
+        )
         return frame_request(1, 11, self.corr, "t", write_fetch_request(req))
 
     @staticmethod
@@ -410,10 +495,15 @@ def test_delayed_fetch_woken_by_follower_progress_and_answered_in_order(data):
     a, c = connect(data.port), connect(data.port)
     a.settimeout(15)
     started = time.monotonic()
-    a.sendall(data.fetch_frame(-1, "orders", 0, 0, max_wait_ms=10_000) + request(18, 0, 999, b"", flexible=False))
+    a.sendall(
+        data.fetch_frame(-1, "orders", 0, 0, max_wait_ms=10_000)
+        + request(18, 0, 999, b"", flexible=False)
+    )
     assert data.produce("orders", 0, make_batch([b"p", b"q"]), acks=1) == (0, 0)
     assert data.rm.get_by_name("orders", 0).high_watermark == 0
-    c.sendall(data.fetch_frame(2, "orders", 0, 2, max_wait_ms=10_000))  # follower 2 is at 2 (and long-polls)
+    c.sendall(
+        data.fetch_frame(2, "orders", 0, 2, max_wait_ms=10_000)
+    )  # follower 2 is at 2 (and long-polls)
     part = data.fetch_result(recv_frame(a))
     assert time.monotonic() - started < 8  # woken, not timed out
     assert (part.error_code, part.high_watermark) == (0, 2)
@@ -434,19 +524,32 @@ def test_produce_purgatory_timeout_min_isr_and_partition_errors(data):
     plog = data.rm.get_by_name("orders", 0).log
     assert plog.log_end_offset == 1  # appended, only not acknowledged (as Kafka)
     assert data.produce("orders", 0, batch, acks=1) == (0, 1)
-    assert data.produce("orders", 0, batch, acks=2) == (21, -1)            # INVALID_REQUIRED_ACKS
+    assert data.produce("orders", 0, batch, acks=2) == (21, -1)  # INVALID_REQUIRED_ACKS
     data.step(ConfigRecord(RESOURCE_TOPIC, "orders", "min.insync.replicas", "3"))
-    assert data.produce("orders", 0, batch, acks=-1) == (19, -1)           # NOT_ENOUGH_REPLICAS
-    assert data.produce("orders", 2, batch, acks=1) == (6, -1)             # follower here
-    assert data.produce("orders", 1, batch, acks=1) == (6, -1)             # no replica here
-    assert data.produce("nope", 0, batch, acks=1) == (3, -1)               # UNKNOWN_TOPIC_OR_PARTITION
-    assert data.produce("orders", 0, b"\x00" * 70, acks=1) == (2, -1)     # CORRUPT_MESSAGE
+    assert data.produce("orders", 0, batch, acks=-1) == (19, -1)  # NOT_ENOUGH_REPLICAS
+    assert data.produce("orders", 2, batch, acks=1) == (6, -1)  # follower here
+    assert data.produce("orders", 1, batch, acks=1) == (6, -1)  # no replica here
+    assert data.produce("nope", 0, batch, acks=1) == (3, -1)  # UNKNOWN_TOPIC_OR_PARTITION
+    assert data.produce("orders", 0, b"\x00" * 70, acks=1) == (2, -1)  # CORRUPT_MESSAGE
     assert plog.log_end_offset == 2
     import datetime
+
     with connect(data.port) as s:  # acks=0: appended, no response; the next request is answered
-        s.sendall(data.frame(0, 8, {"transactional_id": None, "acks": 0, "timeout": datetime.timedelta(seconds=5),
-                                    "topic_data": [{"name": "orders", "partition_data": [{"index": 0, "records": batch}]}]})
-                  + request(18, 0, 4242, b"", flexible=False))
+        s.sendall(
+            data.frame(
+                0,
+                8,
+                {
+                    "transactional_id": None,
+                    "acks": 0,
+                    "timeout": datetime.timedelta(seconds=5),
+                    "topic_data": [
+                        {"name": "orders", "partition_data": [{"index": 0, "records": batch}]}
+                    ],
+                },
+            )
+            + request(18, 0, 4242, b"", flexible=False)
+        )
         assert struct.unpack_from(">ih", recv_frame(s)) == (4242, 0)
     assert plog.log_end_offset == 3
 
@@ -454,23 +557,60 @@ def test_produce_purgatory_timeout_min_isr_and_partition_errors(data):
 def test_fetch_epoch_and_range_errors_and_list_offsets(data):
     from kio.index import load_response_schema
     from kio.serial import entity_reader
+
     from tests.test_partition_log import make_batch
 
     data.produce("orders", 0, make_batch([b"a", b"b", b"c"]), acks=1)
     data.fetch(2, "orders", 0, 3)  # follower 2 caught up: HW 3
     assert data.fetch(-1, "orders", 0, 0, epoch=5).error_code == 0
-    assert data.fetch(-1, "orders", 0, 0, epoch=4).error_code == 74   # FENCED_LEADER_EPOCH
-    assert data.fetch(-1, "orders", 0, 0, epoch=6).error_code == 75   # UNKNOWN_LEADER_EPOCH
-    assert data.fetch(-1, "orders", 0, 4).error_code == 1             # OFFSET_OUT_OF_RANGE
-    assert data.fetch(-1, "orders", 2, 0).error_code == 6             # NOT_LEADER_OR_FOLLOWER
+    assert data.fetch(-1, "orders", 0, 0, epoch=4).error_code == 74  # FENCED_LEADER_EPOCH
+    assert data.fetch(-1, "orders", 0, 0, epoch=6).error_code == 75  # UNKNOWN_LEADER_EPOCH
+    assert data.fetch(-1, "orders", 0, 4).error_code == 1  # OFFSET_OUT_OF_RANGE
+    assert data.fetch(-1, "orders", 2, 0).error_code == 6  # NOT_LEADER_OR_FOLLOWER
     with connect(data.port) as s:
-        s.sendall(data.frame(2, 7, {"replica_id": -1, "isolation_level": 0, "topics": [{"name": "orders", "partitions": [
-            {"partition_index": 0, "current_leader_epoch": -1, "timestamp": t} for t in (-2, -1, 0)]}]}))
+        s.sendall(
+            data.frame(
+                2,
+                7,
+                {
+                    "replica_id": -1,
+                    "isolation_level": 0,
+                    "topics": [
+                        {
+                            "name": "orders",
+                            "partitions": [
+                                {"partition_index": 0, "current_leader_epoch": -1, "timestamp": t}
+                                for t in (-2, -1, 0)
+                            ],
+                        }
+                    ],
+                },
+            )
+        )
         resp, _ = entity_reader(load_response_schema(2, 7))(recv_frame(s), 5)
-    assert [(p.error_code.value, p.offset) for p in resp.topics[0].partitions] == [(0, 0), (0, 3), (0, 0)]
+    assert [(p.error_code.value, p.offset) for p in resp.topics[0].partitions] == [
+        (0, 0),
+        (0, 3),
+        (0, 0),
+    ]
     with connect(data.port) as s:
-        s.sendall(data.frame(23, 4, {"replica_id": -1, "topics": [{"topic": "orders", "partitions": [
-            {"partition": 0, "current_leader_epoch": 5, "leader_epoch": 5}]}]}))
+        s.sendall(
+            data.frame(
+                23,
+                4,
+                {
+                    "replica_id": -1,
+                    "topics": [
+                        {
+                            "topic": "orders",
+                            "partitions": [
+                                {"partition": 0, "current_leader_epoch": 5, "leader_epoch": 5}
+                            ],
+                        }
+                    ],
+                },
+            )
+        )
         resp, _ = entity_reader(load_response_schema(23, 4))(recv_frame(s), 5)
     p = resp.topics[0].partitions[0]
     assert (p.error_code.value, p.leader_epoch, p.end_offset) == (0, 5, 3)
@@ -483,7 +623,12 @@ def test_find_coordinator_says_not_available(listener, version):
 
     _, port = listener
     key = uvarint(6) + b"group" if version >= 3 else struct.pack(">h", 5) + b"group"
-    body = {0: key, 1: key + b"\x00", 3: key + b"\x00\x00", 4: b"\x00" + uvarint(2) + uvarint(6) + b"group" + b"\x00"}[version]
+    body = {
+        0: key,
+        1: key + b"\x00",
+        3: key + b"\x00\x00",
+        4: b"\x00" + uvarint(2) + uvarint(6) + b"group" + b"\x00",
+    }[version]
     with connect(port) as s:
         s.sendall(request(10, version, 5, body, flexible=version >= 3))
         frame = recv_frame(s)

@@ -1,10 +1,10 @@
 """Kafka listener security building blocks: listener protocols, TLS settings, and the SASL/PLAIN
 state machine driven with real request bytes and answered with real Kafka responses."""
+
 from __future__ import annotations
 
 import struct
 import subprocess
-from pathlib import Path
 
 import pytest
 from kio.schema.errors import ErrorCode as KafkaError
@@ -12,7 +12,12 @@ from kio.serial import entity_reader
 
 from broker.kafka_codec import read_header, response_class
 from broker.kafka_security import (
-    SaslClose, SaslSession, SecurityConfigError, listener_security, protocol_of, tls_principal,
+    SaslClose,
+    SaslSession,
+    SecurityConfigError,
+    listener_security,
+    protocol_of,
+    tls_principal,
 )
 from kraft.rpc.auth import CredentialStore, hash_password
 
@@ -52,7 +57,9 @@ def users(tmp_path_factory) -> CredentialStore:
 
 
 def _call(session: SaslSession, api_key: int, version: int, body: bytes):
-    header, reader = read_header(_request(api_key, version, 7, body, api_key == 36 and version >= 2))
+    header, reader = read_header(
+        _request(api_key, version, 7, body, api_key == 36 and version >= 2)
+    )
     return _decode(api_key, version, session.handle(header, reader))
 
 
@@ -86,7 +93,9 @@ def test_out_of_order_and_unsupported_mechanism(users):
     with pytest.raises(SaslClose) as e:
         _call(SaslSession(users), 17, 1, _string("SCRAM-SHA-256"))
     resp = _decode(17, 1, e.value.response)
-    assert resp.error_code == KafkaError.unsupported_sasl_mechanism and resp.mechanisms == ("PLAIN",)
+    assert resp.error_code == KafkaError.unsupported_sasl_mechanism and resp.mechanisms == (
+        "PLAIN",
+    )
 
 
 def test_protocols_and_settings(tmp_path, users):
@@ -102,13 +111,38 @@ def test_protocols_and_settings(tmp_path, users):
         listener_security("SASL_PLAINTEXT", {"sasl.enabled.mechanisms": "SCRAM-SHA-512"})
     assert listener_security("PLAINTEXT", {}).ssl_context is None
     cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-subj", "/CN=broker", "-keyout", str(key), "-out", str(cert)],
-                   check=True, capture_output=True)
-    sec = listener_security("SASL_SSL", {"ssl.certificate.location": str(cert), "ssl.key.location": str(key),
-                                         "sasl.plain.users.file": users.source})
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=broker",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    sec = listener_security(
+        "SASL_SSL",
+        {
+            "ssl.certificate.location": str(cert),
+            "ssl.key.location": str(key),
+            "sasl.plain.users.file": users.source,
+        },
+    )
     assert sec.tls and sec.sasl and sec.ssl_context is not None and sec.users is not None
     with pytest.raises(SecurityConfigError, match="cannot load"):
-        listener_security("SSL", {"ssl.certificate.location": str(key), "ssl.key.location": str(cert)})
+        listener_security(
+            "SSL", {"ssl.certificate.location": str(key), "ssl.key.location": str(cert)}
+        )
     assert tls_principal({"subject": ((("commonName", "app-1"),),)}) == "User:app-1"
     assert tls_principal(None) is None

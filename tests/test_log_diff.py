@@ -1,6 +1,7 @@
 """``kraft log diff`` and the history reader on synthetic logs written by the real state machine:
 points (offsets, ISO-8601, epoch ms), topics/brokers/partitions/configs with who and why, snapshot
 starts, damaged logs. (The broker-kill check on a real cluster is in test_log_tools_cluster.py.)"""
+
 from __future__ import annotations
 
 import json
@@ -49,14 +50,26 @@ def test_history_images_match_the_state_machine(written, history):
 
 
 def test_fence_window_lists_fence_elections_and_isr_shrinks(written, history):
-    result = diff(history, Point(offset=written.offset("configured")), Point(offset=written.offset("fenced")))
+    result = diff(
+        history, Point(offset=written.offset("configured")), Point(offset=written.offset("fenced"))
+    )
     before = written.images["configured"]
     (fence,) = result.of_kind("broker-fenced")
     assert fence.details["broker_id"] == 101 and fence.reason == "session-timeout"
     assert (fence.principal, fence.api) == ("controller", "FenceBroker")
     parts = result.of_kind("partition-changed")
-    led = {(t.name, pid) for t in before.topics_by_id.values() for pid, p in t.partitions.items() if p.leader == 101}
-    hosted = {(t.name, pid) for t in before.topics_by_id.values() for pid, p in t.partitions.items() if 101 in p.isr}
+    led = {
+        (t.name, pid)
+        for t in before.topics_by_id.values()
+        for pid, p in t.partitions.items()
+        if p.leader == 101
+    }
+    hosted = {
+        (t.name, pid)
+        for t in before.topics_by_id.values()
+        for pid, p in t.partitions.items()
+        if 101 in p.isr
+    }
     assert led and {(c.details["topic"], c.details["partition"]) for c in parts} == hosted
     for c in parts:
         key = (c.details["topic"], c.details["partition"])
@@ -79,27 +92,49 @@ def test_whole_history_topics_brokers_configs(written, history):
     assert result.of_kind("topic-created")[0].details["partitions"] == 3
     (deleted,) = result.of_kind("topic-deleted")
     assert deleted.details["topic"] == "scratch" and deleted.principal == "User:alice"
-    assert sorted(c.details["broker_id"] for c in result.of_kind("broker-registered")) == [101, 102, 103]
+    assert sorted(c.details["broker_id"] for c in result.of_kind("broker-registered")) == [
+        101,
+        102,
+        103,
+    ]
     assert len(result.of_kind("broker-unfenced")) == 4
-    configs = [(c.details["old"], c.details["new"], c.principal, c.client_id) for c in result.of_kind("config-changed")]
-    assert configs == [(None, "1000", "User:bob", "ops-tool"), ("1000", "5000", "User:bob", "ops-tool")]
+    configs = [
+        (c.details["old"], c.details["new"], c.principal, c.client_id)
+        for c in result.of_kind("config-changed")
+    ]
+    assert configs == [
+        (None, "1000", "User:bob", "ops-tool"),
+        ("1000", "5000", "User:bob", "ops-tool"),
+    ]
     (activated,) = result.of_kind("controller-activated")
     assert activated.details["controller_id"] == 1
     assert result.records == sum(len(b.records) for b in written.batches)
 
 
 def test_time_points_select_the_same_window(written, history):
-    by_offset = diff(history, Point(offset=written.offset("configured")), Point(offset=written.offset("fenced")))
-    by_time = diff(history, parse_point(iso_time(written.time("configured"))),
-                   parse_point(str(written.time("fenced"))))
+    by_offset = diff(
+        history, Point(offset=written.offset("configured")), Point(offset=written.offset("fenced"))
+    )
+    by_time = diff(
+        history,
+        parse_point(iso_time(written.time("configured"))),
+        parse_point(str(written.time("fenced"))),
+    )
     assert [c.to_json() for c in by_time.changes] == [c.to_json() for c in by_offset.changes]
     with pytest.raises(LogReadError, match="after --to"):
         diff(history, Point(offset=10), Point(offset=5))
 
 
 def test_cli_text_and_json(written, capsys):
-    args = ["log", "diff", str(written.directory), "--from", str(written.offset("configured")),
-            "--to", str(written.offset("fenced"))]
+    args = [
+        "log",
+        "diff",
+        str(written.directory),
+        "--from",
+        str(written.offset("configured")),
+        "--to",
+        str(written.offset("fenced")),
+    ]
     assert main(args) == 0
     text = capsys.readouterr().out
     assert "broker 101 fenced" in text and "by controller via FenceBroker: session-timeout" in text

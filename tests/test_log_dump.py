@@ -1,6 +1,7 @@
 """``kraft log dump`` on synthetic logs written by the real state machine: every record once with
 its provenance, CRC and hash-chain breaks reported with file, byte position and offset, snapshots.
 (The real-cluster checks are in test_log_tools_cluster.py.)"""
+
 from __future__ import annotations
 
 import json
@@ -63,8 +64,11 @@ def test_text_lines_and_from_offset(written, capsys):
     assert main(["log", "dump", str(written.directory), "--from-offset", str(start)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith(f"offset {start} term ")
-    assert any("User:bob/ops-tool IncrementalAlterConfigs (user-request): ConfigRecord" in line
-               and "value=5000" in line for line in lines)
+    assert any(
+        "User:bob/ops-tool IncrementalAlterConfigs (user-request): ConfigRecord" in line
+        and "value=5000" in line
+        for line in lines
+    )
     assert lines[-1].endswith("all CRCs and the hash chain verified")
     assert len(lines) == written.offset("deleted") - start + 2
 
@@ -85,7 +89,10 @@ def test_flipped_byte_reported_with_file_position_and_offset(written, tmp_path, 
     assert problem["problem"] == "crc" and Path(problem["file"]).name == seg.name
     assert problem["position"] == created["position"]
     assert problem["offset"] == created["batch_offset"]
-    assert f"{seg.name} byte {created['position']} (offset {created['batch_offset']})" in problem["message"]
+    assert (
+        f"{seg.name} byte {created['position']} (offset {created['batch_offset']})"
+        in problem["message"]
+    )
     assert records_of(items)[-1]["offset"] == written.offset("deleted")  # continued past it
     assert items[-1]["problems"] == 1
 
@@ -103,20 +110,29 @@ def test_broken_hash_chain_reported(written, tmp_path, capsys):
     seg = Path(at["file"])
     data = seg.read_bytes()
     (length,) = struct.unpack_from(">I", data, at["position"])
-    forged = Batch(victim.base_offset, victim.term, victim.raft_index, victim.timestamp_ms,
-                   victim.provenance, batch_hash(b"not the previous batch"), victim.records,
-                   victim.raft_position)
+    forged = Batch(
+        victim.base_offset,
+        victim.term,
+        victim.raft_index,
+        victim.timestamp_ms,
+        victim.provenance,
+        batch_hash(b"not the previous batch"),
+        victim.records,
+        victim.raft_position,
+    )
     frame = encode_frame(forged.encode())  # valid CRC, wrong prev_hash
     end = at["position"] + 8 + length
-    (log / seg.name).write_bytes(data[:at["position"]] + frame + data[end:])
+    (log / seg.name).write_bytes(data[: at["position"]] + frame + data[end:])
 
     code, items = dump(capsys, str(log))
     assert code == 1
     problems = [(p["problem"], p["offset"], p["position"]) for p in items if p["kind"] == "problem"]
     after = next(r for r in records_of(items) if r["offset"] == victim.next_offset)
     # the forged batch, and the one after it (it chains from the original bytes)
-    assert problems == [("chain", victim.base_offset, at["position"]),
-                        ("chain", victim.next_offset, after["position"])]
+    assert problems == [
+        ("chain", victim.base_offset, at["position"]),
+        ("chain", victim.next_offset, after["position"]),
+    ]
     assert len(records_of(items)) == written.offset("deleted") + 1
 
 

@@ -1,4 +1,5 @@
 """MetadataLog recovery: torn tails are truncated with a warning, anything else is refused."""
+
 from __future__ import annotations
 
 import logging
@@ -47,6 +48,7 @@ def write_frames(path, encs):
 
 # ----------------------------------------------------------------------------- torn tails
 
+
 def assert_recovered(d, caplog, batches_kept, path, position):
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         with MetadataLog.open(d) as mlog:
@@ -54,7 +56,7 @@ def assert_recovered(d, caplog, batches_kept, path, position):
             assert mlog.last_hash == batch_hash(batches_kept[-1][1])
             assert list(mlog.read_batches(0)) == [b for b, _ in batches_kept]
             # the log accepts the batch that was lost
-            (b, enc), = make_batches([1], mlog.next_offset, mlog.last_hash)
+            ((b, enc),) = make_batches([1], mlog.next_offset, mlog.last_hash)
             mlog.append_encoded(enc, b)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any(str(path) in w and f"byte {position}" in w for w in warnings), warnings
@@ -65,7 +67,7 @@ def test_torn_payload_truncated(tmp_path, caplog):
     batches, (seg,) = write_log(tmp_path)
     last = frame_positions(batches)[-1]
     data = seg.read_bytes()
-    seg.write_bytes(data[: last + 8 + len(batches[-1][1]) // 2])   # cut the last frame in half
+    seg.write_bytes(data[: last + 8 + len(batches[-1][1]) // 2])  # cut the last frame in half
     assert_recovered(tmp_path, caplog, batches[:-1], seg, last)
 
 
@@ -73,7 +75,7 @@ def test_torn_header_truncated(tmp_path, caplog):
     batches, (seg,) = write_log(tmp_path)
     end = seg.stat().st_size
     with open(seg, "ab") as f:
-        f.write(b"\x00\x00\x01")                                   # 3 bytes of a header
+        f.write(b"\x00\x00\x01")  # 3 bytes of a header
     assert_recovered(tmp_path, caplog, batches, seg, end)
 
 
@@ -81,14 +83,14 @@ def test_garbage_header_truncated(tmp_path, caplog):
     batches, (seg,) = write_log(tmp_path)
     end = seg.stat().st_size
     with open(seg, "ab") as f:
-        f.write(b"\x7f\xff\xff\xff\xde\xad\xbe\xef")               # length runs past EOF
+        f.write(b"\x7f\xff\xff\xff\xde\xad\xbe\xef")  # length runs past EOF
     assert_recovered(tmp_path, caplog, batches, seg, end)
 
 
 def test_final_frame_bad_crc_at_eof_truncated(tmp_path, caplog):
     batches, (seg,) = write_log(tmp_path)
     data = bytearray(seg.read_bytes())
-    data[-3] ^= 0xFF                                                # inside the last payload
+    data[-3] ^= 0xFF  # inside the last payload
     seg.write_bytes(bytes(data))
     assert_recovered(tmp_path, caplog, batches[:-1], seg, frame_positions(batches)[-1])
 
@@ -98,9 +100,9 @@ def test_torn_tail_of_last_segment_after_rolls(tmp_path, caplog):
     assert len(segs) > 2
     last = segs[-1]
     kept = [bc for bc in batches if bc[0].base_offset < int(last.name[:20])]
-    seg_batches = batches[len(kept):]
+    seg_batches = batches[len(kept) :]
     data = last.read_bytes()
-    cut = len(seg_batches[0][1]) + 8 + 5                            # first frame whole, then 5 bytes
+    cut = len(seg_batches[0][1]) + 8 + 5  # first frame whole, then 5 bytes
     last.write_bytes(data[:cut])
     assert_recovered(tmp_path, caplog, kept + seg_batches[:1], last, len(seg_batches[0][1]) + 8)
 
@@ -132,12 +134,15 @@ def test_empty_trailing_segment_is_fine(tmp_path):
 
 # ----------------------------------------------------------------------------- refused
 
+
 def assert_refused(d, path, offset, position, reason_part):
     with pytest.raises(CorruptLogError) as info:
         MetadataLog.open(d)
     err = info.value
     assert (err.path, err.offset, err.position) == (path, offset, position)
-    assert str(path) in str(err) and f"offset {offset}" in str(err) and f"byte {position}" in str(err)
+    assert (
+        str(path) in str(err) and f"offset {offset}" in str(err) and f"byte {position}" in str(err)
+    )
     assert reason_part in err.reason
     return err
 
@@ -151,15 +156,17 @@ def test_flipped_byte_in_early_frame_refused(tmp_path):
     assert_refused(tmp_path, seg, 1, pos, "CRC mismatch")
     problems = verify_log(tmp_path)
     assert [p.kind for p in problems] == [CRC]
-    assert str(problems[0]) == f"CRC mismatch at {seg.name} byte {pos} (offset 1): frame of " \
-                               f"{len(batches[1][1])} bytes"
+    assert (
+        str(problems[0]) == f"CRC mismatch at {seg.name} byte {pos} (offset 1): frame of "
+        f"{len(batches[1][1])} bytes"
+    )
 
 
 def test_flipped_length_refused(tmp_path):
     batches, (seg,) = write_log(tmp_path)
     pos = frame_positions(batches)[2]
     data = bytearray(seg.read_bytes())
-    data[pos + 3] ^= 0x01                                           # length off by one
+    data[pos + 3] ^= 0x01  # length off by one
     seg.write_bytes(bytes(data))
     with pytest.raises(CorruptLogError) as info:
         MetadataLog.open(tmp_path)
@@ -170,7 +177,7 @@ def test_broken_hash_chain_refused(tmp_path):
     batches, (seg,) = write_log(tmp_path)
     encs = [e for _, e in batches]
     edited = replace(batches[1][0], records=(TopicRecord("evil", "id-x"), TopicRecord("b", "c")))
-    encs[1] = edited.encode()                                       # valid CRC, same offsets
+    encs[1] = edited.encode()  # valid CRC, same offsets
     write_frames(seg, encs)
     pos = sum(len(e) + 8 for e in encs[:2])
     assert_refused(tmp_path, seg, 3, pos, "prev_hash")
@@ -180,7 +187,7 @@ def test_broken_hash_chain_refused(tmp_path):
 def test_offset_gap_refused(tmp_path):
     seg = tmp_path / segment_name(0)
     batches = make_batches([1, 1])
-    (b3, e3), = make_batches([1], start=5, prev=batch_hash(batches[-1][1]))
+    ((b3, e3),) = make_batches([1], start=5, prev=batch_hash(batches[-1][1]))
     write_frames(seg, [e for _, e in batches] + [e3])
     pos = sum(len(e) + 8 for _, e in batches)
     assert_refused(tmp_path, seg, 2, pos, "expected base offset 2, found 5")
@@ -224,7 +231,7 @@ def test_torn_tail_in_earlier_segment_refused(tmp_path):
 
 def test_bad_crc_not_at_eof_in_last_segment_refused(tmp_path):
     batches, (seg,) = write_log(tmp_path)
-    pos = frame_positions(batches)[-2]                              # second to last frame
+    pos = frame_positions(batches)[-2]  # second to last frame
     data = bytearray(seg.read_bytes())
     data[pos + 12] ^= 0x40
     seg.write_bytes(bytes(data))
@@ -251,5 +258,7 @@ def test_verify_log_reports_every_break(tmp_path):
     seg.write_bytes(bytes(data))
     problems = verify_log(tmp_path)
     assert [(p.kind, p.offset, p.position) for p in problems] == [
-        (CRC, 1, positions[1]), (CRC, 5, positions[5])]
+        (CRC, 1, positions[1]),
+        (CRC, 5, positions[5]),
+    ]
     assert all(p.path == seg for p in problems)

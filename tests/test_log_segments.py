@@ -1,17 +1,29 @@
 """MetadataLog: append, roll, read, reopen, retention, concurrency, verification helpers."""
+
 from __future__ import annotations
 
 import threading
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from kraft.log import (
-    MetadataLog, OffsetOutOfRangeError, parse_segment_name, scan_segment, segment_name,
-    verify_log, verify_segment,
+    MetadataLog,
+    OffsetOutOfRangeError,
+    parse_segment_name,
+    scan_segment,
+    segment_name,
+    verify_log,
+    verify_segment,
 )
 from kraft.records import (
-    ZERO_HASH, Batch, Provenance, TopicRecord, batch_hash, decode_batch,
+    ZERO_HASH,
+    Batch,
+    Provenance,
+    TopicRecord,
+    batch_hash,
+    decode_batch,
 )
 
 
@@ -56,7 +68,7 @@ def test_append_read_round_trip(tmp_path):
 
 def test_append_batch_encodes(tmp_path):
     with MetadataLog.open(tmp_path) as mlog:
-        (b, enc), = make_batches([2])
+        ((b, enc),) = make_batches([2])
         mlog.append(b)
         assert mlog.read_encoded(0, 10) == [enc]
 
@@ -73,13 +85,13 @@ def test_append_encoded_does_not_reencode(tmp_path, monkeypatch):
 def test_append_refuses_batches_that_do_not_follow(tmp_path):
     with MetadataLog.open(tmp_path) as mlog:
         fill(mlog, [2], term=5)
-        (b, enc), = make_batches([1], start=3, prev=mlog.last_hash, term=5)
+        ((b, enc),) = make_batches([1], start=3, prev=mlog.last_hash, term=5)
         with pytest.raises(ValueError, match="offset"):
             mlog.append_encoded(enc, b)
-        (b, enc), = make_batches([1], start=2, prev=b"\x01" * 32, term=5)
+        ((b, enc),) = make_batches([1], start=2, prev=b"\x01" * 32, term=5)
         with pytest.raises(ValueError, match="prev_hash"):
             mlog.append_encoded(enc, b)
-        (b, enc), = make_batches([1], start=2, prev=mlog.last_hash, term=4)
+        ((b, enc),) = make_batches([1], start=2, prev=mlog.last_hash, term=4)
         with pytest.raises(ValueError, match="term"):
             mlog.append_encoded(enc, b)
         empty = Batch(2, 5, 1, 1, Provenance(), mlog.last_hash, ())
@@ -102,7 +114,7 @@ def test_roll_by_size(tmp_path):
         assert len(paths) > 3
         for p in paths:
             assert p.stat().st_size > 0
-            first = decode_batch(p.read_bytes()[8:8 + int.from_bytes(p.read_bytes()[:4], "big")])
+            first = decode_batch(p.read_bytes()[8 : 8 + int.from_bytes(p.read_bytes()[:4], "big")])
             assert parse_segment_name(p) == first.base_offset
             assert p.name == segment_name(first.base_offset)
         for p in paths[:-1]:
@@ -118,7 +130,7 @@ def test_read_from_any_offset(tmp_path, segment_bytes):
         for offset in range(mlog.next_offset):
             got = list(mlog.read_batches(offset))
             assert got[0].base_offset <= offset <= got[0].last_offset
-            assert got == all_batches[all_batches.index(got[0]):]
+            assert got == all_batches[all_batches.index(got[0]) :]
         assert list(mlog.read_batches(mlog.next_offset)) == []
         assert list(mlog.read_batches(mlog.next_offset + 10)) == []
         assert mlog.read_encoded(mlog.next_offset, 100) == []
@@ -130,10 +142,10 @@ def test_read_encoded_max_bytes(tmp_path):
     with MetadataLog.open(tmp_path, segment_bytes=400) as mlog:
         batches = fill(mlog, [2] * 50)
         size = len(batches[0][1])
-        assert len(mlog.read_encoded(0, 1)) == 1            # at least one batch
+        assert len(mlog.read_encoded(0, 1)) == 1  # at least one batch
         got = mlog.read_encoded(0, size * 5 + 1)
         assert len(got) == 5 and sum(map(len, got)) <= size * 5 + 1
-        got = mlog.read_encoded(10, 1 << 20)                 # crosses segments
+        got = mlog.read_encoded(10, 1 << 20)  # crosses segments
         assert got == [e for _, e in batches[5:]]
 
 
@@ -142,6 +154,7 @@ def test_tail_cache_answers_like_the_files(tmp_path, monkeypatch):
     the segment files by a fresh handle (empty cache), including offsets before the cache,
     mid-batch offsets, byte limits, and after retention or a reset."""
     import kraft.log.metadata_log as metadata_log
+
     monkeypatch.setattr(metadata_log, "TAIL_CACHE_BYTES", 2000)
     with MetadataLog.open(tmp_path, segment_bytes=700) as mlog:
         batches = fill(mlog, [2, 1, 3] * 30)
@@ -165,11 +178,25 @@ def test_tail_cache_answers_like_the_files(tmp_path, monkeypatch):
 def test_reopen_continues(tmp_path):
     with MetadataLog.open(tmp_path, segment_bytes=600) as mlog:
         batches = fill(mlog, [2, 1, 3] * 10)
-        state = (mlog.next_offset, mlog.last_hash, mlog.last_term, mlog.last_raft_index,
-                 mlog.last_timestamp_ms, mlog.segments, mlog.size_bytes)
+        state = (
+            mlog.next_offset,
+            mlog.last_hash,
+            mlog.last_term,
+            mlog.last_raft_index,
+            mlog.last_timestamp_ms,
+            mlog.segments,
+            mlog.size_bytes,
+        )
     with MetadataLog.open(tmp_path, segment_bytes=600) as mlog:
-        assert (mlog.next_offset, mlog.last_hash, mlog.last_term, mlog.last_raft_index,
-                mlog.last_timestamp_ms, mlog.segments, mlog.size_bytes) == state
+        assert (
+            mlog.next_offset,
+            mlog.last_hash,
+            mlog.last_term,
+            mlog.last_raft_index,
+            mlog.last_timestamp_ms,
+            mlog.segments,
+            mlog.size_bytes,
+        ) == state
         more = fill(mlog, [1, 1])
         assert list(mlog.read_batches(0)) == [b for b, _ in batches + more]
     assert verify_log(tmp_path) == []
@@ -179,7 +206,7 @@ def test_closed_log_refuses(tmp_path):
     mlog = MetadataLog.open(tmp_path)
     mlog.close()
     mlog.close()
-    (b, enc), = make_batches([1])
+    ((b, enc),) = make_batches([1])
     with pytest.raises(ValueError):
         mlog.append_encoded(enc, b)
     with pytest.raises(ValueError):
@@ -197,8 +224,10 @@ def test_truncate_before_and_anchor(tmp_path):
         assert mlog.start_offset == second_base
         with pytest.raises(OffsetOutOfRangeError):
             mlog.read_encoded(0, 10)
-        assert [b.base_offset for b in mlog.read_batches(second_base)] == list(range(second_base, 40))
-        mlog.truncate_before(10**9)                          # never deletes the last segment
+        assert [b.base_offset for b in mlog.read_batches(second_base)] == list(
+            range(second_base, 40)
+        )
+        mlog.truncate_before(10**9)  # never deletes the last segment
         assert len(mlog.segments) == 1 and mlog.next_offset == 40
         start = mlog.start_offset
     with MetadataLog.open(tmp_path, segment_bytes=300) as mlog:  # first prev_hash is the anchor
@@ -226,6 +255,7 @@ def test_concurrent_reader_and_writer(tmp_path):
     total = batches[-1][0].next_offset
     errors: list[BaseException] = []
     with MetadataLog.open(tmp_path, segment_bytes=2000, fsync="never") as mlog:
+
         def reader():
             try:
                 offset, prev = 0, ZERO_HASH
@@ -259,7 +289,9 @@ def test_scan_and_verify_clean_segments(tmp_path):
     assert entries[0].position == 0 and entries[1].position == len(batches[0][1]) + 8
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     rounds=st.lists(st.lists(st.integers(1, 5), min_size=0, max_size=12), min_size=1, max_size=4),
     segment_bytes=st.integers(150, 3000),
@@ -281,7 +313,7 @@ def test_property_append_reopen_read(tmp_path_factory, rounds, segment_bytes, pr
             assert got and got[0].base_offset <= offset <= got[0].last_offset
             assert got[-1] == expected[-1]
             enc = mlog.read_encoded(offset, segment_bytes)
-            assert [decode_batch(e) for e in enc] == got[:len(enc)]
+            assert [decode_batch(e) for e in enc] == got[: len(enc)]
         assert list(mlog.read_batches(end)) == []
         for p in mlog.segments:
             assert verify_segment(p) == []
@@ -304,7 +336,7 @@ def test_append_many_writes_the_same_files_as_one_by_one(tmp_path):
             many.append_many([(e0, b0, batch_hash(e0)), (e1, b1, batch_hash(e1))])  # not next
         assert many.size_bytes == size
         assert many.read_encoded(0, 1 << 30) == [e for _, e in batches]
-    files = lambda d: {p.name: p.read_bytes() for p in sorted(d.iterdir())}  # noqa: E731
+    files = lambda d: {p.name: p.read_bytes() for p in sorted(d.iterdir())}
     assert len(files(tmp_path / "one")) > 3
     assert files(tmp_path / "one") == files(tmp_path / "many")
     assert verify_log(tmp_path / "many") == []

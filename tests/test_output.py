@@ -1,4 +1,5 @@
 """Rendering of tables, key/value blocks, JSON and errors for the kraft CLI."""
+
 from __future__ import annotations
 
 import io
@@ -21,8 +22,9 @@ def test_cell_formats_values() -> None:
 
 
 def test_table_aligns_columns_and_right_aligns_numbers() -> None:
-    text = output.render_table(("NAME", "PARTITIONS", "REPLICAS"),
-                               [("orders", 12, [1, 2]), ("a", 3, [3])])
+    text = output.render_table(
+        ("NAME", "PARTITIONS", "REPLICAS"), [("orders", 12, [1, 2]), ("a", 3, [3])]
+    )
     lines = text.splitlines()
     assert lines == [
         "NAME    PARTITIONS  REPLICAS",
@@ -72,19 +74,27 @@ def test_to_json_refuses_unknown_objects() -> None:
 
 
 def test_error_line_and_object() -> None:
-    assert output.error_line(ErrorCode.TOPIC_ALREADY_EXISTS, "topic 'a' exists") == \
-        "Error: TOPIC_ALREADY_EXISTS: topic 'a' exists"
+    assert (
+        output.error_line(ErrorCode.TOPIC_ALREADY_EXISTS, "topic 'a' exists")
+        == "Error: TOPIC_ALREADY_EXISTS: topic 'a' exists"
+    )
     assert output.error_line(41, "") == "Error: NOT_CONTROLLER"
     assert output.error_line(9999, "odd") == "Error: UNKNOWN(9999): odd"
-    assert output.error_object(ErrorCode.INVALID_CONFIG, "bad") == \
-        {"error": "INVALID_CONFIG", "error_code": 40, "message": "bad"}
+    assert output.error_object(ErrorCode.INVALID_CONFIG, "bad") == {
+        "error": "INVALID_CONFIG",
+        "error_code": 40,
+        "message": "bad",
+    }
 
 
 def test_report_error_json_goes_to_stdout_and_line_to_stderr() -> None:
     out, err = io.StringIO(), io.StringIO()
     output.report_error(ErrorCode.REQUEST_TIMED_OUT, "slow", True, out, err)
-    assert json.loads(out.getvalue()) == {"error": "REQUEST_TIMED_OUT", "error_code": 7,
-                                          "message": "slow"}
+    assert json.loads(out.getvalue()) == {
+        "error": "REQUEST_TIMED_OUT",
+        "error_code": 7,
+        "message": "slow",
+    }
     assert err.getvalue() == "Error: REQUEST_TIMED_OUT: slow\n"
     out, err = io.StringIO(), io.StringIO()
     output.report_error(ErrorCode.REQUEST_TIMED_OUT, "slow", False, out, err)

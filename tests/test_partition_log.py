@@ -1,4 +1,5 @@
 """Partition log: append raw Kafka batches, read back, roll, truncate, recover, checkpoints."""
+
 from __future__ import annotations
 
 import datetime
@@ -12,20 +13,32 @@ from kio.records.writers import write_new_batch
 from kio.static.primitive import i8, i16, i32, i64
 
 from broker.partition_log import (
-    HW_FILE, LEADER_EPOCH_FILE, InvalidBatchError, PartitionLog, parse_batches,
+    HW_FILE,
+    LEADER_EPOCH_FILE,
+    InvalidBatchError,
+    PartitionLog,
+    parse_batches,
 )
 
 
 def make_batch(values: list[bytes]) -> bytes:
     """A client-style magic-2 batch (base offset 0) holding ``values``."""
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     records = tuple(
         Record(attributes=i8(0), timestamp=now, offset=i64(i), key=None, value=v, headers=())
         for i, v in enumerate(values)
     )
     buf = io.BytesIO()
-    write_new_batch(buf, NewRecordBatch(producer_id=i64(-1), producer_epoch=i16(-1),
-                                        base_sequence=i32(-1), records=records, attributes=i16(0)))
+    write_new_batch(
+        buf,
+        NewRecordBatch(
+            producer_id=i64(-1),
+            producer_epoch=i16(-1),
+            base_sequence=i32(-1),
+            records=records,
+            attributes=i16(0),
+        ),
+    )
     return buf.getvalue()
 
 

@@ -3,6 +3,7 @@
 Each member runs on a thread of its own with its own trio loop (:class:`Member`), as it would in
 its own process: a member's Raft ticks run on its trio thread, so members sharing one loop would
 stall each other (a long apply on the leader would hold back the followers' ticks too)."""
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -13,8 +14,9 @@ import socket
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import msgpack
 import pytest
@@ -97,8 +99,15 @@ class Member:
     """A ``RaftQuorum`` on a thread with its own trio loop; the test's loop talks to it through
     the methods below (each runs on the member's thread)."""
 
-    def __init__(self, nid: int, addr: str, partners: dict[int, str], raft_dir: Path,
-                 target: Any, settings: RaftSettings) -> None:
+    def __init__(
+        self,
+        nid: int,
+        addr: str,
+        partners: dict[int, str],
+        raft_dir: Path,
+        target: Any,
+        settings: RaftSettings,
+    ) -> None:
         self.node_id = nid
         self.quorum = RaftQuorum(nid, addr, partners, raft_dir, target, settings)
         self._token: trio.lowlevel.TrioToken | None = None
@@ -124,8 +133,9 @@ class Member:
             finally:
                 self.quorum.close()
 
-        self._thread = threading.Thread(target=trio.run, args=(main,), name=f"member-{nid}",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=trio.run, args=(main,), name=f"member-{nid}", daemon=True
+        )
         self._thread.start()
         if not started.wait(30):
             raise TimeoutError(f"member {nid} did not start")
@@ -148,8 +158,11 @@ class Member:
 
     async def submit(self, command: bytes, timeout: float) -> Any:
         token = self._token
-        return await trio.to_thread.run_sync(functools.partial(
-            trio.from_thread.run, self.quorum.submit, command, timeout, trio_token=token))
+        return await trio.to_thread.run_sync(
+            functools.partial(
+                trio.from_thread.run, self.quorum.submit, command, timeout, trio_token=token
+            )
+        )
 
     @property
     def is_leader(self) -> bool:
@@ -210,8 +223,14 @@ class Cluster:
         self.members: dict[int, Member] = {}
 
     def start(self, nid: int) -> Member:
-        q = Member(nid, self.addrs[nid], {i: a for i, a in self.addrs.items() if i != nid},
-                   self.tmp / f"n{nid}", self.targets[nid], self.settings)
+        q = Member(
+            nid,
+            self.addrs[nid],
+            {i: a for i, a in self.addrs.items() if i != nid},
+            self.tmp / f"n{nid}",
+            self.targets[nid],
+            self.settings,
+        )
         self.members[nid] = q
         return q
 
@@ -260,8 +279,9 @@ async def test_three_members_group_commit_failover_restart(tmp_path: Path) -> No
             cluster.start(nid)
         events = {nid: q.leadership_events() for nid, q in cluster.members.items()}
         for nid, q in cluster.members.items():
-            cluster.targets[nid].sync_probe = (
-                lambda q=q: q.quorum.stats()["journal_synced_index"])  # on q's own thread
+            cluster.targets[nid].sync_probe = lambda q=q: q.quorum.stats()[
+                "journal_synced_index"
+            ]  # on q's own thread
         leader = await cluster.leader()
         assert sum(q.is_leader for q in cluster.members.values()) == 1
         # the leader saw (True, term) on its event channel
@@ -301,11 +321,18 @@ async def test_three_members_group_commit_failover_restart(tmp_path: Path) -> No
         n_entries = len(leader_target.entries)
         assert n_entries < 256
         # results name distinct positions in the applied order
-        assert sorted(pos for _, pos in results.values()) == list(range(len(leader_target.commands)))
+        assert sorted(pos for _, pos in results.values()) == list(
+            range(len(leader_target.commands))
+        )
 
         # followers apply the same commands in the same order, in the same entries
-        await wait_for(lambda: all(len(t.snapshot()) == len(leader_target.snapshot())
-                                   for t in cluster.targets.values()), 10, "followers to apply")
+        await wait_for(
+            lambda: all(
+                len(t.snapshot()) == len(leader_target.snapshot()) for t in cluster.targets.values()
+            ),
+            10,
+            "followers to apply",
+        )
         for t in cluster.targets.values():
             assert t.snapshot() == leader_target.snapshot()
             assert t.entries == leader_target.entries
@@ -335,8 +362,11 @@ async def test_three_members_group_commit_failover_restart(tmp_path: Path) -> No
         # PySyncObj re-applies the journal, entries <= last applied are skipped
         before = cluster.targets[old_id].snapshot()
         restarted = cluster.start(old_id)
-        await wait_for(lambda: cluster.targets[old_id].snapshot()[-1:] == [b"after-failover"],
-                       10, "the restarted member to catch up")
+        await wait_for(
+            lambda: cluster.targets[old_id].snapshot()[-1:] == [b"after-failover"],
+            10,
+            "the restarted member to catch up",
+        )
         after = cluster.targets[old_id].snapshot()
         assert after == before + [b"after-failover"]  # nothing applied twice
         assert restarted.stats()["entries_skipped"] >= n_entries
@@ -362,15 +392,21 @@ async def test_compaction_dump_brings_a_fresh_member_up(tmp_path: Path) -> None:
         await wait_for(lambda: len(cluster.targets[other.node_id].snapshot()) == 30, 10, "apply")
         for q in cluster.members.values():
             q.force_compaction()
-        await wait_for(lambda: all(q.stats()["dumps_written"] >= 1
-                                   for q in cluster.members.values()), 10, "compaction")
+        await wait_for(
+            lambda: all(q.stats()["dumps_written"] >= 1 for q in cluster.members.values()),
+            10,
+            "compaction",
+        )
         assert (tmp_path / f"n{leader.node_id}" / "dump.bin").exists()
         await leader.submit(b"after-dump", timeout=10)
 
         fresh = cluster.start(3)  # empty directory: must be installed from the leader's dump
         target3 = cluster.targets[3]
-        await wait_for(lambda: target3.snapshot() == cluster.targets[leader.node_id].snapshot(),
-                       15, "the fresh member to catch up")
+        await wait_for(
+            lambda: target3.snapshot() == cluster.targets[leader.node_id].snapshot(),
+            15,
+            "the fresh member to catch up",
+        )
         assert target3.loads == 1 and fresh.stats()["dumps_loaded"] == 1
         # it applied only what followed the dump
         assert [n for _, _, n in target3.entries] == [1] * len(target3.entries)
@@ -436,8 +472,14 @@ def test_refuses_non_loopback_without_password(tmp_path: Path) -> None:
         RaftQuorum(1, "10.1.2.3:9000", {2: "10.1.2.4:9000"}, tmp_path, ListTarget(), RaftSettings())
     with pytest.raises(ValueError, match="password"):
         RaftQuorum(1, "0.0.0.0:9000", {}, tmp_path, ListTarget(), RaftSettings())
-    RaftQuorum(1, "10.1.2.3:9000", {2: "10.1.2.4:9000"}, tmp_path, ListTarget(),
-               RaftSettings(password="s3cret"))  # constructing is fine; not started
+    RaftQuorum(
+        1,
+        "10.1.2.3:9000",
+        {2: "10.1.2.4:9000"},
+        tmp_path,
+        ListTarget(),
+        RaftSettings(password="s3cret"),
+    )  # constructing is fine; not started
     with pytest.raises(ValueError):
         RaftSettings(fsync="sometimes").validate()
 
@@ -620,11 +662,13 @@ async def test_measure(tmp_path: Path, fsync: str) -> None:
                 nursery.start_soon(worker)
         elapsed = time.perf_counter() - t
         groups = leader.stats()["groups_sent"] - groups0
-        print(f"\nfsync={fsync}: sequential p50 {statistics.median(lat) * 1000:.2f} ms "
-              f"p99 {sorted(lat)[int(len(lat) * .99)] * 1000:.2f} ms "
-              f"({1 / statistics.mean(lat):.0f}/s); 32 concurrent: {n / elapsed:.0f} commands/s, "
-              f"{groups / elapsed:.0f} entries/s, mean group {n / max(groups, 1):.1f}, "
-              f"journal syncs {leader.stats()['journal_syncs']}")
+        print(
+            f"\nfsync={fsync}: sequential p50 {statistics.median(lat) * 1000:.2f} ms "
+            f"p99 {sorted(lat)[int(len(lat) * 0.99)] * 1000:.2f} ms "
+            f"({1 / statistics.mean(lat):.0f}/s); 32 concurrent: {n / elapsed:.0f} commands/s, "
+            f"{groups / elapsed:.0f} entries/s, mean group {n / max(groups, 1):.1f}, "
+            f"journal syncs {leader.stats()['journal_syncs']}"
+        )
     finally:
         cluster.close()
 
@@ -643,10 +687,17 @@ def test_quorum_repairs_inet_ntop_even_when_pysyncobj_was_imported_first():
     import subprocess
     import sys
 
-    code = ("import socket, pysyncobj.syncobj, kraft.quorum.raft; "
-            "print(socket.inet_ntop(socket.AF_INET, b'\\x7f\\x00\\x00\\x01'))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                         cwd=Path(__file__).resolve().parent.parent)
+    code = (
+        "import socket, pysyncobj.syncobj, kraft.quorum.raft; "
+        "print(socket.inet_ntop(socket.AF_INET, b'\\x7f\\x00\\x00\\x01'))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
     assert out.returncode == 0 and out.stdout.strip() == "127.0.0.1", out.stderr
 
 
@@ -656,9 +707,15 @@ async def test_a_peer_announcing_a_huge_raft_frame_is_cut_off(tmp_path: Path) ->
     password); the quorum closes such a connection at once and keeps working."""
     import struct
 
-    port, = free_ports(1)
-    q = Member(1, f"127.0.0.1:{port}", {}, tmp_path, ListTarget(),
-               RaftSettings(password="s3cret", fsync="never"))
+    (port,) = free_ports(1)
+    q = Member(
+        1,
+        f"127.0.0.1:{port}",
+        {},
+        tmp_path,
+        ListTarget(),
+        RaftSettings(password="s3cret", fsync="never"),
+    )
     try:
         await wait_for(lambda: q.is_leader, 10, "single member to lead")
         sock = socket.create_connection(("127.0.0.1", port), timeout=5)
@@ -697,8 +754,11 @@ async def test_encrypted_members_replicate_bare_and_compressed_messages(tmp_path
         sent = [b"small-1", big, b"small-2"]
         for command in sent:
             await leader.submit(command, timeout=10)
-        await wait_for(lambda: all(t.commands[-3:] == sent for t in cluster.targets.values()),
-                       10, "every member to apply the three commands")
+        await wait_for(
+            lambda: all(t.commands[-3:] == sent for t in cluster.targets.values()),
+            10,
+            "every member to apply the three commands",
+        )
     finally:
         cluster.close()
 
@@ -731,8 +791,11 @@ async def test_long_applies_on_the_leader_do_not_cost_an_election(tmp_path: Path
         async with trio.open_nursery() as nursery:
             for i in range(8):
                 nursery.start_soon(functools.partial(leader.submit, b"slow-%d" % i, timeout=30))
-        await wait_for(lambda: all(len(t.commands) == 8 for t in cluster.targets.values()),
-                       30, "every member to apply the eight commands")
+        await wait_for(
+            lambda: all(len(t.commands) == 8 for t in cluster.targets.values()),
+            30,
+            "every member to apply the eight commands",
+        )
         assert leader.is_leader and leader.term == term
         assert all(q.term == term for q in cluster.members.values())
     finally:

@@ -1,4 +1,5 @@
 """The record codec: round trips for every record type, stable bytes, strict decoding."""
+
 from __future__ import annotations
 
 import msgpack
@@ -11,15 +12,24 @@ from kraft import records as R
 ints = st.integers(min_value=-(2**31), max_value=2**63 - 1)
 text = st.text(max_size=20)
 int_lists = st.lists(st.integers(min_value=-1, max_value=10_000), max_size=5).map(tuple)
-endpoints = st.lists(st.fixed_dictionaries({"name": text, "host": text, "port": ints,
-                                            "security_protocol": text}), max_size=2).map(tuple)
-features = st.lists(st.fixed_dictionaries({"name": text, "min_version": ints, "max_version": ints}),
-                    max_size=2).map(tuple)
+endpoints = st.lists(
+    st.fixed_dictionaries({"name": text, "host": text, "port": ints, "security_protocol": text}),
+    max_size=2,
+).map(tuple)
+features = st.lists(
+    st.fixed_dictionaries({"name": text, "min_version": ints, "max_version": ints}), max_size=2
+).map(tuple)
 
 _KIND_STRATEGIES = {
-    R.INT: ints, R.STR: text, R.BOOL: st.booleans(), R.INTS: int_lists,
-    R.OPT_STR: st.none() | text, R.OPT_INT: st.none() | ints, R.OPT_INTS: st.none() | int_lists,
-    R.ENDPOINTS: endpoints, R.FEATURES: features,
+    R.INT: ints,
+    R.STR: text,
+    R.BOOL: st.booleans(),
+    R.INTS: int_lists,
+    R.OPT_STR: st.none() | text,
+    R.OPT_INT: st.none() | ints,
+    R.OPT_INTS: st.none() | int_lists,
+    R.ENDPOINTS: endpoints,
+    R.FEATURES: features,
 }
 
 
@@ -52,21 +62,33 @@ def test_generated_to_dict_is_the_generic_one(record):
 @settings(max_examples=100, deadline=None)
 @given(st.lists(any_record, min_size=1, max_size=5), ints, text)
 def test_batches_round_trip_and_chain(recs, term, request_id):
-    first = R.Batch(0, abs(term), 1, 1000, R.Provenance(request_id=request_id), R.ZERO_HASH, tuple(recs), 2)
-    second = R.Batch(first.next_offset, abs(term), 2, 1001, R.Provenance(reason="session-timeout"),
-                     R.batch_hash(first.encode()), (R.NoOpRecord(),))
+    first = R.Batch(
+        0, abs(term), 1, 1000, R.Provenance(request_id=request_id), R.ZERO_HASH, tuple(recs), 2
+    )
+    second = R.Batch(
+        first.next_offset,
+        abs(term),
+        2,
+        1001,
+        R.Provenance(reason="session-timeout"),
+        R.batch_hash(first.encode()),
+        (R.NoOpRecord(),),
+    )
     for b in (first, second):
         assert R.decode_batch(b.encode()) == b
     assert second.prev_hash == R.batch_hash(R.decode_batch(first.encode()).encode())
 
 
-@pytest.mark.parametrize("mutate, message", [
-    (lambda d: d.update(type=99), "unknown record type 99"),
-    (lambda d: d.update(version=7), "unsupported version 7"),
-    (lambda d: d.pop("name"), "missing field"),
-    (lambda d: d.update(name=5), "TopicRecord.name: expected a string"),
-    (lambda d: d.update(extra=1), "unknown field"),
-])
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda d: d.update(type=99), "unknown record type 99"),
+        (lambda d: d.update(version=7), "unsupported version 7"),
+        (lambda d: d.pop("name"), "missing field"),
+        (lambda d: d.update(name=5), "TopicRecord.name: expected a string"),
+        (lambda d: d.update(extra=1), "unknown field"),
+    ],
+)
 def test_strict_decoding_names_the_problem(mutate, message):
     d = R.TopicRecord("orders", "id-1").to_dict()
     mutate(d)
@@ -88,8 +110,15 @@ def test_bool_is_not_an_int_and_garbage_is_refused():
 def test_decoded_batch_carries_the_hash_of_its_bytes():
     import dataclasses
 
-    batch = R.Batch(5, 2, 9, 1234, R.Provenance(api="Test"), bytes(32),
-                    (R.TopicRecord("a", "id-a"), R.NoOpRecord()))
+    batch = R.Batch(
+        5,
+        2,
+        9,
+        1234,
+        R.Provenance(api="Test"),
+        bytes(32),
+        (R.TopicRecord("a", "id-a"), R.NoOpRecord()),
+    )
     assert batch.digest is None
     encoded = batch.encode()
     decoded = R.decode_batch(encoded)
@@ -100,8 +129,24 @@ def test_decoded_batch_carries_the_hash_of_its_bytes():
 
 # ---- the fast decoders accept and refuse exactly what the generic strict decoder does ---------
 
-_BAD_VALUES = [True, False, 0, -3, 1.5, "x", b"x", None, (), (1, 2), (1, "2"), (True,), (1.0,),
-               [1, 2], {"a": 1}, ({"name": "x"},)]
+_BAD_VALUES = [
+    True,
+    False,
+    0,
+    -3,
+    1.5,
+    "x",
+    b"x",
+    None,
+    (),
+    (1, 2),
+    (1, "2"),
+    (True,),
+    (1.0,),
+    [1, 2],
+    {"a": 1},
+    ({"name": "x"},),
+]
 
 
 def _generic(d):
@@ -134,16 +179,29 @@ def test_fast_decoder_matches_the_generic_decoder(record, data):
     assert _fast_or_generic(mutated) == _generic(mutated)
 
 
-@pytest.mark.parametrize("field, value", [
-    ("type", True), ("type", 3.0), ("version", True), ("version", 0.0), ("leader", True),
-    ("replicas", (1, True)), ("isr", [1, 2]), ("isr", (1, 2.0)), ("removing_replicas", None),
-    ("topic_id", b"t"),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("type", True),
+        ("type", 3.0),
+        ("version", True),
+        ("version", 0.0),
+        ("leader", True),
+        ("replicas", (1, True)),
+        ("isr", [1, 2]),
+        ("isr", (1, 2.0)),
+        ("removing_replicas", None),
+        ("topic_id", b"t"),
+    ],
+)
 def test_fast_path_refuses_or_defers_like_the_generic_decoder(field, value):
     """Values the generic decoder refuses are refused; values it normalises (a list where a
     tuple is expected, version False == 0) go through it and come out the same."""
-    d = msgpack.unpackb(R.PartitionRecord(0, "t", (1,), (1,), (), (), 1, 0, 0, 0).encode(),
-                        raw=False, use_list=False)
+    d = msgpack.unpackb(
+        R.PartitionRecord(0, "t", (1,), (1,), (), (), 1, 0, 0, 0).encode(),
+        raw=False,
+        use_list=False,
+    )
     d[field] = value
     assert _fast_or_generic(d) == _generic(d)
 
@@ -152,20 +210,44 @@ def test_batch_envelope_decode_matches_and_rejects_like_the_full_decode():
     """Start-up recovery decodes only a batch's own fields; they equal the full decode's, the
     record count is right, and malformed envelopes are refused the same way."""
     recs = (R.TopicRecord("t", "id-t"),) + tuple(
-        R.PartitionRecord(i, "id-t", (1, 2, 3), (1, 2), (), (), 1, 0, 0, 0) for i in range(5))
+        R.PartitionRecord(i, "id-t", (1, 2, 3), (1, 2), (), (), 1, 0, 0, 0) for i in range(5)
+    )
     batch = R.Batch(7, 2, 11, 1_000, R.Provenance(reason="x"), R.ZERO_HASH, recs, raft_position=3)
     enc = batch.encode()
     env = R.decode_batch_envelope(enc)
     full = R.decode_batch(enc, check_records=False)
-    assert (env.base_offset, env.term, env.raft_index, env.raft_position, env.timestamp_ms,
-            env.provenance, env.prev_hash, env.next_offset, env.digest) == (
-        full.base_offset, full.term, full.raft_index, full.raft_position, full.timestamp_ms,
-        full.provenance, full.prev_hash, full.next_offset, full.digest)
+    assert (
+        env.base_offset,
+        env.term,
+        env.raft_index,
+        env.raft_position,
+        env.timestamp_ms,
+        env.provenance,
+        env.prev_hash,
+        env.next_offset,
+        env.digest,
+    ) == (
+        full.base_offset,
+        full.term,
+        full.raft_index,
+        full.raft_position,
+        full.timestamp_ms,
+        full.provenance,
+        full.prev_hash,
+        full.next_offset,
+        full.digest,
+    )
     d = msgpack.unpackb(enc, raw=False)
-    bad = [enc + b"\x00", enc[:-1], b"\x93\x01\x02\x03",
-           msgpack.packb({**d, "term": "2"}), msgpack.packb({**d, "prev_hash": b"short"}),
-           msgpack.packb({k: d[k] for k in reversed(list(d))}),
-           msgpack.packb({**d, "records": 5}), msgpack.packb({**d, "format": 99})]
+    bad = [
+        enc + b"\x00",
+        enc[:-1],
+        b"\x93\x01\x02\x03",
+        msgpack.packb({**d, "term": "2"}),
+        msgpack.packb({**d, "prev_hash": b"short"}),
+        msgpack.packb({k: d[k] for k in reversed(list(d))}),
+        msgpack.packb({**d, "records": 5}),
+        msgpack.packb({**d, "format": 99}),
+    ]
     for data in bad:
         with pytest.raises(R.RecordDecodeError):
             R.decode_batch(data, check_records=False)
@@ -176,13 +258,25 @@ def test_batch_envelope_decode_matches_and_rejects_like_the_full_decode():
 def test_batch_provenance_any_key_order_decodes_and_bad_fields_are_refused():
     """The canonical provenance map (keys in order) and a reordered one decode to the same
     batch; a provenance value that is not a string, or a non-integer offset, is refused."""
-    batch = R.Batch(5, 2, 9, 1234, R.Provenance("User:a", "cli", "rid", "CreateTopics", "user-request"),
-                    bytes(32), (R.NoOpRecord(),), 1)
+    batch = R.Batch(
+        5,
+        2,
+        9,
+        1234,
+        R.Provenance("User:a", "cli", "rid", "CreateTopics", "user-request"),
+        bytes(32),
+        (R.NoOpRecord(),),
+        1,
+    )
     d = msgpack.unpackb(batch.encode(), raw=False, use_list=False)
     assert R.decode_batch(batch.encode()) == batch
     d["provenance"] = dict(reversed(list(d["provenance"].items())))
     assert R.decode_batch(msgpack.packb(d, use_bin_type=True)) == batch
-    for key, bad in (("provenance", {**d["provenance"], "api": 7}), ("provenance", {"api": "x"}),
-                     ("term", "2"), ("raft_position", True)):
+    for key, bad in (
+        ("provenance", {**d["provenance"], "api": 7}),
+        ("provenance", {"api": "x"}),
+        ("term", "2"),
+        ("raft_position", True),
+    ):
         with pytest.raises(R.RecordDecodeError):
             R.decode_batch(msgpack.packb({**d, key: bad}, use_bin_type=True))

@@ -1,4 +1,5 @@
 """Replica manager driven by metadata deltas: leaders, followers, deletes, stale epochs, strays."""
+
 from __future__ import annotations
 
 import logging
@@ -8,8 +9,12 @@ from broker.partition_log import LEADER_EPOCH_FILE
 from broker.replica_manager import ReplicaManager
 from kraft.image import MetadataDelta, MetadataImage
 from kraft.records import (
-    LEADER_UNCHANGED, RECOVERY_UNCHANGED, PartitionChangeRecord, PartitionRecord,
-    RemoveTopicRecord, TopicRecord,
+    LEADER_UNCHANGED,
+    RECOVERY_UNCHANGED,
+    PartitionChangeRecord,
+    PartitionRecord,
+    RemoveTopicRecord,
+    TopicRecord,
 )
 from tests.test_partition_log import make_batch
 
@@ -32,20 +37,36 @@ class Cluster:
 
 
 def partition(tid, pid, replicas, leader, leader_epoch=0, partition_epoch=0, isr=None):
-    return PartitionRecord(pid, tid, tuple(replicas), tuple(isr or replicas), (), (), leader, 0,
-                           leader_epoch, partition_epoch)
+    return PartitionRecord(
+        pid,
+        tid,
+        tuple(replicas),
+        tuple(isr or replicas),
+        (),
+        (),
+        leader,
+        0,
+        leader_epoch,
+        partition_epoch,
+    )
 
 
 def change(tid, pid, leader=LEADER_UNCHANGED, isr=None, replicas=None):
-    return PartitionChangeRecord(pid, tid, isr, leader, replicas, None, None, RECOVERY_UNCHANGED, None)
+    return PartitionChangeRecord(
+        pid, tid, isr, leader, replicas, None, None, RECOVERY_UNCHANGED, None
+    )
 
 
 def test_create_topic_makes_leaders_and_followers(tmp_path):
     rm = ReplicaManager(ME, [tmp_path / "a", tmp_path / "b"])
     c = Cluster(rm)
     tid = str(uuid.uuid4())
-    c.step(TopicRecord("orders", tid), partition(tid, 0, [1, 2], 1), partition(tid, 1, [2, 1], 2),
-           partition(tid, 2, [2, 3], 2))
+    c.step(
+        TopicRecord("orders", tid),
+        partition(tid, 0, [1, 2], 1),
+        partition(tid, 1, [2, 1], 2),
+        partition(tid, 2, [2, 3], 2),
+    )
     p0, p1 = rm.get(tid, 0), rm.get(tid, 1)
     assert (p0.role, p0.leader_epoch, p0.isr) == ("leader", 0, (1, 2))
     assert (p1.role, p1.leader) == ("follower", 2)
@@ -82,8 +103,12 @@ def test_delete_topic_and_reassignment_remove_directories(tmp_path):
     rm = ReplicaManager(ME, [tmp_path])
     c = Cluster(rm)
     t1, t2 = str(uuid.uuid4()), str(uuid.uuid4())
-    c.step(TopicRecord("gone", t1), partition(t1, 0, [1], 1),
-           TopicRecord("moved", t2), partition(t2, 0, [1, 2], 1))
+    c.step(
+        TopicRecord("gone", t1),
+        partition(t1, 0, [1], 1),
+        TopicRecord("moved", t2),
+        partition(t2, 0, [1, 2], 1),
+    )
     assert (tmp_path / "gone-0").is_dir() and (tmp_path / "moved-0").is_dir()
     c.step(RemoveTopicRecord(t1))
     assert not (tmp_path / "gone-0").exists() and rm.get(t1, 0) is None
@@ -114,8 +139,12 @@ def test_restart_keeps_data_and_removes_strays(tmp_path):
     rm = ReplicaManager(ME, [tmp_path])
     c = Cluster(rm)
     t1, t2 = str(uuid.uuid4()), str(uuid.uuid4())
-    c.step(TopicRecord("keep", t1), partition(t1, 0, [1], 1), TopicRecord("old", t2),
-           partition(t2, 0, [1], 1))
+    c.step(
+        TopicRecord("keep", t1),
+        partition(t1, 0, [1], 1),
+        TopicRecord("old", t2),
+        partition(t2, 0, [1], 1),
+    )
     rm.get(t1, 0).log.append(make_batch([b"x"] * 3), leader_epoch=0)
     rm.close()
     # Restart: metadata (replayed from scratch) no longer has "old"; "keep" is unchanged.
@@ -151,8 +180,12 @@ def test_a_delta_syncs_its_checkpoints_once_not_per_partition(tmp_path, monkeypa
     c.step(TopicRecord("many", tid), *[partition(tid, p, [1, 2], 1) for p in range(200)])
     assert len(rm.partitions) == 200 and len(syncfs) == 1
     assert len(fsyncs) < 20, len(fsyncs)  # not 2 x 200
-    assert all((p.log.dir / LEADER_EPOCH_FILE).read_text() == "0\n1\n0 0\n" for p in rm.partitions.values())
-    counts = sorted(sum(1 for p in rm.partitions.values() if p.log.dir.parent == d) for d in rm.log_dirs)
+    assert all(
+        (p.log.dir / LEADER_EPOCH_FILE).read_text() == "0\n1\n0 0\n" for p in rm.partitions.values()
+    )
+    counts = sorted(
+        sum(1 for p in rm.partitions.values() if p.log.dir.parent == d) for d in rm.log_dirs
+    )
     assert counts == [100, 100]  # still spread evenly over the log dirs
 
 
@@ -167,11 +200,16 @@ def test_a_start_up_sized_delta_logs_a_summary_and_restarts_from_disk(tmp_path, 
     c = Cluster(rm)
     tid = str(uuid.uuid4())
     with caplog.at_level(logging.INFO, logger="broker.state_change"):
-        c.step(TopicRecord("big", tid), *[partition(tid, p, [1, 2], 1 if p % 2 else 2) for p in range(n)])
+        c.step(
+            TopicRecord("big", tid),
+            *[partition(tid, p, [1, 2], 1 if p % 2 else 2) for p in range(n)],
+        )
     infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
     led = sum(1 for p in range(n) if p % 2)  # broker 1 (ME) leads the odd ones
-    assert infos == [f"broker {ME}: metadata offset {c.image.offset}: 0 replicas deleted, "
-                     f"{led} become leader, {n - led} become follower (one line each at DEBUG)"]
+    assert infos == [
+        f"broker {ME}: metadata offset {c.image.offset}: 0 replicas deleted, "
+        f"{led} become leader, {n - led} become follower (one line each at DEBUG)"
+    ]
     part = rm.get(tid, 7)
     assert (part.log.dir / PARTITION_METADATA).read_text() == f"version: 0\ntopic_id: {tid}\n"
     rm.close()

@@ -1,4 +1,5 @@
 """Opt-in metadata retention: the pure policy, and a snapshotter deleting covered segments."""
+
 from __future__ import annotations
 
 import shutil
@@ -8,8 +9,8 @@ import pytest
 
 from broker.state import describe
 from kraft.log.snapshot import list_snapshots
-from kraft.rpc.client import call_sync
 from kraft.retention import SegmentInfo, retention_cut
+from kraft.rpc.client import call_sync
 from kraft.snapshotter import Snapshotter, snapshot_state
 from tests.harness import LocalCluster, poll
 from tests.test_snapshotter import _build_log
@@ -32,16 +33,16 @@ def test_unlimited_by_default_keeps_everything():
 
 def test_only_segments_covered_by_the_snapshot_go():
     s = segs((0, 100, 5000), (10, 100, 5000), (20, 100, 5000), (30, 100, 0))
-    assert retention_cut(s, 20, NOW, 1000, -1) == 20      # segment 20.. has offsets >= 20
+    assert retention_cut(s, 20, NOW, 1000, -1) == 20  # segment 20.. has offsets >= 20
     assert retention_cut(s, 19, NOW, 1000, -1) == 10
     assert retention_cut(s, 5, NOW, 1000, -1) is None
-    assert retention_cut(s, 10**6, NOW, 1000, -1) == 30   # never the active segment
+    assert retention_cut(s, 10**6, NOW, 1000, -1) == 30  # never the active segment
 
 
 def test_time_and_size_limits():
     s = segs((0, 100, 5000), (10, 100, 500), (20, 100, 0))
-    assert retention_cut(s, 100, NOW, 1000, -1) == 10     # only the old one
-    assert retention_cut(s, 100, NOW, -1, 250) == 10      # 300 bytes > 250: drop the oldest
+    assert retention_cut(s, 100, NOW, 1000, -1) == 10  # only the old one
+    assert retention_cut(s, 100, NOW, -1, 250) == 10  # 300 bytes > 250: drop the oldest
     assert retention_cut(s, 100, NOW, -1, 100) == 20
     assert retention_cut(s, 100, NOW, -1, 10_000) is None
 
@@ -57,10 +58,11 @@ def test_snapshotter_deletes_covered_segments_and_stale_snapshots(tmp_path):
     assert deleted and len(log.segments) == n_segments - len(deleted)
     assert all(not p.exists() for p in deleted)
     assert log.start_offset <= sm.image.offset + 1
-    assert list_snapshots(tmp_path) == [first]            # the newest snapshot stays
+    assert list_snapshots(tmp_path) == [first]  # the newest snapshot stays
     # the log still continues from the snapshot: reopening finds the same image
     log.close()
     from kraft.log.metadata_log import MetadataLog
+
     reopened = MetadataLog.open(tmp_path, segment_bytes=2048, fsync="never")
     image = Snapshotter(tmp_path, reopened, 1 << 30, 0).load_image()
     assert image.checksum() == sm.image.checksum()
@@ -89,9 +91,20 @@ def _restart_controller_with(c: LocalCluster, *settings: str) -> None:
 def _alter_configs(bootstrap: list, topics: list[str], count: int) -> None:
     """``count`` config changes round-robin over ``topics`` (they need no unfenced broker)."""
     for i in range(count):
-        r = call_sync(bootstrap, "IncrementalAlterConfigs", {"resources": [
-            {"resource_type": "topic", "resource_name": topics[i % len(topics)],
-             "ops": [{"name": "retention.ms", "op": "SET", "value": str(1000 + i)}]}]}, timeout=30)
+        r = call_sync(
+            bootstrap,
+            "IncrementalAlterConfigs",
+            {
+                "resources": [
+                    {
+                        "resource_type": "topic",
+                        "resource_name": topics[i % len(topics)],
+                        "ops": [{"name": "retention.ms", "op": "SET", "value": str(1000 + i)}],
+                    }
+                ]
+            },
+            timeout=30,
+        )
         assert not r["resources"][0]["error_code"], r
 
 
@@ -105,8 +118,12 @@ def _broker_without_metadata_loads_the_snapshot(c: LocalCluster, bootstrap: list
     def converged():
         view = call_sync(bootstrap, "DescribeNode", {}, timeout=5)
         s = describe(broker["host"], broker["admin_port"], timeout=5.0)
-        return (s["state"] == "RUNNING" and s["last_applied_offset"] == view["applied_offset"]
-                and s["image_checksum"] == view["image_checksum"])
+        return (
+            s["state"] == "RUNNING"
+            and s["last_applied_offset"] == view["applied_offset"]
+            and s["image_checksum"] == view["image_checksum"]
+        )
+
     poll(converged, 60, what="the broker to load the snapshot and catch up")
     assert "loading snapshot" in Path(broker["log_file"]).read_text()
 
@@ -120,16 +137,26 @@ def test_a_broker_starting_after_retention_loads_the_controllers_snapshot(tmp_pa
         c.up(1, 1)
         bootstrap = [(c.controller(1)["host"], c.controller(1)["rpc_port"])]
         for i in range(3):
-            r = call_sync(bootstrap, "CreateTopics", {"topics": [
-                {"name": f"kept-{i}", "num_partitions": 2, "replication_factor": 1}]}, timeout=30)
+            r = call_sync(
+                bootstrap,
+                "CreateTopics",
+                {"topics": [{"name": f"kept-{i}", "num_partitions": 2, "replication_factor": 1}]},
+                timeout=30,
+            )
             assert not r["topics"][0]["error_code"], r
-        _restart_controller_with(c, "metadata.log.segment.bytes=4096",
-                                 "metadata.log.max.record.bytes.between.snapshots=8192",
-                                 "metadata.max.retention.bytes=1")
+        _restart_controller_with(
+            c,
+            "metadata.log.segment.bytes=4096",
+            "metadata.log.max.record.bytes.between.snapshots=8192",
+            "metadata.max.retention.bytes=1",
+        )
         _alter_configs(bootstrap, [f"kept-{i}" for i in range(3)], 80)  # enough to roll segments
         log_dir = c.log_dir(1)
-        poll(lambda: min(int(p.name.split(".")[0]) for p in log_dir.glob("*.log")) > 0, 60,
-             what="retention to delete the first segments")
+        poll(
+            lambda: min(int(p.name.split(".")[0]) for p in log_dir.glob("*.log")) > 0,
+            60,
+            what="retention to delete the first segments",
+        )
         _broker_without_metadata_loads_the_snapshot(c, bootstrap)
     finally:
         c.down()
@@ -144,11 +171,18 @@ def test_a_broker_far_behind_the_newest_snapshot_loads_it_instead_of_the_log(tmp
     try:
         c.up(1, 1)
         bootstrap = [(c.controller(1)["host"], c.controller(1)["rpc_port"])]
-        r = call_sync(bootstrap, "CreateTopics", {"topics": [
-            {"name": "kept", "num_partitions": 2, "replication_factor": 1}]}, timeout=30)
+        r = call_sync(
+            bootstrap,
+            "CreateTopics",
+            {"topics": [{"name": "kept", "num_partitions": 2, "replication_factor": 1}]},
+            timeout=30,
+        )
         assert not r["topics"][0]["error_code"], r
-        _restart_controller_with(c, "metadata.log.max.record.bytes.between.snapshots=4096",
-                                 "metadata.fetch.snapshot.min.lag.records=20")
+        _restart_controller_with(
+            c,
+            "metadata.log.max.record.bytes.between.snapshots=4096",
+            "metadata.fetch.snapshot.min.lag.records=20",
+        )
         _alter_configs(bootstrap, ["kept"], 60)
         poll(lambda: list_snapshots(c.log_dir(1)), 60, what="a snapshot")
         assert min(int(p.name.split(".")[0]) for p in c.log_dir(1).glob("*.log")) == 0  # all kept

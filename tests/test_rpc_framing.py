@@ -1,17 +1,23 @@
 """Frame codec: round trips, every split point, limits, garbage, fuzz."""
+
 from __future__ import annotations
 
 import struct
 
 import msgpack
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kraft.rpc.framing import FrameDecoder, FrameError, encode_frame
 
 MESSAGES = [
-    {"api": "CreateTopics", "version": 0, "correlation_id": 1,
-     "body": {"topics": [{"name": "t", "num_partitions": 3}]}},
+    {
+        "api": "CreateTopics",
+        "version": 0,
+        "correlation_id": 1,
+        "body": {"topics": [{"name": "t", "num_partitions": 3}]},
+    },
     {"correlation_id": 2, "error_code": 0, "error_message": "", "body": {"data": b"\x00\xff" * 10}},
     {1: "int keys", "nested": {"x": [1, 2, {"y": None}]}},
 ]
@@ -36,7 +42,7 @@ def test_byte_by_byte() -> None:
     dec = FrameDecoder()
     out = []
     for i in range(len(stream)):
-        out += dec.feed(stream[i:i + 1])
+        out += dec.feed(stream[i : i + 1])
     assert out == MESSAGES
 
 
@@ -50,13 +56,16 @@ def test_oversized_length_rejected_before_payload() -> None:
         encode_frame({"a": b"x" * 200}, max_frame_bytes=100)
 
 
-@pytest.mark.parametrize("payload", [
-    b"\xc1",                         # never-used msgpack byte
-    msgpack.packb([1, 2, 3]),        # not a map
-    msgpack.packb("text"),
-    msgpack.packb({"a": 1}) + b"x",  # trailing garbage inside the frame
-    b"",                             # empty frame
-])
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"\xc1",  # never-used msgpack byte
+        msgpack.packb([1, 2, 3]),  # not a map
+        msgpack.packb("text"),
+        msgpack.packb({"a": 1}) + b"x",  # trailing garbage inside the frame
+        b"",  # empty frame
+    ],
+)
 def test_garbage_rejected(payload: bytes) -> None:
     with pytest.raises(FrameError):
         FrameDecoder().feed(struct.pack(">I", len(payload)) + payload)
@@ -82,14 +91,20 @@ def test_fuzz_random_bytes_never_hang_or_crash(chunks: list[bytes]) -> None:
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.dictionaries(st.text(max_size=8), st.one_of(st.integers(-2**63, 2**63 - 1), st.text(),
-                                                       st.binary(), st.none(), st.booleans()),
-                       max_size=6),
-       st.integers(min_value=1, max_value=7))
+@given(
+    st.dictionaries(
+        st.text(max_size=8),
+        st.one_of(
+            st.integers(-(2**63), 2**63 - 1), st.text(), st.binary(), st.none(), st.booleans()
+        ),
+        max_size=6,
+    ),
+    st.integers(min_value=1, max_value=7),
+)
 def test_fuzz_round_trip_any_chunking(obj: dict, step: int) -> None:
     stream = encode_frame(obj) * 2
     dec = FrameDecoder()
     out = []
     for i in range(0, len(stream), step):
-        out += dec.feed(stream[i:i + step])
+        out += dec.feed(stream[i : i + step])
     assert out == [obj, obj]

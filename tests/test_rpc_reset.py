@@ -1,6 +1,7 @@
 """A client that resets its connection (RST) while its requests are in flight ends only that
 connection: the controller's RPC server keeps serving everyone else (regression: the reset
 escaped as an ExceptionGroup and stopped the whole server)."""
+
 from __future__ import annotations
 
 import socket
@@ -26,8 +27,11 @@ def test_a_reset_connection_does_not_stop_the_server() -> None:
             for _ in range(5):
                 sock = socket.create_connection(("127.0.0.1", port))
                 for i in range(3):
-                    sock.sendall(encode_frame({"api": "ListTopics", "version": 0, "body": {},
-                                               "client_id": "rst"}))
+                    sock.sendall(
+                        encode_frame(
+                            {"api": "ListTopics", "version": 0, "body": {}, "client_id": "rst"}
+                        )
+                    )
                 await trio.sleep(0.05)
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                 sock.close()  # RST while three answers are pending

@@ -1,4 +1,5 @@
 """Controller RPC over loopback: handler results, error mapping, redirects, bad frames."""
+
 from __future__ import annotations
 
 import struct
@@ -111,13 +112,22 @@ async def test_handler_results_errors_and_order() -> None:
         assert all(results[f"t{i}"]["topics"] == [{"name": f"t{i}"}] for i in range(20))
 
         # raw connection: answers come back in request order, the envelope is checked
-        frames = b"".join(encode_frame({"api": "DescribeTopics", "version": 0, "correlation_id": c,
-                                        "body": {"names": ["slow" if c == 1 else "fast"]}})
-                          for c in (1, 2, 3))
+        frames = b"".join(
+            encode_frame(
+                {
+                    "api": "DescribeTopics",
+                    "version": 0,
+                    "correlation_id": c,
+                    "body": {"names": ["slow" if c == 1 else "fast"]},
+                }
+            )
+            for c in (1, 2, 3)
+        )
         got = await raw_call(port, frames)
         assert [g["correlation_id"] for g in got] == [1, 2, 3]
-        got = await raw_call(port, encode_frame({"api": 5, "version": 0, "correlation_id": 9,
-                                                 "body": {}}))
+        got = await raw_call(
+            port, encode_frame({"api": 5, "version": 0, "correlation_id": 9, "body": {}})
+        )
         assert got[0]["error_code"] == ErrorCode.INVALID_REQUEST
         await client.aclose()
         nursery.cancel_scope.cancel()
@@ -175,9 +185,11 @@ async def test_garbage_and_oversized_frames_close_only_that_connection() -> None
         server, port = await start(nursery, Recorder("a"), max_frame_bytes=1024)
         client = ControllerClient([("127.0.0.1", port)])
         assert (await client.call("DescribeTopics", {"names": ["a"]}))["by"] == "a"
-        for junk in (struct.pack(">I", 5) + b"\xc1\xc1\xc1\xc1\xc1",  # garbage msgpack
-                     struct.pack(">I", 2048),                            # oversized length
-                     struct.pack(">I", 4) + b"\x93\x01\x02\x03"):       # not a map
+        for junk in (
+            struct.pack(">I", 5) + b"\xc1\xc1\xc1\xc1\xc1",  # garbage msgpack
+            struct.pack(">I", 2048),  # oversized length
+            struct.pack(">I", 4) + b"\x93\x01\x02\x03",
+        ):  # not a map
             stream = await trio.open_tcp_stream("127.0.0.1", port)
             await stream.send_all(junk)
             with trio.fail_after(5):
@@ -260,8 +272,10 @@ async def test_big_answers_arrive_whole_and_a_peer_that_stops_reading_is_dropped
 
     async with trio.open_nursery() as nursery:
         server, port = await start(nursery, big, io_timeout=0.5)
-        frames = b"".join(encode_frame({"correlation_id": i, "api": "ListTopics", "body": {"i": i}})
-                          for i in range(20))
+        frames = b"".join(
+            encode_frame({"correlation_id": i, "api": "ListTopics", "body": {"i": i}})
+            for i in range(20)
+        )
         answers = await raw_call(port, frames)
         assert [a["correlation_id"] for a in answers] == list(range(20))
         assert all(a["body"] == {"i": a["correlation_id"], "blob": "x" * 200_000} for a in answers)
@@ -331,7 +345,10 @@ async def test_pipelined_calls_time_out_at_their_own_deadlines_and_the_rest_stil
                 while "short" not in outcome or "gave up" not in outcome:
                     await trio.sleep(0.01)
             assert "released" not in outcome and "long" not in outcome
-            assert outcome["short"][0] == ErrorCode.REQUEST_TIMED_OUT and 0.25 < outcome["short"][1] < 1.0
+            assert (
+                outcome["short"][0] == ErrorCode.REQUEST_TIMED_OUT
+                and 0.25 < outcome["short"][1] < 1.0
+            )
             release.set()
             with trio.fail_after(2):
                 while "released" not in outcome:

@@ -1,6 +1,7 @@
 """The metadata shell on synthetic logs written by the real state machine: the tree, every
 command, history of a node, ``--at-offset`` and ``-c`` scripts. (Live ``--cluster`` mode and a
 running controller's directory are in test_log_tools_cluster.py.)"""
+
 from __future__ import annotations
 
 import io
@@ -23,10 +24,14 @@ def history(written):
     return History.load(written.directory)
 
 
-def shell_at(history: History, offset: int | None = None) -> tuple[MetadataShell, io.StringIO, io.StringIO]:
+def shell_at(
+    history: History, offset: int | None = None
+) -> tuple[MetadataShell, io.StringIO, io.StringIO]:
     out, err = io.StringIO(), io.StringIO()
     count = len(history.batches) if offset is None else history.batch_index_through(offset)
-    shell = MetadataShell(history.image_at(offset), history.batches[:count], "test", stdout=out, stderr=err)
+    shell = MetadataShell(
+        history.image_at(offset), history.batches[:count], "test", stdout=out, stderr=err
+    )
     return shell, out, err
 
 
@@ -59,9 +64,19 @@ def test_tree_layout_and_values(written, history):
 def test_navigation_find_and_tree(history):
     s = shell_at(history)
     assert run(s, "cd /topics/orders; pwd; cd 1; pwd; cat isr; cd ../..; pwd; cd; pwd") == [
-        "/topics/orders", "/topics/orders/1", run(s, "cat /topics/orders/1/isr")[0], "/topics", "/"]
-    assert run(s, "find /configs") == ["/configs", "/configs/topics", "/configs/topics/orders",
-                                       "/configs/topics/orders/retention.ms", "/configs/brokers"]
+        "/topics/orders",
+        "/topics/orders/1",
+        run(s, "cat /topics/orders/1/isr")[0],
+        "/topics",
+        "/",
+    ]
+    assert run(s, "find /configs") == [
+        "/configs",
+        "/configs/topics",
+        "/configs/topics/orders",
+        "/configs/topics/orders/retention.ms",
+        "/configs/brokers",
+    ]
     assert run(s, "find / -name leader") == [f"/topics/orders/{p}/leader" for p in range(3)]
     tree = run(s, "tree /brokers/101")
     assert tree[0] == "/brokers/101" and "|-- state: unfenced" in tree
@@ -70,10 +85,15 @@ def test_navigation_find_and_tree(history):
 
 def test_errors_fail_the_script_and_change_nothing(history):
     shell, out, err = shell_at(history)
-    assert not shell.run_script("cd /topics; cat /nope; ls /topics/orders/0/leader/x; frobnicate; cat")
+    assert not shell.run_script(
+        "cd /topics; cat /nope; ls /topics/orders/0/leader/x; frobnicate; cat"
+    )
     assert err.getvalue().splitlines() == [
-        "error: /nope: no such node", "error: /topics/orders/0/leader/x: not a directory",
-        "error: unknown command 'frobnicate' (try 'help')", "error: cat needs a PATH"]
+        "error: /nope: no such node",
+        "error: /topics/orders/0/leader/x: not a directory",
+        "error: unknown command 'frobnicate' (try 'help')",
+        "error: cat needs a PATH",
+    ]
     assert shell.cwd == "/topics"
     assert not shell.run_script("cd /topics/orders/0/leader") and shell.cwd == "/topics"
 
@@ -87,12 +107,19 @@ def test_history_of_a_node(written, history):
     assert lines[-1].split()[1] == str(written.offset("fenced") - 2)  # the fence's change
     assert "controller FenceBroker (session-timeout): PartitionChangeRecord" in lines[-1]
     config = run(s, "history /configs/topics/orders")
-    assert len(config) == 2 and all("User:bob/ops-tool IncrementalAlterConfigs" in line for line in config)
+    assert len(config) == 2 and all(
+        "User:bob/ops-tool IncrementalAlterConfigs" in line for line in config
+    )
     broker = run(s, "history /brokers/101")
     assert [line.split("): ")[1].split()[0] for line in broker] == [
-        "RegisterBrokerRecord", "BrokerRegistrationChangeRecord", "BrokerRegistrationChangeRecord",
-        "BrokerRegistrationChangeRecord"]
-    assert run(s, "history /features/nothing") == ["no records touched /features/nothing in this history"]
+        "RegisterBrokerRecord",
+        "BrokerRegistrationChangeRecord",
+        "BrokerRegistrationChangeRecord",
+        "BrokerRegistrationChangeRecord",
+    ]
+    assert run(s, "history /features/nothing") == [
+        "no records touched /features/nothing in this history"
+    ]
 
 
 def test_at_offset_reproduces_an_earlier_state(written, history):
@@ -111,7 +138,19 @@ def test_cli_c_at_offset_and_usage_errors(written, capsys):
     assert main(["shell", d, "-c", "ls /topics; cat /topics/orders/1/leader"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out == ["orders/", str(written.images["deleted"].topic("orders").partitions[1].leader)]
-    assert main(["shell", d, "--at-offset", str(written.offset("fenced")), "-c", "cat /brokers/101/state"]) == 0
+    assert (
+        main(
+            [
+                "shell",
+                d,
+                "--at-offset",
+                str(written.offset("fenced")),
+                "-c",
+                "cat /brokers/101/state",
+            ]
+        )
+        == 0
+    )
     assert capsys.readouterr().out == "fenced\n"
     assert main(["shell", d, "-c", "cat /nope"]) == 1
     assert main(["shell", d, "--at-offset", "999", "-c", "ls"]) == 2
@@ -132,7 +171,9 @@ def test_path_completion(history):
     assert shell.completedefault("/f", "ls /f", 3, 5) == ["/features/"]
     shell.run_line("cd /topics/orders")
     assert shell.completedefault("0/leader_", "cat 0/leader_", 4, 13) == [
-        "0/leader_epoch", "0/leader_recovery_state"]
+        "0/leader_epoch",
+        "0/leader_recovery_state",
+    ]
     assert shell.completedefault("nope/x", "cat nope/x", 4, 10) == []
 
 

@@ -1,5 +1,6 @@
 """The simulated brokers' shared replay (tools/sim_broker.py): one decode per batch for all of
 them, every copy still checked against what was replayed."""
+
 from __future__ import annotations
 
 import uuid
@@ -16,23 +17,47 @@ from kraft.records import RecordDecodeError, batch_hash, decode_batch
 from kraft.snapshotter import image_from_snapshot as sim_broker_image_from_snapshot
 from tools.sim_broker import SharedReplay
 
-LISTENER = {"name": "PLAINTEXT", "host": "127.0.0.1", "port": 9092, "security_protocol": "PLAINTEXT"}
+LISTENER = {
+    "name": "PLAINTEXT",
+    "host": "127.0.0.1",
+    "port": 9092,
+    "security_protocol": "PLAINTEXT",
+}
 
 
 def _log(topics: int) -> list[bytes]:
     """Encoded batches of a real state machine: 3 brokers, then ``topics`` topics."""
     sm = QuorumStateMachine(ControllerSettings(cluster_id="c"))
-    commands = [("BrokerRegistration", {"broker_id": b, "cluster_id": "c", "incarnation_id": str(uuid.UUID(int=b)),
-                                        "listeners": [LISTENER], "rack": None}) for b in (1, 2, 3)]
+    commands = [
+        (
+            "BrokerRegistration",
+            {
+                "broker_id": b,
+                "cluster_id": "c",
+                "incarnation_id": str(uuid.UUID(int=b)),
+                "listeners": [LISTENER],
+                "rack": None,
+            },
+        )
+        for b in (1, 2, 3)
+    ]
     commands += [("UnfenceBroker", {"broker_id": b}) for b in (1, 2, 3)]
-    commands += [("CreateTopics", {"topics": [{"name": f"t{i}", "num_partitions": 4, "replication_factor": 3}]})
-                 for i in range(topics)]
+    commands += [
+        (
+            "CreateTopics",
+            {"topics": [{"name": f"t{i}", "num_partitions": 4, "replication_factor": 3}]},
+        )
+        for i in range(topics)
+    ]
     out = []
     for index, (api, body) in enumerate(commands, start=1):
         if api == "UnfenceBroker":
             body = dict(body, broker_epoch=sm.image.brokers[body["broker_id"]].epoch)
-        batch, response = sm.apply(Command(api=api, body=body, request_id=f"r{index}", timestamp_ms=index,
-                                           seed=index), index, 1)
+        batch, response = sm.apply(
+            Command(api=api, body=body, request_id=f"r{index}", timestamp_ms=index, seed=index),
+            index,
+            1,
+        )
         assert batch is not None, response
         out.append(sm.last_encoded)
     return out
@@ -104,15 +129,31 @@ def test_simulated_brokers_told_to_load_a_snapshot_load_it_once_and_converge(tmp
         c.up(1, 0)
         c.kill(1, "TERM")
         props = Path(c.controller(1)["config"])
-        props.write_text(props.read_text() + "\nmetadata.log.max.record.bytes.between.snapshots=4096\n"
-                         "metadata.fetch.snapshot.min.lag.records=20\n")
+        props.write_text(
+            props.read_text() + "\nmetadata.log.max.record.bytes.between.snapshots=4096\n"
+            "metadata.fetch.snapshot.min.lag.records=20\n"
+        )
         c.start(1)
         bootstrap = [(c.controller(1)["host"], c.controller(1)["rpc_port"])]
         for i in range(40):
-            r = call_sync(bootstrap, "IncrementalAlterConfigs", {"resources": [
-                {"resource_type": "broker", "resource_name": "", "ops": [
-                    {"name": "log.retention.ms", "op": "SET", "value": str(1000 + i)}]}]}, timeout=30)
+            r = call_sync(
+                bootstrap,
+                "IncrementalAlterConfigs",
+                {
+                    "resources": [
+                        {
+                            "resource_type": "broker",
+                            "resource_name": "",
+                            "ops": [
+                                {"name": "log.retention.ms", "op": "SET", "value": str(1000 + i)}
+                            ],
+                        }
+                    ]
+                },
+                timeout=30,
+            )
             assert not r["resources"][0]["error_code"], r
+
         def snapshot_ends() -> list[int]:  # without list_snapshots: it would remove a .part in use
             ends = []
             for p in Path(c.log_dir(1)).iterdir():
@@ -124,12 +165,19 @@ def test_simulated_brokers_told_to_load_a_snapshot_load_it_once_and_converge(tmp
 
         # one far enough ahead of offset 0 that a broker starting there is told to load it (on a
         # slow machine the first snapshot can come after only a few of the 40 changes)
-        poll(lambda: any(end >= 30 for end in snapshot_ends()), 60, what="a snapshot past offset 30")
+        poll(
+            lambda: any(end >= 30 for end in snapshot_ends()), 60, what="a snapshot past offset 30"
+        )
         replay = SharedReplay()
-        sims = [SimBroker(101 + i, bootstrap, c.meta["cluster_id"], replay=replay) for i in range(2)]
+        sims = [
+            SimBroker(101 + i, bootstrap, c.meta["cluster_id"], replay=replay) for i in range(2)
+        ]
         loads = []
-        monkeypatch.setattr(sim_broker, "image_from_snapshot",
-                            lambda path: loads.append(path) or sim_broker_image_from_snapshot(path))
+        monkeypatch.setattr(
+            sim_broker,
+            "image_from_snapshot",
+            lambda path: loads.append(path) or sim_broker_image_from_snapshot(path),
+        )
 
         compared = []
 

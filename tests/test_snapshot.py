@@ -1,4 +1,5 @@
 """Snapshot files: round trip, naming, listing, retention and corruption detection."""
+
 from __future__ import annotations
 
 import logging
@@ -9,14 +10,28 @@ import msgpack
 import pytest
 
 from kraft.log import (
-    CorruptSnapshotError, SnapshotHeader, delete_snapshots_before, encode_frame, latest_snapshot,
-    list_snapshots, parse_snapshot_name, read_snapshot, read_snapshot_header, snapshot_name,
+    CorruptSnapshotError,
+    SnapshotHeader,
+    delete_snapshots_before,
+    encode_frame,
+    latest_snapshot,
+    list_snapshots,
+    parse_snapshot_name,
+    read_snapshot,
+    read_snapshot_header,
+    snapshot_name,
     write_snapshot,
 )
 from kraft.log.segment import iter_frames
 from kraft.records import (
-    ConfigRecord, FeatureLevelRecord, LeaderChangeRecord, NoOpRecord, PartitionRecord,
-    ProducerIdsRecord, RegisterBrokerRecord, TopicRecord,
+    ConfigRecord,
+    FeatureLevelRecord,
+    LeaderChangeRecord,
+    NoOpRecord,
+    PartitionRecord,
+    ProducerIdsRecord,
+    RegisterBrokerRecord,
+    TopicRecord,
 )
 
 TID = "4c6b1f0e-2a0c-4d3e-9a3c-1f2e3d4c5b6a"
@@ -25,29 +40,47 @@ TID = "4c6b1f0e-2a0c-4d3e-9a3c-1f2e3d4c5b6a"
 def sample_records(partitions=2500):
     recs = [
         FeatureLevelRecord("metadata.version", 7),
-        RegisterBrokerRecord(1, "inc-1", 10, ({"name": "PLAINTEXT", "host": "h", "port": 9092,
-                                               "security_protocol": "PLAINTEXT"},),
-                             ({"name": "metadata.version", "min_version": 1, "max_version": 7},),
-                             None, False, False),
+        RegisterBrokerRecord(
+            1,
+            "inc-1",
+            10,
+            ({"name": "PLAINTEXT", "host": "h", "port": 9092, "security_protocol": "PLAINTEXT"},),
+            ({"name": "metadata.version", "min_version": 1, "max_version": 7},),
+            None,
+            False,
+            False,
+        ),
         RegisterBrokerRecord(2, "inc-2", 11, (), (), "rack-a", True, False),
         TopicRecord("orders", TID),
     ]
     recs += [PartitionRecord(i, TID, (1, 2), (1,), (), (), 1, 0, 3, 4) for i in range(partitions)]
-    recs += [ConfigRecord(2, "orders", "retention.ms", "1000"), ConfigRecord(2, "orders", "x", None),
-             ProducerIdsRecord(1, 10, 5000), NoOpRecord(), LeaderChangeRecord(3, 9)]
+    recs += [
+        ConfigRecord(2, "orders", "retention.ms", "1000"),
+        ConfigRecord(2, "orders", "x", None),
+        ProducerIdsRecord(1, 10, 5000),
+        NoOpRecord(),
+        LeaderChangeRecord(3, 9),
+    ]
     return recs
 
 
 def header_for(records, end_offset=120, term=3):
-    return SnapshotHeader(end_offset=end_offset, term=term, raft_index=77, timestamp_ms=123456,
-                          last_hash=b"\xab" * 32, record_count=len(records), image_checksum="c0ffee")
+    return SnapshotHeader(
+        end_offset=end_offset,
+        term=term,
+        raft_index=77,
+        timestamp_ms=123456,
+        last_hash=b"\xab" * 32,
+        record_count=len(records),
+        image_checksum="c0ffee",
+    )
 
 
 @pytest.mark.parametrize("strict", [True, False])
 def test_round_trip(tmp_path, strict):
     recs = sample_records()
     header = header_for(recs)
-    path = write_snapshot(tmp_path, header, iter(recs))       # any iterable
+    path = write_snapshot(tmp_path, header, iter(recs))  # any iterable
     assert path == tmp_path / "00000000000000000120-0000000003.checkpoint"
     assert not list(tmp_path.glob("*.part"))
     got_header, records = read_snapshot(path, strict=strict)
@@ -149,7 +182,7 @@ def test_truncated_refused(tmp_path):
 def test_missing_footer_refused(tmp_path):
     path, _ = written(tmp_path)
     frames = payloads(path)
-    path.write_bytes(b"".join(encode_frame(p) for p in frames[:-1]))   # valid CRCs, no footer
+    path.write_bytes(b"".join(encode_frame(p) for p in frames[:-1]))  # valid CRCs, no footer
     with pytest.raises(CorruptSnapshotError, match="footer"):
         read_snapshot(path)
 
@@ -158,9 +191,9 @@ def test_reframed_chunk_fails_checksum(tmp_path):
     path, _ = written(tmp_path)
     frames = payloads(path)
     chunk = msgpack.unpackb(frames[2], raw=False)
-    chunk["rows"] = chunk["rows"][:-1]                                   # drop one record
+    chunk["rows"] = chunk["rows"][:-1]  # drop one record
     frames[2] = msgpack.packb(chunk, use_bin_type=True)
-    path.write_bytes(b"".join(encode_frame(p) for p in frames))         # CRCs all valid
+    path.write_bytes(b"".join(encode_frame(p) for p in frames))  # CRCs all valid
     with pytest.raises(CorruptSnapshotError, match="SHA-256"):
         read_snapshot(path)
 
@@ -227,16 +260,19 @@ def _rewrite_partition_rows(path, edit):
     path.write_bytes(b"".join(encode_frame(p) for p in frames))
 
 
-@pytest.mark.parametrize("column, value, field", [
-    (6, True, "leader"),                       # a bool is not an integer
-    (6, None, "leader"),
-    (0, "7", "partition_id"),
-    (1, 5, "topic_id"),
-    (2, [1, "2"], "replicas"),                 # a string inside a list of integers
-    (3, [1, False], "isr"),
-    (4, None, "removing_replicas"),            # not optional
-    (9, 1.5, "partition_epoch"),
-])
+@pytest.mark.parametrize(
+    "column, value, field",
+    [
+        (6, True, "leader"),  # a bool is not an integer
+        (6, None, "leader"),
+        (0, "7", "partition_id"),
+        (1, 5, "topic_id"),
+        (2, [1, "2"], "replicas"),  # a string inside a list of integers
+        (3, [1, False], "isr"),
+        (4, None, "removing_replicas"),  # not optional
+        (9, 1.5, "partition_epoch"),
+    ],
+)
 def test_ill_typed_partition_value_refused_naming_row_and_field(tmp_path, column, value, field):
     """The column-wise strict check refuses exactly what the per-value validators refuse, and
     names the chunk position, the row and the field, for records and for chunk readers alike."""
@@ -247,8 +283,12 @@ def test_ill_typed_partition_value_refused_naming_row_and_field(tmp_path, column
     def edit(rows):
         if len(rows) > 300:
             rows[300][column] = value
+
     _rewrite_partition_rows(path, edit)
-    with pytest.raises(CorruptSnapshotError, match=rf"at byte \d+: bad record chunk: row 300: PartitionRecord\.{field}"):
+    with pytest.raises(
+        CorruptSnapshotError,
+        match=rf"at byte \d+: bad record chunk: row 300: PartitionRecord\.{field}",
+    ):
         list(read_snapshot(path)[1])
     with pytest.raises(CorruptSnapshotError, match=rf"row 300: PartitionRecord\.{field}"):
         image_from_records(read_snapshot(path)[1], offset=0)
@@ -288,8 +328,10 @@ def test_writing_runs_gives_the_same_bytes_as_writing_records(tmp_path):
 
     recs = sample_records(2500)
     recs[4:4] = [TopicRecord("empty-a", "t-a"), TopicRecord("empty-b", "t-b")]
-    recs += [TopicRecord("small", "t-s"), *(PartitionRecord(i, "t-s", (2,), (2,), (), (), 2, 0, 0, 0)
-                                           for i in range(3))]
+    recs += [
+        TopicRecord("small", "t-s"),
+        *(PartitionRecord(i, "t-s", (2,), (2,), (), (), 2, 0, 0, 0) for i in range(3)),
+    ]
     image = image_from_records(recs, offset=200)
     header = header_for(list(image.iter_records()))
     a = write_snapshot(tmp_path / "a", header, image.iter_records()).read_bytes()
@@ -298,6 +340,7 @@ def test_writing_runs_gives_the_same_bytes_as_writing_records(tmp_path):
 
 
 # ---- the broker's load: partition values proven by the image checksum ------------------------
+
 
 def _broker_snapshot(tmp_path, partitions=1500):
     """A snapshot as a broker checkpoint writes it (real image checksum in the header)."""
@@ -315,20 +358,35 @@ def test_broker_load_equals_the_strict_load(tmp_path):
 
     path, image = _broker_snapshot(tmp_path)
     header, records = read_snapshot(path)
-    strict = image_from_records(records, offset=header.end_offset - 1, term=header.term,
-                                raft_index=header.raft_index, timestamp_ms=header.timestamp_ms,
-                                last_hash=header.last_hash)
+    strict = image_from_records(
+        records,
+        offset=header.end_offset - 1,
+        term=header.term,
+        raft_index=header.raft_index,
+        timestamp_ms=header.timestamp_ms,
+        last_hash=header.last_hash,
+    )
     loaded = image_from_snapshot(path)
     assert loaded == strict == image and loaded.checksum() == image.checksum()
     unchecked = read_snapshot(path, unchecked_partitions=True)[1]
     assert [r for r in unchecked] == [r for r in read_snapshot(path)[1]]
 
 
-@pytest.mark.parametrize("column, value, field", [
-    (6, True, "leader"), (6, None, "leader"), (0, "7", "partition_id"), (0, 1.0, "partition_id"),
-    (1, 5, "topic_id"), (2, [1, "2"], "replicas"), (3, [1, False], "isr"),
-    (4, None, "removing_replicas"), (9, 1.5, "partition_epoch"), (8, b"\x01", "leader_epoch"),
-])
+@pytest.mark.parametrize(
+    "column, value, field",
+    [
+        (6, True, "leader"),
+        (6, None, "leader"),
+        (0, "7", "partition_id"),
+        (0, 1.0, "partition_id"),
+        (1, 5, "topic_id"),
+        (2, [1, "2"], "replicas"),
+        (3, [1, False], "isr"),
+        (4, None, "removing_replicas"),
+        (9, 1.5, "partition_epoch"),
+        (8, b"\x01", "leader_epoch"),
+    ],
+)
 def test_broker_load_refuses_what_strict_decoding_refuses(tmp_path, column, value, field):
     """A writer bug (valid file checksum, a badly typed partition value): the broker's load skips
     the per-value checks, but the image checksum catches the value and the strict re-read names
@@ -340,6 +398,7 @@ def test_broker_load_refuses_what_strict_decoding_refuses(tmp_path, column, valu
     def edit(rows):
         if len(rows) > 300:
             rows[300][column] = value
+
     _rewrite_partition_rows(path, edit)
     with pytest.raises(CorruptSnapshotError, match=rf"row 300: PartitionRecord\.{field}"):
         image_from_snapshot(path)
@@ -353,6 +412,7 @@ def test_broker_load_refuses_a_well_typed_wrong_value(tmp_path):
     def edit(rows):
         if len(rows) > 300:
             rows[300][8] += 1  # a leader epoch the image checksum does not cover
+
     _rewrite_partition_rows(path, edit)
     with pytest.raises(CorruptSnapshotError, match="image checksum does not match"):
         image_from_snapshot(path)
@@ -373,5 +433,8 @@ def test_broker_checkpoints_are_written_one_at_a_time(tmp_path):
         async with trio.open_nursery() as nursery:
             for _ in range(3):
                 nursery.start_soon(loader.checkpoint_now)
+
     trio.run(main)
-    assert [p.name for p in list_snapshots(tmp_path / "meta")] == [snapshot_name(image.offset + 1, image.term)]
+    assert [p.name for p in list_snapshots(tmp_path / "meta")] == [
+        snapshot_name(image.offset + 1, image.term)
+    ]

@@ -1,4 +1,5 @@
 """Images to snapshot files and back; the snapshot policy; installing a received snapshot."""
+
 from __future__ import annotations
 
 import uuid
@@ -12,26 +13,59 @@ from kraft.log.metadata_log import MetadataLog
 from kraft.log.snapshot import CorruptSnapshotError
 from kraft.snapshotter import Snapshotter, image_from_snapshot, image_to_snapshot
 
-LISTENER = {"name": "PLAINTEXT", "host": "127.0.0.1", "port": 9092, "security_protocol": "PLAINTEXT"}
+LISTENER = {
+    "name": "PLAINTEXT",
+    "host": "127.0.0.1",
+    "port": 9092,
+    "security_protocol": "PLAINTEXT",
+}
 FEATURES = [{"name": "metadata.version", "min_version": 1, "max_version": 1}]
 
 
-def _build_log(directory, topics: int, segment_bytes: int = 1 << 24) -> tuple[MetadataLog, QuorumStateMachine]:
+def _build_log(
+    directory, topics: int, segment_bytes: int = 1 << 24
+) -> tuple[MetadataLog, QuorumStateMachine]:
     """A metadata log written by a real state machine: activation, 3 brokers, ``topics`` topics."""
     log = MetadataLog.open(directory, segment_bytes=segment_bytes, fsync="never")
     sm = QuorumStateMachine(ControllerSettings(cluster_id="c"))
     commands = [("ActivateController", {"leader_id": 1, "term": 1})]
-    commands += [("BrokerRegistration", {"broker_id": b, "cluster_id": "c", "incarnation_id": str(uuid.UUID(int=b)),
-                                         "listeners": [LISTENER], "rack": None, "features": FEATURES})
-                 for b in (1, 2, 3)]
+    commands += [
+        (
+            "BrokerRegistration",
+            {
+                "broker_id": b,
+                "cluster_id": "c",
+                "incarnation_id": str(uuid.UUID(int=b)),
+                "listeners": [LISTENER],
+                "rack": None,
+                "features": FEATURES,
+            },
+        )
+        for b in (1, 2, 3)
+    ]
     commands += [("UnfenceBroker", {"broker_id": b, "broker_epoch": None}) for b in (1, 2, 3)]
-    commands += [("CreateTopics", {"topics": [{"name": f"t{i}", "num_partitions": 3, "replication_factor": 3}]})
-                 for i in range(topics)]
+    commands += [
+        (
+            "CreateTopics",
+            {"topics": [{"name": f"t{i}", "num_partitions": 3, "replication_factor": 3}]},
+        )
+        for i in range(topics)
+    ]
     for raft_index, (api, body) in enumerate(commands, start=2):
         if api == "UnfenceBroker":
             body = dict(body, broker_epoch=sm.image.brokers[body["broker_id"]].epoch)
-        batch, response = sm.apply(Command(api=api, body=body, request_id=f"r{raft_index}", timestamp_ms=raft_index,
-                                           seed=raft_index, leader_id=1), raft_index, 1)
+        batch, response = sm.apply(
+            Command(
+                api=api,
+                body=body,
+                request_id=f"r{raft_index}",
+                timestamp_ms=raft_index,
+                seed=raft_index,
+                leader_id=1,
+            ),
+            raft_index,
+            1,
+        )
         assert not response.get("error_code"), response
         assert not any(t.get("error_code") for t in response.get("topics", [])), response
         assert batch is not None, (api, response)
@@ -44,8 +78,12 @@ def test_image_round_trips_through_a_snapshot_file(tmp_path):
     path = image_to_snapshot(tmp_path / "snaps", sm.image)
     back = image_from_snapshot(path)
     assert back.checksum() == sm.image.checksum()
-    assert (back.offset, back.term, back.raft_index, back.last_hash) == \
-        (sm.image.offset, sm.image.term, sm.image.raft_index, sm.image.last_hash)
+    assert (back.offset, back.term, back.raft_index, back.last_hash) == (
+        sm.image.offset,
+        sm.image.term,
+        sm.image.raft_index,
+        sm.image.last_hash,
+    )
     log.close()
 
 
@@ -53,9 +91,18 @@ def test_snapshot_is_due_after_enough_new_log(tmp_path):
     log, sm = _build_log(tmp_path / "log", topics=2)
     snapshotter = Snapshotter(tmp_path / "log", log, max_bytes_between=1, max_interval_ms=0)
     assert snapshotter.due(sm.image, now_ms=0) is False  # nothing written since it was opened
-    batch, _ = sm.apply(Command(api="CreateTopics", body={"topics": [{"name": "late", "num_partitions": 1,
-                                                                        "replication_factor": 1}]},
-                                 request_id="late", timestamp_ms=99, seed=99, leader_id=1), 99, 1)
+    batch, _ = sm.apply(
+        Command(
+            api="CreateTopics",
+            body={"topics": [{"name": "late", "num_partitions": 1, "replication_factor": 1}]},
+            request_id="late",
+            timestamp_ms=99,
+            seed=99,
+            leader_id=1,
+        ),
+        99,
+        1,
+    )
     log.append_encoded(sm.last_encoded, batch)
     assert snapshotter.due(sm.image, now_ms=0) is True
     path = snapshotter.write(sm.image)
@@ -81,16 +128,30 @@ def test_asking_for_the_latest_snapshot_during_a_write_leaves_the_write_alone(tm
 def test_phase_brings_the_first_byte_triggered_snapshot_forward(tmp_path):
     """Controllers with different phases do not all snapshot at the same offset."""
     log, sm = _build_log(tmp_path / "log", topics=2)
-    batch, _ = sm.apply(Command(api="CreateTopics", body={"topics": [{"name": "late", "num_partitions": 1,
-                                                                        "replication_factor": 1}]},
-                                 request_id="late", timestamp_ms=99, seed=99, leader_id=1), 99, 1)
+    batch, _ = sm.apply(
+        Command(
+            api="CreateTopics",
+            body={"topics": [{"name": "late", "num_partitions": 1, "replication_factor": 1}]},
+            request_id="late",
+            timestamp_ms=99,
+            seed=99,
+            leader_id=1,
+        ),
+        99,
+        1,
+    )
     grown = len(sm.last_encoded) + 64  # the batch and its frame; over-estimated a little
     threshold = grown * 2  # the new batch is about half of it
-    snapshotters = {phase: Snapshotter(tmp_path / "log", log, threshold, 0, phase=phase)
-                    for phase in (0.0, 0.3, 0.7)}
+    snapshotters = {
+        phase: Snapshotter(tmp_path / "log", log, threshold, 0, phase=phase)
+        for phase in (0.0, 0.3, 0.7)
+    }
     log.append_encoded(sm.last_encoded, batch)
     assert {phase: s.due(sm.image, now_ms=0) for phase, s in snapshotters.items()} == {
-        0.0: False, 0.3: False, 0.7: True}
+        0.0: False,
+        0.3: False,
+        0.7: True,
+    }
     with pytest.raises(ValueError):
         Snapshotter(tmp_path / "log", log, threshold, 0, phase=1.0)
     log.close()
@@ -127,9 +188,13 @@ def test_a_corrupt_received_snapshot_is_refused_and_changes_nothing(tmp_path):
     follower_log, follower = _build_log(tmp_path / "follower", topics=1)
     before = (follower_log.start_offset, follower_log.next_offset, follower_log.last_hash)
     with pytest.raises(CorruptSnapshotError):
-        Snapshotter(tmp_path / "follower", follower_log, 1 << 30, 0).install(bytes(data), follower.image)
+        Snapshotter(tmp_path / "follower", follower_log, 1 << 30, 0).install(
+            bytes(data), follower.image
+        )
     assert (follower_log.start_offset, follower_log.next_offset, follower_log.last_hash) == before
-    assert not list((tmp_path / "follower").glob("*.tmp")) and not list((tmp_path / "follower").glob("*.checkpoint"))
+    assert not list((tmp_path / "follower").glob("*.tmp")) and not list(
+        (tmp_path / "follower").glob("*.checkpoint")
+    )
     follower_log.close()
     leader_log.close()
 
@@ -154,17 +219,31 @@ def test_a_controller_restarted_from_a_snapshot_still_knows_recent_request_ids(t
     snapshotter = Snapshotter(tmp_path / "log", log, 1 << 30, 0)
     snapshotter.write(sm.image)
     log.close()
-    node = ControllerNode(ControllerConfig.from_properties({
-        "node.id": "1", "process.roles": "controller", "cluster.id": "c",
-        "controller.quorum.voters": "1@127.0.0.1:9000",
-        "controller.quorum.raft.voters": "1@127.0.0.1:9001", "metadata.log.dir": str(tmp_path)}, env={}))
+    node = ControllerNode(
+        ControllerConfig.from_properties(
+            {
+                "node.id": "1",
+                "process.roles": "controller",
+                "cluster.id": "c",
+                "controller.quorum.voters": "1@127.0.0.1:9000",
+                "controller.quorum.raft.voters": "1@127.0.0.1:9001",
+                "metadata.log.dir": str(tmp_path),
+            },
+            env={},
+        )
+    )
     try:
         assert node.state_machine.image.offset == sm.image.offset
         assert node.state_machine.recent_request_ids == sm.recent_request_ids
         # a retry of the last create is answered from the window, not written twice
-        retry = Command(api="CreateTopics", body={"topics": [{"name": "t19", "num_partitions": 3,
-                                                             "replication_factor": 3}]},
-                        request_id=sm.recent_request_ids[-1], timestamp_ms=10_000, seed=1, leader_id=1)
+        retry = Command(
+            api="CreateTopics",
+            body={"topics": [{"name": "t19", "num_partitions": 3, "replication_factor": 3}]},
+            request_id=sm.recent_request_ids[-1],
+            timestamp_ms=10_000,
+            seed=1,
+            leader_id=1,
+        )
         batch, response = node.state_machine.apply(retry, 10_000, 1)
         assert batch is None and response.get("duplicate"), response
     finally:
@@ -185,9 +264,14 @@ def test_the_dedup_window_travels_with_a_snapshot_to_a_follower_that_installs_it
     assert follower.recent_request_ids == leader.recent_request_ids
     # the same retry is a duplicate on both: neither writes a batch, the logs stay identical
     rid = leader.recent_request_ids[-1]
-    retry = Command(api="CreateTopics", body={"topics": [{"name": "t5", "num_partitions": 3,
-                                                         "replication_factor": 3}]},
-                    request_id=rid, timestamp_ms=99, seed=1, leader_id=1)
+    retry = Command(
+        api="CreateTopics",
+        body={"topics": [{"name": "t5", "num_partitions": 3, "replication_factor": 3}]},
+        request_id=rid,
+        timestamp_ms=99,
+        seed=1,
+        leader_id=1,
+    )
     assert leader.apply(retry, 500, 1) == follower.apply(retry, 500, 1)
     assert leader.apply(retry, 500, 1)[0] is None
     # and a restart of the follower (history starts at the snapshot) keeps the window too
@@ -210,9 +294,15 @@ def test_snapshot_load_checks_partition_values_by_the_image_checksum(tmp_path):
 
     log, sm = _build_log(tmp_path / "log", topics=3)
     image = sm.image
-    header = SnapshotHeader(end_offset=image.offset + 1, term=image.term, raft_index=image.raft_index,
-                            timestamp_ms=image.timestamp_ms, last_hash=image.last_hash,
-                            record_count=image.record_count(), image_checksum=image.checksum())
+    header = SnapshotHeader(
+        end_offset=image.offset + 1,
+        term=image.term,
+        raft_index=image.raft_index,
+        timestamp_ms=image.timestamp_ms,
+        last_hash=image.last_hash,
+        record_count=image.record_count(),
+        image_checksum=image.checksum(),
+    )
 
     def bad_leader(runs):  # the first partition's leader as a float: same value, other encoding
         for cls, rows in runs:

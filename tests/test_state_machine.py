@@ -1,5 +1,6 @@
 """The controller state machine, API by API: success paths, Kafka's errors, and "an error changes
 nothing" (no batch, same image, same offset)."""
+
 from __future__ import annotations
 
 import uuid
@@ -37,7 +38,12 @@ E = ErrorCode
 
 
 def listener(port: int) -> dict:
-    return {"name": "PLAINTEXT", "host": "127.0.0.1", "port": port, "security_protocol": "PLAINTEXT"}
+    return {
+        "name": "PLAINTEXT",
+        "host": "127.0.0.1",
+        "port": port,
+        "security_protocol": "PLAINTEXT",
+    }
 
 
 class Harness:
@@ -56,9 +62,16 @@ class Harness:
 
     def write(self, api: str, body: dict, request_id: str | None = None, seed: int | None = None):
         self.n += 1
-        command = Command(api, body, request_id=f"req-{self.n}" if request_id is None else request_id,
-                          principal="User:alice", client_id="cli", timestamp_ms=1_000 + self.n,
-                          seed=self.n if seed is None else seed, leader_id=1)
+        command = Command(
+            api,
+            body,
+            request_id=f"req-{self.n}" if request_id is None else request_id,
+            principal="User:alice",
+            client_id="cli",
+            timestamp_ms=1_000 + self.n,
+            seed=self.n if seed is None else seed,
+            leader_id=1,
+        )
         return self.sm.apply(command, raft_index=self.n, term=1)
 
     def ok(self, api: str, body: dict, **kw):
@@ -77,9 +90,16 @@ class Harness:
         return response
 
     def add_broker(self, broker_id: int, rack: str | None = None, unfence: bool = True) -> int:
-        _, r = self.ok("BrokerRegistration", {
-            "broker_id": broker_id, "cluster_id": CLUSTER, "incarnation_id": str(uuid.UUID(int=broker_id + 1)),
-            "listeners": [listener(9092 + broker_id)], "rack": rack})
+        _, r = self.ok(
+            "BrokerRegistration",
+            {
+                "broker_id": broker_id,
+                "cluster_id": CLUSTER,
+                "incarnation_id": str(uuid.UUID(int=broker_id + 1)),
+                "listeners": [listener(9092 + broker_id)],
+                "rack": rack,
+            },
+        )
         if unfence:
             self.ok("UnfenceBroker", {"broker_id": broker_id, "broker_epoch": r["broker_epoch"]})
         return r["broker_epoch"]
@@ -88,8 +108,14 @@ class Harness:
         return self.image.brokers[broker_id].epoch
 
     def create(self, name: str, partitions: int = 1, rf: int = 1, **extra) -> dict:
-        _, r = self.ok("CreateTopics", {"topics": [{"name": name, "num_partitions": partitions,
-                                                    "replication_factor": rf, **extra}]})
+        _, r = self.ok(
+            "CreateTopics",
+            {
+                "topics": [
+                    {"name": name, "num_partitions": partitions, "replication_factor": rf, **extra}
+                ]
+            },
+        )
         assert r["topics"][0]["error_code"] == 0, r
         return r["topics"][0]
 
@@ -97,11 +123,19 @@ class Harness:
         return self.image.topic(name).partitions[pid]
 
     def fence(self, broker_id: int):
-        return self.ok("FenceBroker", {"broker_id": broker_id, "broker_epoch": self.epoch(broker_id),
-                                       "reason": "session-timeout"})
+        return self.ok(
+            "FenceBroker",
+            {
+                "broker_id": broker_id,
+                "broker_epoch": self.epoch(broker_id),
+                "reason": "session-timeout",
+            },
+        )
 
     def unfence(self, broker_id: int):
-        return self.ok("UnfenceBroker", {"broker_id": broker_id, "broker_epoch": self.epoch(broker_id)})
+        return self.ok(
+            "UnfenceBroker", {"broker_id": broker_id, "broker_epoch": self.epoch(broker_id)}
+        )
 
 
 def only_topic(response: dict) -> dict:
@@ -119,9 +153,16 @@ def test_command_roundtrip_and_strict_decode():
     with pytest.raises(CommandDecodeError):
         Command.decode(b"\xc1garbage")
     import msgpack
+
     d = c.to_dict()
-    for broken in ({**d, "seed": -1}, {**d, "seed": "1"}, {**d, "body": []}, {k: v for k, v in d.items() if k != "api"},
-                   {**d, "extra": 1}, {**d, "timestamp_ms": True}):
+    for broken in (
+        {**d, "seed": -1},
+        {**d, "seed": "1"},
+        {**d, "body": []},
+        {k: v for k, v in d.items() if k != "api"},
+        {**d, "extra": 1},
+        {**d, "timestamp_ms": True},
+    ):
         with pytest.raises(CommandDecodeError):
             Command.decode(msgpack.packb(broken))
 
@@ -132,7 +173,9 @@ def test_command_roundtrip_and_strict_decode():
 def test_activation_bootstraps_metadata_version_once():
     h = Harness()
     first = h.sm.image
-    assert first.features == {"metadata.version": 1} and first.controller_id == 1 and first.offset == 1
+    assert (
+        first.features == {"metadata.version": 1} and first.controller_id == 1 and first.offset == 1
+    )
     batch, _ = h.ok("ActivateController", {"leader_id": 2, "term": 2})
     assert [type(r) for r in batch.records] == [LeaderChangeRecord]
     assert batch.provenance.reason == "controller-activated"
@@ -141,27 +184,40 @@ def test_activation_bootstraps_metadata_version_once():
 
 def test_first_batch_layout_and_provenance():
     sm = QuorumStateMachine(ControllerSettings(CLUSTER, metadata_version=7))
-    cmd = Command("ActivateController", {"leader_id": 3, "term": 4}, "req-a", "User:x", "node", 99, 5, 3)
+    cmd = Command(
+        "ActivateController", {"leader_id": 3, "term": 4}, "req-a", "User:x", "node", 99, 5, 3
+    )
     batch, response = sm.apply(cmd, raft_index=12, term=4, raft_position=2)
     assert response == {"error_code": 0, "error_message": ""}
     assert batch.base_offset == 0 and batch.prev_hash == ZERO_HASH and batch.raft_index == 12
     assert batch.raft_position == 2 and batch.term == 4 and batch.timestamp_ms == 99
     assert batch.records == (FeatureLevelRecord("metadata.version", 7), LeaderChangeRecord(3, 4))
     p = batch.provenance
-    assert (p.principal, p.client_id, p.request_id, p.api, p.reason) == ("User:x", "node", "req-a",
-                                                                         "ActivateController", "bootstrap")
+    assert (p.principal, p.client_id, p.request_id, p.api, p.reason) == (
+        "User:x",
+        "node",
+        "req-a",
+        "ActivateController",
+        "bootstrap",
+    )
     assert sm.image.last_hash == batch_hash(batch.encode()) == batch_hash(sm.last_encoded)
     assert decode_batch(batch.encode()) == batch
 
 
-@pytest.mark.parametrize("api, body", [
-    ("NoSuchApi", {}),
-    ("DescribeTopics", {}),  # a read is not a replicated write
-    ("CreateTopics", {}),  # missing field
-    ("CreateTopics", {"topics": "x"}),  # wrong type
-    ("BrokerRegistration", {"broker_id": True, "cluster_id": CLUSTER, "incarnation_id": "x", "listeners": []}),
-    ("ElectLeaders", {"election_type": "sideways"}),
-])
+@pytest.mark.parametrize(
+    "api, body",
+    [
+        ("NoSuchApi", {}),
+        ("DescribeTopics", {}),  # a read is not a replicated write
+        ("CreateTopics", {}),  # missing field
+        ("CreateTopics", {"topics": "x"}),  # wrong type
+        (
+            "BrokerRegistration",
+            {"broker_id": True, "cluster_id": CLUSTER, "incarnation_id": "x", "listeners": []},
+        ),
+        ("ElectLeaders", {"election_type": "sideways"}),
+    ],
+)
 def test_unknown_api_or_malformed_body_is_invalid_request(api, body):
     h = Harness(brokers=1)
     r = h.fails(api, body)
@@ -170,7 +226,10 @@ def test_unknown_api_or_malformed_body_is_invalid_request(api, body):
 
 def test_malformed_nested_items_are_per_item_errors():
     h = Harness(brokers=1)
-    r = h.fails("CreateTopics", {"topics": [5, {"name": "t", "num_partitions": "3"}, {"name": "u", "configs": [1]}]})
+    r = h.fails(
+        "CreateTopics",
+        {"topics": [5, {"name": "t", "num_partitions": "3"}, {"name": "u", "configs": [1]}]},
+    )
     assert [t["error_code"] for t in r["topics"]] == [E.INVALID_REQUEST] * 3
 
 
@@ -185,7 +244,9 @@ def test_batch_time_never_goes_backwards():
 def test_a_record_that_fails_to_replay_is_fatal(monkeypatch):
     h = Harness(brokers=1)
     bad = PartitionChangeRecord(0, str(uuid.uuid4()), (0,), -2, None, None, None, -1, None)
-    monkeypatch.setitem(sm_module.WRITES, "NoOp", lambda image, cmd, s: ControllerResult([bad], {}, "x"))
+    monkeypatch.setitem(
+        sm_module.WRITES, "NoOp", lambda image, cmd, s: ControllerResult([bad], {}, "x")
+    )
     before = h.image
     with pytest.raises(ReplayError):
         h.write("NoOp", {})
@@ -197,13 +258,30 @@ def test_a_record_that_fails_to_replay_is_fatal(monkeypatch):
 
 def test_create_topic_writes_one_atomic_batch():
     h = Harness(brokers=3)
-    batch, r = h.ok("CreateTopics", {"topics": [
-        {"name": "orders", "num_partitions": 3, "replication_factor": 2,
-         "configs": {"retention.ms": "1000", "cleanup.policy": "compact"}}]})
+    batch, r = h.ok(
+        "CreateTopics",
+        {
+            "topics": [
+                {
+                    "name": "orders",
+                    "num_partitions": 3,
+                    "replication_factor": 2,
+                    "configs": {"retention.ms": "1000", "cleanup.policy": "compact"},
+                }
+            ]
+        },
+    )
     t = only_topic(r)
-    assert (t["name"], t["error_code"], t["num_partitions"], t["replication_factor"]) == ("orders", 0, 3, 2)
+    assert (t["name"], t["error_code"], t["num_partitions"], t["replication_factor"]) == (
+        "orders",
+        0,
+        3,
+        2,
+    )
     assert uuid.UUID(t["topic_id"]).version == 4
-    assert [type(x) for x in batch.records] == [TopicRecord, ConfigRecord, ConfigRecord] + [PartitionRecord] * 3
+    assert [type(x) for x in batch.records] == [TopicRecord, ConfigRecord, ConfigRecord] + [
+        PartitionRecord
+    ] * 3
     assert [x.name for x in batch.records[1:3]] == ["cleanup.policy", "retention.ms"]
     assert batch.provenance.reason == "user-request" and batch.provenance.api == "CreateTopics"
     for pid in range(3):
@@ -230,15 +308,34 @@ def test_defaults_come_from_settings():
 def test_failed_topics_add_nothing_while_others_succeed():
     h = Harness(brokers=1)
     h.create("exists")
-    batch, r = h.write("CreateTopics", {"topics": [
-        {"name": "good"}, {"name": "exists"}, {"name": "bad name"}, {"name": "dup"}, {"name": "dup"},
-        {"name": "rf", "replication_factor": 2}, {"name": "zero", "num_partitions": 0},
-        {"name": "zerorf", "replication_factor": 0}, {"name": "cfg", "configs": {"retention.ms": "x"}},
-        {"name": "cfgkey", "configs": {"nope": "1"}}]})
+    batch, r = h.write(
+        "CreateTopics",
+        {
+            "topics": [
+                {"name": "good"},
+                {"name": "exists"},
+                {"name": "bad name"},
+                {"name": "dup"},
+                {"name": "dup"},
+                {"name": "rf", "replication_factor": 2},
+                {"name": "zero", "num_partitions": 0},
+                {"name": "zerorf", "replication_factor": 0},
+                {"name": "cfg", "configs": {"retention.ms": "x"}},
+                {"name": "cfgkey", "configs": {"nope": "1"}},
+            ]
+        },
+    )
     codes = {t["name"]: t["error_code"] for t in r["topics"] if t["name"] != "dup"}
-    assert codes == {"good": 0, "exists": E.TOPIC_ALREADY_EXISTS, "bad name": E.INVALID_TOPIC_EXCEPTION,
-                     "rf": E.INVALID_REPLICATION_FACTOR, "zero": E.INVALID_PARTITIONS,
-                     "zerorf": E.INVALID_REPLICATION_FACTOR, "cfg": E.INVALID_CONFIG, "cfgkey": E.INVALID_CONFIG}
+    assert codes == {
+        "good": 0,
+        "exists": E.TOPIC_ALREADY_EXISTS,
+        "bad name": E.INVALID_TOPIC_EXCEPTION,
+        "rf": E.INVALID_REPLICATION_FACTOR,
+        "zero": E.INVALID_PARTITIONS,
+        "zerorf": E.INVALID_REPLICATION_FACTOR,
+        "cfg": E.INVALID_CONFIG,
+        "cfgkey": E.INVALID_CONFIG,
+    }
     assert [t["error_code"] for t in r["topics"] if t["name"] == "dup"] == [E.INVALID_REQUEST] * 2
     assert {x.name for x in batch.records if isinstance(x, TopicRecord)} == {"good"}
     assert sorted(h.image.topics_by_name) == ["exists", "good"]
@@ -249,21 +346,29 @@ def test_all_failed_creates_change_nothing():
     h = Harness(brokers=1)
     h.create("a")
     r = h.fails("CreateTopics", {"topics": [{"name": "a"}, {"name": "..", "num_partitions": 1}]})
-    assert [t["error_code"] for t in r["topics"]] == [E.TOPIC_ALREADY_EXISTS, E.INVALID_TOPIC_EXCEPTION]
+    assert [t["error_code"] for t in r["topics"]] == [
+        E.TOPIC_ALREADY_EXISTS,
+        E.INVALID_TOPIC_EXCEPTION,
+    ]
 
 
 def test_collisions_with_existing_and_within_one_request():
     h = Harness(brokers=1)
     h.create("metrics.cpu")
     r = h.fails("CreateTopics", {"topics": [{"name": "metrics_cpu"}]})
-    assert only_topic(r)["error_code"] == E.INVALID_TOPIC_EXCEPTION and "metrics.cpu" in only_topic(r)["error_message"]
+    assert (
+        only_topic(r)["error_code"] == E.INVALID_TOPIC_EXCEPTION
+        and "metrics.cpu" in only_topic(r)["error_message"]
+    )
     _, r = h.write("CreateTopics", {"topics": [{"name": "a.b"}, {"name": "a_b"}]})
     assert [t["error_code"] for t in r["topics"]] == [0, E.INVALID_TOPIC_EXCEPTION]
 
 
 def test_validate_only_writes_nothing():
     h = Harness(brokers=1)
-    r = h.fails("CreateTopics", {"topics": [{"name": "t", "num_partitions": 2}], "validate_only": True})
+    r = h.fails(
+        "CreateTopics", {"topics": [{"name": "t", "num_partitions": 2}], "validate_only": True}
+    )
     assert only_topic(r)["error_code"] == 0 and only_topic(r)["num_partitions"] == 2
     assert "t" not in h.image.topics_by_name
 
@@ -298,7 +403,9 @@ def test_placement_avoids_fenced_leaders_and_controlled_shutdown():
 def test_manual_assignment():
     h = Harness(brokers=3)
     h.fence(2)
-    _, r = h.ok("CreateTopics", {"topics": [{"name": "m", "assignments": {0: [2, 1], "1": [0, 2]}}]})
+    _, r = h.ok(
+        "CreateTopics", {"topics": [{"name": "m", "assignments": {0: [2, 1], "1": [0, 2]}}]}
+    )
     t = only_topic(r)
     assert (t["num_partitions"], t["replication_factor"]) == (2, 2)
     p0, p1 = h.part("m", 0), h.part("m", 1)
@@ -306,17 +413,20 @@ def test_manual_assignment():
     assert (p1.replicas, p1.isr, p1.leader) == ((0, 2), (0,), 0)
 
 
-@pytest.mark.parametrize("assignments, code", [
-    ({0: [0], 2: [1]}, E.INVALID_REPLICA_ASSIGNMENT),  # gap
-    ({1: [0]}, E.INVALID_REPLICA_ASSIGNMENT),  # does not start at 0
-    ({0: [0, 0]}, E.INVALID_REPLICA_ASSIGNMENT),  # duplicate broker
-    ({0: [0, 9]}, E.INVALID_REPLICA_ASSIGNMENT),  # unregistered broker
-    ({0: [0, 1], 1: [1]}, E.INVALID_REPLICA_ASSIGNMENT),  # different RF
-    ({0: []}, E.INVALID_REPLICA_ASSIGNMENT),  # empty
-    ({0: [2]}, E.INVALID_REPLICA_ASSIGNMENT),  # only a fenced broker
-    ({"x": [0]}, E.INVALID_REPLICA_ASSIGNMENT),
-    ([0, 1], E.INVALID_REQUEST),
-])
+@pytest.mark.parametrize(
+    "assignments, code",
+    [
+        ({0: [0], 2: [1]}, E.INVALID_REPLICA_ASSIGNMENT),  # gap
+        ({1: [0]}, E.INVALID_REPLICA_ASSIGNMENT),  # does not start at 0
+        ({0: [0, 0]}, E.INVALID_REPLICA_ASSIGNMENT),  # duplicate broker
+        ({0: [0, 9]}, E.INVALID_REPLICA_ASSIGNMENT),  # unregistered broker
+        ({0: [0, 1], 1: [1]}, E.INVALID_REPLICA_ASSIGNMENT),  # different RF
+        ({0: []}, E.INVALID_REPLICA_ASSIGNMENT),  # empty
+        ({0: [2]}, E.INVALID_REPLICA_ASSIGNMENT),  # only a fenced broker
+        ({"x": [0]}, E.INVALID_REPLICA_ASSIGNMENT),
+        ([0, 1], E.INVALID_REQUEST),
+    ],
+)
 def test_bad_manual_assignments(assignments, code):
     h = Harness(brokers=3)
     h.fence(2)
@@ -326,16 +436,29 @@ def test_bad_manual_assignments(assignments, code):
 
 def test_manual_assignment_with_counts_is_invalid_request():
     h = Harness(brokers=2)
-    r = h.fails("CreateTopics", {"topics": [{"name": "m", "num_partitions": 1, "assignments": {0: [0]}}]})
+    r = h.fails(
+        "CreateTopics", {"topics": [{"name": "m", "num_partitions": 1, "assignments": {0: [0]}}]}
+    )
     assert only_topic(r)["error_code"] == E.INVALID_REQUEST
 
 
 def test_request_over_the_batch_limit_fails_atomically():
     h = Harness(brokers=1, max_records_per_batch=10)
-    r = h.fails("CreateTopics", {"topics": [{"name": "a", "num_partitions": 4}, {"name": "b", "num_partitions": 5},
-                                            {"name": "bad name"}]})
-    assert [t["error_code"] for t in r["topics"]] == [E.POLICY_VIOLATION, E.POLICY_VIOLATION,
-                                                      E.INVALID_TOPIC_EXCEPTION]
+    r = h.fails(
+        "CreateTopics",
+        {
+            "topics": [
+                {"name": "a", "num_partitions": 4},
+                {"name": "b", "num_partitions": 5},
+                {"name": "bad name"},
+            ]
+        },
+    )
+    assert [t["error_code"] for t in r["topics"]] == [
+        E.POLICY_VIOLATION,
+        E.POLICY_VIOLATION,
+        E.INVALID_TOPIC_EXCEPTION,
+    ]
     r = h.fails("CreateTopics", {"topics": [{"name": "huge", "num_partitions": 10}]})
     assert only_topic(r)["error_code"] == E.POLICY_VIOLATION
     h.create("fits", partitions=9)
@@ -344,7 +467,10 @@ def test_request_over_the_batch_limit_fails_atomically():
 def test_kafka_limit_of_10000_records_per_request():
     h = Harness(brokers=1)
     r = h.fails("CreateTopics", {"topics": [{"name": "big", "num_partitions": 10_000}]})
-    assert only_topic(r)["error_code"] == E.POLICY_VIOLATION and "10000" in only_topic(r)["error_message"]
+    assert (
+        only_topic(r)["error_code"] == E.POLICY_VIOLATION
+        and "10000" in only_topic(r)["error_message"]
+    )
 
 
 # ---- CreatePartitions -------------------------------------------------------------------------
@@ -374,7 +500,9 @@ def test_create_partitions_manual_and_errors():
         ({"name": "t", "count": "4"}, E.INVALID_REQUEST),
     ]
     for item, code in cases:
-        assert only_topic(h.fails("CreatePartitions", {"topics": [item]}))["error_code"] == code, item
+        assert only_topic(h.fails("CreatePartitions", {"topics": [item]}))["error_code"] == code, (
+            item
+        )
     r = h.fails("CreatePartitions", {"topics": [{"name": "t", "count": 9}], "validate_only": True})
     assert only_topic(r)["error_code"] == 0
 
@@ -389,7 +517,9 @@ def test_delete_topics():
     batch, r = h.ok("DeleteTopics", {"names": ["t", "missing"]})
     assert batch.records == (RemoveTopicRecord(tid),)
     assert [(x["name"], x["topic_id"], x["error_code"]) for x in r["topics"]] == [
-        ("t", tid, 0), ("missing", "", E.UNKNOWN_TOPIC_OR_PARTITION)]
+        ("t", tid, 0),
+        ("missing", "", E.UNKNOWN_TOPIC_OR_PARTITION),
+    ]
     assert "t" not in h.image.topics_by_name and h.image.config(2, "t") == {}
     r = h.fails("DeleteTopics", {"names": ["u", "u"]})
     assert [x["error_code"] for x in r["topics"]] == [E.INVALID_REQUEST] * 2
@@ -401,60 +531,141 @@ def test_delete_topics():
 
 
 def alter(h, ops, rtype="topic", name="t", **kw):
-    return h.write("IncrementalAlterConfigs",
-                   {"resources": [{"resource_type": rtype, "resource_name": name, "ops": ops}], **kw})
+    return h.write(
+        "IncrementalAlterConfigs",
+        {"resources": [{"resource_type": rtype, "resource_name": name, "ops": ops}], **kw},
+    )
 
 
 def test_alter_configs_set_delete_append_subtract():
     h = Harness(brokers=1)
     h.create("t")
-    batch, r = alter(h, [{"name": "retention.ms", "op": "SET", "value": "100"},
-                         {"name": "cleanup.policy", "op": "APPEND", "value": "compact"}])
+    batch, r = alter(
+        h,
+        [
+            {"name": "retention.ms", "op": "SET", "value": "100"},
+            {"name": "cleanup.policy", "op": "APPEND", "value": "compact"},
+        ],
+    )
     assert r["resources"][0]["error_code"] == 0
     assert h.image.config(2, "t") == {"retention.ms": "100", "cleanup.policy": "delete,compact"}
-    alter(h, [{"name": "cleanup.policy", "op": "SUBTRACT", "value": "delete"},
-              {"name": "retention.ms", "op": "DELETE"}])
+    alter(
+        h,
+        [
+            {"name": "cleanup.policy", "op": "SUBTRACT", "value": "delete"},
+            {"name": "retention.ms", "op": "DELETE"},
+        ],
+    )
     assert h.image.config(2, "t") == {"cleanup.policy": "compact"}
     batch, r = alter(h, [{"name": "cleanup.policy", "op": "SET", "value": "compact"}])  # no change
     assert batch is None and r["resources"][0]["error_code"] == 0
 
 
-@pytest.mark.parametrize("ops, code", [
-    ([{"name": "nope", "op": "SET", "value": "1"}], E.INVALID_CONFIG),
-    ([{"name": "retention.ms", "op": "SET", "value": "-7"}], E.INVALID_CONFIG),
-    ([{"name": "retention.ms", "op": "APPEND", "value": "1"}], E.INVALID_CONFIG),
-    ([{"name": "retention.ms", "op": "SET"}], E.INVALID_CONFIG),
-    ([{"name": "cleanup.policy", "op": "SUBTRACT", "value": "delete"}], E.INVALID_CONFIG),  # would be empty
-    ([{"name": "retention.ms", "op": "RESET", "value": "1"}], E.INVALID_REQUEST),
-    ([{"name": "retention.ms", "op": "SET", "value": "1"}, {"name": "retention.ms", "op": "DELETE"}], E.INVALID_REQUEST),
-])
+@pytest.mark.parametrize(
+    "ops, code",
+    [
+        ([{"name": "nope", "op": "SET", "value": "1"}], E.INVALID_CONFIG),
+        ([{"name": "retention.ms", "op": "SET", "value": "-7"}], E.INVALID_CONFIG),
+        ([{"name": "retention.ms", "op": "APPEND", "value": "1"}], E.INVALID_CONFIG),
+        ([{"name": "retention.ms", "op": "SET"}], E.INVALID_CONFIG),
+        (
+            [{"name": "cleanup.policy", "op": "SUBTRACT", "value": "delete"}],
+            E.INVALID_CONFIG,
+        ),  # would be empty
+        ([{"name": "retention.ms", "op": "RESET", "value": "1"}], E.INVALID_REQUEST),
+        (
+            [
+                {"name": "retention.ms", "op": "SET", "value": "1"},
+                {"name": "retention.ms", "op": "DELETE"},
+            ],
+            E.INVALID_REQUEST,
+        ),
+    ],
+)
 def test_bad_config_ops_change_nothing(ops, code):
     h = Harness(brokers=1)
     h.create("t")
-    r = h.fails("IncrementalAlterConfigs", {"resources": [
-        {"resource_type": "topic", "resource_name": "t", "ops": [{"name": "segment.ms", "op": "SET", "value": "5"}, *ops]}]})
+    r = h.fails(
+        "IncrementalAlterConfigs",
+        {
+            "resources": [
+                {
+                    "resource_type": "topic",
+                    "resource_name": "t",
+                    "ops": [{"name": "segment.ms", "op": "SET", "value": "5"}, *ops],
+                }
+            ]
+        },
+    )
     assert r["resources"][0]["error_code"] == code
 
 
 def test_alter_config_resources():
     h = Harness(brokers=1)
-    assert h.fails("IncrementalAlterConfigs", {"resources": [{"resource_type": "topic", "resource_name": "missing",
-                                                              "ops": []}]})["resources"][0]["error_code"] \
+    assert (
+        h.fails(
+            "IncrementalAlterConfigs",
+            {"resources": [{"resource_type": "topic", "resource_name": "missing", "ops": []}]},
+        )["resources"][0]["error_code"]
         == E.UNKNOWN_TOPIC_OR_PARTITION
-    for rname, code in (("7", E.BROKER_ID_NOT_REGISTERED), ("x", E.INVALID_REQUEST), ("01", E.INVALID_REQUEST)):
-        r = h.fails("IncrementalAlterConfigs", {"resources": [{"resource_type": "broker", "resource_name": rname,
-                                                               "ops": [{"name": "num.io.threads", "op": "SET", "value": "2"}]}]})
+    )
+    for rname, code in (
+        ("7", E.BROKER_ID_NOT_REGISTERED),
+        ("x", E.INVALID_REQUEST),
+        ("01", E.INVALID_REQUEST),
+    ):
+        r = h.fails(
+            "IncrementalAlterConfigs",
+            {
+                "resources": [
+                    {
+                        "resource_type": "broker",
+                        "resource_name": rname,
+                        "ops": [{"name": "num.io.threads", "op": "SET", "value": "2"}],
+                    }
+                ]
+            },
+        )
         assert r["resources"][0]["error_code"] == code
-    r = h.fails("IncrementalAlterConfigs", {"resources": [{"resource_type": "group", "resource_name": "g", "ops": []}]})
+    r = h.fails(
+        "IncrementalAlterConfigs",
+        {"resources": [{"resource_type": "group", "resource_name": "g", "ops": []}]},
+    )
     assert r["resources"][0]["error_code"] == E.INVALID_REQUEST
-    batch, r = h.write("IncrementalAlterConfigs", {"resources": [
-        {"resource_type": "broker", "resource_name": "", "ops": [{"name": "log.retention.ms", "op": "SET", "value": "9"}]},
-        {"resource_type": "broker", "resource_name": "0", "ops": [{"name": "num.io.threads", "op": "SET", "value": "2"}]}]})
+    batch, r = h.write(
+        "IncrementalAlterConfigs",
+        {
+            "resources": [
+                {
+                    "resource_type": "broker",
+                    "resource_name": "",
+                    "ops": [{"name": "log.retention.ms", "op": "SET", "value": "9"}],
+                },
+                {
+                    "resource_type": "broker",
+                    "resource_name": "0",
+                    "ops": [{"name": "num.io.threads", "op": "SET", "value": "2"}],
+                },
+            ]
+        },
+    )
     assert [x["error_code"] for x in r["resources"]] == [0, 0] and len(batch.records) == 2
-    assert h.image.config(4, "") == {"log.retention.ms": "9"} and h.image.config(4, "0") == {"num.io.threads": "2"}
-    r = h.fails("IncrementalAlterConfigs", {"resources": [
-        {"resource_type": "broker", "resource_name": "", "ops": [{"name": "log.retention.ms", "op": "SET", "value": "1"}]}],
-        "validate_only": True})
+    assert h.image.config(4, "") == {"log.retention.ms": "9"} and h.image.config(4, "0") == {
+        "num.io.threads": "2"
+    }
+    r = h.fails(
+        "IncrementalAlterConfigs",
+        {
+            "resources": [
+                {
+                    "resource_type": "broker",
+                    "resource_name": "",
+                    "ops": [{"name": "log.retention.ms", "op": "SET", "value": "1"}],
+                }
+            ],
+            "validate_only": True,
+        },
+    )
     assert r["resources"][0]["error_code"] == 0
 
 
@@ -462,15 +673,31 @@ def test_describe_configs_shows_dynamic_and_defaults():
     h = Harness(brokers=1)
     h.create("t", configs={"retention.ms": "100"})
     alter(h, [{"name": "log.segment.bytes", "op": "SET", "value": "2048"}], rtype="broker", name="")
-    r = h.sm.read("DescribeConfigs", {"resources": [{"resource_type": "topic", "resource_name": "t"},
-                                                    {"resource_type": "topic", "resource_name": "nope"},
-                                                    {"resource_type": "broker", "resource_name": "0"}]})
+    r = h.sm.read(
+        "DescribeConfigs",
+        {
+            "resources": [
+                {"resource_type": "topic", "resource_name": "t"},
+                {"resource_type": "topic", "resource_name": "nope"},
+                {"resource_type": "broker", "resource_name": "0"},
+            ]
+        },
+    )
     assert r["offset"] == h.image.offset
     topic, missing, broker = r["resources"]
     by_name = {c["name"]: c for c in topic["configs"]}
-    assert (by_name["retention.ms"]["value"], by_name["retention.ms"]["source"]) == ("100", "dynamic")
-    assert (by_name["segment.bytes"]["value"], by_name["segment.bytes"]["source"]) == ("2048", "default")
-    assert (by_name["cleanup.policy"]["value"], by_name["cleanup.policy"]["source"]) == ("delete", "default")
+    assert (by_name["retention.ms"]["value"], by_name["retention.ms"]["source"]) == (
+        "100",
+        "dynamic",
+    )
+    assert (by_name["segment.bytes"]["value"], by_name["segment.bytes"]["source"]) == (
+        "2048",
+        "default",
+    )
+    assert (by_name["cleanup.policy"]["value"], by_name["cleanup.policy"]["source"]) == (
+        "delete",
+        "default",
+    )
     assert missing["error_code"] == E.UNKNOWN_TOPIC_OR_PARTITION
     assert {c["name"]: c["value"] for c in broker["configs"]}["log.segment.bytes"] == "2048"
 
@@ -479,9 +706,16 @@ def test_describe_configs_shows_dynamic_and_defaults():
 
 
 def register(h, broker_id=0, incarnation=1, cluster=CLUSTER, **extra):
-    return h.write("BrokerRegistration", {"broker_id": broker_id, "cluster_id": cluster,
-                                          "incarnation_id": str(uuid.UUID(int=incarnation)),
-                                          "listeners": [listener(9092)], **extra})
+    return h.write(
+        "BrokerRegistration",
+        {
+            "broker_id": broker_id,
+            "cluster_id": cluster,
+            "incarnation_id": str(uuid.UUID(int=incarnation)),
+            "listeners": [listener(9092)],
+            **extra,
+        },
+    )
 
 
 def test_registration_epoch_is_the_record_offset_and_broker_starts_fenced():
@@ -495,17 +729,43 @@ def test_registration_epoch_is_the_record_offset_and_broker_starts_fenced():
 
 def test_registration_errors():
     h = Harness(brokers=1)  # broker 0, incarnation 1, unfenced
-    assert h.fails("BrokerRegistration", {"broker_id": 5, "cluster_id": "other", "incarnation_id": str(uuid.uuid4()),
-                                          "listeners": []})["error_code"] == E.INCONSISTENT_CLUSTER_ID
+    assert (
+        h.fails(
+            "BrokerRegistration",
+            {
+                "broker_id": 5,
+                "cluster_id": "other",
+                "incarnation_id": str(uuid.uuid4()),
+                "listeners": [],
+            },
+        )["error_code"]
+        == E.INCONSISTENT_CLUSTER_ID
+    )
     r = register(h, incarnation=2)
-    assert r[0] is None and r[1]["error_code"] == E.DUPLICATE_BROKER_REGISTRATION and r[1]["broker_epoch"] == -1
-    assert register(h, broker_id=3, incarnation=9, features=[])[1]["error_code"] == E.UNSUPPORTED_VERSION
+    assert (
+        r[0] is None
+        and r[1]["error_code"] == E.DUPLICATE_BROKER_REGISTRATION
+        and r[1]["broker_epoch"] == -1
+    )
+    assert (
+        register(h, broker_id=3, incarnation=9, features=[])[1]["error_code"]
+        == E.UNSUPPORTED_VERSION
+    )
     ok_features = [{"name": "metadata.version", "min_version": 1, "max_version": 3}]
     assert register(h, broker_id=3, incarnation=9, features=ok_features)[1]["error_code"] == 0
-    for bad in ({"incarnation_id": "not-a-uuid"}, {"listeners": [{"host": "h"}]}, {"broker_id": -1},
-                {"broker_id": 1 << 31}):
-        body = {"broker_id": 4, "cluster_id": CLUSTER, "incarnation_id": str(uuid.uuid4()),
-                "listeners": [listener(1)], **bad}
+    for bad in (
+        {"incarnation_id": "not-a-uuid"},
+        {"listeners": [{"host": "h"}]},
+        {"broker_id": -1},
+        {"broker_id": 1 << 31},
+    ):
+        body = {
+            "broker_id": 4,
+            "cluster_id": CLUSTER,
+            "incarnation_id": str(uuid.uuid4()),
+            "listeners": [listener(1)],
+            **bad,
+        }
         assert h.fails("BrokerRegistration", body)["error_code"] == E.INVALID_REQUEST
 
 
@@ -515,49 +775,101 @@ def test_reregistration_rules():
     _, r = register(h, incarnation=1)  # same incarnation: amended, epoch and state kept
     assert r["broker_epoch"] == epoch and not h.image.brokers[0].fenced
     h.fence(0)
-    assert register(h, incarnation=2, has_live_session=True)[1]["error_code"] == E.DUPLICATE_BROKER_REGISTRATION
+    assert (
+        register(h, incarnation=2, has_live_session=True)[1]["error_code"]
+        == E.DUPLICATE_BROKER_REGISTRATION
+    )
     batch, r = register(h, incarnation=2)  # the old incarnation is fenced: the new one takes over
     assert r["broker_epoch"] == batch.base_offset > epoch and h.image.brokers[0].fenced
 
 
 def test_fence_moves_leadership_and_shrinks_isr():
     h = Harness(brokers=3)
-    h.ok("CreateTopics", {"topics": [{"name": "t", "assignments": {0: [0, 1, 2], 1: [1, 0, 2]}},
-                                     {"name": "solo", "assignments": {0: [0]}}]})
+    h.ok(
+        "CreateTopics",
+        {
+            "topics": [
+                {"name": "t", "assignments": {0: [0, 1, 2], 1: [1, 0, 2]}},
+                {"name": "solo", "assignments": {0: [0]}},
+            ]
+        },
+    )
     batch, r = h.fence(0)
-    assert r == {"error_code": 0, "error_message": ""} and batch.provenance.reason == "session-timeout"
-    assert isinstance(batch.records[-1], BrokerRegistrationChangeRecord) and batch.records[-1].fenced == 1
+    assert (
+        r == {"error_code": 0, "error_message": ""} and batch.provenance.reason == "session-timeout"
+    )
+    assert (
+        isinstance(batch.records[-1], BrokerRegistrationChangeRecord)
+        and batch.records[-1].fenced == 1
+    )
     p0, p1, p2 = h.part("t", 0), h.part("t", 1), h.part("solo", 0)
     assert (p0.leader, p0.isr, p0.leader_epoch, p0.partition_epoch) == (1, (1, 2), 1, 1)
     assert (p1.leader, p1.isr, p1.leader_epoch, p1.partition_epoch) == (1, (1, 2), 0, 1)
     assert (p2.leader, p2.isr) == (-1, (0,))  # the last ISR member stays
     assert h.image.brokers[0].fenced
     # already fenced: nothing to write; stale epoch and unknown broker are errors
-    assert h.fails("FenceBroker", {"broker_id": 0, "broker_epoch": h.epoch(0), "reason": "x"})["error_code"] == 0
-    assert h.fails("FenceBroker", {"broker_id": 1, "broker_epoch": 999, "reason": "x"})["error_code"] == E.STALE_BROKER_EPOCH
-    assert h.fails("FenceBroker", {"broker_id": 9, "broker_epoch": 1, "reason": "x"})["error_code"] == E.BROKER_ID_NOT_REGISTERED
+    assert (
+        h.fails("FenceBroker", {"broker_id": 0, "broker_epoch": h.epoch(0), "reason": "x"})[
+            "error_code"
+        ]
+        == 0
+    )
+    assert (
+        h.fails("FenceBroker", {"broker_id": 1, "broker_epoch": 999, "reason": "x"})["error_code"]
+        == E.STALE_BROKER_EPOCH
+    )
+    assert (
+        h.fails("FenceBroker", {"broker_id": 9, "broker_epoch": 1, "reason": "x"})["error_code"]
+        == E.BROKER_ID_NOT_REGISTERED
+    )
 
 
 def test_unfence_gives_leaderless_partitions_a_leader():
     h = Harness(brokers=2)
-    h.ok("CreateTopics", {"topics": [{"name": "t", "assignments": {0: [0, 1]}}, {"name": "u", "assignments": {0: [1]}}]})
+    h.ok(
+        "CreateTopics",
+        {
+            "topics": [
+                {"name": "t", "assignments": {0: [0, 1]}},
+                {"name": "u", "assignments": {0: [1]}},
+            ]
+        },
+    )
     h.fence(1)
     h.fence(0)
     assert h.part("t", 0).leader == -1 and h.part("t", 0).isr == (0,)
     batch, _ = h.unfence(0)
     assert batch.provenance.reason == "broker-unfenced"
-    assert isinstance(batch.records[0], BrokerRegistrationChangeRecord) and batch.records[0].fenced == -1
+    assert (
+        isinstance(batch.records[0], BrokerRegistrationChangeRecord)
+        and batch.records[0].fenced == -1
+    )
     p = h.part("t", 0)
     assert (p.leader, p.leader_epoch) == (0, 2)
     assert h.part("u", 0).leader == -1  # broker 1 is still fenced
-    assert h.fails("UnfenceBroker", {"broker_id": 0, "broker_epoch": h.epoch(0)})["error_code"] == 0  # already
-    assert h.fails("UnfenceBroker", {"broker_id": 1, "broker_epoch": 3})["error_code"] == E.STALE_BROKER_EPOCH
+    assert (
+        h.fails("UnfenceBroker", {"broker_id": 0, "broker_epoch": h.epoch(0)})["error_code"] == 0
+    )  # already
+    assert (
+        h.fails("UnfenceBroker", {"broker_id": 1, "broker_epoch": 3})["error_code"]
+        == E.STALE_BROKER_EPOCH
+    )
 
 
 def test_unclean_topic_elects_out_of_sync_replica_when_last_isr_member_fences():
     h = Harness(brokers=2)
-    h.ok("CreateTopics", {"topics": [{"name": "t", "assignments": {0: [0, 1]},
-                                      "configs": {"unclean.leader.election.enable": "true"}}]})
+    h.ok(
+        "CreateTopics",
+        {
+            "topics": [
+                {
+                    "name": "t",
+                    "assignments": {0: [0, 1]},
+                    "configs": {"unclean.leader.election.enable": "true"},
+                }
+            ]
+        },
+    )
     h.fence(1)
     h.unfence(1)  # back, but not in the ISR
     assert h.part("t").isr == (0,)
@@ -573,12 +885,27 @@ def test_controlled_shutdown():
     batch, _ = h.ok("BeginControlledShutdown", {"broker_id": 0, "broker_epoch": h.epoch(0)})
     assert batch.provenance.reason == "controlled-shutdown"
     first = batch.records[0]
-    assert isinstance(first, BrokerRegistrationChangeRecord) and first.in_controlled_shutdown == 1 and first.fenced == 0
+    assert (
+        isinstance(first, BrokerRegistrationChangeRecord)
+        and first.in_controlled_shutdown == 1
+        and first.fenced == 0
+    )
     assert (h.part("t").leader, h.part("t").isr) == (1, (1,))
     assert h.image.brokers[0].in_controlled_shutdown and not h.image.brokers[0].fenced
-    assert h.fails("BeginControlledShutdown", {"broker_id": 0, "broker_epoch": h.epoch(0)})["error_code"] == 0
-    assert h.fails("UnfenceBroker", {"broker_id": 0, "broker_epoch": h.epoch(0)})["error_code"] == E.INVALID_REQUEST
-    assert h.fails("BeginControlledShutdown", {"broker_id": 1, "broker_epoch": 0})["error_code"] == E.STALE_BROKER_EPOCH
+    assert (
+        h.fails("BeginControlledShutdown", {"broker_id": 0, "broker_epoch": h.epoch(0)})[
+            "error_code"
+        ]
+        == 0
+    )
+    assert (
+        h.fails("UnfenceBroker", {"broker_id": 0, "broker_epoch": h.epoch(0)})["error_code"]
+        == E.INVALID_REQUEST
+    )
+    assert (
+        h.fails("BeginControlledShutdown", {"broker_id": 1, "broker_epoch": 0})["error_code"]
+        == E.STALE_BROKER_EPOCH
+    )
 
 
 def test_unregister_broker():
@@ -596,20 +923,39 @@ def test_allocate_producer_ids_in_blocks():
     batch, b = h.ok("AllocateProducerIds", {"broker_id": 0, "broker_epoch": h.epoch(0)})
     assert (a["producer_id_start"], a["producer_id_len"], b["producer_id_start"]) == (0, 1000, 1000)
     assert batch.records == (ProducerIdsRecord(0, h.epoch(0), 2000),)
-    assert h.fails("AllocateProducerIds", {"broker_id": 0, "broker_epoch": 1})["error_code"] == E.STALE_BROKER_EPOCH
-    assert h.fails("AllocateProducerIds", {"broker_id": 5, "broker_epoch": 1})["error_code"] == E.STALE_BROKER_EPOCH
+    assert (
+        h.fails("AllocateProducerIds", {"broker_id": 0, "broker_epoch": 1})["error_code"]
+        == E.STALE_BROKER_EPOCH
+    )
+    assert (
+        h.fails("AllocateProducerIds", {"broker_id": 5, "broker_epoch": 1})["error_code"]
+        == E.STALE_BROKER_EPOCH
+    )
 
 
 # ---- AlterPartition ---------------------------------------------------------------------------
 
 
-def alter_isr(h, isr, broker=0, leader_epoch=None, partition_epoch=None, topic="t", pid=0, epoch=None, **extra):
+def alter_isr(
+    h, isr, broker=0, leader_epoch=None, partition_epoch=None, topic="t", pid=0, epoch=None, **extra
+):
     p = h.part(topic, pid) if topic in h.image.topics_by_name else None
-    item = {"partition": pid, "leader_epoch": p.leader_epoch if leader_epoch is None else leader_epoch,
-            "partition_epoch": p.partition_epoch if partition_epoch is None else partition_epoch, "isr": isr, **extra}
+    item = {
+        "partition": pid,
+        "leader_epoch": p.leader_epoch if leader_epoch is None else leader_epoch,
+        "partition_epoch": p.partition_epoch if partition_epoch is None else partition_epoch,
+        "isr": isr,
+        **extra,
+    }
     tid = h.image.topics_by_name.get(topic, "no-such-id")
-    return h.write("AlterPartition", {"broker_id": broker, "broker_epoch": h.epoch(broker) if epoch is None else epoch,
-                                      "topics": [{"topic_id": tid, "partitions": [item]}]})
+    return h.write(
+        "AlterPartition",
+        {
+            "broker_id": broker,
+            "broker_epoch": h.epoch(broker) if epoch is None else epoch,
+            "topics": [{"topic_id": tid, "partitions": [item]}],
+        },
+    )
 
 
 def test_alter_partition_shrink_and_expand():
@@ -618,8 +964,16 @@ def test_alter_partition_shrink_and_expand():
     batch, r = alter_isr(h, [0, 2])
     assert batch.provenance.reason == "isr-shrink"
     (part,) = r["topics"][0]["partitions"]
-    assert part == {"partition": 0, "error_code": 0, "error_message": "", "leader": 0, "leader_epoch": 0,
-                    "partition_epoch": 1, "isr": [0, 2], "leader_recovery_state": RECOVERED}
+    assert part == {
+        "partition": 0,
+        "error_code": 0,
+        "error_message": "",
+        "leader": 0,
+        "leader_epoch": 0,
+        "partition_epoch": 1,
+        "isr": [0, 2],
+        "leader_recovery_state": RECOVERED,
+    }
     batch, r = alter_isr(h, [0, 1, 2], reason="caught-up")
     assert batch.provenance.reason == "caught-up" and h.part("t").isr == (0, 1, 2)
     batch, r = alter_isr(h, [0, 1, 2])  # no change: nothing written, current state returned
@@ -633,24 +987,57 @@ def test_alter_partition_checks_in_kafka_order():
     h.fence(2)
     codes = {
         "stale broker epoch": (alter_isr, dict(isr=[0], epoch=1), E.STALE_BROKER_EPOCH),
-        "unknown topic": (alter_isr, dict(isr=[0], topic="zz", leader_epoch=0, partition_epoch=0), E.UNKNOWN_TOPIC_ID),
-        "unknown partition": (alter_isr, dict(isr=[0], pid=5, leader_epoch=0, partition_epoch=0, topic="t"), None),
+        "unknown topic": (
+            alter_isr,
+            dict(isr=[0], topic="zz", leader_epoch=0, partition_epoch=0),
+            E.UNKNOWN_TOPIC_ID,
+        ),
+        "unknown partition": (
+            alter_isr,
+            dict(isr=[0], pid=5, leader_epoch=0, partition_epoch=0, topic="t"),
+            None,
+        ),
         "newer leader epoch": (alter_isr, dict(isr=[0], leader_epoch=3), E.NOT_CONTROLLER),
         "newer partition epoch": (alter_isr, dict(isr=[0], partition_epoch=7), E.NOT_CONTROLLER),
         "not the leader": (alter_isr, dict(isr=[1], broker=1), E.INVALID_REQUEST),
-        "older partition epoch": (alter_isr, dict(isr=[0], partition_epoch=0), E.INVALID_UPDATE_VERSION),
+        "older partition epoch": (
+            alter_isr,
+            dict(isr=[0], partition_epoch=0),
+            E.INVALID_UPDATE_VERSION,
+        ),
         "not a replica": (alter_isr, dict(isr=[0, 7]), E.INVALID_REQUEST),
         "leader missing": (alter_isr, dict(isr=[1]), E.INVALID_REQUEST),
         "fenced member": (alter_isr, dict(isr=[0, 2]), E.INELIGIBLE_REPLICA),
-        "back to recovering": (alter_isr, dict(isr=[0], leader_recovery_state=RECOVERING), E.INVALID_REQUEST),
+        "back to recovering": (
+            alter_isr,
+            dict(isr=[0], leader_recovery_state=RECOVERING),
+            E.INVALID_REQUEST,
+        ),
     }
     for what, (fn, kw, code) in codes.items():
         before = h.image
         if what == "unknown partition":
             p = h.part("t")
-            batch, r = h.write("AlterPartition", {"broker_id": 0, "broker_epoch": h.epoch(0), "topics": [
-                {"topic_id": h.image.topics_by_name["t"], "partitions": [
-                    {"partition": 5, "leader_epoch": p.leader_epoch, "partition_epoch": 0, "isr": [0]}]}]})
+            batch, r = h.write(
+                "AlterPartition",
+                {
+                    "broker_id": 0,
+                    "broker_epoch": h.epoch(0),
+                    "topics": [
+                        {
+                            "topic_id": h.image.topics_by_name["t"],
+                            "partitions": [
+                                {
+                                    "partition": 5,
+                                    "leader_epoch": p.leader_epoch,
+                                    "partition_epoch": 0,
+                                    "isr": [0],
+                                }
+                            ],
+                        }
+                    ],
+                },
+            )
             code = E.UNKNOWN_TOPIC_OR_PARTITION
         else:
             batch, r = fn(h, **kw)
@@ -661,7 +1048,10 @@ def test_alter_partition_checks_in_kafka_order():
     old_epoch = h.part("t").leader_epoch
     h.fence(0)
     h.unfence(0)
-    h.ok("ElectLeaders", {"election_type": "preferred", "partitions": [{"topic": "t", "partition": 0}]})
+    h.ok(
+        "ElectLeaders",
+        {"election_type": "preferred", "partitions": [{"topic": "t", "partition": 0}]},
+    )
     batch, r = alter_isr(h, [0, 1], leader_epoch=old_epoch)
     assert batch is None and r["topics"][0]["partitions"][0]["error_code"] == E.FENCED_LEADER_EPOCH
 
@@ -672,12 +1062,17 @@ def test_recovering_leader_reports_recovered():
     h.fence(1)
     h.fence(0)
     h.unfence(1)
-    _, r = h.ok("ElectLeaders", {"election_type": "unclean", "partitions": [{"topic": "t", "partition": 0}]})
+    _, r = h.ok(
+        "ElectLeaders", {"election_type": "unclean", "partitions": [{"topic": "t", "partition": 0}]}
+    )
     assert r["partitions"][0]["leader"] == 1
     p = h.part("t")
     assert (p.leader, p.isr, p.leader_recovery_state) == (1, (1,), RECOVERING)
     batch, r = alter_isr(h, [1, 0], broker=1, leader_recovery_state=RECOVERING)
-    assert batch is None and r["topics"][0]["partitions"][0]["error_code"] in (E.INVALID_REQUEST, E.INELIGIBLE_REPLICA)
+    assert batch is None and r["topics"][0]["partitions"][0]["error_code"] in (
+        E.INVALID_REQUEST,
+        E.INELIGIBLE_REPLICA,
+    )
     h.unfence(0)
     batch, r = alter_isr(h, [1, 0], broker=1, leader_recovery_state=RECOVERING)
     assert batch is None and r["topics"][0]["partitions"][0]["error_code"] == E.INVALID_REQUEST
@@ -695,11 +1090,20 @@ def test_preferred_election():
     h.unfence(0)
     alter_isr(h, [1, 0], broker=1)  # broker 0 back in the ISR of partition 0
     assert h.part("t", 0).leader == 1
-    listed = [{"topic": "t", "partition": 0}, {"topic": "t", "partition": 1}, {"topic": "t", "partition": 9}]
+    listed = [
+        {"topic": "t", "partition": 0},
+        {"topic": "t", "partition": 1},
+        {"topic": "t", "partition": 9},
+    ]
     batch, r = h.ok("ElectLeaders", {"election_type": "preferred", "partitions": listed})
-    assert batch.provenance.reason == "preferred-election" and batch.records[0].election == "preferred"
+    assert (
+        batch.provenance.reason == "preferred-election" and batch.records[0].election == "preferred"
+    )
     assert [(x["partition"], x["leader"], x["error_code"]) for x in r["partitions"]] == [
-        (0, 0, 0), (1, 1, E.ELECTION_NOT_NEEDED), (9, -1, E.UNKNOWN_TOPIC_OR_PARTITION)]
+        (0, 0, 0),
+        (1, 1, E.ELECTION_NOT_NEEDED),
+        (9, -1, E.UNKNOWN_TOPIC_OR_PARTITION),
+    ]
     assert h.part("t", 0).leader == 0
     # preferred replica not in the ISR
     h.fence(0)
@@ -710,23 +1114,33 @@ def test_preferred_election():
 
 def test_preferred_election_for_all_partitions():
     h = Harness(brokers=2)
-    h.ok("CreateTopics", {"topics": [{"name": "t", "assignments": {0: [0, 1], 1: [1, 0], 2: [0, 1]}}]})
+    h.ok(
+        "CreateTopics",
+        {"topics": [{"name": "t", "assignments": {0: [0, 1], 1: [1, 0], 2: [0, 1]}}]},
+    )
     h.fence(0)
     h.unfence(0)
     alter_isr(h, [1, 0], broker=1, pid=0)
     batch, r = h.ok("ElectLeaders", {"election_type": "preferred"})
-    assert [(x["partition"], x["error_code"]) for x in r["partitions"]] == [(0, 0), (2, E.PREFERRED_LEADER_NOT_AVAILABLE)]
+    assert [(x["partition"], x["error_code"]) for x in r["partitions"]] == [
+        (0, 0),
+        (2, E.PREFERRED_LEADER_NOT_AVAILABLE),
+    ]
     assert len(batch.records) == 1
 
 
 def test_unclean_election_errors():
     h = Harness(brokers=2)
     h.ok("CreateTopics", {"topics": [{"name": "t", "assignments": {0: [0, 1]}}]})
-    r = h.fails("ElectLeaders", {"election_type": "unclean", "partitions": [{"topic": "t", "partition": 0}]})
+    r = h.fails(
+        "ElectLeaders", {"election_type": "unclean", "partitions": [{"topic": "t", "partition": 0}]}
+    )
     assert r["partitions"][0]["error_code"] == E.ELECTION_NOT_NEEDED
     h.fence(1)
     h.fence(0)
-    r = h.fails("ElectLeaders", {"election_type": "unclean", "partitions": [{"topic": "t", "partition": 0}]})
+    r = h.fails(
+        "ElectLeaders", {"election_type": "unclean", "partitions": [{"topic": "t", "partition": 0}]}
+    )
     assert r["partitions"][0]["error_code"] == E.ELIGIBLE_LEADERS_NOT_AVAILABLE
 
 
@@ -735,9 +1149,13 @@ def test_unclean_election_errors():
 
 def test_retried_request_is_answered_without_a_second_write():
     h = Harness(brokers=1)
-    batch, first = h.ok("CreateTopics", {"topics": [{"name": "t", "num_partitions": 2}]}, request_id="abc")
+    batch, first = h.ok(
+        "CreateTopics", {"topics": [{"name": "t", "num_partitions": 2}]}, request_id="abc"
+    )
     before = h.image
-    again_batch, again = h.write("CreateTopics", {"topics": [{"name": "t", "num_partitions": 2}]}, request_id="abc")
+    again_batch, again = h.write(
+        "CreateTopics", {"topics": [{"name": "t", "num_partitions": 2}]}, request_id="abc"
+    )
     assert again_batch is None and h.image is before
     assert again["duplicate"] is True and again["offset"] == batch.last_offset
     assert again["topics"] == first["topics"]
@@ -770,8 +1188,16 @@ def test_replay_rebuilds_the_same_image_and_window():
     h.sm.apply = recording_apply
     h.create("t", partitions=3, rf=2)
     h.fence(1)
-    h.ok("BrokerRegistration", {"broker_id": 7, "cluster_id": CLUSTER, "incarnation_id": str(uuid.uuid4()),
-                                "listeners": [listener(1)]}, request_id="reg-7")
+    h.ok(
+        "BrokerRegistration",
+        {
+            "broker_id": 7,
+            "cluster_id": CLUSTER,
+            "incarnation_id": str(uuid.uuid4()),
+            "listeners": [listener(1)],
+        },
+        request_id="reg-7",
+    )
     rebuilt = QuorumStateMachine(h.sm.settings, image=_prefix_image(h, batches))
     for b in batches:
         rebuilt.replay_batch(b)
@@ -801,15 +1227,28 @@ def test_reads():
     assert [(t["name"], t["partitions"]) for t in lt["topics"]] == [("a-topic", 1), ("b-topic", 2)]
     dt = h.sm.read("DescribeTopics", {"names": ["b-topic", "nope"]})
     b, nope = dt["topics"]
-    assert b["configs"] == {"retention.ms": "7"} and len(b["partitions"]) == 2 and b["error_code"] == 0
-    assert set(b["partitions"][0]) == {"partition", "leader", "leader_epoch", "partition_epoch", "replicas", "isr",
-                                       "removing_replicas", "adding_replicas", "leader_recovery_state"}
+    assert (
+        b["configs"] == {"retention.ms": "7"} and len(b["partitions"]) == 2 and b["error_code"] == 0
+    )
+    assert set(b["partitions"][0]) == {
+        "partition",
+        "leader",
+        "leader_epoch",
+        "partition_epoch",
+        "replicas",
+        "isr",
+        "removing_replicas",
+        "adding_replicas",
+        "leader_recovery_state",
+    }
     assert nope["error_code"] == E.UNKNOWN_TOPIC_OR_PARTITION
     assert len(h.sm.read("DescribeTopics", {})["topics"]) == 2
     dc = h.sm.read("DescribeCluster", {})
     assert (dc["cluster_id"], dc["controller_id"], dc["offset"]) == (CLUSTER, 1, h.image.offset)
-    assert [(x["broker_id"], x["state"], x["rack"]) for x in dc["brokers"]] == [(0, "unfenced", "a"),
-                                                                               (1, "controlled-shutdown", "b")]
+    assert [(x["broker_id"], x["state"], x["rack"]) for x in dc["brokers"]] == [
+        (0, "unfenced", "a"),
+        (1, "controlled-shutdown", "b"),
+    ]
     assert h.sm.read("CreateTopics", {"topics": []})["error_code"] == E.INVALID_REQUEST
     assert h.sm.read("DescribeConfigs", {})["error_code"] == E.INVALID_REQUEST
 
@@ -840,10 +1279,29 @@ def test_broker_transitions_beyond_one_batch_continue_over_several_commands():
         batch, r = h.ok("UnfenceBroker", {**body, "continue": True})
     assert all(h.part(f"t{i}").leader == 1 for i in range(5))
 
-    alter = [h.ok("AlterPartition", {"broker_id": 1, "broker_epoch": h.epoch(1), "topics": [
-        {"topic_id": h.image.topics_by_name[f"t{i}"], "partitions": [
-            {"partition": 0, "leader_epoch": h.part(f"t{i}").leader_epoch,
-             "partition_epoch": h.part(f"t{i}").partition_epoch, "isr": [1, 0]}]}]}) for i in range(5)]
+    alter = [
+        h.ok(
+            "AlterPartition",
+            {
+                "broker_id": 1,
+                "broker_epoch": h.epoch(1),
+                "topics": [
+                    {
+                        "topic_id": h.image.topics_by_name[f"t{i}"],
+                        "partitions": [
+                            {
+                                "partition": 0,
+                                "leader_epoch": h.part(f"t{i}").leader_epoch,
+                                "partition_epoch": h.part(f"t{i}").partition_epoch,
+                                "isr": [1, 0],
+                            }
+                        ],
+                    }
+                ],
+            },
+        )
+        for i in range(5)
+    ]
     assert len(alter) == 5
     body = {"broker_id": 1, "broker_epoch": h.epoch(1)}
     steps = 0
@@ -865,19 +1323,35 @@ def test_stepped_transitions_write_the_same_batches_with_or_without_the_pending_
     def run(forget: bool, interleave: bool) -> list[bytes]:
         h = Harness(brokers=3, max_records_per_batch=4)
         for i in range(6):
-            h.ok("CreateTopics", {"topics": [{"name": f"t{i}", "num_partitions": 2, "replication_factor": 3}]})
+            h.ok(
+                "CreateTopics",
+                {"topics": [{"name": f"t{i}", "num_partitions": 2, "replication_factor": 3}]},
+            )
         out = []
-        for api, bid, extra in (("BeginControlledShutdown", 1, {}),
-                                ("FenceBroker", 2, {"reason": "session-timeout"})):
+        for api, bid, extra in (
+            ("BeginControlledShutdown", 1, {}),
+            ("FenceBroker", 2, {"reason": "session-timeout"}),
+        ):
             r = {"incomplete": True}
             steps = 0
             while r.get("incomplete"):
                 if forget:
                     h.sm._pending = None
                 if interleave and steps == 1:
-                    batch, _ = h.ok("IncrementalAlterConfigs", {"resources": [{
-                        "resource_type": "topic", "resource_name": "t0",
-                        "ops": [{"name": "retention.ms", "op": "SET", "value": str(bid)}]}]})
+                    batch, _ = h.ok(
+                        "IncrementalAlterConfigs",
+                        {
+                            "resources": [
+                                {
+                                    "resource_type": "topic",
+                                    "resource_name": "t0",
+                                    "ops": [
+                                        {"name": "retention.ms", "op": "SET", "value": str(bid)}
+                                    ],
+                                }
+                            ]
+                        },
+                    )
                     out.append(batch.encode())
                 body = {"broker_id": bid, "broker_epoch": h.epoch(bid), **extra}
                 hits.append(h.sm._pending_for(Command(api, body)) is not None)
@@ -886,11 +1360,13 @@ def test_stepped_transitions_write_the_same_batches_with_or_without_the_pending_
                 steps += 1
             assert steps > 2
         assert h.image.brokers[2].fenced and h.image.brokers[1].in_controlled_shutdown
-        assert all(p.leader == 0 for t in h.image.topics_by_id.values() for p in t.partitions.values())
+        assert all(
+            p.leader == 0 for t in h.image.topics_by_id.values() for p in t.partitions.values()
+        )
         return out
 
     assert run(forget=False, interleave=False) == run(forget=True, interleave=False)
-    assert any(hits) and not any(hits[len(hits) // 2:])  # used when kept, never when forgotten
+    assert any(hits) and not any(hits[len(hits) // 2 :])  # used when kept, never when forgotten
     hits.clear()
     assert run(forget=False, interleave=True) == run(forget=True, interleave=True)
 
@@ -903,7 +1379,9 @@ def test_broker_transition_steps_are_capped_by_transition_step_records(monkeypat
 
     h = Harness(brokers=2, transition_step_records=4)
     for t in ("a", "b", "c"):
-        h.ok("CreateTopics", {"topics": [{"name": t, "assignments": {i: [0, 1] for i in range(3)}}]})
+        h.ok(
+            "CreateTopics", {"topics": [{"name": t, "assignments": {i: [0, 1] for i in range(3)}}]}
+        )
     body = {"broker_id": 0, "broker_epoch": h.epoch(0), "reason": "session-timeout"}
     resumed = []
     original = election.leaving_changes
@@ -921,7 +1399,9 @@ def test_broker_transition_steps_are_capped_by_transition_step_records(monkeypat
     # 9 changes, 3 per step (one record of room kept for the fence record, written with the last)
     assert sizes == [3, 3, 4] and resumed == [None, ("b", 0), ("c", 0)]
     assert h.image.brokers[0].fenced
-    assert all(p.leader == 1 and p.isr == (1,) for t in "abc" for p in h.image.topic(t).partitions.values())
+    assert all(
+        p.leader == 1 and p.isr == (1,) for t in "abc" for p in h.image.topic(t).partitions.values()
+    )
     with pytest.raises(ValueError):
         ControllerSettings(CLUSTER, transition_step_records=1)
 
@@ -930,11 +1410,16 @@ def test_transition_in_progress_while_a_stepped_fence_has_steps_left():
     """The controller holds snapshots back while this is true (node._snapshot_loop)."""
     h = Harness(brokers=3, max_records_per_batch=4)
     for i in range(6):
-        h.ok("CreateTopics", {"topics": [{"name": f"t{i}", "num_partitions": 2, "replication_factor": 3}]})
+        h.ok(
+            "CreateTopics",
+            {"topics": [{"name": f"t{i}", "num_partitions": 2, "replication_factor": 3}]},
+        )
     assert not h.sm.transition_in_progress
     seen = []
     r = {"incomplete": True}
     while r.get("incomplete"):
-        _, r = h.ok("FenceBroker", {"broker_id": 2, "broker_epoch": h.epoch(2), "reason": "session-timeout"})
+        _, r = h.ok(
+            "FenceBroker", {"broker_id": 2, "broker_epoch": h.epoch(2), "reason": "session-timeout"}
+        )
         seen.append(h.sm.transition_in_progress)
     assert len(seen) > 2 and all(seen[:-1]) and not seen[-1]

@@ -1,4 +1,5 @@
 """Kafka's topic name rules (kraft-reference §6.4)."""
+
 import pytest
 
 from kraft.controller.topic_names import (
@@ -15,16 +16,19 @@ def test_legal_names(name):
     assert validate_topic_name(name) == name
 
 
-@pytest.mark.parametrize("name, fragment", [
-    ("", "empty"),
-    (".", "cannot be"),
-    ("..", "cannot be"),
-    ("x" * (MAX_NAME_LENGTH + 1), "longer than 249"),
-    ("with space", "illegal"),
-    ("slash/", "illegal"),
-    ("ünïcode", "illegal"),
-    ("tab\t", "illegal"),
-])
+@pytest.mark.parametrize(
+    "name, fragment",
+    [
+        ("", "empty"),
+        (".", "cannot be"),
+        ("..", "cannot be"),
+        ("x" * (MAX_NAME_LENGTH + 1), "longer than 249"),
+        ("with space", "illegal"),
+        ("slash/", "illegal"),
+        ("ünïcode", "illegal"),
+        ("tab\t", "illegal"),
+    ],
+)
 def test_illegal_names_say_why(name, fragment):
     with pytest.raises(KraftError) as e:
         validate_topic_name(name)

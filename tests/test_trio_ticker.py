@@ -1,5 +1,6 @@
 """PySyncObj's ticks on the trio thread (``kraft.quorum.trio_ticker``): the epoll poller and the
 tick loop, with real sockets and a real trio loop."""
+
 from __future__ import annotations
 
 import logging
@@ -123,7 +124,8 @@ async def _ticks_on_events_nudges_and_period() -> None:
 
 
 def test_calls_made_inside_a_tick_run_after_it_and_failures_do_not_stop_the_loop(
-        caplog: pytest.LogCaptureFixture) -> None:
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     trio.run(_calls_after_tick_and_failures, caplog)
 
 

@@ -5,17 +5,16 @@ output and an exit status: 0 success, 1 a Kafka error (``Error: NAME: sentence``
 with ``--json`` an ``{"error", "error_code", "message"}`` document on stdout) or a launcher
 failure, 2 a usage error.
 """
+
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from kraft.errors import KraftError
 from tools import completion, output
-from tools.commands import cluster_cmd, configs, quorum, topics
-from tools.commands import log_cmd, shell_cmd
-from tools.commands import audit_cmd
+from tools.commands import audit_cmd, cluster_cmd, configs, log_cmd, quorum, shell_cmd, topics
 from tools.commands.common import ManualFormatter, UsageError
 
 DESCRIPTION = """\
@@ -83,32 +82,39 @@ def cmd_broker(args: argparse.Namespace) -> int:
 
 def _add_node_commands(sub: argparse._SubParsersAction) -> None:
     c = sub.add_parser(
-        "controller", help="run a controller node", formatter_class=ManualFormatter,
+        "controller",
+        help="run a controller node",
+        formatter_class=ManualFormatter,
         description="Run one controller: a voter of the Raft quorum that replicates the metadata "
-                    "log, serving the controller RPC API. Runs until SIGTERM/Ctrl-C.",
+        "log, serving the controller RPC API. Runs until SIGTERM/Ctrl-C.",
         epilog="example:\n  kraft controller --config ./c/controller-1/controller.properties\n\n"
-               "required keys: node.id, process.roles=controller, cluster.id, "
-               "controller.quorum.voters,\n  controller.quorum.raft.voters, metadata.log.dir "
-               "(see docs/design.md, Configuration)")
+        "required keys: node.id, process.roles=controller, cluster.id, "
+        "controller.quorum.voters,\n  controller.quorum.raft.voters, metadata.log.dir "
+        "(see docs/design.md, Configuration)",
+    )
     c.add_argument("--config", required=True, metavar="FILE", help="controller.properties file")
     c.set_defaults(handler=cmd_controller)
 
     b = sub.add_parser(
-        "broker", help="run a broker node", formatter_class=ManualFormatter,
+        "broker",
+        help="run a broker node",
+        formatter_class=ManualFormatter,
         description="Run one broker: it registers with the controllers, replays the metadata "
-                    "log and serves Kafka clients on its listener. SIGTERM triggers a "
-                    "controlled shutdown.",
+        "log and serves Kafka clients on its listener. SIGTERM triggers a "
+        "controlled shutdown.",
         epilog="example:\n  kraft broker --config ./c/broker-101/broker.properties\n\n"
-               "required keys: node.id, process.roles=broker, cluster.id, log.dirs,\n"
-               "  controller.quorum.bootstrap.servers (see docs/design.md, Configuration)")
+        "required keys: node.id, process.roles=broker, cluster.id, log.dirs,\n"
+        "  controller.quorum.bootstrap.servers (see docs/design.md, Configuration)",
+    )
     b.add_argument("--config", required=True, metavar="FILE", help="broker.properties file")
     b.set_defaults(handler=cmd_broker)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The full ``kraft`` argument parser."""
-    parser = argparse.ArgumentParser(prog="kraft", description=DESCRIPTION, epilog=EPILOG,
-                                     formatter_class=ManualFormatter)
+    parser = argparse.ArgumentParser(
+        prog="kraft", description=DESCRIPTION, epilog=EPILOG, formatter_class=ManualFormatter
+    )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_node_commands(sub)

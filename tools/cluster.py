@@ -14,6 +14,7 @@ Every node runs as ``python -m tools.cli controller|broker --config <abs path>``
 session, so the config path in its command line identifies it: a pid is only signalled when
 its command line still contains that path (:func:`pid_owned`).
 """
+
 from __future__ import annotations
 
 import base64
@@ -27,9 +28,10 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from kraft.rpc.auth import ClientCredentials
@@ -46,6 +48,7 @@ class ClusterError(Exception):
 
 
 # ---- layout ---------------------------------------------------------------------------------
+
 
 @dataclass
 class ControllerNode:
@@ -123,7 +126,7 @@ class ClusterLayout:
         }
 
     @classmethod
-    def from_dict(cls, d: dict) -> "ClusterLayout":
+    def from_dict(cls, d: dict) -> ClusterLayout:
         return cls(
             cluster_id=d["cluster_id"],
             controllers=[ControllerNode(**c) for c in d.get("controllers", [])],
@@ -182,15 +185,23 @@ def ports_from_base(base: int, count: int, host: str = HOST) -> list[int]:
         raise ClusterError(f"--base-port {base} leaves no room for {count} ports")
     busy = [p for p in ports if not port_is_free(p, host)]
     if busy:
-        raise ClusterError(f"port(s) {', '.join(map(str, busy))} already in use; choose another "
-                           "--base-port or leave it out to pick free ports")
+        raise ClusterError(
+            f"port(s) {', '.join(map(str, busy))} already in use; choose another "
+            "--base-port or leave it out to pick free ports"
+        )
     return ports
 
 
-def plan_cluster(directory: Path, controllers: int, brokers: int = 0,
-                 racks: list[str] | None = None, base_port: int | None = None,
-                 fsync: str = "always", cluster_id: str | None = None,
-                 metrics: bool = False) -> ClusterLayout:
+def plan_cluster(
+    directory: Path,
+    controllers: int,
+    brokers: int = 0,
+    racks: list[str] | None = None,
+    base_port: int | None = None,
+    fsync: str = "always",
+    cluster_id: str | None = None,
+    metrics: bool = False,
+) -> ClusterLayout:
     """Choose ids, ports and paths for a new cluster in ``directory`` (absolute paths).
 
     Ports, in order: per controller RPC then Raft, then per broker listener then admin port,
@@ -207,17 +218,34 @@ def plan_cluster(directory: Path, controllers: int, brokers: int = 0,
     layout = ClusterLayout(cluster_id or new_cluster_id(), fsync=fsync)
     for node_id in range(1, controllers + 1):
         home = directory / f"controller-{node_id}"
-        layout.controllers.append(ControllerNode(
-            id=node_id, host=HOST, rpc_port=next(it), raft_port=next(it), pid=None,
-            config=str(home / "controller.properties"), metadata_dir=str(home / "metadata"),
-            log_file=str(home / "node.log")))
+        layout.controllers.append(
+            ControllerNode(
+                id=node_id,
+                host=HOST,
+                rpc_port=next(it),
+                raft_port=next(it),
+                pid=None,
+                config=str(home / "controller.properties"),
+                metadata_dir=str(home / "metadata"),
+                log_file=str(home / "node.log"),
+            )
+        )
     for i in range(brokers):
         node_id = FIRST_BROKER_ID + i
         home = directory / f"broker-{node_id}"
-        layout.brokers.append(BrokerNode(
-            id=node_id, host=HOST, port=next(it), admin_port=next(it), pid=None,
-            config=str(home / "broker.properties"), log_dirs=str(home / "data"),
-            rack=racks[i % len(racks)] if racks else None, log_file=str(home / "node.log")))
+        layout.brokers.append(
+            BrokerNode(
+                id=node_id,
+                host=HOST,
+                port=next(it),
+                admin_port=next(it),
+                pid=None,
+                config=str(home / "broker.properties"),
+                log_dirs=str(home / "data"),
+                rack=racks[i % len(racks)] if racks else None,
+                log_file=str(home / "node.log"),
+            )
+        )
     if metrics:
         for node, port in zip(layout.nodes(), ports[count:]):
             node.metrics_port = port
@@ -226,6 +254,7 @@ def plan_cluster(directory: Path, controllers: int, brokers: int = 0,
 
 # ---- properties files -----------------------------------------------------------------------
 
+
 def controller_properties(layout: ClusterLayout, node: ControllerNode) -> dict[str, str]:
     """The controller.properties keys for one controller of ``layout``."""
     return {
@@ -233,9 +262,11 @@ def controller_properties(layout: ClusterLayout, node: ControllerNode) -> dict[s
         "process.roles": "controller",
         "cluster.id": layout.cluster_id,
         "controller.quorum.voters": ",".join(
-            f"{c.id}@{c.host}:{c.rpc_port}" for c in layout.controllers),
+            f"{c.id}@{c.host}:{c.rpc_port}" for c in layout.controllers
+        ),
         "controller.quorum.raft.voters": ",".join(
-            f"{c.id}@{c.host}:{c.raft_port}" for c in layout.controllers),
+            f"{c.id}@{c.host}:{c.raft_port}" for c in layout.controllers
+        ),
         "metadata.log.dir": node.metadata_dir,
         "metadata.log.fsync": layout.fsync,
         **({"metrics.port": str(node.metrics_port)} if node.metrics_port else {}),
@@ -252,7 +283,8 @@ def broker_properties(layout: ClusterLayout, node: BrokerNode) -> dict[str, str]
         "listeners": f"PLAINTEXT://{node.host}:{node.port}",
         "log.dirs": node.log_dirs,
         "controller.quorum.bootstrap.servers": ",".join(
-            f"{h}:{p}" for h, p in layout.controller_endpoints()),
+            f"{h}:{p}" for h, p in layout.controller_endpoints()
+        ),
     }
     if node.admin_port:
         props["broker.admin.port"] = str(node.admin_port)
@@ -278,13 +310,15 @@ def auth_properties(layout: ClusterLayout, role: str) -> dict[str, str]:
     """The RPC authentication keys of a node (none without ``--auth``)."""
     if not layout.auth_dir:
         return {}
-    props = {"controller.rpc.client.credentials.file": str(Path(layout.auth_dir) / f"{role}.credentials")}
+    props = {
+        "controller.rpc.client.credentials.file": str(Path(layout.auth_dir) / f"{role}.credentials")
+    }
     if role == "controller":
         props["controller.rpc.auth.credentials.file"] = str(Path(layout.auth_dir) / "rpc-users")
     return props
 
 
-def admin_credentials(layout: ClusterLayout) -> "ClientCredentials | None":
+def admin_credentials(layout: ClusterLayout) -> ClientCredentials | None:
     """The CLI's credentials for a cluster started with ``--auth`` (None otherwise)."""
     if not layout.auth_dir:
         return None
@@ -307,6 +341,7 @@ def write_node_configs(layout: ClusterLayout) -> None:
 
 
 # ---- cluster.json ---------------------------------------------------------------------------
+
 
 def read_cluster_json(directory: Path) -> ClusterLayout:
     """Load ``DIR/cluster.json`` (FileNotFoundError if absent, ClusterError if unreadable)."""
@@ -350,6 +385,7 @@ def update_pid(directory: Path, node_id: int, pid: int | None) -> ClusterLayout:
 
 
 # ---- processes ------------------------------------------------------------------------------
+
 
 def pid_cmdline(pid: int) -> list[str] | None:
     """The command line of ``pid``, or None when there is no such (non-zombie) process."""
@@ -398,15 +434,23 @@ def start_node(node: Node) -> subprocess.Popen:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
-        [str(PROJECT_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        [str(PROJECT_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    )
     env.setdefault("PYTHONUNBUFFERED", "1")
     with open(log_path, "ab") as log:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         log.write(f"==== kraft cluster: starting {node.name} at {stamp} ====\n".encode())
         log.flush()
-        proc = subprocess.Popen(node_command(node), stdin=subprocess.DEVNULL, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True, env=env,
-                                cwd=str(log_path.parent), close_fds=True)
+        proc = subprocess.Popen(
+            node_command(node),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=env,
+            cwd=str(log_path.parent),
+            close_fds=True,
+        )
     node.pid = proc.pid
     return proc
 
@@ -459,8 +503,9 @@ def signal_node(node: Node, sig: int) -> bool:
     return True
 
 
-def stop_nodes(nodes: list[Node], timeout: float,
-               children: dict[int, subprocess.Popen] | None = None) -> list[StopResult]:
+def stop_nodes(
+    nodes: list[Node], timeout: float, children: dict[int, subprocess.Popen] | None = None
+) -> list[StopResult]:
     """SIGTERM ``nodes``, wait up to ``timeout`` s for them to exit, SIGKILL stragglers."""
     children = children or {}
     results: dict[int, StopResult] = {}
@@ -495,11 +540,13 @@ def stop_nodes(nodes: list[Node], timeout: float,
     return [results[n.id] for n in nodes]
 
 
-def stop_cluster(layout: ClusterLayout, timeout: float,
-                 children: dict[int, subprocess.Popen] | None = None) -> list[StopResult]:
+def stop_cluster(
+    layout: ClusterLayout, timeout: float, children: dict[int, subprocess.Popen] | None = None
+) -> list[StopResult]:
     """Brokers first (they shut down through the controllers), then the controllers."""
-    return (stop_nodes(list(layout.brokers), timeout, children)
-            + stop_nodes(list(layout.controllers), timeout, children))
+    return stop_nodes(list(layout.brokers), timeout, children) + stop_nodes(
+        list(layout.controllers), timeout, children
+    )
 
 
 def running_nodes(layout: ClusterLayout) -> list[Node]:
@@ -508,6 +555,7 @@ def running_nodes(layout: ClusterLayout) -> list[Node]:
 
 
 # ---- readiness ------------------------------------------------------------------------------
+
 
 @dataclass
 class Readiness:
@@ -530,15 +578,22 @@ class Readiness:
         return quorum_ok and self.required_brokers <= self.unfenced
 
     def summary(self) -> str:
-        leader = f"leader {self.leader_id} (term {self.term})" if self.leader_id >= 0 \
+        leader = (
+            f"leader {self.leader_id} (term {self.term})"
+            if self.leader_id >= 0
             else "no leader yet"
+        )
         text = f"quorum: {leader}"
         if self.required_controllers:
-            text += (f", {len(self.required_controllers & self.controllers_with_leader)}/"
-                     f"{len(self.required_controllers)} restarted controllers joined")
+            text += (
+                f", {len(self.required_controllers & self.controllers_with_leader)}/"
+                f"{len(self.required_controllers)} restarted controllers joined"
+            )
         if self.required_brokers:
-            text += (f"; brokers unfenced: {len(self.required_brokers & self.unfenced)}/"
-                     f"{len(self.required_brokers)}")
+            text += (
+                f"; brokers unfenced: {len(self.required_brokers & self.unfenced)}/"
+                f"{len(self.required_brokers)}"
+            )
         return text
 
 
@@ -551,7 +606,7 @@ def _default_call(bootstrap: list[tuple[str, int]], api: str, body: dict, timeou
     return call_sync(bootstrap, api, body, timeout)
 
 
-def _authenticated_call(credentials: "ClientCredentials") -> RpcCall:
+def _authenticated_call(credentials: ClientCredentials) -> RpcCall:
     from kraft.rpc.client import call_sync
 
     def call(bootstrap: list[tuple[str, int]], api: str, body: dict, timeout: float) -> dict:
@@ -560,8 +615,9 @@ def _authenticated_call(credentials: "ClientCredentials") -> RpcCall:
     return call
 
 
-def probe(layout: ClusterLayout, state: Readiness, call: RpcCall | None = None,
-          timeout: float = 0.5) -> Readiness:
+def probe(
+    layout: ClusterLayout, state: Readiness, call: RpcCall | None = None, timeout: float = 0.5
+) -> Readiness:
     """Ask each controller for its quorum view and, when brokers matter, for the brokers."""
     if call is None:
         creds = admin_credentials(layout)
@@ -579,18 +635,24 @@ def probe(layout: ClusterLayout, state: Readiness, call: RpcCall | None = None,
     if state.required_brokers and state.controllers_with_leader:
         try:
             d = call(layout.controller_endpoints(), "DescribeCluster", {}, timeout)
-            state.unfenced = {b["broker_id"] for b in d.get("brokers", [])
-                              if b.get("state") == "unfenced"}
+            state.unfenced = {
+                b["broker_id"] for b in d.get("brokers", []) if b.get("state") == "unfenced"
+            }
         except Exception as e:
             state.last_error = f"DescribeCluster: {e}"
     return state
 
 
-def wait_ready(layout: ClusterLayout, timeout: float, children: dict[int, subprocess.Popen],
-               progress: Callable[[Readiness, float], None] = lambda r, t: None,
-               required_controllers: set[int] | None = None,
-               required_brokers: set[int] | None = None,
-               call: RpcCall | None = None, interval: float = 0.2) -> Readiness:
+def wait_ready(
+    layout: ClusterLayout,
+    timeout: float,
+    children: dict[int, subprocess.Popen],
+    progress: Callable[[Readiness, float], None] = lambda r, t: None,
+    required_controllers: set[int] | None = None,
+    required_brokers: set[int] | None = None,
+    call: RpcCall | None = None,
+    interval: float = 0.2,
+) -> Readiness:
     """Poll until a controller reports a leader and the required brokers are unfenced.
 
     Raises ClusterError when a node we started exits (with the tail of its log) or when
@@ -605,10 +667,18 @@ def wait_ready(layout: ClusterLayout, timeout: float, children: dict[int, subpro
             if rc is not None:
                 node = nodes[node_id]
                 tail = log_tail(node)
-                raise ClusterError(f"{node.name} exited with code {rc} while the cluster was "
-                                   f"starting; see {node.log_file}" + (f"\n{tail}" if tail else ""))
-        state = probe(layout, Readiness(required_controllers=set(required_controllers or ()),
-                                        required_brokers=set(required_brokers or ())), call)
+                raise ClusterError(
+                    f"{node.name} exited with code {rc} while the cluster was "
+                    f"starting; see {node.log_file}" + (f"\n{tail}" if tail else "")
+                )
+        state = probe(
+            layout,
+            Readiness(
+                required_controllers=set(required_controllers or ()),
+                required_brokers=set(required_brokers or ()),
+            ),
+            call,
+        )
         progress(state, time.monotonic() - start)
         if state.ready:
             return state

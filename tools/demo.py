@@ -4,6 +4,7 @@ Starts a 3-controller / 3-broker cluster in ./demo-cluster, creates topics, cras
 active controller and a partition leader, watches the cluster heal, and always stops
 every node it started on the way out (also on Ctrl-C or failure).
 """
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 DIR = "demo-cluster"
 CLUSTER = ["--cluster", DIR]
@@ -32,8 +34,9 @@ def kraft(*args: str, timeout: float = 30, quiet: bool = False, check: bool = Tr
     """Run `kraft ARGS` as a subprocess, echoing the command and (unless quiet) its output."""
     if not quiet:
         print(f"$ kraft {' '.join(args)}", flush=True)
-    proc = subprocess.run([sys.executable, "-m", "tools.cli", *args], capture_output=True,
-                          text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tools.cli", *args], capture_output=True, text=True, timeout=timeout
+    )
     if not quiet:
         print(proc.stdout.rstrip() or proc.stderr.rstrip(), flush=True)
     if check and proc.returncode != 0:
@@ -84,8 +87,9 @@ def leaders() -> dict[tuple[str, int], int]:
     desc = kraft_json("topics", "describe", *CLUSTER)
     if not desc:
         return {}
-    return {(t["name"], p["partition"]): p["leader"]
-            for t in desc["topics"] for p in t["partitions"]}
+    return {
+        (t["name"], p["partition"]): p["leader"] for t in desc["topics"] for p in t["partitions"]
+    }
 
 
 def start_cluster() -> None:
@@ -95,8 +99,21 @@ def start_cluster() -> None:
         print(f"(removing the previous {DIR}/)")
         kraft("cluster", "down", "--dir", DIR, timeout=90, quiet=True, check=False)
         shutil.rmtree(DIR)
-    kraft("cluster", "up", "--dir", DIR, "--controllers", "3", "--brokers", "3",
-          "--racks", "r1,r2,r3", "--metrics", "--detach", timeout=120)
+    kraft(
+        "cluster",
+        "up",
+        "--dir",
+        DIR,
+        "--controllers",
+        "3",
+        "--brokers",
+        "3",
+        "--racks",
+        "r1,r2,r3",
+        "--metrics",
+        "--detach",
+        timeout=120,
+    )
 
 
 def create_topics() -> None:
@@ -104,10 +121,23 @@ def create_topics() -> None:
     banner("2. The Raft quorum and some topics")
     kraft("quorum", "status", *CLUSTER)
     kraft("topics", "create", "orders", "--partitions", "6", "--replication-factor", "3", *CLUSTER)
-    kraft("topics", "create", "payments", "--partitions", "3", "--replication-factor", "3",
-          "--config", "retention.ms=86400000", "--config", "min.insync.replicas=2", *CLUSTER)
-    kraft("topics", "create", "audit-log", "--partitions", "1", "--replication-factor", "1",
-          *CLUSTER)
+    kraft(
+        "topics",
+        "create",
+        "payments",
+        "--partitions",
+        "3",
+        "--replication-factor",
+        "3",
+        "--config",
+        "retention.ms=86400000",
+        "--config",
+        "min.insync.replicas=2",
+        *CLUSTER,
+    )
+    kraft(
+        "topics", "create", "audit-log", "--partitions", "1", "--replication-factor", "1", *CLUSTER
+    )
     kraft("topics", "describe", *CLUSTER)
     print("Brokers 101/102/103 sit on racks r1/r2/r3, so every RF-3 partition spans all racks.")
 
@@ -137,8 +167,14 @@ def show_active_controller_metric() -> None:
                 text = resp.read().decode()
         except OSError as exc:
             raise DemoError(f"cannot scrape {url}: {exc}") from None
-        value = next((line.split()[1] for line in text.splitlines()
-                      if line.startswith("kafka_controller_kafkacontroller_activecontrollercount ")), "?")
+        value = next(
+            (
+                line.split()[1]
+                for line in text.splitlines()
+                if line.startswith("kafka_controller_kafkacontroller_activecontrollercount ")
+            ),
+            "?",
+        )
         print(f"   controller {c['id']} {url}: ActiveControllerCount {value}")
 
 
@@ -174,10 +210,13 @@ def epilogue() -> None:
     banner("5. Audit the metadata log with Spark")
     info = json.loads(Path(DIR, "cluster.json").read_text())
     log_dir = str(Path(info["controllers"][0]["metadata_dir"]) / "log")
-    kraft("audit", "--log-dir", log_dir, "--out", f"{DIR}/audit", "--master", "local[2]",
-          timeout=900)
-    print(f"Open {DIR}/audit/report.html: leadership timeline, fenced intervals, ISR sizes, "
-          "who changed what, and every check.")
+    kraft(
+        "audit", "--log-dir", log_dir, "--out", f"{DIR}/audit", "--master", "local[2]", timeout=900
+    )
+    print(
+        f"Open {DIR}/audit/report.html: leadership timeline, fenced intervals, ISR sizes, "
+        "who changed what, and every check."
+    )
     print("The replicated metadata log of each controller:")
     for c in info["controllers"]:
         print(f"   controller {c['id']}: {c['metadata_dir']}")
@@ -206,8 +245,10 @@ def main() -> int:
             if Path(DIR, "cluster.json").exists():
                 kraft("cluster", "down", "--dir", DIR, timeout=120, check=False)
         except (KeyboardInterrupt, subprocess.TimeoutExpired) as exc:
-            print(f"cluster down did not finish ({exc!r}); run: kraft cluster down --dir {DIR}",
-                  file=sys.stderr)
+            print(
+                f"cluster down did not finish ({exc!r}); run: kraft cluster down --dir {DIR}",
+                file=sys.stderr,
+            )
             code = code or 1
     print(f"\nDemo {'finished' if code == 0 else 'ended'} in {time.monotonic() - started:.0f}s.")
     return code

@@ -11,26 +11,41 @@ and API).
 Points are offsets or times. A point means "after the batch holding that offset" (batches are
 atomic), or for a time "after the last batch written at or before it".
 """
+
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from kraft.image import BrokerRegistration, MetadataImage, PartitionRegistration
-from kraft.records import (FENCE, RESOURCE_BROKER, RESOURCE_TOPIC, UNFENCE, Batch,
-                           BrokerRegistrationChangeRecord, ConfigRecord, FeatureLevelRecord,
-                           LeaderChangeRecord, PartitionChangeRecord, PartitionRecord,
-                           ProducerIdsRecord, RegisterBrokerRecord, RemoveTopicRecord,
-                           TopicRecord, UnregisterBrokerRecord)
+from kraft.records import (
+    FENCE,
+    RESOURCE_BROKER,
+    RESOURCE_TOPIC,
+    UNFENCE,
+    Batch,
+    BrokerRegistrationChangeRecord,
+    ConfigRecord,
+    FeatureLevelRecord,
+    LeaderChangeRecord,
+    PartitionChangeRecord,
+    PartitionRecord,
+    ProducerIdsRecord,
+    RegisterBrokerRecord,
+    RemoveTopicRecord,
+    TopicRecord,
+    UnregisterBrokerRecord,
+)
 from tools.log_reader import History, LogReadError, replay
 
-EPOCH_MS_MIN = 10 ** 12  # integers at least this big are epoch milliseconds (after 2001-09-09)
+EPOCH_MS_MIN = 10**12  # integers at least this big are epoch milliseconds (after 2001-09-09)
 _ISO_RE = re.compile(r"^\d{4}-\d{2}-\d{2}([T ].*)?$")
 
 
 # ------------------------------------------------------------------------------ points in time
+
 
 @dataclass(frozen=True, slots=True)
 class Point:
@@ -63,18 +78,19 @@ def parse_point(text: str) -> Point:
         except ValueError:
             raise ValueError(f"not an ISO-8601 time: {text!r}") from None
         if when.tzinfo is None:
-            when = when.replace(tzinfo=timezone.utc)
+            when = when.replace(tzinfo=UTC)
         return Point(timestamp_ms=int(when.timestamp() * 1000))
     raise ValueError(f"{text!r} is neither an offset, epoch milliseconds nor an ISO-8601 time")
 
 
 def iso_time(timestamp_ms: int) -> str:
     """``2026-11-22T10:00:00.123Z``."""
-    when = datetime.fromtimestamp(timestamp_ms / 1000, tz=timezone.utc)
+    when = datetime.fromtimestamp(timestamp_ms / 1000, tz=UTC)
     return when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{timestamp_ms % 1000:03d}Z"
 
 
 # ------------------------------------------------------------------------------ changes
+
 
 @dataclass(frozen=True, slots=True)
 class Change:
@@ -95,10 +111,19 @@ class Change:
     reason: str
 
     def to_json(self) -> dict[str, Any]:
-        return {"offset": self.offset, "timestamp_ms": self.timestamp_ms,
-                "time": iso_time(self.timestamp_ms), "term": self.term, "kind": self.kind,
-                "subject": self.subject, **self.details, "principal": self.principal,
-                "client_id": self.client_id, "api": self.api, "reason": self.reason}
+        return {
+            "offset": self.offset,
+            "timestamp_ms": self.timestamp_ms,
+            "time": iso_time(self.timestamp_ms),
+            "term": self.term,
+            "kind": self.kind,
+            "subject": self.subject,
+            **self.details,
+            "principal": self.principal,
+            "client_id": self.client_id,
+            "api": self.api,
+            "reason": self.reason,
+        }
 
 
 @dataclass(slots=True)
@@ -126,15 +151,23 @@ class Diff:
         return counts
 
     def to_json(self) -> dict[str, Any]:
-        return {"from": _point_json(self.start), "to": _point_json(self.end),
-                "batches": self.batches, "records": self.records, "summary": self.summary(),
-                "changes": [c.to_json() for c in self.changes]}
+        return {
+            "from": _point_json(self.start),
+            "to": _point_json(self.end),
+            "batches": self.batches,
+            "records": self.records,
+            "summary": self.summary(),
+            "changes": [c.to_json() for c in self.changes],
+        }
 
 
 def _point_json(image: MetadataImage) -> dict[str, Any]:
-    return {"offset": image.offset, "timestamp_ms": image.timestamp_ms,
-            "time": iso_time(image.timestamp_ms) if image.timestamp_ms else None,
-            "checksum": image.checksum()}
+    return {
+        "offset": image.offset,
+        "timestamp_ms": image.timestamp_ms,
+        "time": iso_time(image.timestamp_ms) if image.timestamp_ms else None,
+        "checksum": image.checksum(),
+    }
 
 
 def diff(history: History, start: Point, end: Point) -> Diff:
@@ -144,9 +177,11 @@ def diff(history: History, start: Point, end: Point) -> Diff:
     if lo > hi:
         raise LogReadError(f"--from (offset {lo}) is after --to (offset {hi})")
     if lo < history.base.offset:
-        raise LogReadError(f"offset {lo} is before the start of this history "
-                           f"(offset {history.base.offset}; earlier records were compacted into "
-                           "a snapshot)")
+        raise LogReadError(
+            f"offset {lo} is before the start of this history "
+            f"(offset {history.base.offset}; earlier records were compacted into "
+            "a snapshot)"
+        )
     first, last = history.batch_index_through(lo), history.batch_index_through(hi)
     image = replay(history.base, history.batches[:first], history.digests[:first])
     out = Diff(image, image, last - first, 0)
@@ -178,13 +213,19 @@ class _BatchWalk:
         self.offset = batch.base_offset
 
     def run(self) -> list[Change]:
-        handlers = {TopicRecord: self._topic, PartitionRecord: self._partition,
-                    PartitionChangeRecord: self._partition_change,
-                    RemoveTopicRecord: self._remove_topic,
-                    RegisterBrokerRecord: self._register, UnregisterBrokerRecord: self._unregister,
-                    BrokerRegistrationChangeRecord: self._broker_change,
-                    ConfigRecord: self._config, FeatureLevelRecord: self._feature,
-                    LeaderChangeRecord: self._leader_change, ProducerIdsRecord: self._producer_ids}
+        handlers = {
+            TopicRecord: self._topic,
+            PartitionRecord: self._partition,
+            PartitionChangeRecord: self._partition_change,
+            RemoveTopicRecord: self._remove_topic,
+            RegisterBrokerRecord: self._register,
+            UnregisterBrokerRecord: self._unregister,
+            BrokerRegistrationChangeRecord: self._broker_change,
+            ConfigRecord: self._config,
+            FeatureLevelRecord: self._feature,
+            LeaderChangeRecord: self._leader_change,
+            ProducerIdsRecord: self._producer_ids,
+        }
         for i, record in enumerate(self.batch.records):
             self.offset = self.batch.base_offset + i
             handler = handlers.get(type(record))
@@ -194,8 +235,20 @@ class _BatchWalk:
 
     def _add(self, kind: str, subject: str, **details: Any) -> None:
         p = self.batch.provenance
-        self.out.append(Change(self.offset, self.batch.timestamp_ms, self.batch.term, kind, subject,
-                               details, p.principal, p.client_id, p.api, p.reason))
+        self.out.append(
+            Change(
+                self.offset,
+                self.batch.timestamp_ms,
+                self.batch.term,
+                kind,
+                subject,
+                details,
+                p.principal,
+                p.client_id,
+                p.api,
+                p.reason,
+            )
+        )
 
     def _name(self, topic_id: str) -> str:
         if topic_id in self.names:
@@ -205,25 +258,41 @@ class _BatchWalk:
 
     def _old_partition(self, topic_id: str, pid: int) -> PartitionRegistration | None:
         key = (topic_id, pid)
-        return self.partitions[key] if key in self.partitions else self.image.partition(topic_id, pid)
+        return (
+            self.partitions[key] if key in self.partitions else self.image.partition(topic_id, pid)
+        )
 
     # ---- topics and partitions ----------------------------------------------------------------
 
     def _topic(self, r: TopicRecord) -> None:
         self.names[r.topic_id] = r.name
-        partitions = sum(1 for rec in self.batch.records
-                         if type(rec) is PartitionRecord and rec.topic_id == r.topic_id)
-        self._add("topic-created", f"topic {r.name}", topic=r.name, topic_id=r.topic_id,
-                  partitions=partitions)
+        partitions = sum(
+            1
+            for rec in self.batch.records
+            if type(rec) is PartitionRecord and rec.topic_id == r.topic_id
+        )
+        self._add(
+            "topic-created",
+            f"topic {r.name}",
+            topic=r.name,
+            topic_id=r.topic_id,
+            partitions=partitions,
+        )
 
     def _partition(self, r: PartitionRecord) -> None:
         reg = PartitionRegistration.from_record(r)
         self.partitions[(r.topic_id, r.partition_id)] = reg
         if r.topic_id in self.names:
             return  # part of a topic created in this batch: reported with the topic
-        self._add("partition-created", f"{self._name(r.topic_id)}-{r.partition_id}",
-                  topic=self._name(r.topic_id), partition=r.partition_id,
-                  replicas=list(reg.replicas), isr=list(reg.isr), leader=reg.leader)
+        self._add(
+            "partition-created",
+            f"{self._name(r.topic_id)}-{r.partition_id}",
+            topic=self._name(r.topic_id),
+            partition=r.partition_id,
+            replicas=list(reg.replicas),
+            isr=list(reg.isr),
+            leader=reg.leader,
+        )
 
     def _partition_change(self, r: PartitionChangeRecord) -> None:
         old = self._old_partition(r.topic_id, r.partition_id)
@@ -232,37 +301,62 @@ class _BatchWalk:
         new = old.merge(r)
         self.partitions[(r.topic_id, r.partition_id)] = new
         name = self._name(r.topic_id)
-        self._add("partition-changed", f"{name}-{r.partition_id}", topic=name,
-                  partition=r.partition_id, changes=classify(old, new, r),
-                  election=r.election, leader=[old.leader, new.leader],
-                  leader_epoch=[old.leader_epoch, new.leader_epoch],
-                  isr=[list(old.isr), list(new.isr)],
-                  replicas=[list(old.replicas), list(new.replicas)],
-                  partition_epoch=[old.partition_epoch, new.partition_epoch])
+        self._add(
+            "partition-changed",
+            f"{name}-{r.partition_id}",
+            topic=name,
+            partition=r.partition_id,
+            changes=classify(old, new, r),
+            election=r.election,
+            leader=[old.leader, new.leader],
+            leader_epoch=[old.leader_epoch, new.leader_epoch],
+            isr=[list(old.isr), list(new.isr)],
+            replicas=[list(old.replicas), list(new.replicas)],
+            partition_epoch=[old.partition_epoch, new.partition_epoch],
+        )
 
     def _remove_topic(self, r: RemoveTopicRecord) -> None:
         topic = self.image.topic_by_id(r.topic_id)
         name = self._name(r.topic_id)
-        self._add("topic-deleted", f"topic {name}", topic=name, topic_id=r.topic_id,
-                  partitions=len(topic.partitions) if topic is not None else 0)
+        self._add(
+            "topic-deleted",
+            f"topic {name}",
+            topic=name,
+            topic_id=r.topic_id,
+            partitions=len(topic.partitions) if topic is not None else 0,
+        )
 
     # ---- brokers -----------------------------------------------------------------------------
 
     def _old_broker(self, broker_id: int) -> BrokerRegistration | None:
-        return self.brokers[broker_id] if broker_id in self.brokers else self.image.brokers.get(broker_id)
+        return (
+            self.brokers[broker_id]
+            if broker_id in self.brokers
+            else self.image.brokers.get(broker_id)
+        )
 
     def _register(self, r: RegisterBrokerRecord) -> None:
         old = self._old_broker(r.broker_id)
         self.brokers[r.broker_id] = BrokerRegistration.from_record(r)
-        self._add("broker-registered", f"broker {r.broker_id}", broker_id=r.broker_id,
-                  epoch=[old.epoch if old else None, r.broker_epoch], rack=r.rack,
-                  fenced=r.fenced, incarnation_id=r.incarnation_id,
-                  endpoints=[f"{e['name']}://{e['host']}:{e['port']}" for e in r.endpoints])
+        self._add(
+            "broker-registered",
+            f"broker {r.broker_id}",
+            broker_id=r.broker_id,
+            epoch=[old.epoch if old else None, r.broker_epoch],
+            rack=r.rack,
+            fenced=r.fenced,
+            incarnation_id=r.incarnation_id,
+            endpoints=[f"{e['name']}://{e['host']}:{e['port']}" for e in r.endpoints],
+        )
 
     def _unregister(self, r: UnregisterBrokerRecord) -> None:
         self.brokers[r.broker_id] = None
-        self._add("broker-unregistered", f"broker {r.broker_id}", broker_id=r.broker_id,
-                  epoch=r.broker_epoch)
+        self._add(
+            "broker-unregistered",
+            f"broker {r.broker_id}",
+            broker_id=r.broker_id,
+            epoch=r.broker_epoch,
+        )
 
     def _broker_change(self, r: BrokerRegistrationChangeRecord) -> None:
         subject = f"broker {r.broker_id}"
@@ -271,35 +365,59 @@ class _BatchWalk:
         elif r.fenced == UNFENCE:
             self._add("broker-unfenced", subject, broker_id=r.broker_id, epoch=r.broker_epoch)
         if r.in_controlled_shutdown:
-            self._add("broker-controlled-shutdown", subject, broker_id=r.broker_id,
-                      epoch=r.broker_epoch)
+            self._add(
+                "broker-controlled-shutdown", subject, broker_id=r.broker_id, epoch=r.broker_epoch
+            )
 
     # ---- configs, features, controller -------------------------------------------------------
 
     def _config(self, r: ConfigRecord) -> None:
         key = (r.resource_type, r.resource_name, r.name)
-        old = self.configs[key] if key in self.configs else (
-            self.image.config(r.resource_type, r.resource_name).get(r.name))
+        old = (
+            self.configs[key]
+            if key in self.configs
+            else (self.image.config(r.resource_type, r.resource_name).get(r.name))
+        )
         self.configs[key] = r.value
         resource = resource_label(r.resource_type, r.resource_name)
-        self._add("config-changed", f"{resource} {r.name}", resource=resource, key=r.name,
-                  old=old, new=r.value)
+        self._add(
+            "config-changed",
+            f"{resource} {r.name}",
+            resource=resource,
+            key=r.name,
+            old=old,
+            new=r.value,
+        )
 
     def _feature(self, r: FeatureLevelRecord) -> None:
-        self._add("feature-changed", f"feature {r.name}", feature=r.name,
-                  level=[self.image.features.get(r.name), r.feature_level])
+        self._add(
+            "feature-changed",
+            f"feature {r.name}",
+            feature=r.name,
+            level=[self.image.features.get(r.name), r.feature_level],
+        )
 
     def _leader_change(self, r: LeaderChangeRecord) -> None:
-        self._add("controller-activated", f"controller {r.leader_id}",
-                  controller_id=r.leader_id, previous=self.image.controller_id, raft_term=r.term)
+        self._add(
+            "controller-activated",
+            f"controller {r.leader_id}",
+            controller_id=r.leader_id,
+            previous=self.image.controller_id,
+            raft_term=r.term,
+        )
 
     def _producer_ids(self, r: ProducerIdsRecord) -> None:
-        self._add("producer-ids", f"broker {r.broker_id}", broker_id=r.broker_id,
-                  next_producer_id=r.next_producer_id)
+        self._add(
+            "producer-ids",
+            f"broker {r.broker_id}",
+            broker_id=r.broker_id,
+            next_producer_id=r.next_producer_id,
+        )
 
 
-def classify(old: PartitionRegistration, new: PartitionRegistration,
-             change: PartitionChangeRecord) -> list[str]:
+def classify(
+    old: PartitionRegistration, new: PartitionRegistration, change: PartitionChangeRecord
+) -> list[str]:
     """What a partition change did: leader-election, isr-shrink, isr-expand, reassignment,
     leader-recovery (in that order; several can apply)."""
     kinds = []
@@ -309,8 +427,11 @@ def classify(old: PartitionRegistration, new: PartitionRegistration,
         kinds.append("isr-shrink")
     if set(new.isr) - set(old.isr):
         kinds.append("isr-expand")
-    if (new.replicas != old.replicas or new.adding_replicas != old.adding_replicas
-            or new.removing_replicas != old.removing_replicas):
+    if (
+        new.replicas != old.replicas
+        or new.adding_replicas != old.adding_replicas
+        or new.removing_replicas != old.removing_replicas
+    ):
         kinds.append("reassignment")
     if new.leader_recovery_state != old.leader_recovery_state:
         kinds.append("leader-recovery")
@@ -329,8 +450,16 @@ def resource_label(resource_type: int, name: str) -> str:
 
 _SECTIONS = (
     ("Topics", ("topic-created", "topic-deleted", "partition-created")),
-    ("Brokers", ("broker-registered", "broker-unregistered", "broker-fenced", "broker-unfenced",
-                 "broker-controlled-shutdown")),
+    (
+        "Brokers",
+        (
+            "broker-registered",
+            "broker-unregistered",
+            "broker-fenced",
+            "broker-unfenced",
+            "broker-controlled-shutdown",
+        ),
+    ),
     ("Partitions", ("partition-changed",)),
     ("Configs", ("config-changed",)),
     ("Controllers and features", ("controller-activated", "feature-changed", "producer-ids")),
@@ -353,14 +482,21 @@ def describe(change: Change) -> str:
     """One line saying what ``change`` did (without who/why)."""
     d, s = change.details, change.subject
     if change.kind in ("topic-created", "topic-deleted"):
-        return (f"{s} {change.kind.removeprefix('topic-')} ({_count(d['partitions'], 'partition')}, "
-                f"id {d['topic_id']})")
+        return (
+            f"{s} {change.kind.removeprefix('topic-')} ({_count(d['partitions'], 'partition')}, "
+            f"id {d['topic_id']})"
+        )
     if change.kind == "partition-created":
-        return f"partition {s} created: replicas {_ids(d['replicas'])}, leader {_leader(d['leader'])}"
+        return (
+            f"partition {s} created: replicas {_ids(d['replicas'])}, leader {_leader(d['leader'])}"
+        )
     if change.kind == "broker-registered":
         old = d["epoch"][0]
-        again = f"re-registered (epoch {old} -> {d['epoch'][1]})" if old is not None else \
-            f"registered (epoch {d['epoch'][1]})"
+        again = (
+            f"re-registered (epoch {old} -> {d['epoch'][1]})"
+            if old is not None
+            else f"registered (epoch {d['epoch'][1]})"
+        )
         rack = f", rack {d['rack']}" if d["rack"] else ""
         return f"{s} {again}{rack}, {'fenced' if d['fenced'] else 'unfenced'}"
     if change.kind.startswith("broker-"):
@@ -370,11 +506,16 @@ def describe(change: Change) -> str:
         parts = []
         if d["leader"][0] != d["leader"][1] or "leader-election" in d["changes"]:
             how = f", {d['election']} election" if d["election"] else ""
-            parts.append(f"leader {_leader(d['leader'][0])} -> {_leader(d['leader'][1])} "
-                         f"(epoch {d['leader_epoch'][0]} -> {d['leader_epoch'][1]}{how})")
+            parts.append(
+                f"leader {_leader(d['leader'][0])} -> {_leader(d['leader'][1])} "
+                f"(epoch {d['leader_epoch'][0]} -> {d['leader_epoch'][1]}{how})"
+            )
         if d["isr"][0] != d["isr"][1]:
-            tag = " shrink" if "isr-shrink" in d["changes"] else (
-                " expand" if "isr-expand" in d["changes"] else "")
+            tag = (
+                " shrink"
+                if "isr-shrink" in d["changes"]
+                else (" expand" if "isr-expand" in d["changes"] else "")
+            )
             parts.append(f"ISR{tag} {_ids(d['isr'][0])} -> {_ids(d['isr'][1])}")
         if d["replicas"][0] != d["replicas"][1]:
             parts.append(f"replicas {_ids(d['replicas'][0])} -> {_ids(d['replicas'][1])}")
@@ -406,11 +547,13 @@ def render(result: Diff) -> str:
     """The readable summary: a header, then per section one line per change with its offset,
     time and who/why."""
     s, e = result.start, result.end
-    head = (f"Metadata changes after offset {s.offset}"
-            + (f" ({iso_time(s.timestamp_ms)})" if s.timestamp_ms else "")
-            + f" through offset {e.offset}"
-            + (f" ({iso_time(e.timestamp_ms)})" if e.timestamp_ms else "")
-            + f": {_count(result.records, 'record')} in {_count(result.batches, 'batch')}")
+    head = (
+        f"Metadata changes after offset {s.offset}"
+        + (f" ({iso_time(s.timestamp_ms)})" if s.timestamp_ms else "")
+        + f" through offset {e.offset}"
+        + (f" ({iso_time(e.timestamp_ms)})" if e.timestamp_ms else "")
+        + f": {_count(result.records, 'record')} in {_count(result.batches, 'batch')}"
+    )
     lines = [head]
     if not result.changes:
         lines.append("No changes.")
@@ -423,6 +566,10 @@ def render(result: Diff) -> str:
             lines.append(f"  [{c.offset} {iso_time(c.timestamp_ms)}] {describe(c)}")
             lines.append(f"      {who_why(c)}")
     counts = result.summary()
-    lines += ["", "Summary: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()) if v)
-              if any(counts.values()) else ""]
+    lines += [
+        "",
+        "Summary: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()) if v)
+        if any(counts.values())
+        else "",
+    ]
     return "\n".join(lines).rstrip()

@@ -14,17 +14,27 @@ Two kinds of reader:
   left out). :meth:`History.from_controllers` pulls the same thing with ``FetchMetadata`` (and
   ``FetchSnapshot`` when the log starts after offset 0).
 """
+
 from __future__ import annotations
 
 import tempfile
 from bisect import bisect_right
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 from kraft.image import MetadataDelta, MetadataImage, ReplayError
-from kraft.log.segment import (OFFSET, TORN, ChainState, Problem, ScanEntry, list_segments,
-                               parse_segment_name, scan_segment)
+from kraft.log.segment import (
+    OFFSET,
+    TORN,
+    ChainState,
+    Problem,
+    ScanEntry,
+    list_segments,
+    parse_segment_name,
+    scan_segment,
+)
 from kraft.log.snapshot import SUFFIX as SNAPSHOT_SUFFIX
 from kraft.log.snapshot import parse_snapshot_name
 from kraft.records import Batch, RecordDecodeError, batch_hash, decode_batch
@@ -96,9 +106,17 @@ def scan_path(path: str | Path) -> Iterator[ScanItem]:
         if seg.stat().st_size == 0:
             continue
         if state.next_offset is not None and base != state.next_offset:
-            yield ScanItem(seg, None, Problem(
-                seg, 0, state.next_offset, OFFSET,
-                f"segment is named for offset {base} but the log continues at {state.next_offset}"))
+            yield ScanItem(
+                seg,
+                None,
+                Problem(
+                    seg,
+                    0,
+                    state.next_offset,
+                    OFFSET,
+                    f"segment is named for offset {base} but the log continues at {state.next_offset}",
+                ),
+            )
             state.next_offset, state.last_hash = base, None  # re-anchor after the gap
         for entry in scan_segment(seg, state):
             yield ScanItem(seg, entry, entry.problem)
@@ -108,8 +126,9 @@ class History:
     """A verified stretch of metadata history: ``base`` (the image before the first batch) and
     ``batches`` in offset order, each continuing the previous one's hash chain."""
 
-    def __init__(self, base: MetadataImage, batches: list[Batch], digests: list[bytes],
-                 source: str) -> None:
+    def __init__(
+        self, base: MetadataImage, batches: list[Batch], digests: list[bytes], source: str
+    ) -> None:
         self.base = base
         self.batches = batches
         self.digests = digests
@@ -119,7 +138,7 @@ class History:
     # ---- loading ------------------------------------------------------------------------------
 
     @classmethod
-    def load(cls, path: str | Path) -> "History":
+    def load(cls, path: str | Path) -> History:
         """From a log directory (or a controller's metadata dir), one segment file starting at
         offset 0, or a snapshot file (its image, no batches)."""
         p = Path(path)
@@ -128,10 +147,14 @@ class History:
         if p.is_file():
             base = parse_segment_name(p)
             if base is None:
-                raise LogReadError(f"{p} is neither a segment (%020d.log) nor a snapshot (.checkpoint)")
+                raise LogReadError(
+                    f"{p} is neither a segment (%020d.log) nor a snapshot (.checkpoint)"
+                )
             if base != 0:
-                raise LogReadError(f"{p.name} does not start at offset 0; open its directory so "
-                                   "a snapshot can supply the earlier state")
+                raise LogReadError(
+                    f"{p.name} does not start at offset 0; open its directory so "
+                    "a snapshot can supply the earlier state"
+                )
             return cls._from_items(MetadataImage.EMPTY, scan_path(p), str(p))
         directory = resolve_log_dir(p)
         segments = list_segments(directory)
@@ -142,7 +165,7 @@ class History:
         return cls._from_items(base, scan_path(directory), str(directory))
 
     @classmethod
-    def _from_items(cls, base: MetadataImage, items: Iterator[ScanItem], source: str) -> "History":
+    def _from_items(cls, base: MetadataImage, items: Iterator[ScanItem], source: str) -> History:
         batches: list[Batch] = []
         digests: list[bytes] = []
         pending: Problem | None = None
@@ -153,7 +176,9 @@ class History:
                 if item.problem.kind == TORN:
                     pending = item.problem
                     continue
-                raise LogReadError(f"{source}: {item.problem} (run 'kraft log dump' for every problem)")
+                raise LogReadError(
+                    f"{source}: {item.problem} (run 'kraft log dump' for every problem)"
+                )
             batch = item.entry.batch
             if batch.last_offset <= base.offset:
                 continue  # covered by the snapshot
@@ -164,8 +189,9 @@ class History:
         return history
 
     @classmethod
-    def from_controllers(cls, bootstrap: list[tuple[str, int]], timeout: float,
-                         credentials: Any = None) -> "History":
+    def from_controllers(
+        cls, bootstrap: list[tuple[str, int]], timeout: float, credentials: Any = None
+    ) -> History:
         """Pull the whole log from the controllers with FetchMetadata (any controller answers);
         ``credentials`` for controllers that require RPC authentication."""
         import trio
@@ -173,8 +199,9 @@ class History:
         from kraft.rpc.client import ControllerClient
 
         async def pull() -> History:
-            client = ControllerClient(bootstrap, client_id="kraft-shell", request_timeout=timeout,
-                                      credentials=credentials)
+            client = ControllerClient(
+                bootstrap, client_id="kraft-shell", request_timeout=timeout, credentials=credentials
+            )
             try:
                 with trio.fail_after(timeout):
                     return await _pull(client, timeout)
@@ -184,18 +211,24 @@ class History:
         try:
             return trio.run(pull)
         except trio.TooSlowError:
-            raise LogReadError(f"could not read the whole metadata log within {timeout:g}s") from None
+            raise LogReadError(
+                f"could not read the whole metadata log within {timeout:g}s"
+            ) from None
 
     def _check_continues(self) -> None:
         """Every batch follows the one before it (the first: the base image) in offset and hash."""
         offset, last_hash = self.base.offset, self.base.last_hash
         for batch, digest in zip(self.batches, self.digests):
             if batch.base_offset != offset + 1:
-                raise LogReadError(f"{self.source}: expected a batch at offset {offset + 1}, found "
-                                   f"one at {batch.base_offset}")
+                raise LogReadError(
+                    f"{self.source}: expected a batch at offset {offset + 1}, found "
+                    f"one at {batch.base_offset}"
+                )
             if batch.prev_hash != last_hash:
-                raise LogReadError(f"{self.source}: batch at offset {batch.base_offset} does not "
-                                   "continue the hash chain")
+                raise LogReadError(
+                    f"{self.source}: batch at offset {batch.base_offset} does not "
+                    "continue the hash chain"
+                )
             offset, last_hash = batch.last_offset, digest
 
     # ---- queries ------------------------------------------------------------------------------
@@ -229,8 +262,9 @@ class History:
         for an offset before the history starts."""
         count = len(self.batches) if offset is None else self.batch_index_through(offset)
         if offset is not None and offset < self.base.offset:
-            raise LogReadError(f"offset {offset} is before the start of this history "
-                               f"(offset {self.base.offset})")
+            raise LogReadError(
+                f"offset {offset} is before the start of this history (offset {self.base.offset})"
+            )
         return replay(self.base, self.batches[:count], self.digests[:count])
 
 
@@ -269,8 +303,10 @@ def _snapshot_base(directory: Path, start: int | None) -> MetadataImage:
         end, _ = parse_snapshot_name(snap)
         if end >= start:
             return _image_from_snapshot(snap)
-    raise LogReadError(f"the log in {directory} starts at offset {start} but no snapshot covers the "
-                       "offsets before it")
+    raise LogReadError(
+        f"the log in {directory} starts at offset {start} but no snapshot covers the "
+        "offsets before it"
+    )
 
 
 async def _pull(client: ControllerClient, timeout: float) -> History:
@@ -279,8 +315,11 @@ async def _pull(client: ControllerClient, timeout: float) -> History:
     digests: list[bytes] = []
     next_offset = 0
     while True:
-        resp = await client.call("FetchMetadata", {"from_offset": next_offset, "max_wait_ms": 0,
-                                                   "max_bytes": FETCH_MAX_BYTES}, timeout=timeout)
+        resp = await client.call(
+            "FetchMetadata",
+            {"from_offset": next_offset, "max_wait_ms": 0, "max_bytes": FETCH_MAX_BYTES},
+            timeout=timeout,
+        )
         snapshot = resp.get("snapshot")
         if snapshot:
             base = await _fetch_snapshot(client, str(snapshot.get("name")), timeout)
@@ -290,7 +329,9 @@ async def _pull(client: ControllerClient, timeout: float) -> History:
             try:
                 batch = decode_batch(encoded)
             except RecordDecodeError as e:
-                raise LogReadError(f"controller sent an undecodable batch at offset {next_offset}: {e}") from None
+                raise LogReadError(
+                    f"controller sent an undecodable batch at offset {next_offset}: {e}"
+                ) from None
             if batch.last_offset < next_offset:
                 continue
             batches.append(batch)
@@ -298,7 +339,9 @@ async def _pull(client: ControllerClient, timeout: float) -> History:
             next_offset = batch.next_offset
         if next_offset >= int(resp.get("high_watermark", 0)) or not resp.get("batches"):
             break
-    history = History(base, batches, digests, "controllers " + ",".join(f"{h}:{p}" for h, p in client.bootstrap))
+    history = History(
+        base, batches, digests, "controllers " + ",".join(f"{h}:{p}" for h, p in client.bootstrap)
+    )
     history._check_continues()
     return history
 
@@ -311,8 +354,11 @@ async def _fetch_snapshot(client: ControllerClient, name: str, timeout: float) -
         path = Path(tmp) / name
         with open(path, "wb") as f:
             while True:
-                resp = await client.call("FetchSnapshot", {"name": name, "position": position,
-                                                           "max_bytes": FETCH_MAX_BYTES}, timeout=timeout)
+                resp = await client.call(
+                    "FetchSnapshot",
+                    {"name": name, "position": position, "max_bytes": FETCH_MAX_BYTES},
+                    timeout=timeout,
+                )
                 data = resp.get("data") or b""
                 f.write(data)
                 position += len(data)

@@ -16,6 +16,7 @@ Commands: ls, cd, pwd, cat, find, tree, history, help, exit. ``cat`` of a direct
 files as ``key: value`` lines. ``history PATH`` lists the records that touched the node at PATH
 (or anything under or above it) with offsets and provenance.
 """
+
 from __future__ import annotations
 
 import cmd
@@ -23,15 +24,26 @@ import fnmatch
 import posixpath
 import shlex
 import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, TextIO
+from typing import Any, TextIO
 
 from kraft.image import BrokerRegistration, MetadataImage, PartitionRegistration, TopicImage
-from kraft.records import (RESOURCE_BROKER, RESOURCE_TOPIC, Batch, BrokerRegistrationChangeRecord,
-                           ConfigRecord, FeatureLevelRecord,
-                           PartitionChangeRecord, PartitionRecord, Record,
-                           RegisterBrokerRecord, RemoveTopicRecord, TopicRecord,
-                           UnregisterBrokerRecord)
+from kraft.records import (
+    RESOURCE_BROKER,
+    RESOURCE_TOPIC,
+    Batch,
+    BrokerRegistrationChangeRecord,
+    ConfigRecord,
+    FeatureLevelRecord,
+    PartitionChangeRecord,
+    PartitionRecord,
+    Record,
+    RegisterBrokerRecord,
+    RemoveTopicRecord,
+    TopicRecord,
+    UnregisterBrokerRecord,
+)
 from tools import output
 from tools.log_format import record_item, render_item
 from tools.log_history import iso_time
@@ -43,19 +55,20 @@ class ShellError(Exception):
 
 # ------------------------------------------------------------------------------ the tree
 
+
 @dataclass(slots=True)
 class Node:
     """A directory (``list_children`` set) or a file (``value``)."""
 
     value: Any = None
-    list_children: Callable[[], dict[str, "Node"]] | None = None
-    _children: dict[str, "Node"] | None = field(default=None, repr=False)
+    list_children: Callable[[], dict[str, Node]] | None = None
+    _children: dict[str, Node] | None = field(default=None, repr=False)
 
     @property
     def is_dir(self) -> bool:
         return self.list_children is not None
 
-    def children(self) -> dict[str, "Node"]:
+    def children(self) -> dict[str, Node]:
         if self.list_children is None:
             raise ShellError("not a directory")
         if self._children is None:
@@ -72,22 +85,37 @@ def _files(values: dict[str, Any]) -> Node:
 
 
 def _broker_node(b: BrokerRegistration) -> Node:
-    state = ("controlled-shutdown" if b.in_controlled_shutdown
-             else "fenced" if b.fenced else "unfenced")
-    return _files({"broker_id": b.broker_id, "incarnation_id": b.incarnation_id, "epoch": b.epoch,
-                   "state": state, "fenced": b.fenced,
-                   "in_controlled_shutdown": b.in_controlled_shutdown, "rack": b.rack,
-                   "endpoints": [f"{e['name']}://{e['host']}:{e['port']}" for e in b.endpoints],
-                   "features": [f"{f['name']}:{f['min_version']}-{f['max_version']}"
-                                for f in b.features]})
+    state = (
+        "controlled-shutdown" if b.in_controlled_shutdown else "fenced" if b.fenced else "unfenced"
+    )
+    return _files(
+        {
+            "broker_id": b.broker_id,
+            "incarnation_id": b.incarnation_id,
+            "epoch": b.epoch,
+            "state": state,
+            "fenced": b.fenced,
+            "in_controlled_shutdown": b.in_controlled_shutdown,
+            "rack": b.rack,
+            "endpoints": [f"{e['name']}://{e['host']}:{e['port']}" for e in b.endpoints],
+            "features": [f"{f['name']}:{f['min_version']}-{f['max_version']}" for f in b.features],
+        }
+    )
 
 
 def _partition_node(p: PartitionRegistration) -> Node:
-    return _files({"leader": p.leader, "leader_epoch": p.leader_epoch,
-                   "partition_epoch": p.partition_epoch, "replicas": list(p.replicas),
-                   "isr": list(p.isr), "removing_replicas": list(p.removing_replicas),
-                   "adding_replicas": list(p.adding_replicas),
-                   "leader_recovery_state": p.leader_recovery_state})
+    return _files(
+        {
+            "leader": p.leader,
+            "leader_epoch": p.leader_epoch,
+            "partition_epoch": p.partition_epoch,
+            "replicas": list(p.replicas),
+            "isr": list(p.isr),
+            "removing_replicas": list(p.removing_replicas),
+            "adding_replicas": list(p.adding_replicas),
+            "leader_recovery_state": p.leader_recovery_state,
+        }
+    )
 
 
 def _topic_node(t: TopicImage) -> Node:
@@ -96,6 +124,7 @@ def _topic_node(t: TopicImage) -> Node:
         for pid in sorted(t.partitions):
             out[str(pid)] = _partition_node(t.partitions[pid])
         return out
+
     return _dir(children)
 
 
@@ -107,32 +136,55 @@ def _configs_node(image: MetadataImage) -> Node:
                 if rtype == resource_type:
                     out[name or default_name] = _files(dict(sorted(entries.items())))
             return out
+
         return children
-    return _dir(lambda: {"topics": _dir(of_type(RESOURCE_TOPIC, "")),
-                         "brokers": _dir(of_type(RESOURCE_BROKER, "default"))})
+
+    return _dir(
+        lambda: {
+            "topics": _dir(of_type(RESOURCE_TOPIC, "")),
+            "brokers": _dir(of_type(RESOURCE_BROKER, "default")),
+        }
+    )
 
 
 def image_root(image: MetadataImage) -> Node:
     """The root directory of the virtual tree over ``image``."""
-    return _dir(lambda: {
-        "brokers": _dir(lambda: {str(b): _broker_node(image.brokers[b]) for b in sorted(image.brokers)}),
-        "topics": _dir(lambda: {name: _topic_node(image.topics_by_id[image.topics_by_name[name]])
-                                for name in sorted(image.topics_by_name)}),
-        "configs": _configs_node(image),
-        "features": _files(dict(sorted(image.features.items()))),
-        "image": _files({"offset": image.offset, "term": image.term,
-                         "raft_index": image.raft_index, "timestamp_ms": image.timestamp_ms,
-                         "time": iso_time(image.timestamp_ms) if image.timestamp_ms else None,
-                         "checksum": image.checksum(), "last_hash": image.last_hash.hex(),
-                         "controller_id": image.controller_id,
-                         "next_producer_id": image.next_producer_id}),
-    })
+    return _dir(
+        lambda: {
+            "brokers": _dir(
+                lambda: {str(b): _broker_node(image.brokers[b]) for b in sorted(image.brokers)}
+            ),
+            "topics": _dir(
+                lambda: {
+                    name: _topic_node(image.topics_by_id[image.topics_by_name[name]])
+                    for name in sorted(image.topics_by_name)
+                }
+            ),
+            "configs": _configs_node(image),
+            "features": _files(dict(sorted(image.features.items()))),
+            "image": _files(
+                {
+                    "offset": image.offset,
+                    "term": image.term,
+                    "raft_index": image.raft_index,
+                    "timestamp_ms": image.timestamp_ms,
+                    "time": iso_time(image.timestamp_ms) if image.timestamp_ms else None,
+                    "checksum": image.checksum(),
+                    "last_hash": image.last_hash.hex(),
+                    "controller_id": image.controller_id,
+                    "next_producer_id": image.next_producer_id,
+                }
+            ),
+        }
+    )
 
 
 # ------------------------------------------------------------------------------ history
 
-def touched_paths(batches: list[Batch], names: dict[str, str] | None = None
-                  ) -> Iterator[tuple[Batch, int, Record, str]]:
+
+def touched_paths(
+    batches: list[Batch], names: dict[str, str] | None = None
+) -> Iterator[tuple[Batch, int, Record, str]]:
     """``(batch, index, record, path)`` for every record: the tree path it changed (``/image``
     for records that only move the image, e.g. a controller failover). ``names`` maps the ids of
     topics created before ``batches`` to their names."""
@@ -145,8 +197,9 @@ def touched_paths(batches: list[Batch], names: dict[str, str] | None = None
 
 
 def _path_of(r: Record, names: dict[str, str]) -> str:
-    if isinstance(r, (RegisterBrokerRecord, UnregisterBrokerRecord,
-                      BrokerRegistrationChangeRecord)):
+    if isinstance(
+        r, (RegisterBrokerRecord, UnregisterBrokerRecord, BrokerRegistrationChangeRecord)
+    ):
         return f"/brokers/{r.broker_id}"
     if isinstance(r, TopicRecord):
         return f"/topics/{r.name}"
@@ -173,14 +226,21 @@ def related(path: str, touched: str) -> bool:
 
 # ------------------------------------------------------------------------------ the shell
 
+
 class MetadataShell(cmd.Cmd):
     """The command loop. ``run_line`` runs one command and returns False if it failed."""
 
     intro = "pykraft metadata shell: type 'help' for commands, 'exit' to leave."
 
-    def __init__(self, image: MetadataImage, batches: list[Batch], source: str,
-                 known_names: dict[str, str] | None = None, stdout: TextIO | None = None,
-                 stderr: TextIO | None = None) -> None:
+    def __init__(
+        self,
+        image: MetadataImage,
+        batches: list[Batch],
+        source: str,
+        known_names: dict[str, str] | None = None,
+        stdout: TextIO | None = None,
+        stderr: TextIO | None = None,
+    ) -> None:
         """``batches``: the history shown by ``history`` (the records after ``known_names``'
         image, up to ``image``); ``known_names``: topic id → name for topics older than it."""
         super().__init__(stdout=stdout)
@@ -320,7 +380,7 @@ class MetadataShell(cmd.Cmd):
             if i + 1 >= len(args):
                 raise ShellError("find: -name needs a pattern")
             pattern = args[i + 1]
-            del args[i:i + 2]
+            del args[i : i + 2]
         start = self.absolute(args[0] if args else None)
         for path, _node in self._walk(start, self.lookup(start)):
             if pattern is None or fnmatch.fnmatchcase(posixpath.basename(path), pattern):
@@ -392,7 +452,11 @@ class MetadataShell(cmd.Cmd):
         except ShellError:
             return []
         prefix = base + "/" if base or text.startswith("/") else ""
-        return [prefix + n + ("/" if c.is_dir else "") for n, c in names.items() if n.startswith(partial)]
+        return [
+            prefix + n + ("/" if c.is_dir else "")
+            for n, c in names.items()
+            if n.startswith(partial)
+        ]
 
 
 def split_commands(script: str) -> list[str]:

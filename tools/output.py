@@ -4,11 +4,13 @@ Everything here returns strings (or writes to a given stream) so it can be teste
 terminal. Cells are formatted by :func:`cell`: ``None`` → ``-``, booleans → ``yes``/``no``,
 lists → comma-joined. Numeric columns are right-aligned, the rest left-aligned.
 """
+
 from __future__ import annotations
 
 import json
 import sys
-from typing import Any, Iterable, Mapping, Sequence, TextIO
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, TextIO
 
 from kraft.errors import error_name
 
@@ -95,8 +97,9 @@ def error_object(code: int, message: str) -> dict[str, Any]:
     return {"error": error_name(code), "error_code": int(code), "message": message or ""}
 
 
-def report_error(code: int, message: str, as_json: bool, out: TextIO | None = None,
-                 err: TextIO | None = None) -> None:
+def report_error(
+    code: int, message: str, as_json: bool, out: TextIO | None = None, err: TextIO | None = None
+) -> None:
     """Print a whole-request error: JSON on stdout when ``as_json``, the error line on stderr."""
     out = out or sys.stdout
     err = err or sys.stderr

@@ -11,6 +11,7 @@ broker told to load a snapshot (it lags too far behind) moves to the snapshot's 
 process has replayed that far and the snapshot's last hash is the log's there; otherwise the
 snapshot is fetched and loaded into the shared replay, once for the process.
 """
+
 from __future__ import annotations
 
 import tempfile
@@ -30,7 +31,6 @@ from kraft.log.snapshot import SnapshotHeader, read_snapshot_header
 from kraft.records import ZERO_HASH, batch_hash, decode_batch
 from kraft.rpc.client import ControllerClient
 from kraft.snapshotter import image_from_snapshot
-
 
 Verified = tuple[int, int, bytes, bytes]  # base offset, last offset, prev_hash, hash of a batch
 
@@ -127,12 +127,15 @@ class SimBroker:
     credentials: Any = None  # kraft.rpc.auth.ClientCredentials for clusters with RPC auth
     replay: SharedReplay = field(default_factory=SharedReplay)
     last_hash: bytes = ZERO_HASH
-    last_heartbeat: float | None = None  # time.monotonic() when the last heartbeat was sent and answered
+    last_heartbeat: float | None = (
+        None  # time.monotonic() when the last heartbeat was sent and answered
+    )
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Register, then follow the log and heartbeat until cancelled or shut down."""
-        client = ControllerClient(self.bootstrap, client_id=f"sim-broker-{self.broker_id}",
-                                  credentials=self.credentials)
+        client = ControllerClient(
+            self.bootstrap, client_id=f"sim-broker-{self.broker_id}", credentials=self.credentials
+        )
         try:
             await self._register(client)
             async with trio.open_nursery() as nursery:
@@ -144,23 +147,38 @@ class SimBroker:
             await client.aclose()
 
     async def _register(self, client: ControllerClient) -> None:
-        body = {"broker_id": self.broker_id, "cluster_id": self.cluster_id,
-                "incarnation_id": self.incarnation_id,
-                "listeners": [{"name": "PLAINTEXT", "host": "127.0.0.1", "port": 19000 + self.broker_id,
-                               "security_protocol": "PLAINTEXT"}],
-                "rack": self.rack,
-                "features": [{"name": "metadata.version", "min_version": 1, "max_version": 1000}]}
+        body = {
+            "broker_id": self.broker_id,
+            "cluster_id": self.cluster_id,
+            "incarnation_id": self.incarnation_id,
+            "listeners": [
+                {
+                    "name": "PLAINTEXT",
+                    "host": "127.0.0.1",
+                    "port": 19000 + self.broker_id,
+                    "security_protocol": "PLAINTEXT",
+                }
+            ],
+            "rack": self.rack,
+            "features": [{"name": "metadata.version", "min_version": 1, "max_version": 1000}],
+        }
         result = await client.call("BrokerRegistration", body, timeout=30)
         self.epoch = result["broker_epoch"]
 
     async def _follow_log(self) -> None:
-        client = ControllerClient(self.bootstrap, client_id=f"sim-broker-{self.broker_id}-fetch",
-                                  credentials=self.credentials)
+        client = ControllerClient(
+            self.bootstrap,
+            client_id=f"sim-broker-{self.broker_id}-fetch",
+            credentials=self.credentials,
+        )
         try:
             while True:
                 try:
-                    result = await client.call("FetchMetadata", {"from_offset": self.metadata_offset + 1,
-                                                                 "max_wait_ms": 500}, timeout=10)
+                    result = await client.call(
+                        "FetchMetadata",
+                        {"from_offset": self.metadata_offset + 1, "max_wait_ms": 500},
+                        timeout=10,
+                    )
                 except KraftError:
                     await trio.sleep(0.1)
                     continue
@@ -189,8 +207,10 @@ class SimBroker:
                     self.replay.adopt(image)
                     known = self.replay.hash_at(end - 1)
         if known != header.last_hash or header.end_offset != end:
-            raise ReplayError(f"simulated broker {self.broker_id}: snapshot {name} does not match the "
-                              f"log this process replayed (offset {end - 1})")
+            raise ReplayError(
+                f"simulated broker {self.broker_id}: snapshot {name} does not match the "
+                f"log this process replayed (offset {end - 1})"
+            )
         if end - 1 > self.metadata_offset:
             self.metadata_offset, self.last_hash = end - 1, header.last_hash
 
@@ -201,8 +221,10 @@ class SimBroker:
             if last <= self.metadata_offset:
                 continue
             if base != self.metadata_offset + 1 or prev_hash != self.last_hash:
-                raise ReplayError(f"simulated broker {self.broker_id}: batch at offset {base} does not "
-                                  f"continue its log at offset {self.metadata_offset}")
+                raise ReplayError(
+                    f"simulated broker {self.broker_id}: batch at offset {base} does not "
+                    f"continue its log at offset {self.metadata_offset}"
+                )
             self.metadata_offset, self.last_hash = last, digest
         if batches:
             self.replay.publish()
@@ -212,10 +234,17 @@ class SimBroker:
         while True:
             sent = time.monotonic()
             try:
-                reply = await client.call("BrokerHeartbeat", {
-                    "broker_id": self.broker_id, "broker_epoch": self.epoch,
-                    "metadata_offset": self.metadata_offset, "want_fence": False,
-                    "want_shutdown": self.want_shutdown}, timeout=10)
+                reply = await client.call(
+                    "BrokerHeartbeat",
+                    {
+                        "broker_id": self.broker_id,
+                        "broker_epoch": self.epoch,
+                        "metadata_offset": self.metadata_offset,
+                        "want_fence": False,
+                        "want_shutdown": self.want_shutdown,
+                    },
+                    timeout=10,
+                )
             except KraftError as e:
                 if e.code in (ErrorCode.STALE_BROKER_EPOCH, ErrorCode.BROKER_ID_NOT_REGISTERED):
                     await self._register(client)
@@ -230,18 +259,25 @@ class SimBroker:
             if self.want_shutdown:
                 shutdown_answers += 1
                 if shutdown_answers == 1:  # as Kafka's broker: the first "not yet" is followed by a
-                    await trio.sleep(0.05)  # quick heartbeat, in case the shutdown completes quickly
+                    await trio.sleep(
+                        0.05
+                    )  # quick heartbeat, in case the shutdown completes quickly
                     continue
             await trio.sleep(self.heartbeat_interval_s)
 
 
-async def _fetch_snapshot(client: ControllerClient, name: str, path: Path, whole: bool) -> SnapshotHeader:
+async def _fetch_snapshot(
+    client: ControllerClient, name: str, path: Path, whole: bool
+) -> SnapshotHeader:
     """FetchSnapshot ``name`` into ``path``: all of it, or just enough for its header."""
     with open(path, "wb") as f:
         position = 0
         while True:
-            reply = await client.call("FetchSnapshot", {"name": name, "position": position,
-                                                        "max_bytes": 1 << 20}, timeout=30)
+            reply = await client.call(
+                "FetchSnapshot",
+                {"name": name, "position": position, "max_bytes": 1 << 20},
+                timeout=30,
+            )
             data = reply.get("data") or b""
             f.write(data)
             position += len(data)
@@ -249,7 +285,10 @@ async def _fetch_snapshot(client: ControllerClient, name: str, path: Path, whole
                 break
             if not whole and position >= HEADER_SIZE:
                 f.flush()
-                if position >= HEADER_SIZE + FRAME_HEADER.unpack(path.read_bytes()[:HEADER_SIZE])[0]:
+                if (
+                    position
+                    >= HEADER_SIZE + FRAME_HEADER.unpack(path.read_bytes()[:HEADER_SIZE])[0]
+                ):
                     break
     return read_snapshot_header(path)
 
@@ -279,12 +318,20 @@ def main(argv: list[str] | None = None) -> int:
     credentials = None
     if meta.get("auth_dir"):  # a cluster started with --auth: log in as its broker user
         from kraft.rpc.auth import ClientCredentials
+
         credentials = ClientCredentials.load(Path(meta["auth_dir"]) / "broker.credentials")
     replay = SharedReplay()
-    brokers = [SimBroker(args.first_id + i, bootstrap, meta["cluster_id"],
-                         rack=racks[i % len(racks)] if racks else None, credentials=credentials,
-                         replay=replay)
-               for i in range(args.count)]
+    brokers = [
+        SimBroker(
+            args.first_id + i,
+            bootstrap,
+            meta["cluster_id"],
+            rack=racks[i % len(racks)] if racks else None,
+            credentials=credentials,
+            replay=replay,
+        )
+        for i in range(args.count)
+    ]
 
     async def run() -> None:
         async with trio.open_nursery() as nursery:

@@ -10,6 +10,7 @@ Pure handlers ``(image, command, settings) -> ControllerResult``. A broker's epo
 of its latest RegisterBrokerRecord (kraft-reference §5); requests that quote an epoch must quote
 the current one (STALE_BROKER_EPOCH).
 """
+
 from __future__ import annotations
 
 import uuid
@@ -43,10 +44,16 @@ def _maps(raw: Any, spec: dict[str, type], what: str) -> tuple[dict, ...]:
         return ()
     out = []
     for item in raw if isinstance(raw, (list, tuple)) else [None]:
-        if not isinstance(item, dict) or set(item) != set(spec) or any(
-                type(item[k]) is not t for k, t in spec.items()):
-            raise KraftError(ErrorCode.INVALID_REQUEST, f"each of {what} must be a map {{{', '.join(spec)}}} "
-                                                        f"with the right types, got {item!r}")
+        if (
+            not isinstance(item, dict)
+            or set(item) != set(spec)
+            or any(type(item[k]) is not t for k, t in spec.items())
+        ):
+            raise KraftError(
+                ErrorCode.INVALID_REQUEST,
+                f"each of {what} must be a map {{{', '.join(spec)}}} "
+                f"with the right types, got {item!r}",
+            )
         out.append({k: item[k] for k in spec})
     return tuple(out)
 
@@ -56,10 +63,14 @@ def checked_broker(image: MetadataImage, broker_id: int, broker_epoch: int) -> B
     STALE_BROKER_EPOCH (as Kafka's checkBrokerEpoch, also for an unregistered broker)."""
     reg = image.broker(broker_id)
     if reg is None:
-        raise KraftError(ErrorCode.STALE_BROKER_EPOCH, f"No broker registration found for broker id {broker_id}.")
+        raise KraftError(
+            ErrorCode.STALE_BROKER_EPOCH, f"No broker registration found for broker id {broker_id}."
+        )
     if reg.epoch != broker_epoch:
-        raise KraftError(ErrorCode.STALE_BROKER_EPOCH,
-                         f"Expected broker epoch {reg.epoch} for broker {broker_id}, but got {broker_epoch}.")
+        raise KraftError(
+            ErrorCode.STALE_BROKER_EPOCH,
+            f"Expected broker epoch {reg.epoch} for broker {broker_id}, but got {broker_epoch}.",
+        )
     return reg
 
 
@@ -71,28 +82,38 @@ def _unsupported_features(image: MetadataImage, features: tuple[dict, ...]) -> s
         level = image.features[name]
         low, high = ranges.get(name, (0, 0))
         if not low <= level <= high:
-            return f"the cluster's {name} is at level {level}, but the broker supports {low}..{high}"
+            return (
+                f"the cluster's {name} is at level {level}, but the broker supports {low}..{high}"
+            )
     return None
 
 
-def register_broker(image: MetadataImage, cmd: Command, settings: ControllerSettings) -> ControllerResult:
+def register_broker(
+    image: MetadataImage, cmd: Command, settings: ControllerSettings
+) -> ControllerResult:
     """BrokerRegistration (§6.1): RegisterBrokerRecord, fenced. A new incarnation's epoch is the
     record's offset; the same incarnation amends its registration and keeps epoch and state."""
     body = cmd.body
     broker_id = body["broker_id"]
     try:
         if body["cluster_id"] != settings.cluster_id:
-            raise KraftError(ErrorCode.INCONSISTENT_CLUSTER_ID,
-                             f"Expected cluster id {settings.cluster_id!r}, but broker {broker_id} "
-                             f"sent {body['cluster_id']!r}.")
+            raise KraftError(
+                ErrorCode.INCONSISTENT_CLUSTER_ID,
+                f"Expected cluster id {settings.cluster_id!r}, but broker {broker_id} "
+                f"sent {body['cluster_id']!r}.",
+            )
         if not 0 <= broker_id <= MAX_BROKER_ID:
-            raise KraftError(ErrorCode.INVALID_REQUEST,
-                             f"Broker id must be between 0 and {MAX_BROKER_ID}, got {broker_id}.")
+            raise KraftError(
+                ErrorCode.INVALID_REQUEST,
+                f"Broker id must be between 0 and {MAX_BROKER_ID}, got {broker_id}.",
+            )
         try:
             incarnation = str(uuid.UUID(body["incarnation_id"]))
         except ValueError:
-            raise KraftError(ErrorCode.INVALID_REQUEST,
-                             f"incarnation_id must be a UUID, got {body['incarnation_id']!r}.") from None
+            raise KraftError(
+                ErrorCode.INVALID_REQUEST,
+                f"incarnation_id must be a UUID, got {body['incarnation_id']!r}.",
+            ) from None
         endpoints = _maps(body["listeners"], _ENDPOINT_KEYS, "listeners")
         features_given = body.get("features")
         features = _maps(features_given, _FEATURE_KEYS, "features")
@@ -100,49 +121,87 @@ def register_broker(image: MetadataImage, cmd: Command, settings: ControllerSett
         if rack is not None and not isinstance(rack, str):
             raise KraftError(ErrorCode.INVALID_REQUEST, "rack must be a string.")
         existing = image.broker(broker_id)
-        if existing is not None and existing.incarnation_id != incarnation and (
-                not existing.fenced or body.get("has_live_session") is True):
-            raise KraftError(ErrorCode.DUPLICATE_BROKER_REGISTRATION,
-                             f"Another broker {broker_id} (incarnation {existing.incarnation_id}) is registered "
-                             "and alive; retry once its session has expired.")
+        if (
+            existing is not None
+            and existing.incarnation_id != incarnation
+            and (not existing.fenced or body.get("has_live_session") is True)
+        ):
+            raise KraftError(
+                ErrorCode.DUPLICATE_BROKER_REGISTRATION,
+                f"Another broker {broker_id} (incarnation {existing.incarnation_id}) is registered "
+                "and alive; retry once its session has expired.",
+            )
         if features_given is not None:
             problem = _unsupported_features(image, features)
             if problem is not None:
-                raise KraftError(ErrorCode.UNSUPPORTED_VERSION, f"Broker {broker_id} cannot join: {problem}.")
+                raise KraftError(
+                    ErrorCode.UNSUPPORTED_VERSION, f"Broker {broker_id} cannot join: {problem}."
+                )
     except KraftError as e:
         return ControllerResult([], {**error_fields(e), "broker_epoch": -1}, "broker-registration")
     if existing is not None and existing.incarnation_id == incarnation:
-        epoch, fenced, shutting_down = existing.epoch, existing.fenced, existing.in_controlled_shutdown
+        epoch, fenced, shutting_down = (
+            existing.epoch,
+            existing.fenced,
+            existing.in_controlled_shutdown,
+        )
     else:
         epoch, fenced, shutting_down = image.offset + 1, True, False
-    record = RegisterBrokerRecord(broker_id, incarnation, epoch, endpoints, features, rack, fenced, shutting_down)
-    return ControllerResult([record], {**error_fields(), "broker_epoch": epoch}, "broker-registration")
+    record = RegisterBrokerRecord(
+        broker_id, incarnation, epoch, endpoints, features, rack, fenced, shutting_down
+    )
+    return ControllerResult(
+        [record], {**error_fields(), "broker_epoch": epoch}, "broker-registration"
+    )
 
 
-def unregister_broker(image: MetadataImage, cmd: Command, settings: ControllerSettings,
-                      pending: Resume | None = None) -> ControllerResult:
+def unregister_broker(
+    image: MetadataImage, cmd: Command, settings: ControllerSettings, pending: Resume | None = None
+) -> ControllerResult:
     """UnregisterBroker: drop it from ISRs and leadership, then UnregisterBrokerRecord."""
     broker_id = cmd.body["broker_id"]
     reg = image.broker(broker_id)
     if reg is None:
-        error = KraftError(ErrorCode.BROKER_ID_NOT_REGISTERED, f"Broker {broker_id} is not registered.")
+        error = KraftError(
+            ErrorCode.BROKER_ID_NOT_REGISTERED, f"Broker {broker_id} is not registered."
+        )
         return ControllerResult([], error_fields(error), "user-request")
-    return _leave(image, settings, broker_id, [], [UnregisterBrokerRecord(broker_id, reg.epoch)], "user-request",
-                  pending=pending)
+    return _leave(
+        image,
+        settings,
+        broker_id,
+        [],
+        [UnregisterBrokerRecord(broker_id, reg.epoch)],
+        "user-request",
+        pending=pending,
+    )
 
 
-def _transition(image: MetadataImage, cmd: Command, reason: str) -> tuple[BrokerRegistration | None, ControllerResult | None]:
+def _transition(
+    image: MetadataImage, cmd: Command, reason: str
+) -> tuple[BrokerRegistration | None, ControllerResult | None]:
     """Common checks of fence/unfence/shutdown commands: the registration, or an error result."""
     try:
         return checked_broker(image, cmd.body["broker_id"], cmd.body["broker_epoch"]), None
-    except KraftError as e:
+    except KraftError as stale:
+        e = stale
         if image.broker(cmd.body["broker_id"]) is None:
-            e = KraftError(ErrorCode.BROKER_ID_NOT_REGISTERED, f"Broker {cmd.body['broker_id']} is not registered.")
+            e = KraftError(
+                ErrorCode.BROKER_ID_NOT_REGISTERED,
+                f"Broker {cmd.body['broker_id']} is not registered.",
+            )
         return None, ControllerResult([], error_fields(e), reason)
 
 
-def _leave(image: MetadataImage, settings: ControllerSettings, broker_id: int, first: list[Record],
-           last: list[Record], reason: str, pending: Resume | None = None) -> ControllerResult:
+def _leave(
+    image: MetadataImage,
+    settings: ControllerSettings,
+    broker_id: int,
+    first: list[Record],
+    last: list[Record],
+    reason: str,
+    pending: Resume | None = None,
+) -> ControllerResult:
     """``first`` + the partition changes of ``broker_id`` leaving + ``last``, split if needed:
     a step holds at most ``settings.step_records`` records, so a broker with more partitions
     moves them over several commands. A step that filled up omits ``last``, answers
@@ -154,12 +213,14 @@ def _leave(image: MetadataImage, settings: ControllerSettings, broker_id: int, f
     changes, resume = broker_leaving_changes(image, settings, broker_id, pending, room - len(last))
     if resume is None:
         return ControllerResult([*first, *changes, *last], error_fields(), reason)
-    return ControllerResult([*first, *changes], {**error_fields(), "incomplete": True}, reason,
-                            pending=resume)
+    return ControllerResult(
+        [*first, *changes], {**error_fields(), "incomplete": True}, reason, pending=resume
+    )
 
 
-def fence_broker(image: MetadataImage, cmd: Command, settings: ControllerSettings,
-                 pending: Resume | None = None) -> ControllerResult:
+def fence_broker(
+    image: MetadataImage, cmd: Command, settings: ControllerSettings, pending: Resume | None = None
+) -> ControllerResult:
     """FenceBroker (session timeout or want_fence): leave ISRs and leadership, then fenced=1
     (written last, so a fenced broker has left everything). Already fenced: nothing to write."""
     reason = cmd.body.get("reason") or "session-timeout"
@@ -172,23 +233,32 @@ def fence_broker(image: MetadataImage, cmd: Command, settings: ControllerSetting
     return _leave(image, settings, reg.broker_id, [], [fence], reason, pending=pending)
 
 
-def unfence_broker(image: MetadataImage, cmd: Command, settings: ControllerSettings) -> ControllerResult:
+def unfence_broker(
+    image: MetadataImage, cmd: Command, settings: ControllerSettings
+) -> ControllerResult:
     """UnfenceBroker (caught up): fenced=-1, then leaderless partitions it can lead get it."""
     reason = "broker-unfenced"
     reg, failed = _transition(image, cmd, reason)
     if failed is not None:
         return failed
     if reg.in_controlled_shutdown:
-        error = KraftError(ErrorCode.INVALID_REQUEST,
-                           f"Broker {reg.broker_id} is in controlled shutdown; it must register again.")
+        error = KraftError(
+            ErrorCode.INVALID_REQUEST,
+            f"Broker {reg.broker_id} is in controlled shutdown; it must register again.",
+        )
         return ControllerResult([], error_fields(error), reason)
-    first: list[Record] = [BrokerRegistrationChangeRecord(reg.broker_id, reg.epoch, UNFENCE, 0)] if reg.fenced else []
+    first: list[Record] = (
+        [BrokerRegistrationChangeRecord(reg.broker_id, reg.epoch, UNFENCE, 0)] if reg.fenced else []
+    )
     if not first and not incomplete_continuation(cmd):
         return ControllerResult([], error_fields(), reason)
     room = settings.step_records - len(first)
     changes = broker_returning_changes(image, settings, reg.broker_id, limit=room)
-    response = error_fields() if not changes.remaining else {
-        **error_fields(), "incomplete": True, "remaining": changes.remaining}
+    response = (
+        error_fields()
+        if not changes.remaining
+        else {**error_fields(), "incomplete": True, "remaining": changes.remaining}
+    )
     return ControllerResult([*first, *changes], response, reason)
 
 
@@ -197,8 +267,9 @@ def incomplete_continuation(cmd: Command) -> bool:
     return cmd.body.get("continue") is True
 
 
-def begin_controlled_shutdown(image: MetadataImage, cmd: Command, settings: ControllerSettings,
-                              pending: Resume | None = None) -> ControllerResult:
+def begin_controlled_shutdown(
+    image: MetadataImage, cmd: Command, settings: ControllerSettings, pending: Resume | None = None
+) -> ControllerResult:
     """BeginControlledShutdown: in_controlled_shutdown=1, then leave ISRs and leadership. A
     fenced broker: nothing to write. Already shutting down: only what is left to move (if an
     earlier step was incomplete)."""
@@ -208,22 +279,34 @@ def begin_controlled_shutdown(image: MetadataImage, cmd: Command, settings: Cont
         return failed
     if reg.fenced:
         return ControllerResult([], error_fields(), reason)
-    first: list[Record] = [] if reg.in_controlled_shutdown else [
-        BrokerRegistrationChangeRecord(reg.broker_id, reg.epoch, FENCE_UNCHANGED, 1)]
-    return _leave(image, settings, reg.broker_id, first, [], reason,
-                  pending=pending if not first else None)
+    first: list[Record] = (
+        []
+        if reg.in_controlled_shutdown
+        else [BrokerRegistrationChangeRecord(reg.broker_id, reg.epoch, FENCE_UNCHANGED, 1)]
+    )
+    return _leave(
+        image, settings, reg.broker_id, first, [], reason, pending=pending if not first else None
+    )
 
 
-def allocate_producer_ids(image: MetadataImage, cmd: Command, settings: ControllerSettings) -> ControllerResult:
+def allocate_producer_ids(
+    image: MetadataImage, cmd: Command, settings: ControllerSettings
+) -> ControllerResult:
     """AllocateProducerIds: the next block of ``settings.producer_id_block_size`` ids."""
     reason = "producer-id-block"
     try:
         reg = checked_broker(image, cmd.body["broker_id"], cmd.body["broker_epoch"])
     except KraftError as e:
-        return ControllerResult([], {**error_fields(e), "producer_id_start": -1, "producer_id_len": 0}, reason)
+        return ControllerResult(
+            [], {**error_fields(e), "producer_id_start": -1, "producer_id_len": 0}, reason
+        )
     start, size = image.next_producer_id, settings.producer_id_block_size
     if start + size > 2**63 - 1:
         error = KraftError(ErrorCode.UNKNOWN_SERVER_ERROR, "Producer ids are exhausted.")
-        return ControllerResult([], {**error_fields(error), "producer_id_start": -1, "producer_id_len": 0}, reason)
+        return ControllerResult(
+            [], {**error_fields(error), "producer_id_start": -1, "producer_id_len": 0}, reason
+        )
     record = ProducerIdsRecord(reg.broker_id, reg.epoch, start + size)
-    return ControllerResult([record], {**error_fields(), "producer_id_start": start, "producer_id_len": size}, reason)
+    return ControllerResult(
+        [record], {**error_fields(), "producer_id_start": start, "producer_id_len": size}, reason
+    )

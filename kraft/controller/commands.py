@@ -9,6 +9,7 @@ key order; decoding is strict.
 A :class:`ControllerResult` is what a request handler returns: the records to append as one
 batch (possibly none), the response body, and the ``reason`` written into the batch provenance.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -22,8 +23,16 @@ from kraft.errors import ErrorCode, KraftError
 from kraft.records import Record
 from kraft.slots import slot_init
 
-_COMMAND_KEYS = ("api", "body", "request_id", "principal", "client_id", "timestamp_ms", "seed",
-                 "leader_id")
+_COMMAND_KEYS = (
+    "api",
+    "body",
+    "request_id",
+    "principal",
+    "client_id",
+    "timestamp_ms",
+    "seed",
+    "leader_id",
+)
 _COMMAND_TYPES = (str, dict, str, str, str, int, int, int)
 _MAX_SEED = 2**64 - 1
 
@@ -53,7 +62,7 @@ class Command:
         return msgpack.packb(self.to_dict(), use_bin_type=True)
 
     @classmethod
-    def decode(cls, data: bytes) -> "Command":
+    def decode(cls, data: bytes) -> Command:
         """Strictly decode; raises :class:`CommandDecodeError` naming what is wrong."""
         try:
             d = msgpack.unpackb(data, raw=False, strict_map_key=False)
@@ -61,7 +70,9 @@ class Command:
             raise CommandDecodeError(f"not a msgpack command: {e}") from None
         if not isinstance(d, dict) or tuple(d) != _COMMAND_KEYS:
             got = list(map(str, d)) if isinstance(d, dict) else type(d).__name__
-            raise CommandDecodeError(f"a command must be a map with keys {list(_COMMAND_KEYS)}, got {got}")
+            raise CommandDecodeError(
+                f"a command must be a map with keys {list(_COMMAND_KEYS)}, got {got}"
+            )
         values = tuple(d.values())  # in _COMMAND_KEYS order, the fields' order
         if tuple(map(type, values)) != _COMMAND_TYPES or not 0 <= values[6] <= _MAX_SEED:
             _explain(d)
@@ -80,7 +91,9 @@ def _explain(d: dict[str, Any]) -> None:
         if type(d[key]) is not int:
             raise CommandDecodeError(f"command {key} must be an integer, got {d[key]!r}")
     if not 0 <= d["seed"] <= _MAX_SEED:
-        raise CommandDecodeError(f"command seed must be an unsigned 64-bit integer, got {d['seed']}")
+        raise CommandDecodeError(
+            f"command seed must be an unsigned 64-bit integer, got {d['seed']}"
+        )
     raise CommandDecodeError(f"command body must be a map, got {type(d['body']).__name__}")
 
 

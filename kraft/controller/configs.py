@@ -6,11 +6,13 @@ surrounding blanks dropped); a bad key or value raises ``INVALID_CONFIG`` naming
 rule. Topic configs may have a broker *synonym*: a cluster-wide dynamic broker config (resource
 name "") that supplies the topic's default when the topic does not override it.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from kraft.errors import ErrorCode, KraftError
 from kraft.records import RESOURCE_BROKER, RESOURCE_TOPIC
@@ -74,18 +76,31 @@ _COMPRESSION = ("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer")
 _TIMESTAMP_TYPES = ("CreateTime", "LogAppendTime")
 
 TOPIC_CONFIGS: Mapping[str, ConfigDef] = _defs(
-    ConfigDef("cleanup.policy", LIST, "delete", items_of("delete", "compact"), "log.cleanup.policy",
-              "delete old segments, compact by key, or both"),
+    ConfigDef(
+        "cleanup.policy",
+        LIST,
+        "delete",
+        items_of("delete", "compact"),
+        "log.cleanup.policy",
+        "delete old segments, compact by key, or both",
+    ),
     ConfigDef("compression.type", STRING, "producer", one_of(*_COMPRESSION), "compression.type"),
-    ConfigDef("delete.retention.ms", LONG, "86400000", at_least(0), "log.cleaner.delete.retention.ms"),
+    ConfigDef(
+        "delete.retention.ms", LONG, "86400000", at_least(0), "log.cleaner.delete.retention.ms"
+    ),
     ConfigDef("file.delete.delay.ms", LONG, "60000", at_least(0)),
     ConfigDef("flush.messages", LONG, _MAX, at_least(1), "log.flush.interval.messages"),
     ConfigDef("flush.ms", LONG, _MAX, at_least(0)),
     ConfigDef("index.interval.bytes", INT, "4096", at_least(0)),
     ConfigDef("max.compaction.lag.ms", LONG, _MAX, at_least(1)),
     ConfigDef("max.message.bytes", INT, "1048588", at_least(0), "message.max.bytes"),
-    ConfigDef("message.timestamp.type", STRING, "CreateTime", one_of(*_TIMESTAMP_TYPES),
-              "log.message.timestamp.type"),
+    ConfigDef(
+        "message.timestamp.type",
+        STRING,
+        "CreateTime",
+        one_of(*_TIMESTAMP_TYPES),
+        "log.message.timestamp.type",
+    ),
     ConfigDef("message.timestamp.before.max.ms", LONG, _MAX, at_least(0)),
     ConfigDef("message.timestamp.after.max.ms", LONG, _MAX, at_least(0)),
     ConfigDef("min.cleanable.dirty.ratio", DOUBLE, "0.5", between(0, 1)),
@@ -98,7 +113,9 @@ TOPIC_CONFIGS: Mapping[str, ConfigDef] = _defs(
     ConfigDef("segment.index.bytes", INT, "10485760", at_least(4)),
     ConfigDef("segment.jitter.ms", LONG, "0", at_least(0)),
     ConfigDef("segment.ms", LONG, "604800000", at_least(1), "log.roll.ms"),
-    ConfigDef("unclean.leader.election.enable", BOOLEAN, "false", None, "unclean.leader.election.enable"),
+    ConfigDef(
+        "unclean.leader.election.enable", BOOLEAN, "false", None, "unclean.leader.election.enable"
+    ),
 )
 
 BROKER_CONFIGS: Mapping[str, ConfigDef] = _defs(
@@ -184,16 +201,22 @@ def validate_value(resource_type: int, key: object, value: object) -> str:
     """Check ``value`` for ``key``; return its canonical string or raise INVALID_CONFIG."""
     d = lookup(resource_type, key)
     if not isinstance(value, str):
-        raise KraftError(ErrorCode.INVALID_CONFIG,
-                         f"Invalid value {value!r} for configuration {d.name}: the value must be a string")
+        raise KraftError(
+            ErrorCode.INVALID_CONFIG,
+            f"Invalid value {value!r} for configuration {d.name}: the value must be a string",
+        )
     try:
         parsed, canonical = _parse(d, value)
     except ValueError as e:
-        raise KraftError(ErrorCode.INVALID_CONFIG, f"Invalid value {value!r} for configuration {d.name}: {e}") from None
+        raise KraftError(
+            ErrorCode.INVALID_CONFIG, f"Invalid value {value!r} for configuration {d.name}: {e}"
+        ) from None
     problem = d.rule(parsed) if d.rule is not None else None
     if problem is not None:
-        raise KraftError(ErrorCode.INVALID_CONFIG,
-                         f"Invalid value {value!r} for configuration {d.name}: value {problem}")
+        raise KraftError(
+            ErrorCode.INVALID_CONFIG,
+            f"Invalid value {value!r} for configuration {d.name}: value {problem}",
+        )
     return canonical
 
 

@@ -17,11 +17,13 @@ Election kinds:
 With ELR disabled the ISR is never emptied: a target ISR that would be empty leaves the ISR as it
 is (its last member stays, so it can lead cleanly when it returns).
 """
+
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Callable, Iterator, Sequence
 from operator import itemgetter
-from typing import Callable, Iterator, NamedTuple, Sequence
+from typing import NamedTuple
 
 from kraft.errors import ErrorCode
 from kraft.image import MetadataImage, PartitionRegistration, TopicImage
@@ -34,18 +36,20 @@ from kraft.records import (
 )
 
 __all__ = [
+    "ONLINE",
+    "PREFERRED",
+    "UNCLEAN",
     "Changes",
-    "ONLINE", "PREFERRED", "UNCLEAN",
     "ElectionOutcome",
     "build_partition_change",
-    "changes_for_fenced_broker",
     "changes_for_controlled_shutdown",
+    "changes_for_fenced_broker",
     "changes_for_unfenced_broker",
-    "leaving_change",
-    "leaving_changes",
+    "complete_reassignment",
     "elect_preferred_leader",
     "elect_unclean_leader",
-    "complete_reassignment",
+    "leaving_change",
+    "leaving_changes",
 ]
 
 ONLINE, PREFERRED, UNCLEAN = "online", "preferred", "unclean"
@@ -74,8 +78,9 @@ def _never(_: TopicImage) -> bool:
 # ---------------------------------------------------------------------------------------------
 
 
-def complete_reassignment(replicas: Sequence[int], isr: Sequence[int], removing: Sequence[int],
-                          adding: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+def complete_reassignment(
+    replicas: Sequence[int], isr: Sequence[int], removing: Sequence[int], adding: Sequence[int]
+) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
     """If a reassignment is in progress and ``isr`` now allows finishing it, the final
     (replicas, isr): the removing replicas are dropped from both, which must leave a non-empty ISR
     that holds every remaining replica. None if there is nothing to finish yet."""
@@ -92,8 +97,13 @@ def complete_reassignment(replicas: Sequence[int], isr: Sequence[int], removing:
     return new_replicas, new_isr
 
 
-def _elect(partition: PartitionRegistration, replicas: Sequence[int], isr: Sequence[int],
-           is_acceptable: IsAcceptable, election: str) -> tuple[int, str | None]:
+def _elect(
+    partition: PartitionRegistration,
+    replicas: Sequence[int],
+    isr: Sequence[int],
+    is_acceptable: IsAcceptable,
+    election: str,
+) -> tuple[int, str | None]:
     """(leader, how) for the target replicas/ISR; how is "clean", "preferred", "unclean" or None
     when the result is the current leader or no leader."""
 
@@ -148,11 +158,13 @@ def build_partition_change(
         election = UNCLEAN
     replicas = partition.replicas if target_replicas is None else tuple(target_replicas)
     isr = partition.isr if target_isr is None else tuple(target_isr)
-    removing = (partition.removing_replicas if target_removing is None
-                else tuple(target_removing))
+    removing = partition.removing_replicas if target_removing is None else tuple(target_removing)
     adding = partition.adding_replicas if target_adding is None else tuple(target_adding)
-    recovery = (partition.leader_recovery_state if target_recovery_state == RECOVERY_UNCHANGED
-                else target_recovery_state)
+    recovery = (
+        partition.leader_recovery_state
+        if target_recovery_state == RECOVERY_UNCHANGED
+        else target_recovery_state
+    )
 
     if removing or adding:
         finished = complete_reassignment(replicas, isr, removing, adding)
@@ -177,14 +189,28 @@ def build_partition_change(
     adding_field = adding if adding != partition.adding_replicas else None
     recovery_field = recovery if recovery != partition.leader_recovery_state else RECOVERY_UNCHANGED
 
-    if (leader_field == LEADER_UNCHANGED and isr_field is None and replicas_field is None
-            and removing_field is None and adding_field is None
-            and recovery_field == RECOVERY_UNCHANGED):
+    if (
+        leader_field == LEADER_UNCHANGED
+        and isr_field is None
+        and replicas_field is None
+        and removing_field is None
+        and adding_field is None
+        and recovery_field == RECOVERY_UNCHANGED
+    ):
         return None
     if leader_field in (LEADER_UNCHANGED, LEADER_NONE):
         how = None
-    return PartitionChangeRecord(partition_id, topic_id, isr_field, leader_field, replicas_field,
-                                 removing_field, adding_field, recovery_field, how)
+    return PartitionChangeRecord(
+        partition_id,
+        topic_id,
+        isr_field,
+        leader_field,
+        replicas_field,
+        removing_field,
+        adding_field,
+        recovery_field,
+        how,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -192,28 +218,32 @@ def build_partition_change(
 # ---------------------------------------------------------------------------------------------
 
 
-def elect_preferred_leader(topic_id: str, partition_id: int, partition: PartitionRegistration,
-                           is_acceptable: IsAcceptable) -> ElectionOutcome:
+def elect_preferred_leader(
+    topic_id: str, partition_id: int, partition: PartitionRegistration, is_acceptable: IsAcceptable
+) -> ElectionOutcome:
     """A requested preferred election: ELECTION_NOT_NEEDED when replica 0 already leads,
     PREFERRED_LEADER_NOT_AVAILABLE when nothing would change (replica 0 not in the ISR or not
     acceptable and the current leader stays)."""
     if partition.replicas and partition.leader == partition.replicas[0]:
         return ElectionOutcome(None, ErrorCode.ELECTION_NOT_NEEDED)
-    record = build_partition_change(topic_id, partition_id, partition, is_acceptable,
-                                    election=PREFERRED)
+    record = build_partition_change(
+        topic_id, partition_id, partition, is_acceptable, election=PREFERRED
+    )
     if record is None:
         return ElectionOutcome(None, ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE)
     return ElectionOutcome(record, ErrorCode.NONE)
 
 
-def elect_unclean_leader(topic_id: str, partition_id: int, partition: PartitionRegistration,
-                         is_acceptable: IsAcceptable) -> ElectionOutcome:
+def elect_unclean_leader(
+    topic_id: str, partition_id: int, partition: PartitionRegistration, is_acceptable: IsAcceptable
+) -> ElectionOutcome:
     """A requested unclean election: ELECTION_NOT_NEEDED when the partition has a leader,
     ELIGIBLE_LEADERS_NOT_AVAILABLE when no replica is acceptable."""
     if partition.leader != LEADER_NONE:
         return ElectionOutcome(None, ErrorCode.ELECTION_NOT_NEEDED)
-    record = build_partition_change(topic_id, partition_id, partition, is_acceptable,
-                                    election=UNCLEAN)
+    record = build_partition_change(
+        topic_id, partition_id, partition, is_acceptable, election=UNCLEAN
+    )
     if record is None or record.leader in (LEADER_UNCHANGED, LEADER_NONE):
         return ElectionOutcome(None, ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE)
     return ElectionOutcome(record, ErrorCode.NONE)
@@ -231,8 +261,11 @@ def _topics_in_name_order(image: MetadataImage) -> Iterator[TopicImage]:
 
 
 def _active_brokers_except(image: MetadataImage, broker_id: int) -> frozenset[int]:
-    return frozenset(b for b, reg in image.brokers.items()
-                     if b != broker_id and not reg.fenced and not reg.in_controlled_shutdown)
+    return frozenset(
+        b
+        for b, reg in image.brokers.items()
+        if b != broker_id and not reg.fenced and not reg.in_controlled_shutdown
+    )
 
 
 class Changes(list):
@@ -242,9 +275,11 @@ class Changes(list):
     remaining: int = 0
 
 
-def _collect(candidates: Iterator[tuple[TopicImage, int, PartitionRegistration]],
-             build: Callable[[TopicImage, int, PartitionRegistration], PartitionChangeRecord | None],
-             limit: int | None) -> Changes:
+def _collect(
+    candidates: Iterator[tuple[TopicImage, int, PartitionRegistration]],
+    build: Callable[[TopicImage, int, PartitionRegistration], PartitionChangeRecord | None],
+    limit: int | None,
+) -> Changes:
     """Build records from ``candidates`` until ``limit`` of them exist; count the rest (a cheap
     scan instead of building records a later step would recompute anyway)."""
     out = Changes()
@@ -261,9 +296,13 @@ def _collect(candidates: Iterator[tuple[TopicImage, int, PartitionRegistration]]
 Resume = tuple[str, int]  # (topic name, partition id): where a stepped transition continues
 
 
-def leaving_changes(image: MetadataImage, broker_id: int, unclean_allowed: UncleanAllowed = _never,
-                    limit: int | None = None, resume: Resume | None = None
-                    ) -> tuple[Changes, Resume | None]:
+def leaving_changes(
+    image: MetadataImage,
+    broker_id: int,
+    unclean_allowed: UncleanAllowed = _never,
+    limit: int | None = None,
+    resume: Resume | None = None,
+) -> tuple[Changes, Resume | None]:
     """The partition changes of ``broker_id`` leaving (fencing, controlled shutdown,
     unregistration): the partitions it is in the ISR of or leads, topics by name, partitions by
     id, from ``resume`` on (inclusive), until ``limit`` records exist. Returns the records and
@@ -281,8 +320,11 @@ def leaving_changes(image: MetadataImage, broker_id: int, unclean_allowed: Uncle
     first = bisect_left(names, resume[0]) if resume is not None else 0
     for name in names[first:]:
         topic = by_id[by_name[name]]
-        affected = [(pid, p) for pid, p in topic.partitions.items()  # p[1]: isr, p[4]: leader
-                    if broker_id in p[1] or p[4] == broker_id]
+        affected = [
+            (pid, p)
+            for pid, p in topic.partitions.items()  # p[1]: isr, p[4]: leader
+            if broker_id in p[1] or p[4] == broker_id
+        ]
         if not affected:
             continue
         if resume is not None and name == resume[0]:
@@ -299,9 +341,14 @@ def leaving_changes(image: MetadataImage, broker_id: int, unclean_allowed: Uncle
     return out, None
 
 
-def leaving_change(topic_id: str, partition_id: int, partition: PartitionRegistration,
-                   broker_id: int, acceptable: frozenset[int], unclean_allowed: bool
-                   ) -> PartitionChangeRecord | None:
+def leaving_change(
+    topic_id: str,
+    partition_id: int,
+    partition: PartitionRegistration,
+    broker_id: int,
+    acceptable: frozenset[int],
+    unclean_allowed: bool,
+) -> PartitionChangeRecord | None:
     """The record of one partition when ``broker_id`` leaves (None: nothing changes), given
     the ids of the brokers that may lead (``acceptable``, never negative): the same as
     ``build_partition_change(..., acceptable.__contains__, target_isr=<the ISR without
@@ -311,8 +358,14 @@ def leaving_change(topic_id: str, partition_id: int, partition: PartitionRegistr
     replicas, isr, removing, adding, leader, recovery = partition[:6]
     new_isr = tuple([b for b in isr if b != broker_id])
     if removing or adding:
-        return build_partition_change(topic_id, partition_id, partition, acceptable.__contains__,
-                                      target_isr=new_isr, unclean_allowed=unclean_allowed)
+        return build_partition_change(
+            topic_id,
+            partition_id,
+            partition,
+            acceptable.__contains__,
+            target_isr=new_isr,
+            unclean_allowed=unclean_allowed,
+        )
     how: str | None = None
     if leader in new_isr and leader in acceptable:  # LEADER_NONE is never in the ISR
         new_leader = leader
@@ -338,17 +391,23 @@ def leaving_change(topic_id: str, partition_id: int, partition: PartitionRegistr
         new_leader, how = LEADER_UNCHANGED, None
     elif new_leader == LEADER_NONE:
         how = None
-    return PartitionChangeRecord(partition_id, topic_id, isr_field, new_leader, None, None, None,
-                                 recovery_field, how)
+    return PartitionChangeRecord(
+        partition_id, topic_id, isr_field, new_leader, None, None, None, recovery_field, how
+    )
 
 
-def _changes_for_leaving_broker(image: MetadataImage, broker_id: int, unclean_allowed: UncleanAllowed,
-                                limit: int | None = None) -> Changes:
+def _changes_for_leaving_broker(
+    image: MetadataImage, broker_id: int, unclean_allowed: UncleanAllowed, limit: int | None = None
+) -> Changes:
     return leaving_changes(image, broker_id, unclean_allowed, limit)[0]
 
 
-def changes_for_fenced_broker(image: MetadataImage, broker_id: int,
-                              unclean_allowed: UncleanAllowed = _never, limit: int | None = None) -> Changes:
+def changes_for_fenced_broker(
+    image: MetadataImage,
+    broker_id: int,
+    unclean_allowed: UncleanAllowed = _never,
+    limit: int | None = None,
+) -> Changes:
     """Fencing ``broker_id`` (session timeout, want-fence, shutdown-now, unregistration): drop it
     from every ISR (the last member stays) and move leadership to another acceptable replica;
     the fenced broker is never acceptable. ``unclean_allowed(topic)`` is the topic's setting;
@@ -356,15 +415,22 @@ def changes_for_fenced_broker(image: MetadataImage, broker_id: int,
     return _changes_for_leaving_broker(image, broker_id, unclean_allowed, limit)
 
 
-def changes_for_controlled_shutdown(image: MetadataImage, broker_id: int,
-                                    unclean_allowed: UncleanAllowed = _never,
-                                    limit: int | None = None) -> Changes:
+def changes_for_controlled_shutdown(
+    image: MetadataImage,
+    broker_id: int,
+    unclean_allowed: UncleanAllowed = _never,
+    limit: int | None = None,
+) -> Changes:
     """A broker entering controlled shutdown leaves ISRs and leadership like a fenced one."""
     return _changes_for_leaving_broker(image, broker_id, unclean_allowed, limit)
 
 
-def changes_for_unfenced_broker(image: MetadataImage, broker_id: int,
-                                unclean_allowed: UncleanAllowed = _never, limit: int | None = None) -> Changes:
+def changes_for_unfenced_broker(
+    image: MetadataImage,
+    broker_id: int,
+    unclean_allowed: UncleanAllowed = _never,
+    limit: int | None = None,
+) -> Changes:
     """Unfencing ``broker_id``: each leaderless partition it can lead gets a leader (cleanly when
     it is in the ISR, uncleanly where the topic allows it). The returning broker counts as
     acceptable even though the image still shows it fenced."""
@@ -372,19 +438,23 @@ def changes_for_unfenced_broker(image: MetadataImage, broker_id: int,
     acceptable = (_active_brokers_except(image, broker_id) | {broker_id}).__contains__
     allowed: dict[str, bool] = {}
 
-    def build(topic: TopicImage, pid: int, partition: PartitionRegistration) -> PartitionChangeRecord | None:
+    def build(
+        topic: TopicImage, pid: int, partition: PartitionRegistration
+    ) -> PartitionChangeRecord | None:
         if topic.topic_id not in allowed:
             allowed[topic.topic_id] = unclean_allowed(topic)
         if broker_id not in partition.isr and not allowed[topic.topic_id]:
             return None
-        return build_partition_change(topic.topic_id, pid, partition, acceptable,
-                                      unclean_allowed=allowed[topic.topic_id])
+        return build_partition_change(
+            topic.topic_id, pid, partition, acceptable, unclean_allowed=allowed[topic.topic_id]
+        )
 
     return _collect(_leaderless_with_replica(image, broker_id), build, limit)
 
 
-def _leaderless_with_replica(image: MetadataImage, broker_id: int
-                             ) -> Iterator[tuple[TopicImage, int, PartitionRegistration]]:
+def _leaderless_with_replica(
+    image: MetadataImage, broker_id: int
+) -> Iterator[tuple[TopicImage, int, PartitionRegistration]]:
     """Leaderless partitions ``broker_id`` is a replica of, topics by name, partitions by id
     (the test inlined: one pass over 1M partitions costs ~0.3 s, not ~1 s)."""
     none = LEADER_NONE

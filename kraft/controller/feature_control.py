@@ -5,6 +5,7 @@ ActivateController is the first write of every newly active controller: a Leader
 preceded on a log that has no ``metadata.version`` yet by the bootstrap FeatureLevelRecord
 (Kafka writes its bootstrap records when the first leader activates on an empty log).
 """
+
 from __future__ import annotations
 
 from kraft.controller.commands import Command, ControllerResult, error_fields
@@ -22,11 +23,15 @@ def bootstrap_records(image: MetadataImage, settings: ControllerSettings) -> lis
     return [FeatureLevelRecord(METADATA_VERSION, settings.metadata_version)]
 
 
-def activate_controller(image: MetadataImage, cmd: Command, settings: ControllerSettings) -> ControllerResult:
+def activate_controller(
+    image: MetadataImage, cmd: Command, settings: ControllerSettings
+) -> ControllerResult:
     """ActivateController {leader_id, term}: [bootstrap records,] LeaderChangeRecord."""
     bootstrap = bootstrap_records(image, settings)
     records = [*bootstrap, LeaderChangeRecord(cmd.body["leader_id"], cmd.body["term"])]
-    return ControllerResult(records, error_fields(), "bootstrap" if bootstrap else "controller-activated")
+    return ControllerResult(
+        records, error_fields(), "bootstrap" if bootstrap else "controller-activated"
+    )
 
 
 def no_op(image: MetadataImage, cmd: Command, settings: ControllerSettings) -> ControllerResult:

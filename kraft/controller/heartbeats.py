@@ -22,6 +22,7 @@ controlled shutdown):
 Session expiry: :meth:`BrokerHeartbeatManager.next_expired` names one broker (not known to be
 fenced) whose session expired, oldest contact first, so each fence is visible before the next.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -33,7 +34,11 @@ from kraft.image import MetadataImage
 __all__ = ["BrokerHeartbeatManager", "HeartbeatDecision"]
 
 FENCED, UNFENCED, CONTROLLED_SHUTDOWN, SHUTDOWN_NOW = (
-    "FENCED", "UNFENCED", "CONTROLLED_SHUTDOWN", "SHUTDOWN_NOW")
+    "FENCED",
+    "UNFENCED",
+    "CONTROLLED_SHUTDOWN",
+    "SHUTDOWN_NOW",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +61,14 @@ class HeartbeatDecision:
 class _Session:
     """What the manager knows about one broker."""
 
-    __slots__ = ("epoch", "last_contact_ms", "metadata_offset", "fenced", "shutdown_offset", "ended")
+    __slots__ = (
+        "ended",
+        "epoch",
+        "fenced",
+        "last_contact_ms",
+        "metadata_offset",
+        "shutdown_offset",
+    )
 
     def __init__(self, epoch: int, now_ms: int, fenced: bool | None) -> None:
         self.epoch = epoch
@@ -105,8 +117,9 @@ class BrokerHeartbeatManager:
         """Controller activation: every broker gets a fresh session and its fence state is learned
         again. With ``image``, the tracked brokers become exactly the image's registrations."""
         if image is not None:
-            self._sessions = {b.broker_id: _Session(b.epoch, now_ms, b.fenced)
-                              for b in image.brokers.values()}
+            self._sessions = {
+                b.broker_id: _Session(b.epoch, now_ms, b.fenced) for b in image.brokers.values()
+            }
         else:
             for session in self._sessions.values():
                 session.last_contact_ms = now_ms
@@ -118,8 +131,11 @@ class BrokerHeartbeatManager:
         """Whether the broker was heard from within the session timeout and has not been told to
         shut down (a cleanly stopped broker's next process may register at once)."""
         session = self._sessions.get(broker_id)
-        return (session is not None and not session.ended
-                and now_ms - session.last_contact_ms < self.session_timeout_ms)
+        return (
+            session is not None
+            and not session.ended
+            and now_ms - session.last_contact_ms < self.session_timeout_ms
+        )
 
     def next_expired(self, now_ms: int) -> int | None:
         """One broker not known to be fenced whose session expired (the oldest contact first), or
@@ -129,7 +145,10 @@ class BrokerHeartbeatManager:
         for broker_id, session in self._sessions.items():
             if session.fenced:
                 continue
-            if oldest is None or (session.last_contact_ms, broker_id) < (oldest.last_contact_ms, oldest_id):
+            if oldest is None or (session.last_contact_ms, broker_id) < (
+                oldest.last_contact_ms,
+                oldest_id,
+            ):
                 oldest_id, oldest = broker_id, session
         if oldest is None or now_ms - oldest.last_contact_ms < self.session_timeout_ms:
             return None
@@ -161,19 +180,30 @@ class BrokerHeartbeatManager:
 
     # ---- heartbeats -------------------------------------------------------------------------
 
-    def heartbeat(self, broker_id: int, epoch: int, metadata_offset: int, want_fence: bool,
-                  want_shutdown: bool, now_ms: int, image: MetadataImage) -> HeartbeatDecision:
+    def heartbeat(
+        self,
+        broker_id: int,
+        epoch: int,
+        metadata_offset: int,
+        want_fence: bool,
+        want_shutdown: bool,
+        now_ms: int,
+        image: MetadataImage,
+    ) -> HeartbeatDecision:
         """Process one heartbeat against ``image``. Raises BROKER_ID_NOT_REGISTERED for a broker
         the image does not know and STALE_BROKER_EPOCH for a wrong epoch."""
         reg = image.brokers.get(broker_id)
         if reg is None:
             self._sessions.pop(broker_id, None)
-            raise KraftError(ErrorCode.BROKER_ID_NOT_REGISTERED,
-                             f"Broker {broker_id} is not registered.")
+            raise KraftError(
+                ErrorCode.BROKER_ID_NOT_REGISTERED, f"Broker {broker_id} is not registered."
+            )
         if epoch != reg.epoch:
-            raise KraftError(ErrorCode.STALE_BROKER_EPOCH,
-                             f"Broker {broker_id} sent epoch {epoch}, but its registration has "
-                             f"epoch {reg.epoch}.")
+            raise KraftError(
+                ErrorCode.STALE_BROKER_EPOCH,
+                f"Broker {broker_id} sent epoch {epoch}, but its registration has "
+                f"epoch {reg.epoch}.",
+            )
         session = self._sessions.get(broker_id)
         if session is None or session.epoch != reg.epoch:
             session = self._sessions[broker_id] = _Session(reg.epoch, now_ms, reg.fenced)
@@ -183,7 +213,9 @@ class BrokerHeartbeatManager:
         caught_up = metadata_offset >= reg.epoch
         ident = {"broker_id": broker_id, "broker_epoch": reg.epoch}
 
-        def decide(state: str, command: tuple[str, dict[str, Any]] | None = None) -> HeartbeatDecision:
+        def decide(
+            state: str, command: tuple[str, dict[str, Any]] | None = None
+        ) -> HeartbeatDecision:
             session.ended = state == SHUTDOWN_NOW
             return HeartbeatDecision(caught_up, reg.fenced, state == SHUTDOWN_NOW, command, state)
 
@@ -201,7 +233,9 @@ class BrokerHeartbeatManager:
             if want_shutdown:
                 if self.leads_any_partition(image, broker_id):
                     return decide(CONTROLLED_SHUTDOWN, ("BeginControlledShutdown", dict(ident)))
-                return decide(SHUTDOWN_NOW, ("FenceBroker", {**ident, "reason": "controlled-shutdown"}))
+                return decide(
+                    SHUTDOWN_NOW, ("FenceBroker", {**ident, "reason": "controlled-shutdown"})
+                )
             return decide(UNFENCED)
         # in controlled shutdown
         if want_fence:
@@ -223,6 +257,9 @@ class BrokerHeartbeatManager:
             cache = self._leads_cache = (image, {})
         answers = cache[1]
         if broker_id not in answers:
-            answers[broker_id] = any(p.leader == broker_id for t in image.topics_by_id.values()
-                                     for p in t.partitions.values())
+            answers[broker_id] = any(
+                p.leader == broker_id
+                for t in image.topics_by_id.values()
+                for p in t.partitions.values()
+            )
         return answers[broker_id]

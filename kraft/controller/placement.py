@@ -14,10 +14,12 @@ Rules (Kafka's StripedReplicaPlacer, re-derived from its description):
 Failures raise ``KraftError(INVALID_REPLICATION_FACTOR, ...)``. The result depends only on the
 brokers and the ``random.Random`` passed in, so every controller computes the same placement.
 """
+
 from __future__ import annotations
 
 import random
-from typing import Any, NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 from kraft.errors import ErrorCode, KraftError
 
@@ -47,7 +49,7 @@ class _Rack:
     for the leaders it gives, one each for the unfenced and fenced followers it gives. Every
     cursor starts at a random position."""
 
-    __slots__ = ("unfenced", "fenced", "next_leader", "next_unfenced", "next_fenced")
+    __slots__ = ("fenced", "next_fenced", "next_leader", "next_unfenced", "unfenced")
 
     def __init__(self, unfenced: list[int], fenced: list[int], rng: random.Random) -> None:
         self.unfenced = unfenced
@@ -86,25 +88,36 @@ def _rack_sort_key(rack: str | None) -> tuple[bool, str]:
     return (rack is not None, rack or "")
 
 
-def place_replicas(brokers: Sequence[Any], start_partition: int, num_partitions: int,
-                   replication_factor: int, rng: random.Random) -> list[list[int]]:
+def place_replicas(
+    brokers: Sequence[Any],
+    start_partition: int,
+    num_partitions: int,
+    replication_factor: int,
+    rng: random.Random,
+) -> list[list[int]]:
     """Replica lists (preferred leader first) for partitions ``start_partition`` ..
     ``start_partition + num_partitions - 1``. ``brokers`` are :class:`PlacementBroker`\\ s or
     broker registrations (those in controlled shutdown are skipped)."""
     candidates = [b for b in map(_as_placement_broker, brokers) if b is not None]
     skipped = len(brokers) - len(candidates)
     if replication_factor <= 0:
-        raise KraftError(ErrorCode.INVALID_REPLICATION_FACTOR,
-                         f"Invalid replication factor {replication_factor}: it must be at least 1.")
+        raise KraftError(
+            ErrorCode.INVALID_REPLICATION_FACTOR,
+            f"Invalid replication factor {replication_factor}: it must be at least 1.",
+        )
     if replication_factor > len(candidates):
         where = f" ({skipped} more are in controlled shutdown)" if skipped else ""
-        raise KraftError(ErrorCode.INVALID_REPLICATION_FACTOR,
-                         f"The target replication factor of {replication_factor} cannot be reached "
-                         f"because only {len(candidates)} broker(s) are registered{where}.")
+        raise KraftError(
+            ErrorCode.INVALID_REPLICATION_FACTOR,
+            f"The target replication factor of {replication_factor} cannot be reached "
+            f"because only {len(candidates)} broker(s) are registered{where}.",
+        )
     if all(b.fenced for b in candidates):
-        raise KraftError(ErrorCode.INVALID_REPLICATION_FACTOR,
-                         f"Unable to place replicas: all {len(candidates)} usable broker(s) are "
-                         "currently fenced, and the first replica must be on an unfenced broker.")
+        raise KraftError(
+            ErrorCode.INVALID_REPLICATION_FACTOR,
+            f"Unable to place replicas: all {len(candidates)} usable broker(s) are "
+            "currently fenced, and the first replica must be on an unfenced broker.",
+        )
     if len({b.id for b in candidates}) != len(candidates):
         raise ValueError("place_replicas: duplicate broker ids")
     if num_partitions <= 0:

@@ -3,6 +3,7 @@
 Two controllers with different :class:`ControllerSettings` would write different records for the
 same command, so these come from the cluster's shared configuration, never from per-node state.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -38,13 +39,21 @@ class ControllerSettings:
         if self.num_partitions < 1:
             raise ValueError(f"num.partitions must be at least 1, got {self.num_partitions}")
         if self.default_replication_factor < 1:
-            raise ValueError(f"default.replication.factor must be at least 1, got {self.default_replication_factor}")
+            raise ValueError(
+                f"default.replication.factor must be at least 1, got {self.default_replication_factor}"
+            )
         if self.metadata_version < 1:
             raise ValueError(f"metadata.version must be at least 1, got {self.metadata_version}")
-        if (self.max_records_per_batch < 1 or self.producer_id_block_size < 1 or self.dedup_window < 0
-                or self.transition_step_records < 2):
-            raise ValueError("max_records_per_batch and producer_id_block_size must be positive, "
-                             "transition_step_records at least 2, dedup_window non-negative")
+        if (
+            self.max_records_per_batch < 1
+            or self.producer_id_block_size < 1
+            or self.dedup_window < 0
+            or self.transition_step_records < 2
+        ):
+            raise ValueError(
+                "max_records_per_batch and producer_id_block_size must be positive, "
+                "transition_step_records at least 2, dedup_window non-negative"
+            )
 
     @property
     def step_records(self) -> int:

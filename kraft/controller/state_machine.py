@@ -16,11 +16,13 @@ every controller must hold the same window at the same offset: snapshots carry i
 on start-up), and a snapshot written before that existed is backed by the log batches before it
 (``ControllerNode._seed_dedup_window``).
 """
+
 from __future__ import annotations
 
-from collections import OrderedDict
 import threading
-from typing import Any, Callable, Iterable
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from kraft.controller import cluster_control, config_control, feature_control, replication_control
 from kraft.controller.commands import Command, ControllerResult, error_response
@@ -33,7 +35,6 @@ from kraft.records import (
     PartitionRecord,
     ProducerIdsRecord,
     Provenance,
-    Record,
     RegisterBrokerRecord,
     RemoveTopicRecord,
     TopicRecord,
@@ -65,17 +66,24 @@ _RESUMABLE = frozenset({"FenceBroker", "BeginControlledShutdown", "UnregisterBro
 
 
 # the record types a retried request's answer says something about
-_SUMMARIZED = frozenset({TopicRecord, PartitionRecord, RemoveTopicRecord, RegisterBrokerRecord,
-                         ProducerIdsRecord})
+_SUMMARIZED = frozenset(
+    {TopicRecord, PartitionRecord, RemoveTopicRecord, RegisterBrokerRecord, ProducerIdsRecord}
+)
 
 
 def batch_summary(batch: Batch, image: MetadataImage) -> dict[str, Any]:
     """What a retried request is told about the batch its first attempt wrote: the offsets and
     what the records say (topics created or removed, a broker epoch, a producer-id block).
     ``image`` is the image the batch was applied to (to name removed topics)."""
-    summary: dict[str, Any] = {"duplicate": True, "request_id": batch.provenance.request_id,
-                               "api": batch.provenance.api, "error_code": 0, "error_message": "",
-                               "base_offset": batch.base_offset, "offset": batch.last_offset}
+    summary: dict[str, Any] = {
+        "duplicate": True,
+        "request_id": batch.provenance.request_id,
+        "api": batch.provenance.api,
+        "error_code": 0,
+        "error_message": "",
+        "base_offset": batch.base_offset,
+        "offset": batch.last_offset,
+    }
     topics: list[dict[str, Any]] = []
     created: dict[str, dict[str, Any]] = {}
     for record in batch.records:
@@ -83,8 +91,14 @@ def batch_summary(batch: Batch, image: MetadataImage) -> dict[str, Any]:
         if cls not in _SUMMARIZED:  # partition changes, configs...: nothing to say
             continue
         if cls is TopicRecord:
-            created[record.topic_id] = {"name": record.name, "topic_id": record.topic_id, "error_code": 0,
-                                        "error_message": "", "num_partitions": 0, "replication_factor": 0}
+            created[record.topic_id] = {
+                "name": record.name,
+                "topic_id": record.topic_id,
+                "error_code": 0,
+                "error_message": "",
+                "num_partitions": 0,
+                "replication_factor": 0,
+            }
             topics.append(created[record.topic_id])
         elif cls is PartitionRecord:
             if record.topic_id in created:
@@ -92,8 +106,14 @@ def batch_summary(batch: Batch, image: MetadataImage) -> dict[str, Any]:
                 created[record.topic_id]["replication_factor"] = len(record.replicas)
         elif cls is RemoveTopicRecord:
             old = image.topics_by_id.get(record.topic_id)
-            topics.append({"name": old.name if old else "", "topic_id": record.topic_id,
-                           "error_code": 0, "error_message": ""})
+            topics.append(
+                {
+                    "name": old.name if old else "",
+                    "topic_id": record.topic_id,
+                    "error_code": 0,
+                    "error_message": "",
+                }
+            )
         elif cls is RegisterBrokerRecord:
             summary["broker_epoch"] = record.broker_epoch
         else:  # ProducerIdsRecord
@@ -108,7 +128,9 @@ def batch_summary(batch: Batch, image: MetadataImage) -> dict[str, Any]:
 class QuorumStateMachine:
     """Applies commands to a :class:`MetadataImage`; see the module doc and docs/design.md."""
 
-    def __init__(self, settings: ControllerSettings, image: MetadataImage = MetadataImage.EMPTY) -> None:
+    def __init__(
+        self, settings: ControllerSettings, image: MetadataImage = MetadataImage.EMPTY
+    ) -> None:
         self.settings = settings
         self.image = image
         self._recent: OrderedDict[str, dict[str, Any]] = OrderedDict()
@@ -119,15 +141,18 @@ class QuorumStateMachine:
 
     # ---- writes -------------------------------------------------------------------------------
 
-    def apply(self, command: Command, raft_index: int, term: int,
-              raft_position: int = 0) -> tuple[Batch | None, dict[str, Any]]:
+    def apply(
+        self, command: Command, raft_index: int, term: int, raft_position: int = 0
+    ) -> tuple[Batch | None, dict[str, Any]]:
         """Apply one committed command; returns (batch to append or None, response body)."""
         self.last_encoded = None
         handler = WRITES.get(command.api)
         if handler is None:
             kind = APIS[command.api].kind if command.api in APIS else "unknown"
-            return None, error_response(ErrorCode.INVALID_REQUEST,
-                                        f"{command.api!r} is not a replicated write API ({kind}).")
+            return None, error_response(
+                ErrorCode.INVALID_REQUEST,
+                f"{command.api!r} is not a replicated write API ({kind}).",
+            )
         if command.request_id:
             seen = self._recent.get(command.request_id)
             if seen is not None and seen["api"] == command.api:
@@ -135,27 +160,41 @@ class QuorumStateMachine:
         try:
             validate_request(command.api, command.body)
             if command.api in _RESUMABLE:
-                result = handler(self.image, command, self.settings, pending=self._pending_for(command))
+                result = handler(
+                    self.image, command, self.settings, pending=self._pending_for(command)
+                )
             else:
                 result = handler(self.image, command, self.settings)
         except KraftError as e:
             return None, error_response(e.code, e.message)
         except Exception as e:  # malformed nested input the handler did not anticipate
-            return None, error_response(ErrorCode.INVALID_REQUEST,
-                                        f"{command.api}: malformed request ({type(e).__name__}: {e})")
+            return None, error_response(
+                ErrorCode.INVALID_REQUEST,
+                f"{command.api}: malformed request ({type(e).__name__}: {e})",
+            )
         if not result.records:
             return None, result.response
         image = self.image
         batch = Batch(  # positional: this runs for every command on every controller
-            image.offset + 1, term, raft_index, max(command.timestamp_ms, image.timestamp_ms),
-            Provenance(command.principal, command.client_id, command.request_id, command.api,
-                       result.reason),
-            image.last_hash, tuple(result.records), raft_position)
+            image.offset + 1,
+            term,
+            raft_index,
+            max(command.timestamp_ms, image.timestamp_ms),
+            Provenance(
+                command.principal, command.client_id, command.request_id, command.api, result.reason
+            ),
+            image.last_hash,
+            tuple(result.records),
+            raft_position,
+        )
         encoded = batch.encode()
         self.replay_batch(batch, encoded)  # a ReplayError here is fatal: let it propagate
         self.last_encoded = encoded
-        self._pending = None if result.pending is None else (
-            self._pending_key(command, self.image), result.pending)
+        self._pending = (
+            None
+            if result.pending is None
+            else (self._pending_key(command, self.image), result.pending)
+        )
         return batch, result.response
 
     @property
@@ -196,7 +235,9 @@ class QuorumStateMachine:
         while len(self._recent) > self.settings.dedup_window:
             self._recent.popitem(last=False)
 
-    def reset(self, image: MetadataImage, request_ids: Iterable[tuple[str, dict[str, Any]]]) -> None:
+    def reset(
+        self, image: MetadataImage, request_ids: Iterable[tuple[str, dict[str, Any]]]
+    ) -> None:
         """Adopt ``image`` and the dedup window stored with it (a snapshot was installed)."""
         with self._state_lock:
             self._recent = OrderedDict()
@@ -228,13 +269,22 @@ class QuorumStateMachine:
         """Answer a read-only API from the current image."""
         handler = READS.get(api)
         if handler is None:
-            return {"offset": self.image.offset, **error_response(
-                ErrorCode.INVALID_REQUEST, f"{api!r} is not a read API of the controller state machine.")}
+            return {
+                "offset": self.image.offset,
+                **error_response(
+                    ErrorCode.INVALID_REQUEST,
+                    f"{api!r} is not a read API of the controller state machine.",
+                ),
+            }
         try:
             validate_request(api, body)
             return handler(self.image, body, self.settings)
         except KraftError as e:
             return {"offset": self.image.offset, **error_response(e.code, e.message)}
         except Exception as e:
-            return {"offset": self.image.offset, **error_response(
-                ErrorCode.INVALID_REQUEST, f"{api}: malformed request ({type(e).__name__}: {e})")}
+            return {
+                "offset": self.image.offset,
+                **error_response(
+                    ErrorCode.INVALID_REQUEST, f"{api}: malformed request ({type(e).__name__}: {e})"
+                ),
+            }

@@ -4,11 +4,12 @@ Legal characters ``[a-zA-Z0-9._-]``, at most 249 characters, not ``.`` or ``..``
 and ``_`` collide in metric names, two topics whose names differ only by those characters
 cannot coexist.
 """
+
 from __future__ import annotations
 
 import itertools
 import re
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from kraft.errors import ErrorCode, KraftError
 
@@ -20,17 +21,23 @@ _MAX_VARIANT_BITS = 10  # beyond 2**10 spellings, scan the existing names instea
 def validate_topic_name(name: object) -> str:
     """Return ``name`` if it is a legal topic name, else raise INVALID_TOPIC_EXCEPTION."""
     if not isinstance(name, str) or name == "":
-        raise KraftError(ErrorCode.INVALID_TOPIC_EXCEPTION, "Topic name is illegal, it can't be empty.")
+        raise KraftError(
+            ErrorCode.INVALID_TOPIC_EXCEPTION, "Topic name is illegal, it can't be empty."
+        )
     if name in (".", ".."):
-        raise KraftError(ErrorCode.INVALID_TOPIC_EXCEPTION, f"Topic name cannot be \"{name}\".")
+        raise KraftError(ErrorCode.INVALID_TOPIC_EXCEPTION, f'Topic name cannot be "{name}".')
     if len(name) > MAX_NAME_LENGTH:
-        raise KraftError(ErrorCode.INVALID_TOPIC_EXCEPTION,
-                         f"Topic name is illegal, it can't be longer than {MAX_NAME_LENGTH} characters, "
-                         f"topic name: {name[:40]}... ({len(name)} characters)")
+        raise KraftError(
+            ErrorCode.INVALID_TOPIC_EXCEPTION,
+            f"Topic name is illegal, it can't be longer than {MAX_NAME_LENGTH} characters, "
+            f"topic name: {name[:40]}... ({len(name)} characters)",
+        )
     if not _LEGAL.fullmatch(name):
-        raise KraftError(ErrorCode.INVALID_TOPIC_EXCEPTION,
-                         f"Topic name '{name}' is illegal, it contains a character other than "
-                         "ASCII alphanumerics, '.', '_' and '-'")
+        raise KraftError(
+            ErrorCode.INVALID_TOPIC_EXCEPTION,
+            f"Topic name '{name}' is illegal, it contains a character other than "
+            "ASCII alphanumerics, '.', '_' and '-'",
+        )
     return name
 
 
@@ -43,7 +50,9 @@ def unify_collision_chars(name: str) -> str:
     return name.replace(".", "_")
 
 
-def find_collision(name: str, exists: Callable[[str], bool], all_names: Callable[[], Iterable[str]]) -> str | None:
+def find_collision(
+    name: str, exists: Callable[[str], bool], all_names: Callable[[], Iterable[str]]
+) -> str | None:
     """An existing name that differs from ``name`` only by '.' vs '_', or None.
 
     Tries every '.'/'_' spelling of ``name`` with ``exists`` (cheap for usual names); names with
@@ -69,6 +78,8 @@ def find_collision(name: str, exists: Callable[[str], bool], all_names: Callable
 
 
 def collision_error(name: str, other: str) -> KraftError:
-    return KraftError(ErrorCode.INVALID_TOPIC_EXCEPTION,
-                      f"Topic '{name}' collides with existing topic '{other}': names that differ only "
-                      "by '.' and '_' cannot coexist (they map to the same metric name).")
+    return KraftError(
+        ErrorCode.INVALID_TOPIC_EXCEPTION,
+        f"Topic '{name}' collides with existing topic '{other}': names that differ only "
+        "by '.' and '_' cannot coexist (they map to the same metric name).",
+    )

@@ -1,4 +1,5 @@
 """Errors raised by the metadata log and snapshot code."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -8,21 +8,33 @@ The newest appended batches (up to ``TAIL_CACHE_BYTES``) are also kept in memory
 long-polling the tail (``read_encoded``) are answered from there, with no file opened, sought or
 re-checked for every commit.
 """
+
 from __future__ import annotations
 
 import logging
 import os
 import threading
 from bisect import bisect_right
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, BinaryIO, Iterator
+from typing import BinaryIO
 
 from crc32c import crc32c
 
 from kraft.log.errors import CorruptLogError, OffsetOutOfRangeError
 from kraft.log.segment import (
-    CRC, FRAME_HEADER, HEADER_SIZE, TORN, ChainState, Problem, list_segments, parse_segment_name,
-    peek_base_offset, scan_buffer, segment_name, fsync_dir,
+    CRC,
+    FRAME_HEADER,
+    HEADER_SIZE,
+    TORN,
+    ChainState,
+    Problem,
+    fsync_dir,
+    list_segments,
+    parse_segment_name,
+    peek_base_offset,
+    scan_buffer,
+    segment_name,
 )
 from kraft.records import ZERO_HASH, Batch, batch_hash, decode_batch, decode_batch_envelope
 
@@ -39,7 +51,7 @@ _MAX_FRAMES_PER_WRITE = 500  # two iovecs a frame; IOV_MAX is 1024
 class _Segment:
     """In-memory facts about one segment file plus its sparse offset → position index."""
 
-    __slots__ = ("path", "base_offset", "size", "index_offsets", "index_positions", "_last_indexed")
+    __slots__ = ("_last_indexed", "base_offset", "index_offsets", "index_positions", "path", "size")
 
     def __init__(self, path: Path, base_offset: int, size: int = 0) -> None:
         self.path = path
@@ -96,8 +108,12 @@ class MetadataLog:
     # ------------------------------------------------------------------ opening and recovery
 
     @classmethod
-    def open(cls, directory: str | Path, segment_bytes: int = DEFAULT_SEGMENT_BYTES,
-             fsync: str = "always") -> "MetadataLog":
+    def open(
+        cls,
+        directory: str | Path,
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        fsync: str = "always",
+    ) -> MetadataLog:
         """Open (creating if needed) the log in ``directory``, validating every segment.
 
         A torn tail of the last segment is truncated with a WARNING; any other damage raises
@@ -119,9 +135,13 @@ class MetadataLog:
             if state is None:
                 state = ChainState.for_first_segment(base)
             elif state.next_offset != base:
-                raise CorruptLogError(path, 0, state.next_offset,
-                                      f"segment is named for offset {base} but the log continues "
-                                      f"at {state.next_offset}")
+                raise CorruptLogError(
+                    path,
+                    0,
+                    state.next_offset,
+                    f"segment is named for offset {base} but the log continues "
+                    f"at {state.next_offset}",
+                )
             self._load_segment(path, base, state, last=(i == len(paths) - 1))
         if self._segments:
             self._start_offset = self._segments[0].base_offset
@@ -164,18 +184,30 @@ class MetadataLog:
         """Truncate a torn tail of the last segment (a partial final frame, or zeros where the
         file grew but the data never reached the disk); raise for anything else, including a
         frame running past the end with an intact frame after it (a damaged length)."""
-        torn = (problem.kind == TORN or (problem.kind == CRC and problem.at_eof)
-                or not data[problem.position:].strip(b"\x00"))
+        torn = (
+            problem.kind == TORN
+            or (problem.kind == CRC and problem.at_eof)
+            or not data[problem.position :].strip(b"\x00")
+        )
         follower = _intact_frame_after(data, problem.position) if last and torn else None
         if follower is not None:
-            raise CorruptLogError(problem.path, problem.position, problem.offset,
-                                  f"{problem}; an intact frame follows at byte {follower}, so this "
-                                  "is damage, not a torn write")
+            raise CorruptLogError(
+                problem.path,
+                problem.position,
+                problem.offset,
+                f"{problem}; an intact frame follows at byte {follower}, so this "
+                "is damage, not a torn write",
+            )
         if not (last and torn):
             raise CorruptLogError(problem.path, problem.position, problem.offset, str(problem))
-        log.warning("metadata log %s: truncating torn tail at byte %d (offset %s, %d bytes "
-                    "dropped): %s", problem.path, problem.position, problem.offset,
-                    problem.file_size - problem.position, problem)
+        log.warning(
+            "metadata log %s: truncating torn tail at byte %d (offset %s, %d bytes dropped): %s",
+            problem.path,
+            problem.position,
+            problem.offset,
+            problem.file_size - problem.position,
+            problem,
+        )
         with open(problem.path, "r+b") as f:
             f.truncate(problem.position)
             if self.fsync == "always":
@@ -249,8 +281,10 @@ class MetadataLog:
         entry's; the caller has the hash from replaying them) with one write per segment they
         land in. The whole chain is checked before anything is written; the files end up
         exactly as with one ``append_encoded`` per batch."""
-        frames = [(FRAME_HEADER.pack(len(enc), crc32c(enc)), enc, batch, digest)
-                  for enc, batch, digest in items]
+        frames = [
+            (FRAME_HEADER.pack(len(enc), crc32c(enc)), enc, batch, digest)
+            for enc, batch, digest in items
+        ]
         with self._lock:
             self._check_writable()
             chain = (self._next_offset, self._last_hash, self._last_term)
@@ -262,8 +296,11 @@ class MetadataLog:
                 seg = self._active_segment()
                 position = end = seg.size
                 group = []
-                while i < len(frames) and len(group) < _MAX_FRAMES_PER_WRITE and (
-                        not group or end < self.segment_bytes):
+                while (
+                    i < len(frames)
+                    and len(group) < _MAX_FRAMES_PER_WRITE
+                    and (not group or end < self.segment_bytes)
+                ):
                     group.append(frames[i])
                     end += HEADER_SIZE + len(frames[i][1])
                     i += 1
@@ -340,7 +377,7 @@ class MetadataLog:
             if written < total:  # short write (rare: disk full, signals): finish it
                 rest = b"".join(parts)[written:]
                 while rest:
-                    rest = rest[os.write(self._fd, rest):]
+                    rest = rest[os.write(self._fd, rest) :]
         except BaseException as e:
             try:  # leave no partial frame behind
                 os.ftruncate(self._fd, position)
@@ -393,8 +430,9 @@ class MetadataLog:
         plan = self._plan(from_offset)
         return (decode_batch(p) for p in _read_payloads(plan, from_offset))
 
-    def recent_batches_before(self, end_offset: int, want: int,
-                              keep: Callable[[Batch], bool]) -> list[Batch]:
+    def recent_batches_before(
+        self, end_offset: int, want: int, keep: Callable[[Batch], bool]
+    ) -> list[Batch]:
         """The last ``want`` batches (oldest first) that end at or before ``end_offset`` and
         satisfy ``keep``, reading whole segments backwards from the one holding ``end_offset``
         — so the cost is a few segments, not the whole history."""
@@ -450,7 +488,7 @@ class MetadataLog:
             payloads = self._tail_payloads
             out = [payloads[i]]
             total = len(payloads[i])
-            for payload in payloads[i + 1:]:
+            for payload in payloads[i + 1 :]:
                 if total + len(payload) > max_bytes:
                     break
                 out.append(payload)
@@ -469,7 +507,7 @@ class MetadataLog:
             i = max(bisect_right(self._bases, from_offset) - 1, 0)
             first = self._segments[i]
             plan = [(first.path, first.position_for(from_offset), first.size)]
-            plan.extend((s.path, 0, s.size) for s in self._segments[i + 1:])
+            plan.extend((s.path, 0, s.size) for s in self._segments[i + 1 :])
             return plan
 
     # ------------------------------------------------------------------ retention and reset
@@ -493,8 +531,14 @@ class MetadataLog:
             log.info("retention: deleted metadata log segment %s", path)
         return deleted
 
-    def reset(self, next_offset: int, last_hash: bytes, last_term: int = 0,
-              last_raft_index: int = 0, last_timestamp_ms: int = 0) -> None:
+    def reset(
+        self,
+        next_offset: int,
+        last_hash: bytes,
+        last_term: int = 0,
+        last_raft_index: int = 0,
+        last_timestamp_ms: int = 0,
+    ) -> None:
         """Drop every segment and continue at ``next_offset`` after ``last_hash`` (e.g. after
         installing a snapshot). Not persisted until the next append creates a segment."""
         with self._lock:
@@ -523,15 +567,17 @@ class MetadataLog:
                 self._close_fd()
                 self._closed = True
 
-    def __enter__(self) -> "MetadataLog":
+    def __enter__(self) -> MetadataLog:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __repr__(self) -> str:
-        return (f"MetadataLog({str(self.directory)!r}, start={self._start_offset}, "
-                f"next={self._next_offset}, segments={len(self._segments)})")
+        return (
+            f"MetadataLog({str(self.directory)!r}, start={self._start_offset}, "
+            f"next={self._next_offset}, segments={len(self._segments)})"
+        )
 
 
 def _check_continues(batch: Batch, next_offset: int, last_hash: bytes, last_term: int) -> None:
@@ -541,8 +587,10 @@ def _check_continues(batch: Batch, next_offset: int, last_hash: bytes, last_term
     if batch.base_offset != next_offset:
         raise ValueError(f"batch base offset {batch.base_offset} != log next offset {next_offset}")
     if batch.prev_hash != last_hash:
-        raise ValueError(f"batch prev_hash {batch.prev_hash.hex()[:16]}… != log last hash "
-                         f"{last_hash.hex()[:16]}…")
+        raise ValueError(
+            f"batch prev_hash {batch.prev_hash.hex()[:16]}… != log last hash "
+            f"{last_hash.hex()[:16]}…"
+        )
     if batch.term < last_term:
         raise ValueError(f"batch term {batch.term} < log last term {last_term}")
 
@@ -551,7 +599,7 @@ def _read_payloads(plan: list[tuple[Path, int, int]], from_offset: int) -> Itera
     """Payloads of the planned segment ranges, starting at the batch holding ``from_offset``."""
     for n, (path, start, end) in enumerate(plan):
         try:
-            f = open(path, "rb", buffering=_READ_BUFFER)
+            f = open(path, "rb", buffering=_READ_BUFFER)  # noqa: SIM115 -- the with below closes it
         except FileNotFoundError:
             raise OffsetOutOfRangeError(from_offset, -1) from None  # deleted by retention
         with f:
@@ -565,7 +613,7 @@ def _intact_frame_after(data: bytes, start: int) -> int | None:
     for pos in range(start + 1, len(data) - HEADER_SIZE):
         length, crc = FRAME_HEADER.unpack_from(view, pos)
         end = pos + HEADER_SIZE + length
-        if 0 < length and end <= len(data) and crc32c(view[pos + HEADER_SIZE:end]) == crc:
+        if length > 0 and end <= len(data) and crc32c(view[pos + HEADER_SIZE : end]) == crc:
             return pos
     return None
 

@@ -8,14 +8,15 @@ The scanners here never raise on bad data: they yield :class:`Problem` values th
 the byte position and the record offset, so ``kraft log dump`` can report every break and
 :class:`~kraft.log.metadata_log.MetadataLog` can decide what is a torn tail and what is fatal.
 """
+
 from __future__ import annotations
 
 import os
 import re
 import struct
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
 
 import msgpack
 from crc32c import crc32c
@@ -29,13 +30,13 @@ _SEGMENT_RE = re.compile(r"^(\d{20})\.log$")
 
 # Problem kinds. TORN and CRC-at-EOF in the last segment are recoverable (truncated); the rest
 # are fatal for a node.
-TORN = "torn"          # header or payload runs past the end of the file
-CRC = "crc"            # checksum mismatch
-DECODE = "decode"      # valid CRC but the payload is not a batch
-OFFSET = "offset"      # offsets not contiguous (gap, overlap, misnamed segment)
-CHAIN = "chain"        # prev_hash does not match the previous batch's hash
-TERM = "term"          # term went backwards
-IO = "io"              # the file could not be read
+TORN = "torn"  # header or payload runs past the end of the file
+CRC = "crc"  # checksum mismatch
+DECODE = "decode"  # valid CRC but the payload is not a batch
+OFFSET = "offset"  # offsets not contiguous (gap, overlap, misnamed segment)
+CHAIN = "chain"  # prev_hash does not match the previous batch's hash
+TERM = "term"  # term went backwards
+IO = "io"  # the file could not be read
 
 _LABELS = {
     TORN: "torn frame",
@@ -100,7 +101,7 @@ class Problem:
     offset: int | None
     kind: str
     detail: str = ""
-    end: int = -1          # byte after the bad frame (-1: unknown / past EOF)
+    end: int = -1  # byte after the bad frame (-1: unknown / past EOF)
     file_size: int = -1
 
     @property
@@ -110,7 +111,9 @@ class Problem:
 
     def __str__(self) -> str:
         at = f"offset {self.offset}" if self.offset is not None else "offset unknown"
-        text = f"{_LABELS.get(self.kind, self.kind)} at {self.path.name} byte {self.position} ({at})"
+        text = (
+            f"{_LABELS.get(self.kind, self.kind)} at {self.path.name} byte {self.position} ({at})"
+        )
         return f"{text}: {self.detail}" if self.detail else text
 
 
@@ -126,7 +129,7 @@ class ChainState:
     last_term: int = -1
 
     @classmethod
-    def for_first_segment(cls, base_offset: int) -> "ChainState":
+    def for_first_segment(cls, base_offset: int) -> ChainState:
         """The state before the first segment: offset 0 chains from ZERO_HASH, anything later is
         anchored on whatever prev_hash its first batch carries."""
         return cls(base_offset, ZERO_HASH if base_offset == 0 else None, -1)
@@ -138,8 +141,10 @@ class ChainState:
         if self.next_offset is not None and batch.base_offset != self.next_offset:
             return OFFSET, f"expected base offset {self.next_offset}, found {batch.base_offset}"
         if self.last_hash is not None and batch.prev_hash != self.last_hash:
-            return CHAIN, (f"prev_hash {batch.prev_hash.hex()[:16]}… does not match the previous "
-                           f"batch's hash {self.last_hash.hex()[:16]}…")
+            return CHAIN, (
+                f"prev_hash {batch.prev_hash.hex()[:16]}… does not match the previous "
+                f"batch's hash {self.last_hash.hex()[:16]}…"
+            )
         if batch.term < self.last_term:
             return TERM, f"term {batch.term} after term {self.last_term}"
         return None
@@ -181,7 +186,7 @@ def iter_frames(data: bytes | memoryview, start: int = 0) -> Iterator[Frame]:
         if end > size:
             yield Frame(pos, -1, None, False)
             return
-        payload = view[pos + HEADER_SIZE:end]
+        payload = view[pos + HEADER_SIZE : end]
         yield Frame(pos, end, payload, crc32c(payload) == crc)
         pos = end
 
@@ -198,8 +203,12 @@ class ScanEntry:
     problem: Problem | None
 
 
-def scan_buffer(path: Path, data: bytes | memoryview, state: ChainState,
-                decode: Callable[[bytes], Batch] = decode_batch) -> Iterator[ScanEntry]:
+def scan_buffer(
+    path: Path,
+    data: bytes | memoryview,
+    state: ChainState,
+    decode: Callable[[bytes], Batch] = decode_batch,
+) -> Iterator[ScanEntry]:
     """Scan a segment's bytes, checking every frame against ``state`` (which is advanced).
     ``decode`` turns a payload into a batch or raises RecordDecodeError: the strict
     ``decode_batch`` by default; start-up recovery passes ``decode_batch_envelope``.
@@ -210,8 +219,13 @@ def scan_buffer(path: Path, data: bytes | memoryview, state: ChainState,
         expected = state.next_offset
         if frame.payload is None:
             detail = f"frame at byte {frame.position} runs past the end of the file ({size} bytes)"
-            yield ScanEntry(frame.position, -1, None, None,
-                            Problem(path, frame.position, expected, TORN, detail, -1, size))
+            yield ScanEntry(
+                frame.position,
+                -1,
+                None,
+                None,
+                Problem(path, frame.position, expected, TORN, detail, -1, size),
+            )
             return
         try:
             batch = decode(frame.payload)
@@ -219,9 +233,15 @@ def scan_buffer(path: Path, data: bytes | memoryview, state: ChainState,
             batch, err = None, str(e)
         if not frame.crc_ok:
             off = expected if expected is not None else (batch.base_offset if batch else None)
-            problem = Problem(path, frame.position, off, CRC,
-                              f"frame of {frame.end - frame.position - HEADER_SIZE} bytes",
-                              frame.end, size)
+            problem = Problem(
+                path,
+                frame.position,
+                off,
+                CRC,
+                f"frame of {frame.end - frame.position - HEADER_SIZE} bytes",
+                frame.end,
+                size,
+            )
             if batch is not None:
                 state.advance(batch, None)
             else:
@@ -230,8 +250,13 @@ def scan_buffer(path: Path, data: bytes | memoryview, state: ChainState,
             continue
         if batch is None:
             state.forget()
-            yield ScanEntry(frame.position, frame.end, None, None,
-                            Problem(path, frame.position, expected, DECODE, err, frame.end, size))
+            yield ScanEntry(
+                frame.position,
+                frame.end,
+                None,
+                None,
+                Problem(path, frame.position, expected, DECODE, err, frame.end, size),
+            )
             continue
         digest = batch.digest or batch_hash(frame.payload)
         bad = state.check(batch)
@@ -243,8 +268,11 @@ def scan_buffer(path: Path, data: bytes | memoryview, state: ChainState,
         yield ScanEntry(frame.position, frame.end, batch, digest, problem)
 
 
-def scan_segment(path: str | Path, state: ChainState | None = None,
-                 decode: Callable[[bytes], Batch] = decode_batch) -> Iterator[ScanEntry]:
+def scan_segment(
+    path: str | Path,
+    state: ChainState | None = None,
+    decode: Callable[[bytes], Batch] = decode_batch,
+) -> Iterator[ScanEntry]:
     """Scan one segment file. Without ``state`` the segment is checked on its own (its name
     gives the first offset; a non-zero first segment is anchored on its first prev_hash).
     ``decode``: as for :func:`scan_buffer`."""
@@ -277,9 +305,16 @@ def verify_log(directory: str | Path) -> list[Problem]:
         if path.stat().st_size == 0:
             continue
         if state.next_offset is not None and base != state.next_offset:
-            problems.append(Problem(path, 0, state.next_offset, OFFSET,
-                                    f"segment is named for offset {base} but the log continues "
-                                    f"at {state.next_offset}"))
+            problems.append(
+                Problem(
+                    path,
+                    0,
+                    state.next_offset,
+                    OFFSET,
+                    f"segment is named for offset {base} but the log continues "
+                    f"at {state.next_offset}",
+                )
+            )
             state.next_offset, state.last_hash = base, None  # re-anchor after the gap
         problems.extend(e.problem for e in scan_segment(path, state) if e.problem is not None)
     return problems

@@ -19,24 +19,37 @@ are decoded lazily, chunk by chunk, every value checked against the field kinds 
 few C-level passes). ``SnapshotRecords.iter_chunks`` hands out the checked rows without building
 record objects (``kraft.image.image_from_records`` uses it).
 """
+
 from __future__ import annotations
 
 import hashlib
 import logging
 import os
 import re
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, fields
 from itertools import chain, islice
 from operator import attrgetter
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterable, Iterator
+from typing import Any, BinaryIO
 
 import msgpack
 
 from kraft.log.errors import CorruptSnapshotError
 from kraft.log.segment import FRAME_HEADER, HEADER_SIZE, frame_header, fsync_dir, iter_frames
-from kraft.records import (BOOL, INT, INTS, OPT_INT, OPT_INTS, OPT_STR, RECORD_TYPES, STR,
-                           PartitionRecord, Record, RecordDecodeError)
+from kraft.records import (
+    BOOL,
+    INT,
+    INTS,
+    OPT_INT,
+    OPT_INTS,
+    OPT_STR,
+    RECORD_TYPES,
+    STR,
+    PartitionRecord,
+    Record,
+    RecordDecodeError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +98,7 @@ class SnapshotHeader:
         return d
 
     @classmethod
-    def from_dict(cls, d: Any) -> "SnapshotHeader":
+    def from_dict(cls, d: Any) -> SnapshotHeader:
         """Strictly decode a header map; raises ValueError naming the problem."""
         if not isinstance(d, dict) or d.get("kind") != "header":
             raise ValueError("first frame is not a snapshot header")
@@ -98,15 +111,25 @@ class SnapshotHeader:
             raise ValueError("header last_hash must be bytes and image_checksum a string")
         pairs = d.get("request_ids", [])
         if not isinstance(pairs, list) or not all(
-                isinstance(p, list) and len(p) == 2 and type(p[0]) is str and isinstance(p[1], dict)
-                for p in pairs):
+            isinstance(p, list) and len(p) == 2 and type(p[0]) is str and isinstance(p[1], dict)
+            for p in pairs
+        ):
             raise ValueError("header request_ids must be a list of [request id, answer] pairs")
-        return cls(d["end_offset"], d["term"], d["raft_index"], d["timestamp_ms"], d["last_hash"],
-                   d["record_count"], d["image_checksum"], d["format"],
-                   tuple((rid, answer) for rid, answer in pairs))
+        return cls(
+            d["end_offset"],
+            d["term"],
+            d["raft_index"],
+            d["timestamp_ms"],
+            d["last_hash"],
+            d["record_count"],
+            d["image_checksum"],
+            d["format"],
+            tuple((rid, answer) for rid, answer in pairs),
+        )
 
 
 # ------------------------------------------------------------------------------ names
+
 
 def snapshot_name(end_offset: int, term: int) -> str:
     """``%020d-%010d.checkpoint``."""
@@ -161,15 +184,20 @@ def delete_snapshots_before(directory: str | Path, end_offset: int) -> list[Path
 
 # ------------------------------------------------------------------------------ writing
 
-def write_snapshot(directory: str | Path, header: SnapshotHeader,
-                   records: Iterable[Record]) -> Path:
+
+def write_snapshot(
+    directory: str | Path, header: SnapshotHeader, records: Iterable[Record]
+) -> Path:
     """Write ``records`` (exactly ``header.record_count`` of them) as a snapshot; returns its
     path. Atomic: nothing named ``*.checkpoint`` exists until the file is complete and synced."""
     return _write(directory, header, _chunks(records))
 
 
-def write_snapshot_runs(directory: str | Path, header: SnapshotHeader,
-                        runs: Iterable[tuple[type[Record], Iterable[tuple]]]) -> Path:
+def write_snapshot_runs(
+    directory: str | Path,
+    header: SnapshotHeader,
+    runs: Iterable[tuple[type[Record], Iterable[tuple]]],
+) -> Path:
     """:func:`write_snapshot` of records given as runs ``(record class, rows)``, each row the
     values of ``cls.FIELDS`` in order (e.g. ``MetadataImage.record_runs()``): the same bytes as
     writing the records themselves, without building record objects."""
@@ -240,8 +268,12 @@ def _chunks(records: Iterable[Record]) -> Iterator[dict[str, Any]]:
             rows.append(getter(rec))
         else:
             pending = next(it, None)
-        yield {"type": cls.TYPE, "version": cls.VERSION, "fields": [n for n, _ in cls.FIELDS],
-               "rows": rows}
+        yield {
+            "type": cls.TYPE,
+            "version": cls.VERSION,
+            "fields": [n for n, _ in cls.FIELDS],
+            "rows": rows,
+        }
 
 
 def _run_chunks(runs: Iterable[tuple[type[Record], Iterable[tuple]]]) -> Iterator[dict[str, Any]]:
@@ -266,11 +298,16 @@ def _run_chunks(runs: Iterable[tuple[type[Record], Iterable[tuple]]]) -> Iterato
 
 
 def _chunk(cls: type[Record], rows: list[tuple]) -> dict[str, Any]:
-    return {"type": cls.TYPE, "version": cls.VERSION, "fields": [n for n, _ in cls.FIELDS],
-            "rows": rows}
+    return {
+        "type": cls.TYPE,
+        "version": cls.VERSION,
+        "fields": [n for n, _ in cls.FIELDS],
+        "rows": rows,
+    }
 
 
 # ------------------------------------------------------------------------------ reading
+
 
 def read_snapshot_header(path: str | Path) -> SnapshotHeader:
     """Only the header (CRC-checked), e.g. to list snapshots; does not verify the body."""
@@ -286,8 +323,9 @@ def read_snapshot_header(path: str | Path) -> SnapshotHeader:
     return _parse_header(path, frame)
 
 
-def read_snapshot(path: str | Path, strict: bool = True, unchecked_partitions: bool = False
-                  ) -> tuple[SnapshotHeader, "SnapshotRecords"]:
+def read_snapshot(
+    path: str | Path, strict: bool = True, unchecked_partitions: bool = False
+) -> tuple[SnapshotHeader, SnapshotRecords]:
     """Verify a snapshot (CRCs, structure, footer checksum and count) and return its header and
     a lazy iterator of its records. Raises CorruptSnapshotError (records: while iterating).
 
@@ -320,13 +358,16 @@ def read_snapshot(path: str | Path, strict: bool = True, unchecked_partitions: b
     if footer.get("sha256") != sha.digest():
         raise CorruptSnapshotError(path, frames[-1].position, "footer SHA-256 does not match")
     if footer.get("record_count") != header.record_count:
-        raise CorruptSnapshotError(path, frames[-1].position,
-                                   f"footer count {footer.get('record_count')} != header count "
-                                   f"{header.record_count}")
+        raise CorruptSnapshotError(
+            path,
+            frames[-1].position,
+            f"footer count {footer.get('record_count')} != header count {header.record_count}",
+        )
     body = [(fr.position, fr.payload) for fr in frames[1:-1]]  # views of ``data``: no copy
     unchecked = frozenset({PartitionRecord.TYPE}) if unchecked_partitions else frozenset()
-    return header, SnapshotRecords(path, body, header.record_count, frames[-1].position, strict,
-                                   unchecked)
+    return header, SnapshotRecords(
+        path, body, header.record_count, frames[-1].position, strict, unchecked
+    )
 
 
 def _parse_header(path: Path, frame: Any) -> SnapshotHeader:
@@ -343,8 +384,11 @@ def _parse_header(path: Path, frame: Any) -> SnapshotHeader:
     except ValueError:
         return header  # a copy under another name: nothing to compare
     if named != (header.end_offset, header.term):
-        raise CorruptSnapshotError(path, 0, f"name says (end offset, term) {named}, header says "
-                                            f"{(header.end_offset, header.term)}")
+        raise CorruptSnapshotError(
+            path,
+            0,
+            f"name says (end offset, term) {named}, header says {(header.end_offset, header.term)}",
+        )
     return header
 
 
@@ -362,8 +406,15 @@ class SnapshotRecords(Iterator[Record]):
     chunk's position, when iteration reaches it; so does a record count that differs from the
     header's, at the end."""
 
-    def __init__(self, path: Path, body: list[tuple[int, memoryview]], expected: int,
-                 footer_pos: int, strict: bool, unchecked_types: frozenset[int] = frozenset()) -> None:
+    def __init__(
+        self,
+        path: Path,
+        body: list[tuple[int, memoryview]],
+        expected: int,
+        footer_pos: int,
+        strict: bool,
+        unchecked_types: frozenset[int] = frozenset(),
+    ) -> None:
         self._path, self._body, self._expected = path, body, expected
         self._footer_pos, self._strict, self._unchecked = footer_pos, strict, unchecked_types
         self._records: Iterator[Record] | None = None
@@ -375,18 +426,20 @@ class SnapshotRecords(Iterator[Record]):
         for position, payload in self._body:
             chunk = _unpack(self._path, position, payload, use_list=False)
             try:
-                strict = self._strict and not (type(chunk) is dict
-                                               and chunk.get("type") in self._unchecked)
+                strict = self._strict and not (
+                    type(chunk) is dict and chunk.get("type") in self._unchecked
+                )
                 cls, rows = _decode_rows(chunk, strict)
             except (RecordDecodeError, TypeError) as e:
                 raise CorruptSnapshotError(self._path, position, f"bad record chunk: {e}") from None
             count += len(rows)
             yield cls, rows
         if count != self._expected:
-            raise CorruptSnapshotError(self._path, self._footer_pos,
-                                       f"{count} records, header says {self._expected}")
+            raise CorruptSnapshotError(
+                self._path, self._footer_pos, f"{count} records, header says {self._expected}"
+            )
 
-    def __iter__(self) -> "SnapshotRecords":
+    def __iter__(self) -> SnapshotRecords:
         return self
 
     def __next__(self) -> Record:
@@ -398,9 +451,13 @@ class SnapshotRecords(Iterator[Record]):
 _NONE = type(None)
 # Field kinds checked a column at a time: kind -> allowed value types (for lists: of the list).
 _COLUMN_TYPES: dict[Any, frozenset[type]] = {
-    INT: frozenset({int}), STR: frozenset({str}), BOOL: frozenset({bool}),
-    OPT_INT: frozenset({int, _NONE}), OPT_STR: frozenset({str, _NONE}),
-    INTS: frozenset({tuple}), OPT_INTS: frozenset({tuple, _NONE}),
+    INT: frozenset({int}),
+    STR: frozenset({str}),
+    BOOL: frozenset({bool}),
+    OPT_INT: frozenset({int, _NONE}),
+    OPT_STR: frozenset({str, _NONE}),
+    INTS: frozenset({tuple}),
+    OPT_INTS: frozenset({tuple, _NONE}),
 }
 _INT_LISTS = (INTS, OPT_INTS)
 _INT_ONLY = frozenset({int})

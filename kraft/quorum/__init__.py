@@ -1,6 +1,7 @@
 """The controller quorum: PySyncObj behind a trio API (``RaftQuorum``), group commit and a
 durable journal. ``kraft.quorum.raft`` and its ``trio_ticker`` are the only modules in pykraft
 that import pysyncobj."""
+
 from kraft.quorum.raft import ApplyTarget, RaftQuorum, RaftSettings
 
 __all__ = ["ApplyTarget", "RaftQuorum", "RaftSettings"]

@@ -25,13 +25,15 @@ PySyncObj creates its journal with the module-level ``pysyncobj.syncobj.createJo
 journal for the registered path (one registration per constructed ``SyncObj``) and leaves any
 other ``SyncObj`` in the process with PySyncObj's own journal.
 """
+
 from __future__ import annotations
 
 import logging
 import os
 import threading
+from collections.abc import Callable
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +42,7 @@ _registry_lock = threading.Lock()
 _original_create_journal: Callable[..., Any] | None = None
 
 
-def _create_journal(journalFile: str | None = None) -> Any:  # noqa: N803 (PySyncObj's name)
+def _create_journal(journalFile: str | None = None) -> Any:
     with _registry_lock:
         factory = _registry.pop(journalFile, None) if journalFile is not None else None
     if factory is None:
@@ -167,7 +169,8 @@ class DurableJournalMixin:
             mapped = self._FileJournal__journalFile  # type: ignore[attr-defined]
             mapped._destroy()
             self._FileJournal__journalFile = PwriteFile(  # type: ignore[attr-defined]
-                path, self._FileJournal__currentOffset)  # type: ignore[attr-defined]
+                path, self._FileJournal__currentOffset
+            )  # type: ignore[attr-defined]
         # PySyncObj never replaces the journal file (it resizes it in place), so one descriptor
         # of our own stays valid for syncing.
         self._sync_fd = os.open(path, os.O_RDONLY) if fsync else -1
@@ -187,7 +190,7 @@ class DurableJournalMixin:
         self._dirty = True
         self.synced_index = 0
 
-    def deleteEntriesFrom(self, entryFrom: int) -> None:  # noqa: N802,N803
+    def deleteEntriesFrom(self, entryFrom: int) -> None:
         self._wait_background()
         super().deleteEntriesFrom(entryFrom)  # type: ignore[misc]
         self._dirty = True
@@ -230,8 +233,9 @@ class DurableJournalMixin:
         with self._cond:
             self._background_target = target
             if self._syncer is None:
-                self._syncer = threading.Thread(target=self._sync_loop, name="journal-sync",
-                                                daemon=True)
+                self._syncer = threading.Thread(
+                    target=self._sync_loop, name="journal-sync", daemon=True
+                )
                 self._syncer.start()
             self._cond.notify_all()
 
@@ -265,7 +269,7 @@ class DurableJournalMixin:
             while self._background_target is not None:
                 self._cond.wait()
 
-    def setCurrentTerm(self, term: int, votedForNodeId: object) -> None:  # noqa: N802,N803
+    def setCurrentTerm(self, term: int, votedForNodeId: object) -> None:
         super().setCurrentTerm(term, votedForNodeId)  # type: ignore[misc]
         if self.fsync:
             meta = self.path + ".meta"

@@ -21,12 +21,14 @@ Everything here runs on the trio thread. ``send_group(commands, complete)`` hand
 the replication layer and must arrange for ``complete(results, error)`` to be called exactly once,
 later, on the trio thread; it may raise ``KraftError`` to refuse the group at once.
 """
+
 from __future__ import annotations
 
 import collections
-import math
 import logging
-from typing import Any, Callable
+import math
+from collections.abc import Callable
+from typing import Any
 
 import trio
 
@@ -42,7 +44,7 @@ SendGroup = Callable[[list[bytes], Complete], None]
 class _Waiter:
     """One submitted command: its outcome, and the task parked until it is known."""
 
-    __slots__ = ("command", "task", "result", "error", "abandoned", "arrived", "done", "timed_out")
+    __slots__ = ("abandoned", "arrived", "command", "done", "error", "result", "task", "timed_out")
 
     def __init__(self, command: bytes, arrived: float) -> None:
         self.command = command
@@ -75,8 +77,15 @@ class _FillDue:
 class GroupCommitter:
     """Batches concurrent ``submit`` calls into groups sent through ``send_group``."""
 
-    def __init__(self, send_group: SendGroup, *, max_commands: int = 1000,
-                 max_bytes: int = 1 << 20, max_in_flight: int = 1, fill_wait: float = 0.0) -> None:
+    def __init__(
+        self,
+        send_group: SendGroup,
+        *,
+        max_commands: int = 1000,
+        max_bytes: int = 1 << 20,
+        max_in_flight: int = 1,
+        fill_wait: float = 0.0,
+    ) -> None:
         if max_commands < 1 or max_bytes < 1 or max_in_flight < 1 or fill_wait < 0:
             raise ValueError("group commit bounds must be positive")
         self._send_group = send_group
@@ -110,8 +119,10 @@ class GroupCommitter:
         """Queue ``command``, wait for its result; ``KraftError(REQUEST_TIMED_OUT)`` after
         ``timeout`` seconds (the command may still commit if its group was already sent)."""
         if len(command) > self.max_bytes:
-            raise KraftError(ErrorCode.MESSAGE_TOO_LARGE,
-                             f"command of {len(command)} bytes exceeds {self.max_bytes}")
+            raise KraftError(
+                ErrorCode.MESSAGE_TOO_LARGE,
+                f"command of {len(command)} bytes exceeds {self.max_bytes}",
+            )
         now = trio.current_time()
         waiter = _Waiter(command, now)
         self._queue.append(waiter)
@@ -130,8 +141,10 @@ class GroupCommitter:
 
             await trio.lowlevel.wait_task_rescheduled(abort)
         if waiter.timed_out:
-            raise KraftError(ErrorCode.REQUEST_TIMED_OUT,
-                             f"no commit within {timeout:.3g}s; the command may still commit")
+            raise KraftError(
+                ErrorCode.REQUEST_TIMED_OUT,
+                f"no commit within {timeout:.3g}s; the command may still commit",
+            )
         if waiter.error is not None:
             raise waiter.error
         return waiter.result
@@ -204,8 +217,9 @@ class GroupCommitter:
             self._in_flight += 1
             done = False
 
-            def complete(results: list[Any] | None, error: KraftError | None,
-                         group: list[_Waiter] = group) -> None:
+            def complete(
+                results: list[Any] | None, error: KraftError | None, group: list[_Waiter] = group
+            ) -> None:
                 nonlocal done
                 if done:
                     logger.debug("group already completed; ignoring a late completion")
@@ -234,12 +248,15 @@ class GroupCommitter:
             self.commands_sent += len(group)
             self.largest_group = max(self.largest_group, len(group))
 
-    def _resolve(self, group: list[_Waiter], results: list[Any] | None,
-                 error: KraftError | None) -> None:
+    def _resolve(
+        self, group: list[_Waiter], results: list[Any] | None, error: KraftError | None
+    ) -> None:
         if error is None and (results is None or len(results) != len(group)):
-            error = KraftError(ErrorCode.UNKNOWN_SERVER_ERROR,
-                               f"apply returned {None if results is None else len(results)} "
-                               f"results for {len(group)} commands")
+            error = KraftError(
+                ErrorCode.UNKNOWN_SERVER_ERROR,
+                f"apply returned {None if results is None else len(results)} "
+                f"results for {len(group)} commands",
+            )
         if error is not None:
             self.groups_failed += 1
         for i, waiter in enumerate(group):

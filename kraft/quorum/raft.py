@@ -78,37 +78,44 @@ PySyncObj settings, chosen on purpose
   anyone reaching the Raft port can execute code). A non-loopback Raft address without a
   password is refused.
 """
+
 from __future__ import annotations
 
+import _socket
 import errno
 import functools
 import logging
 import os
+import socket
 import struct
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Protocol
-
-import _socket
-import socket
+from typing import Any, Protocol
 
 import msgpack
-import trio
 
 # PySyncObj's win_inet_pton module (imported by its TCP code) replaces socket.inet_ntop with a
 # Windows-only function on every platform (its inet_pton replacement is guarded, the inet_ntop one
 # is not), which breaks inet_ntop for the whole process. Put the C one back (from ``_socket``: if
 # something imported pysyncobj before this module, ``socket.inet_ntop`` is already the broken one).
-import pysyncobj.pickle as _pysyncobj_pickle  # noqa: E402
-import pysyncobj.syncobj as _syncobj_module  # noqa: E402
-from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated  # noqa: E402
-from pysyncobj.syncobj import SyncObjException  # noqa: E402
-from pysyncobj.journal import FileJournal  # noqa: E402
-from pysyncobj.monotonic import monotonic as _monotonic  # noqa: E402
-from pysyncobj.node import TCPNode  # noqa: E402
-from pysyncobj.tcp_connection import TcpConnection  # noqa: E402
-from pysyncobj.transport import TCPTransport  # noqa: E402
+import pysyncobj.pickle as _pysyncobj_pickle
+import pysyncobj.syncobj as _syncobj_module
+import trio
+from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
+from pysyncobj.journal import FileJournal
+from pysyncobj.monotonic import monotonic as _monotonic
+from pysyncobj.node import TCPNode
+from pysyncobj.syncobj import SyncObjException
+from pysyncobj.tcp_connection import TcpConnection
+from pysyncobj.transport import TCPTransport
+
+from kraft.config import is_loopback
+from kraft.errors import ErrorCode, KraftError
+from kraft.quorum.durable_journal import DurableJournalMixin, register_journal, unregister_journal
+from kraft.quorum.group_commit import GroupCommitter
+from kraft.quorum.trio_ticker import EpollPoller, TickLoop
 
 socket.inet_ntop = _socket.inet_ntop
 
@@ -148,13 +155,16 @@ def _parse_frame(conn: Any) -> Any:
         return None
     (size,) = struct.unpack_from("i", buf, 0)
     if not 0 <= size <= MAX_RAFT_FRAME_BYTES:
-        logger.warning("raft: closing a connection that announced a %d-byte frame (max %d)",
-                       size, MAX_RAFT_FRAME_BYTES)
+        logger.warning(
+            "raft: closing a connection that announced a %d-byte frame (max %d)",
+            size,
+            MAX_RAFT_FRAME_BYTES,
+        )
         conn.disconnect()
         return None
     if len(buf) - 4 < size:
         return None
-    data = bytes(buf[4:4 + size])
+    data = bytes(buf[4 : 4 + size])
     try:
         if conn.encryptor:
             timestamp = conn.encryptor.extract_timestamp(data)
@@ -173,7 +183,7 @@ def _parse_frame(conn: Any) -> Any:
         logger.warning("raft: closing a connection that sent an unreadable frame: %r", exc)
         conn.disconnect()
         return None
-    conn._TcpConnection__readBuffer = buf[4 + size:]
+    conn._TcpConnection__readBuffer = buf[4 + size :]
     return message
 
 
@@ -207,11 +217,6 @@ TcpConnection._TcpConnection__processParseMessage = _parse_frame  # type: ignore
 TcpConnection._TcpConnection__processRead = _bounded_read  # type: ignore[attr-defined]
 TcpConnection.send = _send_message  # type: ignore[method-assign]
 
-from kraft.config import is_loopback
-from kraft.errors import ErrorCode, KraftError
-from kraft.quorum.durable_journal import DurableJournalMixin, register_journal, unregister_journal
-from kraft.quorum.group_commit import GroupCommitter
-from kraft.quorum.trio_ticker import EpollPoller, TickLoop
 
 logger = logging.getLogger(__name__)
 
@@ -288,9 +293,15 @@ class _SyncingTransport(TCPTransport):
     """PySyncObj's TCP transport, syncing the journal before every outgoing message and
     letting the quorum look at incoming ones (``RaftQuorum._on_peer_message``)."""
 
-    def __init__(self, syncObj: Any, selfNode: Any, otherNodes: Any, *,  # noqa: N803
-                 before_send: Callable[[Any], None],
-                 on_message: Callable[[Any, Any, Callable[[Any, Any], None]], None]) -> None:
+    def __init__(
+        self,
+        syncObj: Any,
+        selfNode: Any,
+        otherNodes: Any,
+        *,
+        before_send: Callable[[Any], None],
+        on_message: Callable[[Any, Any, Callable[[Any, Any], None]], None],
+    ) -> None:
         self._before_send = before_send
         self._on_message = on_message
         super().__init__(syncObj, selfNode, otherNodes)
@@ -299,7 +310,7 @@ class _SyncingTransport(TCPTransport):
         self._before_send(message)
         return super().send(node, message)
 
-    def _onMessageReceived(self, node: Any, message: Any) -> None:  # noqa: N802
+    def _onMessageReceived(self, node: Any, message: Any) -> None:
         self._on_message(node, message, super()._onMessageReceived)
 
 
@@ -316,8 +327,14 @@ class _Rejected:
 class _KraftSyncObj(SyncObj):
     """The PySyncObj object: one replicated method, everything else delegated to the quorum."""
 
-    def __init__(self, quorum: "RaftQuorum", self_addr: str, partners: list[str],
-                 conf: SyncObjConf, transport_class: Any) -> None:
+    def __init__(
+        self,
+        quorum: RaftQuorum,
+        self_addr: str,
+        partners: list[str],
+        conf: SyncObjConf,
+        transport_class: Any,
+    ) -> None:
         self._kraft = quorum
         quorum._so = self  # before SyncObj.__init__ (it may call back into the quorum)
         super().__init__(self_addr, partners, conf=conf, transportClass=transport_class)
@@ -326,7 +343,7 @@ class _KraftSyncObj(SyncObj):
     def apply_group(self, commands: list[bytes], origin_term: int) -> Any:
         return self._kraft._apply_committed(self, commands, origin_term)
 
-    def _SyncObj__applyLogEntries(self) -> bool:  # noqa: N802 (overrides a private method)
+    def _SyncObj__applyLogEntries(self) -> bool:
         """PySyncObj's apply step, minus its extra round of append_entries after every commit.
 
         With batching off, PySyncObj answers each commit on the leader with an immediate
@@ -345,8 +362,10 @@ class _KraftSyncObj(SyncObj):
             now = _monotonic()
             if quorum._unapplied_since is None:
                 quorum._unapplied_since = now
-            if (behind < quorum.settings.follower_apply_batch
-                    and now - quorum._unapplied_since < quorum.settings.follower_apply_delay):
+            if (
+                behind < quorum.settings.follower_apply_batch
+                and now - quorum._unapplied_since < quorum.settings.follower_apply_delay
+            ):
                 return False
         quorum._unapplied_since = None
         if behind > 0:
@@ -355,11 +374,12 @@ class _KraftSyncObj(SyncObj):
         if need_send and self._isLeader():
             self._SyncObj__newAppendEntriesTime = min(  # type: ignore[attr-defined]
                 self._SyncObj__newAppendEntriesTime,  # type: ignore[attr-defined]
-                _monotonic() + self._kraft.settings.commit_notice_delay)
+                _monotonic() + self._kraft.settings.commit_notice_delay,
+            )
             return False
         return need_send
 
-    def _SyncObj__sendAppendEntries(self) -> None:  # noqa: N802 (overrides a private method)
+    def _SyncObj__sendAppendEntries(self) -> None:
         """PySyncObj's round of append_entries to every follower, then the leader's own journal
         sync, started on the journal's syncer thread (not after the first follower's send, which
         would hold the second follower's copy back by one disk sync, and not on this thread,
@@ -391,8 +411,15 @@ class _KraftSyncObj(SyncObj):
 class RaftQuorum:
     """One controller's Raft membership (PySyncObj), driven from trio."""
 
-    def __init__(self, node_id: int, self_addr: str, partners: dict[int, str], raft_dir: Path,
-                 target: ApplyTarget, settings: RaftSettings | None = None) -> None:
+    def __init__(
+        self,
+        node_id: int,
+        self_addr: str,
+        partners: dict[int, str],
+        raft_dir: Path,
+        target: ApplyTarget,
+        settings: RaftSettings | None = None,
+    ) -> None:
         settings = settings or RaftSettings()
         settings.validate()
         hosts = [_host_of(self_addr)] + [_host_of(a) for a in partners.values()]
@@ -401,7 +428,8 @@ class RaftQuorum:
                 f"refusing to run Raft on a non-loopback address ({self_addr}, peers "
                 f"{sorted(partners.values())}) without a password: PySyncObj peers exchange "
                 "pickles, so anyone who can reach the port could execute code. Set "
-                "controller.raft.secret.file or KRAFT_RAFT_SECRET.")
+                "controller.raft.secret.file or KRAFT_RAFT_SECRET."
+            )
         if node_id in partners:
             raise ValueError(f"node {node_id} is listed among its own partners")
         self.node_id = node_id
@@ -415,19 +443,27 @@ class RaftQuorum:
         self._so: _KraftSyncObj | None = None
         self._journal: DurableJournal | None = None
         self._ticks: TickLoop | None = None
-        self._committer = GroupCommitter(self._send_group,
-                                         max_commands=settings.group_max_commands,
-                                         max_bytes=settings.group_max_bytes,
-                                         max_in_flight=settings.group_max_in_flight,
-                                         fill_wait=settings.group_fill_wait)
+        self._committer = GroupCommitter(
+            self._send_group,
+            max_commands=settings.group_max_commands,
+            max_bytes=settings.group_max_bytes,
+            max_in_flight=settings.group_max_in_flight,
+            fill_wait=settings.group_fill_wait,
+        )
         self._subscribers: list[trio.MemorySendChannel[tuple[bool, int]]] = []
         self._observed: tuple[bool, int] = (False, 0)
         self._last_append_round = 0.0  # when the leader last sent a round of append_entries
         self._unapplied_since: float | None = None  # a follower's oldest unapplied commit
         self._heartbeat_period = min(settings.append_entries_period, settings.raft_min_timeout / 4)
         self._closed = False
-        self._counters = {"entries_applied": 0, "entries_skipped": 0, "entries_rejected": 0,
-                          "apply_errors": 0, "dumps_written": 0, "dumps_loaded": 0}
+        self._counters = {
+            "entries_applied": 0,
+            "entries_skipped": 0,
+            "entries_rejected": 0,
+            "apply_errors": 0,
+            "dumps_written": 0,
+            "dumps_loaded": 0,
+        }
 
     # ---- lifecycle -------------------------------------------------------------------------
     @property
@@ -480,8 +516,9 @@ class RaftQuorum:
             bindAddress=self.self_addr,
         )
         register_journal(_syncobj_module, journal_file, make_journal)
-        transport = functools.partial(_SyncingTransport, before_send=self._sync_before_send,
-                                      on_message=self._on_peer_message)
+        transport = functools.partial(
+            _SyncingTransport, before_send=self._sync_before_send, on_message=self._on_peer_message
+        )
         try:
             so = _KraftSyncObj(self, self.self_addr, list(self.partners.values()), conf, transport)
         except BaseException as exc:
@@ -490,7 +527,9 @@ class RaftQuorum:
                 self._journal._destroy()
                 self._journal = None
             if isinstance(exc, SyncObjException) and exc.errorCode == "BindError":
-                raise OSError(errno.EADDRINUSE, f"raft address {self.self_addr} is in use") from None
+                raise OSError(
+                    errno.EADDRINUSE, f"raft address {self.self_addr} is in use"
+                ) from None
             raise
         finally:
             unregister_journal(journal_file)
@@ -502,8 +541,13 @@ class RaftQuorum:
         if hasattr(self.target, "between_commands"):  # heartbeats inside a long entry too
             self.target.between_commands = functools.partial(self._heartbeat_if_due, so)
         self._ticks.start()
-        logger.info("raft member %d on %s, partners %s, fsync=%s", self.node_id, self.self_addr,
-                    self.partners, s.fsync)
+        logger.info(
+            "raft member %d on %s, partners %s, fsync=%s",
+            self.node_id,
+            self.self_addr,
+            self.partners,
+            s.fsync,
+        )
 
     def close(self) -> None:
         """Stop PySyncObj (its sockets and journal are closed on return). Queued submissions
@@ -518,8 +562,11 @@ class RaftQuorum:
         if so is not None:
             so.destroy()  # autoTick=False: closes the transport and the journal right here
         self._committer.fail_all(KraftError(ErrorCode.NOT_CONTROLLER, "quorum closed"))
-        self._committer.fail_in_flight(KraftError(
-            ErrorCode.REQUEST_TIMED_OUT, "quorum closed; the command may still have committed"))
+        self._committer.fail_in_flight(
+            KraftError(
+                ErrorCode.REQUEST_TIMED_OUT, "quorum closed; the command may still have committed"
+            )
+        )
         for channel in self._subscribers:
             channel.close()
         self._subscribers.clear()
@@ -565,8 +612,16 @@ class RaftQuorum:
         """Leader, term, commit/applied index, per-voter progress, quorum, state."""
         so = self._so
         if so is None:
-            return {"node_id": self.node_id, "state": "stopped", "leader_id": None, "term": 0,
-                    "commit_index": 0, "last_applied": 0, "has_quorum": False, "voters": {}}
+            return {
+                "node_id": self.node_id,
+                "state": "stopped",
+                "leader_id": None,
+                "term": 0,
+                "commit_index": 0,
+                "last_applied": 0,
+                "has_quorum": False,
+                "voters": {},
+            }
         st = so.getStatus()  # the trio thread is PySyncObj's only thread: a consistent read
         responses = so.last_response_times()
         last_index = so.last_log_index()
@@ -574,8 +629,14 @@ class RaftQuorum:
         leader = st.get("leader")
         now = _monotonic()
         voters: dict[int, dict[str, Any]] = {
-            self.node_id: {"address": self.self_addr, "match_index": last_index,
-                           "lag": 0, "connected": True, "last_contact_ms": 0}}
+            self.node_id: {
+                "address": self.self_addr,
+                "match_index": last_index,
+                "lag": 0,
+                "connected": True,
+                "last_contact_ms": 0,
+            }
+        }
         for nid, addr in sorted(self.partners.items()):
             match = st.get(f"match_idx_server_{addr}") if is_leader else None
             seen = responses.get(_node_key(addr)) if is_leader else None
@@ -604,10 +665,13 @@ class RaftQuorum:
         c = self._committer
         j = self._journal
         return {
-            "groups_sent": c.groups_sent, "commands_sent": c.commands_sent,
-            "largest_group": c.largest_group, "groups_failed": c.groups_failed,
+            "groups_sent": c.groups_sent,
+            "commands_sent": c.commands_sent,
+            "largest_group": c.largest_group,
+            "groups_failed": c.groups_failed,
             "group_fill_waits": c.fill_waits,
-            "queued": c.queued, "in_flight": c.in_flight,
+            "queued": c.queued,
+            "in_flight": c.in_flight,
             "journal_syncs": j.journal_syncs if j else 0,
             "journal_background_syncs": j.background_syncs if j else 0,
             "journal_synced_index": j.synced_index if j else 0,
@@ -649,16 +713,30 @@ class RaftQuorum:
             complete(result, None)
         elif reason == FAIL_REASON.SUCCESS and isinstance(result, _Rejected):
             complete(None, KraftError(result.code, result.message))
-        elif reason in (FAIL_REASON.MISSING_LEADER, FAIL_REASON.NOT_LEADER,
-                        FAIL_REASON.LEADER_CHANGED, FAIL_REASON.DISCARDED):
-            complete(None, KraftError(ErrorCode.NOT_CONTROLLER,
-                                      f"leadership lost before commit (reason {reason}); "
-                                      + self._not_leader_message()))
+        elif reason in (
+            FAIL_REASON.MISSING_LEADER,
+            FAIL_REASON.NOT_LEADER,
+            FAIL_REASON.LEADER_CHANGED,
+            FAIL_REASON.DISCARDED,
+        ):
+            complete(
+                None,
+                KraftError(
+                    ErrorCode.NOT_CONTROLLER,
+                    f"leadership lost before commit (reason {reason}); "
+                    + self._not_leader_message(),
+                ),
+            )
         elif reason == FAIL_REASON.QUEUE_FULL:
             complete(None, KraftError(ErrorCode.THROTTLING_QUOTA_EXCEEDED, "raft queue full"))
         else:
-            complete(None, KraftError(ErrorCode.UNKNOWN_SERVER_ERROR,
-                                      f"raft failure reason {reason}; the outcome is unknown"))
+            complete(
+                None,
+                KraftError(
+                    ErrorCode.UNKNOWN_SERVER_ERROR,
+                    f"raft failure reason {reason}; the outcome is unknown",
+                ),
+            )
 
     def _not_leader_message(self) -> str:
         lid = self.leader_id
@@ -689,12 +767,17 @@ class RaftQuorum:
         if state == self._observed:
             return
         self._observed = state
-        logger.info("raft member %d: %s in term %d", self.node_id,
-                    "leader" if state[0] else "not leader", state[1])
+        logger.info(
+            "raft member %d: %s in term %d",
+            self.node_id,
+            "leader" if state[0] else "not leader",
+            state[1],
+        )
         ticks.call_after_tick(self._publish, state)
 
-    def _on_peer_message(self, node: Any, message: Any,
-                         deliver: Callable[[Any, Any], None]) -> None:
+    def _on_peer_message(
+        self, node: Any, message: Any, deliver: Callable[[Any, Any], None]
+    ) -> None:
         """Keep the leader's nextIndex for a follower from moving backwards on a late ack.
 
         With ``appendEntriesUseBatch=False`` the leader sends entry k+1 before the follower's
@@ -709,8 +792,13 @@ class RaftQuorum:
             # An ack can advance the commit index, and the leader counts its own copy: it must
             # be on disk first (it was not synced before replication, see _sync_before_send).
             self._sync_journal()
-        if (so is None or not isinstance(message, dict) or message.get("type") != "next_node_idx"
-                or not message.get("success") or message.get("reset")):
+        if (
+            so is None
+            or not isinstance(message, dict)
+            or message.get("type") != "next_node_idx"
+            or not message.get("success")
+            or message.get("reset")
+        ):
             deliver(node, message)
             return
         next_index = so.next_index()
@@ -746,8 +834,10 @@ class RaftQuorum:
             term = so.raftCurrentTerm
         if term != origin_term:
             self._counters["entries_rejected"] += 1
-            return _Rejected(ErrorCode.NOT_CONTROLLER,
-                             f"group submitted in term {origin_term} was committed in term {term}")
+            return _Rejected(
+                ErrorCode.NOT_CONTROLLER,
+                f"group submitted in term {origin_term} was committed in term {term}",
+            )
         if not self.partners:
             self._sync_journal()  # single member: no outgoing message syncs for us
         try:
@@ -778,12 +868,16 @@ class RaftQuorum:
         try:
             last_entry, prev_entry, cluster = data
             snapshot = self.target.dump()
-            meta = msgpack.packb({
-                "raft_index": last_entry[1], "term": last_entry[2],
-                "last_entry": [bytes(last_entry[0]), last_entry[1], last_entry[2]],
-                "prev_entry": [bytes(prev_entry[0]), prev_entry[1], prev_entry[2]],
-                "cluster": sorted(str(n.id) for n in cluster),
-            }, use_bin_type=True)
+            meta = msgpack.packb(
+                {
+                    "raft_index": last_entry[1],
+                    "term": last_entry[2],
+                    "last_entry": [bytes(last_entry[0]), last_entry[1], last_entry[2]],
+                    "prev_entry": [bytes(prev_entry[0]), prev_entry[1], prev_entry[2]],
+                    "cluster": sorted(str(n.id) for n in cluster),
+                },
+                use_bin_type=True,
+            )
             with open(path, "wb") as f:
                 f.write(_DUMP_HEADER.pack(_DUMP_MAGIC, 1, len(meta)))
                 f.write(meta)
@@ -792,8 +886,12 @@ class RaftQuorum:
                 if self.settings.fsync == "always":
                     os.fsync(f.fileno())
             self._counters["dumps_written"] += 1
-            logger.info("raft member %d: compaction dump at raft index %d (%d bytes snapshot)",
-                        self.node_id, last_entry[1], len(snapshot))
+            logger.info(
+                "raft member %d: compaction dump at raft index %d (%d bytes snapshot)",
+                self.node_id,
+                last_entry[1],
+                len(snapshot),
+            )
         except Exception:
             logger.exception("raft member %d: writing the compaction dump failed", self.node_id)
             raise
@@ -810,13 +908,16 @@ class RaftQuorum:
             if magic != _DUMP_MAGIC or version != 1:
                 raise ValueError(f"{path}: not a pykraft raft dump (magic {magic!r}, v{version})")
             start = _DUMP_HEADER.size
-            meta = msgpack.unpackb(raw[start:start + meta_len], raw=False)
-            snapshot = raw[start + meta_len:]
+            meta = msgpack.unpackb(raw[start : start + meta_len], raw=False)
+            snapshot = raw[start + meta_len :]
             if meta["raft_index"] > self.target.last_applied_raft_index():
                 self.target.load(snapshot)
                 self._counters["dumps_loaded"] += 1
-                logger.info("raft member %d: installed dump at raft index %d", self.node_id,
-                            meta["raft_index"])
+                logger.info(
+                    "raft member %d: installed dump at raft index %d",
+                    self.node_id,
+                    meta["raft_index"],
+                )
             last, prev = meta["last_entry"], meta["prev_entry"]
             cluster = {TCPNode(a) for a in meta["cluster"]}
             return (bytes(last[0]), last[1], last[2]), (bytes(prev[0]), prev[1], prev[2]), cluster

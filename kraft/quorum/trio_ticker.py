@@ -22,12 +22,14 @@ trio's wake-up were ~20% of the busy samples). Here PySyncObj runs with ``autoTi
 
 Everything of PySyncObj now happens on one thread, so nothing of it needs a lock.
 """
+
 from __future__ import annotations
 
 import collections
 import logging
 import select
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import trio
 from pysyncobj.poller import POLL_EVENT_TYPE, Poller
@@ -52,7 +54,7 @@ class EpollPoller(Poller):
     def fileno(self) -> int:
         return self._epoll.fileno()
 
-    def subscribe(self, descr: int, callback: Callable[[int, int], None], eventMask: int) -> None:  # noqa: N803
+    def subscribe(self, descr: int, callback: Callable[[int, int], None], eventMask: int) -> None:
         mask = 0
         if eventMask & _READ:
             mask |= select.EPOLLIN
@@ -104,7 +106,9 @@ class TickLoop:
         self._tick = tick
         self._poller = poller
         self._period = period
-        self._calls: collections.deque[tuple[Callable[..., Any], tuple[Any, ...]]] = collections.deque()
+        self._calls: collections.deque[tuple[Callable[..., Any], tuple[Any, ...]]] = (
+            collections.deque()
+        )
         self._again = False
         self._waiting: trio.CancelScope | None = None
         self._scope: trio.CancelScope | None = None

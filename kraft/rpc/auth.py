@@ -13,6 +13,7 @@ command-line argument. The authenticated principal is ``User:<name>``.
 ``python -m kraft.rpc.auth add-user FILE NAME`` reads a password from stdin (or
 ``KRAFT_RPC_PASSWORD``) and appends its hashed line to FILE.
 """
+
 from __future__ import annotations
 
 import base64
@@ -26,8 +27,16 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["AuthError", "ClientCredentials", "CredentialStore", "hash_password", "principal_of",
-           "write_cluster_credentials", "AUTH_API", "MECHANISM"]
+__all__ = [
+    "AUTH_API",
+    "MECHANISM",
+    "AuthError",
+    "ClientCredentials",
+    "CredentialStore",
+    "hash_password",
+    "principal_of",
+    "write_cluster_credentials",
+]
 
 AUTH_API = "SaslAuthenticate"
 MECHANISM = "PLAIN"
@@ -54,7 +63,9 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
 
-def hash_password(password: str, *, iterations: int = DEFAULT_ITERATIONS, salt: bytes | None = None) -> str:
+def hash_password(
+    password: str, *, iterations: int = DEFAULT_ITERATIONS, salt: bytes | None = None
+) -> str:
     """``pbkdf2_sha256$iterations$salt$hash`` for ``password`` (fresh 16-byte salt by default)."""
     if not password:
         raise AuthError("a password must not be empty")
@@ -70,22 +81,28 @@ class _Hash:
     digest: bytes
 
     @classmethod
-    def parse(cls, text: str, where: str) -> "_Hash":
+    def parse(cls, text: str, where: str) -> _Hash:
         parts = text.split("$")
         try:
             if len(parts) != 4 or parts[0] != _SCHEME:
                 raise ValueError
             iterations = int(parts[1])
-            salt, digest = base64.b64decode(parts[2], validate=True), base64.b64decode(parts[3], validate=True)
+            salt, digest = (
+                base64.b64decode(parts[2], validate=True),
+                base64.b64decode(parts[3], validate=True),
+            )
         except ValueError:
             raise AuthError(f"{where}: expected {_SCHEME}$ITERATIONS$SALT$HASH") from None
         if not 1_000 <= iterations <= 10_000_000 or len(salt) < 8 or len(digest) != 32:
-            raise AuthError(f"{where}: iterations must be 1000..10000000, salt >= 8 bytes, hash 32 bytes")
+            raise AuthError(
+                f"{where}: iterations must be 1000..10000000, salt >= 8 bytes, hash 32 bytes"
+            )
         return cls(iterations, salt, digest)
 
     def matches(self, password: bytes) -> bool:
         return hmac.compare_digest(
-            hashlib.pbkdf2_hmac("sha256", password, self.salt, self.iterations), self.digest)
+            hashlib.pbkdf2_hmac("sha256", password, self.salt, self.iterations), self.digest
+        )
 
 
 @dataclass
@@ -94,16 +111,21 @@ class CredentialStore:
 
     users: dict[str, _Hash]
     source: str = ""
-    _dummy: _Hash = field(default_factory=lambda: _Hash(DEFAULT_ITERATIONS, secrets.token_bytes(16),
-                                                        secrets.token_bytes(32)))
+    _dummy: _Hash = field(
+        default_factory=lambda: _Hash(
+            DEFAULT_ITERATIONS, secrets.token_bytes(16), secrets.token_bytes(32)
+        )
+    )
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "CredentialStore":
+    def load(cls, path: str | os.PathLike) -> CredentialStore:
         """Read a credentials file; ``AuthError`` names the file and line of a bad entry."""
         try:
             text = Path(path).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:
-            raise AuthError(f"cannot read credentials file {path}: {getattr(e, 'strerror', None) or e}") from None
+            raise AuthError(
+                f"cannot read credentials file {path}: {getattr(e, 'strerror', None) or e}"
+            ) from None
         users: dict[str, _Hash] = {}
         for lineno, raw in enumerate(text.splitlines(), 1):
             line = raw.strip()
@@ -112,14 +134,18 @@ class CredentialStore:
             where = f"{path}:{lineno}"
             name, sep, hashed = line.partition(":")
             if not sep or not _NAME.match(name):
-                raise AuthError(f"{where}: expected NAME:{_SCHEME}$..., NAME of letters, digits, '._-'")
+                raise AuthError(
+                    f"{where}: expected NAME:{_SCHEME}$..., NAME of letters, digits, '._-'"
+                )
             if name in users:
                 raise AuthError(f"{where}: user {name!r} is listed twice")
             users[name] = _Hash.parse(hashed, where)
         if not users:
             raise AuthError(f"credentials file {path} lists no users")
         slowest = max(h.iterations for h in users.values())
-        return cls(users, str(path), _Hash(slowest, secrets.token_bytes(16), secrets.token_bytes(32)))
+        return cls(
+            users, str(path), _Hash(slowest, secrets.token_bytes(16), secrets.token_bytes(32))
+        )
 
     def verify(self, username: object, password: object) -> str | None:
         """The principal of a correct name and password, else None (same cost either way)."""
@@ -149,13 +175,14 @@ class ClientCredentials:
             raise AuthError(f"empty password for {self.username!r}")
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "ClientCredentials":
+    def load(cls, path: str | os.PathLike) -> ClientCredentials:
         """Read ``username=`` / ``password=`` lines from ``path``."""
         try:
             text = Path(path).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:
-            raise AuthError(f"cannot read client credentials file {path}: "
-                            f"{getattr(e, 'strerror', None) or e}") from None
+            raise AuthError(
+                f"cannot read client credentials file {path}: {getattr(e, 'strerror', None) or e}"
+            ) from None
         values: dict[str, str] = {}
         for raw in text.splitlines():
             line = raw.strip()
@@ -168,7 +195,7 @@ class ClientCredentials:
         return cls(values["username"], values["password"])
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> "ClientCredentials | None":
+    def from_env(cls, env: dict[str, str] | None = None) -> ClientCredentials | None:
         """From ``KRAFT_RPC_CREDENTIALS_FILE`` or ``KRAFT_RPC_USERNAME``/``_PASSWORD``; None if unset."""
         env = os.environ if env is None else env
         if env.get(ENV_FILE):
@@ -188,8 +215,11 @@ def _write_private(path: Path, text: str) -> None:
         f.write(text)
 
 
-def write_cluster_credentials(directory: Path, users: tuple[str, ...] = ("admin", "broker", "controller"),
-                              iterations: int = GENERATED_ITERATIONS) -> dict[str, Path]:
+def write_cluster_credentials(
+    directory: Path,
+    users: tuple[str, ...] = ("admin", "broker", "controller"),
+    iterations: int = GENERATED_ITERATIONS,
+) -> dict[str, Path]:
     """Create random passwords for ``users``: ``directory/rpc-users`` (hashes, for controllers)
     and ``directory/<user>.credentials`` (client files, mode 0600). Returns user → client file.
 
@@ -209,8 +239,11 @@ def write_cluster_credentials(directory: Path, users: tuple[str, ...] = ("admin"
 
 def _main(argv: list[str]) -> int:
     if len(argv) != 3 or argv[0] != "add-user":
-        print("usage: python -m kraft.rpc.auth add-user FILE NAME  (password on stdin or "
-              f"{ENV_PASSWORD})", file=sys.stderr)
+        print(
+            "usage: python -m kraft.rpc.auth add-user FILE NAME  (password on stdin or "
+            f"{ENV_PASSWORD})",
+            file=sys.stderr,
+        )
         return 2
     path, name = argv[1], argv[2]
     if os.environ.get(ENV_PASSWORD):
@@ -222,8 +255,10 @@ def _main(argv: list[str]) -> int:
     try:
         if not _NAME.match(name):
             raise AuthError(f"bad user name {name!r}: letters, digits, '._-' only")
-        if Path(path).exists() and any(line.startswith(f"{name}:") for line in
-                                       Path(path).read_text(encoding="utf-8").splitlines()):
+        if Path(path).exists() and any(
+            line.startswith(f"{name}:")
+            for line in Path(path).read_text(encoding="utf-8").splitlines()
+        ):
             raise AuthError(f"{name} is already listed in {path}")
         line = f"{name}:{hash_password(password)}\n"
     except AuthError as e:

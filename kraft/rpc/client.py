@@ -15,6 +15,7 @@ that was committed before its answer was lost is deduplicated by the state machi
 With ``credentials`` (:class:`~kraft.rpc.auth.ClientCredentials`) every new connection first
 sends ``SaslAuthenticate``; a refusal raises ``SASL_AUTHENTICATION_FAILED`` at once (no retry).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -31,15 +32,25 @@ from kraft.errors import ErrorCode, KraftError
 from kraft.expiry import Expiry
 from kraft.rpc.apis import APIS
 from kraft.rpc.auth import AUTH_API, ClientCredentials
-from kraft.rpc.framing import (DEFAULT_MAX_FRAME_BYTES, FrameDecoder, FrameError, encode_frame,
-                               write_now)
+from kraft.rpc.framing import (
+    DEFAULT_MAX_FRAME_BYTES,
+    FrameDecoder,
+    FrameError,
+    encode_frame,
+    write_now,
+)
 
 logger = logging.getLogger(__name__)
 
 Address = tuple[str, int]
 RETRIABLE = {ErrorCode.NOT_CONTROLLER, ErrorCode.REQUEST_TIMED_OUT, ErrorCode.LEADER_NOT_AVAILABLE}
-_CONN_ERRORS = (OSError, trio.BrokenResourceError, trio.ClosedResourceError, FrameError,
-                ConnectionError)
+_CONN_ERRORS = (
+    OSError,
+    trio.BrokenResourceError,
+    trio.ClosedResourceError,
+    FrameError,
+    ConnectionError,
+)
 
 
 class _ConnectionLost(Exception):
@@ -54,7 +65,7 @@ class _Pending:
     """One call waiting on a connection: its answer (or the connection's failure, or its
     deadline passing) and the task parked until then."""
 
-    __slots__ = ("response", "error", "expired", "task", "done")
+    __slots__ = ("done", "error", "expired", "response", "task")
 
     def __init__(self) -> None:
         self.response: dict | None = None
@@ -115,8 +126,10 @@ class _Conn:
         try:
             frame = encode_frame(envelope, self.max_frame_bytes)
         except FrameError as exc:
-            raise KraftError(ErrorCode.MESSAGE_TOO_LARGE
-                             if "exceeds" in str(exc) else ErrorCode.INVALID_REQUEST, str(exc)) from exc
+            raise KraftError(
+                ErrorCode.MESSAGE_TOO_LARGE if "exceeds" in str(exc) else ErrorCode.INVALID_REQUEST,
+                str(exc),
+            ) from exc
         waiter = _Pending()
         self.pending[correlation_id] = waiter
         try:
@@ -169,7 +182,9 @@ class _Conn:
                 with trio.move_on_at(deadline):
                     await self.stream.send_all(memoryview(data)[sent:])
                     continue
-                self._break(ConnectionError("a request's deadline passed while its connection was sending"))
+                self._break(
+                    ConnectionError("a request's deadline passed while its connection was sending")
+                )
         except _CONN_ERRORS as exc:
             self._break(exc)
         except trio.Cancelled:
@@ -235,11 +250,18 @@ class _Conn:
 class ControllerClient:
     """Calls controller RPC APIs on whichever controller is active."""
 
-    def __init__(self, bootstrap: list[Address], client_id: str = "kraft-cli",
-                 request_timeout: float = 10.0, credentials: ClientCredentials | None = None, *,
-                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
-                 connect_timeout: float = 2.0, backoff_initial: float = 0.05,
-                 backoff_max: float = 1.0) -> None:
+    def __init__(
+        self,
+        bootstrap: list[Address],
+        client_id: str = "kraft-cli",
+        request_timeout: float = 10.0,
+        credentials: ClientCredentials | None = None,
+        *,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        connect_timeout: float = 2.0,
+        backoff_initial: float = 0.05,
+        backoff_max: float = 1.0,
+    ) -> None:
         if not bootstrap:
             raise ValueError("at least one bootstrap controller is required")
         self.bootstrap = [(h, int(p)) for h, p in bootstrap]
@@ -262,8 +284,9 @@ class ControllerClient:
         """The controller the client is connected to, if any."""
         return self._conn.address if self._conn is not None and self._conn.broken is None else None
 
-    async def call(self, api: str, body: dict, timeout: float | None = None,
-                   request_id: str | None = None) -> dict:
+    async def call(
+        self, api: str, body: dict, timeout: float | None = None, request_id: str | None = None
+    ) -> dict:
         """Call ``api`` and return the response body; raise ``KraftError`` (``.body`` holds the
         error response's body) when the answer is an error or the deadline passes."""
         if self._closed:
@@ -271,8 +294,12 @@ class ControllerClient:
         spec = APIS.get(api)
         if request_id is None and spec is not None and spec.kind == "write":
             request_id = str(uuid.uuid4())
-        envelope: dict[str, Any] = {"api": api, "version": 0, "body": body,
-                                    "client_id": self.client_id}
+        envelope: dict[str, Any] = {
+            "api": api,
+            "version": 0,
+            "body": body,
+            "client_id": self.client_id,
+        }
         if request_id is not None:
             envelope["request_id"] = request_id
         deadline = trio.current_time() + (self.request_timeout if timeout is None else timeout)
@@ -310,7 +337,9 @@ class ControllerClient:
                 raise err
             last_error = err
             with trio.move_on_at(deadline):
-                if err.code == ErrorCode.NOT_CONTROLLER and self._follow_hint(err.body, conn.address):
+                if err.code == ErrorCode.NOT_CONTROLLER and self._follow_hint(
+                    err.body, conn.address
+                ):
                     await self._drop_connection(conn, rotate=False)
                     continue
                 if err.code == ErrorCode.NOT_CONTROLLER:
@@ -319,16 +348,23 @@ class ControllerClient:
             backoff = min(backoff * 2, self.backoff_max)
         if last_error is not None and last_error.code != ErrorCode.NETWORK_EXCEPTION:
             raise last_error
-        raise KraftError(ErrorCode.REQUEST_TIMED_OUT,
-                         f"{api}: no answer from a controller before the deadline"
-                         + (f" (last error: {last_error.message})" if last_error else ""))
+        raise KraftError(
+            ErrorCode.REQUEST_TIMED_OUT,
+            f"{api}: no answer from a controller before the deadline"
+            + (f" (last error: {last_error.message})" if last_error else ""),
+        )
 
     def _follow_hint(self, body: dict, current: Address) -> bool:
         host, port = body.get("leader_host"), body.get("leader_port")
-        if isinstance(host, str) and host and isinstance(port, int) and port > 0:
-            if (host, port) != current:
-                self._hint = (host, port)
-                return True
+        if (
+            isinstance(host, str)
+            and host
+            and isinstance(port, int)
+            and port > 0
+            and (host, port) != current
+        ):
+            self._hint = (host, port)
+            return True
         return False
 
     async def _connection(self, remaining: float) -> _Conn:
@@ -357,8 +393,14 @@ class ControllerClient:
         """Send the connection's SaslAuthenticate; raise KraftError if the controller refuses."""
         assert self.credentials is not None
         try:
-            response = await conn.request({"api": AUTH_API, "version": 0, "client_id": self.client_id,
-                                           "body": self.credentials.handshake_body()})
+            response = await conn.request(
+                {
+                    "api": AUTH_API,
+                    "version": 0,
+                    "client_id": self.client_id,
+                    "body": self.credentials.handshake_body(),
+                }
+            )
         except BaseException:
             await conn.aclose()
             raise
@@ -396,8 +438,9 @@ def _error_from(response: dict) -> KraftError:
     return err
 
 
-def call_sync(bootstrap: list[Address], api: str, body: dict, timeout: float = 10.0,
-              **client_kwargs: Any) -> dict:
+def call_sync(
+    bootstrap: list[Address], api: str, body: dict, timeout: float = 10.0, **client_kwargs: Any
+) -> dict:
     """Run one call in a fresh trio run (for the CLI)."""
 
     async def _main() -> dict:

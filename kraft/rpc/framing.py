@@ -6,6 +6,7 @@ stream and returns every complete map. Anything that is not a well-formed frame 
 raises :class:`FrameError`; the caller then closes the connection (the stream position is
 lost, so there is no way to resynchronise).
 """
+
 from __future__ import annotations
 
 import os
@@ -14,7 +15,7 @@ from typing import Any
 
 import msgpack
 
-__all__ = ["FrameError", "FrameDecoder", "encode_frame", "DEFAULT_MAX_FRAME_BYTES", "HEADER"]
+__all__ = ["DEFAULT_MAX_FRAME_BYTES", "HEADER", "FrameDecoder", "FrameError", "encode_frame"]
 
 DEFAULT_MAX_FRAME_BYTES = 8 * 1024 * 1024
 HEADER = struct.Struct(">I")
@@ -89,11 +90,12 @@ class FrameDecoder:
                         raise FrameError("empty frame")
                     if length > max_bytes:
                         raise FrameError(
-                            f"frame length {length} exceeds the limit of {max_bytes} bytes")
+                            f"frame length {length} exceeds the limit of {max_bytes} bytes"
+                        )
                     end = pos + HEADER.size + length
                     if end > size:
                         break
-                    with view[pos + HEADER.size:end] as payload:
+                    with view[pos + HEADER.size : end] as payload:
                         out.append(decode_payload(payload))
                     pos = end
         except FrameError:

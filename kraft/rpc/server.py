@@ -16,22 +16,28 @@ within ``io_timeout``; anything else, or a wrong password, is answered
 ``SASL_AUTHENTICATION_FAILED`` and the connection is closed without running a handler. The
 authenticated principal is the one every later request of the connection carries.
 """
+
 from __future__ import annotations
 
 import collections
 import logging
 import math
 import os
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Awaitable, Callable
 
 import trio
 
 from kraft.errors import ErrorCode, KraftError
 from kraft.rpc.apis import validate_request
 from kraft.rpc.auth import AUTH_API, MECHANISM, CredentialStore
-from kraft.rpc.framing import (DEFAULT_MAX_FRAME_BYTES, FrameDecoder, FrameError, encode_frame,
-                               write_now)
+from kraft.rpc.framing import (
+    DEFAULT_MAX_FRAME_BYTES,
+    FrameDecoder,
+    FrameError,
+    encode_frame,
+    write_now,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -121,14 +127,20 @@ class _Answers:
 class RpcServer:
     """Serve the controller RPC on ``host:port`` (0 = any free port; see ``serve``)."""
 
-    def __init__(self, host: str, port: int, handler: Handler, *,
-                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
-                 credentials: CredentialStore | None = None,
-                 max_connections: int = 1024,
-                 max_in_flight_per_connection: int = 64,
-                 io_timeout: float = 10.0,
-                 idle_timeout: float = 600.0,
-                 max_buffered_bytes: int = 256 * 1024 * 1024) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        handler: Handler,
+        *,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        credentials: CredentialStore | None = None,
+        max_connections: int = 1024,
+        max_in_flight_per_connection: int = 64,
+        io_timeout: float = 10.0,
+        idle_timeout: float = 600.0,
+        max_buffered_bytes: int = 256 * 1024 * 1024,
+    ) -> None:
         self.host = host
         self.port = port
         self.handler = handler
@@ -163,13 +175,20 @@ class RpcServer:
         except OSError:
             peer = "?"
         if self.connections >= self.max_connections:
-            logger.warning("refusing connection from %s: %d connections open", peer, self.connections)
+            logger.warning(
+                "refusing connection from %s: %d connections open", peer, self.connections
+            )
             await stream.aclose()
             return
         self.connections += 1
         try:
             await self._run_connection(stream, peer)
-        except* (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError, OSError) as exc:
+        except* (
+            trio.BrokenResourceError,
+            trio.ClosedResourceError,
+            trio.TooSlowError,
+            OSError,
+        ) as exc:
             # except*: the connection's nursery wraps a reset peer in an ExceptionGroup, and
             # a plain except would let it escape and stop the whole RPC server.
             logger.debug("connection %s ended: %r", peer, exc)
@@ -184,8 +203,9 @@ class RpcServer:
             # when the reader ends, the answer tasks still running finish and send
             await self._reader(stream, peer, nursery, answers)
 
-    async def _reader(self, stream: trio.SocketStream, peer: str, nursery: trio.Nursery,
-                      answers: _Answers) -> None:
+    async def _reader(
+        self, stream: trio.SocketStream, peer: str, nursery: trio.Nursery, answers: _Answers
+    ) -> None:
         decoder = FrameDecoder(self.max_frame_bytes)
         principal = ANONYMOUS if self.credentials is None else None
         start = trio.current_time()
@@ -205,9 +225,15 @@ class RpcServer:
                         data = await stream.receive_some(65536)
                     late = scope.cancelled_caught
                 if late:
-                    logger.info("closing %s: %s", peer, "incomplete frame timed out"
-                                if frame_deadline <= idle_deadline else
-                                "idle" if principal else "not authenticated in time")
+                    logger.info(
+                        "closing %s: %s",
+                        peer,
+                        "incomplete frame timed out"
+                        if frame_deadline <= idle_deadline
+                        else "idle"
+                        if principal
+                        else "not authenticated in time",
+                    )
                     nursery.cancel_scope.cancel()
                     return
                 if not data:
@@ -223,8 +249,13 @@ class RpcServer:
                 held = decoder.buffered
                 if held and self.buffered_bytes > self.max_buffered_bytes:
                     self.closed_for_memory += 1
-                    logger.warning("closing %s: incomplete frames of all connections hold %d bytes, over "
-                                   "the limit of %d", peer, self.buffered_bytes, self.max_buffered_bytes)
+                    logger.warning(
+                        "closing %s: incomplete frames of all connections hold %d bytes, over "
+                        "the limit of %d",
+                        peer,
+                        self.buffered_bytes,
+                        self.max_buffered_bytes,
+                    )
                     nursery.cancel_scope.cancel()
                     return
                 now = trio.current_time()
@@ -261,44 +292,76 @@ class RpcServer:
         else:
             username, password = body.get("username"), body.get("password")
             async with self._hash_limiter:
-                principal = await trio.to_thread.run_sync(self.credentials.verify, username, password)
+                principal = await trio.to_thread.run_sync(
+                    self.credentials.verify, username, password
+                )
             reason = "invalid username or password"
         if principal is None:
             self.auth_failures += 1
             logger.warning("refusing %s: %s", peer, reason)
-            return None, encode_frame({"correlation_id": correlation_id,
-                                       "error_code": int(ErrorCode.SASL_AUTHENTICATION_FAILED),
-                                       "error_message": reason, "body": {}})
+            return None, encode_frame(
+                {
+                    "correlation_id": correlation_id,
+                    "error_code": int(ErrorCode.SASL_AUTHENTICATION_FAILED),
+                    "error_message": reason,
+                    "body": {},
+                }
+            )
         logger.info("%s authenticated as %s", peer, principal)
-        return principal, encode_frame({"correlation_id": correlation_id, "error_code": 0,
-                                        "error_message": "", "body": {"principal": principal}})
+        return principal, encode_frame(
+            {
+                "correlation_id": correlation_id,
+                "error_code": 0,
+                "error_message": "",
+                "body": {"principal": principal},
+            }
+        )
 
-    async def _answer(self, message: dict, peer: str, principal: str, answers: _Answers,
-                      slot: _Slot) -> None:
+    async def _answer(
+        self, message: dict, peer: str, principal: str, answers: _Answers, slot: _Slot
+    ) -> None:
         correlation_id = _correlation_id(message)
         try:
             body = await self._dispatch(message, peer, principal, correlation_id)
-            response = {"correlation_id": correlation_id, "error_code": 0, "error_message": "",
-                        "body": body}
+            response = {
+                "correlation_id": correlation_id,
+                "error_code": 0,
+                "error_message": "",
+                "body": body,
+            }
         except KraftError as err:
             extra = getattr(err, "body", None)
-            response = {"correlation_id": correlation_id, "error_code": int(err.code),
-                        "error_message": err.message, "body": extra if isinstance(extra, dict) else {}}
+            response = {
+                "correlation_id": correlation_id,
+                "error_code": int(err.code),
+                "error_message": err.message,
+                "body": extra if isinstance(extra, dict) else {},
+            }
         except Exception:
             logger.exception("handler failed for %s from %s", message.get("api"), peer)
-            response = {"correlation_id": correlation_id,
-                        "error_code": int(ErrorCode.UNKNOWN_SERVER_ERROR),
-                        "error_message": "internal error", "body": {}}
+            response = {
+                "correlation_id": correlation_id,
+                "error_code": int(ErrorCode.UNKNOWN_SERVER_ERROR),
+                "error_message": "internal error",
+                "body": {},
+            }
         try:
             frame = encode_frame(response)
         except Exception:
             logger.exception("cannot encode the response to %s from %s", message.get("api"), peer)
-            frame = encode_frame({"correlation_id": correlation_id,
-                                  "error_code": int(ErrorCode.UNKNOWN_SERVER_ERROR),
-                                  "error_message": "unencodable response", "body": {}})
+            frame = encode_frame(
+                {
+                    "correlation_id": correlation_id,
+                    "error_code": int(ErrorCode.UNKNOWN_SERVER_ERROR),
+                    "error_message": "unencodable response",
+                    "body": {},
+                }
+            )
         await answers.done(slot, frame)
 
-    async def _dispatch(self, message: dict, peer: str, principal: str, correlation_id: int) -> dict:
+    async def _dispatch(
+        self, message: dict, peer: str, principal: str, correlation_id: int
+    ) -> dict:
         api = message.get("api")
         version = message.get("version", 0)
         if correlation_id < 0:
@@ -308,18 +371,28 @@ class RpcServer:
         if not isinstance(version, int) or isinstance(version, bool):
             raise KraftError(ErrorCode.INVALID_REQUEST, "version must be an int")
         if api == AUTH_API:
-            raise KraftError(ErrorCode.ILLEGAL_SASL_STATE,
-                             "already authenticated" if self.credentials is not None
-                             else "authentication is not enabled on this controller")
+            raise KraftError(
+                ErrorCode.ILLEGAL_SASL_STATE,
+                "already authenticated"
+                if self.credentials is not None
+                else "authentication is not enabled on this controller",
+            )
         body = message.get("body")
         validate_request(api, body)
         client_id = message.get("client_id") or ""
         request_id = message.get("request_id")
-        if not isinstance(client_id, str) or (request_id is not None and not isinstance(request_id, str)):
+        if not isinstance(client_id, str) or (
+            request_id is not None and not isinstance(request_id, str)
+        ):
             raise KraftError(ErrorCode.INVALID_REQUEST, "client_id and request_id must be strings")
-        ctx = RequestContext(peer=peer, principal=principal, client_id=client_id,
-                             request_id=request_id, api_version=version,
-                             correlation_id=correlation_id)
+        ctx = RequestContext(
+            peer=peer,
+            principal=principal,
+            client_id=client_id,
+            request_id=request_id,
+            api_version=version,
+            correlation_id=correlation_id,
+        )
         result = await self.handler(api, body, ctx)
         if result is None:
             return {}

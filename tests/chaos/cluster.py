@@ -7,6 +7,7 @@ the workload) reaches a controller's RPC port through that controller's RPC prox
 keeps the real ports, so ``kraft --cluster DIR`` still works. Nodes are started, killed
 (``kill -9``), paused (SIGSTOP/SIGCONT) and restarted from this process.
 """
+
 from __future__ import annotations
 
 import os
@@ -24,9 +25,17 @@ from tools import cluster as launcher
 class ChaosCluster:
     """3 controllers (+ ``brokers`` real brokers) on loopback behind cuttable proxies."""
 
-    def __init__(self, directory: Path, brokers: int = 3, seed: int = 0, *,
-                 session_timeout_ms: int = 4000, heartbeat_interval_ms: int = 500,
-                 election_timeout_ms: int = 1000, fetch_timeout_ms: int = 2500) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        brokers: int = 3,
+        seed: int = 0,
+        *,
+        session_timeout_ms: int = 4000,
+        heartbeat_interval_ms: int = 500,
+        election_timeout_ms: int = 1000,
+        fetch_timeout_ms: int = 2500,
+    ) -> None:
         self.dir = Path(directory).resolve()
         self.rng = random.Random(seed)
         self.n_brokers = brokers
@@ -42,21 +51,29 @@ class ChaosCluster:
 
     # ---- lifecycle ------------------------------------------------------------------------------
 
-    def up(self, ready_timeout: float = 120.0) -> "ChaosCluster":
+    def up(self, ready_timeout: float = 120.0) -> ChaosCluster:
         layout = self.layout = launcher.plan_cluster(self.dir, 3, self.n_brokers)
         launcher.write_node_configs(layout)
-        self.mesh = RaftMesh.build({c.id: (c.host, c.raft_port) for c in layout.controllers}, self.rng)
+        self.mesh = RaftMesh.build(
+            {c.id: (c.host, c.raft_port) for c in layout.controllers}, self.rng
+        )
         for c in layout.controllers:
-            self.rpc_proxies[c.id] = Proxy((c.host, c.rpc_port), bind_low_port(self.rng),
-                                           name=f"rpc->{c.id}").start()
-        timing = {"broker.session.timeout.ms": self.session_timeout_ms,
-                  "broker.heartbeat.interval.ms": self.heartbeat_interval_ms}
+            self.rpc_proxies[c.id] = Proxy(
+                (c.host, c.rpc_port), bind_low_port(self.rng), name=f"rpc->{c.id}"
+            ).start()
+        timing = {
+            "broker.session.timeout.ms": self.session_timeout_ms,
+            "broker.heartbeat.interval.ms": self.heartbeat_interval_ms,
+        }
         for c in layout.controllers:
             props = launcher.controller_properties(layout, c)
             props["controller.quorum.raft.voters"] = self.mesh.voters_for(c.id)
             props["controller.quorum.voters"] = ",".join(
-                f"{o.id}@{o.host}:{o.rpc_port}" if o.id == c.id else f"{o.id}@{self.rpc_proxies[o.id].address}"
-                for o in layout.controllers)
+                f"{o.id}@{o.host}:{o.rpc_port}"
+                if o.id == c.id
+                else f"{o.id}@{self.rpc_proxies[o.id].address}"
+                for o in layout.controllers
+            )
             props["controller.quorum.election.timeout.ms"] = self.election_timeout_ms
             props["controller.quorum.fetch.timeout.ms"] = self.fetch_timeout_ms
             write_properties(c.config, {**props, **timing})
@@ -68,8 +85,9 @@ class ChaosCluster:
         for node in layout.nodes():
             self.procs[node.id] = launcher.start_node(node)
         launcher.write_cluster_json(self.dir, layout)
-        launcher.wait_ready(layout, ready_timeout, self.procs,
-                            required_brokers={b.id for b in layout.brokers})
+        launcher.wait_ready(
+            layout, ready_timeout, self.procs, required_brokers={b.id for b in layout.brokers}
+        )
         return self
 
     def down(self) -> None:

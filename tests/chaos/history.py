@@ -9,17 +9,25 @@ applied) and ``info`` (indeterminate: timed out or connection lost; it may or ma
 applied, at most once). The workload creates each topic name at most once and issues one
 operation at a time per topic, so each topic's expected state is a set of possibilities.
 """
+
 from __future__ import annotations
 
 import re
 import threading
 from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
 
 from kraft.image import MetadataDelta, MetadataImage, PartitionRegistration
-from kraft.records import (RESOURCE_TOPIC, Batch, LeaderChangeRecord, PartitionChangeRecord,
-                           PartitionRecord, RemoveTopicRecord, TopicRecord)
+from kraft.records import (
+    RESOURCE_TOPIC,
+    Batch,
+    LeaderChangeRecord,
+    PartitionChangeRecord,
+    PartitionRecord,
+    RemoveTopicRecord,
+    TopicRecord,
+)
 
 OK, FAIL, INFO = "ok", "fail", "info"
 KINDS = ("create", "delete", "partitions", "config")
@@ -74,19 +82,20 @@ class History:
 
 # ---- facts from the metadata log ---------------------------------------------------------------
 
+
 @dataclass
 class LogFacts:
     """What one controller's metadata log says, scanned batch by batch."""
 
     final: MetadataImage = MetadataImage.EMPTY
-    request_batches: Counter = field(default_factory=Counter)       # request id -> batches
+    request_batches: Counter = field(default_factory=Counter)  # request id -> batches
     topic_records: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
-    removals: Counter = field(default_factory=Counter)              # topic id -> RemoveTopic count
-    leader_changes: list[tuple[int, int]] = field(default_factory=list)   # (term, leader id)
+    removals: Counter = field(default_factory=Counter)  # topic id -> RemoveTopic count
+    leader_changes: list[tuple[int, int]] = field(default_factory=list)  # (term, leader id)
     leader_epochs: list[tuple[str, int, int, int]] = field(default_factory=list)
     #                          (topic id, partition, leader epoch, leader) in log order
-    checksums: dict[int, str] = field(default_factory=dict)         # requested offset -> checksum
-    batch_ends: set[int] = field(default_factory=set)               # last offset of every batch
+    checksums: dict[int, str] = field(default_factory=dict)  # requested offset -> checksum
+    batch_ends: set[int] = field(default_factory=set)  # last offset of every batch
 
 
 def scan_log(batches: Iterable[Batch], checksum_at: Iterable[int] = ()) -> LogFacts:
@@ -108,7 +117,9 @@ def scan_log(batches: Iterable[Batch], checksum_at: Iterable[int] = ()) -> LogFa
                 facts.leader_changes.append((r.term, r.leader_id))
             elif isinstance(r, PartitionRecord):
                 reg = parts[(r.topic_id, r.partition_id)] = PartitionRegistration.from_record(r)
-                facts.leader_epochs.append((r.topic_id, r.partition_id, reg.leader_epoch, reg.leader))
+                facts.leader_epochs.append(
+                    (r.topic_id, r.partition_id, reg.leader_epoch, reg.leader)
+                )
             elif isinstance(r, PartitionChangeRecord):
                 key = (r.topic_id, r.partition_id)
                 if key in parts:
@@ -126,6 +137,7 @@ def scan_log(batches: Iterable[Batch], checksum_at: Iterable[int] = ()) -> LogFa
 
 # ---- checks ------------------------------------------------------------------------------------
 
+
 def check_operations(ops: Iterable[Op], facts: LogFacts) -> list[Anomaly]:
     """Acknowledged writes are in the log exactly once, failed ones not at all, indeterminate
     ones at most once; no topic was created that nobody asked for; the final image matches what
@@ -136,16 +148,30 @@ def check_operations(ops: Iterable[Op], facts: LogFacts) -> list[Anomaly]:
         by_topic[op.topic].append(op)
         n = facts.request_batches.get(op.request_id, 0)
         outcome = op.outcome or INFO
-        if (outcome == OK and n != 1) or (outcome == FAIL and n != 0) or (outcome == INFO and n > 1):
-            anomalies.append(Anomaly("applied-count", f"{op.kind} {op.topic} ({op.request_id}) "
-                                     f"was {outcome} but is in {n} batch(es)"))
+        if (
+            (outcome == OK and n != 1)
+            or (outcome == FAIL and n != 0)
+            or (outcome == INFO and n > 1)
+        ):
+            anomalies.append(
+                Anomaly(
+                    "applied-count",
+                    f"{op.kind} {op.topic} ({op.request_id}) was {outcome} but is in {n} batch(es)",
+                )
+            )
     for name, ids in facts.topic_records.items():
         creates = [op for op in by_topic.get(name, []) if op.kind == "create"]
         if not creates:
-            anomalies.append(Anomaly("phantom-topic", f"topic {name} was created but never requested"))
+            anomalies.append(
+                Anomaly("phantom-topic", f"topic {name} was created but never requested")
+            )
         elif len(ids) > len(creates):
-            anomalies.append(Anomaly("duplicate-create", f"topic {name} created {len(ids)} times "
-                                     f"for {len(creates)} request(s)"))
+            anomalies.append(
+                Anomaly(
+                    "duplicate-create",
+                    f"topic {name} created {len(ids)} times for {len(creates)} request(s)",
+                )
+            )
     for name, topic_ops in by_topic.items():
         anomalies += _check_topic_state(name, topic_ops, facts.final)
     return anomalies
@@ -172,19 +198,33 @@ def _check_topic_state(name: str, ops: list[Op], final: MetadataImage) -> list[A
     topic = final.topic(name)
     out: list[Anomaly] = []
     if (topic is not None) not in exists:
-        out.append(Anomaly("lost-write" if topic is None else "resurrected-topic",
-                           f"topic {name} {'missing' if topic is None else 'present'} at the end; "
-                           f"the history allows exists in {sorted(exists)}"))
+        out.append(
+            Anomaly(
+                "lost-write" if topic is None else "resurrected-topic",
+                f"topic {name} {'missing' if topic is None else 'present'} at the end; "
+                f"the history allows exists in {sorted(exists)}",
+            )
+        )
     if topic is None or out:
         return out
     if len(topic.partitions) not in counts:
-        out.append(Anomaly("partition-count", f"topic {name} has {len(topic.partitions)} partitions; "
-                           f"the history allows {sorted(counts)}"))
+        out.append(
+            Anomaly(
+                "partition-count",
+                f"topic {name} has {len(topic.partitions)} partitions; "
+                f"the history allows {sorted(counts)}",
+            )
+        )
     actual = final.config(RESOURCE_TOPIC, name)
     for key, allowed in configs.items():
         if actual.get(key) not in allowed:
-            out.append(Anomaly("config-value", f"topic {name} {key}={actual.get(key)!r}; the history "
-                               f"allows {sorted(allowed, key=str)}"))
+            out.append(
+                Anomaly(
+                    "config-value",
+                    f"topic {name} {key}={actual.get(key)!r}; the history "
+                    f"allows {sorted(allowed, key=str)}",
+                )
+            )
     return out
 
 
@@ -196,8 +236,9 @@ def check_logs_identical(digests: Mapping[int, tuple[int, str]]) -> list[Anomaly
     """Every controller's (next offset, stream digest) is the same."""
     if len(set(digests.values())) <= 1:
         return []
-    detail = ", ".join(f"controller {n}: next offset {d[0]} sha {d[1][:12]}"
-                       for n, d in sorted(digests.items()))
+    detail = ", ".join(
+        f"controller {n}: next offset {d[0]} sha {d[1][:12]}" for n, d in sorted(digests.items())
+    )
     return [Anomaly("log-divergence", detail)]
 
 
@@ -208,16 +249,28 @@ def check_images(observed: Mapping[int, tuple[int, str]], facts: LogFacts) -> li
     for node_id, (offset, checksum) in sorted(observed.items()):
         expected = facts.checksums.get(offset)
         if expected is None:
-            out.append(Anomaly("image-offset", f"node {node_id} reports offset {offset}, which "
-                               "ends no batch of the controller log"))
+            out.append(
+                Anomaly(
+                    "image-offset",
+                    f"node {node_id} reports offset {offset}, which "
+                    "ends no batch of the controller log",
+                )
+            )
         elif expected != checksum:
-            out.append(Anomaly("image-checksum", f"node {node_id} image at offset {offset} is "
-                               f"{checksum[:12]}, the log's is {expected[:12]}"))
+            out.append(
+                Anomaly(
+                    "image-checksum",
+                    f"node {node_id} image at offset {offset} is "
+                    f"{checksum[:12]}, the log's is {expected[:12]}",
+                )
+            )
     return out
 
 
-def check_leader_epochs(log_epochs: Iterable[tuple[str, int, int, int]],
-                        observed: Iterable[tuple[str, int, int, int]] = ()) -> list[Anomaly]:
+def check_leader_epochs(
+    log_epochs: Iterable[tuple[str, int, int, int]],
+    observed: Iterable[tuple[str, int, int, int]] = (),
+) -> list[Anomaly]:
     """Per partition, leader epochs in the log never go down, and no (partition, leader epoch)
     ever had two leaders, in the log or in ``observed`` (e.g. brokers' partition states)."""
     out: list[Anomaly] = []
@@ -225,8 +278,12 @@ def check_leader_epochs(log_epochs: Iterable[tuple[str, int, int, int]],
     leaders: dict[tuple[str, int, int], int] = {}
     for tid, pid, epoch, leader in log_epochs:
         if epoch < last.get((tid, pid), -1):
-            out.append(Anomaly("leader-epoch-regressed",
-                               f"{tid}/{pid}: leader epoch {epoch} after {last[(tid, pid)]}"))
+            out.append(
+                Anomaly(
+                    "leader-epoch-regressed",
+                    f"{tid}/{pid}: leader epoch {epoch} after {last[(tid, pid)]}",
+                )
+            )
         last[(tid, pid)] = max(epoch, last.get((tid, pid), -1))
         out += _same_epoch(leaders, tid, pid, epoch, leader, "log")
     for tid, pid, epoch, leader in observed:
@@ -234,11 +291,17 @@ def check_leader_epochs(log_epochs: Iterable[tuple[str, int, int, int]],
     return out
 
 
-def _same_epoch(leaders: dict, tid: str, pid: int, epoch: int, leader: int, src: str) -> list[Anomaly]:
+def _same_epoch(
+    leaders: dict, tid: str, pid: int, epoch: int, leader: int, src: str
+) -> list[Anomaly]:
     prev = leaders.setdefault((tid, pid, epoch), leader)
     if prev != leader:
-        return [Anomaly("two-leaders-one-epoch",
-                        f"{tid}/{pid} leader epoch {epoch}: leaders {prev} and {leader} ({src})")]
+        return [
+            Anomaly(
+                "two-leaders-one-epoch",
+                f"{tid}/{pid} leader epoch {epoch}: leaders {prev} and {leader} ({src})",
+            )
+        ]
     return []
 
 
@@ -254,12 +317,16 @@ def leader_reports(node_log: str) -> list[tuple[int, int]]:
     return [(int(t), int(n)) for n, t in _LEADER_LINE.findall(node_log)]
 
 
-def check_raft_terms(leader_changes: Iterable[tuple[int, int]],
-                     self_reports: Iterable[tuple[int, int]] = ()) -> list[Anomaly]:
+def check_raft_terms(
+    leader_changes: Iterable[tuple[int, int]], self_reports: Iterable[tuple[int, int]] = ()
+) -> list[Anomaly]:
     """Never two leaders in one Raft term: (term, leader id) from LeaderChange records and from
     controllers' own leadership reports (:func:`leader_reports`)."""
     leaders: dict[int, set[int]] = defaultdict(set)
     for term, leader_id in [*leader_changes, *self_reports]:
         leaders[term].add(leader_id)
-    return [Anomaly("two-leaders-one-term", f"term {t}: leaders {sorted(ids)}")
-            for t, ids in sorted(leaders.items()) if len(ids) > 1]
+    return [
+        Anomaly("two-leaders-one-term", f"term {t}: leaders {sorted(ids)}")
+        for t, ids in sorted(leaders.items())
+        if len(ids) > 1
+    ]

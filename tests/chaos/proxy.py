@@ -12,6 +12,7 @@ config (the acceptor lists the dialer by its real address, which is what the dia
 and binds proxies to ports below the ephemeral range so a proxy address always sorts below the
 dialer's own address (the dialer keeps dialing through it).
 """
+
 from __future__ import annotations
 
 import random
@@ -60,7 +61,7 @@ class Proxy:
     def address(self) -> str:
         return f"{HOST}:{self.port}"
 
-    def start(self) -> "Proxy":
+    def start(self) -> Proxy:
         self._thread.start()
         return self
 
@@ -97,7 +98,7 @@ class Proxy:
         while not self._closed:
             try:
                 client, _ = self._listener.accept()
-            except socket.timeout:
+            except TimeoutError:
                 continue
             except OSError:
                 return
@@ -119,8 +120,9 @@ class Proxy:
                     continue
                 self._conns.update((client, upstream))
             for src, dst in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(src, dst), daemon=True,
-                                 name=f"{self.name}-pump").start()
+                threading.Thread(
+                    target=self._pump, args=(src, dst), daemon=True, name=f"{self.name}-pump"
+                ).start()
 
     def _pump(self, src: socket.socket, dst: socket.socket) -> None:
         try:
@@ -154,16 +156,16 @@ def _close(s: socket.socket) -> None:
 class RaftMesh:
     """One proxy per pair of controllers on the Raft port; cut pairs or isolate a node."""
 
-    real: dict[int, tuple[str, int]]                      # node id -> its own Raft address
+    real: dict[int, tuple[str, int]]  # node id -> its own Raft address
     proxies: dict[frozenset, Proxy] = field(default_factory=dict)
     dialer: dict[frozenset, int] = field(default_factory=dict)
 
     @classmethod
-    def build(cls, real: dict[int, tuple[str, int]], rng: random.Random) -> "RaftMesh":
+    def build(cls, real: dict[int, tuple[str, int]], rng: random.Random) -> RaftMesh:
         mesh = cls(dict(real))
         ids = sorted(real)
         for i, a in enumerate(ids):
-            for b in ids[i + 1:]:
+            for b in ids[i + 1 :]:
                 pair = frozenset((a, b))
                 dialer, acceptor = (a, b) if _addr(real[a]) > _addr(real[b]) else (b, a)
                 proxy = Proxy(real[acceptor], bind_low_port(rng), name=f"raft-{dialer}->{acceptor}")

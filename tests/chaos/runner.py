@@ -17,15 +17,17 @@ answers and agrees on one active leader and has caught up to it, every broker ru
 current incarnation registered and unfenced and has heartbeated the active controller within
 three heartbeat intervals, and the workload had an operation acknowledged.
 """
+
 from __future__ import annotations
 
 import random
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import trio
 
@@ -33,14 +35,30 @@ from broker.state import describe as describe_broker
 from kraft.log.metadata_log import MetadataLog
 from kraft.rpc.client import call_sync
 from tests.chaos.cluster import ChaosCluster
-from tests.chaos.history import (OK, Anomaly, History, check_images, check_leader_epochs,
-                                 check_logs_identical, check_operations, check_raft_terms,
-                                 leader_reports, scan_log)
+from tests.chaos.history import (
+    OK,
+    Anomaly,
+    History,
+    check_images,
+    check_leader_epochs,
+    check_logs_identical,
+    check_operations,
+    check_raft_terms,
+    leader_reports,
+    scan_log,
+)
 from tests.chaos.workload import Workload, call_one_node, perform
 from tests.harness import log_stream_digest
 
-FAULT_KINDS = ("kill-controller", "kill-broker", "kill-in-election", "pause-controller",
-               "pause-broker", "partition-cut", "partition-stall")
+FAULT_KINDS = (
+    "kill-controller",
+    "kill-broker",
+    "kill-in-election",
+    "pause-controller",
+    "pause-broker",
+    "partition-cut",
+    "partition-stall",
+)
 RECOVERY_TIMEOUT_S = 60.0
 
 
@@ -61,7 +79,7 @@ class ChaosReport:
     minority_outcomes: list[str] = field(default_factory=list)
     election_s: list[float] = field(default_factory=list)
     terms_seen: int = 0
-    leader_reports: list[tuple[int, int]] = field(default_factory=list)   # (term, node id)
+    leader_reports: list[tuple[int, int]] = field(default_factory=list)  # (term, node id)
     final_offset: int = -1
 
     def summary(self) -> dict[str, Any]:
@@ -75,12 +93,21 @@ class ChaosReport:
             "operations": self.counts,
             "anomalies": len(self.anomalies),
             "anomaly_details": [f"{a.kind}: {a.detail}" for a in self.anomalies[:20]],
-            "recovery_s": {"p50": percentile(rec, 50), "p99": percentile(rec, 99),
-                           "max": round(max(rec), 3) if rec else None},
-            "recovery_s_by_kind": {k: percentile([f.recovery_s for f in self.faults
-                                                  if f.kind == k and f.recovery_s is not None], 50)
-                                   for k in by_kind},
-            "minority_writes": {o: self.minority_outcomes.count(o) for o in sorted(set(self.minority_outcomes))},
+            "recovery_s": {
+                "p50": percentile(rec, 50),
+                "p99": percentile(rec, 99),
+                "max": round(max(rec), 3) if rec else None,
+            },
+            "recovery_s_by_kind": {
+                k: percentile(
+                    [f.recovery_s for f in self.faults if f.kind == k and f.recovery_s is not None],
+                    50,
+                )
+                for k in by_kind
+            },
+            "minority_writes": {
+                o: self.minority_outcomes.count(o) for o in sorted(set(self.minority_outcomes))
+            },
             "majority_election_s_p50": percentile(self.election_s, 50),
             "raft_terms_seen": self.terms_seen,
             "terms_with_a_leader": len({t for t, _ in self.leader_reports}),
@@ -97,8 +124,9 @@ def percentile(values: list[float], p: float) -> float | None:
     return round(ordered[rank - 1], 3)
 
 
-def describe_node(cluster: ChaosCluster, node_id: int, checksum: bool = False,
-                  timeout: float = 1.0) -> dict:
+def describe_node(
+    cluster: ChaosCluster, node_id: int, checksum: bool = False, timeout: float = 1.0
+) -> dict:
     """A controller's DescribeNode, asked on its real port (not through its proxy)."""
     return call_sync([cluster.real_rpc(node_id)], "DescribeNode", {"checksum": checksum}, timeout)
 
@@ -115,7 +143,7 @@ class Sampler:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="chaos-sampler", daemon=True)
 
-    def start(self) -> "Sampler":
+    def start(self) -> Sampler:
         self._thread.start()
         return self
 
@@ -142,7 +170,9 @@ class Sampler:
                 continue
             for p in state.get("partitions", []):
                 if p.get("topic_id") and p.get("leader_epoch", -1) >= 0:
-                    self.partitions.add((p["topic_id"], p["partition"], p["leader_epoch"], p["leader"]))
+                    self.partitions.add(
+                        (p["topic_id"], p["partition"], p["leader_epoch"], p["leader"])
+                    )
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
@@ -152,9 +182,16 @@ class Sampler:
 class ChaosRun:
     """One cluster, one workload, a sequence of fault rounds, then the verdict."""
 
-    def __init__(self, directory: Path, seed: int = 0, brokers: int = 3, workers: int = 3,
-                 log: Callable[[str], None] = lambda s: None, sample_interval: float = 0.2,
-                 op_pause_s: float = 0.05) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        seed: int = 0,
+        brokers: int = 3,
+        workers: int = 3,
+        log: Callable[[str], None] = lambda s: None,
+        sample_interval: float = 0.2,
+        op_pause_s: float = 0.05,
+    ) -> None:
         self.cluster = ChaosCluster(directory, brokers=brokers, seed=seed)
         self.rng = random.Random(seed)
         self.history = History()
@@ -171,12 +208,17 @@ class ChaosRun:
 
     # ---- driving --------------------------------------------------------------------------------
 
-    def __enter__(self) -> "ChaosRun":
+    def __enter__(self) -> ChaosRun:
         try:
             self.cluster.up()
-            self.workload = Workload(self.cluster.bootstrap(), self.history, seed=self.seed,
-                                     workers=self.workers, max_rf=max(1, self.brokers),
-                                     pause_s=self.op_pause_s).start()
+            self.workload = Workload(
+                self.cluster.bootstrap(),
+                self.history,
+                seed=self.seed,
+                workers=self.workers,
+                max_rf=max(1, self.brokers),
+                pause_s=self.op_pause_s,
+            ).start()
             self.sampler = Sampler(self.cluster, self.sample_interval).start()
         except BaseException:
             self.__exit__()
@@ -199,12 +241,19 @@ class ChaosRun:
         healed_at = time.monotonic()
         recovery = self._wait_healthy(healed_at)
         if recovery is None:
-            self.report.anomalies.append(Anomaly("no-recovery", f"{kind} on node {target}: cluster "
-                                                 f"not healthy {RECOVERY_TIMEOUT_S}s after healing"))
+            self.report.anomalies.append(
+                Anomaly(
+                    "no-recovery",
+                    f"{kind} on node {target}: cluster "
+                    f"not healthy {RECOVERY_TIMEOUT_S}s after healing",
+                )
+            )
         result = FaultResult(kind, target, round(held, 3), recovery, note)
         self.report.faults.append(result)
-        self.log(f"round {len(self.report.faults)}: {kind} node {target} held {held:.1f}s, "
-                 f"recovered in {recovery if recovery is None else round(recovery, 2)}s {note}")
+        self.log(
+            f"round {len(self.report.faults)}: {kind} node {target} held {held:.1f}s, "
+            f"recovered in {recovery if recovery is None else round(recovery, 2)}s {note}"
+        )
         return result
 
     def random_kind(self) -> str:
@@ -284,9 +333,14 @@ class ChaosRun:
         note = ""
         if node_id in self.cluster.broker_ids:
             if fenced_after is None:
-                self.report.anomalies.append(Anomaly("not-fenced", f"broker {node_id} paused "
-                                                     f"{end - t0:.1f}s was never fenced"))
-            note = f"fenced after {fenced_after:.2f}s" if fenced_after is not None else "never fenced"
+                self.report.anomalies.append(
+                    Anomaly(
+                        "not-fenced", f"broker {node_id} paused {end - t0:.1f}s was never fenced"
+                    )
+                )
+            note = (
+                f"fenced after {fenced_after:.2f}s" if fenced_after is not None else "never fenced"
+            )
         return node_id, time.monotonic() - t0, note
 
     def _unfenced_brokers(self, timeout: float) -> set[int]:
@@ -308,26 +362,35 @@ class ChaosRun:
         self.cluster.isolate(leader, stall=stall)
         self._minority_n += 1
         probe_op: list = []
-        probe = threading.Thread(target=lambda: probe_op.append(self._minority_write(leader)),
-                                 daemon=True)
+        probe = threading.Thread(
+            target=lambda: probe_op.append(self._minority_write(leader)), daemon=True
+        )
         probe.start()
         others = [c for c in self.cluster.controller_ids if c != leader]
         elected = self._wait_new_leader(others, timeout=30.0)
         if elected is None:
-            self.report.anomalies.append(Anomaly("no-majority-leader",
-                                                 f"controllers {others} elected no leader while "
-                                                 f"{leader} was isolated"))
+            self.report.anomalies.append(
+                Anomaly(
+                    "no-majority-leader",
+                    f"controllers {others} elected no leader while {leader} was isolated",
+                )
+            )
         else:
             self.report.election_s.append(elected - t0)
         probe.join(20.0)
         outcome = probe_op[0].outcome if probe_op else "unfinished"
         self.report.minority_outcomes.append(outcome)
         if outcome == OK:
-            self.report.anomalies.append(Anomaly("minority-ack", f"isolated controller {leader} "
-                                                 f"acknowledged a write: {probe_op[0]}"))
+            self.report.anomalies.append(
+                Anomaly(
+                    "minority-ack",
+                    f"isolated controller {leader} acknowledged a write: {probe_op[0]}",
+                )
+            )
         self.cluster.heal()
-        note = f"minority write {outcome}" + ("" if elected is None else
-                                              f", new leader after {elected - t0:.2f}s")
+        note = f"minority write {outcome}" + (
+            "" if elected is None else f", new leader after {elected - t0:.2f}s"
+        )
         return leader, time.monotonic() - t0, note
 
     def _minority_write(self, leader: int) -> Any:
@@ -337,8 +400,15 @@ class ChaosRun:
         async def call(api: str, body: dict, timeout: float, request_id: str) -> dict:
             return await call_one_node(address, api, body, timeout, request_id)
 
-        return trio.run(perform, call, self.history, "create", topic,
-                        {"partitions": 1, "replication_factor": 1}, 12.0)
+        return trio.run(
+            perform,
+            call,
+            self.history,
+            "create",
+            topic,
+            {"partitions": 1, "replication_factor": 1},
+            12.0,
+        )
 
     def _wait_new_leader(self, candidates: list[int], timeout: float) -> float | None:
         deadline = time.monotonic() + timeout
@@ -355,7 +425,10 @@ class ChaosRun:
     # ---- health ---------------------------------------------------------------------------------
 
     def _healthy(self, since: float, target: list[int]) -> bool:
-        views = {cid: describe_node(self.cluster, cid, timeout=1.0) for cid in self.cluster.controller_ids}
+        views = {
+            cid: describe_node(self.cluster, cid, timeout=1.0)
+            for cid in self.cluster.controller_ids
+        }
         active = [cid for cid, v in views.items() if v["is_active"]]
         leaders = {v["raft"].get("leader_id") for v in views.values()}
         if len(active) != 1 or leaders != {active[0]}:
@@ -371,8 +444,11 @@ class ChaosRun:
                 node = self.cluster.node(bid)
                 state = describe_broker(node.host, node.admin_port, timeout=1.0)
                 reg = registered.get(bid)
-                if (reg is None or state.get("state") != "RUNNING"
-                        or state.get("incarnation_id") != reg.get("incarnation_id")):
+                if (
+                    reg is None
+                    or state.get("state") != "RUNNING"
+                    or state.get("incarnation_id") != reg.get("incarnation_id")
+                ):
                     return False
             # ... and every broker heartbeats the active controller again
             q = call_sync([self.cluster.real_rpc(active[0])], "DescribeQuorum", {}, 1.0)
@@ -406,18 +482,28 @@ class ChaosRun:
         self.sampler.sample_once()
         self.sampler.stop()
         self.cluster.down()
-        digests = {cid: log_stream_digest(self.cluster.log_dir(cid)) for cid in self.cluster.controller_ids}
+        digests = {
+            cid: log_stream_digest(self.cluster.log_dir(cid)) for cid in self.cluster.controller_ids
+        }
         with MetadataLog.open(self.cluster.log_dir(1), fsync="never") as mlog:
             if mlog.start_offset != 0:
-                raise AssertionError(f"controller 1's log starts at {mlog.start_offset}; the checker "
-                                     "replays from offset 0 (raise the snapshot threshold)")
+                raise AssertionError(
+                    f"controller 1's log starts at {mlog.start_offset}; the checker "
+                    "replays from offset 0 (raise the snapshot threshold)"
+                )
             facts = scan_log(mlog.read_batches(0), checksum_at={off for off, _ in images.values()})
         r = self.report
         r.counts = self.history.counts()
         r.final_offset = facts.final.offset
-        r.leader_reports = sorted({rep for cid in self.cluster.controller_ids
-                                   for rep in leader_reports(Path(self.cluster.node(cid).log_file)
-                                                             .read_text(errors="replace"))})
+        r.leader_reports = sorted(
+            {
+                rep
+                for cid in self.cluster.controller_ids
+                for rep in leader_reports(
+                    Path(self.cluster.node(cid).log_file).read_text(errors="replace")
+                )
+            }
+        )
         r.terms_seen = len(self.sampler.terms | {t for t, _ in facts.leader_changes})
         r.anomalies += check_operations(self.history.ops, facts)
         r.anomalies += check_logs_identical(digests)
@@ -432,9 +518,13 @@ class ChaosRun:
         last: Any = None
         while time.monotonic() < deadline:
             try:
-                images = {cid: describe_node(self.cluster, cid, checksum=True, timeout=5.0)
-                          for cid in self.cluster.controller_ids}
-                seen = {cid: (v["applied_offset"], v["image_checksum"]) for cid, v in images.items()}
+                images = {
+                    cid: describe_node(self.cluster, cid, checksum=True, timeout=5.0)
+                    for cid in self.cluster.controller_ids
+                }
+                seen = {
+                    cid: (v["applied_offset"], v["image_checksum"]) for cid, v in images.items()
+                }
                 for bid in self.cluster.broker_ids:
                     b = self.cluster.node(bid)
                     s = describe_broker(b.host, b.admin_port, timeout=5.0)
@@ -442,7 +532,7 @@ class ChaosRun:
                 last = seen
                 if len({off for off, _ in seen.values()}) == 1:
                     return seen
-            except Exception as e:  # noqa: BLE001 - keep polling until the deadline
+            except Exception as e:
                 last = e
             time.sleep(0.2)
         raise AssertionError(f"nodes did not converge within {timeout}s: {last!r}")

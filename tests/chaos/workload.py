@@ -7,6 +7,7 @@ Each worker owns its topics: it creates a fresh name, then issues one operation 
 so each topic's history stays a simple sequence. A worker keeps at most ``max_live`` topics,
 deleting its oldest, so long runs stay the same size. The workload runs in its own thread.
 """
+
 from __future__ import annotations
 
 import collections
@@ -14,7 +15,7 @@ import random
 import threading
 import time
 import uuid
-from typing import Callable
+from collections.abc import Callable
 
 import trio
 
@@ -25,10 +26,17 @@ from tests.chaos.history import FAIL, INFO, OK, History, Op
 
 # Errors that mean "validated and refused, nothing applied". Everything else (timeouts, lost
 # connections, NOT_CONTROLLER after retries, unknown server errors) is indeterminate.
-DEFINITE_ERRORS = {ErrorCode.TOPIC_ALREADY_EXISTS, ErrorCode.INVALID_PARTITIONS,
-                   ErrorCode.INVALID_REPLICATION_FACTOR, ErrorCode.INVALID_REPLICA_ASSIGNMENT,
-                   ErrorCode.INVALID_CONFIG, ErrorCode.POLICY_VIOLATION, ErrorCode.INVALID_REQUEST,
-                   ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ErrorCode.INVALID_TOPIC_EXCEPTION}
+DEFINITE_ERRORS = {
+    ErrorCode.TOPIC_ALREADY_EXISTS,
+    ErrorCode.INVALID_PARTITIONS,
+    ErrorCode.INVALID_REPLICATION_FACTOR,
+    ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+    ErrorCode.INVALID_CONFIG,
+    ErrorCode.POLICY_VIOLATION,
+    ErrorCode.INVALID_REQUEST,
+    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+    ErrorCode.INVALID_TOPIC_EXCEPTION,
+}
 
 
 def classify(code: int) -> str:
@@ -44,14 +52,27 @@ def classify(code: int) -> str:
 def request(kind: str, topic: str, args: dict) -> tuple[str, dict]:
     """The (api, body) of one workload operation."""
     if kind == "create":
-        return "CreateTopics", {"topics": [{"name": topic, "num_partitions": args["partitions"],
-                                            "replication_factor": args["replication_factor"]}]}
+        return "CreateTopics", {
+            "topics": [
+                {
+                    "name": topic,
+                    "num_partitions": args["partitions"],
+                    "replication_factor": args["replication_factor"],
+                }
+            ]
+        }
     if kind == "partitions":
         return "CreatePartitions", {"topics": [{"name": topic, "count": args["count"]}]}
     if kind == "config":
-        return "IncrementalAlterConfigs", {"resources": [{
-            "resource_type": "topic", "resource_name": topic,
-            "ops": [{"name": args["key"], "op": "SET", "value": args["value"]}]}]}
+        return "IncrementalAlterConfigs", {
+            "resources": [
+                {
+                    "resource_type": "topic",
+                    "resource_name": topic,
+                    "ops": [{"name": args["key"], "op": "SET", "value": args["value"]}],
+                }
+            ]
+        }
     if kind == "delete":
         return "DeleteTopics", {"names": [topic]}
     raise ValueError(f"unknown operation kind {kind!r}")
@@ -64,8 +85,9 @@ def item_error(body: dict) -> tuple[int, str]:
     return int(item.get("error_code", 0) or 0), str(item.get("error_message") or "")
 
 
-async def perform(call: Callable, history: History, kind: str, topic: str, args: dict,
-                  timeout: float) -> Op:
+async def perform(
+    call: Callable, history: History, kind: str, topic: str, args: dict, timeout: float
+) -> Op:
     """Invoke one operation through ``call(api, body, timeout, request_id)`` and record it."""
     request_id = str(uuid.uuid4())
     api, body = request(kind, topic, args)
@@ -79,8 +101,9 @@ async def perform(call: Callable, history: History, kind: str, topic: str, args:
         history.complete(op, INFO, time.monotonic(), repr(e))
         return op
     code, message = item_error(reply)
-    history.complete(op, classify(code), time.monotonic(),
-                     "" if code == 0 else f"{_code_name(code)}: {message}")
+    history.complete(
+        op, classify(code), time.monotonic(), "" if code == 0 else f"{_code_name(code)}: {message}"
+    )
     return op
 
 
@@ -91,12 +114,19 @@ def _code_name(code: int) -> str:
         return str(code)
 
 
-async def call_one_node(address: tuple[str, int], api: str, body: dict, timeout: float,
-                        request_id: str) -> dict:
+async def call_one_node(
+    address: tuple[str, int], api: str, body: dict, timeout: float, request_id: str
+) -> dict:
     """One request to exactly one controller, no retries, no following leader hints (a client
     on the minority side of a partition). Raises KraftError on an error answer."""
-    envelope = {"api": api, "version": 0, "correlation_id": 1, "body": body,
-                "client_id": "chaos-minority", "request_id": request_id}
+    envelope = {
+        "api": api,
+        "version": 0,
+        "correlation_id": 1,
+        "body": body,
+        "client_id": "chaos-minority",
+        "request_id": request_id,
+    }
     with trio.fail_after(timeout):
         stream = await trio.open_tcp_stream(*address)
         async with stream:
@@ -111,7 +141,9 @@ async def call_one_node(address: tuple[str, int], api: str, body: dict, timeout:
                     response = frames[0]
                     break
     if response.get("error_code"):
-        raise KraftError(ErrorCode(response["error_code"]), str(response.get("error_message") or ""))
+        raise KraftError(
+            ErrorCode(response["error_code"]), str(response.get("error_message") or "")
+        )
     result = response.get("body")
     return result if isinstance(result, dict) else {}
 
@@ -119,9 +151,18 @@ async def call_one_node(address: tuple[str, int], api: str, body: dict, timeout:
 class Workload:
     """``workers`` concurrent clients issuing topic operations until :meth:`stop`."""
 
-    def __init__(self, bootstrap: list[tuple[str, int]], history: History, seed: int = 0,
-                 workers: int = 3, max_rf: int = 3, op_timeout: float = 8.0,
-                 pause_s: float = 0.05, prefix: str = "chaos", max_live: int = 10) -> None:
+    def __init__(
+        self,
+        bootstrap: list[tuple[str, int]],
+        history: History,
+        seed: int = 0,
+        workers: int = 3,
+        max_rf: int = 3,
+        op_timeout: float = 8.0,
+        pause_s: float = 0.05,
+        prefix: str = "chaos",
+        max_live: int = 10,
+    ) -> None:
         self.bootstrap = bootstrap
         self.history = history
         self.rng = random.Random(seed)
@@ -132,11 +173,12 @@ class Workload:
         self.prefix = prefix
         self.max_live = max_live
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=lambda: trio.run(self._main), name="chaos-workload",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=lambda: trio.run(self._main), name="chaos-workload", daemon=True
+        )
         self._error: BaseException | None = None
 
-    def start(self) -> "Workload":
+    def start(self) -> Workload:
         self._thread.start()
         return self
 
@@ -158,7 +200,9 @@ class Workload:
 
     async def _worker(self, w: int, rng: random.Random) -> None:
         live: collections.deque[str] = collections.deque()  # this worker's topics that exist
-        client = ControllerClient(self.bootstrap, client_id=f"chaos-{w}", request_timeout=self.op_timeout)
+        client = ControllerClient(
+            self.bootstrap, client_id=f"chaos-{w}", request_timeout=self.op_timeout
+        )
 
         async def call(api: str, body: dict, timeout: float, request_id: str) -> dict:
             return await client.call(api, body, timeout=timeout, request_id=request_id)
@@ -178,21 +222,32 @@ class Workload:
     async def _topic_life(self, call: Callable, topic: str, rng: random.Random) -> bool:
         """Create ``topic`` and change it a few times; True when it surely still exists."""
         partitions = rng.randint(1, 3)
-        op = await perform(call, self.history, "create", topic,
-                           {"partitions": partitions, "replication_factor": rng.randint(1, self.max_rf)},
-                           self.op_timeout)
+        op = await perform(
+            call,
+            self.history,
+            "create",
+            topic,
+            {"partitions": partitions, "replication_factor": rng.randint(1, self.max_rf)},
+            self.op_timeout,
+        )
         for _ in range(rng.randint(0, 3)):
             if op.outcome != OK or self._stop.is_set():
                 return op.outcome == OK
             await trio.sleep(self.pause_s)
             if rng.random() < 0.5:
                 partitions += rng.randint(1, 2)
-                op = await perform(call, self.history, "partitions", topic, {"count": partitions},
-                                   self.op_timeout)
+                op = await perform(
+                    call, self.history, "partitions", topic, {"count": partitions}, self.op_timeout
+                )
             else:
-                op = await perform(call, self.history, "config", topic,
-                                   {"key": "retention.ms", "value": str(rng.randrange(60_000, 10**9))},
-                                   self.op_timeout)
+                op = await perform(
+                    call,
+                    self.history,
+                    "config",
+                    topic,
+                    {"key": "retention.ms", "value": str(rng.randrange(60_000, 10**9))},
+                    self.op_timeout,
+                )
         await trio.sleep(self.pause_s)
         if op.outcome == OK and rng.random() < 0.5 and not self._stop.is_set():
             op = await perform(call, self.history, "delete", topic, {}, self.op_timeout)

@@ -16,6 +16,7 @@ Tables are directories of Parquet files: a run appends its rows as files named
 ``r<run>-part-*.parquet``; rows a later run may change (intervals still open) are files with
 their own prefix that the next run replaces.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -28,9 +29,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from tools.audit import localtable
-
 from kraft.log.segment import list_segments
+from tools.audit import localtable
 
 VERSION = 1
 
@@ -38,8 +38,9 @@ VERSION = 1
 class TableFiles:
     """Parquet tables under ``root`` written as files tagged by run (see module doc)."""
 
-    def __init__(self, spark: SparkSession, root: Path, run: int,
-                 schemas: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, spark: SparkSession, root: Path, run: int, schemas: dict[str, str] | None = None
+    ) -> None:
         self.spark, self.root, self.run = spark, root, run
         self.staging = root / ".staging"
         self._staged = itertools.count()
@@ -78,8 +79,11 @@ class TableFiles:
 
     def _reader(self, name: str):
         known = self.schemas.get(name)
-        return (self.spark.read.schema(StructType.fromJson(json.loads(known))) if known
-                else self.spark.read)
+        return (
+            self.spark.read.schema(StructType.fromJson(json.loads(known)))
+            if known
+            else self.spark.read
+        )
 
     def replace(self, name: str, df: DataFrame) -> DataFrame:
         """Make ``df`` the whole of table ``name``."""
@@ -154,14 +158,15 @@ def grown_changed(spark: SparkSession, records: DataFrame, state: dict, carry_di
     """Whether a batch the earlier run audited in the newest audited segment (which grew) is
     no longer there with the same hash."""
     wm = state["watermark"]
-    old = (records.filter((F.col("source") == wm["source"]) &
-                          (F.col("position") <= wm["position"]) &
-                          (F.col("index_in_batch") == 0))
-                  .select("batch_base_offset", "batch_hash"))
-    known = _carried(spark, carry_dir, state).read("batches").select("batch_base_offset",
-                                                                     "batch_hash")
-    return bool(old.join(known, ["batch_base_offset", "batch_hash"], "left_anti")
-                   .limit(1).count())
+    old = records.filter(
+        (F.col("source") == wm["source"])
+        & (F.col("position") <= wm["position"])
+        & (F.col("index_in_batch") == 0)
+    ).select("batch_base_offset", "batch_hash")
+    known = (
+        _carried(spark, carry_dir, state).read("batches").select("batch_base_offset", "batch_hash")
+    )
+    return bool(old.join(known, ["batch_base_offset", "batch_hash"], "left_anti").limit(1).count())
 
 
 def reuses_topic_id(new_ids: set[str | None], carry_dir: Path) -> bool:
@@ -179,8 +184,7 @@ def _carried(spark: SparkSession, carry_dir: Path, state: dict) -> TableFiles:
     return TableFiles(spark, carry_dir, state["run"], state.get("schemas", {}).get("carry"))
 
 
-def continues(state: dict, changed: bool, lo: int | None, head: dict | None,
-              reused: bool) -> str:
+def continues(state: dict, changed: bool, lo: int | None, head: dict | None, reused: bool) -> str:
     """Why the new records do not carry on from the state ("" when they do). ``changed``:
     :func:`grown_changed`; ``lo``: the new records' lowest offset; ``head``: the first new
     batch's ``batch_base_offset`` and ``prev_hash`` (both None when there are none);
@@ -193,7 +197,9 @@ def continues(state: dict, changed: bool, lo: int | None, head: dict | None,
     if lo <= wm["last_offset"]:
         return f"the new records start at offset {lo}, not after {wm['last_offset']}"
     if head is None or (head["batch_base_offset"], head["prev_hash"]) != (
-            wm["last_offset"] + 1, wm["last_hash"]):
+        wm["last_offset"] + 1,
+        wm["last_hash"],
+    ):
         return "the new records do not continue the audited batches' hash chain"
     if reused:
         return "a new TopicRecord reuses a topic id the audited records know"

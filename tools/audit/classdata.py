@@ -14,6 +14,7 @@ archives of other installations that no session has mapped for 30 days. ``KRAFT_
 turns it off; ``KRAFT_AUDIT_CDS_DIR`` says where archives live (default
 ``$XDG_CACHE_HOME/pykraft`` or ``~/.cache/pykraft``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -67,8 +68,10 @@ def blocker() -> str | None:
         return "no java found (JAVA_HOME or PATH)"
     conf = _conf_dir()
     if conf.is_dir() and any(conf.iterdir()):
-        return (f"SPARK_CONF_DIR {conf} is a non-empty directory on the JVM's class path "
-                "(the JVM archives classes from jar files only)")
+        return (
+            f"SPARK_CONF_DIR {conf} is a non-empty directory on the JVM's class path "
+            "(the JVM archives classes from jar files only)"
+        )
     return None
 
 
@@ -86,7 +89,8 @@ def archive_path() -> Path | None:
         st = jar.stat()
         h.update(f"{jar.name}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
     base = os.environ.get("KRAFT_AUDIT_CDS_DIR") or (
-        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pykraft")
+        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pykraft"
+    )
     return Path(base) / f"spark-classes-{h.hexdigest()[:16]}.jsa"
 
 
@@ -120,19 +124,27 @@ def create(force: bool = False, timeout: float = CREATE_TIMEOUT_S) -> tuple[Path
     partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
     with tempfile.TemporaryDirectory(prefix="kraft-cds-") as work:
         env = {**os.environ, "KRAFT_AUDIT_CDS_DUMP": str(partial)}
-        proc = subprocess.run([sys.executable, "-m", "tools.audit.classdata", "--train", work],
-                              env=env, capture_output=True, text=True, timeout=timeout,
-                              cwd=Path(__file__).resolve().parents[2])
+        proc = subprocess.run(
+            [sys.executable, "-m", "tools.audit.classdata", "--train", work],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=Path(__file__).resolve().parents[2],
+        )
         if proc.returncode != 0 or not partial.is_file() or partial.stat().st_size == 0:
             partial.unlink(missing_ok=True)
             tail = (proc.stdout + proc.stderr).strip().splitlines()[-5:]
-            raise RuntimeError("writing the JVM class archive failed (exit "
-                               f"{proc.returncode}): " + " | ".join(tail))
+            raise RuntimeError(
+                "writing the JVM class archive failed (exit "
+                f"{proc.returncode}): " + " | ".join(tail)
+            )
     os.replace(partial, path)  # readers never see a half-written archive
     gone = prune(path)
-    return path, (f"JVM class archive written: {path} ({path.stat().st_size >> 20} MiB)"
-                  + (f"; {len(gone)} unused for {UNUSED_FOR_S // 86400} days deleted" if gone
-                     else ""))
+    return path, (
+        f"JVM class archive written: {path} ({path.stat().st_size >> 20} MiB)"
+        + (f"; {len(gone)} unused for {UNUSED_FOR_S // 86400} days deleted" if gone else "")
+    )
 
 
 def prune(keep: Path, unused_for: float = UNUSED_FOR_S) -> list[Path]:
@@ -172,8 +184,10 @@ def _train(work: Path, timeout: float = CREATE_TIMEOUT_S) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Write the audit's JVM class archive (makes Spark "
-                                             "start ~3 s faster); a no-op when it exists.")
+    ap = argparse.ArgumentParser(
+        description="Write the audit's JVM class archive (makes Spark "
+        "start ~3 s faster); a no-op when it exists."
+    )
     ap.add_argument("--force", action="store_true", help="rewrite an existing archive")
     ap.add_argument("--train", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -183,8 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _, what = create(force=args.force)
     except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
-        print(f"warning: {e}; the audit works without it, Spark just starts slower",
-              file=sys.stderr)
+        print(
+            f"warning: {e}; the audit works without it, Spark just starts slower", file=sys.stderr
+        )
         return 1
     print(what)
     return 0

@@ -10,15 +10,16 @@ Typed columns are filled for the record types that have the field (else null). C
 are LeaderChangeRecord's ``leader_id`` / ``term``. Damaged frames give one row with a
 ``problem`` (``crc``: bytes edited, record decoded anyway; ``decode`` / ``torn``: no record).
 """
+
 from __future__ import annotations
 
 import gc
-from pathlib import Path
+from collections.abc import Callable, Iterator, Sequence
 from operator import attrgetter
-from typing import Any, Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
 
 import orjson
-
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -31,9 +32,9 @@ INTS = pa.list_(pa.field("element", pa.int32()))
 
 # (name, arrow type, spark type)
 COLUMNS: tuple[tuple[str, pa.DataType, str], ...] = (
-    ("source", STR, "STRING"),            # segment or snapshot file name
-    ("source_kind", STR, "STRING"),       # "log" or "snapshot"
-    ("position", I64, "BIGINT"),          # byte position of the frame in the file
+    ("source", STR, "STRING"),  # segment or snapshot file name
+    ("source_kind", STR, "STRING"),  # "log" or "snapshot"
+    ("position", I64, "BIGINT"),  # byte position of the frame in the file
     ("offset", I64, "BIGINT"),
     ("batch_base_offset", I64, "BIGINT"),
     ("batch_last_offset", I64, "BIGINT"),
@@ -46,10 +47,10 @@ COLUMNS: tuple[tuple[str, pa.DataType, str], ...] = (
     ("request_id", STR, "STRING"),
     ("api", STR, "STRING"),
     ("reason", STR, "STRING"),
-    ("batch_hash", STR, "STRING"),        # hex SHA-256 of the batch bytes as found on disk
-    ("prev_hash", STR, "STRING"),         # hex, as carried by the batch
+    ("batch_hash", STR, "STRING"),  # hex SHA-256 of the batch bytes as found on disk
+    ("prev_hash", STR, "STRING"),  # hex, as carried by the batch
     ("crc_ok", BOOL, "BOOLEAN"),
-    ("problem", STR, "STRING"),           # null, or "crc" / "decode: ..." / "torn: ..."
+    ("problem", STR, "STRING"),  # null, or "crc" / "decode: ..." / "torn: ..."
     ("record_type", STR, "STRING"),
     ("record_version", I32, "INT"),
     ("broker_id", I32, "INT"),
@@ -91,9 +92,25 @@ RENAMES = {
     "LeaderChangeRecord": {"leader_id": "controller_id", "term": "controller_term"},
 }
 JSON_ONLY = {"endpoints", "features", "removing_replicas", "adding_replicas"}
-BATCH_COLUMNS = ("source", "source_kind", "position", "batch_base_offset", "batch_last_offset",
-                 "term", "raft_index", "timestamp_ms", "principal", "client_id", "request_id",
-                 "api", "reason", "batch_hash", "prev_hash", "crc_ok", "problem")
+BATCH_COLUMNS = (
+    "source",
+    "source_kind",
+    "position",
+    "batch_base_offset",
+    "batch_last_offset",
+    "term",
+    "raft_index",
+    "timestamp_ms",
+    "principal",
+    "client_id",
+    "request_id",
+    "api",
+    "reason",
+    "batch_hash",
+    "prev_hash",
+    "crc_ok",
+    "problem",
+)
 _ROW_COLUMNS = ("offset", "index_in_batch", "record_type", "record_version", "record_json")
 
 
@@ -105,7 +122,7 @@ class _TypePlan:
     """How one record type fills the table: a C-level getter for all its field values, the
     typed columns it fills (column → (index into the values, converter)), and its JSON keys."""
 
-    __slots__ = ("get", "columns", "names", "head")
+    __slots__ = ("columns", "get", "head", "names")
 
     def __init__(self, cls: type[Record]) -> None:
         names = tuple(n for n, _ in cls.FIELDS)
@@ -120,7 +137,9 @@ class _TypePlan:
         for i, name in enumerate(names):
             if name in JSON_ONLY:
                 continue
-            conv = _fenced if name == "fenced" else int if name == "in_controlled_shutdown" else None
+            conv = (
+                _fenced if name == "fenced" else int if name == "in_controlled_shutdown" else None
+            )
             self.columns[renames.get(name, name)] = (i, conv)
         self.names = names
         self.head = {"type": cls.NAME, "version": cls.VERSION}
@@ -140,8 +159,13 @@ class Builder:
         self.row_cols: dict[str, list[Any]] = {n: [] for n in _ROW_COLUMNS}
         self.by_type: dict[Any, tuple[list[int], list[tuple]]] = {}
 
-    def add_batch(self, meta: dict[str, Any], first_offset: int,
-                  records: Sequence[tuple[int, Record]], same_offset: bool = False) -> None:
+    def add_batch(
+        self,
+        meta: dict[str, Any],
+        first_offset: int,
+        records: Sequence[tuple[int, Record]],
+        same_offset: bool = False,
+    ) -> None:
         """Rows for ``records`` (``(index in batch, record)``) sharing the batch ``meta``; the
         offset is ``first_offset + index`` (or ``first_offset`` for all when ``same_offset``)."""
         k = len(records)
@@ -214,19 +238,43 @@ class Builder:
         return pa.concat_arrays(chunks) if len(chunks) != 1 else chunks[0]
 
 
-def batch_meta(source: str, kind: str, position: int, batch: Batch, digest: bytes | None,
-                crc_ok: bool, problem: str | None) -> dict[str, Any]:
+def batch_meta(
+    source: str,
+    kind: str,
+    position: int,
+    batch: Batch,
+    digest: bytes | None,
+    crc_ok: bool,
+    problem: str | None,
+) -> dict[str, Any]:
     p = batch.provenance
-    return {"source": source, "source_kind": kind, "position": position,
-            "batch_base_offset": batch.base_offset, "batch_last_offset": batch.last_offset,
-            "term": batch.term, "raft_index": batch.raft_index, "timestamp_ms": batch.timestamp_ms,
-            "principal": p.principal, "client_id": p.client_id, "request_id": p.request_id,
-            "api": p.api, "reason": p.reason, "batch_hash": digest.hex() if digest else None,
-            "prev_hash": batch.prev_hash.hex(), "crc_ok": crc_ok, "problem": problem}
+    return {
+        "source": source,
+        "source_kind": kind,
+        "position": position,
+        "batch_base_offset": batch.base_offset,
+        "batch_last_offset": batch.last_offset,
+        "term": batch.term,
+        "raft_index": batch.raft_index,
+        "timestamp_ms": batch.timestamp_ms,
+        "principal": p.principal,
+        "client_id": p.client_id,
+        "request_id": p.request_id,
+        "api": p.api,
+        "reason": p.reason,
+        "batch_hash": digest.hex() if digest else None,
+        "prev_hash": batch.prev_hash.hex(),
+        "crc_ok": crc_ok,
+        "problem": problem,
+    }
 
 
-def decode_segment(path: str | Path, from_offset: int | None = None, to_offset: int | None = None,
-                   rows_per_batch: int = 8192) -> Iterator[pa.RecordBatch]:
+def decode_segment(
+    path: str | Path,
+    from_offset: int | None = None,
+    to_offset: int | None = None,
+    rows_per_batch: int = 8192,
+) -> Iterator[pa.RecordBatch]:
     """Arrow batches of every record in one segment file with ``from <= offset <= to``.
 
     Damage never raises: a CRC mismatch marks the (still decoded) rows ``crc_ok=false,
@@ -247,9 +295,16 @@ def decode_segment(path: str | Path, from_offset: int | None = None, to_offset: 
             if batch is None:
                 kind = prob.kind if prob is not None else "decode"
                 detail = f"{kind}: {prob.detail}" if prob is not None else kind
-                out.add_problem({"source": name, "source_kind": "log", "position": entry.position,
-                                 "crc_ok": kind != CRC, "problem": detail,
-                                 "offset": prob.offset if prob is not None else None})
+                out.add_problem(
+                    {
+                        "source": name,
+                        "source_kind": "log",
+                        "position": entry.position,
+                        "crc_ok": kind != CRC,
+                        "problem": detail,
+                        "offset": prob.offset if prob is not None else None,
+                    }
+                )
             else:
                 if batch.last_offset < lo or batch.base_offset > hi:
                     continue
@@ -257,8 +312,9 @@ def decode_segment(path: str | Path, from_offset: int | None = None, to_offset: 
                 digest = entry.digest
                 if not crc_ok:  # hash what the edited bytes decode to: the chain breaks here
                     digest = batch_hash(batch.encode())
-                meta = batch_meta(name, "log", entry.position, batch, digest, crc_ok,
-                                   None if crc_ok else "crc")
+                meta = batch_meta(
+                    name, "log", entry.position, batch, digest, crc_ok, None if crc_ok else "crc"
+                )
                 base = batch.base_offset
                 records = list(enumerate(batch.records))
                 if base < lo or batch.last_offset > hi:
@@ -278,11 +334,19 @@ def decode_snapshot(path: str | Path, rows_per_batch: int = 8192) -> Iterator[pa
     offset (``end_offset - 1``) and term; ``index_in_batch`` is the record's position in it."""
     path = Path(path)
     header, records = read_snapshot(path, strict=False)
-    meta = {"source": path.name, "source_kind": "snapshot", "position": 0,
-            "offset": header.end_offset - 1, "batch_base_offset": header.end_offset - 1,
-            "batch_last_offset": header.end_offset - 1, "term": header.term,
-            "raft_index": header.raft_index, "timestamp_ms": header.timestamp_ms,
-            "batch_hash": header.last_hash.hex(), "crc_ok": True}
+    meta = {
+        "source": path.name,
+        "source_kind": "snapshot",
+        "position": 0,
+        "offset": header.end_offset - 1,
+        "batch_base_offset": header.end_offset - 1,
+        "batch_last_offset": header.end_offset - 1,
+        "term": header.term,
+        "raft_index": header.raft_index,
+        "timestamp_ms": header.timestamp_ms,
+        "batch_hash": header.last_hash.hex(),
+        "crc_ok": True,
+    }
     out = Builder()
     chunk: list[tuple[int, Record]] = []
     for i, record in enumerate(records):
@@ -295,4 +359,3 @@ def decode_snapshot(path: str | Path, rows_per_batch: int = 8192) -> Iterator[pa
         out.add_batch(meta, meta["offset"], chunk, same_offset=True)
     if out.rows:
         yield out.flush()
-

@@ -16,16 +16,23 @@ ignored; same types; nullable). Spark gives a Python data source no column pruni
 and every column of every row costs the JVM a conversion: a narrow read is several times
 cheaper than ``.load(DIR).select(...)``.
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, Sequence
 
 import pyarrow as pa
-
-from pyspark.sql.datasource import (DataSource, DataSourceReader, EqualTo, GreaterThan,
-                                    GreaterThanOrEqual, InputPartition, LessThan,
-                                    LessThanOrEqual)
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    EqualTo,
+    GreaterThan,
+    GreaterThanOrEqual,
+    InputPartition,
+    LessThan,
+    LessThanOrEqual,
+)
 
 from kraft.log.segment import list_segments, parse_segment_name
 from kraft.log.snapshot import list_snapshots, parse_snapshot_name
@@ -40,8 +47,10 @@ def segment_ranges(log_dir: str | Path) -> list[tuple[Path, int, int | None]]:
     their names: a segment ends where the next one begins."""
     paths = list_segments(log_dir)
     bases = [parse_segment_name(p) or 0 for p in paths]
-    return [(p, b, bases[i + 1] - 1 if i + 1 < len(bases) else None)
-            for i, (p, b) in enumerate(zip(paths, bases))]
+    return [
+        (p, b, bases[i + 1] - 1 if i + 1 < len(bases) else None)
+        for i, (p, b) in enumerate(zip(paths, bases))
+    ]
 
 
 def _int_option(options: dict, key: str) -> int | None:
@@ -74,15 +83,21 @@ def requested_columns(schema) -> list[tuple[str, str]] | None:
             problems.append(f"{f.name!r} must be nullable (drop NOT NULL)")
         elif to_arrow_type(f.dataType, timezone="UTC") != typ:
             asked = f.dataType.simpleString().upper()
-            problems.append(f"{f.name!r} must have nullable elements" if asked == ddl
-                            else f"{f.name!r} is {ddl} in the table, not {asked}")
+            problems.append(
+                f"{f.name!r} must have nullable elements"
+                if asked == ddl
+                else f"{f.name!r} is {ddl} in the table, not {asked}"
+            )
         seen.add(name)
         picked.append((name, f.name))
     if not schema.fields:
         problems.append("it has no column")
     if problems:
-        raise ValueError("kraft-metadata: the schema asked for does not fit the record table: "
-                         + "; ".join(problems) + f". The table: {SPARK_DDL}")
+        raise ValueError(
+            "kraft-metadata: the schema asked for does not fit the record table: "
+            + "; ".join(problems)
+            + f". The table: {SPARK_DDL}"
+        )
     if tuple(p[1] for p in picked) == NAMES:
         return None
     return picked
@@ -98,7 +113,7 @@ class KraftMetadataDataSource(DataSource):
     def schema(self) -> str:
         return SPARK_DDL
 
-    def reader(self, schema) -> "KraftMetadataReader":
+    def reader(self, schema) -> KraftMetadataReader:
         return KraftMetadataReader(dict(self.options), requested_columns(schema))
 
 
@@ -117,8 +132,9 @@ class KraftMetadataReader(DataSourceReader):
         self.hi = _int_option(options, "toOffset")
         self.snapshots = options.get("snapshots", "exclude")
         if self.snapshots not in _SNAPSHOT_MODES:
-            raise ValueError(f"option snapshots must be one of {_SNAPSHOT_MODES}, "
-                             f"got {self.snapshots!r}")
+            raise ValueError(
+                f"option snapshots must be one of {_SNAPSHOT_MODES}, got {self.snapshots!r}"
+            )
         names = options.get("segments")
         self.only = {n.strip() for n in names.split(",") if n.strip()} if names else None
         self.columns = [c for c, _ in columns] if columns is not None else None
@@ -131,8 +147,12 @@ class KraftMetadataReader(DataSourceReader):
         for f in filters:
             col = getattr(f, "attribute", None)
             value = getattr(f, "value", None)
-            if (isinstance(col, tuple) and len(col) == 1 and str(col[0]).lower() == "offset"
-                    and type(value) is int):  # (a schema may spell it Offset)
+            if (
+                isinstance(col, tuple)
+                and len(col) == 1
+                and str(col[0]).lower() == "offset"
+                and type(value) is int
+            ):  # (a schema may spell it Offset)
                 if isinstance(f, EqualTo):
                     self._tighten(value, value)
                 elif isinstance(f, GreaterThan):
@@ -173,8 +193,9 @@ class KraftMetadataReader(DataSourceReader):
         for rb in self._decode(*partition.value):
             yield rb.rename_columns(self.renamed) if self.renamed else rb
 
-    def _decode(self, kind: str, path: str, lo: int | None,
-                hi: int | None) -> Iterator[pa.RecordBatch]:
+    def _decode(
+        self, kind: str, path: str, lo: int | None, hi: int | None
+    ) -> Iterator[pa.RecordBatch]:
         if kind == "log":
             yield from decode_segment_fast(path, lo, hi, columns=self.columns)
         elif kind == "snapshot":

@@ -9,13 +9,15 @@ record type (one getter pass per column, one msgspec JSON encoding of the whole 
 not the canonical encoding of a valid batch) is decoded by the strict path, which gives exactly
 its rows or its ``decode`` problem row.
 """
+
 from __future__ import annotations
 
 import ctypes
 import gc
+from collections.abc import Callable, Iterator, Sequence
 from operator import attrgetter, itemgetter
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -25,8 +27,15 @@ import pyarrow.compute as pc
 
 from kraft.log.segment import CRC, DECODE, IO, TORN, Frame, iter_frames
 from kraft.records import BOOL, INT, RECORD_TYPES, RecordDecodeError, batch_hash, decode_batch
-from tools.audit.columns import (ARROW_SCHEMA, COLUMNS, JSON_ONLY, NAMES, RENAMES, Builder,
-                                 batch_meta)
+from tools.audit.columns import (
+    ARROW_SCHEMA,
+    COLUMNS,
+    JSON_ONLY,
+    NAMES,
+    RENAMES,
+    Builder,
+    batch_meta,
+)
 from tools.audit.structs import RECORD_STRUCTS, decode_canonical
 
 _HI = 1 << 62
@@ -57,7 +66,7 @@ class _Kind:
     """How the records of one type fill the table: its name and version, the typed columns its
     fields go to (with one getter for all of them), and how its JSON is renamed."""
 
-    __slots__ = ("name", "version", "columns", "names", "get", "json_cut", "json_name")
+    __slots__ = ("columns", "get", "json_cut", "json_name", "name", "names", "version")
 
     def __init__(self, type_id: int) -> None:
         cls = RECORD_TYPES[type_id]
@@ -118,8 +127,9 @@ class _Columns:
             raise ValueError(f"no such column(s) in the record table: {unknown}")
         self.wanted = frozenset(self.names)
         self.whole = self.names == NAMES
-        self.schema = ARROW_SCHEMA if self.whole else pa.schema(
-            [ARROW_SCHEMA.field(n) for n in self.names])
+        self.schema = (
+            ARROW_SCHEMA if self.whole else pa.schema([ARROW_SCHEMA.field(n) for n in self.names])
+        )
 
     def project(self, rb: pa.RecordBatch) -> pa.RecordBatch:
         """A whole-table batch (the strict decoder's) cut to these columns."""
@@ -132,7 +142,9 @@ class _Chunk:
     def __init__(self, source: str, columns: _Columns) -> None:
         self.source = source
         self.columns = columns
-        self.frames: list[tuple[int, bytes, Any, int, int]] = []  # position, hash, batch, first, count
+        self.frames: list[
+            tuple[int, bytes, Any, int, int]
+        ] = []  # position, hash, batch, first, count
         self.rows = 0
 
     def add(self, position: int, digest: bytes, batch: Any, first: int, count: int) -> None:
@@ -151,7 +163,7 @@ class _Chunk:
         index = np.repeat(firsts - starts, counts) + np.arange(n)
         recs: list = []
         for _, _, b, f, c in frames:
-            recs.extend(b.records if c == len(b.records) else b.records[f:f + c])
+            recs.extend(b.records if c == len(b.records) else b.records[f : f + c])
         kinds = np.fromiter(map(_KIND_INDEX.__getitem__, map(type, recs)), np.int64, n)
         wanted = self.columns.wanted
         cols = self._batch_columns(pa.array(np.repeat(np.arange(len(frames)), counts)), wanted)
@@ -163,8 +175,12 @@ class _Chunk:
         if not wanted.isdisjoint(_RECORD_COLUMNS):
             cols.update(_record_columns(recs, kinds, wanted))
         return pa.RecordBatch.from_arrays(
-            [cols[name] if name in cols else _nulls(n, _TYPES[name])
-             for name in self.columns.names], schema=self.columns.schema)
+            [
+                cols[name] if name in cols else _nulls(n, _TYPES[name])
+                for name in self.columns.names
+            ],
+            schema=self.columns.schema,
+        )
 
     def _batch_columns(self, which: pa.Array, wanted: frozenset[str]) -> dict[str, pa.Array]:
         """Batch-level columns (those ``wanted``): one value per frame, repeated for its rows
@@ -179,10 +195,12 @@ class _Chunk:
             "term": lambda: list(map(attrgetter("term"), batches)),
             "raft_index": lambda: list(map(attrgetter("raft_index"), batches)),
             "timestamp_ms": lambda: list(map(attrgetter("timestamp_ms"), batches)),
-            **{key: (lambda key=key: list(map(attrgetter(key), provenance)))
-               for key in _PROVENANCE},
+            **{
+                key: (lambda key=key: list(map(attrgetter(key), provenance))) for key in _PROVENANCE
+            },
             "batch_hash": lambda: [f[1].hex() for f in frames],
-            "prev_hash": lambda: [b.prev_hash.hex() for b in batches]}
+            "prev_hash": lambda: [b.prev_hash.hex() for b in batches],
+        }
         out = {k: pa.array(v(), _TYPES[k]).take(which) for k, v in per.items() if k in wanted}
         out["source"] = pa.repeat(pa.scalar(self.source, pa.string()), n)
         out["source_kind"] = pa.repeat(pa.scalar("log", pa.string()), n)
@@ -211,8 +229,7 @@ def _record_columns(recs: list, kinds: np.ndarray, wanted: frozenset[str]) -> di
     present = np.flatnonzero(sizes)
     if len(present) == 1:
         kind = _KINDS[int(present[0])]
-        return {name: a for name, a in _group_columns(kind, recs, wanted).items()
-                if a is not None}
+        return {name: a for name, a in _group_columns(kind, recs, wanted).items() if a is not None}
     order = np.argsort(kinds, kind="stable")
     inverse = np.empty(n, np.int64)
     inverse[order] = np.arange(n)
@@ -237,8 +254,9 @@ def _record_columns(recs: list, kinds: np.ndarray, wanted: frozenset[str]) -> di
     return out
 
 
-def _take_indices(filled: list[tuple[int, pa.Array]], kinds: np.ndarray, inverse: np.ndarray,
-                  starts: np.ndarray) -> pa.Array:
+def _take_indices(
+    filled: list[tuple[int, pa.Array]], kinds: np.ndarray, inverse: np.ndarray, starts: np.ndarray
+) -> pa.Array:
     """Each row's index in the concatenation of the ``filled`` groups' arrays (null for the
     rows of other groups): its index in the kind-sorted order, shifted per kind."""
     shift = np.zeros(len(_KINDS), np.int64)
@@ -282,34 +300,62 @@ def _json_of(kind: _Kind, group: list) -> pa.Array:
     newlines = np.flatnonzero(np.frombuffer(data, np.uint8) == 10)
     if len(newlines) != len(group) + 1 or len(data) > _I32_MAX:
         raise RuntimeError(f"{kind.name}: JSON lines do not match the records")
-    lines = pa.StringArray.from_buffers(len(group), pa.py_buffer(newlines.astype(np.int32)),
-                                        pa.py_buffer(data))
+    lines = pa.StringArray.from_buffers(
+        len(group), pa.py_buffer(newlines.astype(np.int32)), pa.py_buffer(data)
+    )
     return pc.binary_replace_slice(lines, 0, kind.json_cut, kind.json_name)
 
 
-def _strict_frame(out: Builder, source: str, frame: Frame, size: int, expected: int | None,
-                  lo: int, hi: int) -> int | None:
+def _strict_frame(
+    out: Builder, source: str, frame: Frame, size: int, expected: int | None, lo: int, hi: int
+) -> int | None:
     """Rows of one frame exactly as the strict decoder gives them; returns the offset the next
     frame should start at (None: unknown)."""
     if frame.payload is None:
         detail = f"frame at byte {frame.position} runs past the end of the file ({size} bytes)"
-        out.add_problem({"source": source, "source_kind": "log", "position": frame.position,
-                         "crc_ok": True, "problem": f"{TORN}: {detail}", "offset": expected})
+        out.add_problem(
+            {
+                "source": source,
+                "source_kind": "log",
+                "position": frame.position,
+                "crc_ok": True,
+                "problem": f"{TORN}: {detail}",
+                "offset": expected,
+            }
+        )
         return expected
     try:
         batch = decode_batch(frame.payload)
     except RecordDecodeError as e:
         batch, err = None, str(e)
     if batch is None:
-        detail = (f"{CRC}: frame of {frame.end - frame.position - 8} bytes" if not frame.crc_ok
-                  else f"{DECODE}: {err}")
-        out.add_problem({"source": source, "source_kind": "log", "position": frame.position,
-                         "crc_ok": frame.crc_ok, "problem": detail, "offset": expected})
+        detail = (
+            f"{CRC}: frame of {frame.end - frame.position - 8} bytes"
+            if not frame.crc_ok
+            else f"{DECODE}: {err}"
+        )
+        out.add_problem(
+            {
+                "source": source,
+                "source_kind": "log",
+                "position": frame.position,
+                "crc_ok": frame.crc_ok,
+                "problem": detail,
+                "offset": expected,
+            }
+        )
         return None
     if not (batch.last_offset < lo or batch.base_offset > hi):
         digest = batch.digest if frame.crc_ok else batch_hash(batch.encode())
-        meta = batch_meta(source, "log", frame.position, batch, digest, frame.crc_ok,
-                          None if frame.crc_ok else "crc")
+        meta = batch_meta(
+            source,
+            "log",
+            frame.position,
+            batch,
+            digest,
+            frame.crc_ok,
+            None if frame.crc_ok else "crc",
+        )
         base = batch.base_offset
         records = list(enumerate(batch.records))
         if base < lo or batch.last_offset > hi:
@@ -318,10 +364,13 @@ def _strict_frame(out: Builder, source: str, frame: Frame, size: int, expected: 
     return batch.next_offset
 
 
-def decode_segment_fast(path: str | Path, from_offset: int | None = None,
-                        to_offset: int | None = None,
-                        rows_per_batch: int = 65536,
-                        columns: Sequence[str] | None = None) -> Iterator[pa.RecordBatch]:
+def decode_segment_fast(
+    path: str | Path,
+    from_offset: int | None = None,
+    to_offset: int | None = None,
+    rows_per_batch: int = 65536,
+    columns: Sequence[str] | None = None,
+) -> Iterator[pa.RecordBatch]:
     """Arrow batches of every record in one segment with ``from <= offset <= to``: the same rows
     (and the same problem rows for damaged frames) as :func:`columns.decode_segment`.
     ``columns``: only these columns, in this order (default: the whole table)."""
@@ -335,8 +384,16 @@ def decode_segment_fast(path: str | Path, from_offset: int | None = None,
         data = path.read_bytes()
     except OSError as e:
         out = Builder()
-        out.add_problem({"source": source, "source_kind": "log", "position": 0, "crc_ok": True,
-                         "problem": f"{IO}: {e}", "offset": None})
+        out.add_problem(
+            {
+                "source": source,
+                "source_kind": "log",
+                "position": 0,
+                "crc_ok": True,
+                "problem": f"{IO}: {e}",
+                "offset": None,
+            }
+        )
         yield want.project(out.flush())
         return
     size = len(data)
@@ -359,8 +416,13 @@ def decode_segment_fast(path: str | Path, from_offset: int | None = None,
             base = batch.base_offset
             expected = base + len(batch.records)
             first = max(lo - base, 0)
-            chunk.add(frame.position, batch_hash(frame.payload), batch, first,
-                      max(min(hi, expected - 1) - base + 1 - first, 0))
+            chunk.add(
+                frame.position,
+                batch_hash(frame.payload),
+                batch,
+                first,
+                max(min(hi, expected - 1) - base + 1 - first, 0),
+            )
             if chunk.rows >= rows_per_batch:
                 yield chunk.build()
                 chunk = _Chunk(source, want)

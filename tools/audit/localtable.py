@@ -1,10 +1,11 @@
 """An audit table directory (Parquet files, as :class:`tools.audit.carry.TableFiles` writes
 them) read on the driver with pyarrow: the carried state a re-audit checks and the report's
 small reads, without a Spark job."""
+
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator
 
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -15,8 +16,9 @@ def _dataset(path: Path) -> ds.Dataset | None:
     return ds.dataset(files, format="parquet") if files else None
 
 
-def read(path: Path, columns: Iterable[str],
-         filter: ds.Expression | None = None) -> pa.Table | None:
+def read(
+    path: Path, columns: Iterable[str], filter: ds.Expression | None = None
+) -> pa.Table | None:
     """Table ``path``'s ``columns`` (rows matching ``filter``); None when it has no files."""
     data = _dataset(path)
     return None if data is None else data.to_table(columns=list(columns), filter=filter)

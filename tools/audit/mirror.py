@@ -11,6 +11,7 @@ renames it into place. In local mode the tasks run in the audit's own worker pro
 the JVM starts (:meth:`Mirror.start`): no Spark job and no Spark Python workers; on a cluster
 they are one Spark job, one task per segment.
 """
+
 from __future__ import annotations
 
 import json
@@ -61,8 +62,9 @@ class Mirror:
             ranges = [r for r in ranges if r[1] <= to_offset]
         root.mkdir(parents=True, exist_ok=True)
         self.manifest_path = root / "manifest.json"
-        self.manifest: dict[str, list[int]] = (json.loads(self.manifest_path.read_text())
-                                               if self.manifest_path.exists() else {})
+        self.manifest: dict[str, list[int]] = (
+            json.loads(self.manifest_path.read_text()) if self.manifest_path.exists() else {}
+        )
         self.records_dir = root / "records"
         self.wanted = {p.name: _stamp(p) for p, _, _ in ranges}
         for name in list(self.manifest):
@@ -73,8 +75,10 @@ class Mirror:
         self._decoding: list[Future] | None = None
 
     def _items(self) -> list[tuple[str, str]]:
-        return [(str(self.log_dir / name), str(self.records_dir / f"source={name}"))
-                for name in self.stale]
+        return [
+            (str(self.log_dir / name), str(self.records_dir / f"source={name}"))
+            for name in self.stale
+        ]
 
     def start(self, pool: Executor) -> None:
         """Decode the stale segments in ``pool`` (largest first), without Spark."""
@@ -92,8 +96,11 @@ class Mirror:
             if name == source:
                 keep = pc.and_(keep, pc.greater(t["position"], position))
             t = t.filter(keep)
-            parts.append(t.select(columns).append_column(
-                "source", pa.array([name] * t.num_rows, pa.string())))
+            parts.append(
+                t.select(columns).append_column(
+                    "source", pa.array([name] * t.num_rows, pa.string())
+                )
+            )
         return pa.concat_tables(parts)  # (the watermark's segment is always there)
 
     def load(self, spark: SparkSession) -> tuple[DataFrame, dict]:
@@ -112,11 +119,17 @@ class Mirror:
             self.manifest_path.write_text(json.dumps(self.manifest, indent=1, sort_keys=True))
         if self.wanted:
             paths = [str(self.records_dir / f"source={name}") for name in self.wanted]
-            df = (spark.read.schema(SPARK_DDL).option("basePath", str(self.records_dir))
-                       .parquet(*paths).select(*NAMES))
+            df = (
+                spark.read.schema(SPARK_DDL)
+                .option("basePath", str(self.records_dir))
+                .parquet(*paths)
+                .select(*NAMES)
+            )
         else:
             df = spark.createDataFrame([], SPARK_DDL)
         if self.to_offset is not None:
             df = df.filter(df["offset"].isNull() | (df["offset"] <= self.to_offset))
-        return df, {"decoded": self.stale,
-                    "reused": [n for n in self.wanted if n not in self.stale]}
+        return df, {
+            "decoded": self.stale,
+            "reused": [n for n in self.wanted if n not in self.stale],
+        }

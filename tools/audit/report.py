@@ -3,14 +3,26 @@
 :func:`render` takes the small, already-aggregated ``data`` dict built by :mod:`tools.audit.run`
 (nothing here touches Spark) and returns the page.
 """
+
 from __future__ import annotations
 
 import html
-from datetime import datetime, timezone
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from typing import Any
 
-PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#76b7b2", "#edc948", "#9c755f",
-           "#bab0ac", "#ff9da7", "#86bcb6")
+PALETTE = (
+    "#4e79a7",
+    "#f28e2b",
+    "#59a14f",
+    "#b07aa1",
+    "#76b7b2",
+    "#edc948",
+    "#9c755f",
+    "#bab0ac",
+    "#ff9da7",
+    "#86bcb6",
+)
 OFFLINE = "#e15759"
 BROKER_STATE_COLORS = {"fenced": OFFLINE, "unfenced": "#59a14f", "unregistered": "#bbb"}
 WIDTH, LABEL_W, ROW_H = 960, 150, 18
@@ -33,7 +45,7 @@ def _e(v: Any) -> str:
 def _time(ms: int | None) -> str:
     if ms is None:
         return ""
-    return datetime.fromtimestamp(ms / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def _color(key: Any, keys: Sequence[Any]) -> str:
@@ -57,18 +69,24 @@ def _axis(scale: _Scale, y: float) -> str:
     for i in range(5):
         t = scale.t0 + (scale.t1 - scale.t0) * i // 4
         x = scale(t)
-        out.append(f'<line x1="{x:.1f}" y1="{y}" x2="{x:.1f}" y2="{y + 4}" stroke="#999"/>'
-                   f'<text x="{x:.1f}" y="{y + 15}" text-anchor="middle">{_time(t)[11:]}</text>')
+        out.append(
+            f'<line x1="{x:.1f}" y1="{y}" x2="{x:.1f}" y2="{y + 4}" stroke="#999"/>'
+            f'<text x="{x:.1f}" y="{y + 15}" text-anchor="middle">{_time(t)[11:]}</text>'
+        )
     return "".join(out)
 
 
 def _legend(items: Iterable[tuple[str, str]]) -> str:
-    return '<div class="legend">' + "".join(
-        f'<span><i style="background:{c}"></i>{_e(label)}</span>' for label, c in items) + "</div>"
+    return (
+        '<div class="legend">'
+        + "".join(f'<span><i style="background:{c}"></i>{_e(label)}</span>' for label, c in items)
+        + "</div>"
+    )
 
 
-def interval_chart(rows: dict[str, list[tuple[int, int, Any]]], t0: int, t1: int,
-                   keys: Sequence[Any], title: str) -> str:
+def interval_chart(
+    rows: dict[str, list[tuple[int, int, Any]]], t0: int, t1: int, keys: Sequence[Any], title: str
+) -> str:
     """One row per label; each ``(start_ms, end_ms, key)`` is a bar coloured by key."""
     if not rows:
         return "<p>No data.</p>"
@@ -80,9 +98,11 @@ def interval_chart(rows: dict[str, list[tuple[int, int, Any]]], t0: int, t1: int
         out.append(f'<text x="{LABEL_W - 6}" y="{y + 13}" text-anchor="end">{_e(label)}</text>')
         for start, end, key in spans:
             x, x2 = scale(start), scale(max(end, start))
-            out.append(f'<rect x="{x:.1f}" y="{y + 2}" width="{max(x2 - x, 1.5):.1f}" '
-                       f'height="{ROW_H - 4}" fill="{_color(key, keys)}">'
-                       f'<title>{_e(label)}: {_e(key)} {_time(start)} → {_time(end)}</title></rect>')
+            out.append(
+                f'<rect x="{x:.1f}" y="{y + 2}" width="{max(x2 - x, 1.5):.1f}" '
+                f'height="{ROW_H - 4}" fill="{_color(key, keys)}">'
+                f"<title>{_e(label)}: {_e(key)} {_time(start)} → {_time(end)}</title></rect>"
+            )
     out.append(_axis(scale, len(rows) * ROW_H + 4))
     out.append("</svg>")
     return "".join(out)
@@ -95,12 +115,16 @@ def step_chart(series: dict[str, list[tuple[int, int]]], t0: int, t1: int, title
     scale = _Scale(t0, t1)
     band = 34
     vmax = max(max(v for _, v in pts) for pts in series.values()) or 1
-    out = [f'<svg width="{WIDTH}" height="{len(series) * band + 30}" role="img" '
-           f'aria-label="{_e(title)}">']
+    out = [
+        f'<svg width="{WIDTH}" height="{len(series) * band + 30}" role="img" '
+        f'aria-label="{_e(title)}">'
+    ]
     for i, (label, pts) in enumerate(series.items()):
         base = i * band + band - 6
-        out.append(f'<text x="{LABEL_W - 6}" y="{base - 8}" text-anchor="end">{_e(label)}</text>'
-                   f'<line x1="{LABEL_W}" y1="{base}" x2="{WIDTH - 10}" y2="{base}" stroke="#eee"/>')
+        out.append(
+            f'<text x="{LABEL_W - 6}" y="{base - 8}" text-anchor="end">{_e(label)}</text>'
+            f'<line x1="{LABEL_W}" y1="{base}" x2="{WIDTH - 10}" y2="{base}" stroke="#eee"/>'
+        )
         path, last_y = [], None
         for t, v in pts:
             x, y = scale(t), base - (band - 10) * v / vmax
@@ -108,15 +132,18 @@ def step_chart(series: dict[str, list[tuple[int, int]]], t0: int, t1: int, title
             last_y = y
         if path:
             path.append(f"H{WIDTH - 10}")
-            out.append(f'<path d="{"".join(path)}" fill="none" stroke="#4e79a7" stroke-width="1.5">'
-                       f'<title>{_e(label)}: ISR size (max {vmax})</title></path>')
+            out.append(
+                f'<path d="{"".join(path)}" fill="none" stroke="#4e79a7" stroke-width="1.5">'
+                f"<title>{_e(label)}: ISR size (max {vmax})</title></path>"
+            )
     out.append(_axis(scale, len(series) * band + 4))
     out.append("</svg>")
     return "".join(out)
 
 
-def stacked_bars(buckets: list[tuple[int, dict[str, int]]], keys: Sequence[str], t0: int,
-                 t1: int, title: str) -> str:
+def stacked_bars(
+    buckets: list[tuple[int, dict[str, int]]], keys: Sequence[str], t0: int, t1: int, title: str
+) -> str:
     """Counts per time bucket, stacked by key."""
     if not buckets:
         return "<p>No data.</p>"
@@ -124,9 +151,11 @@ def stacked_bars(buckets: list[tuple[int, dict[str, int]]], keys: Sequence[str],
     h = 180
     top = max(sum(c.values()) for _, c in buckets) or 1
     width = max((scale.x1 - scale.x0) / max(len(buckets), 1) - 1, 1)
-    out = [f'<svg width="{WIDTH}" height="{h + 30}" role="img" aria-label="{_e(title)}">',
-           f'<text x="44" y="12" text-anchor="end">{top}</text><text x="44" y="{h}" '
-           f'text-anchor="end">0</text>']
+    out = [
+        f'<svg width="{WIDTH}" height="{h + 30}" role="img" aria-label="{_e(title)}">',
+        f'<text x="44" y="12" text-anchor="end">{top}</text><text x="44" y="{h}" '
+        f'text-anchor="end">0</text>',
+    ]
     for start, counts in buckets:
         x, y = scale(start), float(h)
         for k in keys:
@@ -134,9 +163,11 @@ def stacked_bars(buckets: list[tuple[int, dict[str, int]]], keys: Sequence[str],
             if n:
                 bh = h * n / top
                 y -= bh
-                out.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{width:.1f}" height="{bh:.1f}" '
-                           f'fill="{_color(k, keys)}"><title>{_e(k)}: {n} at {_time(start)}'
-                           f'</title></rect>')
+                out.append(
+                    f'<rect x="{x:.1f}" y="{y:.1f}" width="{width:.1f}" height="{bh:.1f}" '
+                    f'fill="{_color(k, keys)}"><title>{_e(k)}: {n} at {_time(start)}'
+                    f"</title></rect>"
+                )
     out.append(_axis(scale, h + 2))
     out.append("</svg>")
     return "".join(out) + _legend((k, _color(k, keys)) for k in keys)
@@ -148,21 +179,26 @@ def hbars(rows: list[tuple[str, int]], title: str) -> str:
         return "<p>No data.</p>"
     top = max(n for _, n in rows) or 1
     lw = 320
-    out = [f'<svg width="{WIDTH}" height="{len(rows) * ROW_H + 4}" role="img" aria-label="{_e(title)}">']
+    out = [
+        f'<svg width="{WIDTH}" height="{len(rows) * ROW_H + 4}" role="img" aria-label="{_e(title)}">'
+    ]
     for i, (label, n) in enumerate(rows):
         y = i * ROW_H
         w = (WIDTH - lw - 80) * n / top
-        out.append(f'<text x="{lw - 6}" y="{y + 13}" text-anchor="end">{_e(label)}</text>'
-                   f'<rect x="{lw}" y="{y + 2}" width="{max(w, 1):.1f}" height="{ROW_H - 4}" '
-                   f'fill="{PALETTE[0]}"/><text x="{lw + w + 4:.1f}" y="{y + 13}">{n}</text>')
+        out.append(
+            f'<text x="{lw - 6}" y="{y + 13}" text-anchor="end">{_e(label)}</text>'
+            f'<rect x="{lw}" y="{y + 2}" width="{max(w, 1):.1f}" height="{ROW_H - 4}" '
+            f'fill="{PALETTE[0]}"/><text x="{lw + w + 4:.1f}" y="{y + 13}">{n}</text>'
+        )
     out.append("</svg>")
     return "".join(out)
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     body = "".join("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in r) + "</tr>" for r in rows)
-    return ("<table><tr>" + "".join(f"<th>{_e(h)}</th>" for h in headers) + "</tr>" + body +
-            "</table>")
+    return (
+        "<table><tr>" + "".join(f"<th>{_e(h)}</th>" for h in headers) + "</tr>" + body + "</table>"
+    )
 
 
 def render(data: dict[str, Any]) -> str:
@@ -171,29 +207,53 @@ def render(data: dict[str, Any]) -> str:
     t0, t1 = m.get("first_ms") or 0, m.get("last_ms") or 1
     findings = data["findings"]
     failed = [f for f in findings if f["count"]]
-    status = ("FAILED" if any(f["severity"] == "error" and f["errors"] for f in findings)
-              else "PASSED")
+    status = (
+        "FAILED" if any(f["severity"] == "error" and f["errors"] for f in findings) else "PASSED"
+    )
     brokers = data["broker_keys"]
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",
         f"<title>kraft audit — {_e(m['log_dir'])}</title><style>{CSS}</style></head><body>",
         f"<h1>Metadata log audit: <span class='{'error' if status == 'FAILED' else 'pass'}'>"
         f"{status}</span></h1>",
-        table(("", ""), [("log directory", m["log_dir"]), ("records", m["records"]),
-                         ("batches", m["batches"]), ("segments", m["segments"]),
-                         ("offsets", f"{m.get('first_offset')} … {m.get('last_offset')}"),
-                         ("time", f"{_time(m.get('first_ms'))} … {_time(m.get('last_ms'))} UTC"),
-                         ("generated", m["generated"]), ("audit took", f"{m['elapsed_s']:.1f} s")]),
+        table(
+            ("", ""),
+            [
+                ("log directory", m["log_dir"]),
+                ("records", m["records"]),
+                ("batches", m["batches"]),
+                ("segments", m["segments"]),
+                ("offsets", f"{m.get('first_offset')} … {m.get('last_offset')}"),
+                ("time", f"{_time(m.get('first_ms'))} … {_time(m.get('last_ms'))} UTC"),
+                ("generated", m["generated"]),
+                ("audit took", f"{m['elapsed_s']:.1f} s"),
+            ],
+        ),
         "<h2>Checks</h2>",
-        table(("rule", "severity", "violations", "what it checks", "first offending offsets"),
-              [(f["rule"], f["severity"] if f["count"] else "pass", f["count"], f["description"],
-                ", ".join(str(s["offset"]) for s in f["samples"][:8])) for f in findings]),
+        table(
+            ("rule", "severity", "violations", "what it checks", "first offending offsets"),
+            [
+                (
+                    f["rule"],
+                    f["severity"] if f["count"] else "pass",
+                    f["count"],
+                    f["description"],
+                    ", ".join(str(s["offset"]) for s in f["samples"][:8]),
+                )
+                for f in findings
+            ],
+        ),
     ]
     for f in failed:
-        parts.append(f"<h3 class='{_e(f['severity'])}'>{_e(f['rule'])}: {f['count']} "
-                     f"violation(s)</h3>")
-        parts.append(table(("severity", "offset", "detail"),
-                           [(s["severity"], s["offset"], s["detail"]) for s in f["samples"]]))
+        parts.append(
+            f"<h3 class='{_e(f['severity'])}'>{_e(f['rule'])}: {f['count']} violation(s)</h3>"
+        )
+        parts.append(
+            table(
+                ("severity", "offset", "detail"),
+                [(s["severity"], s["offset"], s["detail"]) for s in f["samples"]],
+            )
+        )
     parts += [
         "<h2>Leadership timeline</h2><p>Leader of each partition over time (up to 30 partitions, "
         "those with the most leader changes; red = no leader).</p>",
@@ -208,17 +268,46 @@ def render(data: dict[str, Any]) -> str:
         "<h2>Changes by principal / API</h2>",
         hbars(data["principals"], "changes by principal"),
         "<h2>Under-replicated and offline intervals</h2>",
-        table(("partition", "state", "from", "to", "seconds", "open", "ISR", "reason"),
-              data["replication_intervals"]),
+        table(
+            ("partition", "state", "from", "to", "seconds", "open", "ISR", "reason"),
+            data["replication_intervals"],
+        ),
         "<h2>Topic lifecycle</h2>",
-        table(("offset", "time", "topic", "event", "partitions", "config", "old", "new",
-               "principal", "reason"), data["lifecycle"]),
+        table(
+            (
+                "offset",
+                "time",
+                "topic",
+                "event",
+                "partitions",
+                "config",
+                "old",
+                "new",
+                "principal",
+                "reason",
+            ),
+            data["lifecycle"],
+        ),
         "<h2>Broker history</h2>",
-        table(("offset", "time", "broker", "epoch", "event", "state", "reason"), data["broker_history"]),
+        table(
+            ("offset", "time", "broker", "epoch", "event", "state", "reason"),
+            data["broker_history"],
+        ),
         "<h2>Snapshots against the log</h2>",
-        table(("snapshot", "offset", "rebuilt checksum", "snapshot checksum", "match"),
-              [(c["snapshot"], c["offset"], c["rebuilt_checksum"][:16], c["snapshot_checksum"][:16],
-                c["match"]) for c in data["snapshots"]]) if data["snapshots"]
+        table(
+            ("snapshot", "offset", "rebuilt checksum", "snapshot checksum", "match"),
+            [
+                (
+                    c["snapshot"],
+                    c["offset"],
+                    c["rebuilt_checksum"][:16],
+                    c["snapshot_checksum"][:16],
+                    c["match"],
+                )
+                for c in data["snapshots"]
+            ],
+        )
+        if data["snapshots"]
         else "<p>No snapshot in the log directory to compare with.</p>",
         f"<p>Tables (Parquet) in {_e(m['out'])}.</p></body></html>",
     ]

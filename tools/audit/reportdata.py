@@ -5,12 +5,14 @@ Values are what Spark's ``collect`` gave: timestamps become naive local-time dat
 PySpark converts them, times in ms are ``unix_millis``. Where Spark's order had ties (its
 ``orderBy ... limit`` picked among them by scan order) the rows are ordered by more columns.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -38,8 +40,9 @@ def _datetime(us: int | None) -> datetime | None:
     return datetime.fromtimestamp(us // 1_000_000).replace(microsecond=us % 1_000_000)
 
 
-def _pylist(table: pa.Table | None, millis: Iterable[str] = (),
-            times: Iterable[str] = ()) -> list[dict]:
+def _pylist(
+    table: pa.Table | None, millis: Iterable[str] = (), times: Iterable[str] = ()
+) -> list[dict]:
     """``table``'s rows as dicts; ``millis`` timestamp columns as ms (``unix_millis``),
     ``times`` as datetimes."""
     if table is None:
@@ -56,14 +59,20 @@ def _pylist(table: pa.Table | None, millis: Iterable[str] = (),
     return [dict(zip(data, vals)) for vals in zip(*data.values())]
 
 
-def rows(path: Path, columns: Iterable[str], filter: ds.Expression | None = None,
-         millis: Iterable[str] = (), times: Iterable[str] = ()) -> list[dict]:
+def rows(
+    path: Path,
+    columns: Iterable[str],
+    filter: ds.Expression | None = None,
+    millis: Iterable[str] = (),
+    times: Iterable[str] = (),
+) -> list[dict]:
     """Table ``path``'s ``columns`` (rows matching ``filter``) as dicts (see :func:`_pylist`)."""
     return _pylist(localtable.read(path, columns, filter), millis, times)
 
 
-def top_partitions(seeds: pa.Table | None, names: dict[str, str | None], events: str,
-                   n: int) -> list[tuple[str, int]]:
+def top_partitions(
+    seeds: pa.Table | None, names: dict[str, str | None], events: str, n: int
+) -> list[tuple[str, int]]:
     """The ``n`` (topic name, partition) with the most ``events`` (summed over topic ids of
     the same name), most first, then by name and partition; unnamed ones are left out (they
     match no history row by name). ``seeds``: one row per partition (``topic_id``,
@@ -72,31 +81,63 @@ def top_partitions(seeds: pa.Table | None, names: dict[str, str | None], events:
         return []
     ids = pa.array(list(names), pa.string())
     named = pa.array(list(names.values()), pa.string()).take(
-        pc.index_in(seeds.column("topic_id"), value_set=ids))
-    counts = (pa.table({"name": named, "partition_id": seeds.column("partition_id"),
-                        "n": pc.fill_null(seeds.column(events), 0)})
-              .group_by(["name", "partition_id"]).aggregate([("n", "sum")]))
-    order = pc.sort_indices(counts, sort_keys=[("n_sum", "descending", "at_start"),
-                                               ("name", "ascending", "at_start"),
-                                               ("partition_id", "ascending", "at_start")])
+        pc.index_in(seeds.column("topic_id"), value_set=ids)
+    )
+    counts = (
+        pa.table(
+            {
+                "name": named,
+                "partition_id": seeds.column("partition_id"),
+                "n": pc.fill_null(seeds.column(events), 0),
+            }
+        )
+        .group_by(["name", "partition_id"])
+        .aggregate([("n", "sum")])
+    )
+    order = pc.sort_indices(
+        counts,
+        sort_keys=[
+            ("n_sum", "descending", "at_start"),
+            ("name", "ascending", "at_start"),
+            ("partition_id", "ascending", "at_start"),
+        ],
+    )
     ranked = counts.take(order[:n])
-    return [(name, pid) for name, pid in zip(ranked.column("name").to_pylist(),
-                                             ranked.column("partition_id").to_pylist())
-            if name is not None]
+    return [
+        (name, pid)
+        for name, pid in zip(
+            ranked.column("name").to_pylist(), ranked.column("partition_id").to_pylist()
+        )
+        if name is not None
+    ]
 
 
 def charts(tables: Path, seeds: pa.Table | None, names: dict[str, str | None]) -> list[dict]:
     """Each top partition's first :data:`POINTS` history rows by offset: kind ``leader`` (the
     :data:`LEADER_TOP` with most leader changes; creations and leader changes), ``isr`` (the
     :data:`ISR_TOP` with most ISR changes; creations and ISR changes)."""
-    tops = {"leader": top_partitions(seeds, names, "leader_events", LEADER_TOP),
-            "isr": top_partitions(seeds, names, "isr_events", ISR_TOP)}
+    tops = {
+        "leader": top_partitions(seeds, names, "leader_events", LEADER_TOP),
+        "isr": top_partitions(seeds, names, "isr_events", ISR_TOP),
+    }
     wanted = sorted({name for keys in tops.values() for name, _ in keys})
     if not wanted:
         return []
-    history = rows(tables / "partition_history",
-                   ("topic_name", "partition_id", "offset", "ts", "leader", "isr_size", "change",
-                    "leader_changed"), ds.field("topic_name").isin(wanted), millis=("ts",))
+    history = rows(
+        tables / "partition_history",
+        (
+            "topic_name",
+            "partition_id",
+            "offset",
+            "ts",
+            "leader",
+            "isr_size",
+            "change",
+            "leader_changed",
+        ),
+        ds.field("topic_name").isin(wanted),
+        millis=("ts",),
+    )
     history.sort(key=lambda r: _first(r["offset"]))
     out = []
     for kind, keys in tops.items():
@@ -111,9 +152,17 @@ def charts(tables: Path, seeds: pa.Table | None, names: dict[str, str | None]) -
                 continue
             taken[key] = taken.get(key, 0) + 1
             if taken[key] <= POINTS:
-                out.append({"kind": kind, "topic_name": key[0], "partition_id": key[1],
-                            "offset": r["offset"], "t": r["ts"], "leader": r["leader"],
-                            "isr_size": r["isr_size"]})
+                out.append(
+                    {
+                        "kind": kind,
+                        "topic_name": key[0],
+                        "partition_id": key[1],
+                        "offset": r["offset"],
+                        "t": r["ts"],
+                        "leader": r["leader"],
+                        "isr_size": r["isr_size"],
+                    }
+                )
     return out
 
 
@@ -137,8 +186,14 @@ def principals(who: list[dict], n: int = 20) -> list[dict]:
     return [{"principal": p, "api": a, "n": c} for (p, a), c in ranked[:n]]
 
 
-def ordered(path: Path, columns: Iterable[str], by: list[tuple[str, str]], n: int,
-            millis: Iterable[str] = (), times: Iterable[str] = ()) -> list[dict]:
+def ordered(
+    path: Path,
+    columns: Iterable[str],
+    by: list[tuple[str, str]],
+    n: int,
+    millis: Iterable[str] = (),
+    times: Iterable[str] = (),
+) -> list[dict]:
     """The first ``n`` rows of table ``path`` ordered ``by`` (column, "ascending" /
     "descending"; nulls first when ascending, last when descending, as Spark). The table is
     read a batch at a time, keeping the first ``n`` so far: the driver holds ``n`` rows and a

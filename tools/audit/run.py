@@ -4,6 +4,7 @@ snapshots, write Parquet + findings JSON + HTML report, print a summary.
 :func:`run_audit` is what ``kraft audit`` and ``spark-submit tools/audit/submit.py`` call; tests
 call it with their own SparkSession. Exit status: 0 every error-severity rule passed, 1 one failed.
 """
+
 from __future__ import annotations
 
 import json
@@ -11,13 +12,14 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from multiprocessing import get_all_start_methods, get_context
 from multiprocessing.context import BaseContext
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -32,8 +34,15 @@ from tools.audit.mirror import Mirror
 from tools.audit.session import build_session, local_cores
 
 SAMPLES_PER_RULE = 200
-TABLES = ("topics", "partition_history", "broker_history", "broker_intervals",
-          "replication_intervals", "topic_lifecycle", "who_changed_what")
+TABLES = (
+    "topics",
+    "partition_history",
+    "broker_history",
+    "broker_intervals",
+    "replication_intervals",
+    "topic_lifecycle",
+    "who_changed_what",
+)
 BATCH_CARRY = ("batch_base_offset", "batch_last_offset", "batch_hash", "term")
 
 
@@ -99,8 +108,9 @@ def validate(opts: AuditOptions) -> None:
         raise AuditError("--from time is after --to time")
 
 
-def run_audit(opts: AuditOptions, spark: SparkSession | None = None,
-              progress: Callable[[str], None] = print) -> AuditResult:
+def run_audit(
+    opts: AuditOptions, spark: SparkSession | None = None, progress: Callable[[str], None] = print
+) -> AuditResult:
     """Run the audit; raises AuditError on bad input (nothing written)."""
     validate(opts)
     out = opts.out
@@ -172,73 +182,117 @@ def _replay(opts: AuditOptions, image: Path | None, keep: bool) -> _Replayed:
     state_doc = None
     if opts.state_at_offset is not None or opts.state_at_ms is not None:
         at = state.replay(opts.log_dir, opts.state_at_offset, opts.state_at_ms)
-        state_doc = {**state.summary(at.image), "replay_error": at.error,
-                     "snapshot": next((c for c in at.comparisons
-                                       if c["offset"] == at.image.offset), None)}
+        state_doc = {
+            **state.summary(at.image),
+            "replay_error": at.error,
+            "snapshot": next((c for c in at.comparisons if c["offset"] == at.image.offset), None),
+        }
     written = None
     if keep and replayed.error is None:
         staging = opts.out / ".replayed-image"
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
         written = str(image_to_snapshot(staging, replayed.image))
-    return _Replayed(replayed.comparisons, replayed.error, state_doc, written,
-                     replayed.image.offset)
+    return _Replayed(
+        replayed.comparisons, replayed.error, state_doc, written, replayed.image.offset
+    )
 
 
 def _meta(records: DataFrame) -> dict:
     row = records.agg(
-        F.count("*").alias("records"), F.min("offset").alias("first_offset"),
-        F.max("offset").alias("last_offset"), F.min("timestamp_ms").alias("first_ms"),
+        F.count("*").alias("records"),
+        F.min("offset").alias("first_offset"),
+        F.max("offset").alias("last_offset"),
+        F.min("timestamp_ms").alias("first_ms"),
         F.max("timestamp_ms").alias("last_ms"),
         F.sum(F.when(F.col("index_in_batch") == 0, 1).otherwise(0)).alias("batches"),
         F.count("problem").alias("problems"),
-        F.max_by(F.struct("source", "position", "batch_last_offset", "batch_hash", "term"),
-                 F.struct("source", "position")).alias("end"),
-        F.min_by(F.struct("batch_base_offset", "prev_hash"),
-                 F.struct("source", "position")).alias("head")).first()
+        F.max_by(
+            F.struct("source", "position", "batch_last_offset", "batch_hash", "term"),
+            F.struct("source", "position"),
+        ).alias("end"),
+        F.min_by(F.struct("batch_base_offset", "prev_hash"), F.struct("source", "position")).alias(
+            "head"
+        ),
+    ).first()
     meta = row.asDict()
     meta["head"] = None if meta["head"] is None else meta["head"].asDict()
     meta["batches"] = meta["batches"] or 0
     end = meta.pop("end")
-    meta["watermark"] = None if end is None else {
-        "source": end["source"], "position": end["position"], "last_offset": end["batch_last_offset"],
-        "last_hash": end["batch_hash"], "term": end["term"]}
+    meta["watermark"] = (
+        None
+        if end is None
+        else {
+            "source": end["source"],
+            "position": end["position"],
+            "last_offset": end["batch_last_offset"],
+            "last_hash": end["batch_hash"],
+            "term": end["term"],
+        }
+    )
     return meta
 
 
-META_COLUMNS = ("position", "offset", "timestamp_ms", "index_in_batch", "problem",
-                "batch_base_offset", "batch_last_offset", "batch_hash", "prev_hash", "term",
-                "record_type", "topic_id")
+META_COLUMNS = (
+    "position",
+    "offset",
+    "timestamp_ms",
+    "index_in_batch",
+    "problem",
+    "batch_base_offset",
+    "batch_last_offset",
+    "batch_hash",
+    "prev_hash",
+    "term",
+    "record_type",
+    "topic_id",
+)
 
 
 def _meta_of_rows(rows: pa.Table) -> dict:
     """:func:`_meta` of rows read on the driver (:data:`META_COLUMNS` and ``source``)."""
+
     def value(f: Callable, col: str) -> Any:
         return f(rows[col]).as_py() if rows.num_rows else None
 
-    order = pc.sort_indices(rows, [("source", "ascending", "at_start"),
-                                   ("position", "ascending", "at_start")])
+    order = pc.sort_indices(
+        rows, [("source", "ascending", "at_start"), ("position", "ascending", "at_start")]
+    )
     first = rows.take(order[:1]).to_pylist()
     last = rows.take(order[-1:]).to_pylist()
     end = last[0] if last else None
-    return {"records": rows.num_rows, "first_offset": value(pc.min, "offset"),
-            "last_offset": value(pc.max, "offset"), "first_ms": value(pc.min, "timestamp_ms"),
-            "last_ms": value(pc.max, "timestamp_ms"),
-            "batches": pc.sum(pc.equal(rows["index_in_batch"], 0)).as_py() or 0,
-            "problems": pc.count(rows["problem"]).as_py(),
-            "head": {"batch_base_offset": first[0]["batch_base_offset"],
-                     "prev_hash": first[0]["prev_hash"]} if first else None,
-            "watermark": None if end is None else {
-                "source": end["source"], "position": end["position"],
-                "last_offset": end["batch_last_offset"], "last_hash": end["batch_hash"],
-                "term": end["term"]}}
+    return {
+        "records": rows.num_rows,
+        "first_offset": value(pc.min, "offset"),
+        "last_offset": value(pc.max, "offset"),
+        "first_ms": value(pc.min, "timestamp_ms"),
+        "last_ms": value(pc.max, "timestamp_ms"),
+        "batches": pc.sum(pc.equal(rows["index_in_batch"], 0)).as_py() or 0,
+        "problems": pc.count(rows["problem"]).as_py(),
+        "head": {
+            "batch_base_offset": first[0]["batch_base_offset"],
+            "prev_hash": first[0]["prev_hash"],
+        }
+        if first
+        else None,
+        "watermark": None
+        if end is None
+        else {
+            "source": end["source"],
+            "position": end["position"],
+            "last_offset": end["batch_last_offset"],
+            "last_hash": end["batch_hash"],
+            "term": end["term"],
+        },
+    }
 
 
 def _batch_bounds(new_rows: pa.Table, carry_dir: Path) -> checks.Bounds:
     """The lowest and highest batch base offset of the carried batches and the new rows'
     batches (:func:`tables.batches`' rows: a batch's first record), read on the driver."""
-    new = new_rows.filter(pc.and_(pc.equal(new_rows["index_in_batch"], 0),
-                                  pc.is_valid(new_rows["batch_base_offset"])))
+    new = new_rows.filter(
+        pc.and_(pc.equal(new_rows["index_in_batch"], 0), pc.is_valid(new_rows["batch_base_offset"]))
+    )
     carried = localtable.read(carry_dir / "batches", ["batch_base_offset"])
     cols = [new["batch_base_offset"]]
     if carried is not None:
@@ -249,26 +303,42 @@ def _batch_bounds(new_rows: pa.Table, carry_dir: Path) -> checks.Bounds:
 
 def _merge_meta(old: dict, new: dict) -> dict:
     """The totals of the records audited before and of the new ones."""
+
     def pick(f: Callable, key: str) -> Any:
         vals = [v for v in (old[key], new[key]) if v is not None]
         return f(vals) if vals else None
 
-    return {"records": old["records"] + new["records"], "batches": old["batches"] + new["batches"],
-            "problems": old["problems"] + new["problems"],
-            "first_offset": pick(min, "first_offset"), "last_offset": pick(max, "last_offset"),
-            "first_ms": pick(min, "first_ms"), "last_ms": pick(max, "last_ms"),
-            "watermark": new["watermark"] or old["watermark"]}
+    return {
+        "records": old["records"] + new["records"],
+        "batches": old["batches"] + new["batches"],
+        "problems": old["problems"] + new["problems"],
+        "first_offset": pick(min, "first_offset"),
+        "last_offset": pick(max, "last_offset"),
+        "first_ms": pick(min, "first_ms"),
+        "last_ms": pick(max, "last_ms"),
+        "watermark": new["watermark"] or old["watermark"],
+    }
 
 
-def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str], None],
-         replaying: Future, prior: dict | None, why: str, pool: ProcessPoolExecutor,
-         mirror: Mirror) -> AuditResult:
+def _run(
+    opts: AuditOptions,
+    spark: SparkSession | None,
+    progress: Callable[[str], None],
+    replaying: Future,
+    prior: dict | None,
+    why: str,
+    pool: ProcessPoolExecutor,
+    mirror: Mirror,
+) -> AuditResult:
     out = opts.out
     steps = _Steps(progress, 7)
     if spark is None:
-        steps(f"starting Spark ({opts.master or 'spark-submit master'}; its log: {out / 'spark.log'})")
-        spark = build_session(opts.master, out / "spark.log", short=prior is not None,
-                              source=False)  # (the audit reads its mirror, not the source)
+        steps(
+            f"starting Spark ({opts.master or 'spark-submit master'}; its log: {out / 'spark.log'})"
+        )
+        spark = build_session(
+            opts.master, out / "spark.log", short=prior is not None, source=False
+        )  # (the audit reads its mirror, not the source)
         steps.done("spark_start_s")
     else:
         steps("using the running Spark session")
@@ -298,11 +368,16 @@ def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str
     new_meta.pop("head")
     meta = _merge_meta(prior["meta"], new_meta) if prior is not None else new_meta
     steps.done("read_s")
-    progress(f"    {meta['records']:,} records in {meta['batches']:,} batches; segments decoded "
-             f"{len(mirror_info['decoded'])}, from the Parquet mirror {len(mirror_info['reused'])}")
-    progress(f"    re-audit: {new_meta['records']:,} new records after offset "
-             f"{prior['watermark']['last_offset']}" if prior is not None
-             else f"    whole log audited ({why})")
+    progress(
+        f"    {meta['records']:,} records in {meta['batches']:,} batches; segments decoded "
+        f"{len(mirror_info['decoded'])}, from the Parquet mirror {len(mirror_info['reused'])}"
+    )
+    progress(
+        f"    re-audit: {new_meta['records']:,} new records after offset "
+        f"{prior['watermark']['last_offset']}"
+        if prior is not None
+        else f"    whole log audited ({why})"
+    )
     from_offset = _from_offset(every, opts)
 
     steps("deriving tables and running checks")
@@ -314,8 +389,9 @@ def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str
             shutil.rmtree(out / d, ignore_errors=True)
     # with --from the tables are derived whole into work/ and their rows from it on copied
     schemas = prior.get("schemas", {}) if prior is not None else {}
-    tf = carry.TableFiles(spark, out / ("tables" if from_offset is None else "work"), run_no,
-                          schemas.get("tables"))
+    tf = carry.TableFiles(
+        spark, out / ("tables" if from_offset is None else "work"), run_no, schemas.get("tables")
+    )
     cf = carry.TableFiles(spark, carry_dir, run_no, schemas.get("carry"))
     log_end = F.timestamp_millis(F.lit(meta["last_ms"] or 0))
     after = prior["watermark"]["last_offset"] if prior is not None else None
@@ -333,24 +409,39 @@ def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str
     # one row per batch, scanned from the mirror once (the batch rules and the carry read it
     # eight times)
     batches_new = tables.batches(records).persist()
-    everything = (batches_new.select(*BATCH_CARRY).unionByName(cf.read("batches"))
-                  if prior is not None else None)
+    everything = (
+        batches_new.select(*BATCH_CARRY).unionByName(cf.read("batches"))
+        if prior is not None
+        else None
+    )
     newest = list_segments(opts.log_dir)[-1].name
     bounds = _batch_bounds(new_rows, carry_dir) if prior is not None else None
 
     # first the partition and broker histories (the longest job first) and, side by side, what
     # needs neither: the planning of one overlaps the others' jobs
     first: list[Callable[[], Any]] = [
-        lambda: tf.append("partition_history", tables.partition_history(
-            records, topics_df, cf.read("partitions") if prior is not None else None)),
-        lambda: tf.append("broker_history", tables.broker_history(
-            records, tables.broker_seeds(old_brokers) if old_brokers is not None else None)),
-        lambda: tf.append("findings", checks.log_findings(records, batches_new, topics_df,
-                                                          newest, everything, bounds)),
+        lambda: tf.append(
+            "partition_history",
+            tables.partition_history(
+                records, topics_df, cf.read("partitions") if prior is not None else None
+            ),
+        ),
+        lambda: tf.append(
+            "broker_history",
+            tables.broker_history(
+                records, tables.broker_seeds(old_brokers) if old_brokers is not None else None
+            ),
+        ),
+        lambda: tf.append(
+            "findings",
+            checks.log_findings(records, batches_new, topics_df, newest, everything, bounds),
+        ),
         lambda: tf.replace("topics", topics_df),
-        lambda: tf.append("topic_lifecycle",
-                          tables.topic_lifecycle(records, created, configs, after)),
-        lambda: tf.replace("who_changed_what", tables.who_changed_what(records, old_who))]
+        lambda: tf.append(
+            "topic_lifecycle", tables.topic_lifecycle(records, created, configs, after)
+        ),
+        lambda: tf.replace("who_changed_what", tables.who_changed_what(records, old_who)),
+    ]
     if from_offset is None:
         first.append(lambda: cf.append("volume", tables.volume(records)))
     history = _together(*first)[0]
@@ -359,8 +450,7 @@ def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str
     def intervals() -> None:
         rows = tables.replication_intervals(history, topics_df, log_end, tails).persist()
         tf.append("replication_intervals", rows.filter(F.col("end_offset").isNotNull()))
-        tf.append("replication_intervals", rows.filter(F.col("end_offset").isNull()),
-                  prefix="tail")
+        tf.append("replication_intervals", rows.filter(F.col("end_offset").isNull()), prefix="tail")
         rows.unpersist()
 
     # then what needs the histories, and the next run's carried inputs
@@ -368,10 +458,17 @@ def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str
         lambda: tf.append("findings", checks.history_findings(history, brokers, configs)),
         intervals,
         lambda: tf.append("findings", checks.whole_log_findings(brokers), prefix="whole"),
-        lambda: tf.replace("broker_intervals", tables.broker_intervals(brokers, log_end))]
+        lambda: tf.replace("broker_intervals", tables.broker_intervals(brokers, log_end)),
+    ]
     if from_offset is None:
-        jobs.append(lambda: cf.replace("partitions", tables.partition_seeds(
-            history, cf.read("partitions") if prior is not None else None)))
+        jobs.append(
+            lambda: cf.replace(
+                "partitions",
+                tables.partition_seeds(
+                    history, cf.read("partitions") if prior is not None else None
+                ),
+            )
+        )
     if _carries(opts) and not meta["problems"] and meta["watermark"] is not None:
         jobs += _carry_jobs(cf, records, batches_new)
     _together(*jobs)
@@ -381,7 +478,8 @@ def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str
     if from_offset is not None:  # the rows from --from on
         for name in (*TABLES, "findings"):
             _since(tf.read(name), from_offset).write.mode("overwrite").parquet(
-                str(out / "tables" / name))
+                str(out / "tables" / name)
+            )
         tf = carry.TableFiles(spark, out / "tables", run_no, tf.schemas)
     table_paths = {name: out / "tables" / name for name in (*TABLES, "findings")}
     counts, samples = _counts_and_samples(tf.read("findings"))
@@ -392,16 +490,22 @@ def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str
     if prior is not None:
         replayed.comparisons = prior["comparisons"] + replayed.comparisons
     state_doc = replayed.state_doc
-    snapshot_rows = [{"rule": "snapshot-matches-log", "severity": "error", "offset": c["offset"],
-                      "detail": f"{c['snapshot']}: rebuilt {c['rebuilt_checksum'][:16]}… != "
-                                f"snapshot {c['snapshot_checksum'][:16]}…"}
-                     for c in replayed.comparisons if not c["match"]]
+    snapshot_rows = [
+        {
+            "rule": "snapshot-matches-log",
+            "severity": "error",
+            "offset": c["offset"],
+            "detail": f"{c['snapshot']}: rebuilt {c['rebuilt_checksum'][:16]}… != "
+            f"snapshot {c['snapshot_checksum'][:16]}…",
+        }
+        for c in replayed.comparisons
+        if not c["match"]
+    ]
     if state_doc is not None:
         (out / "state.json").write_text(json.dumps(state_doc, indent=1))
     steps.done("state_s")
 
-    findings = _findings_doc(opts, meta, counts, samples, snapshot_rows, replayed,
-                             table_paths, out)
+    findings = _findings_doc(opts, meta, counts, samples, snapshot_rows, replayed, table_paths, out)
     (out / "findings.json").write_text(json.dumps(findings, indent=1, default=str))
 
     steps("rendering the report")
@@ -410,15 +514,23 @@ def _run(opts: AuditOptions, spark: SparkSession | None, progress: Callable[[str
         vol, seeds = out / "work" / "report-volume", out / "work" / "report-seeds"
         _together(
             lambda: tables.volume(_since(records, from_offset)).write.parquet(str(vol)),
-            lambda: tables.partition_seeds(tf.read("partition_history")).write.parquet(
-                str(seeds)))
-    data = _report_data(vol, seeds, out / "tables", meta, findings, replayed, opts, out,
-                        time.monotonic() - steps.started)
+            lambda: tables.partition_seeds(tf.read("partition_history")).write.parquet(str(seeds)),
+        )
+    data = _report_data(
+        vol,
+        seeds,
+        out / "tables",
+        meta,
+        findings,
+        replayed,
+        opts,
+        out,
+        time.monotonic() - steps.started,
+    )
     report_path = out / "report.html"
     report_path.write_text(report.render(data), encoding="utf-8")
     if from_offset is None:  # what the next run carries on from
-        _write_carry(out, opts, meta, replayed, run_no,
-                     {"tables": tf.schemas, "carry": cf.schemas})
+        _write_carry(out, opts, meta, replayed, run_no, {"tables": tf.schemas, "carry": cf.schemas})
     steps.done("report_s")
     topics_df.unpersist()
     brokers.unpersist()
@@ -436,13 +548,20 @@ def _counts_and_samples(findings_df: DataFrame) -> tuple[dict, list]:
     (rule, severity)'s count."""
     by_rule = Window.partitionBy("rule").orderBy("offset")
     by_kind = Window.partitionBy("rule", "severity")
-    rows = (findings_df.select("*", F.row_number().over(by_rule).alias("n"),
-                               F.count("*").over(by_kind).alias("count"),
-                               F.row_number().over(by_kind.orderBy("offset")).alias("k"))
-                       .filter((F.col("n") <= SAMPLES_PER_RULE) | (F.col("k") == 1)).collect())
+    rows = (
+        findings_df.select(
+            "*",
+            F.row_number().over(by_rule).alias("n"),
+            F.count("*").over(by_kind).alias("count"),
+            F.row_number().over(by_kind.orderBy("offset")).alias("k"),
+        )
+        .filter((F.col("n") <= SAMPLES_PER_RULE) | (F.col("k") == 1))
+        .collect()
+    )
     counts = {(r["rule"], r["severity"]): r["count"] for r in rows}
-    samples = sorted((r for r in rows if r["n"] <= SAMPLES_PER_RULE),
-                     key=lambda r: (r["rule"], r["n"]))
+    samples = sorted(
+        (r for r in rows if r["n"] <= SAMPLES_PER_RULE), key=lambda r: (r["rule"], r["n"])
+    )
     return counts, samples
 
 
@@ -453,42 +572,62 @@ def _together(*jobs: Callable[[], Any]) -> list[Any]:
         return [done.result() for done in [threads.submit(job) for job in jobs]]
 
 
-def _carry_jobs(cf: carry.TableFiles, records: DataFrame,
-                batches_new: DataFrame) -> list[Callable[[], Any]]:
+def _carry_jobs(
+    cf: carry.TableFiles, records: DataFrame, batches_new: DataFrame
+) -> list[Callable[[], Any]]:
     """Adding the new records' batches, topics, topic removals and configs to what the next
     run carries (ignored, and dropped by the next run, unless :func:`_write_carry` then
     writes the state)."""
-    return [lambda: cf.append("batches", batches_new.select(*BATCH_CARRY)),
-            lambda: cf.append("topic_created", tables.topic_created(records)),
-            lambda: cf.append("topic_removed", tables.topic_removed(records)),
-            lambda: cf.append("topic_configs", tables.topic_configs(records))]
+    return [
+        lambda: cf.append("batches", batches_new.select(*BATCH_CARRY)),
+        lambda: cf.append("topic_created", tables.topic_created(records)),
+        lambda: cf.append("topic_removed", tables.topic_removed(records)),
+        lambda: cf.append("topic_configs", tables.topic_configs(records)),
+    ]
 
 
-def _write_carry(out: Path, opts: AuditOptions, meta: dict, replayed: _Replayed, run_no: int,
-                 schemas: dict) -> None:
+def _write_carry(
+    out: Path, opts: AuditOptions, meta: dict, replayed: _Replayed, run_no: int, schemas: dict
+) -> None:
     """Keep what the next run needs to carry on from this one (its tables are already
     written, :func:`_carry_jobs`): the image and the state; no state when it could not carry
     on: damaged frames or a replay error, which a whole-log run reports again."""
     carry_dir = out / "carry"
     wm = meta["watermark"]
-    if (meta["problems"] or replayed.error is not None or replayed.image is None or wm is None
-            or replayed.offset != wm["last_offset"]):
+    if (
+        meta["problems"]
+        or replayed.error is not None
+        or replayed.image is None
+        or wm is None
+        or replayed.offset != wm["last_offset"]
+    ):
         return
     os.replace(replayed.image, carry_dir / "image.snapshot")
     shutil.rmtree(out / ".replayed-image", ignore_errors=True)
-    segments = {p.name: carry.stamp(p) for p in list_segments(opts.log_dir)
-                if p.name <= wm["source"]}
-    carry.write_state(out, {
-        "version": carry.VERSION, "log_dir": str(opts.log_dir.resolve()), "run": run_no,
-        "watermark": wm, "segments": segments, "meta": meta,
-        "comparisons": replayed.comparisons, "schemas": schemas})
+    segments = {
+        p.name: carry.stamp(p) for p in list_segments(opts.log_dir) if p.name <= wm["source"]
+    }
+    carry.write_state(
+        out,
+        {
+            "version": carry.VERSION,
+            "log_dir": str(opts.log_dir.resolve()),
+            "run": run_no,
+            "watermark": wm,
+            "segments": segments,
+            "meta": meta,
+            "comparisons": replayed.comparisons,
+            "schemas": schemas,
+        },
+    )
 
 
 def _from_offset(records: DataFrame, opts: AuditOptions) -> int | None:
     lo = opts.from_offset
     if opts.from_ms is not None:
-        first = (records.filter(F.col("timestamp_ms") >= opts.from_ms)
-                        .agg(F.min("offset")).first()[0])
+        first = (
+            records.filter(F.col("timestamp_ms") >= opts.from_ms).agg(F.min("offset")).first()[0]
+        )
         lo = max(lo or 0, first if first is not None else (1 << 62))
     return lo
 
@@ -496,45 +635,81 @@ def _from_offset(records: DataFrame, opts: AuditOptions) -> int | None:
 def _since(df: DataFrame, from_offset: int | None) -> DataFrame:
     if from_offset is None:
         return df
-    col = "offset" if "offset" in df.columns else ("start_offset" if "start_offset" in df.columns
-                                                   else None)
+    col = (
+        "offset"
+        if "offset" in df.columns
+        else ("start_offset" if "start_offset" in df.columns else None)
+    )
     if col is None:
         return df
     return df.filter(F.col(col).isNull() | (F.col(col) >= from_offset))
 
 
-def _findings_doc(opts: AuditOptions, meta: dict, counts: dict, samples: list, extra: list[dict],
-                  replayed: _Replayed, table_paths: dict, out: Path) -> dict:
+def _findings_doc(
+    opts: AuditOptions,
+    meta: dict,
+    counts: dict,
+    samples: list,
+    extra: list[dict],
+    replayed: _Replayed,
+    table_paths: dict,
+    out: Path,
+) -> dict:
     by_rule: dict[str, list[dict]] = {}
     for row in samples:
         by_rule.setdefault(row["rule"], []).append(
-            {"offset": row["offset"], "severity": row["severity"], "detail": row["detail"]})
+            {"offset": row["offset"], "severity": row["severity"], "detail": row["detail"]}
+        )
     for row in extra:
         by_rule.setdefault(row["rule"], []).append(
-            {k: row[k] for k in ("offset", "severity", "detail")})
+            {k: row[k] for k in ("offset", "severity", "detail")}
+        )
         counts[(row["rule"], row["severity"])] = counts.get((row["rule"], row["severity"]), 0) + 1
     rules = []
     for rule, (severity, description) in checks.RULES.items():
         errors = counts.get((rule, "error"), 0)
         warnings = counts.get((rule, "warning"), 0)
-        rules.append({"rule": rule, "severity": "error" if errors else ("warning" if warnings
-                                                                        else severity),
-                      "description": description, "count": errors + warnings,
-                      "errors": errors, "warnings": warnings,
-                      "passed": errors + warnings == 0, "samples": by_rule.get(rule, [])})
+        rules.append(
+            {
+                "rule": rule,
+                "severity": "error" if errors else ("warning" if warnings else severity),
+                "description": description,
+                "count": errors + warnings,
+                "errors": errors,
+                "warnings": warnings,
+                "passed": errors + warnings == 0,
+                "samples": by_rule.get(rule, []),
+            }
+        )
     failed = any(r["errors"] for r in rules)
-    return {"status": "failed" if failed else "passed", "log_dir": str(opts.log_dir),
-            "records": meta["records"], "batches": meta["batches"],
-            "first_offset": meta["first_offset"], "last_offset": meta["last_offset"],
-            "first_timestamp_ms": meta["first_ms"], "last_timestamp_ms": meta["last_ms"],
-            "rules": rules, "snapshots": replayed.comparisons, "replay_error": replayed.error,
-            "tables": {k: str(v) for k, v in table_paths.items()},
-            "report": str(out / "report.html")}
+    return {
+        "status": "failed" if failed else "passed",
+        "log_dir": str(opts.log_dir),
+        "records": meta["records"],
+        "batches": meta["batches"],
+        "first_offset": meta["first_offset"],
+        "last_offset": meta["last_offset"],
+        "first_timestamp_ms": meta["first_ms"],
+        "last_timestamp_ms": meta["last_ms"],
+        "rules": rules,
+        "snapshots": replayed.comparisons,
+        "replay_error": replayed.error,
+        "tables": {k: str(v) for k, v in table_paths.items()},
+        "report": str(out / "report.html"),
+    }
 
 
-def _report_data(volume_dir: Path, seeds_dir: Path, tables_dir: Path, meta: dict,
-                 findings: dict, replayed: _Replayed, opts: AuditOptions, out: Path,
-                 elapsed: float) -> dict:
+def _report_data(
+    volume_dir: Path,
+    seeds_dir: Path,
+    tables_dir: Path,
+    meta: dict,
+    findings: dict,
+    replayed: _Replayed,
+    opts: AuditOptions,
+    out: Path,
+    elapsed: float,
+) -> dict:
     """Small aggregates for the charts (each bounded) from the written tables in
     ``tables_dir``, the records per batch time and type (``volume_dir``, :func:`tables.volume`)
     and each partition's last state and event counts (``seeds_dir``,
@@ -542,57 +717,112 @@ def _report_data(volume_dir: Path, seeds_dir: Path, tables_dir: Path, meta: dict
     t0, t1 = meta["first_ms"] or 0, meta["last_ms"] or 1
     nb = reportdata.BUCKETS
     span = max(t1 - t0, 1)
-    topics = reportdata.rows(tables_dir / "topics", ("topic_id", "topic_name", "removed_ts"),
-                             millis=("removed_ts",))
+    topics = reportdata.rows(
+        tables_dir / "topics", ("topic_id", "topic_name", "removed_ts"), millis=("removed_ts",)
+    )
     names = {}
     for r in topics:
         names.setdefault(r["topic_id"], r["topic_name"])
-    seeds = localtable.read(seeds_dir, ("topic_id", "partition_id", "leader_events",
-                                         "isr_events"))
+    seeds = localtable.read(seeds_dir, ("topic_id", "partition_id", "leader_events", "isr_events"))
     brokers = tables_dir / "broker_history"
     got = {
         "charts": reportdata.charts(tables_dir, seeds, names),
-        "removed": sorted(({"topic_name": r["topic_name"], "removed_ms": r["removed_ts"]}
-                           for r in topics if r["removed_ts"] is not None),
-                          key=lambda r: r["removed_ms"]),  # a name removed twice: the last
-        "broker_keys": [{"broker_id": b} for b in
-                        {r["broker_id"] for r in reportdata.rows(brokers, ("broker_id",))}],
-        "states": [{"broker_id": r["broker_id"], "state": r["state"], "s": r["start_ts"],
-                    "e": r["end_ts"]} for r in reportdata.ordered(
-                        tables_dir / "broker_intervals",
-                        ("broker_id", "state", "start_ts", "end_ts", "start_offset"),
-                        [("broker_id", "ascending"), ("start_ts", "ascending"),
-                         ("start_offset", "ascending")], 5000, millis=("start_ts", "end_ts"))],
+        "removed": sorted(
+            (
+                {"topic_name": r["topic_name"], "removed_ms": r["removed_ts"]}
+                for r in topics
+                if r["removed_ts"] is not None
+            ),
+            key=lambda r: r["removed_ms"],
+        ),  # a name removed twice: the last
+        "broker_keys": [
+            {"broker_id": b}
+            for b in {r["broker_id"] for r in reportdata.rows(brokers, ("broker_id",))}
+        ],
+        "states": [
+            {"broker_id": r["broker_id"], "state": r["state"], "s": r["start_ts"], "e": r["end_ts"]}
+            for r in reportdata.ordered(
+                tables_dir / "broker_intervals",
+                ("broker_id", "state", "start_ts", "end_ts", "start_offset"),
+                [
+                    ("broker_id", "ascending"),
+                    ("start_ts", "ascending"),
+                    ("start_offset", "ascending"),
+                ],
+                5000,
+                millis=("start_ts", "end_ts"),
+            )
+        ],
         "volume": reportdata.volume(
-            reportdata.rows(volume_dir, ("timestamp_ms", "record_type", "count")), t0, t1),
+            reportdata.rows(volume_dir, ("timestamp_ms", "record_type", "count")), t0, t1
+        ),
         "principals": reportdata.principals(
-            reportdata.rows(tables_dir / "who_changed_what", ("principal", "api", "records"))),
+            reportdata.rows(tables_dir / "who_changed_what", ("principal", "api", "records"))
+        ),
         "intervals": reportdata.ordered(
             tables_dir / "replication_intervals",
-            ("topic_name", "topic_id", "partition_id", "state", "start_offset", "start_ts",
-             "end_ts", "duration_s", "open", "isr", "reason"),
-            [("duration_s", "descending"), ("start_offset", "ascending"),
-             ("topic_id", "ascending"), ("partition_id", "ascending")], 200,
-            times=("start_ts", "end_ts")),
+            (
+                "topic_name",
+                "topic_id",
+                "partition_id",
+                "state",
+                "start_offset",
+                "start_ts",
+                "end_ts",
+                "duration_s",
+                "open",
+                "isr",
+                "reason",
+            ),
+            [
+                ("duration_s", "descending"),
+                ("start_offset", "ascending"),
+                ("topic_id", "ascending"),
+                ("partition_id", "ascending"),
+            ],
+            200,
+            times=("start_ts", "end_ts"),
+        ),
         "lifecycle": reportdata.ordered(
             tables_dir / "topic_lifecycle",
-            ("offset", "ts", "topic_name", "event", "partitions", "config_name", "old_value",
-             "new_value", "principal", "reason"), [("offset", "ascending")], 300,
-            times=("ts",)),
+            (
+                "offset",
+                "ts",
+                "topic_name",
+                "event",
+                "partitions",
+                "config_name",
+                "old_value",
+                "new_value",
+                "principal",
+                "reason",
+            ),
+            [("offset", "ascending")],
+            300,
+            times=("ts",),
+        ),
         "broker_history": reportdata.ordered(
-            brokers, ("offset", "ts", "broker_id", "broker_epoch", "event", "state", "reason"),
-            [("offset", "ascending")], 300, times=("ts",)),
+            brokers,
+            ("offset", "ts", "broker_id", "broker_epoch", "event", "state", "reason"),
+            [("offset", "ascending")],
+            300,
+            times=("ts",),
+        ),
     }
     points = [r for r in got["charts"] if r["kind"] == "leader"]
     removed = {r["topic_name"]: r["removed_ms"] for r in got["removed"]}
     leadership: dict[str, list] = {}
     for key in sorted({(p["topic_name"] or "?", p["partition_id"]) for p in points}):
-        pts = sorted((p["t"], p["leader"]) for p in points
-                     if (p["topic_name"] or "?", p["partition_id"]) == key)
+        pts = sorted(
+            (p["t"], p["leader"])
+            for p in points
+            if (p["topic_name"] or "?", p["partition_id"]) == key
+        )
         end = removed.get(key[0]) or t1
         leadership[f"{key[0]}-{key[1]}"] = [
             (t, pts[i + 1][0] if i + 1 < len(pts) else end, leader)
-            for i, (t, leader) in enumerate(pts)]
+            for i, (t, leader) in enumerate(pts)
+        ]
     broker_keys = sorted(r["broker_id"] for r in got["broker_keys"])
     states: dict[str, list] = {}
     for r in got["states"]:
@@ -607,36 +837,88 @@ def _report_data(volume_dir: Path, seeds_dir: Path, tables_dir: Path, meta: dict
         buckets.setdefault(int(r["b"]), {})[r["record_type"]] = r["count"]
     volume = [(t0 + b * span // nb, buckets[b]) for b in sorted(buckets)]
     principals = [(f"{r['principal']} · {r['api']}", r["n"]) for r in got["principals"]]
-    ri = [(f"{r['topic_name']}-{r['partition_id']}", r["state"], str(r["start_ts"])[:19],
-           str(r["end_ts"])[:19], round(r["duration_s"], 1), r["open"],
-           str(list(r["isr"] or [])), r["reason"]) for r in got["intervals"]]
-    lifecycle = [(r["offset"], str(r["ts"])[:19], r["topic_name"], r["event"], r["partitions"],
-                  r["config_name"], r["old_value"], r["new_value"], r["principal"], r["reason"])
-                 for r in got["lifecycle"]]
-    bh = [(r["offset"], str(r["ts"])[:19], r["broker_id"], r["broker_epoch"], r["event"],
-           r["state"], r["reason"]) for r in got["broker_history"]]
-    meta_out = {**meta, "log_dir": str(opts.log_dir), "out": str(out / "tables"),
-                "segments": len(list_segments(opts.log_dir)),
-                "snapshots": len(list_snapshots(opts.log_dir)),
-                "generated": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
-                "elapsed_s": elapsed}
-    return {"meta": meta_out, "findings": findings["rules"], "leadership": leadership,
-            "broker_keys": broker_keys, "broker_states": states, "isr": isr, "volume": volume,
-            "record_types": types, "principals": principals, "replication_intervals": ri,
-            "lifecycle": lifecycle, "broker_history": bh, "snapshots": replayed.comparisons}
+    ri = [
+        (
+            f"{r['topic_name']}-{r['partition_id']}",
+            r["state"],
+            str(r["start_ts"])[:19],
+            str(r["end_ts"])[:19],
+            round(r["duration_s"], 1),
+            r["open"],
+            str(list(r["isr"] or [])),
+            r["reason"],
+        )
+        for r in got["intervals"]
+    ]
+    lifecycle = [
+        (
+            r["offset"],
+            str(r["ts"])[:19],
+            r["topic_name"],
+            r["event"],
+            r["partitions"],
+            r["config_name"],
+            r["old_value"],
+            r["new_value"],
+            r["principal"],
+            r["reason"],
+        )
+        for r in got["lifecycle"]
+    ]
+    bh = [
+        (
+            r["offset"],
+            str(r["ts"])[:19],
+            r["broker_id"],
+            r["broker_epoch"],
+            r["event"],
+            r["state"],
+            r["reason"],
+        )
+        for r in got["broker_history"]
+    ]
+    meta_out = {
+        **meta,
+        "log_dir": str(opts.log_dir),
+        "out": str(out / "tables"),
+        "segments": len(list_segments(opts.log_dir)),
+        "snapshots": len(list_snapshots(opts.log_dir)),
+        "generated": datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
+        "elapsed_s": elapsed,
+    }
+    return {
+        "meta": meta_out,
+        "findings": findings["rules"],
+        "leadership": leadership,
+        "broker_keys": broker_keys,
+        "broker_states": states,
+        "isr": isr,
+        "volume": volume,
+        "record_types": types,
+        "principals": principals,
+        "replication_intervals": ri,
+        "lifecycle": lifecycle,
+        "broker_history": bh,
+        "snapshots": replayed.comparisons,
+    }
 
 
 def _summary(progress: Callable[[str], None], findings: dict, report_path: Path) -> None:
     progress("")
-    progress(f"Audit {findings['status'].upper()}: {findings['records']:,} records, offsets "
-             f"{findings['first_offset']}..{findings['last_offset']}")
+    progress(
+        f"Audit {findings['status'].upper()}: {findings['records']:,} records, offsets "
+        f"{findings['first_offset']}..{findings['last_offset']}"
+    )
     for r in findings["rules"]:
         if r["count"]:
             offs = ", ".join(str(s["offset"]) for s in r["samples"][:5])
             progress(f"  {r['severity'].upper():7} {r['rule']}: {r['count']} (offsets {offs})")
     passed = sum(1 for r in findings["rules"] if r["passed"])
-    progress(f"  {passed} of {len(findings['rules'])} rules passed; "
-             f"{len(findings['snapshots'])} snapshot(s) compared")
+    progress(
+        f"  {passed} of {len(findings['rules'])} rules passed; "
+        f"{len(findings['snapshots'])} snapshot(s) compared"
+    )
     progress(f"Report: {report_path}")
-    progress(f"Findings: {report_path.parent / 'findings.json'}; tables: "
-             f"{report_path.parent / 'tables'}")
+    progress(
+        f"Findings: {report_path.parent / 'findings.json'}; tables: {report_path.parent / 'tables'}"
+    )

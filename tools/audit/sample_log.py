@@ -2,6 +2,7 @@
 class archive (:mod:`tools.audit.classdata`): the real controller state machine produces the
 batches (brokers registering, topics, configs, a fence with elections and ISR shrinks, an
 unfence, a preferred election, a delete) and ``MetadataLog`` writes them to disk."""
+
 from __future__ import annotations
 
 import uuid
@@ -42,10 +43,20 @@ class _Writer:
         self.out = Written(directory)
         self.n = 0
 
-    def write(self, api: str, body: dict, principal: str = "User:alice", client_id: str = "cli") -> dict:
+    def write(
+        self, api: str, body: dict, principal: str = "User:alice", client_id: str = "cli"
+    ) -> dict:
         self.n += 1
-        command = Command(api, body, request_id=f"req-{self.n}", principal=principal,
-                          client_id=client_id, timestamp_ms=T0 + 1000 * self.n, seed=self.n, leader_id=1)
+        command = Command(
+            api,
+            body,
+            request_id=f"req-{self.n}",
+            principal=principal,
+            client_id=client_id,
+            timestamp_ms=T0 + 1000 * self.n,
+            seed=self.n,
+            leader_id=1,
+        )
         batch, response = self.sm.apply(command, raft_index=self.n, term=1 + self.n // 10)
         if response.get("error_code", 0) != 0:
             raise RuntimeError(f"the sample history's {api} was refused: {response}")
@@ -64,29 +75,84 @@ def write_history(directory: Path, segment_bytes: int = 1 << 20) -> Written:
     w = _Writer(directory, segment_bytes)
     w.write("ActivateController", {"leader_id": 1, "term": 1}, principal="controller", client_id="")
     for b in BROKERS:
-        r = w.write("BrokerRegistration", {
-            "broker_id": b, "cluster_id": CLUSTER, "incarnation_id": str(uuid.UUID(int=b)),
-            "listeners": [{"name": "PLAINTEXT", "host": "127.0.0.1", "port": 9000 + b,
-                           "security_protocol": "PLAINTEXT"}], "rack": f"r{b % 3}"},
-            client_id=f"broker-{b}")
-        w.write("UnfenceBroker", {"broker_id": b, "broker_epoch": r["broker_epoch"]},
-                principal="controller", client_id="")
+        r = w.write(
+            "BrokerRegistration",
+            {
+                "broker_id": b,
+                "cluster_id": CLUSTER,
+                "incarnation_id": str(uuid.UUID(int=b)),
+                "listeners": [
+                    {
+                        "name": "PLAINTEXT",
+                        "host": "127.0.0.1",
+                        "port": 9000 + b,
+                        "security_protocol": "PLAINTEXT",
+                    }
+                ],
+                "rack": f"r{b % 3}",
+            },
+            client_id=f"broker-{b}",
+        )
+        w.write(
+            "UnfenceBroker",
+            {"broker_id": b, "broker_epoch": r["broker_epoch"]},
+            principal="controller",
+            client_id="",
+        )
     w.mark("brokers")
-    w.write("CreateTopics", {"topics": [{"name": "orders", "num_partitions": 3, "replication_factor": 3},
-                                        {"name": "scratch", "num_partitions": 1, "replication_factor": 2}]})
+    w.write(
+        "CreateTopics",
+        {
+            "topics": [
+                {"name": "orders", "num_partitions": 3, "replication_factor": 3},
+                {"name": "scratch", "num_partitions": 1, "replication_factor": 2},
+            ]
+        },
+    )
     w.mark("created")
-    w.write("IncrementalAlterConfigs", {"resources": [{"resource_type": "topic", "resource_name": "orders",
-                                                       "ops": [{"name": "retention.ms", "op": "SET", "value": "1000"}]}]},
-            principal="User:bob", client_id="ops-tool")
-    w.write("IncrementalAlterConfigs", {"resources": [{"resource_type": "topic", "resource_name": "orders",
-                                                       "ops": [{"name": "retention.ms", "op": "SET", "value": "5000"}]}]},
-            principal="User:bob", client_id="ops-tool")
+    w.write(
+        "IncrementalAlterConfigs",
+        {
+            "resources": [
+                {
+                    "resource_type": "topic",
+                    "resource_name": "orders",
+                    "ops": [{"name": "retention.ms", "op": "SET", "value": "1000"}],
+                }
+            ]
+        },
+        principal="User:bob",
+        client_id="ops-tool",
+    )
+    w.write(
+        "IncrementalAlterConfigs",
+        {
+            "resources": [
+                {
+                    "resource_type": "topic",
+                    "resource_name": "orders",
+                    "ops": [{"name": "retention.ms", "op": "SET", "value": "5000"}],
+                }
+            ]
+        },
+        principal="User:bob",
+        client_id="ops-tool",
+    )
     w.mark("configured")
     epoch = w.sm.image.brokers[101].epoch
-    w.write("FenceBroker", {"broker_id": 101, "broker_epoch": epoch, "reason": "session-timeout"},
-            principal="controller", client_id="")
+    w.write(
+        "FenceBroker",
+        {"broker_id": 101, "broker_epoch": epoch, "reason": "session-timeout"},
+        principal="controller",
+        client_id="",
+    )
     w.mark("fenced")
-    w.write("UnfenceBroker", {"broker_id": 101, "broker_epoch": epoch}, principal="controller", client_id="")
+    w.write(
+        "UnfenceBroker",
+        {"broker_id": 101, "broker_epoch": epoch},
+        principal="controller",
+        client_id="",
+    )
     w.mark("unfenced")
     w.write("DeleteTopics", {"names": ["scratch"]})
     w.mark("deleted")

@@ -8,13 +8,14 @@ maps its classes from the archive of :mod:`tools.audit.classdata` when there is 
 workers use this interpreter (``PYSPARK_PYTHON``) so they import the same ``kraft`` and
 ``tools`` packages.
 """
+
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 CONF_DIR = Path(__file__).resolve().parent / "conf"
 REPO = Path(__file__).resolve().parents[2]
@@ -23,7 +24,9 @@ REPO = Path(__file__).resolve().parents[2]
 #: The batches come from pyarrow with the schema checked by PySpark, so an out-of-range access
 #: would be a bug in Spark's own conversion. On a cluster, pass the same flags to the executors
 #: (``spark.executor.extraJavaOptions``, see the README).
-ARROW_READ_OPTS = " -Darrow.enable_unsafe_memory_access=true -Darrow.enable_null_check_for_get=false"
+ARROW_READ_OPTS = (
+    " -Darrow.enable_unsafe_memory_access=true -Darrow.enable_null_check_for_get=false"
+)
 #: The throughput collector instead of G1 (the JVM's default here): no concurrent marking or
 #: write barriers to pay for, and an audit's garbage is short-lived rows. Same minutes, quiet:
 #: the data source's cold 2M-record read 9.1-9.6 -> 7.0-7.1 JVM CPU s; whole audit 124.5-132.3
@@ -35,9 +38,11 @@ THROUGHPUT_GC = " -XX:+UseParallelGC"
 #: 15; callees compiled above 1000 bytes not inlined again): cheaper compiles of the generated
 #: stages. Whole 2.1M-record audit, interleaved: 124.8 / 125.5 -> 114.3 / 114.9 CPU s of the
 #: tree, 65.3 / 65.5 -> 59.9 / 60.3 s; the cold data source read is unchanged (7.0 vs 7.6 JVM s).
-C2_HOT_ONLY = (" -XX:Tier4InvocationThreshold=30000 -XX:Tier4MinInvocationThreshold=6000"
-               " -XX:Tier4CompileThreshold=45000 -XX:Tier4BackEdgeThreshold=200000"
-               " -XX:MaxInlineLevel=9 -XX:InlineSmallCode=1000")
+C2_HOT_ONLY = (
+    " -XX:Tier4InvocationThreshold=30000 -XX:Tier4MinInvocationThreshold=6000"
+    " -XX:Tier4CompileThreshold=45000 -XX:Tier4BackEdgeThreshold=200000"
+    " -XX:MaxInlineLevel=9 -XX:InlineSmallCode=1000"
+)
 
 
 @contextmanager
@@ -69,13 +74,18 @@ def local_cores(master: str | None) -> int | None:
     audit's shuffles then use that many partitions instead of Spark's 200."""
     if not master or not master.startswith("local"):
         return None
-    inside = master[master.find("[") + 1:master.find("]")] if "[" in master else "1"
+    inside = master[master.find("[") + 1 : master.find("]")] if "[" in master else "1"
     inside = inside.split(",")[0]
     return os.cpu_count() or 2 if inside == "*" else max(int(inside), 1)
 
 
-def build_session(master: str | None = "local[*]", spark_log: Path | None = None,
-                  app_name: str = "kraft-audit", short: bool = True, source: bool = True):
+def build_session(
+    master: str | None = "local[*]",
+    spark_log: Path | None = None,
+    app_name: str = "kraft-audit",
+    short: bool = True,
+    source: bool = True,
+):
     """Get or create the SparkSession (``master`` None: whatever spark-submit configured) and
     register the data source. ``spark_log``: where Spark's start-up output goes. ``short``:
     only small jobs are coming (a re-audit, tests), so in local mode the JVM compiles with C1
@@ -99,10 +109,11 @@ def build_session(master: str | None = "local[*]", spark_log: Path | None = None
     java_opts += classdata.java_options()
     if local_cores(master):  # local mode: the driver is the executor; Spark's 1g is too small
         java_opts += ARROW_READ_OPTS + THROUGHPUT_GC
-        builder = (builder.config("spark.driver.memory",
-                                  os.environ.get("KRAFT_AUDIT_DRIVER_MEMORY", "3g"))
-                          # few cores: adaptive re-planning costs more CPU than it saves
-                          .config("spark.sql.adaptive.enabled", "false"))
+        builder = (
+            builder.config("spark.driver.memory", os.environ.get("KRAFT_AUDIT_DRIVER_MEMORY", "3g"))
+            # few cores: adaptive re-planning costs more CPU than it saves
+            .config("spark.sql.adaptive.enabled", "false")
+        )
         if short:  # C2 compiles cost more CPU than they save on small jobs; on the 2M-record
             # partition history C2 does it in 49 CPU s where C1 needs 73
             # (C1 only, the JVM reserves 48 MB for compiled code instead of 240 MB: a JVM that
@@ -112,14 +123,15 @@ def build_session(master: str | None = "local[*]", spark_log: Path | None = None
             java_opts += C2_HOT_ONLY
     java_opts += " " + os.environ.get("KRAFT_AUDIT_JAVA_OPTS", "")  # tuning: last one wins
     pythonpath = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
-    builder = (builder
-               .config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.session.timeZone", "UTC")
-               .config("spark.sql.python.filterPushdown.enabled", "true")
-               .config("spark.sql.shuffle.partitions", str(local_cores(master) or 200))
-               .config("spark.driver.extraJavaOptions", java_opts)
-               .config("spark.executorEnv.PYTHONPATH", pythonpath))
+    builder = (
+        builder.config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.python.filterPushdown.enabled", "true")
+        .config("spark.sql.shuffle.partitions", str(local_cores(master) or 200))
+        .config("spark.driver.extraJavaOptions", java_opts)
+        .config("spark.executorEnv.PYTHONPATH", pythonpath)
+    )
     for kv in os.environ.get("KRAFT_AUDIT_SPARK_CONF", "").split():  # tuning: KEY=VALUE ...
         builder = builder.config(*kv.split("=", 1))
     with _output_to(spark_log):

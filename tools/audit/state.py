@@ -6,11 +6,12 @@ truncate a torn tail), their batches decoded by :func:`tools.audit.structs.decod
 (the strict decoder's batches, faster). Pure Python on the driver: replay is sequential by
 nature.
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 from kraft.image import MetadataDelta, MetadataImage, ReplayError
 from kraft.log.segment import list_segments, scan_segment
@@ -43,8 +44,9 @@ def _batches(log_dir: Path, after: int = -1) -> Iterator[tuple[Batch, bytes]]:
             continue
         for entry in scan_segment(path, decode=decode_batch_fast):
             if entry.batch is None or entry.digest is None:
-                raise StateError(f"cannot replay past {path.name} byte {entry.position}: "
-                                 f"{entry.problem}")
+                raise StateError(
+                    f"cannot replay past {path.name} byte {entry.position}: {entry.problem}"
+                )
             if entry.batch.last_offset > after:
                 yield entry.batch, entry.digest
 
@@ -62,23 +64,31 @@ def _start(log_dir: Path) -> tuple[MetadataImage, Path | None]:
     raise StateError(f"the log starts at offset {first} and no snapshot ends there")
 
 
-def replay(log_dir: str | Path, upto: int | None = None, upto_ms: int | None = None,
-           start: MetadataImage | None = None) -> Replay:
+def replay(
+    log_dir: str | Path,
+    upto: int | None = None,
+    upto_ms: int | None = None,
+    start: MetadataImage | None = None,
+) -> Replay:
     """Replay whole batches while their last offset <= ``upto`` and time <= ``upto_ms``,
     comparing the image with every snapshot whose end offset is passed on the way.
     ``start``: the image of this log at some offset (an earlier replay's); only the batches
     after it are replayed."""
     log_dir = Path(log_dir)
     image, anchor = (start, None) if start is not None else _start(log_dir)
-    targets = {parse_snapshot_name(p)[0] - 1: p for p in list_snapshots(log_dir)
-               if p != anchor and parse_snapshot_name(p)[0] - 1 > image.offset}
+    targets = {
+        parse_snapshot_name(p)[0] - 1: p
+        for p in list_snapshots(log_dir)
+        if p != anchor and parse_snapshot_name(p)[0] - 1 > image.offset
+    }
     result = Replay(image)
     delta = MetadataDelta(image)
     dirty = False
     try:
         for batch, digest in _batches(log_dir, image.offset):
             if (upto is not None and batch.last_offset > upto) or (
-                    upto_ms is not None and batch.timestamp_ms > upto_ms):
+                upto_ms is not None and batch.timestamp_ms > upto_ms
+            ):
                 break
             delta.replay_batch(batch, digest)
             dirty = True
@@ -100,27 +110,55 @@ def compare(image: MetadataImage, snapshot: Path) -> dict:
     header = read_snapshot_header(snapshot)
     rebuilt = image.checksum(header.checksum_version)  # the version the snapshot's format holds
     from_records = image_from_snapshot(snapshot).checksum(header.checksum_version)
-    return {"snapshot": snapshot.name, "offset": header.end_offset - 1,
-            "rebuilt_checksum": rebuilt, "snapshot_checksum": header.image_checksum,
-            "snapshot_records_checksum": from_records,
-            "match": rebuilt == header.image_checksum == from_records}
+    return {
+        "snapshot": snapshot.name,
+        "offset": header.end_offset - 1,
+        "rebuilt_checksum": rebuilt,
+        "snapshot_checksum": header.image_checksum,
+        "snapshot_records_checksum": from_records,
+        "match": rebuilt == header.image_checksum == from_records,
+    }
 
 
 def summary(image: MetadataImage) -> dict:
     """A JSON view of an image: position, checksum, brokers, topics with partitions."""
     return {
-        "offset": image.offset, "term": image.term, "timestamp_ms": image.timestamp_ms,
-        "checksum": image.checksum(), "controller_id": image.controller_id,
+        "offset": image.offset,
+        "term": image.term,
+        "timestamp_ms": image.timestamp_ms,
+        "checksum": image.checksum(),
+        "controller_id": image.controller_id,
         "features": dict(image.features),
-        "brokers": [{"broker_id": b.broker_id, "epoch": b.epoch, "fenced": b.fenced,
-                     "in_controlled_shutdown": b.in_controlled_shutdown, "rack": b.rack}
-                    for b in sorted(image.brokers.values(), key=lambda b: b.broker_id)],
-        "topics": [{"name": t.name, "topic_id": t.topic_id,
-                    "partitions": [{"partition": pid, "leader": p.leader, "isr": list(p.isr),
-                                    "replicas": list(p.replicas), "leader_epoch": p.leader_epoch,
-                                    "partition_epoch": p.partition_epoch}
-                                   for pid, p in sorted(t.partitions.items())]}
-                   for t in sorted(image.topics_by_id.values(), key=lambda t: t.name)],
-        "configs": [{"resource_type": rt, "resource_name": name, "configs": dict(c)}
-                    for (rt, name), c in sorted(image.configs.items())],
+        "brokers": [
+            {
+                "broker_id": b.broker_id,
+                "epoch": b.epoch,
+                "fenced": b.fenced,
+                "in_controlled_shutdown": b.in_controlled_shutdown,
+                "rack": b.rack,
+            }
+            for b in sorted(image.brokers.values(), key=lambda b: b.broker_id)
+        ],
+        "topics": [
+            {
+                "name": t.name,
+                "topic_id": t.topic_id,
+                "partitions": [
+                    {
+                        "partition": pid,
+                        "leader": p.leader,
+                        "isr": list(p.isr),
+                        "replicas": list(p.replicas),
+                        "leader_epoch": p.leader_epoch,
+                        "partition_epoch": p.partition_epoch,
+                    }
+                    for pid, p in sorted(t.partitions.items())
+                ],
+            }
+            for t in sorted(image.topics_by_id.values(), key=lambda t: t.name)
+        ],
+        "configs": [
+            {"resource_type": rt, "resource_name": name, "configs": dict(c)}
+            for (rt, name), c in sorted(image.configs.items())
+        ],
     }

@@ -1,6 +1,7 @@
 """Entry point for ``spark-submit``: the same audit as ``kraft audit``, on the master that
 spark-submit was given (e.g. ``spark-submit --master spark://h:7077 --py-files pykraft.zip
 tools/audit/submit.py --log-dir /shared/log --out /shared/audit``). See README."""
+
 from __future__ import annotations
 
 import sys

@@ -1,10 +1,11 @@
 """``kraft audit``: replay a metadata log in Spark and check it (see tools/audit)."""
+
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from tools.commands.common import ManualFormatter, UsageError
@@ -46,10 +47,12 @@ def parse_point(text: str, option: str) -> tuple[str, int]:
     try:
         when = datetime.fromisoformat(t.replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError:
-        raise UsageError(f"{option} must be an offset (e.g. 1200) or a time "
-                         f"(e.g. 2026-11-22T10:00:00Z), got {text!r}") from None
+        raise UsageError(
+            f"{option} must be an offset (e.g. 1200) or a time "
+            f"(e.g. 2026-11-22T10:00:00Z), got {text!r}"
+        ) from None
     if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
+        when = when.replace(tzinfo=UTC)
     return "time", int(when.timestamp() * 1000)
 
 
@@ -57,12 +60,17 @@ def build_options(args: argparse.Namespace):
     """The AuditOptions for parsed arguments (UsageError on bad values)."""
     from tools.audit.run import AuditOptions
 
-    opts = AuditOptions(log_dir=Path(args.log_dir), out=Path(args.out), master=args.master or None,
-                        mirror=Path(args.mirror) if args.mirror else None)
+    opts = AuditOptions(
+        log_dir=Path(args.log_dir),
+        out=Path(args.out),
+        master=args.master or None,
+        mirror=Path(args.mirror) if args.mirror else None,
+    )
     for option, value, offset_attr, ms_attr in (
-            ("--from", args.start, "from_offset", "from_ms"),
-            ("--to", args.end, "to_offset", "to_ms"),
-            ("--state-at", args.state_at, "state_at_offset", "state_at_ms")):
+        ("--from", args.start, "from_offset", "from_ms"),
+        ("--to", args.end, "to_offset", "to_ms"),
+        ("--state-at", args.state_at, "state_at_offset", "state_at_ms"),
+    ):
         if value is not None:
             kind, n = parse_point(value, option)
             setattr(opts, offset_attr if kind == "offset" else ms_attr, n)
@@ -73,10 +81,15 @@ def cmd_audit(args: argparse.Namespace) -> int:
     try:
         from tools.audit.run import AuditError, run_audit
     except ImportError as e:
-        raise UsageError(f"kraft audit needs the spark extra: pip install -e '.[spark]' ({e})")
+        raise UsageError(
+            f"kraft audit needs the spark extra: pip install -e '.[spark]' ({e})"
+        ) from e
     opts = build_options(args)
-    progress = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else (
-        lambda line: print(line, flush=True))
+    progress = (
+        (lambda line: print(line, file=sys.stderr, flush=True))
+        if args.json
+        else (lambda line: print(line, flush=True))
+    )
     try:
         result = run_audit(opts, progress=progress)
     except AuditError as e:
@@ -88,19 +101,38 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``kraft audit``."""
-    p = sub.add_parser("audit", help="audit a metadata log with Spark (tables, checks, report)",
-                       formatter_class=ManualFormatter, description=DESCRIPTION, epilog=EPILOG)
-    p.add_argument("--log-dir", required=True, metavar="DIR",
-                   help="a metadata log directory (segments, snapshots), e.g. "
-                        "CLUSTER/controller-1/metadata/log")
+    p = sub.add_parser(
+        "audit",
+        help="audit a metadata log with Spark (tables, checks, report)",
+        formatter_class=ManualFormatter,
+        description=DESCRIPTION,
+        epilog=EPILOG,
+    )
+    p.add_argument(
+        "--log-dir",
+        required=True,
+        metavar="DIR",
+        help="a metadata log directory (segments, snapshots), e.g. "
+        "CLUSTER/controller-1/metadata/log",
+    )
     p.add_argument("--out", required=True, metavar="OUT", help="output directory")
     p.add_argument("--from", dest="start", metavar="OFFSET|TIME", help="first offset or time shown")
     p.add_argument("--to", dest="end", metavar="OFFSET|TIME", help="last offset or time read")
-    p.add_argument("--state-at", metavar="OFFSET|TIME",
-                   help="also write OUT/state.json: the image rebuilt at this point")
-    p.add_argument("--master", default="local[*]", metavar="URL",
-                   help="Spark master (default local[*]; '' = whatever spark-submit set)")
+    p.add_argument(
+        "--state-at",
+        metavar="OFFSET|TIME",
+        help="also write OUT/state.json: the image rebuilt at this point",
+    )
+    p.add_argument(
+        "--master",
+        default="local[*]",
+        metavar="URL",
+        help="Spark master (default local[*]; '' = whatever spark-submit set)",
+    )
     p.add_argument("--mirror", metavar="DIR", help="Parquet mirror directory (default OUT/mirror)")
-    p.add_argument("--json", action="store_true",
-                   help="print findings.json on stdout (progress goes to stderr)")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print findings.json on stdout (progress goes to stderr)",
+    )
     p.set_defaults(handler=cmd_audit)

@@ -4,14 +4,16 @@ A command handler takes the parsed ``argparse.Namespace`` and returns an exit co
 :class:`UsageError` for bad arguments (exit 2) and lets :class:`~kraft.errors.KraftError`
 propagate for a failed request (exit 1); ``tools.cli.main`` turns both into output.
 """
+
 from __future__ import annotations
 
 import argparse
 import os
 import sys
 import textwrap
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from kraft.errors import ErrorCode, KraftError, error_name
 from tools import output
@@ -53,8 +55,14 @@ class ManualFormatter(argparse.HelpFormatter):
             if any(line.startswith(" ") for line in lines) or para.rstrip().endswith(":"):
                 paragraphs.append("\n".join(indent + line for line in lines))
             else:
-                paragraphs.append(textwrap.fill(" ".join(line.strip() for line in lines), width,
-                                                initial_indent=indent, subsequent_indent=indent))
+                paragraphs.append(
+                    textwrap.fill(
+                        " ".join(line.strip() for line in lines),
+                        width,
+                        initial_indent=indent,
+                        subsequent_indent=indent,
+                    )
+                )
         return "\n\n".join(paragraphs)
 
 
@@ -62,16 +70,30 @@ def add_client_options(parser: argparse.ArgumentParser) -> None:
     """The options every command that talks to the controllers accepts."""
     g = parser.add_argument_group("connection and output")
     where = g.add_mutually_exclusive_group()
-    where.add_argument("--bootstrap-controller", metavar="HOST:PORT[,HOST:PORT]",
-                       help="controller RPC endpoint(s); any controller will do, requests "
-                            f"follow the active one (env {BOOTSTRAP_ENV})")
-    where.add_argument("--cluster", metavar="DIR",
-                       help="a local cluster directory made by 'kraft cluster up'; its "
-                            f"cluster.json lists the controllers (env {CLUSTER_DIR_ENV})")
-    g.add_argument("--timeout", type=positive_float, default=DEFAULT_TIMEOUT_S, metavar="S",
-                   help=f"give up after S seconds (default {DEFAULT_TIMEOUT_S:g})")
-    g.add_argument("--json", action="store_true",
-                   help="print the response as JSON (errors as {error, error_code, message})")
+    where.add_argument(
+        "--bootstrap-controller",
+        metavar="HOST:PORT[,HOST:PORT]",
+        help="controller RPC endpoint(s); any controller will do, requests "
+        f"follow the active one (env {BOOTSTRAP_ENV})",
+    )
+    where.add_argument(
+        "--cluster",
+        metavar="DIR",
+        help="a local cluster directory made by 'kraft cluster up'; its "
+        f"cluster.json lists the controllers (env {CLUSTER_DIR_ENV})",
+    )
+    g.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=DEFAULT_TIMEOUT_S,
+        metavar="S",
+        help=f"give up after S seconds (default {DEFAULT_TIMEOUT_S:g})",
+    )
+    g.add_argument(
+        "--json",
+        action="store_true",
+        help="print the response as JSON (errors as {error, error_code, message})",
+    )
 
 
 def positive_float(text: str) -> float:
@@ -142,14 +164,17 @@ def resolve_bootstrap(args: argparse.Namespace) -> list[tuple[str, int]]:
         try:
             layout = read_cluster_json(Path(cluster_dir))
         except FileNotFoundError:
-            raise UsageError(f"{cluster_dir} holds no cluster.json; is it a directory made by "
-                             "'kraft cluster up'?") from None
+            raise UsageError(
+                f"{cluster_dir} holds no cluster.json; is it a directory made by "
+                "'kraft cluster up'?"
+            ) from None
         endpoints = layout.controller_endpoints()
         if not endpoints:
             raise UsageError(f"{cluster_dir}/cluster.json lists no controllers")
         return endpoints
-    raise UsageError("no controller to talk to: pass --bootstrap-controller HOST:PORT or "
-                     "--cluster DIR")
+    raise UsageError(
+        "no controller to talk to: pass --bootstrap-controller HOST:PORT or --cluster DIR"
+    )
 
 
 def resolve_credentials(args: argparse.Namespace) -> Any:
@@ -174,11 +199,18 @@ def resolve_credentials(args: argparse.Namespace) -> Any:
 
 def call(args: argparse.Namespace, api: str, body: dict[str, Any]) -> dict[str, Any]:
     """Send one request to the controllers named by ``args``; raise KraftError on failure."""
-    return call_endpoints(resolve_bootstrap(args), api, body, args.timeout, resolve_credentials(args))
+    return call_endpoints(
+        resolve_bootstrap(args), api, body, args.timeout, resolve_credentials(args)
+    )
 
 
-def call_endpoints(bootstrap: list[tuple[str, int]], api: str, body: dict[str, Any],
-                   timeout: float, credentials: Any = None) -> dict[str, Any]:
+def call_endpoints(
+    bootstrap: list[tuple[str, int]],
+    api: str,
+    body: dict[str, Any],
+    timeout: float,
+    credentials: Any = None,
+) -> dict[str, Any]:
     """``kraft.rpc.client.call_sync`` with transport failures turned into KraftError."""
     from kraft.rpc.client import call_sync
 
@@ -186,16 +218,21 @@ def call_endpoints(bootstrap: list[tuple[str, int]], api: str, body: dict[str, A
         return call_sync(bootstrap, api, body, timeout, credentials=credentials)
     except KraftError as e:
         if e.code == ErrorCode.SASL_AUTHENTICATION_FAILED and credentials is None:
-            raise KraftError(e.code, f"{e.message} (these controllers require credentials: set "
-                                     "KRAFT_RPC_CREDENTIALS_FILE, or use --cluster DIR for a cluster "
-                                     "started with --auth)") from None
+            raise KraftError(
+                e.code,
+                f"{e.message} (these controllers require credentials: set "
+                "KRAFT_RPC_CREDENTIALS_FILE, or use --cluster DIR for a cluster "
+                "started with --auth)",
+            ) from None
         raise
     except TimeoutError as e:
-        raise KraftError(ErrorCode.REQUEST_TIMED_OUT,
-                         f"no answer from {_show(bootstrap)} within {timeout:g}s") from e
+        raise KraftError(
+            ErrorCode.REQUEST_TIMED_OUT, f"no answer from {_show(bootstrap)} within {timeout:g}s"
+        ) from e
     except OSError as e:
-        raise KraftError(ErrorCode.NETWORK_EXCEPTION,
-                         f"cannot reach {_show(bootstrap)}: {e.strerror or e}") from e
+        raise KraftError(
+            ErrorCode.NETWORK_EXCEPTION, f"cannot reach {_show(bootstrap)}: {e.strerror or e}"
+        ) from e
 
 
 def _show(bootstrap: Iterable[tuple[str, int]]) -> str:
@@ -235,8 +272,12 @@ def item_error_name(item: dict[str, Any]) -> str:
     return error_name(item.get("error_code") or 0)
 
 
-def show(args: argparse.Namespace, resp: dict[str, Any], render: Callable[[dict[str, Any]], str],
-         json_value: Any = None) -> int:
+def show(
+    args: argparse.Namespace,
+    resp: dict[str, Any],
+    render: Callable[[dict[str, Any]], str],
+    json_value: Any = None,
+) -> int:
     """Print a read response: JSON (``json_value`` or the response) with --json, else ``render``."""
     if args.json:
         print_json(resp if json_value is None else json_value)
@@ -245,9 +286,14 @@ def show(args: argparse.Namespace, resp: dict[str, Any], render: Callable[[dict[
     return output.EXIT_OK
 
 
-def report_items(args: argparse.Namespace, resp: dict[str, Any], key: str,
-                 label: Callable[[dict[str, Any]], str], ok_line: Callable[[dict[str, Any]], str],
-                 tolerated: tuple[int, Callable[[dict[str, Any]], str]] | None = None) -> int:
+def report_items(
+    args: argparse.Namespace,
+    resp: dict[str, Any],
+    key: str,
+    label: Callable[[dict[str, Any]], str],
+    ok_line: Callable[[dict[str, Any]], str],
+    tolerated: tuple[int, Callable[[dict[str, Any]], str]] | None = None,
+) -> int:
     """Report the per-item results ``resp[key]`` of a batch response and return the exit code.
 
     With --json: the response with an ``error`` name next to each item's code. Otherwise one
@@ -272,4 +318,3 @@ def report_items(args: argparse.Namespace, resp: dict[str, Any], key: str,
     if args.json:
         print_json({**resp, key: output.annotate_errors(items)})
     return output.EXIT_ERROR if failed else output.EXIT_OK
-

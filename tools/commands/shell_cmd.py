@@ -1,4 +1,5 @@
 """``kraft shell``: the interactive metadata shell over a log directory or a live controller."""
+
 from __future__ import annotations
 
 import argparse
@@ -61,36 +62,46 @@ def cmd_shell(args: argparse.Namespace) -> int:
     if args.command_text is not None:
         return output.EXIT_OK if shell.run_script(args.command_text) else output.EXIT_ERROR
     if not sys.stdin.isatty():  # commands piped in, one per line
-        return output.EXIT_OK if shell.run_script(";".join(sys.stdin.read().splitlines())) \
+        return (
+            output.EXIT_OK
+            if shell.run_script(";".join(sys.stdin.read().splitlines()))
             else output.EXIT_ERROR
+        )
     return _interactive(shell)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``kraft shell``."""
     p = sub.add_parser(
-        "shell", help="browse the metadata image like a file system",
+        "shell",
+        help="browse the metadata image like a file system",
         formatter_class=ManualFormatter,
         description="An interactive shell over the metadata image at the latest offset (or "
-                    "--at-offset N): ls, cd, pwd, cat, find, tree, history, help, exit. The "
-                    "tree is /brokers/<id>/..., /topics/<name>/<partition>/..., "
-                    "/configs/{topics,brokers}/<name>/<key>, /features/<name> and /image "
-                    "(offset, term, checksum, active controller). 'history PATH' lists the "
-                    "records that touched a node with their offsets and who/why.\n\n"
-                    "Offline it reads PATH (a log directory, a controller's metadata dir, a "
-                    "segment from offset 0 or a snapshot; a running controller's directory is "
-                    "fine). Live (--cluster/--bootstrap-controller) it pulls the log from a "
-                    "controller with FetchMetadata.",
+        "--at-offset N): ls, cd, pwd, cat, find, tree, history, help, exit. The "
+        "tree is /brokers/<id>/..., /topics/<name>/<partition>/..., "
+        "/configs/{topics,brokers}/<name>/<key>, /features/<name> and /image "
+        "(offset, term, checksum, active controller). 'history PATH' lists the "
+        "records that touched a node with their offsets and who/why.\n\n"
+        "Offline it reads PATH (a log directory, a controller's metadata dir, a "
+        "segment from offset 0 or a snapshot; a running controller's directory is "
+        "fine). Live (--cluster/--bootstrap-controller) it pulls the log from a "
+        "controller with FetchMetadata.",
         epilog="examples:\n  kraft shell ./c/controller-1/metadata\n"
-               "  kraft shell --cluster ./c -c 'ls /topics; cat /topics/orders/0'\n"
-               "  kraft shell ./c/controller-1/metadata --at-offset 40 -c 'tree /brokers'\n"
-               "  kraft shell --cluster ./c -c 'history /topics/orders/0'\n\n"
-               "-c runs ';'-separated commands and exits (status 1 if one failed); commands "
-               f"piped on stdin run the same way. Readline history: ~/.kraft_shell_history "
-               f"(env {HISTORY_ENV}).")
+        "  kraft shell --cluster ./c -c 'ls /topics; cat /topics/orders/0'\n"
+        "  kraft shell ./c/controller-1/metadata --at-offset 40 -c 'tree /brokers'\n"
+        "  kraft shell --cluster ./c -c 'history /topics/orders/0'\n\n"
+        "-c runs ';'-separated commands and exits (status 1 if one failed); commands "
+        f"piped on stdin run the same way. Readline history: ~/.kraft_shell_history "
+        f"(env {HISTORY_ENV}).",
+    )
     add_source_options(p)
-    p.add_argument("--at-offset", type=int_at_least(-1), metavar="N",
-                   help="the image after the batch holding offset N (default: latest)")
-    p.add_argument("-c", dest="command_text", metavar="COMMANDS",
-                   help="run ';'-separated commands and exit")
+    p.add_argument(
+        "--at-offset",
+        type=int_at_least(-1),
+        metavar="N",
+        help="the image after the batch holding offset N (default: latest)",
+    )
+    p.add_argument(
+        "-c", dest="command_text", metavar="COMMANDS", help="run ';'-separated commands and exit"
+    )
     p.set_defaults(handler=cmd_shell)
