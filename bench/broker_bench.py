@@ -9,7 +9,7 @@ snapshot + log.
    (~2–5 ms; reported).
 2. **Replay** — a snapshot of ``topics`` × ``partitions`` partitions (RF 3 over ``brokers``
    brokers) plus ``log_batches`` batches of partition changes, loaded in a fresh process by the
-   broker's own code (``broker.checkpoint.image_from_snapshot`` verifying CRCs and checksums, then
+   broker's own code (``broker.metadata.checkpoint.image_from_snapshot`` verifying CRCs and checksums, then
    the loader's ``replay_encoded`` of the log in 8 MiB FetchMetadata-sized groups into the full
    delta, published once): records/s, seconds (wall and CPU) and peak RSS.
 
@@ -317,8 +317,8 @@ def build_scale_snapshot(
 _REPLAY_CHILD = r"""
 import json, resource, sys, time
 from pathlib import Path
-from broker.checkpoint import image_from_snapshot
-from broker.metadata_loader import full_delta, replay_encoded
+from broker.metadata.checkpoint import image_from_snapshot
+from broker.metadata.metadata_loader import full_delta, replay_encoded
 from kraft.log.metadata_log import MetadataLog
 from kraft.records import decode_batch
 snap, log_dir = Path(sys.argv[1]), Path(sys.argv[2])

@@ -15,15 +15,15 @@ from typing import Any
 
 import trio
 
-from broker.isr_updater import IsrUpdater
-from broker.kafka_admin import KafkaAdmin
-from broker.kafka_listener import KafkaListener
-from broker.kafka_security import SecurityConfigError, listener_security, protocol_of
 from broker.lifecycle import BrokerLifecycle, BrokerState, FatalBrokerError
-from broker.metadata_cache import MetadataCache
-from broker.metadata_loader import MetadataLoader
-from broker.replica_fetcher import ReplicaFetcherManager
-from broker.replica_manager import ReplicaManager
+from broker.metadata.metadata_cache import MetadataCache
+from broker.metadata.metadata_loader import MetadataLoader
+from broker.protocol.kafka_admin import KafkaAdmin
+from broker.protocol.kafka_listener import KafkaListener
+from broker.protocol.kafka_security import SecurityConfigError, listener_security, protocol_of
+from broker.replica.isr_updater import IsrUpdater
+from broker.replica.replica_fetcher import ReplicaFetcherManager
+from broker.replica.replica_manager import ReplicaManager
 from broker.state import serve_state, snapshot_state
 from kraft.config import BrokerConfig, ConfigError, load_properties, write_properties
 from kraft.rpc.client import ControllerClient

@@ -22,8 +22,8 @@ import pytest
 from harness import ENV, REPO
 from test_fuzz_kafka_listener import record_batch
 
-from broker.checkpoint import load_checkpoint, write_checkpoint
-from broker.partition_log import HW_FILE, LEADER_EPOCH_FILE, PartitionLog
+from broker.metadata.checkpoint import load_checkpoint, write_checkpoint
+from broker.replica.partition_log import HW_FILE, LEADER_EPOCH_FILE, PartitionLog
 from kraft.image import image_from_records
 from kraft.log import (
     CorruptLogError,
@@ -353,14 +353,14 @@ def test_corrupt_broker_checkpoint_is_discarded_with_a_warning(
     data = bytearray(newer.read_bytes())
     data[len(data) // 2] ^= 0x10
     newer.write_bytes(bytes(data))
-    with caplog.at_level(logging.WARNING, logger="broker.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="broker.metadata.checkpoint"):
         image = load_checkpoint(d)
     assert len(image.topics_by_name) == 10 and older.exists()
     assert any(str(newer) in r.getMessage() for r in caplog.records), caplog.text
     assert (d / (newer.name + ".corrupt")).exists()
     older.write_bytes(older.read_bytes()[:-5])
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="broker.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="broker.metadata.checkpoint"):
         assert load_checkpoint(d).offset == -1  # nothing usable: refetch from the controllers
     assert any(str(older) in r.getMessage() for r in caplog.records)
 
@@ -398,7 +398,7 @@ def test_partition_log_tail_damage_is_truncated_with_a_warning(
             "garbage": data + random.Random(1).randbytes(90),
         }[damage]
     )
-    with caplog.at_level(logging.WARNING, logger="broker.partition_log"):
+    with caplog.at_level(logging.WARNING, logger="broker.replica.partition_log"):
         plog = _reopen(partition_dir)
     try:
         assert plog.log_end_offset == (11 if damage == "torn" else 12)
@@ -420,7 +420,7 @@ def test_partition_log_mid_log_corruption_truncates_from_the_bad_batch(
     data = bytearray(first.read_bytes())
     data[70] ^= 0x01  # inside the first batch's records (covered by its CRC)
     first.write_bytes(bytes(data))
-    with caplog.at_level(logging.WARNING, logger="broker.partition_log"):
+    with caplog.at_level(logging.WARNING, logger="broker.replica.partition_log"):
         plog = _reopen(partition_dir)
     try:
         assert plog.log_end_offset == 0
@@ -440,7 +440,7 @@ def test_partition_checkpoint_files_damaged(
 ) -> None:
     (partition_dir / HW_FILE).write_text(content)
     (partition_dir / LEADER_EPOCH_FILE).write_text(content)
-    with caplog.at_level(logging.WARNING, logger="broker.partition_log"):
+    with caplog.at_level(logging.WARNING, logger="broker.replica.partition_log"):
         plog = _reopen(partition_dir)
     try:
         assert 0 <= plog.high_watermark <= plog.log_end_offset == 12

@@ -272,7 +272,7 @@ def test_a_thousand_idle_connections(broker: Broker, baseline_rss: int) -> None:
 def test_metadata_request_with_a_null_topic_name_closes_only_that_connection(version: int) -> None:
     from test_kafka_listener import CLUSTER_ID, ListenerThread, build_image
 
-    from broker.metadata_cache import MetadataCache
+    from broker.metadata.metadata_cache import MetadataCache
 
     cache = MetadataCache(CLUSTER_ID)
     listener = ListenerThread(cache)

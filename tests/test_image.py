@@ -643,7 +643,7 @@ def test_checksum_after_a_change_rehashes_the_changed_topic_only():
 
 @pytest.mark.parametrize("version", [1, 2])
 def test_broker_checkpoint_verifies_the_checksum_version_its_format_names(tmp_path, version):
-    from broker.checkpoint import image_from_snapshot
+    from broker.metadata.checkpoint import image_from_snapshot
     from kraft.log import CorruptSnapshotError, SnapshotHeader, write_snapshot
 
     image = full_image()

@@ -15,11 +15,23 @@ from kio.index import load_request_schema
 from kio.schema.errors import ErrorCode as K
 from kio.serial import entity_reader, entity_writer
 
-from broker import admin_mapping as m
-from broker.admin_decode import decode_request, strip_tagged_fields
-from broker.kafka_admin import DEFAULT_TIMEOUT_S, RANGES, KafkaAdmin, build_entity, request_timeout
-from broker.kafka_codec import DecodeError, Reader, RequestHeader, encode_body, response_class
-from broker.metadata_cache import MetadataCache
+from broker.metadata.metadata_cache import MetadataCache
+from broker.protocol import admin_mapping as m
+from broker.protocol.admin_decode import decode_request, strip_tagged_fields
+from broker.protocol.kafka_admin import (
+    DEFAULT_TIMEOUT_S,
+    RANGES,
+    KafkaAdmin,
+    build_entity,
+    request_timeout,
+)
+from broker.protocol.kafka_codec import (
+    DecodeError,
+    Reader,
+    RequestHeader,
+    encode_body,
+    response_class,
+)
 from kraft.errors import ErrorCode, KraftError
 from kraft.image import BrokerRegistration
 from kraft.rpc.client import ControllerClient

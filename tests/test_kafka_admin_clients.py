@@ -15,7 +15,7 @@ import pytest
 from kio.index import load_request_schema, load_response_schema
 from kio.serial import entity_reader, entity_writer
 
-from broker.kafka_codec import build
+from broker.protocol.kafka_codec import build
 from tests.harness import LocalCluster, kraft, kraft_json, poll
 
 pytestmark = pytest.mark.integration

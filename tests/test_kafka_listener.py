@@ -15,8 +15,8 @@ import uuid
 import pytest
 import trio
 
-from broker.kafka_listener import KafkaListener
-from broker.metadata_cache import MetadataCache
+from broker.metadata.metadata_cache import MetadataCache
+from broker.protocol.kafka_listener import KafkaListener
 from kraft.image import image_from_records
 from kraft.records import (
     LeaderChangeRecord,
@@ -305,7 +305,7 @@ def test_garbage_closes_only_that_connection(listener):
 
 def test_metadata_response_cached_per_image(listener):
     cache, port = listener
-    from broker.kafka_codec import MetadataRequest
+    from broker.protocol.kafka_codec import MetadataRequest
 
     req = MetadataRequest(None, True)
     a = cache.encoded_metadata(12, req)
@@ -365,7 +365,7 @@ class DataPlane:
     (replicas 1, 2; ISR 1, 2; leader epoch 5), follows orders-2 and has no replica of orders-1."""
 
     def __init__(self, tmp_path) -> None:
-        from broker.replica_manager import ReplicaManager
+        from broker.replica.replica_manager import ReplicaManager
         from kraft.image import MetadataImage
 
         self.image = MetadataImage.EMPTY
@@ -395,7 +395,7 @@ class DataPlane:
         from kio.index import load_request_schema
         from kio.serial import entity_writer
 
-        from broker.kafka_codec import build
+        from broker.protocol.kafka_codec import build
 
         cls = load_request_schema(api_key, version)
         buf = io.BytesIO()
@@ -446,7 +446,7 @@ class DataPlane:
         epoch: int = -1,
         max_wait_ms: int = 0,
     ) -> bytes:
-        from broker.data_codec import (
+        from broker.protocol.data_codec import (
             FetchPartition,
             FetchRequest,
             frame_request,
@@ -466,8 +466,8 @@ class DataPlane:
 
     @staticmethod
     def fetch_result(frame: bytes):
-        from broker.data_codec import read_fetch_response
-        from broker.kafka_codec import Reader
+        from broker.protocol.data_codec import read_fetch_response
+        from broker.protocol.kafka_codec import Reader
 
         r = Reader(frame)
         r.int32()

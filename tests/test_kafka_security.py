@@ -10,8 +10,8 @@ import pytest
 from kio.schema.errors import ErrorCode as KafkaError
 from kio.serial import entity_reader
 
-from broker.kafka_codec import read_header, response_class
-from broker.kafka_security import (
+from broker.protocol.kafka_codec import read_header, response_class
+from broker.protocol.kafka_security import (
     SaslClose,
     SaslSession,
     SecurityConfigError,

@@ -12,7 +12,7 @@ from kio.records.schema import NewRecordBatch, Record
 from kio.records.writers import write_new_batch
 from kio.static.primitive import i8, i16, i32, i64
 
-from broker.partition_log import (
+from broker.replica.partition_log import (
     HW_FILE,
     LEADER_EPOCH_FILE,
     InvalidBatchError,

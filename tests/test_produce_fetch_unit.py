@@ -11,7 +11,7 @@ import pytest
 from kio.index import load_request_schema, load_response_schema
 from kio.serial import entity_reader, entity_writer
 
-from broker.data_codec import (
+from broker.protocol.data_codec import (
     EpochRequest,
     FetchPartition,
     FetchPartitionResult,
@@ -30,11 +30,11 @@ from broker.data_codec import (
     write_offset_for_leader_epoch_response,
     write_produce_response,
 )
-from broker.isr_tracker import FollowerState, high_watermark, may_join, out_of_sync
-from broker.kafka_codec import Reader
-from broker.partition import Partition
-from broker.partition_log import InvalidBatchError, PartitionLog
-from broker.replica_fetcher import truncation_offset
+from broker.protocol.kafka_codec import Reader
+from broker.replica.isr_tracker import FollowerState, high_watermark, may_join, out_of_sync
+from broker.replica.partition import Partition
+from broker.replica.partition_log import InvalidBatchError, PartitionLog
+from broker.replica.replica_fetcher import truncation_offset
 from tests.test_partition_log import make_batch, values_in
 
 # ---- partition log: leader and follower appends -------------------------------------------------
@@ -200,7 +200,7 @@ def kio_decode(api_key: int, version: int, data: bytes, request: bool = False):
 
 
 def _request(api_key: int, version: int, **values):
-    from broker.kafka_codec import build
+    from broker.protocol.kafka_codec import build
 
     return build(load_request_schema(api_key, version), values)
 

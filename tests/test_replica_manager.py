@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 import uuid
 
-from broker.partition_log import LEADER_EPOCH_FILE
-from broker.replica_manager import ReplicaManager
+from broker.replica.partition_log import LEADER_EPOCH_FILE
+from broker.replica.replica_manager import ReplicaManager
 from kraft.image import MetadataDelta, MetadataImage
 from kraft.records import (
     LEADER_UNCHANGED,
@@ -167,7 +167,7 @@ def test_a_delta_syncs_its_checkpoints_once_not_per_partition(tmp_path, monkeypa
     (atomically) but the disk sync happens once, not twice per partition on the event loop."""
     import os
 
-    import broker.partition_log as pl
+    import broker.replica.partition_log as pl
 
     fsyncs, syncfs = [], []
     real_fsync = os.fsync
@@ -193,7 +193,7 @@ def test_a_start_up_sized_delta_logs_a_summary_and_restarts_from_disk(tmp_path, 
     """Thousands of transitions in one delta: one INFO summary (the per-partition lines go to
     DEBUG); the logs, checkpoints and partition.metadata are on disk, and a new replica
     manager (a restart) reopens every one of them from its directory listing."""
-    from broker.replica_manager import DETAIL_LINES_MAX, PARTITION_METADATA
+    from broker.replica.replica_manager import DETAIL_LINES_MAX, PARTITION_METADATA
 
     n = DETAIL_LINES_MAX + 1
     rm = ReplicaManager(ME, [tmp_path])

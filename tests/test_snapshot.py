@@ -344,7 +344,7 @@ def test_writing_runs_gives_the_same_bytes_as_writing_records(tmp_path):
 
 def _broker_snapshot(tmp_path, partitions=1500):
     """A snapshot as a broker checkpoint writes it (real image checksum in the header)."""
-    from broker.checkpoint import write_checkpoint
+    from broker.metadata.checkpoint import write_checkpoint
     from kraft.image import image_from_records
 
     recs = sample_records(partitions)
@@ -353,7 +353,7 @@ def _broker_snapshot(tmp_path, partitions=1500):
 
 
 def test_broker_load_equals_the_strict_load(tmp_path):
-    from broker.checkpoint import image_from_snapshot
+    from broker.metadata.checkpoint import image_from_snapshot
     from kraft.image import image_from_records
 
     path, image = _broker_snapshot(tmp_path)
@@ -391,7 +391,7 @@ def test_broker_load_refuses_what_strict_decoding_refuses(tmp_path, column, valu
     """A writer bug (valid file checksum, a badly typed partition value): the broker's load skips
     the per-value checks, but the image checksum catches the value and the strict re-read names
     it, as the strict reader does."""
-    from broker.checkpoint import image_from_snapshot
+    from broker.metadata.checkpoint import image_from_snapshot
 
     path, _ = _broker_snapshot(tmp_path)
 
@@ -405,7 +405,7 @@ def test_broker_load_refuses_what_strict_decoding_refuses(tmp_path, column, valu
 
 
 def test_broker_load_refuses_a_well_typed_wrong_value(tmp_path):
-    from broker.checkpoint import image_from_snapshot
+    from broker.metadata.checkpoint import image_from_snapshot
 
     path, _ = _broker_snapshot(tmp_path)
 
@@ -423,7 +423,7 @@ def test_broker_checkpoints_are_written_one_at_a_time(tmp_path):
     would write the same ``.part`` file; they take turns, and one checkpoint results."""
     import trio
 
-    from broker.metadata_loader import MetadataLoader
+    from broker.metadata.metadata_loader import MetadataLoader
 
     _, image = _broker_snapshot(tmp_path / "src", partitions=5000)
     loader = MetadataLoader(None, [], tmp_path / "meta")

@@ -335,7 +335,7 @@ def read_snapshot(
     ``unchecked_partitions=True`` skips them for PartitionRecord chunks only (the bulk of a big
     snapshot; their shape is still checked): for a caller that then compares the image's
     ``MetadataImage.checksum`` with the header's, which covers the exact encoding of every
-    partition value (``broker.checkpoint.image_from_snapshot``)."""
+    partition value (``broker.metadata.checkpoint.image_from_snapshot``)."""
     path = Path(path)
     data = path.read_bytes()
     frames = list(iter_frames(data))

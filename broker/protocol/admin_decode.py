@@ -18,7 +18,7 @@ from typing import Any
 from kio.index import load_request_schema
 from kio.serial import entity_reader
 
-from broker.kafka_codec import DecodeError, Reader, RequestHeader
+from broker.protocol.kafka_codec import DecodeError, Reader, RequestHeader
 
 _FIXED = {"bool": 1, "int8": 1, "int16": 2, "int32": 4, "timedelta_i32": 4, "int64": 8, "uuid": 16}
 

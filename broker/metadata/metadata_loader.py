@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 import trio
 
-from broker.checkpoint import image_from_snapshot, load_checkpoint, write_checkpoint
+from broker.metadata.checkpoint import image_from_snapshot, load_checkpoint, write_checkpoint
 from kraft.errors import KraftError
 from kraft.image import MetadataDelta, MetadataImage, ReplayError
 from kraft.records import RecordDecodeError, decode_batch

@@ -25,7 +25,7 @@ import time
 import trio
 from kio.schema.errors import ErrorCode
 
-from broker.data_codec import (
+from broker.protocol.data_codec import (
     API_LIST_OFFSETS,
     API_OFFSET_FOR_LEADER_EPOCH,
     FLEXIBLE_FROM,
@@ -40,9 +40,9 @@ from broker.data_codec import (
     write_list_offsets_response,
     write_offset_for_leader_epoch_response,
 )
-from broker.kafka_codec import API_FETCH, Deferred, Reader, RequestHeader
-from broker.partition import Partition
-from broker.replica_manager import ReplicaManager
+from broker.protocol.kafka_codec import API_FETCH, Deferred, Reader, RequestHeader
+from broker.replica.partition import Partition
+from broker.replica.replica_manager import ReplicaManager
 
 EARLIEST, LATEST, MAX_TIMESTAMP = -2, -1, -3
 

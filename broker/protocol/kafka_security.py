@@ -30,7 +30,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode as KafkaError
 
-from broker.kafka_codec import (
+from broker.protocol.kafka_codec import (
     DecodeError,
     Reader,
     RequestHeader,

@@ -2,7 +2,7 @@
 
 :class:`KafkaAdmin` is the listener's ``admin=`` handler. It decodes CreateTopics,
 DeleteTopics, CreatePartitions, DescribeConfigs, IncrementalAlterConfigs and ElectLeaders with
-kio (:mod:`broker.admin_decode`), forwards each as one controller RPC call through a :class:`ControllerClient` (which follows
+kio (:mod:`broker.protocol.admin_decode`), forwards each as one controller RPC call through a :class:`ControllerClient` (which follows
 the active controller and retries until the request's timeout), and encodes the answer as the
 Kafka response with per-item error codes and messages. DescribeCluster is answered from the
 broker's metadata image. Writes carry ``<kafka client id>@broker-<id>`` as their client id, so
@@ -27,9 +27,10 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode as KafkaError
 
-from broker import admin_mapping as m
-from broker.admin_decode import decode_request
-from broker.kafka_codec import (
+from broker.metadata.metadata_cache import MetadataCache
+from broker.protocol import admin_mapping as m
+from broker.protocol.admin_decode import decode_request
+from broker.protocol.kafka_codec import (
     DecodeError,
     Reader,
     RequestHeader,
@@ -37,7 +38,6 @@ from broker.kafka_codec import (
     frame_response,
     response_class,
 )
-from broker.metadata_cache import MetadataCache
 from kraft.errors import ErrorCode, KraftError
 from kraft.rpc.client import ControllerClient
 
@@ -110,7 +110,7 @@ def request_timeout(req: Any) -> float:
 
 
 class KafkaAdmin:
-    """Admin API handler for :class:`broker.kafka_listener.KafkaListener` (``admin=``)."""
+    """Admin API handler for :class:`broker.protocol.kafka_listener.KafkaListener` (``admin=``)."""
 
     def __init__(self, cache: MetadataCache, client: ControllerClient, node_id: int) -> None:
         self.cache = cache

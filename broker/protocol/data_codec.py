@@ -13,7 +13,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from broker.kafka_codec import DecodeError, Reader
+from broker.protocol.kafka_codec import DecodeError, Reader
 
 API_LIST_OFFSETS, API_OFFSET_FOR_LEADER_EPOCH = 2, 23
 PRODUCE_VERSIONS, FETCH_VERSIONS = (3, 9), (4, 12)

@@ -20,17 +20,17 @@ import logging
 import trio
 from kio.schema.errors import ErrorCode
 
-from broker.data_codec import (
+from broker.protocol.data_codec import (
     FLEXIBLE_FROM,
     PartitionProduceResult,
     frame_raw_response,
     read_produce,
     write_produce_response,
 )
-from broker.kafka_codec import API_PRODUCE, Deferred, Reader, RequestHeader
-from broker.partition import Partition
-from broker.partition_log import InvalidBatchError
-from broker.replica_manager import ReplicaManager
+from broker.protocol.kafka_codec import API_PRODUCE, Deferred, Reader, RequestHeader
+from broker.replica.partition import Partition
+from broker.replica.partition_log import InvalidBatchError
+from broker.replica.replica_manager import ReplicaManager
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@ controller RPC bodies of ``kraft/rpc/apis.py``.
 
 ``*_body(request)`` turns a decoded Kafka request into a controller request body plus the items
 refused locally (before anything is forwarded); ``*_values(...)`` turns the controller's answer
-into a dict of response values for :func:`broker.kafka_codec.build`, keeping the request's item
+into a dict of response values for :func:`broker.protocol.kafka_codec.build`, keeping the request's item
 order. A forwarding failure (``KraftError``) becomes every item's error via ``failed``.
 """
 

@@ -23,7 +23,7 @@ from typing import Any
 import trio
 from kio.schema.errors import ErrorCode
 
-from broker.data_codec import (
+from broker.protocol.data_codec import (
     API_OFFSET_FOR_LEADER_EPOCH,
     FOLLOWER_EPOCH_VERSION,
     FOLLOWER_FETCH_VERSION,
@@ -36,9 +36,9 @@ from broker.data_codec import (
     write_fetch_request,
     write_offset_for_leader_epoch_request,
 )
-from broker.kafka_codec import API_FETCH, DecodeError, Reader
-from broker.partition import Partition
-from broker.partition_log import InvalidBatchError, PartitionLog
+from broker.protocol.kafka_codec import API_FETCH, DecodeError, Reader
+from broker.replica.partition import Partition
+from broker.replica.partition_log import InvalidBatchError, PartitionLog
 
 log = logging.getLogger("broker.fetcher")
 _ERRORS = (

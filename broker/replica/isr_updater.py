@@ -19,7 +19,7 @@ from typing import Any
 
 import trio
 
-from broker.partition import Partition
+from broker.replica.partition import Partition
 from kraft.errors import KraftError
 
 log = logging.getLogger("broker.isr")

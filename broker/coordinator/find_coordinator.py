@@ -12,7 +12,7 @@ from kio.index import load_request_schema
 from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader
 
-from broker.kafka_codec import (
+from broker.protocol.kafka_codec import (
     DecodeError,
     Reader,
     RequestHeader,

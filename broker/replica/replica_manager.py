@@ -8,7 +8,7 @@ and, in this order:
 2. **leaders**: open/create ``<log.dir>/<topic>-<partition>/``, start the new leader epoch in
    the leader-epoch cache at the log end, adopt ISR and epochs, keep the high watermark;
 3. **followers**: open/create the log and remember the leader to fetch from; the follower's
-   fetcher (:mod:`broker.replica_fetcher`) truncates it by OffsetForLeaderEpoch before fetching
+   fetcher (:mod:`broker.replica.replica_fetcher`) truncates it by OffsetForLeaderEpoch before fetching
    (never to the local high watermark, which may lag the leader's: KIP-101).
 
 A new leader epoch resets the leader's view of its followers. Anything waiting on a partition
@@ -32,8 +32,8 @@ from typing import Any
 
 import trio
 
-from broker.partition import Partition
-from broker.partition_log import PartitionLog, batched_syncs, write_small_file
+from broker.replica.partition import Partition
+from broker.replica.partition_log import PartitionLog, batched_syncs, write_small_file
 from kraft.records import RESOURCE_TOPIC
 
 log = logging.getLogger("broker.state_change")
@@ -86,7 +86,7 @@ class ReplicaManager:
         self.partitions: dict[tuple[str, int], Partition] = {}  # (topic id, partition)
         self._dir_counts: Counter[Path] = Counter()  # our partitions per log dir
         self.by_name: dict[tuple[str, int], Partition] = {}  # (topic name, partition)
-        self.isr_updater: Any = None  # broker.isr_updater.IsrUpdater, set by the node
+        self.isr_updater: Any = None  # broker.replica.isr_updater.IsrUpdater, set by the node
         for d in self.log_dirs:
             d.mkdir(parents=True, exist_ok=True)
         # Names of the directories in each log dir, listed once and kept up to date here (the
@@ -96,7 +96,7 @@ class ReplicaManager:
 
     # ---- publisher entry point -------------------------------------------------------------
     def publish(self, delta: Any, image: Any, full: bool = False) -> None:
-        """Publisher hook (see :mod:`broker.metadata_loader`). ``full``: the delta starts from
+        """Publisher hook (see :mod:`broker.metadata.metadata_loader`). ``full``: the delta starts from
         the empty image (first publish, snapshot load), so anything it does not mention is stray."""
         self.apply_delta(delta, image)
         if full:

@@ -1,7 +1,7 @@
 """One local replica: its log, what the metadata says about it, and its replication state.
 
 As **leader** it appends client batches, tracks each follower's fetch position
-(:mod:`broker.isr_tracker`) and advances the high watermark to the smallest log end offset of
+(:mod:`broker.replica.isr_tracker`) and advances the high watermark to the smallest log end offset of
 the ISR. As **follower** it appends what its fetcher brings and takes the leader's high
 watermark (capped at its own log end). Anything waiting for progress — a produce in purgatory,
 a long-polling fetch — registers a :class:`trio.Event` in :attr:`Partition.waiters`; appends and
@@ -15,8 +15,8 @@ from typing import Any
 
 import trio
 
-from broker.isr_tracker import FollowerState, high_watermark, may_join, out_of_sync
-from broker.partition_log import PartitionLog
+from broker.replica.isr_tracker import FollowerState, high_watermark, may_join, out_of_sync
+from broker.replica.partition_log import PartitionLog
 
 
 @dataclass(eq=False)

@@ -1,12 +1,12 @@
 """The broker's Kafka protocol listener (trio): ApiVersions and Metadata, answered from the image,
-FindCoordinator (no coordinator yet: :mod:`broker.coordinator`),
+FindCoordinator (no coordinator yet: :mod:`broker.coordinator.find_coordinator`),
 plus whatever APIs an :class:`AdminHandler` serves (merged into ApiVersions and dispatched to it).
 
-Given a :class:`~broker.replica_manager.ReplicaManager` (:meth:`KafkaListener.serve_data`) it also serves the data plane: Produce,
-Fetch, ListOffsets and OffsetForLeaderEpoch (:mod:`broker.produce`, :mod:`broker.fetch`).
+Given a :class:`~broker.replica.replica_manager.ReplicaManager` (:meth:`KafkaListener.serve_data`) it also serves the data plane: Produce,
+Fetch, ListOffsets and OffsetForLeaderEpoch (:mod:`broker.protocol.produce`, :mod:`broker.protocol.fetch`).
 
 Per connection, requests are read and handled in order; a handler may answer later (a
-:class:`~broker.kafka_codec.Deferred`: produce purgatory, long-polling fetch), and a writer task
+:class:`~broker.protocol.kafka_codec.Deferred`: produce purgatory, long-polling fetch), and a writer task
 sends the responses strictly in request order. So pipelined produce requests are all appended
 at once while their acknowledgements wait for replication, and a long-polling Fetch holds up
 only its own connection. A garbage, oversized or truncated frame, an undecodable
@@ -15,8 +15,8 @@ trailing bytes after a request body and unknown tagged fields are ignored. ApiVe
 version we do not know is answered Kafka's way: ApiVersions v0 carrying UNSUPPORTED_VERSION and
 our ranges, so the client retries with one we support.
 
-A :class:`~broker.kafka_security.ListenerSecurity` adds TLS (an ``SSLListener`` around the TCP
-listener) and SASL/PLAIN (a :class:`~broker.kafka_security.SaslSession` per connection: nothing
+A :class:`~broker.protocol.kafka_security.ListenerSecurity` adds TLS (an ``SSLListener`` around the TCP
+listener) and SASL/PLAIN (a :class:`~broker.protocol.kafka_security.SaslSession` per connection: nothing
 but ApiVersions, SaslHandshake and SaslAuthenticate until it has authenticated).
 """
 
@@ -31,8 +31,13 @@ from typing import Any, Protocol
 import trio
 from kio.schema.errors import ErrorCode
 
-from broker.coordinator import API_FIND_COORDINATOR, FIND_COORDINATOR_VERSIONS, find_coordinator
-from broker.data_codec import (
+from broker.coordinator.find_coordinator import (
+    API_FIND_COORDINATOR,
+    FIND_COORDINATOR_VERSIONS,
+    find_coordinator,
+)
+from broker.metadata.metadata_cache import MetadataCache
+from broker.protocol.data_codec import (
     API_LIST_OFFSETS,
     API_OFFSET_FOR_LEADER_EPOCH,
     FETCH_VERSIONS,
@@ -40,8 +45,8 @@ from broker.data_codec import (
     OFFSET_FOR_LEADER_EPOCH_VERSIONS,
     PRODUCE_VERSIONS,
 )
-from broker.fetch import FetchHandler
-from broker.kafka_codec import (
+from broker.protocol.fetch import FetchHandler
+from broker.protocol.kafka_codec import (
     API_API_VERSIONS,
     API_FETCH,
     API_METADATA,
@@ -58,10 +63,9 @@ from broker.kafka_codec import (
     read_metadata_request,
     response_class,
 )
-from broker.kafka_security import SASL_APIS, ListenerSecurity, SaslClose, SaslSession
-from broker.metadata_cache import MetadataCache
-from broker.produce import ProduceHandler
-from broker.replica_manager import ReplicaManager
+from broker.protocol.kafka_security import SASL_APIS, ListenerSecurity, SaslClose, SaslSession
+from broker.protocol.produce import ProduceHandler
+from broker.replica.replica_manager import ReplicaManager
 
 log = logging.getLogger(__name__)
 MAX_REQUEST_BYTES = 104_857_600  # Kafka's socket.request.max.bytes

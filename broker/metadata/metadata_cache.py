@@ -17,7 +17,13 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from broker.kafka_codec import API_METADATA, MetadataRequest, build, encode_body, response_class
+from broker.protocol.kafka_codec import (
+    API_METADATA,
+    MetadataRequest,
+    build,
+    encode_body,
+    response_class,
+)
 
 log = logging.getLogger(__name__)
 _CACHE_ENTRIES = 64

@@ -1,0 +1,1 @@
+"""Coordinators on the brokers: FindCoordinator, and the group and transaction coordinators."""

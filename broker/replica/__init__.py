@@ -1,0 +1,1 @@
+"""Replicas and their logs: partition logs, the replica manager, follower fetching, ISR."""
