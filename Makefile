@@ -4,7 +4,8 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-dev
 
-.PHONY: test unit integration demo bench bench-scale venv system-deps jvm-archive clean
+.PHONY: test unit integration demo bench bench-scale venv system-deps jvm-archive clean \
+        lint format typecheck layers check
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,11 +32,30 @@ system-deps:
 test: $(STAMP) system-deps jvm-archive
 	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile tests
 
+# tests/unit is pure (no sockets, no processes: tests/unit/conftest.py refuses them).
 unit: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider tests -m "not integration"
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 tests/unit
 
 integration: $(STAMP) system-deps jvm-archive
-	$(PY) -m pytest -q -p no:cacheprovider tests -m integration
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile tests/integration tests/spark
+
+# The engineering gates CI runs before the tests.
+lint: $(STAMP)
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+# kraft imports nothing from broker or tools; broker nothing from tools (import-linter).
+layers: $(STAMP)
+	$(VENV)/bin/lint-imports
+
+check: lint typecheck layers
 
 demo: $(STAMP) jvm-archive
 	$(PY) -m tools.demo

@@ -16,7 +16,7 @@ from kraft.records import (
     RemoveTopicRecord,
     TopicRecord,
 )
-from tests.test_partition_log import make_batch
+from tests.unit.test_partition_log import make_batch
 
 ME = 1
 

@@ -696,7 +696,7 @@ def test_quorum_repairs_inet_ntop_even_when_pysyncobj_was_imported_first():
         capture_output=True,
         text=True,
         timeout=60,
-        cwd=Path(__file__).resolve().parent.parent,
+        cwd=Path(__file__).resolve().parents[2],
     )
     assert out.returncode == 0 and out.stdout.strip() == "127.0.0.1", out.stderr
 

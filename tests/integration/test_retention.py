@@ -13,7 +13,7 @@ from kraft.retention import SegmentInfo, retention_cut
 from kraft.rpc.client import call_sync
 from kraft.snapshotter import Snapshotter, snapshot_state
 from tests.harness import LocalCluster, poll
-from tests.test_snapshotter import _build_log
+from tests.unit.test_snapshotter import _build_log
 
 NOW = 1_000_000
 

@@ -17,7 +17,7 @@ pytest.importorskip("pyspark")
 
 from tools.audit import classdata
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # A fresh driver JVM (a session in this test process may already own one, started with other
 # options): build the session, ask the JVM what it mapped, run a job.

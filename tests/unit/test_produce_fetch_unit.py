@@ -35,7 +35,7 @@ from broker.replica.isr_tracker import FollowerState, high_watermark, may_join, 
 from broker.replica.partition import Partition
 from broker.replica.partition_log import InvalidBatchError, PartitionLog
 from broker.replica.replica_fetcher import truncation_offset
-from tests.test_partition_log import make_batch, values_in
+from tests.unit.test_partition_log import make_batch, values_in
 
 # ---- partition log: leader and follower appends -------------------------------------------------
 
