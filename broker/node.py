@@ -15,6 +15,7 @@ from typing import Any
 
 import trio
 
+from broker.coordinator.group.service import GroupCoordinator
 from broker.lifecycle import BrokerLifecycle, BrokerState, FatalBrokerError
 from broker.metadata.metadata_cache import MetadataCache
 from broker.metadata.metadata_loader import MetadataLoader
@@ -92,9 +93,10 @@ class BrokerNode:
             n: KafkaAdmin(cache, admin_client, config.node_id) for n, cache in self.caches.items()
         }
         self.admin = self.admins[name]
+        self.groups = GroupCoordinator(config, self.replica_manager, self.caches, admin_client)
         self.loader = MetadataLoader(
             self.fetch_client,
-            [*self.caches.values(), self.replica_manager, self.fetchers, self],
+            [*self.caches.values(), self.replica_manager, self.groups.runtime, self.fetchers, self],
             self.metadata_dir,
         )
         protocol_map = config["listener.security.protocol.map"]
@@ -182,10 +184,12 @@ class BrokerNode:
                         max_connections=self.config["max.connections"],
                     )
                     listener.serve_data(self.replica_manager)
+                    listener.serve_groups(self.groups.apis[n])
                     bound = await nursery.start(listener.serve)
                     if n == self.listener_name:
                         self.kafka_port = bound
                 nursery.start_soon(self.fetchers.run)
+                nursery.start_soon(self.groups.runtime.run)
                 nursery.start_soon(self.isr_updater.run)
                 nursery.start_soon(self.replica_manager.run_checkpoints)
                 await nursery.start(serve_state, host, self.admin_port, self.state)
