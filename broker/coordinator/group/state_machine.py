@@ -284,8 +284,7 @@ class GroupShard:
             out.answer(m.sync_token, error_sync(E.unknown_member_id))
         if g.state in (STABLE, COMPLETING):
             self._prepare_rebalance(g, now, out)
-        elif g.state == PREPARING:
-            self._maybe_complete_join(g, now, out)
+        self._maybe_complete_join(g, now, out)
 
     def _prepare_rebalance(self, g: Group, now: int, out: Result) -> None:
         if g.state == COMPLETING:
