@@ -123,9 +123,10 @@ class CoordinatorRuntime:
             if name == self.topic and part.is_leader:
                 led[pid] = part
         for pid, slot in list(self.slots.items()):
-            part = led.get(pid)
-            if part is None or part.leader_epoch != slot.leader_epoch:
-                self._unload(slot, "no longer the leader" if part is None else "new leader epoch")
+            now_led = led.get(pid)
+            if now_led is None or now_led.leader_epoch != slot.leader_epoch:
+                why = "no longer the leader" if now_led is None else "new leader epoch"
+                self._unload(slot, why)
         for pid, part in led.items():
             if pid not in self.slots:
                 slot = _Slot(pid, part.leader_epoch, self.new_shard())

@@ -6,6 +6,7 @@ Kafka's errors; ``kraft groups`` shows and resets offsets."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import threading
@@ -17,7 +18,9 @@ import pytest
 from kio.schema.errors import ErrorCode as E
 
 from broker.coordinator.record_batch import encode_batch
-from tests.harness import LocalCluster, kraft, kraft_json, poll
+from tests.harness import LocalCluster, kraft, poll
+from tools.cli import main as cli_main
+from tools.commands.groups import Brokers, describe_group
 from tools.kafka_wire import KafkaWire
 
 pytestmark = pytest.mark.integration
@@ -183,7 +186,20 @@ def split(consumers: list[ConsumerThread], partitions: int) -> bool:
 
 
 def describe(cluster: LocalCluster, group: str) -> dict:
-    return kraft_json("groups", "describe", group, "--cluster", str(cluster.dir))
+    """What ``kraft groups describe --json`` prints (its function, called in-process)."""
+    brokers = Brokers([(b["host"], b["port"]) for b in cluster.meta["brokers"]], 10)
+    try:
+        return describe_group(brokers, group)
+    finally:
+        brokers.close()
+
+
+def cli(capsys: Any, *args: str) -> tuple[int, str, str]:
+    """Run ``kraft ARGS`` in-process (the real command line, without a new interpreter)."""
+    capsys.readouterr()
+    rc = cli_main(list(args))
+    out, err = capsys.readouterr()
+    return rc, out, err
 
 
 # ---- tests -------------------------------------------------------------------------------------
@@ -382,37 +398,32 @@ def test_bad_input_gets_kafka_errors(cluster):
     assert d["state"] == "Empty" and d["partitions"][0]["current_offset"] == 1
 
 
-def test_cli_reset_offsets_and_delete(cluster):
+def test_cli_reset_offsets_and_delete(cluster, capsys):
     create_topic(cluster, "reset", 2)
     produce(cluster, "reset", [f"x{i}" for i in range(10)])
+    where = ("--cluster", str(cluster.dir))
+    reset = ("groups", "reset-offsets", "resetters", "--topic", "reset")
     c = ConsumerThread("kp", cluster, "reset", "resetters", commit_each_poll=True)
     try:
         poll(lambda: len(c.values) >= 10 and c.commits, 40, what="consuming and committing")
-        busy = kraft(
-            "groups", "reset-offsets", "resetters", "--topic", "reset", "--to-earliest",
-            "--cluster", str(cluster.dir), check=False,
-        )  # fmt: skip
-        assert busy.returncode == 1 and "NON_EMPTY_GROUP" in busy.stderr
+        rc, _, err = cli(capsys, *reset, "--to-earliest", *where)
+        assert rc == 1 and "NON_EMPTY_GROUP" in err  # members are active
     finally:
         c.stop()
     poll(lambda: sum(p["lag"] for p in describe(cluster, "resetters")["partitions"]) == 0, 20)
-    dry = kraft_json(
-        "groups", "reset-offsets", "resetters", "--topic", "reset", "--to-earliest",
-        "--cluster", str(cluster.dir),
-    )  # fmt: skip
-    assert not dry["executed"] and {o["new_offset"] for o in dry["offsets"]} == {0}
+    rc, out, _ = cli(capsys, *reset, "--to-earliest", *where, "--json")
+    dry = json.loads(out)
+    assert rc == 0 and not dry["executed"] and {o["new_offset"] for o in dry["offsets"]} == {0}
     assert sum(p["lag"] for p in describe(cluster, "resetters")["partitions"]) == 0
-    kraft_json(
-        "groups", "reset-offsets", "resetters", "--topic", "reset", "--to-offset", "2",
-        "--execute", "--cluster", str(cluster.dir),
-    )  # fmt: skip
-    parts = describe(cluster, "resetters")["partitions"]
-    assert {p["current_offset"] for p in parts} == {2}
-    listed = kraft_json("groups", "list", "--cluster", str(cluster.dir))
-    assert "resetters" in {g["group"] for g in listed}
-    kraft("groups", "delete", "resetters", "--cluster", str(cluster.dir))
-    gone = kraft("groups", "describe", "resetters", "--cluster", str(cluster.dir), check=False)
-    assert gone.returncode == 1 and "GROUP_ID_NOT_FOUND" in gone.stderr
+    assert cli(capsys, *reset, "--to-offset", "2", "--execute", *where)[0] == 0
+    rc, out, _ = cli(capsys, "groups", "describe", "resetters", *where)
+    assert rc == 0 and "LOG-END-OFFSET" in out and "Empty" in out
+    assert {p["current_offset"] for p in describe(cluster, "resetters")["partitions"]} == {2}
+    rc, out, _ = cli(capsys, "groups", "list", *where, "--json")
+    assert "resetters" in {g["group"] for g in json.loads(out)}
+    assert cli(capsys, "groups", "delete", "resetters", *where)[0] == 0
+    rc, _, err = cli(capsys, "groups", "describe", "resetters", *where)
+    assert rc == 1 and "GROUP_ID_NOT_FOUND" in err
 
 
 @pytest.mark.skipif(shutil.which("kcat") is None, reason="kcat is not installed")

@@ -145,7 +145,9 @@ def parse_assignment(data: bytes) -> dict[str, list[int]]:
     return out
 
 
-def list_offsets(brokers: Brokers, partitions: list[tuple[str, int]], ts: int) -> dict:
+def list_offsets(
+    brokers: Brokers, partitions: list[tuple[str, int]], ts: int
+) -> dict[tuple[str, int], int]:
     """(topic, partition) -> offset for timestamp ``ts`` (-1 latest, -2 earliest), by leader."""
     brokers.metadata(sorted({t for t, _ in partitions}))
     by_leader: dict[int, list[tuple[str, int]]] = {}
@@ -253,7 +255,7 @@ def describe_group(brokers: Brokers, group: str) -> dict[str, Any]:
 def _run(args: argparse.Namespace, fn: Any) -> int:
     brokers = Brokers(_bootstrap(args), args.timeout)
     try:
-        return fn(brokers)
+        return int(fn(brokers))
     except GroupCommandError as e:
         _report(e.code, str(e), args.json)
         return output.EXIT_ERROR
@@ -472,7 +474,7 @@ def _options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--json", action="store_true", help="print JSON")
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "groups",
         help="list, describe, delete consumer groups; reset their offsets",

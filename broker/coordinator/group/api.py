@@ -111,7 +111,9 @@ class GroupApis:
             raise CoordinatorError(E.coordinator_not_available)
         return partition_for(group_id, len(image.topics_by_id[tid].partitions))
 
-    async def _write(self, group_id: str, fn: Callable, timeout_s: float = 30.0) -> Any:
+    async def _write(
+        self, group_id: str, fn: Callable[[Any, Any, int], Any], timeout_s: float = 30.0
+    ) -> Any:
         return await self.runtime.write(self._partition(group_id), fn, timeout_s)
 
     def _shard(self, group_id: str) -> Any:

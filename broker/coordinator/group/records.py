@@ -129,7 +129,7 @@ class _In:
         except struct.error:
             raise RecordFormatError("truncated record") from None
         self.pos += struct.calcsize(fmt)
-        return v
+        return int(v)
 
     def nstr(self) -> str | None:
         n = self.take(">h")

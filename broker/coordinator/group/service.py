@@ -48,7 +48,8 @@ class GroupCoordinator:
         )
 
         async def call(api: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
-            return await client.call(api, body, timeout=timeout)
+            resp: dict[str, Any] = await client.call(api, body, timeout=timeout)
+            return resp
 
         self.apis = {
             name: GroupApis(

@@ -474,11 +474,12 @@ class GroupShard:
     def _join_known(self, g: Group, req: JoinRequest, token: Any, now: int, out: Result) -> Result:
         if req.member_id in g.pending:
             del g.pending[req.member_id]
-            m = self._new_member(g, req, req.member_id)
-            return self._joined(g, m, token, now, out)
-        m, err = self._member(g, req.member_id, req.group_instance_id)
-        if m is None:
+            added = self._new_member(g, req, req.member_id)
+            return self._joined(g, added, token, now, out)
+        found, err = self._member(g, req.member_id, req.group_instance_id)
+        if found is None:
             return out.answer(token, error_join(err, req.member_id))
+        m = found
         changed = m.protocols != req.protocols
         m.protocols = req.protocols
         m.session_timeout_ms, m.rebalance_timeout_ms = (
