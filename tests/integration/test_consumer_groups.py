@@ -20,7 +20,7 @@ from kio.schema.errors import ErrorCode as E
 from broker.coordinator.record_batch import encode_batch
 from tests.harness import LocalCluster, kraft, poll
 from tools.cli import main as cli_main
-from tools.commands.groups import Brokers, describe_group
+from tools.group_admin import Brokers, describe_group
 from tools.kafka_wire import KafkaWire
 
 pytestmark = pytest.mark.integration
