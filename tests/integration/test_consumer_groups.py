@@ -13,6 +13,7 @@ import threading
 import time
 from datetime import timedelta
 from typing import Any
+from urllib.request import urlopen
 
 import pytest
 from kio.schema.errors import ErrorCode as E
@@ -32,7 +33,7 @@ confluent = pytest.importorskip("confluent_kafka")
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     c = LocalCluster(tmp_path_factory.mktemp("groups") / "cluster")
-    c.up(3, 3, "--fsync", "never")
+    c.up(3, 3, "--fsync", "never", "--metrics")
     try:
         yield c
     finally:
@@ -396,6 +397,12 @@ def test_bad_input_gets_kafka_errors(cluster):
     assert all(len(p.replica_nodes) == 3 for p in offsets_topic.partitions)
     d = describe(cluster, group)
     assert d["state"] == "Empty" and d["partitions"][0]["current_offset"] == 1
+    metrics_port = next(b for b in cluster.meta["brokers"] if b["id"] == node)["metrics_port"]
+    with urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    empty = 'kafka_server_group_coordinator_metrics_classic_group_count{state="Empty"} '
+    assert float(next(ln for ln in text.splitlines() if ln.startswith(empty)).split()[-1]) >= 1
+    assert 'kafka_server_group_coordinator_metrics_num_partitions{state="active"}' in text
 
 
 def test_cli_reset_offsets_and_delete(cluster, capsys):

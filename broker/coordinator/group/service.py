@@ -3,6 +3,7 @@ API handler of each listener, configured from the broker's settings."""
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from broker.coordinator.find_coordinator import FindCoordinator
@@ -63,4 +64,16 @@ class GroupCoordinator:
                 ),
             )
             for name, cache in caches.items()
+        }
+
+    def metrics(self) -> dict[str, Any]:
+        """Groups by state (classic), and coordinator partitions by state, for the metrics."""
+        groups: Counter[str] = Counter()
+        for shard in self.runtime.loaded_shards():
+            for g in shard.groups.values():
+                groups[g.state] += 1
+        loading = sum(1 for s in self.runtime.slots.values() if s.loading)
+        return {
+            "groups_by_state": dict(groups),
+            "partitions": {"loading": loading, "active": len(self.runtime.slots) - loading},
         }
