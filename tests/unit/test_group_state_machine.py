@@ -243,3 +243,15 @@ def test_offsets_of_empty_groups_expire():
     assert not s.expire_offsets(500).records
     res = s.expire_offsets(2000)
     assert (OffsetKey(G, "t", 0), None) in res.records and G not in s.groups
+
+
+def test_offsets_expire_only_after_the_group_has_been_empty_that_long():
+    s = GroupShard(GroupConfig(offsets_retention_ms=1000, initial_rebalance_delay_ms=0))
+    first = answers(s.join(join_req(), "j", 0))["j"]["member_id"]
+    s.join(join_req(first), "j", 0)
+    sync(s, first, 1, "s", [(first, b"")])
+    s.commit(G, 1, first, None, [CommitPartition("t", 0, 1, -1, "")], 0)
+    s.leave(G, [(first, None)], 5000)  # Empty from 5000 on
+    assert not s.expire_offsets(5500).records  # the commit is old, the emptiness is not
+    res = s.expire_offsets(6001)
+    assert (OffsetKey(G, "t", 0), None) in res.records and G not in s.groups

@@ -764,15 +764,16 @@ class GroupShard:
         return out, E.none, results
 
     def expire_offsets(self, now: int) -> Result:
-        """Tombstones for offsets of Empty groups older than ``offsets.retention.minutes``,
-        and for Empty groups left with no offsets (Kafka's offset expiry)."""
+        """Tombstones for offsets of groups Empty (and offsets committed) longer than
+        ``offsets.retention.minutes``, then for the groups left with no offsets (KIP-211)."""
         out = Result()
         horizon = now - self.config.offsets_retention_ms
         for g in list(self.groups.values()):
             if g.state != EMPTY:
                 continue
             for (t, p), v in sorted(g.offsets.items()):
-                if v.commit_timestamp < horizon:
+                # KIP-211: a group's offsets expire once it has been Empty that long
+                if max(v.commit_timestamp, g.state_timestamp) < horizon:
                     self._emit(out, (OffsetKey(g.group_id, t, p), None))
             if not g.offsets and g.state_timestamp < horizon and not g.pending:
                 self._emit(out, (GroupKey(g.group_id), None))
