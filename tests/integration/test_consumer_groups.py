@@ -18,6 +18,7 @@ from urllib.request import urlopen
 import pytest
 from kio.schema.errors import ErrorCode as E
 
+from broker.coordinator.placement import partition_for
 from broker.coordinator.record_batch import encode_batch
 from tests.harness import LocalCluster, kraft, poll
 from tools.cli import main as cli_main
@@ -285,6 +286,7 @@ def test_static_member_restart_without_rebalance(cluster):
 def test_bad_input_gets_kafka_errors(cluster):
     create_topic(cluster, "raw", 1)
     group = "raw-group"
+    home = partition_for(group, 10)  # kraft cluster up: offsets.topic.num.partitions=10
     node = coordinator_of(cluster, group)
     other = next(b["id"] for b in cluster.meta["brokers"] if b["id"] != node)
     join = {
@@ -379,6 +381,25 @@ def test_bad_input_gets_kafka_errors(cluster):
             },
         )
         assert produced.responses[0].partition_responses[0].error_code == E.invalid_topic_exception
+        # a group never seen, on the same coordinator partition (a v8 request names groups of
+        # one coordinator)
+        unseen = next(
+            f"unseen-{i}" for i in range(1000) if partition_for(f"unseen-{i}", 10) == home
+        )
+        fetched = w.call(
+            9,
+            8,
+            {
+                "groups": [
+                    {"group_id": g, "topics": [{"name": "raw", "partition_indexes": [0]}]}
+                    for g in (group, unseen)
+                ],
+                "require_stable": False,
+            },
+        )
+        assert [
+            (g.group_id, g.topics[0].partitions[0].committed_offset) for g in fetched.groups
+        ] == [(group, 1), (unseen, -1)]
         leave = {"group_id": group, "members": [{"member_id": me, "group_instance_id": None}]}
         assert w.call(13, 4, leave).members[0].error_code == E.none
     with KafkaWire(*broker_addr(cluster, other)) as w:
