@@ -150,10 +150,6 @@ class PartitionRegistration(NamedTuple):
         return PartitionRecord(partition_id, topic_id, *self)
 
     @property
-    def has_leader(self) -> bool:
-        return self.leader != LEADER_NONE
-
-    @property
     def preferred_leader(self) -> int:
         """replicas[0], or LEADER_NONE for a partition without replicas."""
         return self.replicas[0] if self.replicas else LEADER_NONE
