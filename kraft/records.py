@@ -599,12 +599,12 @@ class Batch:
 Batch.__init__ = slot_init(Batch)  # type: ignore[method-assign]  # faster __init__
 
 
-def batch_hash(encoded: bytes) -> bytes:
+def batch_hash(encoded: bytes | memoryview) -> bytes:
     """The hash that the next batch carries as ``prev_hash``: SHA-256 of the encoded batch."""
     return hashlib.sha256(encoded).digest()
 
 
-def decode_batch(encoded: bytes, check_records: bool = True) -> Batch:
+def decode_batch(encoded: bytes | memoryview, check_records: bool = True) -> Batch:
     """Strictly decode a batch from its canonical bytes. ``check_records=False`` (start-up
     recovery, which needs only the batch fields and the record count) leaves the records as
     undecoded maps: half the cost; whoever reads the batch later decodes it strictly."""
@@ -617,7 +617,7 @@ def decode_batch(encoded: bytes, check_records: bool = True) -> Batch:
     return batch
 
 
-def decode_batch_envelope(encoded: bytes) -> Batch:
+def decode_batch_envelope(encoded: bytes | memoryview) -> Batch:
     """Decode a batch's own fields only, for start-up recovery (chain, offsets, terms): the
     records are walked by msgpack without being built (``records`` holds one ``None`` per
     record), about 13x cheaper than ``decode_batch(check_records=False)`` for a 100-record

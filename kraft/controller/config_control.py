@@ -84,6 +84,8 @@ def _new_value(
 ) -> tuple[str, str | None]:
     """(key, new value or None to delete) for one op; raises INVALID_CONFIG / INVALID_REQUEST."""
     key, kind, value = op.get("name"), op.get("op"), op.get("value")
+    if not isinstance(key, str):
+        raise KraftError(ErrorCode.INVALID_REQUEST, f"A config op needs a name, got {key!r}.")
     d = lookup(type_id, key)
     if kind not in OPS:
         raise KraftError(

@@ -268,7 +268,7 @@ def _active_brokers_except(image: MetadataImage, broker_id: int) -> frozenset[in
     )
 
 
-class Changes(list):
+class Changes(list[PartitionChangeRecord]):
     """Partition changes in deterministic order; ``remaining`` counts the affected partitions
     not examined because ``limit`` records were reached (a stepped transition continues there)."""
 
