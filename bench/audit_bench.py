@@ -578,7 +578,7 @@ def datasource_rate(directory: Path) -> dict:
         return round(total, 1)
 
     def read() -> dict:
-        # read + decode + a count per record type, as spark-notes.md measured its prototype.
+        # read + decode + a count per record type (the shape of the first audit prototype).
         # The Python data source has no column pruning: every column of every row becomes a
         # Spark row whatever the query reads; the byte sum proves record_json arrived. (A
         # per-character length() here was a third of the JVM's CPU: a string function, not

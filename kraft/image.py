@@ -11,7 +11,7 @@ on a record that does not fit), and :meth:`MetadataDelta.apply` builds the next 
 1,000,000-partition topic copies one chunk plus the chunk index.
 
 Every mapping held by an image is read-only by convention (plain dicts for speed): never mutate
-one. Replay rules follow Kafka's (kraft-reference §3, §5, §8).
+one. Replay rules follow Kafka's (docs/kraft-notes.md: Records, Epochs and ids, Broker metadata path).
 """
 
 from __future__ import annotations
@@ -317,7 +317,7 @@ class TopicImage:
 
 @dataclass(frozen=True, slots=True)
 class LocalChanges:
-    """What a delta means for one broker's replicas (kraft-reference §8.4).
+    """What a delta means for one broker's replicas (docs/kraft-notes.md, Broker metadata path).
 
     ``deletes``: (topic name, topic id, partition) no longer hosted (topic deleted or the broker
     left the replica set). ``leaders`` / ``followers``: (topic name, partition) -> (topic id,
@@ -928,7 +928,7 @@ class MetadataDelta:
         return set(self._feature_changes)
 
     def local_changes(self, broker_id: int) -> LocalChanges:
-        """What this delta means for ``broker_id``'s replicas (kraft-reference §8.4)."""
+        """What this delta means for ``broker_id``'s replicas (docs/kraft-notes.md, Broker metadata path)."""
         deletes: list[tuple[str, str, int]] = []
         leaders: dict[tuple[str, int], tuple[str, PartitionRegistration]] = {}
         followers: dict[tuple[str, int], tuple[str, PartitionRegistration]] = {}

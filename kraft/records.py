@@ -312,7 +312,7 @@ def decode_record(data: bytes) -> Record:
 
 
 # ---------------------------------------------------------------------------------------------
-# The records. Names and meanings follow Kafka's metadata schemas; see kraft-reference.md §3.
+# The records. Names and meanings follow Kafka's metadata schemas; see docs/kraft-notes.md, Records.
 # ---------------------------------------------------------------------------------------------
 
 FENCE_UNCHANGED, FENCE, UNFENCE = 0, 1, -1

@@ -7,7 +7,7 @@ leadership changes exceed one batch, each command moves one batch worth and answ
 with ``"continue": true`` in the body, since the broker is already unfenced by then).
 
 Pure handlers ``(image, command, settings) -> ControllerResult``. A broker's epoch is the offset
-of its latest RegisterBrokerRecord (kraft-reference §5); requests that quote an epoch must quote
+of its latest RegisterBrokerRecord (docs/kraft-notes.md, Epochs and ids); requests that quote an epoch must quote
 the current one (STALE_BROKER_EPOCH).
 """
 
@@ -91,7 +91,7 @@ def _unsupported_features(image: MetadataImage, features: tuple[dict[str, Any], 
 def register_broker(
     image: MetadataImage, cmd: Command, settings: ControllerSettings
 ) -> ControllerResult:
-    """BrokerRegistration (§6.1): RegisterBrokerRecord, fenced. A new incarnation's epoch is the
+    """BrokerRegistration (docs/kraft-notes.md, Broker registration): RegisterBrokerRecord, fenced. A new incarnation's epoch is the
     record's offset; the same incarnation amends its registration and keeps epoch and state."""
     body = cmd.body
     broker_id = body["broker_id"]

@@ -161,7 +161,7 @@ def _resource_id(resource: Any) -> tuple[Any, Any]:
 def incremental_alter_configs(
     image: MetadataImage, cmd: Command, settings: ControllerSettings
 ) -> ControllerResult:
-    """IncrementalAlterConfigs (§6.7): per-resource results; one batch of ConfigRecords."""
+    """IncrementalAlterConfigs (docs/kraft-notes.md, Alter configs): per-resource results; one batch of ConfigRecords."""
     resources = list(cmd.body["resources"])
     ids = [_resource_id(r) for r in resources]
     records: list[ConfigRecord] = []

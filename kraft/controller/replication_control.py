@@ -390,7 +390,7 @@ def _failed_topic(name: Any, error: KraftError) -> dict[str, Any]:
 def create_topics(
     image: MetadataImage, cmd: Command, settings: ControllerSettings
 ) -> ControllerResult:
-    """CreateTopics (kraft-reference §6.4): one atomic batch of TopicRecord, ConfigRecords and
+    """CreateTopics (docs/kraft-notes.md, Create topics): one atomic batch of TopicRecord, ConfigRecords and
     PartitionRecords per created topic; every topic gets its own result."""
     items = list(cmd.body["topics"])
     names = [item.get("name") if isinstance(item, dict) else None for item in items]
@@ -488,7 +488,7 @@ def _create_partitions_for(
 def create_partitions(
     image: MetadataImage, cmd: Command, settings: ControllerSettings
 ) -> ControllerResult:
-    """CreatePartitions (§6.5): grow topics; one PartitionRecord per new partition, atomically."""
+    """CreatePartitions (docs/kraft-notes.md): grow topics; one PartitionRecord per new partition, atomically."""
     items = list(cmd.body["topics"])
     names = [item.get("name") if isinstance(item, dict) else None for item in items]
     duplicates = _duplicates(names)
@@ -538,7 +538,7 @@ def create_partitions(
 def delete_topics(
     image: MetadataImage, cmd: Command, settings: ControllerSettings
 ) -> ControllerResult:
-    """DeleteTopics (§6.6) by name: one RemoveTopicRecord per topic, atomically."""
+    """DeleteTopics (docs/kraft-notes.md) by name: one RemoveTopicRecord per topic, atomically."""
     names = list(cmd.body["names"])
     duplicates = _duplicates(names)
     records: list[Record] = []
@@ -734,7 +734,7 @@ def _check_alter(
     pid: int,
     req: Mapping[str, Any],
 ) -> tuple[tuple[int, ...], int]:
-    """Kafka's AlterPartition checks, in order (§6.8). Returns (new ISR, new recovery state)."""
+    """Kafka's AlterPartition checks, in order (docs/kraft-notes.md, AlterPartition). Returns (new ISR, new recovery state)."""
     leader_epoch, partition_epoch, isr = (
         req.get("leader_epoch"),
         req.get("partition_epoch"),

@@ -1,4 +1,4 @@
-"""Striped, rack-aware replica placement (kraft-reference §7)."""
+"""Striped, rack-aware replica placement (docs/kraft-notes.md, Replica placement)."""
 
 from __future__ import annotations
 
