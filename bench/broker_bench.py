@@ -318,7 +318,8 @@ _REPLAY_CHILD = r"""
 import json, resource, sys, time
 from pathlib import Path
 from broker.metadata.checkpoint import image_from_snapshot
-from broker.metadata.metadata_loader import full_delta, replay_encoded
+from broker.metadata.metadata_loader import replay_encoded
+from kraft.image import MetadataDelta
 from kraft.log.metadata_log import MetadataLog
 from kraft.records import decode_batch
 snap, log_dir = Path(sys.argv[1]), Path(sys.argv[2])
@@ -335,7 +336,7 @@ image = image_from_snapshot(snap)
 t1, c1 = time.perf_counter(), time.process_time()
 # What the broker's MetadataLoader does after loading a snapshot: replay the responses into the
 # full delta until caught up, then one publish.
-delta = full_delta(image)
+delta = MetadataDelta.full(image)
 for batches in responses:
     replay_encoded(delta, batches)
 n = delta.offset - image.offset
