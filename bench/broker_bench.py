@@ -30,6 +30,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 ENV = dict(os.environ, PYTHONPATH=str(REPO))
@@ -49,7 +50,7 @@ def pct(values: list[float], p: float) -> float | None:
 # ---- 1. propagation --------------------------------------------------------------------------
 
 
-def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "tools.cli", *args],
         cwd=REPO,
@@ -64,7 +65,7 @@ def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 class _Observer(threading.Thread):
     """Polls brokers' applied offsets; remembers when each broker first reached each offset."""
 
-    def __init__(self, brokers: list[dict]) -> None:
+    def __init__(self, brokers: list[dict[str, Any]]) -> None:
         super().__init__(daemon=True)
         self.brokers = brokers
         self.samples: dict[int, list[tuple[int, float]]] = {b["id"]: [] for b in brokers}
@@ -96,7 +97,7 @@ class _Observer(threading.Thread):
         return None
 
 
-def propagation(seconds: float, rate: int, batch: int) -> dict:
+def propagation(seconds: float, rate: int, batch: int) -> dict[str, Any]:
     from kraft.log.metadata_log import MetadataLog
     from kraft.rpc.client import call_sync
 
@@ -348,7 +349,7 @@ print(json.dumps({"snapshot_s": t1 - t0, "log_s": t2 - t1, "snapshot_cpu_s": c1 
 """
 
 
-def replay(topics: int, partitions: int, brokers: int, log_batches: int) -> dict:
+def replay(topics: int, partitions: int, brokers: int, log_batches: int) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="kraft-bench-replay-"))
     try:
         log(
@@ -399,7 +400,7 @@ def replay(topics: int, partitions: int, brokers: int, log_batches: int) -> dict
         shutil.rmtree(work, ignore_errors=True)
 
 
-def targets(rows: list[dict]) -> list[dict]:
+def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     prop = next((r for r in rows if r["metric"] == "propagation"), None)
     if prop and prop["p99_ms"] is not None:
@@ -443,12 +444,12 @@ def run(
     partitions: int = 100,
     brokers: int = 30,
     log_batches: int = 1000,
-) -> tuple[list[dict], list[dict]]:
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     rows = [propagation(seconds, rate, batch), replay(topics, partitions, brokers, log_batches)]
     return rows, targets(rows)
 
 
-def table(rows: list[dict], tg: list[dict]) -> str:
+def table(rows: list[dict[str, Any]], tg: list[dict[str, Any]]) -> str:
     lines = ["| metric | figures |", "| --- | --- |"]
     for r in rows:
         lines.append(

@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -67,12 +68,12 @@ def _errors_in(resp) -> list[int]:
     return out
 
 
-def cli(*argv: str, timeout: float) -> subprocess.CompletedProcess:
+def cli(*argv: str, timeout: float) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "tools.cli", *argv]
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
 
 
-def set_body(topic: str, value: int) -> dict:
+def set_body(topic: str, value: int) -> dict[str, Any]:
     return {
         "resources": [
             {
@@ -98,8 +99,8 @@ class Bench:
         self.inflight = inflight
         self.failovers = failovers
         self.failover_budget_s = failover_budget_s
-        self.results: list[dict] = []
-        self.meta: dict = {}
+        self.results: list[dict[str, Any]] = []
+        self.meta: dict[str, Any] = {}
         self.bootstrap: list[tuple[str, int]] = []
         self._counter = 0
 
@@ -123,7 +124,7 @@ class Bench:
         unit: str = "ops",
         per_op: int = 1,
         **extra,
-    ) -> dict:
+    ) -> dict[str, Any]:
         lat = sorted(lat)
         r = {
             "system": "pykraft",
@@ -478,7 +479,7 @@ def run(
     failovers: int = 10,
     failover_budget_s: float = 120.0,
     keep: bool = False,
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     directory = Path(tempfile.mkdtemp(prefix="pykraft-bench-"))
     bench = Bench(directory, phase_s, inflight, failovers, failover_budget_s)
     try:
@@ -528,7 +529,7 @@ def run(
     return bench.results
 
 
-def table(results: list[dict]) -> str:
+def table(results: list[dict[str, Any]]) -> str:
     lines = [
         "| metric | mode | clients | ops/s (topics/s) | partitions/s | p50 ms | p99 ms | "
         "count | seconds | errors |",

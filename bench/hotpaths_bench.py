@@ -54,7 +54,7 @@ def build_image(topics: int, partitions: int, brokers: int) -> Any:
     from kraft.image import image_from_records
     from kraft.records import FeatureLevelRecord, PartitionRecord, RegisterBrokerRecord, TopicRecord
 
-    records: list = [FeatureLevelRecord("metadata.version", 1)]
+    records: list[Any] = [FeatureLevelRecord("metadata.version", 1)]
     records += [
         RegisterBrokerRecord(
             b,

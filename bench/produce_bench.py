@@ -24,6 +24,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 MSG_BYTES = 1024
@@ -55,7 +56,7 @@ def pct(sorted_vals: list[float], p: float) -> float | None:
     ]
 
 
-def produce(bs: str, topic: str, acks: str, messages: int) -> dict:
+def produce(bs: str, topic: str, acks: str, messages: int) -> dict[str, Any]:
     from confluent_kafka import Producer
 
     producer = Producer(
@@ -97,7 +98,7 @@ def produce(bs: str, topic: str, acks: str, messages: int) -> dict:
     }
 
 
-def produce_kcat(bs: str, topic: str, acks: str, messages: int, workdir: Path) -> dict:
+def produce_kcat(bs: str, topic: str, acks: str, messages: int, workdir: Path) -> dict[str, Any]:
     """The same load from kcat (C, no Python in the client): the broker's side of the cost."""
     data = workdir / "messages.txt"
     data.write_bytes((b"k" * (MSG_BYTES - 1) + b"\n") * messages)
@@ -135,7 +136,7 @@ def produce_kcat(bs: str, topic: str, acks: str, messages: int, workdir: Path) -
     }
 
 
-def consume(bs: str, topic: str, messages: int) -> dict:
+def consume(bs: str, topic: str, messages: int) -> dict[str, Any]:
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
     consumer = Consumer(
@@ -169,7 +170,7 @@ def consume(bs: str, topic: str, messages: int) -> dict:
     }
 
 
-def latency(bs: str, topic: str, count: int) -> dict:
+def latency(bs: str, topic: str, count: int) -> dict[str, Any]:
     from confluent_kafka import OFFSET_END, Consumer, Producer, TopicPartition
 
     consumer = Consumer(
@@ -215,11 +216,11 @@ def latency(bs: str, topic: str, count: int) -> dict:
     }
 
 
-def run(messages: int) -> list[dict]:
+def run(messages: int) -> list[dict[str, Any]]:
     """Start a cluster in a temporary directory, measure, tear it down."""
     workdir = Path(tempfile.mkdtemp(prefix="produce-bench-"))
     cdir = workdir / "cluster"
-    rows: list[dict] = []
+    rows: list[dict[str, Any]] = []
     try:
         log("starting 3 controllers + 3 brokers")
         kraft(
@@ -298,7 +299,7 @@ def run(messages: int) -> list[dict]:
     return rows
 
 
-def table(rows: list[dict]) -> str:
+def table(rows: list[dict[str, Any]]) -> str:
     out = [
         "| metric | mode | messages | errors | seconds | msgs/s | MB/s | p50 ms | p99 ms |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
@@ -311,7 +312,7 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-def target(rows: list[dict]) -> dict:
+def target(rows: list[dict[str, Any]]) -> dict[str, Any]:
     row = next(
         (r for r in rows if r["metric"] == "produce" and r["mode"] == "acks=all"), None
     )  # confluent-kafka

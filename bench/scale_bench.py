@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import trio
@@ -53,7 +54,7 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] scale bench: {msg}", file=sys.stderr, flush=True)
 
 
-def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "tools.cli", *args],
         cwd=REPO,
@@ -81,8 +82,8 @@ class Scale:
         self.n_brokers = brokers
         self.per_request = per_request
         self.inflight = inflight
-        self.rows: list[dict] = []
-        self.meta: dict = {}
+        self.rows: list[dict[str, Any]] = []
+        self.meta: dict[str, Any] = {}
         self.boot: list[tuple[str, int]] = []
         self.sims: list[SimBroker] = []
         self.sim_scopes: dict[int, trio.CancelScope] = {}
@@ -93,10 +94,10 @@ class Scale:
         self.meta = json.loads((self.dir / "cluster.json").read_text())
         self.boot = [(c["host"], c["rpc_port"]) for c in self.meta["controllers"]]
 
-    def controller(self, cid: int) -> dict:
+    def controller(self, cid: int) -> dict[str, Any]:
         return next(c for c in self.meta["controllers"] if c["id"] == cid)
 
-    async def describe_node(self, cid: int) -> dict | None:
+    async def describe_node(self, cid: int) -> dict[str, Any] | None:
         c = self.controller(cid)
         client = ControllerClient(
             [(c["host"], c["rpc_port"])]
@@ -557,7 +558,7 @@ class Scale:
             proc.wait(30)
 
 
-def real_brokers(topics: int = 100, partitions: int = 100) -> dict:
+def real_brokers(topics: int = 100, partitions: int = 100) -> dict[str, Any]:
     """3 real brokers, each a replica of ``topics`` x ``partitions`` partitions (RF 3): create
     them, then restart every broker and time until all three report RUNNING again."""
     from broker.state import describe
@@ -669,7 +670,7 @@ def stop_cluster(cdir: Path) -> None:
             pass
 
 
-def targets(rows: list[dict]) -> list[dict]:
+def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     def get(metric: str, key: str):
         r = next((r for r in rows if r["metric"] == metric), None)
         return None if r is None else r.get(key)
@@ -722,7 +723,7 @@ def run(
     real_topics: int = 100,
     keep: bool = False,
     catch_up: bool = True,
-) -> tuple[list[dict], list[dict]]:
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """All phases; the cluster is always stopped. Its directory (node logs) is kept when a phase
     failed or ``keep`` is set."""
     work = Path(tempfile.mkdtemp(prefix="kraft-bench-scale-"))
