@@ -40,6 +40,10 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] broker bench: {msg}", file=sys.stderr, flush=True)
 
 
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(1000 * seconds, 2)
+
+
 def pct(values: list[float], p: float) -> float | None:
     if not values:
         return None
@@ -161,10 +165,11 @@ def propagation(seconds: float, rate: int, batch: int) -> dict[str, Any]:
                 if b.provenance.api != "IncrementalAlterConfigs" or b.timestamp_ms / 1000 < started:
                     continue
                 reached = [observer.first_reached(x["id"], b.last_offset) for x in meta["brokers"]]
-                if None in reached:
+                times = [t for t in reached if t is not None]
+                if len(times) < len(reached):
                     missed += 1
                     continue
-                latencies.append(max(reached) - b.timestamp_ms / 1000)
+                latencies.append(max(times) - b.timestamp_ms / 1000)
         poll_ms = 1000 * (ended - started) / max(1, observer.polls / len(meta["brokers"]))
         row = {
             "metric": "propagation",
@@ -172,8 +177,8 @@ def propagation(seconds: float, rate: int, batch: int) -> dict[str, Any]:
             "batches": len(latencies),
             "missed": missed,
             "errors": errors,
-            "p50_ms": round(1000 * pct(latencies, 50), 2) if latencies else None,
-            "p99_ms": round(1000 * pct(latencies, 99), 2) if latencies else None,
+            "p50_ms": _ms(pct(latencies, 50)),
+            "p99_ms": _ms(pct(latencies, 99)),
             "max_ms": round(1000 * max(latencies), 2) if latencies else None,
             "poll_period_ms": round(poll_ms, 2),
         }
@@ -223,13 +228,14 @@ def build_scale_snapshot(
         PartitionChangeRecord,
         PartitionRecord,
         Provenance,
+        Record,
         RegisterBrokerRecord,
         TopicRecord,
         batch_hash,
     )
     from kraft.snapshotter import image_to_snapshot
 
-    records = [FeatureLevelRecord("metadata.version", 1)]
+    records: list[Record] = [FeatureLevelRecord("metadata.version", 1)]
     records += [
         RegisterBrokerRecord(
             b,

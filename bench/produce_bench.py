@@ -48,6 +48,10 @@ def kraft(*args: str, timeout: float = 120) -> str:
     return proc.stdout
 
 
+def _round2(v: float | None) -> float | None:
+    return None if v is None else round(v, 2)
+
+
 def pct(sorted_vals: list[float], p: float) -> float | None:
     if not sorted_vals:
         return None
@@ -72,7 +76,7 @@ def produce(bs: str, topic: str, acks: str, messages: int) -> dict[str, Any]:
     payload = b"x" * MSG_BYTES
     done = {"ok": 0, "err": 0}
 
-    def on_delivery(err, msg):
+    def on_delivery(err: Any, msg: Any) -> None:
         done["err" if err else "ok"] += 1
 
     start = time.perf_counter()
@@ -154,9 +158,10 @@ def consume(bs: str, topic: str, messages: int) -> dict[str, Any]:
     deadline = start + 180
     while got < messages and time.perf_counter() < deadline:
         for m in consumer.consume(10000, timeout=0.5):
-            if m.error() is None:
+            value = m.value()
+            if m.error() is None and value is not None:
                 got += 1
-                size += len(m.value())
+                size += len(value)
     secs = time.perf_counter() - start
     consumer.close()
     return {
@@ -185,11 +190,12 @@ def latency(bs: str, topic: str, count: int) -> dict[str, Any]:
     lat: list[float] = []
     stop = threading.Event()
 
-    def reader():
+    def reader() -> None:
         while not stop.is_set() and len(lat) < count:
             m = consumer.poll(0.1)
-            if m is not None and m.error() is None:
-                lat.append((time.perf_counter() - float(m.value().decode())) * 1000)
+            value = m.value() if m is not None and m.error() is None else None
+            if value is not None:
+                lat.append((time.perf_counter() - float(value.decode())) * 1000)
 
     t = threading.Thread(target=reader)
     t.start()
@@ -211,8 +217,8 @@ def latency(bs: str, topic: str, count: int) -> dict[str, Any]:
         "mode": "acks=all",
         "messages": len(lat),
         "errors": count - len(lat),
-        "p50_ms": round(pct(lat, 50), 2) if lat else None,
-        "p99_ms": round(pct(lat, 99), 2) if lat else None,
+        "p50_ms": _round2(pct(lat, 50)),
+        "p99_ms": _round2(pct(lat, 99)),
     }
 
 

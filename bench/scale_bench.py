@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -139,7 +140,7 @@ class Scale:
                     return time.perf_counter() - start
                 await trio.sleep(0.05)
 
-    def row(self, metric: str, **figures) -> None:
+    def row(self, metric: str, **figures: Any) -> None:
         r = {"metric": metric, **figures}
         self.rows.append(r)
         log(f"  -> {r}")
@@ -161,7 +162,7 @@ class Scale:
                 pass
         return out
 
-    async def phase(self, metric: str, fn, *args) -> None:
+    async def phase(self, metric: str, fn: Callable[..., Awaitable[None]], *args: Any) -> None:
         """Run one phase; a failure is recorded as that metric's error and the run goes on. The
         rows it adds get ``cpu_s``: CPU seconds each controller and this process spent in it
         (the machine is shared: wall times are noisy, CPU seconds much less so)."""
@@ -230,7 +231,9 @@ class Scale:
         view = await self.describe_node(leader) if leader else None
         return (view or {}).get("applied_offset", -1), secs, errors
 
-    async def run_sim(self, b: SimBroker, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run_sim(
+        self, b: SimBroker, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         with trio.CancelScope() as scope:
             self.sim_scopes[b.broker_id] = scope
             task_status.started()
@@ -325,7 +328,7 @@ class Scale:
         )
 
     async def phase_failover(self, client: ControllerClient) -> None:
-        leader = await self.leader(client)
+        leader = await self.known_leader(client)
         log(f"failover: kill -9 active controller {leader}")
         os.kill(self.controller(leader)["pid"], signal.SIGKILL)
         t0 = time.perf_counter()
@@ -378,12 +381,8 @@ class Scale:
         """``broker.session.timeout.ms`` of the controllers (their properties, else the default)."""
         from kraft.config import ControllerConfig
 
-        return (
-            ControllerConfig.load(self.meta["controllers"][0]["config"])[
-                "broker.session.timeout.ms"
-            ]
-            / 1000
-        )
+        config = ControllerConfig.load(self.meta["controllers"][0]["config"])
+        return float(config["broker.session.timeout.ms"]) / 1000
 
     async def phase_broker_kill(self, client: ControllerClient) -> None:
         """A simulated broker stops heartbeating: from its session expiry (its last answered
@@ -422,7 +421,9 @@ class Scale:
             steps=batches,
             terms=terms,
             reelect_s=round(fenced_at - expiry, 2),
-            log_span_s=round((last - first) / 1000, 2) if first is not None else None,
+            log_span_s=(
+                round((last - first) / 1000, 2) if first is not None and last is not None else None
+            ),
         )
 
     async def scan_log(
@@ -482,7 +483,8 @@ class Scale:
             client, before, "controlled-shutdown"
         )
         where = {}
-        if first is not None and last_change is not None:  # command timestamps, leader's clock
+        if first is not None and last is not None and last_change is not None:
+            # command timestamps, on the leader's clock
             where = {
                 "to_first_step_s": round(first / 1000 - wall0, 2),
                 "steps_s": round((last_change - first) / 1000, 2),
@@ -671,7 +673,7 @@ def stop_cluster(cdir: Path) -> None:
 
 
 def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    def get(metric: str, key: str):
+    def get(metric: str, key: str) -> Any:
         r = next((r for r in rows if r["metric"] == metric), None)
         return None if r is None else r.get(key)
 
