@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from kraft.errors import KraftError
 from tools import completion, output
+from tools.cluster import ClusterError
 from tools.commands import (
     audit_cmd,
     cluster_cmd,
@@ -91,7 +92,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
     return int(broker_main(args.config) or 0)
 
 
-def _add_node_commands(sub: argparse._SubParsersAction) -> None:
+def _add_node_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     c = sub.add_parser(
         "controller",
         help="run a controller node",
@@ -156,14 +157,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return e.code if isinstance(e.code, int) else (0 if e.code is None else output.EXIT_USAGE)
     as_json = bool(getattr(args, "json", False))
     try:
-        return args.handler(args)
+        code: int = args.handler(args)
+        return code
     except UsageError as e:
         print(f"Error: {e}\n(see '{_command_name(argv)} --help')", file=sys.stderr)
         return output.EXIT_USAGE
     except KraftError as e:
         output.report_error(e.code, e.message, as_json)
         return output.EXIT_ERROR
-    except cluster_cmd.ClusterError as e:
+    except ClusterError as e:
         print(f"Error: {e}", file=sys.stderr)
         return output.EXIT_ERROR
     except KeyboardInterrupt:

@@ -229,7 +229,7 @@ def cmd_add_partitions(args: argparse.Namespace) -> int:
 # ---- parser ---------------------------------------------------------------------------------
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``kraft topics ...`` to the top-level parser."""
     p = sub.add_parser(
         "topics",
