@@ -36,6 +36,7 @@ from broker.coordinator.find_coordinator import (
     FIND_COORDINATOR_VERSIONS,
     find_coordinator,
 )
+from broker.coordinator.producer_id_manager import ProducerIdManager
 from broker.metadata.metadata_cache import MetadataCache
 from broker.protocol.data_codec import (
     API_LIST_OFFSETS,
@@ -46,6 +47,11 @@ from broker.protocol.data_codec import (
     PRODUCE_VERSIONS,
 )
 from broker.protocol.fetch import FetchHandler
+from broker.protocol.init_producer_id import (
+    API_INIT_PRODUCER_ID,
+    INIT_PRODUCER_ID_VERSIONS,
+    InitProducerIdHandler,
+)
 from broker.protocol.kafka_codec import (
     API_API_VERSIONS,
     API_FETCH,
@@ -64,7 +70,7 @@ from broker.protocol.kafka_codec import (
     response_class,
 )
 from broker.protocol.kafka_security import SASL_APIS, ListenerSecurity, SaslClose, SaslSession
-from broker.protocol.produce import ProduceHandler
+from broker.protocol.produce import MESSAGE_MAX_BYTES, ProduceHandler
 from broker.replica.replica_manager import ReplicaManager
 
 log = logging.getLogger(__name__)
@@ -135,9 +141,21 @@ class KafkaListener:
                 self._ranges[key] = span
                 self._handlers[key] = _deferring(admin.handle)
 
-    def serve_data(self, replicas: ReplicaManager) -> None:
-        """Also serve Produce, Fetch, ListOffsets and OffsetForLeaderEpoch from ``replicas``."""
-        produce, fetch = ProduceHandler(replicas), FetchHandler(replicas)
+    def serve_data(
+        self,
+        replicas: ReplicaManager,
+        *,
+        message_max_bytes: int = MESSAGE_MAX_BYTES,
+        producer_ids: ProducerIdManager | None = None,
+    ) -> None:
+        """Also serve Produce, Fetch, ListOffsets and OffsetForLeaderEpoch from ``replicas``,
+        and InitProducerId given ``producer_ids``."""
+        produce, fetch = ProduceHandler(replicas, message_max_bytes), FetchHandler(replicas)
+        if producer_ids is not None:
+            self._ranges[API_INIT_PRODUCER_ID] = INIT_PRODUCER_ID_VERSIONS
+            self._handlers[API_INIT_PRODUCER_ID] = InitProducerIdHandler(
+                producer_ids
+            ).init_producer_id
         for key, span, handler in (
             (API_PRODUCE, PRODUCE_VERSIONS, produce.produce),
             (API_FETCH, FETCH_VERSIONS, fetch.fetch),
