@@ -30,6 +30,7 @@ from typing import Any
 import crc32c
 
 from broker.replica.producer_state import (
+    MAX_BATCHES,
     ProducerStateManager,
     SnapshotError,
     decode_snapshot,
@@ -632,14 +633,26 @@ class PartitionLog:
                 )
                 path.unlink(missing_ok=True)
         self.producers = state
+        # Newest first, keeping per producer only what the state can still hold: batches of its
+        # newest epoch, at most MAX_BATCHES; then replay those oldest first.
+        picked: list[BatchInfo] = []
+        kept: dict[int, tuple[int, int]] = {}  # producer id -> (newest epoch, batches kept)
         replayed = 0
-        for seg in self._segments:
+        for seg in reversed(self._segments):
             if seg.next_offset <= start:
-                continue
-            for b in seg.batches[seg.find(start) :]:
-                if b.producer_id >= 0:
-                    self._track(b)
-                    replayed += 1
+                break
+            first = seg.find(start)
+            for i in range(len(seg.batches) - 1, first - 1, -1):
+                b = seg.batches[i]
+                if b.producer_id < 0:
+                    continue
+                replayed += 1
+                epoch, count = kept.get(b.producer_id, (b.producer_epoch, 0))
+                if count < MAX_BATCHES and b.producer_epoch == epoch:
+                    kept[b.producer_id] = (epoch, count + 1)
+                    picked.append(b)
+        for b in reversed(picked):
+            self._track(b)
         self.producer_rebuild = (replayed, time.perf_counter() - started)
         if replayed or state:
             log.info(

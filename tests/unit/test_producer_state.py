@@ -187,3 +187,18 @@ def test_truncation_rebuilds_state(tmp_path):
     assert not list(d.glob(f"{10:020d}.snapshot"))
     assert plog.producers.producers[3].last_seq == 5
     assert plog.append_as_leader(idem_batch(3, 0, 6), leader_epoch=1).first_offset == 6
+
+
+def test_replay_keeps_only_the_newest_epoch_and_last_five(tmp_path):
+    d = tmp_path / "t-0"
+    plog = PartitionLog.open(d)
+    for seq in range(0, 20, 2):
+        plog.append_as_leader(idem_batch(3, 0, seq), leader_epoch=0)
+    plog.append_as_leader(idem_batch(3, 1, 0), leader_epoch=0)
+    for seq in range(0, 14, 2):
+        plog.append_as_leader(idem_batch(4, 0, seq), leader_epoch=0)
+    expected = {pid: (e.epoch, list(e.batches)) for pid, e in plog.producers.producers.items()}
+    reopened = PartitionLog.open(d)  # no snapshot: everything replayed
+    got = {pid: (e.epoch, list(e.batches)) for pid, e in reopened.producers.producers.items()}
+    assert got == expected
+    assert got[3][0] == 1 and len(got[3][1]) == 1 and len(got[4][1]) == 5
