@@ -185,6 +185,9 @@ class BrokerNode:
                         read_timeout_s=self.config["request.read.timeout.ms"] / 1000,
                         max_connections=self.config["max.connections"],
                         max_request_bytes=self.config["socket.request.max.bytes"],
+                        auto_create=self.admins[n].auto_create_topics
+                        if self.config["auto.create.topics.enable"]
+                        else None,
                     )
                     listener.serve_data(
                         self.replica_manager,

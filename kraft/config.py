@@ -326,6 +326,12 @@ BROKER_SETTINGS = _COMMON + [
         "largest record batch a produce may carry (topic override: max.message.bytes)",
     ),
     Setting(
+        "auto.create.topics.enable",
+        _bool,
+        True,
+        "Metadata for an unknown topic creates it (num.partitions, default.replication.factor)",
+    ),
+    Setting(
         "socket.request.max.bytes",
         int,
         104_857_600,

@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable
 from functools import cache
 from typing import Any
 
+import trio
 from kio.schema.errors import ErrorCode as KafkaError
 
 from broker.metadata.metadata_cache import MetadataCache
@@ -65,6 +66,7 @@ _NO_CONTROLLER = {
     ErrorCode.LEADER_NOT_AVAILABLE,
     ErrorCode.REQUEST_TIMED_OUT,
 }
+AUTO_CREATE_TIMEOUT_S = 5.0  # a Metadata request waits this long for an auto-created topic
 DEFAULT_TIMEOUT_S = 30.0  # for requests whose timeout is 0 or absent
 MAX_TIMEOUT_S = 300.0
 
@@ -170,6 +172,24 @@ class KafkaAdmin:
                     f"No active controller answered within {timeout:g} s (last error: {e}).",
                 )
             return e
+
+    async def auto_create_topics(self, header: RequestHeader, names: list[str]) -> None:
+        """``auto.create.topics.enable``: create ``names`` with the controller's
+        ``num.partitions`` and ``default.replication.factor`` (provenance reason
+        ``auto-create``), then wait briefly for this broker's metadata to show them."""
+        body = {
+            "topics": [{"name": n, "num_partitions": -1, "replication_factor": -1} for n in names],
+            "auto_create": True,
+        }
+        resp = await self._forward(header, "CreateTopics", body, AUTO_CREATE_TIMEOUT_S)
+        created = [r["name"] for r in _items(resp, "topics", len(names)) if not r.get("error_code")]
+        if created:
+            log.info("auto-created topics %s for client %r", created, header.client_id)
+        with trio.move_on_after(AUTO_CREATE_TIMEOUT_S):
+            while self.cache.image is None or any(
+                n not in self.cache.image.topics_by_name for n in created
+            ):
+                await trio.sleep(0.02)  # the loader publishes the new image soon after commit
 
     async def _create_topics(self, header: RequestHeader, req: Any) -> dict[str, Any]:
         body, refused = m.create_topics_body(req)

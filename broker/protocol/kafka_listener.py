@@ -83,6 +83,7 @@ class _CloseConnection(Exception):
 
 
 Handler = Callable[[RequestHeader, Reader], Awaitable[bytes | Deferred | None]]
+AutoCreate = Callable[[RequestHeader, list[str]], Awaitable[None]]
 
 
 class AdminHandler(Protocol):
@@ -112,8 +113,10 @@ class KafkaListener:
         idle_timeout_s: float = 600.0,
         read_timeout_s: float = 30.0,
         max_connections: int = 10_000,
+        auto_create: AutoCreate | None = None,
     ) -> None:
         self.cache = cache
+        self.auto_create = auto_create  # auto.create.topics.enable: Metadata creates topics
         self.idle_timeout_s = idle_timeout_s  # no request started for this long: close
         self.read_timeout_s = read_timeout_s  # a started request must arrive whole within this
         self.max_connections = max_connections
@@ -388,6 +391,15 @@ class KafkaListener:
 
     async def _metadata(self, header: RequestHeader, reader: Reader) -> bytes:
         req = read_metadata_request(header.api_version, reader)
+        if self.auto_create is not None and req.allow_auto_topic_creation and req.topics:
+            image = self.cache.image
+            missing = [
+                n
+                for n, _ in req.topics
+                if n and image is not None and n not in image.topics_by_name
+            ]
+            if missing:
+                await self.auto_create(header, missing)
         body = self.cache.encoded_metadata(header.api_version, req)
         return frame_response(
             response_class(API_METADATA, header.api_version), header.correlation_id, body
