@@ -46,6 +46,11 @@ from broker.protocol.data_codec import (
     OFFSET_FOR_LEADER_EPOCH_VERSIONS,
     PRODUCE_VERSIONS,
 )
+from broker.protocol.delete_records import (
+    API_DELETE_RECORDS,
+    DELETE_RECORDS_VERSIONS,
+    DeleteRecordsHandler,
+)
 from broker.protocol.fetch import FetchHandler
 from broker.protocol.init_producer_id import (
     API_INIT_PRODUCER_ID,
@@ -154,6 +159,8 @@ class KafkaListener:
         """Also serve Produce, Fetch, ListOffsets and OffsetForLeaderEpoch from ``replicas``,
         and InitProducerId given ``producer_ids``."""
         produce, fetch = ProduceHandler(replicas, message_max_bytes), FetchHandler(replicas)
+        self._ranges[API_DELETE_RECORDS] = DELETE_RECORDS_VERSIONS
+        self._handlers[API_DELETE_RECORDS] = DeleteRecordsHandler(replicas).delete_records
         if producer_ids is not None:
             self._ranges[API_INIT_PRODUCER_ID] = INIT_PRODUCER_ID_VERSIONS
             self._handlers[API_INIT_PRODUCER_ID] = InitProducerIdHandler(

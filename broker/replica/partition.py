@@ -106,10 +106,15 @@ class Partition:
             self.wake()
 
     # ---- follower ----------------------------------------------------------------------------
-    def append_as_follower(self, data: bytes, leader_high_watermark: int) -> None:
-        """Append fetched batches and adopt the leader's high watermark (up to our log end)."""
+    def append_as_follower(
+        self, data: bytes, leader_high_watermark: int, leader_log_start: int = -1
+    ) -> None:
+        """Append fetched batches and adopt the leader's high watermark and log start offset
+        (DeleteRecords), both up to our log end."""
         if data:
             self.log.append_as_follower(data)
+        if leader_log_start > self.log.log_start_offset:
+            self.log.delete_records_before(leader_log_start)
         hw = min(leader_high_watermark, self.log.log_end_offset)
         if hw > self.log.high_watermark:
             self.log.advance_high_watermark(hw)

@@ -45,6 +45,7 @@ _LOG_OVERHEAD = 12  # base offset (8) + batch length (4)
 _MAGIC = 2
 LEADER_EPOCH_FILE = "leader-epoch-checkpoint"
 HW_FILE = "high-watermark-checkpoint"
+LOG_START_FILE = "log-start-offset-checkpoint"  # DeleteRecords: "0", "1", the log start offset
 SNAPSHOT_SUFFIX = ".snapshot"  # %020d.snapshot: producer state of every batch below that offset
 SNAPSHOTS_KEPT = 2
 
@@ -317,6 +318,7 @@ class PartitionLog:
         self.high_watermark = 0
         self._checkpointed_hw = -1
         self.producers = ProducerStateManager()
+        self._deleted_below = 0  # DeleteRecords' log start offset (may fall inside a segment)
         self.producer_rebuild = (0, 0.0)  # (batches replayed, seconds) of the last rebuild
 
     # ---- opening ------------------------------------------------------------------------
@@ -388,15 +390,46 @@ class PartitionLog:
                 log.warning("partition log %s: unreadable %s; using 0", self.dir, HW_FILE)
         self.high_watermark = max(0, min(hw, end))
         self._checkpointed_hw = hw  # a missing file reads as 0: nothing to write for 0
+        if LOG_START_FILE in files:
+            try:
+                lines = (self.dir / LOG_START_FILE).read_text().split("\n")
+                if lines[0].strip() != "0" or lines[1].strip() != "1":
+                    raise ValueError(f"header {lines[:2]!r}")
+                self._deleted_below = max(0, min(int(lines[2]), end))
+            except (ValueError, IndexError):
+                log.warning(
+                    "partition log %s: unreadable %s; ignoring it", self.dir, LOG_START_FILE
+                )
 
     # ---- properties ---------------------------------------------------------------------
     @property
     def log_start_offset(self) -> int:
-        return (
+        first = (
             self._segments[0].base_offset
             if not self._segments[0].batches
             else self._segments[0].batches[0].base_offset
         )
+        return max(first, self._deleted_below)
+
+    def delete_records_before(self, offset: int) -> int:
+        """DeleteRecords: move the log start offset up to ``offset`` (at most the log end),
+        checkpoint it and delete the segments wholly below it. Returns the new log start."""
+        offset = min(offset, self.log_end_offset)
+        if offset <= self.log_start_offset:
+            return self.log_start_offset
+        self._deleted_below = offset
+        _write_atomic(self.dir / LOG_START_FILE, f"0\n1\n{offset}\n")
+        while len(self._segments) > 1 and self._segments[1].base_offset <= offset:
+            seg = self._segments.pop(0)
+            seg.close()
+            seg.path.unlink()
+            log.info(
+                "partition log %s: deleted segment %s (log start %d)",
+                self.dir,
+                seg.path.name,
+                offset,
+            )
+        return self.log_start_offset
 
     @property
     def log_end_offset(self) -> int:

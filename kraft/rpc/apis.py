@@ -54,6 +54,15 @@ _APIS = [
         "names[]: topic names -> topics[]: {name, topic_id, error_code, error_message}",
     ),
     Api(
+        "AlterConfigs",
+        "write",
+        ("resources: list", "validate_only: bool?"),
+        ("resources: list",),
+        "legacy AlterConfigs: each resource's dynamic configs become exactly the given set; "
+        "resources[]: {resource_type, resource_name, ops: [{name, op: 'SET', value}]} -> "
+        "resources[]: {resource_type, resource_name, error_code, error_message}",
+    ),
+    Api(
         "IncrementalAlterConfigs",
         "write",
         ("resources: list", "validate_only: bool?"),

@@ -70,3 +70,97 @@ def test_kafka_python_producer_auto_creates_and_opt_out_is_respected(cluster):
     finally:
         consumer.close()
     assert not _log_lines(cluster, "name=never-made")
+
+
+def test_confluent_alter_configs_replaces_the_whole_set(cluster):
+    from confluent_kafka.admin import AdminClient, ConfigResource
+
+    kraft("topics", "create", "cfg", "--cluster", str(cluster.dir))
+    kraft(
+        "configs",
+        "alter",
+        "--topic",
+        "cfg",
+        "--set",
+        "retention.ms=100000",
+        "--set",
+        "max.message.bytes=5000",
+        "--cluster",
+        str(cluster.dir),
+    )
+    admin = AdminClient({"bootstrap.servers": bootstrap(cluster)})
+    resource = ConfigResource("topic", "cfg", set_config={"retention.ms": "200000"})
+    for future in admin.alter_configs([resource]).values():
+        future.result(timeout=30)
+    dynamic = {
+        c["name"]: c["value"]
+        for c in kraft_json("configs", "describe", "--topic", "cfg", "--cluster", str(cluster.dir))[
+            "resources"
+        ][0]["configs"]
+        if c.get("source") == "dynamic"
+    }
+    assert dynamic == {"retention.ms": "200000"}  # max.message.bytes was not given: deleted
+    lines = _log_lines(cluster, "resource_name=cfg name=max.message.bytes")
+    assert lines and "AlterConfigs (user-request)" in lines[-1], lines
+    bad = ConfigResource("topic", "cfg", set_config={"retention.ms": "not-a-number"})
+    with pytest.raises(Exception) as e:
+        for future in admin.alter_configs([bad]).values():
+            future.result(timeout=30)
+    assert "retention.ms" in str(e.value)
+
+
+def test_delete_records_from_admin_client_and_cli(cluster):
+    from confluent_kafka import Producer, TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    kraft("topics", "create", "trim", "--cluster", str(cluster.dir))
+    producer = Producer({"bootstrap.servers": bootstrap(cluster), "acks": "all"})
+    for i in range(100):
+        producer.produce("trim", f"r-{i}".encode())
+    assert producer.flush(30) == 0
+    admin = AdminClient({"bootstrap.servers": bootstrap(cluster)})
+    (future,) = admin.delete_records([TopicPartition("trim", 0, 40)]).values()
+    assert future.result(timeout=30).low_watermark == 40
+    got = consume_all(bootstrap(cluster), "trim", 1)
+    assert got == [f"r-{i}".encode() for i in range(40, 100)]
+    out = kraft_json(
+        "topics",
+        "delete-records",
+        "--topic",
+        "trim",
+        "--partition",
+        "0",
+        "--offset",
+        "70",
+        "--cluster",
+        str(cluster.dir),
+    )
+    assert out["low_watermark"] == 70 and out["error_code"] == 0, out
+    assert consume_all(bootstrap(cluster), "trim", 1)[0] == b"r-70"
+    bad = kraft(
+        "topics",
+        "delete-records",
+        "--topic",
+        "trim",
+        "--partition",
+        "0",
+        "--offset",
+        "500",
+        "--cluster",
+        str(cluster.dir),
+        check=False,
+    )
+    assert bad.returncode == 1 and "OFFSET_OUT_OF_RANGE" in bad.stderr, bad
+    text = kraft(
+        "topics",
+        "delete-records",
+        "--topic",
+        "trim",
+        "--partition",
+        "0",
+        "--offset",
+        "-1",
+        "--cluster",
+        str(cluster.dir),
+    ).stdout
+    assert "log start offset is now 100" in text
