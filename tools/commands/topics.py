@@ -7,7 +7,7 @@ from typing import Any
 
 from kraft.errors import ErrorCode
 from tools import output
-from tools.commands import delete_records
+from tools.commands import delete_records, elect_leaders
 from tools.commands.common import (
     ManualFormatter,
     UsageError,
@@ -352,6 +352,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_client_options(ap)
     ap.set_defaults(handler=cmd_add_partitions)
+
+    elect_leaders.register(tsub)
 
 
 __all__ = [
