@@ -153,7 +153,7 @@ class ProducerStateManager:
 
 def encode_snapshot(state: ProducerStateManager) -> bytes:
     """The snapshot bytes of ``state``: magic, CRC32C of the payload, msgpack payload."""
-    payload = msgpack.packb(
+    payload: bytes = msgpack.packb(
         [
             [
                 e.producer_id,

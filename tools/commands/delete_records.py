@@ -12,11 +12,19 @@ import io
 import socket
 import struct
 import sys
+from datetime import timedelta
 from typing import Any
 
-from kio.index import load_request_schema, load_response_schema
+from kio.schema.delete_records.v1.request import (
+    DeleteRecordsPartition,
+    DeleteRecordsRequest,
+    DeleteRecordsTopic,
+)
+from kio.schema.delete_records.v1.response import DeleteRecordsResponse
 from kio.schema.errors import ErrorCode as KafkaError
+from kio.schema.types import TopicName
 from kio.serial import entity_reader, entity_writer
+from kio.static.primitive import i32, i32Timedelta, i64
 
 from kraft.errors import ErrorCode, KraftError
 from tools import output
@@ -54,19 +62,19 @@ def delete_records(
     host: str, port: int, topic: str, partition: int, offset: int, timeout: float
 ) -> tuple[int, int]:
     """Send DeleteRecords for one partition; (Kafka error code, low watermark)."""
-    req_cls = load_request_schema(API_DELETE_RECORDS, VERSION)
-    topic_cls = req_cls.__dataclass_fields__["topics"].type.__args__[0]
-    part_cls = topic_cls.__dataclass_fields__["partitions"].type.__args__[0]
-    from datetime import timedelta
-
-    req = req_cls(
+    req = DeleteRecordsRequest(
         topics=(
-            topic_cls(name=topic, partitions=(part_cls(partition_index=partition, offset=offset),)),
+            DeleteRecordsTopic(
+                name=TopicName(topic),
+                partitions=(
+                    DeleteRecordsPartition(partition_index=i32(partition), offset=i64(offset)),
+                ),
+            ),
         ),
-        timeout=timedelta(seconds=timeout),
+        timeout=i32Timedelta.parse(timedelta(seconds=timeout)),
     )
     body = io.BytesIO()
-    entity_writer(req_cls)(body, req)
+    entity_writer(DeleteRecordsRequest)(body, req)
     client = b"kraft-cli"
     head = struct.pack(">hhih", API_DELETE_RECORDS, VERSION, 1, len(client)) + client
     frame = head + body.getvalue()
@@ -80,7 +88,7 @@ def delete_records(
                     ErrorCode.NETWORK_EXCEPTION, f"{host}:{port} closed the connection"
                 )
             buf += chunk
-    resp, _ = entity_reader(load_response_schema(API_DELETE_RECORDS, VERSION))(buf, 8)
+    resp, _ = entity_reader(DeleteRecordsResponse)(buf, 8)
     result = resp.topics[0].partitions[0]
     return int(result.error_code.value), int(result.low_watermark)
 
