@@ -419,6 +419,7 @@ class PartitionLog:
             return self.log_start_offset
         self._deleted_below = offset
         _write_atomic(self.dir / LOG_START_FILE, f"0\n1\n{offset}\n")
+        self.producers.remove_before(offset)
         while len(self._segments) > 1 and self._segments[1].base_offset <= offset:
             seg = self._segments.pop(0)
             seg.close()
@@ -686,6 +687,7 @@ class PartitionLog:
                     picked.append(b)
         for b in reversed(picked):
             self._track(b)
+        self.producers.remove_before(self.log_start_offset)
         self.producer_rebuild = (replayed, time.perf_counter() - started)
         if replayed or state:
             log.info(

@@ -140,15 +140,11 @@ class ProducerStateManager:
         entry.batches.append(BatchMeta(first_seq, last_seq, first_offset, last_offset))
         entry.last_timestamp = max(entry.last_timestamp, timestamp)
 
-    def truncate_after(self, end_offset: int) -> None:
-        """Forget batches at or after ``end_offset`` (a best effort without a log; a log
-        truncation rebuilds from a snapshot instead)."""
-        for pid in list(self.producers):
-            entry = self.producers[pid]
-            while entry.batches and entry.batches[-1].last_offset >= end_offset:
-                entry.batches.pop()
-            if not entry.batches:
-                del self.producers[pid]
+    def remove_before(self, log_start_offset: int) -> None:
+        """Forget producers whose last batch lies wholly below the log start (DeleteRecords or
+        retention removed it), as Kafka does when the log start moves."""
+        for pid in [p for p, e in self.producers.items() if e.last_offset < log_start_offset]:
+            del self.producers[pid]
 
 
 def encode_snapshot(state: ProducerStateManager) -> bytes:

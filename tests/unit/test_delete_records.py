@@ -30,3 +30,16 @@ def test_log_start_moves_segments_go_and_it_survives_reopen(tmp_path):
     assert reopened.log_start_offset == 20 and reopened.log_end_offset == 20
     reopened.append(make_batch([b"next"]), leader_epoch=0)
     assert values_in(reopened.read(20)) == [(20, b"next")]
+
+
+def test_producers_wholly_below_the_new_log_start_are_forgotten(tmp_path):
+    from tests.unit.test_producer_state import idem_batch
+
+    d = tmp_path / "t-0"
+    plog = PartitionLog.open(d)
+    plog.append_as_leader(idem_batch(1, 0, 0), leader_epoch=0)  # offsets 0-1
+    plog.append_as_leader(idem_batch(2, 0, 0), leader_epoch=0)  # offsets 2-3
+    plog.delete_records_before(2)
+    assert set(plog.producers.producers) == {2}
+    plog.close()
+    assert set(PartitionLog.open(d).producers.producers) == {2}
