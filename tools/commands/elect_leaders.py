@@ -92,7 +92,7 @@ def cmd_elect_leaders(args: argparse.Namespace) -> int:
     return output.EXIT_ERROR if failed else output.EXIT_OK
 
 
-def register(tsub: argparse._SubParsersAction) -> None:
+def register(tsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``kraft topics elect-leaders`` under ``kraft topics``."""
     e = tsub.add_parser(
         "elect-leaders",
