@@ -7,7 +7,12 @@ Measures (progress on stderr):
      client, so closer to what the brokers can take);
   2. consume throughput of what was produced (assign mode, from the beginning);
   3. end-to-end latency (produce with acks=all → consumer receives), one message at a time at
-     a modest rate, p50/p99.
+     a modest rate, p50/p99;
+  4. idempotent produce (``enable.idempotence=true``, acks=all) in the same run as the plain
+     acks=all produce, to show what the producer-state checks cost;
+  5. producer-state rebuild when a partition log with many idempotent batches is opened: from
+     the snapshot written on close, and without one (after a kill -9 before any segment roll:
+     every batch replayed). No cluster: a log in a temporary directory.
 
 ``run(messages) -> list[dict]`` returns result rows; ``main()`` prints a markdown table and, as the
 last stdout line, ``{"system": "pykraft", "results": [...]}``. Target: >= 20 MB/s acks=all RF 3.
@@ -60,7 +65,9 @@ def pct(sorted_vals: list[float], p: float) -> float | None:
     ]
 
 
-def produce(bs: str, topic: str, acks: str, messages: int) -> dict[str, Any]:
+def produce(
+    bs: str, topic: str, acks: str, messages: int, idempotent: bool = False
+) -> dict[str, Any]:
     from confluent_kafka import Producer
 
     producer = Producer(
@@ -71,6 +78,7 @@ def produce(bs: str, topic: str, acks: str, messages: int) -> dict[str, Any]:
             "batch.size": 1 << 20,
             "queue.buffering.max.kbytes": 1 << 20,
             "message.timeout.ms": 120000,
+            "enable.idempotence": idempotent,
         }
     )
     payload = b"x" * MSG_BYTES
@@ -93,7 +101,7 @@ def produce(bs: str, topic: str, acks: str, messages: int) -> dict[str, Any]:
     secs = time.perf_counter() - start
     return {
         "metric": "produce",
-        "mode": f"acks={acks}",
+        "mode": f"acks={acks}" + (" idempotent" if idempotent else ""),
         "messages": messages,
         "errors": done["err"],
         "seconds": round(secs, 2),
@@ -262,6 +270,21 @@ def run(messages: int) -> list[dict[str, Any]]:
             rows.append(produce(bs, topic, acks, messages))
             log(f"  {rows[-1]}")
             if acks == "all":
+                kraft(
+                    "topics",
+                    "create",
+                    "bench-idempotent",
+                    "--partitions",
+                    "3",
+                    "--replication-factor",
+                    "3",
+                    "--cluster",
+                    str(cdir),
+                )
+                time.sleep(1.0)
+                log(f"produce {messages} x {MSG_BYTES} B, acks=all, idempotent")
+                rows.append(produce(bs, "bench-idempotent", acks, messages, idempotent=True))
+                log(f"  {rows[-1]}")
                 log("consume")
                 rows.append(consume(bs, topic, messages))
                 log(f"  {rows[-1]}")
@@ -305,6 +328,74 @@ def run(messages: int) -> list[dict[str, Any]]:
     return rows
 
 
+def producer_state_rebuild(batches: int, producers: int = 100) -> list[dict[str, Any]]:
+    """Open a partition log of ``batches`` idempotent 10-record batches from ``producers``
+    producers, with and without the producer-state snapshot; time the rebuild."""
+    import datetime
+    import io
+    import struct
+
+    import crc32c
+    from kio.records.schema import NewRecordBatch, Record
+    from kio.records.writers import write_new_batch
+    from kio.static.primitive import TZAwareMicros, i8, i16, i32, i64
+
+    from broker.replica.partition_log import PartitionLog
+
+    now = TZAwareMicros.parse(datetime.datetime.now(datetime.UTC).replace(microsecond=0))
+    records = tuple(
+        Record(
+            attributes=i8(0), timestamp=now, offset=i64(i), key=None, value=b"x" * 100, headers=()
+        )
+        for i in range(10)
+    )
+    buf = io.BytesIO()
+    write_new_batch(
+        buf,
+        NewRecordBatch(
+            producer_id=i64(0),
+            producer_epoch=i16(0),
+            base_sequence=i32(0),
+            records=records,
+            attributes=i16(0),
+        ),
+    )
+    template = bytearray(buf.getvalue())
+    workdir = Path(tempfile.mkdtemp(prefix="producer-state-bench-"))
+    rows = []
+    try:
+        plog = PartitionLog.open(workdir / "t-0")
+        for n in range(batches):
+            struct.pack_into(">qhi", template, 43, n % producers, 0, (n // producers) * 10)
+            struct.pack_into(">I", template, 17, crc32c.crc32c(template[21:]))
+            plog.append(bytes(template), leader_epoch=0)
+        plog.close()  # writes the snapshot at the log end
+        for mode in ("from the close snapshot", "no snapshot (every batch replayed)"):
+            if mode.startswith("no"):
+                for snap in (workdir / "t-0").glob("*.snapshot"):
+                    snap.unlink()
+            start = time.perf_counter()
+            reopened = PartitionLog.open(workdir / "t-0")
+            open_s = time.perf_counter() - start
+            replayed, rebuild_s = reopened.producer_rebuild
+            assert len(reopened.producers) == producers
+            reopened.close()
+            rows.append(
+                {
+                    "metric": "producer-state rebuild",
+                    "mode": mode,
+                    "messages": batches * 10,
+                    "errors": 0,
+                    "seconds": round(rebuild_s, 3),
+                    "batches_replayed": replayed,
+                    "log_open_s": round(open_s, 3),
+                }
+            )
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return rows
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     out = [
         "| metric | mode | messages | errors | seconds | msgs/s | MB/s | p50 ms | p99 ms |",
@@ -339,8 +430,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--messages", type=int, default=100_000, help="messages per produce run (default 100000)"
     )
+    ap.add_argument(
+        "--rebuild-batches",
+        type=int,
+        default=200_000,
+        help="idempotent batches in the producer-state rebuild log (default 200000)",
+    )
+    ap.add_argument(
+        "--rebuild-only", action="store_true", help="only the producer-state rebuild (no cluster)"
+    )
     args = ap.parse_args(argv)
-    rows = run(args.messages)
+    rows = [] if args.rebuild_only else run(args.messages)
+    log(f"producer-state rebuild, {args.rebuild_batches} batches")
+    rows += producer_state_rebuild(args.rebuild_batches)
+    log(f"  {rows[-2:]}")
     t = target(rows)
     print("## pykraft data plane (3 brokers, RF 3, 3 partitions, 1 KB messages, confluent-kafka)\n")
     print(table(rows))

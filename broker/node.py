@@ -17,6 +17,7 @@ from typing import Any
 import trio
 
 from broker.coordinator.group.service import GroupCoordinator
+from broker.coordinator.producer_id_manager import ProducerIdManager
 from broker.lifecycle import BrokerLifecycle, BrokerState, FatalBrokerError
 from broker.metadata.metadata_cache import MetadataCache
 from broker.metadata.metadata_loader import MetadataLoader
@@ -133,6 +134,9 @@ class BrokerNode:
             config["replica.lag.time.max.ms"],
         )
         self.replica_manager.isr_updater = self.isr_updater
+        self.producer_ids = ProducerIdManager(
+            self.control_client, config.node_id, lambda: self.lifecycle.broker_epoch
+        )
         self._checksum: tuple[Any, str] = (None, "")
         self.admin_port = config["broker.admin.port"] or port + 1000
         self.metrics: Any = None  # broker.metrics.BrokerMetrics when metrics.port is set
@@ -184,8 +188,16 @@ class BrokerNode:
                         idle_timeout_s=self.config["connections.max.idle.ms"] / 1000,
                         read_timeout_s=self.config["request.read.timeout.ms"] / 1000,
                         max_connections=self.config["max.connections"],
+                        max_request_bytes=self.config["socket.request.max.bytes"],
+                        auto_create=self.admins[n].auto_create_topics
+                        if self.config["auto.create.topics.enable"]
+                        else None,
                     )
-                    listener.serve_data(self.replica_manager)
+                    listener.serve_data(
+                        self.replica_manager,
+                        message_max_bytes=self.config["message.max.bytes"],
+                        producer_ids=self.producer_ids,
+                    )
                     listener.serve_groups(self.groups.apis[n])
                     bound = await nursery.start(listener.serve)
                     if n == self.listener_name:

@@ -354,6 +354,24 @@ BROKER_SETTINGS = _COMMON + [
     ),
     Setting("max.connections", int, 10_000, "Kafka connections per listener; more are refused"),
     Setting(
+        "message.max.bytes",
+        int,
+        1_048_588,
+        "largest record batch a produce may carry (topic override: max.message.bytes)",
+    ),
+    Setting(
+        "auto.create.topics.enable",
+        _bool,
+        True,
+        "Metadata for an unknown topic creates it (num.partitions, default.replication.factor)",
+    ),
+    Setting(
+        "socket.request.max.bytes",
+        int,
+        104_857_600,
+        "largest Kafka request frame; a bigger one closes the connection unread",
+    ),
+    Setting(
         "inter.broker.listener.name",
         str,
         "",

@@ -199,7 +199,7 @@ class CoordinatorRuntime:
                 token.fail(ErrorCode.not_coordinator)
             return
         batch = encode_batch([self.encode(r) for r in result.records], self.now_ms())
-        _, last = part.append_as_leader(batch)
+        last = part.append_as_leader(batch).last_offset
         slot.uncommitted.append((last + 1, completions))
         self._release(slot, part)
         self._wakeup.set()

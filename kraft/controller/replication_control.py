@@ -428,7 +428,8 @@ def create_topics(
         results = [r if r["error_code"] else _failed_topic(r["name"], over_limit) for r in results]
     if cmd.body.get("validate_only"):
         records = []
-    return ControllerResult(records, {"topics": results}, "user-request")
+    reason = "auto-create" if cmd.body.get("auto_create") else "user-request"
+    return ControllerResult(records, {"topics": results}, reason)
 
 
 # ---------------------------------------------------------------------------------------------

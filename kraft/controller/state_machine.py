@@ -52,6 +52,7 @@ WRITES: dict[str, Handler] = {
     "ElectLeaders": replication_control.elect_leaders,
     "AlterPartition": replication_control.alter_partition,
     "IncrementalAlterConfigs": config_control.incremental_alter_configs,
+    "AlterConfigs": config_control.alter_configs,
     "BrokerRegistration": cluster_control.register_broker,
     "UnregisterBroker": cluster_control.unregister_broker,
     "FenceBroker": cluster_control.fence_broker,

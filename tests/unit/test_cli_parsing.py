@@ -84,6 +84,7 @@ HELP_COMMANDS = [
     ["topics", "describe"],
     ["topics", "delete"],
     ["topics", "add-partitions"],
+    ["topics", "delete-records"],
     ["configs"],
     ["configs", "describe"],
     ["configs", "alter"],
@@ -667,3 +668,22 @@ def test_kill_signal_names_are_case_insensitive() -> None:
         ["cluster", "kill", "--dir", "d", "--node", "1", "--signal", "stop"]
     )
     assert args.signal == "STOP"
+
+
+def test_delete_records_requires_topic_partition_and_offset(capsys: pytest.CaptureFixture) -> None:
+    assert run(capsys, "topics", "delete-records", "--topic", "t", "--offset", "5", *BOOT)[0] == 2
+    assert (
+        run(
+            capsys,
+            "topics",
+            "delete-records",
+            "--topic",
+            "t",
+            "--partition",
+            "x",
+            "--offset",
+            "5",
+            *BOOT,
+        )[0]
+        == 2
+    )
