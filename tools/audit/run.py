@@ -1026,6 +1026,19 @@ def _report_data(
         )
         for r in got["broker_history"]
     ]
+    shown = {
+        "replication_intervals": (tables_dir / "replication_intervals", len(ri)),
+        "topic_lifecycle": (tables_dir / "topic_lifecycle", len(lifecycle)),
+        "broker_history": (brokers, len(bh)),
+    }
+    totals = {}
+    for name, (path, n) in shown.items():
+        total = localtable.count(path)
+        link = None
+        if total > n:  # the whole table beside the report
+            localtable.write_csv(path, out / "csv" / f"{name}.csv")
+            link = f"csv/{name}.csv"
+        totals[name] = {"shown": n, "total": total, "csv": link}
     meta_out = {
         **meta,
         "log_dir": str(opts.log_dir),
@@ -1049,6 +1062,12 @@ def _report_data(
         "lifecycle": lifecycle,
         "broker_history": bh,
         "snapshots": replayed.comparisons,
+        "totals": totals,
+        "root_causes": findings.get("root_causes", []),
+        "end_state": findings.get("end_state"),
+        "controller_changes": findings.get("controller_changes", []),
+        "head": findings.get("head"),
+        "witnesses": findings.get("witnesses", []),
     }
 
 
@@ -1058,10 +1077,16 @@ def _summary(progress: Callable[[str], None], findings: dict, report_path: Path)
         f"Audit {findings['status'].upper()}: {findings['records']:,} records, offsets "
         f"{findings['first_offset']}..{findings['last_offset']}"
     )
+    for c in findings.get("root_causes", []):
+        where = f"{c.get('file') or ''} byte {c.get('position')}" if c.get("file") else ""
+        progress(f"  ROOT    {c['rule']} at offset {c['offset']} {where}: {c['detail']}")
     for r in findings["rules"]:
         if r["count"]:
             offs = ", ".join(str(s["offset"]) for s in r["samples"][:5])
-            progress(f"  {r['severity'].upper():7} {r['rule']}: {r['count']} (offsets {offs})")
+            then = f", {r['consequences']} after damage" if r.get("consequences") else ""
+            progress(
+                f"  {r['severity'].upper():7} {r['rule']}: {r['count']}{then} (offsets {offs})"
+            )
     passed = sum(1 for r in findings["rules"] if r["passed"])
     progress(
         f"  {passed} of {len(findings['rules'])} rules passed; "
