@@ -197,3 +197,18 @@ def test_previous_head_is_read_from_an_earlier_findings_file(tmp_path: Path) -> 
     assert witness.previous_head(None, doc, log) is None
     with pytest.raises(witness.PreviousError):
         witness.previous_head(doc, doc, log)  # given explicitly: a clear error
+
+
+def test_log_dump_catches_a_resealed_snapshot(log: Path) -> None:
+    """``kraft log dump`` rebuilds each snapshot's image from its records and compares it with
+    the header's checksum, for the directory and for the file alone."""
+    from tools.commands.log_cmd import dump_items
+
+    snap = sorted(log.glob("*.checkpoint"))[0]
+    assert [i for i in dump_items(log) if i["kind"] == "problem"] == []
+    tamper.forge_snapshot_leader(snap)
+    for path in (log, snap):
+        items = list(dump_items(path))
+        (problem,) = [i for i in items if i["kind"] == "problem"]
+        assert problem["file"] == str(snap) and "checksum" in problem["detail"]
+        assert items[-1]["problems"] == 1
