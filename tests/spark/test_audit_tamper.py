@@ -67,8 +67,8 @@ def test_many_damages_in_one_log_each_a_finding(spark, tmp_path):
     assert ("hash-chain", segs[0].name, edited_pos, edited, "error") in got
     assert ("frames-decodable", segs[2].name, length_pos, length_off, "error") in got
     assert ("segment-intact", segs[-1].name, torn_pos, torn_off, "warning") in got
-    # the replay stops at the damaged length field, and says so
-    assert segs[2].name in doc["replay_error"], doc["replay_error"]
+    # the replay stops at the first damage (the edited batch's chain), and says so
+    assert "offset" in doc["replay_error"], doc["replay_error"]
     # damaged frames are not records: the damaged length and the torn tail lost one batch each
     assert doc["records"] == 23 - 2
     assert doc["head"]["offset"] == torn_off - 1
@@ -103,6 +103,7 @@ def test_a_gap_leads_and_safety_errors_after_it_are_its_consequences(spark, clea
     segs = list_segments(log)
     gone = int(segs[1].name[:20])
     segs[1].unlink()
+    cut = tamper.cut_at_boundary(segs[-1], 1)  # and the newest batches cut off cleanly
     result, doc, text = _audit(spark, log, out, witnesses=[log0])
     assert result.exit_code == 1, text
     (gap,) = _causes(doc, "offsets-contiguous")
@@ -112,8 +113,12 @@ def test_a_gap_leads_and_safety_errors_after_it_are_its_consequences(spark, clea
     after = sum(n for n in gap["consequences"].values())
     assert after == sum(r["consequences"] for r in rules.values()) and after > 0
     assert all(r["root_causes"] == 0 for r in rules.values() if r["rule"] in gap["consequences"])
+    # the cut at a batch boundary: invisible in the log alone, caught by the head the
+    # earlier audit verified and by the witness
     (changed,) = _causes(doc, "history-unchanged")
-    assert changed["offset"] == 22
+    assert changed["offset"] == 22 and "truncated" in changed["detail"]
+    (short,) = _causes(doc, "witness-agrees")
+    assert (short["offset"], short["severity"]) == (cut, "error")
     assert doc["verified_head"] == doc0["verified_head"]  # the verified head is kept
     assert doc["witnesses"][0]["head"]["offset"] == 22
     assert "ROOT    offsets-contiguous" in text

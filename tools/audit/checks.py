@@ -19,6 +19,8 @@ from collections.abc import Callable
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
+from tools.audit.integrity import RULES as STRUCTURE_RULES
+
 ERROR, WARNING = "error", "warning"
 UNCLEAN_CONFIG = "unclean.leader.election.enable"
 
@@ -47,7 +49,7 @@ RULES: dict[str, tuple[str, str]] = {
 
 
 def _finding(df: DataFrame, rule: str, detail: Column, severity: Column | None = None) -> DataFrame:
-    sev = severity if severity is not None else F.lit(RULES[rule][0])
+    sev = severity if severity is not None else F.lit({**STRUCTURE_RULES, **RULES}[rule][0])
     return df.select(
         F.lit(rule).alias("rule"),
         sev.alias("severity"),
