@@ -14,7 +14,16 @@ from collections.abc import Sequence
 
 from kraft.errors import KraftError
 from tools import completion, output
-from tools.commands import audit_cmd, cluster_cmd, configs, log_cmd, quorum, shell_cmd, topics
+from tools.commands import (
+    audit_cmd,
+    cluster_cmd,
+    configs,
+    groups,
+    log_cmd,
+    quorum,
+    shell_cmd,
+    topics,
+)
 from tools.commands.common import ManualFormatter, UsageError
 
 DESCRIPTION = """\
@@ -35,6 +44,7 @@ examples (a tour):
   kraft quorum replication --cluster ./c      # every voter and broker, lag, last contact
   kraft topics create orders --partitions 6 --replication-factor 3 --cluster ./c
   kraft topics describe orders --cluster ./c
+  kraft groups describe orders-app --cluster ./c  # members, offsets, lag
   kraft configs alter --topic orders --set retention.ms=3600000 --cluster ./c
   kraft cluster kill --dir ./c --node 1       # crash a controller; another takes over
   kraft log dump ./c/controller-2/metadata    # who changed what, record by record
@@ -44,7 +54,8 @@ examples (a tour):
 environment:
   KRAFT_BOOTSTRAP_CONTROLLER  default --bootstrap-controller
   KRAFT_CLUSTER_DIR           default --cluster
-  KRAFT_LOG_LEVEL             log level of controller processes (default INFO)
+  KRAFT_LOG_LEVEL             log level of controller and broker processes, any case
+                              (default: their log.level setting, INFO)
 
 shell completion:
   source <(kraft completion bash)      (zsh: kraft completion zsh)
@@ -122,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     quorum.register(sub)
     topics.register(sub)
     configs.register(sub)
+    groups.register(sub)
     log_cmd.register(sub)
     shell_cmd.register(sub)
     audit_cmd.register(sub)
