@@ -130,7 +130,7 @@ class Integrity:
     findings: list[Finding] = field(default_factory=list)
     regions: list[Region] = field(default_factory=list)
     batches: list[BatchInfo] = field(default_factory=list)
-    snapshots: list[dict] = field(default_factory=list)
+    snapshots: list[dict[str, Any]] = field(default_factory=list)
     damaged_frames: int = 0
 
     @property
@@ -139,7 +139,7 @@ class Integrity:
         return sum(b.last - b.base + 1 for b in self.batches)
 
     @property
-    def head(self) -> dict | None:
+    def head(self) -> dict[str, Any] | None:
         """The newest intact batch: its last offset, hash and term."""
         if not self.batches:
             return None
@@ -159,7 +159,7 @@ class Integrity:
         if first is not None:
             self.regions.append(Region(first, last, finding))
 
-    def controller_changes(self) -> list[dict]:
+    def controller_changes(self) -> list[dict[str, Any]]:
         """Every batch whose term is above the previous batch's: the new term's first batch
         (its time, offset, and the reason and API that wrote it)."""
         out, term = [], None
@@ -435,7 +435,7 @@ def _chain(out: Integrity, anchor: bytes | None) -> None:
         )
 
 
-def _check_snapshot(out: Integrity, path: Path) -> dict:
+def _check_snapshot(out: Integrity, path: Path) -> dict[str, Any]:
     """Verify one snapshot; the checksum its records rebuild (None if they cannot)."""
     from kraft.image import image_from_records
 

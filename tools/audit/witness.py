@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from tools.audit.integrity import ERROR, WARNING, Finding, Integrity
 
@@ -22,7 +23,7 @@ class PreviousError(Exception):
     """An earlier audit's findings.json given explicitly cannot be used."""
 
 
-def previous_head(explicit: Path | None, default: Path, log_dir: Path) -> dict | None:
+def previous_head(explicit: Path | None, default: Path, log_dir: Path) -> dict[str, Any] | None:
     """The head an earlier audit verified: from ``explicit`` (an error when unusable), else
     from ``default`` (the output directory's last findings.json) when it audited the same
     directory (ignored when unusable)."""
@@ -42,10 +43,10 @@ def previous_head(explicit: Path | None, default: Path, log_dir: Path) -> dict |
         return None
     if head is None and explicit is not None:
         raise PreviousError(f"{explicit} records no verified head")
-    return head
+    return head if isinstance(head, dict) else None
 
 
-def against_previous(scan: Integrity, head: dict) -> list[Finding]:
+def against_previous(scan: Integrity, head: dict[str, Any]) -> list[Finding]:
     """The audited log against the head an earlier audit verified."""
     offset, expected = head["offset"], head["hash"]
     now = scan.head
@@ -136,7 +137,7 @@ def compare(scan: Integrity, others: list[Integrity]) -> list[Finding]:
     return found
 
 
-def record(findings: dict, scan: Integrity, others: list[Integrity], previous: dict | None) -> None:
+def record(findings: dict[str, Any], scan: Integrity, others: list[Integrity], previous: dict[str, Any] | None) -> None:
     """Write into findings.json the head this audit read, every witness's, and the head the
     next audit checks against: this one's when the log's structure verified (no error from
     the structure checks), else the earlier verified head, kept."""
