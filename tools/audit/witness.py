@@ -137,7 +137,12 @@ def compare(scan: Integrity, others: list[Integrity]) -> list[Finding]:
     return found
 
 
-def record(findings: dict[str, Any], scan: Integrity, others: list[Integrity], previous: dict[str, Any] | None) -> None:
+def record(
+    findings: dict[str, Any],
+    scan: Integrity,
+    others: list[Integrity],
+    previous: dict[str, Any] | None,
+) -> None:
     """Write into findings.json the head this audit read, every witness's, and the head the
     next audit checks against: this one's when the log's structure verified (no error from
     the structure checks), else the earlier verified head, kept."""
