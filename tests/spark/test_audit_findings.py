@@ -25,7 +25,7 @@ def test_counts_every_severity_and_samples_the_first_by_offset(spark):
         + [("unclean-election", "warning", 7, "u")]
     )
     df = spark.createDataFrame(rows, "rule string, severity string, offset bigint, detail string")
-    counts, samples = _counts_and_samples(df.repartition(3))
+    counts, samples, consequences = _counts_and_samples(df.repartition(3))
     assert counts == {
         ("hash-chain", "error"): many,
         ("hash-chain", "warning"): 3,
@@ -36,11 +36,15 @@ def test_counts_every_severity_and_samples_the_first_by_offset(spark):
     assert [(r["offset"], r["detail"]) for r in samples if r["rule"] == "unclean-election"] == [
         (7, "u")
     ]
+    assert consequences == {}
+    # a damaged stretch from offset 900 on: the findings at or after it are its consequences
+    _, _, after = _counts_and_samples(df, [900])
+    assert after == {("hash-chain", 0): 101 + 3}
 
 
 def test_no_findings(spark):
     df = spark.createDataFrame([], "rule string, severity string, offset bigint, detail string")
-    assert _counts_and_samples(df) == ({}, [])
+    assert _counts_and_samples(df) == ({}, [], {})
 
 
 def test_batch_rules_with_known_bounds_equal_those_with_aggregated_ones(spark):

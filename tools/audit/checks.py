@@ -19,18 +19,14 @@ from collections.abc import Callable
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
+from tools.audit.integrity import RULES as STRUCTURE_RULES
+
 ERROR, WARNING = "error", "warning"
 UNCLEAN_CONFIG = "unclean.leader.election.enable"
 
+# The log's structure (offsets, CRCs, frames, hash chain, terms, snapshots, indexes) is checked
+# without Spark by tools.audit.integrity, which lists its rules first; these are the rest.
 RULES: dict[str, tuple[str, str]] = {
-    "offsets-contiguous": (
-        ERROR,
-        "every batch starts right after the previous one (no gap, no overlap)",
-    ),
-    "crc-intact": (ERROR, "every frame's CRC matches its bytes (no edited record)"),
-    "frames-decodable": (ERROR, "every frame decodes to a batch (a torn last frame is a warning)"),
-    "hash-chain": (ERROR, "every batch's prev_hash is the hash of the batch before it"),
-    "terms-monotonic": (ERROR, "Raft terms never decrease"),
     "partition-topic-live": (ERROR, "every partition record refers to a topic created before it"),
     "no-records-after-delete": (ERROR, "no record refers to a topic after its removal"),
     "leader-in-isr": (ERROR, "a partition's leader is in its ISR"),
@@ -53,7 +49,7 @@ RULES: dict[str, tuple[str, str]] = {
 
 
 def _finding(df: DataFrame, rule: str, detail: Column, severity: Column | None = None) -> DataFrame:
-    sev = severity if severity is not None else F.lit(RULES[rule][0])
+    sev = severity if severity is not None else F.lit({**STRUCTURE_RULES, **RULES}[rule][0])
     return df.select(
         F.lit(rule).alias("rule"),
         sev.alias("severity"),
@@ -428,17 +424,12 @@ def log_findings(
     everything: DataFrame | None = None,
     bounds: Bounds | None = None,
 ) -> DataFrame:
-    """The violations of the rules on the records and batches themselves (offsets, CRCs,
-    frames, hash chain, terms, topic references). ``records`` and ``batches_df`` may be the
-    new part of the log only (``everything``: every batch; ``bounds``: its lowest and highest
-    base offset, when known); ``topics_df`` covers the whole log."""
+    """The violations of the rules on the records themselves (topic references; the log's
+    structure is :mod:`tools.audit.integrity`'s). ``records`` may be the new part of the log
+    only; ``topics_df`` covers the whole log. The other arguments are kept for the batch
+    rules' callers (:func:`offsets_contiguous`, :func:`hash_chain`, ...)."""
     return _union(
         [
-            lambda: offsets_contiguous(batches_df, everything, bounds),
-            lambda: crc_intact(records),
-            lambda: frames_decodable(records, newest_segment),
-            lambda: hash_chain(batches_df, everything, bounds),
-            lambda: terms_monotonic(batches_df, everything),
             lambda: topic_references(records, topics_df),
         ]
     )

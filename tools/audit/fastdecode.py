@@ -25,7 +25,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from kraft.log.segment import CRC, DECODE, IO, TORN, Frame, iter_frames
+from kraft.log.segment import CRC, DECODE, IO, TORN, Frame
 from kraft.records import BOOL, INT, RECORD_TYPES, RecordDecodeError, batch_hash, decode_batch
 from tools.audit.columns import (
     ARROW_SCHEMA,
@@ -36,6 +36,7 @@ from tools.audit.columns import (
     Builder,
     batch_meta,
 )
+from tools.audit.integrity import frames_resync
 from tools.audit.structs import RECORD_STRUCTS, decode_canonical
 
 _HI = 1 << 62
@@ -402,7 +403,7 @@ def decode_segment_fast(
     gc_was = gc.isenabled()
     gc.disable()  # millions of small containers: the cyclic GC would rescan them all
     try:
-        for frame in iter_frames(data):
+        for frame in frames_resync(data):
             batch = decode_canonical(frame.payload) if frame.crc_ok else None
             if batch is None:
                 if chunk.rows:

@@ -73,6 +73,7 @@ def _axis(scale: _Scale, y: float) -> str:
             f'<line x1="{x:.1f}" y1="{y}" x2="{x:.1f}" y2="{y + 4}" stroke="#999"/>'
             f'<text x="{x:.1f}" y="{y + 15}" text-anchor="middle">{_time(t)[11:]}</text>'
         )
+    out.append(f'<text x="{scale.x0 - 6}" y="{y + 15}" text-anchor="end">UTC</text>')
     return "".join(out)
 
 
@@ -84,15 +85,39 @@ def _legend(items: Iterable[tuple[str, str]]) -> str:
     )
 
 
+def _markers(scale: _Scale, markers: Sequence[dict], top: float, bottom: float) -> str:
+    """A dashed vertical line per controller change, labelled with its term and reason."""
+    out = []
+    for i, m in enumerate(markers):
+        x = scale(m["timestamp_ms"])
+        label = f"term {m['term']}: {m['reason']}"
+        out.append(
+            f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{bottom}" stroke="#6a3d9a" '
+            f'stroke-dasharray="4 3" stroke-width="1.5"><title>{_e(label)} at '
+            f"{_time(m['timestamp_ms'])} UTC (offset {m['offset']})</title></line>"
+            f'<text x="{x + 3:.1f}" y="{top + 10 + 11 * (i % 3)}" fill="#6a3d9a">'
+            f"{_e(label)}</text>"
+        )
+    return "".join(out)
+
+
 def interval_chart(
-    rows: dict[str, list[tuple[int, int, Any]]], t0: int, t1: int, keys: Sequence[Any], title: str
+    rows: dict[str, list[tuple[int, int, Any]]],
+    t0: int,
+    t1: int,
+    keys: Sequence[Any],
+    title: str,
+    markers: Sequence[dict] = (),
 ) -> str:
-    """One row per label; each ``(start_ms, end_ms, key)`` is a bar coloured by key."""
+    """One row per label; each ``(start_ms, end_ms, key)`` is a bar coloured by key;
+    ``markers``: controller changes drawn across every row."""
     if not rows:
         return "<p>No data.</p>"
     scale = _Scale(t0, t1)
-    height = len(rows) * ROW_H + 30
+    top = 36 if markers else 0
+    height = len(rows) * ROW_H + 30 + top
     out = [f'<svg width="{WIDTH}" height="{height}" role="img" aria-label="{_e(title)}">']
+    out.append(f'<g transform="translate(0,{top})">')
     for i, (label, spans) in enumerate(rows.items()):
         y = i * ROW_H
         out.append(f'<text x="{LABEL_W - 6}" y="{y + 13}" text-anchor="end">{_e(label)}</text>')
@@ -104,6 +129,8 @@ def interval_chart(
                 f"<title>{_e(label)}: {_e(key)} {_time(start)} → {_time(end)}</title></rect>"
             )
     out.append(_axis(scale, len(rows) * ROW_H + 4))
+    out.append("</g>")
+    out.append(_markers(scale, markers, 0, top + len(rows) * ROW_H))
     out.append("</svg>")
     return "".join(out)
 
@@ -201,6 +228,58 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     )
 
 
+def _shown(data: dict[str, Any], name: str) -> str:
+    """ "showing N of M" under a cut table, with a link to the whole table as CSV."""
+    t = data.get("totals", {}).get(name)
+    if not t or t["total"] <= t["shown"]:
+        return ""
+    return (
+        f"<p>Showing {t['shown']:,} of {t['total']:,} rows; the whole table: "
+        f"<a href='{_e(t['csv'])}'>{_e(t['csv'])}</a> (CSV, times in UTC).</p>"
+    )
+
+
+def _root_causes(causes: Sequence[dict]) -> list[str]:
+    if not causes:
+        return []
+    rows = []
+    for c in causes:
+        where = c.get("file") or ""
+        if c.get("position") is not None:
+            where += f" byte {c['position']}"
+        then = ", ".join(f"{rule}: {n}" for rule, n in (c.get("consequences") or {}).items())
+        rows.append((c["severity"], c["rule"], where, c.get("offset"), c["detail"], then))
+    return [
+        "<h2>Root causes</h2><p>Damage, gaps and forgeries found in the log's files, first. "
+        "The safety findings after a damaged or missing stretch were checked on a state that "
+        "misses its changes: they are counted here as its consequences.</p>",
+        table(("severity", "check", "file / position", "offset", "detail", "consequences"), rows),
+    ]
+
+
+def _end_state(end: dict | None) -> list[str]:
+    if not end:
+        return ["<h2>End state</h2><p>The log could not be replayed to its end.</p>"]
+    parts = [
+        "<h2>End state</h2>",
+        f"<p>At offset {end['offset']} ({_time(end['timestamp_ms'])} UTC): "
+        f"{end['offline_count']} offline partition(s), {end['under_replicated_count']} "
+        f"under-replicated, fenced brokers: {', '.join(map(str, end['fenced_brokers'])) or 'none'}"
+        f" (of {end['brokers']}).</p>",
+    ]
+    for key, title in (("offline", "Offline"), ("under_replicated", "Under-replicated")):
+        rows = end[key]
+        if rows:
+            parts.append(f"<h3>{title} at the end ({end[key + '_count']})</h3>")
+            parts.append(
+                table(
+                    ("partition", "leader", "ISR", "replicas"),
+                    [(r["partition"], r["leader"], r["isr"], r["replicas"]) for r in rows],
+                )
+            )
+    return parts
+
+
 def render(data: dict[str, Any]) -> str:
     """The whole report page."""
     m = data["meta"]
@@ -225,18 +304,34 @@ def render(data: dict[str, Any]) -> str:
                 ("segments", m["segments"]),
                 ("offsets", f"{m.get('first_offset')} … {m.get('last_offset')}"),
                 ("time", f"{_time(m.get('first_ms'))} … {_time(m.get('last_ms'))} UTC"),
+                (
+                    "head verified",
+                    f"offset {data['head']['offset']}, hash {data['head']['hash'][:16]}…"
+                    if data.get("head")
+                    else "none",
+                ),
                 ("generated", m["generated"]),
                 ("audit took", f"{m['elapsed_s']:.1f} s"),
             ],
         ),
+        *_root_causes(data.get("root_causes", [])),
+        *_end_state(data.get("end_state")),
         "<h2>Checks</h2>",
         table(
-            ("rule", "severity", "violations", "what it checks", "first offending offsets"),
+            (
+                "rule",
+                "severity",
+                "violations",
+                "of them consequences",
+                "what it checks",
+                "first offending offsets",
+            ),
             [
                 (
                     f["rule"],
                     f["severity"] if f["count"] else "pass",
                     f["count"],
+                    f.get("consequences", 0),
                     f["description"],
                     ", ".join(str(s["offset"]) for s in f["samples"][:8]),
                 )
@@ -256,11 +351,26 @@ def render(data: dict[str, Any]) -> str:
         )
     parts += [
         "<h2>Leadership timeline</h2><p>Leader of each partition over time (up to 30 partitions, "
-        "those with the most leader changes; red = no leader).</p>",
-        interval_chart(data["leadership"], t0, t1, brokers, "leadership timeline"),
+        "those with the most leader changes; red = no leader; dashed lines: controller "
+        "changes, with the new term and the reason).</p>",
+        interval_chart(
+            data["leadership"],
+            t0,
+            t1,
+            brokers,
+            "leadership timeline",
+            data.get("controller_changes", []),
+        ),
         _legend([(f"broker {b}", _color(b, brokers)) for b in brokers] + [("offline", OFFLINE)]),
         "<h2>Broker states</h2><p>Fenced (red), unfenced (green), unregistered (grey).</p>",
-        interval_chart(data["broker_states"], t0, t1, BROKER_STATE_COLORS, "broker states"),
+        interval_chart(
+            data["broker_states"],
+            t0,
+            t1,
+            BROKER_STATE_COLORS,
+            "broker states",
+            data.get("controller_changes", []),
+        ),
         "<h2>ISR size over time</h2>",
         step_chart(data["isr"], t0, t1, "ISR size"),
         "<h2>Change volume by record type</h2>",
@@ -269,14 +379,15 @@ def render(data: dict[str, Any]) -> str:
         hbars(data["principals"], "changes by principal"),
         "<h2>Under-replicated and offline intervals</h2>",
         table(
-            ("partition", "state", "from", "to", "seconds", "open", "ISR", "reason"),
+            ("partition", "state", "from (UTC)", "to (UTC)", "seconds", "open", "ISR", "reason"),
             data["replication_intervals"],
         ),
+        _shown(data, "replication_intervals"),
         "<h2>Topic lifecycle</h2>",
         table(
             (
                 "offset",
-                "time",
+                "time (UTC)",
                 "topic",
                 "event",
                 "partitions",
@@ -288,11 +399,13 @@ def render(data: dict[str, Any]) -> str:
             ),
             data["lifecycle"],
         ),
+        _shown(data, "topic_lifecycle"),
         "<h2>Broker history</h2>",
         table(
-            ("offset", "time", "broker", "epoch", "event", "state", "reason"),
+            ("offset", "time (UTC)", "broker", "epoch", "event", "state", "reason"),
             data["broker_history"],
         ),
+        _shown(data, "broker_history"),
         "<h2>Snapshots against the log</h2>",
         table(
             ("snapshot", "offset", "rebuilt checksum", "snapshot checksum", "match"),
@@ -301,7 +414,7 @@ def render(data: dict[str, Any]) -> str:
                     c["snapshot"],
                     c["offset"],
                     c["rebuilt_checksum"][:16],
-                    c["snapshot_checksum"][:16],
+                    (c["snapshot_checksum"] or "")[:16] or c.get("error"),
                     c["match"],
                 )
                 for c in data["snapshots"]

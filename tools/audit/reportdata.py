@@ -1,8 +1,8 @@
 """The report's small aggregates, read from the Parquet tables the audit wrote: pyarrow on the
 driver, no Spark job (each chart was a Spark query of its own, mostly planning and scheduling).
 
-Values are what Spark's ``collect`` gave: timestamps become naive local-time datetimes the way
-PySpark converts them, times in ms are ``unix_millis``. Where Spark's order had ties (its
+Values are what Spark's ``collect`` gave, but timestamps are UTC datetimes whatever the
+machine's time zone (PySpark's would be local time), times in ms are ``unix_millis``. Where Spark's order had ties (its
 ``orderBy ... limit`` picked among them by scan order) the rows are ordered by more columns.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +34,10 @@ def _micros(col: pa.ChunkedArray) -> list[int | None]:
 
 
 def _datetime(us: int | None) -> datetime | None:
-    """A timestamp as PySpark's ``collect`` gives it (naive, local time)."""
+    """A timestamp as a UTC datetime (never the machine's local time)."""
     if us is None:
         return None
-    return datetime.fromtimestamp(us // 1_000_000).replace(microsecond=us % 1_000_000)
+    return datetime.fromtimestamp(us // 1_000_000, UTC).replace(microsecond=us % 1_000_000)
 
 
 def _pylist(
@@ -184,6 +184,11 @@ def principals(who: list[dict], n: int = 20) -> list[dict]:
         sums[key] = sums.get(key, 0) + (r["records"] or 0)
     ranked = sorted(sums.items(), key=lambda kv: (-kv[1], _first(kv[0][0]), _first(kv[0][1])))
     return [{"principal": p, "api": a, "n": c} for (p, a), c in ranked[:n]]
+
+
+def count(path: Path) -> int:
+    """The rows of table ``path``."""
+    return localtable.count(path)
 
 
 def ordered(

@@ -29,7 +29,17 @@ from pyspark.sql import functions as F
 from kraft.log.segment import list_segments
 from kraft.log.snapshot import list_snapshots
 from kraft.snapshotter import image_from_snapshot, image_to_snapshot
-from tools.audit import carry, checks, localtable, report, reportdata, state, tables
+from tools.audit import (
+    carry,
+    checks,
+    integrity,
+    localtable,
+    report,
+    reportdata,
+    state,
+    tables,
+    witness,
+)
 from tools.audit.mirror import Mirror
 from tools.audit.session import build_session, local_cores
 
@@ -65,6 +75,8 @@ class AuditOptions:
     state_at_offset: int | None = None
     state_at_ms: int | None = None
     mirror: Path | None = None
+    witnesses: list[Path] = field(default_factory=list)
+    previous: Path | None = None
 
 
 @dataclass
@@ -94,11 +106,11 @@ class _Steps:
 
 def validate(opts: AuditOptions) -> None:
     """Refuse bad input before starting Spark."""
-    d = opts.log_dir
-    if not d.is_dir():
-        raise AuditError(f"log directory {d} does not exist")
-    if not list_segments(d):
-        raise AuditError(f"{d} holds no metadata log segments (*.log files named by offset)")
+    for d in (opts.log_dir, *opts.witnesses):
+        if not d.is_dir():
+            raise AuditError(f"log directory {d} does not exist")
+        if not list_segments(d):
+            raise AuditError(f"{d} holds no metadata log segments (*.log files named by offset)")
     if opts.out.exists() and not opts.out.is_dir():
         raise AuditError(f"output {opts.out} exists and is not a directory")
     lo, hi = opts.from_offset, opts.to_offset
@@ -115,6 +127,10 @@ def run_audit(
     validate(opts)
     out = opts.out
     out.mkdir(parents=True, exist_ok=True)
+    try:
+        previous = witness.previous_head(opts.previous, out / "findings.json", opts.log_dir)
+    except witness.PreviousError as e:
+        raise AuditError(str(e)) from None
     prior, why = _prior_state(opts)
     mirror = Mirror(opts.log_dir, opts.mirror or out / "mirror", opts.to_offset)
     # The mirror's stale segments are decoded, then the log replayed, while the JVM starts and
@@ -128,7 +144,53 @@ def run_audit(
             mirror.start(pool)
         image = out / "carry" / "image.snapshot" if prior is not None else None
         replaying = pool.submit(_replay, opts, image, _carries(opts))
-        return _run(opts, spark, progress, replaying, prior, why, pool, mirror)
+        scans = _Scans(
+            pool.submit(integrity.scan_log, opts.log_dir, opts.to_offset),
+            [pool.submit(integrity.scan_log, w) for w in opts.witnesses],
+            previous,
+        )
+        return _run(opts, spark, progress, replaying, prior, why, pool, mirror, scans)
+
+
+@dataclass
+class _Scans:
+    """The structure scans running beside Spark (:mod:`tools.audit.integrity`): of the
+    audited log, of each witness log, and the head an earlier audit verified."""
+
+    log: Future
+    witnesses: list[Future]
+    previous: dict | None
+
+    def result(
+        self, opts: AuditOptions
+    ) -> tuple[integrity.Integrity, list[integrity.Finding], list[integrity.Integrity]]:
+        """The audited log's scan, the witness findings and the witness logs' scans (never
+        raises on a damaged log)."""
+        try:
+            scan = self.log.result()
+        except Exception as e:  # a bug in the scan must not cost the report
+            scan = integrity.Integrity(str(opts.log_dir))
+            scan.add(
+                integrity.Finding(
+                    "segment-intact", "error", None, None, None, f"the scan failed: {e!r}"
+                )
+            )
+        others = []
+        for path, fut in zip(opts.witnesses, self.witnesses):
+            try:
+                others.append(fut.result())
+            except Exception as e:
+                bad = integrity.Integrity(str(path))
+                bad.add(
+                    integrity.Finding(
+                        "witness-agrees", "error", str(path), None, None, f"unreadable: {e!r}"
+                    )
+                )
+                others.append(bad)
+        found = witness.compare(scan, others)
+        if self.previous is not None:
+            found += witness.against_previous(scan, self.previous)
+        return scan, found, others
 
 
 def _worker_context(spark: SparkSession | None) -> BaseContext:
@@ -171,6 +233,7 @@ class _Replayed:
     state_doc: dict | None
     image: str | None = None
     offset: int | None = None
+    end_state: dict | None = None
 
 
 def _replay(opts: AuditOptions, image: Path | None, keep: bool) -> _Replayed:
@@ -188,24 +251,27 @@ def _replay(opts: AuditOptions, image: Path | None, keep: bool) -> _Replayed:
             "snapshot": next((c for c in at.comparisons if c["offset"] == at.image.offset), None),
         }
     written = None
+    end = state.end_state(replayed.image)
     if keep and replayed.error is None:
         staging = opts.out / ".replayed-image"
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
         written = str(image_to_snapshot(staging, replayed.image))
     return _Replayed(
-        replayed.comparisons, replayed.error, state_doc, written, replayed.image.offset
+        replayed.comparisons, replayed.error, state_doc, written, replayed.image.offset, end
     )
 
 
 def _meta(records: DataFrame) -> dict:
     row = records.agg(
-        F.count("*").alias("records"),
+        F.count(F.when(F.col("problem").isNull(), 1)).alias("records"),
         F.min("offset").alias("first_offset"),
         F.max("offset").alias("last_offset"),
         F.min("timestamp_ms").alias("first_ms"),
         F.max("timestamp_ms").alias("last_ms"),
-        F.sum(F.when(F.col("index_in_batch") == 0, 1).otherwise(0)).alias("batches"),
+        F.sum(
+            F.when((F.col("index_in_batch") == 0) & F.col("problem").isNull(), 1).otherwise(0)
+        ).alias("batches"),
         F.count("problem").alias("problems"),
         F.max_by(
             F.struct("source", "position", "batch_last_offset", "batch_hash", "term"),
@@ -262,12 +328,15 @@ def _meta_of_rows(rows: pa.Table) -> dict:
     last = rows.take(order[-1:]).to_pylist()
     end = last[0] if last else None
     return {
-        "records": rows.num_rows,
+        "records": rows.num_rows - pc.count(rows["problem"]).as_py(),
         "first_offset": value(pc.min, "offset"),
         "last_offset": value(pc.max, "offset"),
         "first_ms": value(pc.min, "timestamp_ms"),
         "last_ms": value(pc.max, "timestamp_ms"),
-        "batches": pc.sum(pc.equal(rows["index_in_batch"], 0)).as_py() or 0,
+        "batches": pc.sum(
+            pc.and_(pc.equal(rows["index_in_batch"], 0), pc.is_null(rows["problem"]))
+        ).as_py()
+        or 0,
         "problems": pc.count(rows["problem"]).as_py(),
         "head": {
             "batch_base_offset": first[0]["batch_base_offset"],
@@ -329,6 +398,7 @@ def _run(
     why: str,
     pool: ProcessPoolExecutor,
     mirror: Mirror,
+    scans: _Scans,
 ) -> AuditResult:
     out = opts.out
     steps = _Steps(progress, 7)
@@ -482,11 +552,16 @@ def _run(
             )
         tf = carry.TableFiles(spark, out / "tables", run_no, tf.schemas)
     table_paths = {name: out / "tables" / name for name in (*TABLES, "findings")}
-    counts, samples = _counts_and_samples(tf.read("findings"))
+    scan, found, others = scans.result(opts)
+    causes = [r.first for r in scan.regions]
+    counts, samples, consequences = _counts_and_samples(tf.read("findings"), causes)
     steps.done("checks_s")
 
     steps("replaying the log against snapshots")
-    replayed = replaying.result()
+    try:
+        replayed = replaying.result()
+    except Exception as e:  # a damaged log must end in findings, not a traceback
+        replayed = _Replayed([], f"the replay failed: {e}", None)
     if prior is not None:
         replayed.comparisons = prior["comparisons"] + replayed.comparisons
     state_doc = replayed.state_doc
@@ -495,8 +570,12 @@ def _run(
             "rule": "snapshot-matches-log",
             "severity": "error",
             "offset": c["offset"],
-            "detail": f"{c['snapshot']}: rebuilt {c['rebuilt_checksum'][:16]}… != "
-            f"snapshot {c['snapshot_checksum'][:16]}…",
+            "file": c["snapshot"],
+            "position": None,
+            "detail": f"{c['snapshot']}: rebuilt from the log {c['rebuilt_checksum'][:16]}…, "
+            f"header {c['snapshot_checksum'][:16] or '?'}…, its records "
+            f"{(c.get('snapshot_records_checksum') or '?')[:16]}…"
+            + (f" ({c['error']})" if c.get("error") else ""),
         }
         for c in replayed.comparisons
         if not c["match"]
@@ -505,7 +584,15 @@ def _run(
         (out / "state.json").write_text(json.dumps(state_doc, indent=1))
     steps.done("state_s")
 
-    findings = _findings_doc(opts, meta, counts, samples, snapshot_rows, replayed, table_paths, out)
+    structure = [{**f.as_dict(), "root_cause": True} for f in scan.findings + found]
+    findings = _findings_doc(
+        opts, meta, counts, samples, structure + snapshot_rows, replayed, table_paths, out
+    )
+    _root_causes(findings, scan, consequences, found, snapshot_rows)
+    witness.record(findings, scan, others, scans.previous)
+    findings["end_state"] = replayed.end_state
+    findings["controller_changes"] = scan.controller_changes()
+    findings["damaged_frames"] = scan.damaged_frames
     (out / "findings.json").write_text(json.dumps(findings, indent=1, default=str))
 
     steps("rendering the report")
@@ -529,7 +616,7 @@ def _run(
     )
     report_path = out / "report.html"
     report_path.write_text(report.render(data), encoding="utf-8")
-    if from_offset is None:  # what the next run carries on from
+    if from_offset is None and not scan.findings:  # what the next run carries on from
         _write_carry(out, opts, meta, replayed, run_no, {"tables": tf.schemas, "carry": cf.schemas})
     steps.done("report_s")
     topics_df.unpersist()
@@ -542,14 +629,24 @@ def _run(
     return AuditResult(code, findings, report_path, table_paths, steps.timings)
 
 
-def _counts_and_samples(findings_df: DataFrame) -> tuple[dict, list]:
+def _counts_and_samples(
+    findings_df: DataFrame, causes: list[int] | None = None
+) -> tuple[dict, list, dict]:
     """The findings per (rule, severity) and each rule's first :data:`SAMPLES_PER_RULE` by
-    offset, in one job: the samples and one row of each (rule, severity), each row with its
-    (rule, severity)'s count."""
+    offset, in one job: the samples and one row of each (rule, severity, cause), each row with
+    its group's count. ``causes``: the first offsets of the log's damaged or missing stretches
+    (sorted); a finding at or after one is its consequence (``cause``: that stretch's index,
+    -1 for none). Returns the counts, the samples and ``{(rule, cause): count}`` of the
+    consequences."""
+    starts = sorted(causes or [])
+    cause = F.lit(-1)
+    for i, first in enumerate(starts):
+        cause = F.when(F.col("offset") >= F.lit(first), F.lit(i)).otherwise(cause)
     by_rule = Window.partitionBy("rule").orderBy("offset")
-    by_kind = Window.partitionBy("rule", "severity")
+    by_kind = Window.partitionBy("rule", "severity", "cause")
     rows = (
-        findings_df.select(
+        findings_df.withColumn("cause", cause)
+        .select(
             "*",
             F.row_number().over(by_rule).alias("n"),
             F.count("*").over(by_kind).alias("count"),
@@ -558,11 +655,58 @@ def _counts_and_samples(findings_df: DataFrame) -> tuple[dict, list]:
         .filter((F.col("n") <= SAMPLES_PER_RULE) | (F.col("k") == 1))
         .collect()
     )
-    counts = {(r["rule"], r["severity"]): r["count"] for r in rows}
+    counts: dict = {}
+    consequences: dict = {}
+    for r in rows:
+        if r["k"] == 1:
+            key = (r["rule"], r["severity"])
+            counts[key] = counts.get(key, 0) + r["count"]
+            if r["cause"] >= 0:
+                ck = (r["rule"], r["cause"])
+                consequences[ck] = consequences.get(ck, 0) + r["count"]
     samples = sorted(
         (r for r in rows if r["n"] <= SAMPLES_PER_RULE), key=lambda r: (r["rule"], r["n"])
     )
-    return counts, samples
+    return counts, samples, consequences
+
+
+def _root_causes(
+    findings: dict,
+    scan: integrity.Integrity,
+    consequences: dict,
+    found: list[integrity.Finding],
+    snapshot_rows: list[dict],
+) -> None:
+    """Lead with the root causes: every structural finding (damage, gaps, chain breaks,
+    snapshots, witnesses), each damaged or missing stretch with the count per rule of the
+    safety findings after it (its consequences: the state they were checked on is missing
+    that stretch's changes). Marks each rule's consequence count."""
+    causes = []
+    for i, region in enumerate(scan.regions):
+        f = region.finding
+        causes.append(
+            {
+                **f.as_dict(),
+                "offsets": [region.first, region.last],
+                "consequences": {
+                    rule: n for (rule, c), n in sorted(consequences.items()) if c == i
+                },
+            }
+        )
+    in_regions = {id(r.finding) for r in scan.regions}
+    for f in scan.findings + found:
+        if id(f) not in in_regions:
+            causes.append({**f.as_dict(), "offsets": None, "consequences": {}})
+    for rule in findings["rules"]:
+        n = sum(c for (r, _), c in consequences.items() if r == rule["rule"])
+        rule["consequences"] = n
+        rule["root_causes"] = rule["count"] - n
+    for row in snapshot_rows:
+        causes.append({**row, "offsets": None, "consequences": {}})
+    causes.sort(
+        key=lambda c: (c["severity"] != "error", c["offset"] if c["offset"] is not None else -1)
+    )
+    findings["root_causes"] = causes
 
 
 def _together(*jobs: Callable[[], Any]) -> list[Any]:
@@ -658,15 +802,20 @@ def _findings_doc(
     by_rule: dict[str, list[dict]] = {}
     for row in samples:
         by_rule.setdefault(row["rule"], []).append(
-            {"offset": row["offset"], "severity": row["severity"], "detail": row["detail"]}
+            {
+                "offset": row["offset"],
+                "severity": row["severity"],
+                "detail": row["detail"],
+                "consequence": row["cause"] >= 0,
+            }
         )
     for row in extra:
         by_rule.setdefault(row["rule"], []).append(
-            {k: row[k] for k in ("offset", "severity", "detail")}
+            {k: row.get(k) for k in ("offset", "severity", "detail", "file", "position")}
         )
         counts[(row["rule"], row["severity"])] = counts.get((row["rule"], row["severity"]), 0) + 1
     rules = []
-    for rule, (severity, description) in checks.RULES.items():
+    for rule, (severity, description) in {**integrity.RULES, **checks.RULES}.items():
         errors = counts.get((rule, "error"), 0)
         warnings = counts.get((rule, "warning"), 0)
         rules.append(
@@ -877,6 +1026,19 @@ def _report_data(
         )
         for r in got["broker_history"]
     ]
+    shown = {
+        "replication_intervals": (tables_dir / "replication_intervals", len(ri)),
+        "topic_lifecycle": (tables_dir / "topic_lifecycle", len(lifecycle)),
+        "broker_history": (brokers, len(bh)),
+    }
+    totals = {}
+    for name, (path, n) in shown.items():
+        total = localtable.count(path)
+        link = None
+        if total > n:  # the whole table beside the report
+            localtable.write_csv(path, out / "csv" / f"{name}.csv")
+            link = f"csv/{name}.csv"
+        totals[name] = {"shown": n, "total": total, "csv": link}
     meta_out = {
         **meta,
         "log_dir": str(opts.log_dir),
@@ -900,6 +1062,12 @@ def _report_data(
         "lifecycle": lifecycle,
         "broker_history": bh,
         "snapshots": replayed.comparisons,
+        "totals": totals,
+        "root_causes": findings.get("root_causes", []),
+        "end_state": findings.get("end_state"),
+        "controller_changes": findings.get("controller_changes", []),
+        "head": findings.get("head"),
+        "witnesses": findings.get("witnesses", []),
     }
 
 
@@ -909,10 +1077,16 @@ def _summary(progress: Callable[[str], None], findings: dict, report_path: Path)
         f"Audit {findings['status'].upper()}: {findings['records']:,} records, offsets "
         f"{findings['first_offset']}..{findings['last_offset']}"
     )
+    for c in findings.get("root_causes", []):
+        where = f"{c.get('file') or ''} byte {c.get('position')}" if c.get("file") else ""
+        progress(f"  ROOT    {c['rule']} at offset {c['offset']} {where}: {c['detail']}")
     for r in findings["rules"]:
         if r["count"]:
             offs = ", ".join(str(s["offset"]) for s in r["samples"][:5])
-            progress(f"  {r['severity'].upper():7} {r['rule']}: {r['count']} (offsets {offs})")
+            then = f", {r['consequences']} after damage" if r.get("consequences") else ""
+            progress(
+                f"  {r['severity'].upper():7} {r['rule']}: {r['count']}{then} (offsets {offs})"
+            )
     passed = sum(1 for r in findings["rules"] if r["passed"])
     progress(
         f"  {passed} of {len(findings['rules'])} rules passed; "

@@ -13,9 +13,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kraft.image import MetadataDelta, MetadataImage, ReplayError
+from kraft.image import MetadataDelta, MetadataImage, ReplayError, image_from_records
+from kraft.log.errors import CorruptSnapshotError
 from kraft.log.segment import list_segments, scan_segment
-from kraft.log.snapshot import list_snapshots, parse_snapshot_name, read_snapshot_header
+from kraft.log.snapshot import (
+    list_snapshots,
+    parse_snapshot_name,
+    read_snapshot,
+    read_snapshot_header,
+)
 from kraft.records import Batch
 from kraft.snapshotter import image_from_snapshot
 from tools.audit.structs import decode_batch_fast
@@ -60,7 +66,10 @@ def _start(log_dir: Path) -> tuple[MetadataImage, Path | None]:
         return MetadataImage.EMPTY, None
     for snap in list_snapshots(log_dir):
         if parse_snapshot_name(snap)[0] == first:
-            return image_from_snapshot(snap), snap
+            try:
+                return image_from_snapshot(snap), snap
+            except CorruptSnapshotError as e:
+                raise StateError(f"the log starts at offset {first}: {e}") from None
     raise StateError(f"the log starts at offset {first} and no snapshot ends there")
 
 
@@ -75,7 +84,10 @@ def replay(
     ``start``: the image of this log at some offset (an earlier replay's); only the batches
     after it are replayed."""
     log_dir = Path(log_dir)
-    image, anchor = (start, None) if start is not None else _start(log_dir)
+    try:
+        image, anchor = (start, None) if start is not None else _start(log_dir)
+    except StateError as e:
+        return Replay(MetadataImage.EMPTY, error=str(e))
     targets = {
         parse_snapshot_name(p)[0] - 1: p
         for p in list_snapshots(log_dir)
@@ -105,11 +117,44 @@ def replay(
     return result
 
 
+def records_checksum(snapshot: Path, version: int) -> tuple[str | None, str | None]:
+    """The checksum of the image a snapshot's records rebuild, whatever its header says, or
+    ``(None, why)`` when they cannot be read (never raises on a damaged file)."""
+    try:
+        header, records = read_snapshot(snapshot)
+        image = image_from_records(
+            records,
+            offset=header.end_offset - 1,
+            term=header.term,
+            raft_index=header.raft_index,
+            timestamp_ms=header.timestamp_ms,
+            last_hash=header.last_hash,
+        )
+        return image.checksum(version), None
+    except CorruptSnapshotError as e:
+        return None, f"byte {e.position}: {e.reason}"
+    except Exception as e:  # records that do not replay
+        return None, f"records do not replay: {e}"
+
+
 def compare(image: MetadataImage, snapshot: Path) -> dict:
-    """The rebuilt image's checksum against a snapshot's (header and records)."""
-    header = read_snapshot_header(snapshot)
+    """The rebuilt image's checksum against a snapshot's header and against the image its
+    records rebuild (a damaged snapshot gives ``match`` False and ``error``, never raises)."""
+    offset = parse_snapshot_name(snapshot)[0] - 1
+    try:
+        header = read_snapshot_header(snapshot)
+    except CorruptSnapshotError as e:
+        return {
+            "snapshot": snapshot.name,
+            "offset": offset,
+            "rebuilt_checksum": image.checksum(),
+            "snapshot_checksum": "",
+            "snapshot_records_checksum": None,
+            "match": False,
+            "error": f"byte {e.position}: {e.reason}",
+        }
     rebuilt = image.checksum(header.checksum_version)  # the version the snapshot's format holds
-    from_records = image_from_snapshot(snapshot).checksum(header.checksum_version)
+    from_records, error = records_checksum(snapshot, header.checksum_version)
     return {
         "snapshot": snapshot.name,
         "offset": header.end_offset - 1,
@@ -117,6 +162,39 @@ def compare(image: MetadataImage, snapshot: Path) -> dict:
         "snapshot_checksum": header.image_checksum,
         "snapshot_records_checksum": from_records,
         "match": rebuilt == header.image_checksum == from_records,
+        "error": error,
+    }
+
+
+def end_state(image: MetadataImage, limit: int = 500) -> dict:
+    """What the cluster looked like at the image: offline partitions (no leader),
+    under-replicated ones (ISR smaller than the replicas) and fenced brokers; each list
+    capped at ``limit`` with its full count."""
+    offline, under = [], []
+    for t in sorted(image.topics_by_id.values(), key=lambda t: t.name):
+        for pid, p in sorted(t.partitions.items()):
+            row = {
+                "partition": f"{t.name}-{pid}",
+                "leader": p.leader,
+                "isr": list(p.isr),
+                "replicas": list(p.replicas),
+            }
+            if p.leader < 0:
+                offline.append(row)
+            elif len(p.isr) < len(p.replicas):
+                under.append(row)
+    fenced = [
+        b.broker_id for b in sorted(image.brokers.values(), key=lambda b: b.broker_id) if b.fenced
+    ]
+    return {
+        "offset": image.offset,
+        "timestamp_ms": image.timestamp_ms,
+        "offline_count": len(offline),
+        "offline": offline[:limit],
+        "under_replicated_count": len(under),
+        "under_replicated": under[:limit],
+        "fenced_brokers": fenced,
+        "brokers": len(image.brokers),
     }
 
 

@@ -38,6 +38,14 @@ examples:
   kraft audit --log-dir LOG --out ./audit --from 1000 --to 5000
   kraft audit --log-dir LOG --out ./audit --to 2026-11-22T10:30:00Z --state-at 4200
   kraft audit --log-dir LOG --out ./audit --master spark://host:7077
+  kraft audit --log-dir ./c/controller-1/metadata/log --log-dir ./c/controller-2/metadata/log \
+      --log-dir ./c/controller-3/metadata/log --out ./audit
+
+A damaged log (torn, truncated, edited or forged segments, snapshots or index files) never
+ends in a traceback: each break is a finding (check, file, byte position, offset) and the
+report and findings.json are still written. findings.json records the head this audit
+verified (offset and hash); the next audit into the same OUT fails if the history up to it
+changed. With several --log-dir (one per controller) their chains are compared.
 
 exit status: 0 every error-severity check passed, 1 a check failed (or Spark failed),
 2 bad arguments or no log in --log-dir."""
@@ -64,8 +72,11 @@ def build_options(args: argparse.Namespace) -> AuditOptions:
     """The AuditOptions for parsed arguments (UsageError on bad values)."""
     from tools.audit.run import AuditOptions
 
+    dirs = [Path(d) for d in args.log_dir]
     opts = AuditOptions(
-        log_dir=Path(args.log_dir),
+        log_dir=dirs[0],
+        witnesses=dirs[1:],
+        previous=Path(args.previous) if args.previous else None,
         out=Path(args.out),
         master=args.master or None,
         mirror=Path(args.mirror) if args.mirror else None,
@@ -115,9 +126,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--log-dir",
         required=True,
+        action="append",
         metavar="DIR",
         help="a metadata log directory (segments, snapshots), e.g. "
-        "CLUSTER/controller-1/metadata/log",
+        "CLUSTER/controller-1/metadata/log; give it once per controller: the first is "
+        "audited, the others are witnesses its chain must agree with",
+    )
+    p.add_argument(
+        "--previous",
+        metavar="FINDINGS",
+        help="an earlier audit's findings.json: fail if the history up to the head it "
+        "verified changed (default: OUT/findings.json when it audited the same directory)",
     )
     p.add_argument("--out", required=True, metavar="OUT", help="output directory")
     p.add_argument("--from", dest="start", metavar="OFFSET|TIME", help="first offset or time shown")

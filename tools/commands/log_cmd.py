@@ -79,6 +79,12 @@ def dump_items(path: str | Path, from_offset: int = 0) -> Iterator[dict[str, Any
         for i, record in enumerate(batch.records):
             if batch.base_offset + i >= from_offset:
                 yield record_item(batch, i, record, item.path, entry.position, damaged)
+    if not p.is_file():  # every snapshot beside the log must verify too
+        for snap in snapshot_files(resolve_log_dir(p)):
+            problem_item = _verify_snapshot(snap)
+            if problem_item is not None:
+                problems += 1
+                yield problem_item
     yield {
         "kind": "summary",
         "files": sorted(files),
@@ -89,6 +95,26 @@ def dump_items(path: str | Path, from_offset: int = 0) -> Iterator[dict[str, Any
         "problems": problems,
         "snapshots": snapshots,
     }
+
+
+def _verify_snapshot(path: Path) -> dict[str, Any] | None:
+    """A problem item when ``path`` does not verify: its frames, footer, and the image its
+    records rebuild against the checksum its header names (a snapshot edited and resealed)."""
+    from kraft.snapshotter import snapshot_state
+
+    try:
+        snapshot_state(path)
+    except CorruptSnapshotError as e:
+        return {
+            "kind": "problem",
+            "problem": "snapshot",
+            "file": str(path),
+            "position": e.position,
+            "offset": None,
+            "detail": e.reason,
+            "message": str(e),
+        }
+    return None
 
 
 def _dump_snapshot(path: Path, from_index: int) -> Iterator[dict[str, Any]]:
@@ -111,6 +137,9 @@ def _dump_snapshot(path: Path, from_index: int) -> Iterator[dict[str, Any]]:
             count += 1
             if i >= from_index:
                 yield {"kind": "snapshot_record", "index": i, "record": record_to_json(record)}
+        forged = _verify_snapshot(path)
+        if forged is not None:
+            raise CorruptSnapshotError(path, forged["position"], forged["detail"])
     except CorruptSnapshotError as e:
         yield {
             "kind": "problem",
