@@ -104,7 +104,7 @@ import pysyncobj.pickle as _pysyncobj_pickle
 import pysyncobj.syncobj as _syncobj_module
 import trio
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
-from pysyncobj.journal import FileJournal
+from pysyncobj.journal import FileJournal  # noqa: F401 -- PySyncObj's v1 journal, for tests
 from pysyncobj.monotonic import monotonic as _monotonic
 from pysyncobj.node import TCPNode
 from pysyncobj.syncobj import SyncObjException
@@ -113,7 +113,7 @@ from pysyncobj.transport import TCPTransport
 
 from kraft.config import is_loopback
 from kraft.errors import ErrorCode, KraftError
-from kraft.quorum.durable_journal import DurableJournalMixin, register_journal, unregister_journal
+from kraft.quorum.durable_journal import DurableJournal, register_journal, unregister_journal
 from kraft.quorum.group_commit import GroupCommitter
 from kraft.quorum.trio_ticker import EpollPoller, TickLoop
 
@@ -283,10 +283,6 @@ def _host_of(addr: str) -> str:
     if not host or not port.isdigit():
         raise ValueError(f"Raft address {addr!r} is not host:port")
     return host.strip("[]")
-
-
-class DurableJournal(DurableJournalMixin, FileJournal):
-    """PySyncObj's file journal that syncs before outgoing messages (``durable_journal.py``)."""
 
 
 class _SyncingTransport(TCPTransport):
