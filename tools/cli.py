@@ -14,7 +14,16 @@ from collections.abc import Sequence
 
 from kraft.errors import KraftError
 from tools import completion, output
-from tools.commands import audit_cmd, cluster_cmd, configs, log_cmd, quorum, shell_cmd, topics
+from tools.commands import (
+    audit_cmd,
+    cluster_cmd,
+    configs,
+    log_cmd,
+    quorum,
+    shell_cmd,
+    storage_cmd,
+    topics,
+)
 from tools.commands.common import ManualFormatter, UsageError
 
 DESCRIPTION = """\
@@ -119,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_node_commands(sub)
     cluster_cmd.register(sub)
+    storage_cmd.register(sub)
     quorum.register(sub)
     topics.register(sub)
     configs.register(sub)

@@ -17,6 +17,7 @@ import trio
 
 from broker.replica.isr_tracker import FollowerState, high_watermark, may_join, out_of_sync
 from broker.replica.partition_log import PartitionLog
+from kraft.storage.failure import storage_failed
 
 
 @dataclass(eq=False)
@@ -62,7 +63,10 @@ class Partition:
 
     def append_as_leader(self, data: bytes) -> tuple[int, int]:
         """Append client batches in the current leader epoch; (first, last) offset."""
-        first, last = self.log.append(data, leader_epoch=self.leader_epoch)
+        try:
+            first, last = self.log.append(data, leader_epoch=self.leader_epoch)
+        except OSError as e:  # the log dir failed: stop the broker (docs/design.md)
+            storage_failed("partition log write", self.log.dir, e)
         self.maybe_advance_high_watermark()
         self.wake()
         return first, last
@@ -107,7 +111,10 @@ class Partition:
     def append_as_follower(self, data: bytes, leader_high_watermark: int) -> None:
         """Append fetched batches and adopt the leader's high watermark (up to our log end)."""
         if data:
-            self.log.append_as_follower(data)
+            try:
+                self.log.append_as_follower(data)
+            except OSError as e:
+                storage_failed("partition log write", self.log.dir, e)
         hw = min(leader_high_watermark, self.log.log_end_offset)
         if hw > self.log.high_watermark:
             self.log.advance_high_watermark(hw)

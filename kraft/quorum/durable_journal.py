@@ -130,7 +130,7 @@ class PwriteFile:
         return os.pread(self._fd, size, offset)
 
     def flush(self) -> None:
-        """Nothing to do: ``DurableJournalMixin.sync`` syncs the file."""
+        """Nothing to do: ``DurableJournal.sync`` syncs the file."""
 
     def _destroy(self) -> None:
         if self._fd >= 0:

@@ -116,6 +116,7 @@ from kraft.errors import ErrorCode, KraftError
 from kraft.quorum.durable_journal import DurableJournal, register_journal, unregister_journal
 from kraft.quorum.group_commit import GroupCommitter
 from kraft.quorum.trio_ticker import EpollPoller, TickLoop
+from kraft.storage.failure import storage_failed
 
 socket.inet_ntop = _socket.inet_ntop
 
@@ -415,6 +416,7 @@ class RaftQuorum:
         raft_dir: Path,
         target: ApplyTarget,
         settings: RaftSettings | None = None,
+        joining: bool = False,
     ) -> None:
         settings = settings or RaftSettings()
         settings.validate()
@@ -452,6 +454,13 @@ class RaftQuorum:
         self._unapplied_since: float | None = None  # a follower's oldest unapplied commit
         self._heartbeat_period = min(settings.append_entries_period, settings.raft_min_timeout / 4)
         self._closed = False
+        # A member formatted to join a running quorum (an empty or rebuilt directory): it
+        # does not campaign, grants votes only to candidates with history, and stays so until
+        # it has applied the commit index of the first leader it heard from and the node has
+        # checked that leader's cluster id (finish_join).
+        self.joining = joining
+        self._join_target: int | None = None
+        self._join_refused_votes = 0
         self._counters = {
             "entries_applied": 0,
             "entries_skipped": 0,
@@ -529,6 +538,13 @@ class RaftQuorum:
             raise
         finally:
             unregister_journal(journal_file)
+        if self.joining:
+            self._hold_election(so)
+            logger.warning(
+                "raft member %d: joining a running quorum: no campaign, no vote for a candidate "
+                "without history, until caught up from a leader",
+                self.node_id,
+            )
         poller = so._poller
         assert isinstance(poller, EpollPoller)
         self._ticks = TickLoop(functools.partial(so.doTick, 0.0), poller, s.auto_tick_period)
@@ -752,6 +768,52 @@ class RaftQuorum:
         self._subscribers = alive
         self._committer.kick()
 
+    # ---- joining a running quorum -----------------------------------------------------------
+    @property
+    def join_caught_up(self) -> bool:
+        """While joining: a leader was heard from and everything it had committed then is
+        applied here (the node then checks the leader's cluster id and calls finish_join)."""
+        so = self._so
+        target = self._join_target
+        return so is not None and target is not None and so.raftLastApplied >= target
+
+    def finish_join(self) -> None:
+        """From now on this member campaigns and votes like any voter."""
+        if self.joining:
+            self.joining = False
+            logger.info(
+                "raft member %d: caught up to raft index %s from the leader; voting from now on",
+                self.node_id,
+                self._join_target,
+            )
+
+    def _hold_election(self, so: _KraftSyncObj) -> None:
+        """A joining member never times out into a campaign."""
+        so._SyncObj__raftElectionDeadline = _monotonic() + 10 * self.settings.raft_max_timeout  # type: ignore[attr-defined]
+
+    def _joining_filter(self, message: dict) -> bool:
+        """While joining: False for messages to drop (a vote for a candidate without history:
+        two blank members must not elect each other; a leadership transfer to us)."""
+        kind = message.get("type")
+        if kind == "append_entries":
+            if self._join_target is None:
+                self._join_target = int(message.get("commit_index") or 0)
+            return True
+        if kind == "timeout_now":
+            return False
+        if kind == "request_vote" and int(message.get("last_log_term") or 0) <= 0:
+            self._join_refused_votes += 1
+            if self._join_refused_votes in (1, 10, 100) or self._join_refused_votes % 1000 == 0:
+                logger.warning(
+                    "raft member %d: joining (empty or rebuilt directory): refused a vote to a "
+                    "candidate without history (%d so far); waiting for a leader of the "
+                    "existing cluster",
+                    self.node_id,
+                    self._join_refused_votes,
+                )
+            return False
+        return True
+
     # ---- inside PySyncObj's ticks ------------------------------------------------------------
     def _observe(self) -> None:
         """Leadership watch: called from ``onStateChanged`` and every tick (cheap compare)."""
@@ -759,6 +821,8 @@ class RaftQuorum:
         ticks = self._ticks
         if so is None or ticks is None:
             return
+        if self.joining:
+            self._hold_election(so)
         state = (so._isLeader(), so.raftCurrentTerm)
         if state == self._observed:
             return
@@ -784,6 +848,8 @@ class RaftQuorum:
         ``success=False, reset=True`` and PySyncObj repairs from that — so we restore it.
         Reads and writes PySyncObj's private ``__raftNextIndex`` (inside a tick, raft.py only)."""
         so = self._so
+        if self.joining and isinstance(message, dict) and not self._joining_filter(message):
+            return
         if isinstance(message, dict) and message.get("type") == "next_node_idx":
             # An ack can advance the commit index, and the leader counts its own copy: it must
             # be on disk first (it was not synced before replication, see _sync_before_send).
@@ -888,6 +954,8 @@ class RaftQuorum:
                 last_entry[1],
                 len(snapshot),
             )
+        except OSError as exc:
+            storage_failed("raft compaction dump write", path, exc)
         except Exception:
             logger.exception("raft member %d: writing the compaction dump failed", self.node_id)
             raise

@@ -58,3 +58,12 @@ def storage_failed(what: str, path: object, exc: BaseException) -> NoReturn:
     log.critical(message)
     _handler(message)
     raise StorageFailure(message)  # a handler that returned: never go on
+
+
+def node_failed(message: str) -> NoReturn:
+    """Stop the node on a fault that is not the disk's (a committed entry that cannot be
+    applied): its state can no longer follow the log, so it must not serve or vote."""
+    message = f"fatal: {message}. This node stops now (exit {EXIT_STORAGE_FAILURE})."
+    log.critical(message)
+    _handler(message)
+    raise StorageFailure(message)
