@@ -156,13 +156,13 @@ def check_directory(
                 f"`kraft storage recover --config {config_path} --from-peers`."
             )
         raise StorageIdentityError(
-            f"{directory} has no {META_PROPERTIES}: it was never formatted, or its data was "
-            "wiped. A node never starts on an unformatted directory (it could rejoin as a blank "
-            "voter). New cluster: `kraft storage format --config "
-            f"{config_path} --initial-controllers` (brokers: without the flag). Rebuild a "
-            "controller of a running cluster whose disk was lost: `kraft storage recover "
-            f"--config {config_path} --from-peers`, then start it (it catches up from the leader "
-            "and votes only after)."
+            f"{directory} has no {META_PROPERTIES}: its data was wiped, or it was never "
+            "formatted. A node never starts on an unformatted directory (it would rejoin as a "
+            "blank voter). A controller of a running cluster whose disk was lost: "
+            f"`kraft storage recover --config {config_path} --from-peers`, then start it (it "
+            "catches up from the leader and votes only after). A broker: `kraft storage format "
+            f"--config {config_path}` (it re-replicates its partitions). Only for a brand-new "
+            f"cluster: `kraft storage format --config {config_path} --initial-controllers`."
         )
     if meta.cluster_id != cluster_id:
         raise StorageIdentityError(
