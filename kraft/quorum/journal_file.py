@@ -67,7 +67,7 @@ class JournalCorruptError(Exception):
             "`kraft storage recover --config FILE --from-peers`."
         )
 
-    def __reduce__(self):  # keep the arguments when pickled
+    def __reduce__(self) -> tuple[Any, ...]:  # keep the arguments when pickled
         return (type(self), (self.path, self.position, self.entry, self.reason))
 
 
@@ -194,7 +194,7 @@ def read_meta(path: str) -> tuple[dict[str, Any], bool]:
 
 
 def meta_bytes(meta: dict[str, Any]) -> bytes:
-    payload = msgpack.packb(
+    payload: bytes = msgpack.packb(
         {
             "term": int(meta.get("currentTerm", 0)),
             "voted_for": meta.get("votedForNodeId"),

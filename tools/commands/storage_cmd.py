@@ -114,7 +114,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add ``kraft storage ...``."""
     p = sub.add_parser(
         "storage",
