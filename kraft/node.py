@@ -36,6 +36,7 @@ from kraft.rpc.server import RpcServer
 from kraft.snapshotter import Snapshotter
 from kraft.storage import meta_properties
 from kraft.storage.failure import node_failed, storage_failed
+from kraft.storage.voter_directories import VoterDirectories
 
 log = logging.getLogger("kraft.controller")
 
@@ -119,6 +120,9 @@ class ControllerNode:
         self.rpc_port = config.rpc_voters[self.node_id][1]
         # formatted to join a running quorum (kraft storage recover / --no-initial-controllers)
         self.joining = meta_properties.joining(meta)
+        identity = meta_properties.read(meta)  # None for in-process nodes (tests)
+        self.directory_id = identity.directory_id if identity else ""
+        self.voter_directories = VoterDirectories(meta) if identity else None
 
     def _seed_dedup_window(self, snapshot_offset: int) -> None:
         """Start with the dedup window of the snapshot we start from, so a client retrying
@@ -215,6 +219,8 @@ class ControllerNode:
                 nursery.start_soon(self._log_flush_loop)
                 if self.joining:
                     nursery.start_soon(self._join_loop)
+                if self.voter_directories is not None and len(cfg.rpc_voters) > 1:
+                    nursery.start_soon(self._voter_directory_loop)
                 if cfg["metadata.max.idle.interval.ms"] > 0:
                     nursery.start_soon(self._idle_noop_loop)
                 if cfg["metrics.port"]:
@@ -291,6 +297,70 @@ class ControllerNode:
                 self.config.cluster_id,
             )
             return
+
+    async def _voter_directory_loop(self) -> None:
+        """Every second, ask the other voters for their directory id (see
+        kraft/storage/voter_directories.py) and tell the quorum whose votes not to count."""
+        from kraft.rpc.client import ControllerClient
+
+        vd = self.voter_directories
+        assert vd is not None and self.quorum is not None
+        clients = {
+            vid: ControllerClient(
+                [(host, port)],
+                client_id=f"controller-{self.node_id}",
+                credentials=self.config.rpc_client_credentials,
+            )
+            for vid, (host, port) in self.config.rpc_voters.items()
+            if vid != self.node_id
+        }
+        joining: dict[int, bool] = {}
+        try:
+            while True:
+                for vid, client in clients.items():
+                    try:
+                        with trio.fail_after(1.0):
+                            reply = await client.call("DescribeNode", {"checksum": False})
+                    except (KraftError, trio.TooSlowError, OSError):
+                        continue
+                    joining[vid] = bool(reply.get("joining"))
+                    try:
+                        event = vd.observe(
+                            vid,
+                            str(reply.get("directory_id") or ""),
+                            int(reply.get("applied_offset", -1)),
+                            bool(reply.get("joining")),
+                            self.state_machine.image.offset,
+                        )
+                    except OSError as e:
+                        storage_failed("quorum-state write", vd.path, e)
+                    if event == "changed":
+                        log.warning(
+                            "node %d: controller %d presents directory id %s, not %s (its disk "
+                            "was wiped or replaced): its votes are not counted until it has "
+                            "caught up to offset %d",
+                            self.node_id,
+                            vid,
+                            reply.get("directory_id"),
+                            vd.recorded.get(vid),
+                            vd.unverified[vid][1],
+                        )
+                    elif event == "verified":
+                        log.info(
+                            "node %d: controller %d caught up with its new directory %s; its "
+                            "votes count again",
+                            self.node_id,
+                            vid,
+                            reply.get("directory_id"),
+                        )
+                # a joining voter follows the join rule (votes only for a candidate with
+                # history): counting it lets an intact controller lead the rebuilt ones
+                self.quorum.unverified_voters = {v for v in vd.unverified if not joining.get(v)}
+                await trio.sleep(1.0)
+        finally:
+            with trio.CancelScope(shield=True):
+                for client in clients.values():
+                    await client.aclose()
 
     # ---- leadership ---------------------------------------------------------------------------
 
@@ -760,6 +830,10 @@ class ControllerNode:
             "raft": self.quorum.status() if self.quorum else {},
             "raft_stats": self.quorum.stats() if self.quorum else {},
             "joining": bool(self.quorum and self.quorum.joining),
+            "directory_id": self.directory_id,
+            "unverified_voters": sorted(self.voter_directories.unverified)
+            if self.voter_directories
+            else [],
         }
 
 

@@ -461,6 +461,10 @@ class RaftQuorum:
         self.joining = joining
         self._join_target: int | None = None
         self._join_refused_votes = 0
+        # Voters whose directory id changed and who have not caught up yet (kraft/storage/
+        # voter_directories.py, kept up to date by the node): their votes are not counted.
+        self.unverified_voters: set[int] = set()
+        self._unverified_dropped = 0
         self._counters = {
             "entries_applied": 0,
             "entries_skipped": 0,
@@ -814,6 +818,25 @@ class RaftQuorum:
             return False
         return True
 
+    def refuses_vote_message(self, message: Any, sender: int | None) -> bool:
+        """True for a vote request or grant from a voter whose directory changed and who has
+        not caught up since: a wiped voter must not take part in an election as the old one."""
+        if sender is None or sender not in self.unverified_voters or not isinstance(message, dict):
+            return False
+        if message.get("type") not in ("request_vote", "response_vote"):
+            return False
+        self._unverified_dropped += 1
+        if self._unverified_dropped in (1, 10, 100) or self._unverified_dropped % 1000 == 0:
+            logger.warning(
+                "raft member %d: ignored a %s from voter %d: its directory id changed (wiped "
+                "disk) and it has not caught up yet (%d ignored so far)",
+                self.node_id,
+                message.get("type"),
+                sender,
+                self._unverified_dropped,
+            )
+        return True
+
     # ---- inside PySyncObj's ticks ------------------------------------------------------------
     def _observe(self) -> None:
         """Leadership watch: called from ``onStateChanged`` and every tick (cheap compare)."""
@@ -849,6 +872,10 @@ class RaftQuorum:
         Reads and writes PySyncObj's private ``__raftNextIndex`` (inside a tick, raft.py only)."""
         so = self._so
         if self.joining and isinstance(message, dict) and not self._joining_filter(message):
+            return
+        if self.unverified_voters and self.refuses_vote_message(
+            message, self._addr_to_id.get(getattr(node, "id", None))
+        ):
             return
         if isinstance(message, dict) and message.get("type") == "next_node_idx":
             # An ack can advance the commit index, and the leader counts its own copy: it must

@@ -267,3 +267,39 @@ def test_another_clusters_directory_is_refused(cluster: LocalCluster) -> None:
     refused = run_controller(cluster, 3)
     assert refused.returncode == 1
     assert f"belongs to cluster {other!r}" in refused.stderr
+
+
+def test_a_wiped_voter_formatted_as_a_new_member_is_unverified_until_caught_up(
+    cluster: LocalCluster,
+) -> None:
+    """The operator's mistake: a wiped controller formatted with --initial-controllers. The
+    others notice its new directory id and ignore its votes until it has caught up."""
+    assert create_topic(cluster, "x")
+    poll(lambda: converged(cluster, [1, 2, 3]), 60, what="all three agree")
+    old_id = describe(cluster, 3)["directory_id"]
+    state = {n: meta_dir(cluster, n) / "quorum-state.properties" for n in (1, 2)}
+    for path in state.values():
+        poll(lambda p=path: f"voter.3.directory.id={old_id}" in p.read_text(), 30, what="record")
+    cluster.kill(3, "TERM")
+    shutil.rmtree(meta_dir(cluster, 3))
+    kraft("storage", "format", "--config", config_of(cluster, 3), "--initial-controllers")
+    new_id = mp.read(meta_dir(cluster, 3)).directory_id
+    assert new_id != old_id
+    cluster.start(3)
+    for n in (1, 2):
+        log = Path(cluster.controller(n)["log_file"])
+        poll(
+            lambda log=log: (
+                f"controller 3 presents directory id {new_id}, not {old_id}" in log.read_text()
+            ),
+            60,
+            what=f"controller {n} noticed the new directory",
+        )
+        poll(
+            lambda log=log: "controller 3 caught up with its new directory" in log.read_text(),
+            60,
+            what=f"controller {n} verified it",
+        )
+        assert f"voter.3.directory.id={new_id}" in state[n].read_text()
+    poll(lambda: converged(cluster, [1, 2, 3]), 60, what="one history")
+    assert "x" in topic_names(cluster)
