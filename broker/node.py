@@ -9,6 +9,7 @@ shutdown (heartbeat ``want_shutdown`` until the controller agrees, bounded by
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 from typing import Any
@@ -25,6 +26,7 @@ from broker.replica.isr_updater import IsrUpdater
 from broker.replica.replica_fetcher import ReplicaFetcherManager
 from broker.replica.replica_manager import ReplicaManager
 from broker.state import serve_state, snapshot_state
+from kraft import logsetup
 from kraft.config import BrokerConfig, ConfigError
 from kraft.rpc.client import ControllerClient
 from kraft.storage import meta_properties
@@ -233,23 +235,19 @@ class BrokerNode:
         return 0
 
 
-def _setup_logging() -> None:
-    root = logging.getLogger()
-    if not root.handlers:
-        logging.basicConfig(
-            level=logging.INFO,
-            stream=sys.stderr,
-            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        )
-
-
 def main(config_path: str) -> int:
     """Run a broker from a properties file; the exit code (0 clean, 1 fatal, 2 bad config)."""
-    _setup_logging()
     try:
+        logsetup.configure(logsetup.level_from(os.environ))
         config = BrokerConfig.load(config_path)
-    except ConfigError as e:
-        log.error("bad broker config: %s", e)
+        logsetup.configure(
+            logsetup.level_from(os.environ, config["log.level"]),
+            config["log.file"] or None,
+            config["log.file.max.bytes"],
+            config["log.file.backup.count"],
+        )
+    except (ConfigError, logsetup.LogLevelError, OSError) as e:
+        print(f"Error: invalid configuration: {e}", file=sys.stderr)
         return 2
     try:
         check_log_dirs(config, config_path)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kraft.logsetup import parse_level
 from kraft.rpc.auth import AuthError, ClientCredentials, CredentialStore
 
 
@@ -102,6 +103,11 @@ def _bool(v: str) -> bool:
     raise ValueError("expected true or false")
 
 
+def _log_level(v: str) -> str:
+    parse_level(v, "log.level")
+    return v.strip().upper()
+
+
 def _positive(v: str) -> int:
     n = int(v)
     if n <= 0:
@@ -128,6 +134,10 @@ _COMMON = [
     Setting("broker.heartbeat.interval.ms", int, 2000, "how often brokers heartbeat"),
     Setting("metrics.port", int, 0, "Prometheus metrics HTTP port (0 = off)"),
     Setting("metrics.host", str, "127.0.0.1", "metrics bind address"),
+    Setting("log.level", _log_level, "INFO", "log level (any case); KRAFT_LOG_LEVEL overrides it"),
+    Setting("log.file", str, "", "also log to this file, rotated by size (empty = stderr only)"),
+    Setting("log.file.max.bytes", _positive, 100 * 1024 * 1024, "rotate log.file at this size"),
+    Setting("log.file.backup.count", int, 10, "rotated log files kept"),
 ]
 
 CONTROLLER_SETTINGS = _COMMON + [

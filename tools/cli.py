@@ -53,7 +53,8 @@ examples (a tour):
 environment:
   KRAFT_BOOTSTRAP_CONTROLLER  default --bootstrap-controller
   KRAFT_CLUSTER_DIR           default --cluster
-  KRAFT_LOG_LEVEL             log level of controller processes (default INFO)
+  KRAFT_LOG_LEVEL             log level of controller and broker processes, any case
+                              (default: their log.level setting, INFO)
 
 shell completion:
   source <(kraft completion bash)      (zsh: kraft completion zsh)

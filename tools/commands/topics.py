@@ -7,6 +7,7 @@ from typing import Any
 
 from kraft.errors import ErrorCode
 from tools import output
+from tools.commands import elect_leaders
 from tools.commands.common import (
     ManualFormatter,
     UsageError,
@@ -349,6 +350,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_client_options(ap)
     ap.set_defaults(handler=cmd_add_partitions)
+
+    elect_leaders.register(tsub)
 
 
 __all__ = [
