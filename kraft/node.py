@@ -324,6 +324,8 @@ class ControllerNode:
                             reply = await client.call("DescribeNode", {"checksum": False})
                     except (KraftError, trio.TooSlowError, OSError):
                         continue
+                    if reply.get("node_id") != vid:  # a wrong address in the config: no id
+                        continue
                     joining[vid] = bool(reply.get("joining"))
                     try:
                         event = vd.observe(
