@@ -16,6 +16,8 @@ from typing import Any
 
 import trio
 
+from broker.coordinator.group.service import GroupCoordinator
+from broker.coordinator.producer_id_manager import ProducerIdManager
 from broker.lifecycle import BrokerLifecycle, BrokerState, FatalBrokerError
 from broker.metadata.metadata_cache import MetadataCache
 from broker.metadata.metadata_loader import MetadataLoader
@@ -84,9 +86,10 @@ class BrokerNode:
             n: KafkaAdmin(cache, admin_client, config.node_id) for n, cache in self.caches.items()
         }
         self.admin = self.admins[name]
+        self.groups = GroupCoordinator(config, self.replica_manager, self.caches, admin_client)
         self.loader = MetadataLoader(
             self.fetch_client,
-            [*self.caches.values(), self.replica_manager, self.fetchers, self],
+            [*self.caches.values(), self.replica_manager, self.groups.runtime, self.fetchers, self],
             self.metadata_dir,
         )
         protocol_map = config["listener.security.protocol.map"]
@@ -121,6 +124,9 @@ class BrokerNode:
             config["replica.lag.time.max.ms"],
         )
         self.replica_manager.isr_updater = self.isr_updater
+        self.producer_ids = ProducerIdManager(
+            self.control_client, config.node_id, lambda: self.lifecycle.broker_epoch
+        )
         self._checksum: tuple[Any, str] = (None, "")
         self.admin_port = config["broker.admin.port"] or port + 1000
         self.metrics: Any = None  # broker.metrics.BrokerMetrics when metrics.port is set
@@ -171,12 +177,22 @@ class BrokerNode:
                         idle_timeout_s=self.config["connections.max.idle.ms"] / 1000,
                         read_timeout_s=self.config["request.read.timeout.ms"] / 1000,
                         max_connections=self.config["max.connections"],
+                        max_request_bytes=self.config["socket.request.max.bytes"],
+                        auto_create=self.admins[n].auto_create_topics
+                        if self.config["auto.create.topics.enable"]
+                        else None,
                     )
-                    listener.serve_data(self.replica_manager)
+                    listener.serve_data(
+                        self.replica_manager,
+                        message_max_bytes=self.config["message.max.bytes"],
+                        producer_ids=self.producer_ids,
+                    )
+                    listener.serve_groups(self.groups.apis[n])
                     bound = await nursery.start(listener.serve)
                     if n == self.listener_name:
                         self.kafka_port = bound
                 nursery.start_soon(self.fetchers.run)
+                nursery.start_soon(self.groups.runtime.run)
                 nursery.start_soon(self.isr_updater.run)
                 nursery.start_soon(self.replica_manager.run_checkpoints)
                 await nursery.start(serve_state, host, self.admin_port, self.state)

@@ -51,7 +51,7 @@ def test_a_failed_partition_log_write_stops_the_broker(tmp_path: Path, failures:
     )  # fmt: skip
     part.log.assign_epoch(0, 0)
     part.reset_followers(1, now_ms=0)
-    assert part.append_as_leader(make_batch([b"a"])) == (0, 0)
+    assert part.append_as_leader(make_batch([b"a"])).last_offset == 0
     with file_size_limit(1), pytest.raises(failure.StorageFailure):
         part.append_as_leader(make_batch([b"b" * 5000]))
     (message,) = failures
