@@ -525,6 +525,9 @@ class Scale:
         }
         cfg = bdir / "broker.properties"
         cfg.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+        from kraft.storage.format import format_storage, node_storage
+
+        format_storage(node_storage(str(cfg)))  # a node never starts on an unformatted dir
         log("catch-up: starting a new real broker (id 900)")
         t0 = time.perf_counter()
         with open(bdir / "node.log", "w") as out:

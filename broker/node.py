@@ -29,31 +29,21 @@ from broker.replica.replica_fetcher import ReplicaFetcherManager
 from broker.replica.replica_manager import ReplicaManager
 from broker.state import serve_state, snapshot_state
 from kraft import logsetup
-from kraft.config import BrokerConfig, ConfigError, load_properties, write_properties
+from kraft.config import BrokerConfig, ConfigError
 from kraft.rpc.client import ControllerClient
+from kraft.storage import meta_properties
 
 log = logging.getLogger("broker.node")
-META_PROPERTIES = "meta.properties"
 
 
-def check_log_dirs(config: BrokerConfig) -> None:
-    """Each log dir's ``meta.properties`` must name this cluster and node (written if absent)."""
+def check_log_dirs(config: BrokerConfig, config_path: str = "the broker config") -> None:
+    """Each log dir's ``meta.properties`` must exist (``kraft storage format``) and name this
+    cluster and node: a broker never starts on an unformatted or foreign directory."""
     for d in config.log_dirs:
-        d.mkdir(parents=True, exist_ok=True)
-        meta = d / META_PROPERTIES
-        if meta.exists():
-            props = load_properties(meta)
-            if props.get("cluster.id") != config.cluster_id or props.get("node.id") != str(
-                config.node_id
-            ):
-                raise FatalBrokerError(
-                    f"{meta} belongs to cluster {props.get('cluster.id')!r} node {props.get('node.id')!r}, "
-                    f"not cluster {config.cluster_id!r} node {config.node_id}"
-                )
-        else:
-            write_properties(
-                meta, {"version": 1, "cluster.id": config.cluster_id, "node.id": config.node_id}
-            )
+        try:
+            meta_properties.check_directory(d, config.cluster_id, config.node_id, config_path)
+        except meta_properties.StorageIdentityError as e:
+            raise FatalBrokerError(str(e)) from None
 
 
 class BrokerNode:
@@ -167,7 +157,6 @@ class BrokerNode:
             self.metrics = None
 
     async def run(self) -> int:
-        check_log_dirs(self.config)
         self.loader.load_local()
         if self.config["metrics.port"]:
             from broker.metrics import serve_broker_metrics
@@ -276,6 +265,11 @@ def main(config_path: str) -> int:
     except (ConfigError, logsetup.LogLevelError, OSError) as e:
         print(f"Error: invalid configuration: {e}", file=sys.stderr)
         return 2
+    try:
+        check_log_dirs(config, config_path)
+    except FatalBrokerError as e:
+        log.error("broker %d: refusing to start: %s", config.node_id, e)
+        return 1
     try:
         node = BrokerNode(config)
     except SecurityConfigError as e:

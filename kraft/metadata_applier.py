@@ -33,6 +33,7 @@ from kraft.heap import HeapFreezer, freeze_heap
 from kraft.log.metadata_log import MetadataLog
 from kraft.records import Batch
 from kraft.snapshotter import Snapshotter
+from kraft.storage.failure import node_failed, storage_failed
 
 log = logging.getLogger(__name__)
 
@@ -101,14 +102,11 @@ class MetadataApplier:
                     self.log.append_many(written)
                     self._last_raft_index = raft_index
                     self._last_position = written[-1][1].raft_position
-        except BaseException as e:  # a record that fails to replay is a fatal fault
+        except Exception as e:  # a disk error or a record that fails to replay: fatal
             self.fatal_error = e
-            log.critical(
-                "fatal: applying raft entry %d failed; this controller stops applying: %r",
-                raft_index,
-                e,
-            )
-            raise
+            if isinstance(e, OSError):
+                storage_failed("metadata log write", self.log.directory, e)
+            node_failed(f"applying raft entry {raft_index} failed: {e!r}")
         self._on_applied()
         return results
 
@@ -143,7 +141,10 @@ class MetadataApplier:
     def load(self, data: bytes) -> None:
         """PySyncObj hands us a dump: on a restart our own log already covers it; a lagging
         follower that received the leader's installs it as its new starting point."""
-        incoming = self.snapshotter.install(data, self.state_machine.image)
+        try:
+            incoming = self.snapshotter.install(data, self.state_machine.image)
+        except OSError as e:
+            storage_failed("snapshot write", self.snapshotter.directory, e)
         if incoming is None:
             return
         self.state_machine.reset(incoming, self.snapshotter.request_ids)

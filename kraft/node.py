@@ -27,12 +27,17 @@ from kraft.controller.heartbeats import BrokerHeartbeatManager
 from kraft.controller.settings import ControllerSettings
 from kraft.controller.state_machine import QuorumStateMachine
 from kraft.errors import ErrorCode, KraftError
+from kraft.log.errors import CorruptLogError, CorruptSnapshotError
 from kraft.log.metadata_log import MetadataLog
 from kraft.metadata_applier import MetadataApplier
+from kraft.quorum.journal_file import JournalCorruptError
 from kraft.quorum.raft import RaftQuorum, RaftSettings
 from kraft.rpc.apis import APIS
 from kraft.rpc.server import RpcServer
 from kraft.snapshotter import Snapshotter
+from kraft.storage import meta_properties
+from kraft.storage.failure import node_failed, storage_failed
+from kraft.storage.voter_directories import VoterDirectories
 
 log = logging.getLogger("kraft.controller")
 
@@ -114,6 +119,11 @@ class ControllerNode:
         self._stopping = trio.Event()
         self.quorum: RaftQuorum | None = None
         self.rpc_port = config.rpc_voters[self.node_id][1]
+        # formatted to join a running quorum (kraft storage recover / --no-initial-controllers)
+        self.joining = meta_properties.joining(meta)
+        identity = meta_properties.read(meta)  # None for in-process nodes (tests)
+        self.directory_id = identity.directory_id if identity else ""
+        self.voter_directories = VoterDirectories(meta) if identity else None
 
     def _seed_dedup_window(self, snapshot_offset: int) -> None:
         """Start with the dedup window of the snapshot we start from, so a client retrying
@@ -185,6 +195,7 @@ class ControllerNode:
                 compaction_min_entries=cfg["raft.compaction.min.entries"],
                 group_fill_wait=cfg["controller.group.commit.fill.ms"] / 1000,
             ),
+            joining=self.joining,
         )
         rpc_host, rpc_port = cfg.rpc_voters[self.node_id]
         server = RpcServer(
@@ -207,6 +218,10 @@ class ControllerNode:
                 nursery.start_soon(self._session_timer_loop)
                 nursery.start_soon(self._snapshot_loop)
                 nursery.start_soon(self._log_flush_loop)
+                if self.joining:
+                    nursery.start_soon(self._join_loop)
+                if self.voter_directories is not None and len(cfg.rpc_voters) > 1:
+                    nursery.start_soon(self._voter_directory_loop)
                 if cfg["metadata.max.idle.interval.ms"] > 0:
                     nursery.start_soon(self._idle_noop_loop)
                 if cfg["metrics.port"]:
@@ -235,6 +250,120 @@ class ControllerNode:
 
     def stop(self) -> None:
         self._stopping.set()
+
+    # ---- joining a running quorum ---------------------------------------------------------------
+
+    async def _join_loop(self) -> None:
+        """A controller formatted to join (empty or rebuilt directory) votes only once it has
+        caught up from a leader of *this* cluster: wait for the quorum to have applied what the
+        first leader it heard from had committed, check that leader's cluster id, then let the
+        quorum vote and remove the join marker."""
+        from kraft.rpc.client import ControllerClient
+
+        assert self.quorum is not None
+        while True:
+            await trio.sleep(0.2)
+            hint = self._leader_hint()
+            if not self.quorum.join_caught_up or hint is None:
+                continue
+            client = ControllerClient(
+                [(hint[1], hint[2])],
+                client_id=f"controller-{self.node_id}",
+                credentials=self.config.rpc_client_credentials,
+            )
+            try:
+                with trio.fail_after(3):
+                    reply = await client.call("DescribeQuorum", {"forwarded": True})
+            except (KraftError, trio.TooSlowError, OSError) as e:
+                log.info(
+                    "node %d: joining: leader %d not reachable yet: %s", self.node_id, hint[0], e
+                )
+                continue
+            finally:
+                await client.aclose()
+            if reply.get("cluster_id") != self.config.cluster_id:
+                node_failed(
+                    f"joining: leader {hint[0]} belongs to cluster {reply.get('cluster_id')!r}, "
+                    f"not {self.config.cluster_id!r}"
+                )
+            self.quorum.finish_join()
+            try:
+                meta_properties.clear_join_marker(self.config.metadata_dir)
+            except OSError as e:
+                storage_failed("join marker removal", self.config.metadata_dir, e)
+            log.info(
+                "node %d: caught up from leader %d of cluster %s; a full voter from now on",
+                self.node_id,
+                hint[0],
+                self.config.cluster_id,
+            )
+            return
+
+    async def _voter_directory_loop(self) -> None:
+        """Every second, ask the other voters for their directory id (see
+        kraft/storage/voter_directories.py) and tell the quorum whose votes not to count."""
+        from kraft.rpc.client import ControllerClient
+
+        vd = self.voter_directories
+        assert vd is not None and self.quorum is not None
+        clients = {
+            vid: ControllerClient(
+                [(host, port)],
+                client_id=f"controller-{self.node_id}",
+                credentials=self.config.rpc_client_credentials,
+            )
+            for vid, (host, port) in self.config.rpc_voters.items()
+            if vid != self.node_id
+        }
+        joining: dict[int, bool] = {}
+        try:
+            while True:
+                for vid, client in clients.items():
+                    try:
+                        with trio.fail_after(1.0):
+                            reply = await client.call("DescribeNode", {"checksum": False})
+                    except (KraftError, trio.TooSlowError, OSError):
+                        continue
+                    if reply.get("node_id") != vid:  # a wrong address in the config: no id
+                        continue
+                    joining[vid] = bool(reply.get("joining"))
+                    try:
+                        event = vd.observe(
+                            vid,
+                            str(reply.get("directory_id") or ""),
+                            int(reply.get("applied_offset", -1)),
+                            bool(reply.get("joining")),
+                            self.state_machine.image.offset,
+                        )
+                    except OSError as e:
+                        storage_failed("quorum-state write", vd.path, e)
+                    if event == "changed":
+                        log.warning(
+                            "node %d: controller %d presents directory id %s, not %s (its disk "
+                            "was wiped or replaced): its votes are not counted until it has "
+                            "caught up to offset %d",
+                            self.node_id,
+                            vid,
+                            reply.get("directory_id"),
+                            vd.recorded.get(vid),
+                            vd.unverified[vid][1],
+                        )
+                    elif event == "verified":
+                        log.info(
+                            "node %d: controller %d caught up with its new directory %s; its "
+                            "votes count again",
+                            self.node_id,
+                            vid,
+                            reply.get("directory_id"),
+                        )
+                # a joining voter follows the join rule (votes only for a candidate with
+                # history): counting it lets an intact controller lead the rebuilt ones
+                self.quorum.unverified_voters = {v for v in vd.unverified if not joining.get(v)}
+                await trio.sleep(1.0)
+        finally:
+            with trio.CancelScope(shield=True):
+                for client in clients.values():
+                    await client.aclose()
 
     # ---- leadership ---------------------------------------------------------------------------
 
@@ -326,7 +455,10 @@ class ControllerNode:
             if due:
                 # the dedup window is copied only for a snapshot that will be written
                 image, request_ids = self.state_machine.snapshot_state()
-                await trio.to_thread.run_sync(self.snapshotter.write, image, request_ids)
+                try:
+                    await trio.to_thread.run_sync(self.snapshotter.write, image, request_ids)
+                except OSError as e:
+                    storage_failed("snapshot write", self.snapshotter.directory, e)
             max_ms, max_bytes = (
                 self.config["metadata.max.retention.ms"],
                 self.config["metadata.max.retention.bytes"],
@@ -343,7 +475,10 @@ class ControllerNode:
         while True:
             await trio.sleep(interval)
             if self.log.unsynced:
-                await trio.to_thread.run_sync(self.log.sync)
+                try:
+                    await trio.to_thread.run_sync(self.log.sync)
+                except OSError as e:  # never retried: the kernel may have dropped the pages
+                    storage_failed("metadata log sync", self.log.directory, e)
 
     async def _idle_noop_loop(self) -> None:
         interval = self.config["metadata.max.idle.interval.ms"]
@@ -697,6 +832,11 @@ class ControllerNode:
             "log_end_offset": self.log.next_offset,
             "raft": self.quorum.status() if self.quorum else {},
             "raft_stats": self.quorum.stats() if self.quorum else {},
+            "joining": bool(self.quorum and self.quorum.joining),
+            "directory_id": self.directory_id,
+            "unverified_voters": sorted(self.voter_directories.unverified)
+            if self.voter_directories
+            else [],
         }
 
 
@@ -711,14 +851,16 @@ def main(config_path: str) -> int:
             config["log.file.max.bytes"],
             config["log.file.backup.count"],
         )
-        node = ControllerNode(config)
     except (ConfigError, logsetup.LogLevelError, OSError) as e:
         print(f"Error: invalid configuration: {e}", file=sys.stderr)
         return 2
+    try:
+        meta_properties.check_directory(
+            config.metadata_dir, config.cluster_id, config.node_id, config_path
+        )
+        node = ControllerNode(config)
     except Exception as e:  # corrupt log, unreadable snapshot, ...: refuse to start, say why
-        log.critical("refusing to start: %s", e)
-        print(f"Error: refusing to start: {e}", file=sys.stderr)
-        return 1
+        return _refuse(e, config_path)
 
     async def run() -> None:
         async with trio.open_nursery() as nursery:
@@ -728,7 +870,15 @@ def main(config_path: str) -> int:
 
     try:
         trio.run(run)
+    except JournalCorruptError as e:
+        return _refuse(e, config_path)
     except BaseExceptionGroup as group:  # a port in use (RPC, Raft, metrics.port): say which
+        corrupt, _ = group.split(JournalCorruptError)
+        if corrupt is not None:
+            first: BaseException = corrupt
+            while isinstance(first, BaseExceptionGroup):
+                first = first.exceptions[0]
+            return _refuse(first, config_path)
         ports, rest = group.split(OSError)
         if ports is None or rest is not None:
             raise
@@ -739,6 +889,19 @@ def main(config_path: str) -> int:
         print(f"Error: {error}", file=sys.stderr)
         return 1
     return 0
+
+
+def _refuse(error: BaseException, config_path: str) -> int:
+    """Refuse to start with one clear message (and the recovery command for damaged data)."""
+    message = f"refusing to start: {error}"
+    if isinstance(error, (CorruptLogError, CorruptSnapshotError)):
+        message += (
+            ". Rebuild this controller from the others: "
+            f"`kraft storage recover --config {config_path} --from-peers`"
+        )
+    log.critical(message)
+    print(f"Error: {message}", file=sys.stderr)
+    return 1
 
 
 async def _stop_on_signal(node: ControllerNode) -> None:

@@ -23,6 +23,7 @@ from tools.commands import (
     log_cmd,
     quorum,
     shell_cmd,
+    storage_cmd,
     topics,
 )
 from tools.commands.common import ManualFormatter, UsageError
@@ -131,6 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_node_commands(sub)
     cluster_cmd.register(sub)
+    storage_cmd.register(sub)
     quorum.register(sub)
     topics.register(sub)
     configs.register(sub)

@@ -342,6 +342,16 @@ def write_node_configs(layout: ClusterLayout) -> None:
         for d in b.log_dirs.split(","):
             Path(d).mkdir(parents=True, exist_ok=True)
         write_properties(b.config, broker_properties(layout, b))
+    format_nodes(layout)
+
+
+def format_nodes(layout: ClusterLayout) -> None:
+    """``kraft storage format`` for every node of a new cluster (controllers as the initial
+    quorum); the nodes refuse to start without it."""
+    from kraft.storage.format import format_storage, node_storage
+
+    for node in layout.nodes():
+        format_storage(node_storage(node.config), layout.cluster_id, initial=True)
 
 
 # ---- cluster.json ---------------------------------------------------------------------------

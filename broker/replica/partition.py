@@ -17,6 +17,7 @@ import trio
 
 from broker.replica.isr_tracker import FollowerState, high_watermark, may_join, out_of_sync
 from broker.replica.partition_log import LeaderAppend, PartitionLog
+from kraft.storage.failure import storage_failed
 
 
 @dataclass(eq=False)
@@ -63,7 +64,10 @@ class Partition:
     def append_as_leader(self, data: bytes, max_batch_bytes: int | None = None) -> LeaderAppend:
         """Append client batches in the current leader epoch (see
         :meth:`PartitionLog.append_as_leader`: a retried idempotent batch is not appended)."""
-        result = self.log.append_as_leader(data, self.leader_epoch, max_batch_bytes)
+        try:
+            result = self.log.append_as_leader(data, self.leader_epoch, max_batch_bytes)
+        except OSError as e:  # the log dir failed: stop the broker (docs/design.md)
+            storage_failed("partition log write", self.log.dir, e)
         if not result.duplicate:
             self.maybe_advance_high_watermark()
             self.wake()
@@ -112,7 +116,10 @@ class Partition:
         """Append fetched batches and adopt the leader's high watermark and log start offset
         (DeleteRecords), both up to our log end."""
         if data:
-            self.log.append_as_follower(data)
+            try:
+                self.log.append_as_follower(data)
+            except OSError as e:
+                storage_failed("partition log write", self.log.dir, e)
         if leader_log_start > self.log.log_start_offset:
             self.log.delete_records_before(leader_log_start)
         hw = min(leader_high_watermark, self.log.log_end_offset)

@@ -1,25 +1,26 @@
-"""A PySyncObj journal that is on disk before anything that depends on it leaves the node.
+"""A PySyncObj journal that is on disk, checksummed, before anything depending on it leaves.
 
-PySyncObj's ``FileJournal`` writes entries through an mmap and never syncs: a process crash
-loses nothing, but an OS crash or power loss can lose entries a node has already acknowledged,
-and then a "committed" entry may exist on fewer than a majority of disks. ``DurableJournal``
-is a subclass of it (no fork of PySyncObj) and tracks whether anything was appended or truncated
-since the last sync. ``start_sync()`` runs a sync on a thread of its own (the leader, after
-sending an entry to its followers); ``sync()`` waits for it before anything depending on it. It reads the journal at start-up through PySyncObj's mmap, then writes it
-with ``pwrite`` into zero-filled space (:class:`PwriteFile`: the same bytes at the same offsets,
-so either can read what the other wrote). ``sync()`` fdatasyncs the journal file, releasing the
-GIL (``mmap.flush`` holds it, so a sync used to freeze the node's trio thread for the length of
-the disk write). The quorum calls ``sync()`` before the outgoing Raft messages that depend on
-the journal (see ``raft._SyncingTransport`` and ``raft._sync_before_send``), so a follower's acknowledgement and a leader's replication request are always preceded by the
-sync of the entries they cover. Group commit makes that one sync per batch of appends: all
-entries appended in one tick go out behind a single sync, and repeated sends find nothing dirty.
-``setCurrentTerm`` (term + vote, written by PySyncObj with write + rename) is fsynced as well.
+PySyncObj's ``FileJournal`` writes entries through an mmap, never syncs and has no checksums.
+:class:`DurableJournal` implements the same journal interface over pykraft's own format
+(:mod:`kraft.quorum.journal_file`: a CRC32C per entry and on the term/vote file; a v1 journal
+of PySyncObj's is read once and rewritten), written with ``pwrite`` into zero-filled space
+(:class:`PwriteFile`). It tracks whether anything was appended or truncated since the last
+sync. ``start_sync()`` runs a sync on a thread of its own (the leader, after sending an entry
+to its followers); ``sync()`` waits for it before anything depending on it. ``sync()``
+fdatasyncs the journal file, releasing the GIL. The quorum calls ``sync()`` before the outgoing
+Raft messages that depend on the journal (see ``raft._SyncingTransport`` and
+``raft._sync_before_send``), so a follower's acknowledgement and a leader's replication request
+are always preceded by the sync of the entries they cover. Group commit makes that one sync per
+batch of appends. ``setCurrentTerm`` (term + vote: write, fsync, rename, directory fsync) is
+durable before it returns.
+
+A write or sync error stops the node at once (:mod:`kraft.storage.failure`): a failed fsync is
+never retried, and a node that cannot persist must not vote or acknowledge.
 
 With ``fsync=False`` nothing is synced (documented risk: an OS crash may lose acknowledged
 entries; a process crash does not). ``journal_syncs`` counts real syncs for tests and metrics.
 
-This module does not import pysyncobj (``raft.py`` is the only one that does): ``raft.py``
-builds ``DurableJournal(DurableJournalMixin, FileJournal)`` and passes the module in.
+This module does not import pysyncobj (``raft.py`` is the only one that does).
 PySyncObj creates its journal with the module-level ``pysyncobj.syncobj.createJournal``.
 ``register_journal(path, factory)`` installs, once, a dispatcher in its place that builds our
 journal for the registered path (one registration per constructed ``SyncObj``) and leaves any
@@ -34,6 +35,9 @@ import threading
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
+
+from kraft.quorum import journal_file as jf
+from kraft.storage.failure import storage_failed
 
 logger = logging.getLogger(__name__)
 
@@ -67,14 +71,6 @@ def unregister_journal(path: str) -> None:
     """Drop an unused registration (construction failed before the journal was created)."""
     with _registry_lock:
         _registry.pop(path, None)
-
-
-def _fsync_path(path: str, directory: bool = False) -> None:
-    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class PwriteFile:
@@ -134,7 +130,7 @@ class PwriteFile:
         return os.pread(self._fd, size, offset)
 
     def flush(self) -> None:
-        """Nothing to do: ``DurableJournalMixin.sync`` syncs the file."""
+        """Nothing to do: ``DurableJournal.sync`` syncs the file."""
 
     def _destroy(self) -> None:
         if self._fd >= 0:
@@ -142,14 +138,10 @@ class PwriteFile:
             self._fd = -1
 
 
-class DurableJournalMixin:
-    """Mix in before PySyncObj's ``FileJournal`` (``raft.DurableJournal``): tracks appends and
-    adds ``sync()``; every call happens inside a PySyncObj tick (the trio thread)."""
-
-    # provided by FileJournal
-    flush: Callable[[], None]
-    __len__: Callable[[], int]
-    __getitem__: Callable[[int], Any]
+class DurableJournal:
+    """PySyncObj's journal interface over the checksummed format of :mod:`journal_file`, with
+    ``sync()``/``start_sync()``; every call happens inside a PySyncObj tick (the trio thread).
+    Any write or sync error stops the node (:func:`~kraft.storage.failure.storage_failed`)."""
 
     def __init__(self, path: str, fsync: bool) -> None:
         self.fsync = fsync
@@ -158,46 +150,137 @@ class DurableJournalMixin:
         self.background_syncs = 0
         self.meta_syncs = 0
         self.synced_index = 0  # highest Raft index known to be on disk
+        self.upgraded = False  # read a v1 (PySyncObj) journal or meta file and rewrote it
         self._dirty = False
         # a sync running on the syncer thread (start_sync), and what it covers
         self._cond = threading.Condition()
         self._background_target: int | None = None  # index being synced in the background
         self._syncer: threading.Thread | None = None
         self._stopping = False
-        super().__init__(path)  # type: ignore[call-arg]  (reads the journal through an mmap)
-        if fsync:  # from here on: pwrite into zero-filled space (see PwriteFile)
-            mapped = self._FileJournal__journalFile  # type: ignore[attr-defined]
-            mapped._destroy()
-            self._FileJournal__journalFile = PwriteFile(  # type: ignore[attr-defined]
-                path, self._FileJournal__currentOffset
-            )  # type: ignore[attr-defined]
-        # PySyncObj never replaces the journal file (it resizes it in place), so one descriptor
-        # of our own stays valid for syncing.
+        self._entries, self._offsets, self._end = self._load()
+        self._meta, old_meta = jf.read_meta(path + ".meta")
+        if old_meta:
+            self._store_meta()
+            self.upgraded = True
+        self._meta_saved = True
+        self._file = PwriteFile(path, self._end)
         self._sync_fd = os.open(path, os.O_RDONLY) if fsync else -1
-        if len(self):
-            self.synced_index = self[-1][1]
-        if fsync:
-            _fsync_path(os.path.dirname(os.path.abspath(path)) or ".", directory=True)
+        if self._entries:
+            self.synced_index = self._entries[-1][1]
 
-    # ---- writes mark the journal dirty --------------------------------------------------
+    def _load(self) -> tuple[list[tuple[bytes, int, int]], list[int], int]:
+        """Read (and verify) the journal; create an empty one, or rewrite a v1 one, first."""
+        path = self.path
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            data = b""
+        if not data or jf.is_v1(data):
+            entries = jf.read_v1_entries(path, data) if data else []
+            if data:
+                logger.warning(
+                    "raft journal %s is in PySyncObj's format (no checksums): rewriting its "
+                    "%d entries in pykraft's v2 format",
+                    path,
+                    len(entries),
+                )
+                self.upgraded = True
+            self._guard(
+                "raft journal write",
+                lambda: jf.write_file_atomically(path, jf.new_journal_bytes(entries), self.fsync),
+            )
+            with open(path, "rb") as f:
+                data = f.read()
+        elif data[:8] != jf.JOURNAL_MAGIC:
+            raise jf.JournalCorruptError(path, 0, None, f"not a raft journal (magic {data[:8]!r})")
+        return jf.read_entries(path, data)
+
+    def _guard(self, what: str, action: Callable[[], Any]) -> Any:
+        try:
+            return action()
+        except OSError as exc:
+            storage_failed(what, self.path, exc)
+
+    # ---- PySyncObj's journal interface ----------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __getitem__(self, item: Any) -> Any:
+        return self._entries[item]
+
     def add(self, command: bytes, idx: int, term: int) -> None:
-        super().add(command, idx, term)  # type: ignore[misc]
+        record = jf.encode_entry(command, idx, term)
+        offset = self._end
+        end = offset + len(record)
+        try:
+            self._file.write(offset, record)
+            self._file.write(jf.END_AT, jf.end_offset_bytes(end))
+        except OSError as exc:
+            storage_failed("raft journal write", self.path, exc)
+        self._entries.append((command, idx, term))
+        self._offsets.append(offset)
+        self._end = end
         self._dirty = True
+
+    def _set_end(self, end: int) -> None:
+        self._guard(
+            "raft journal write", lambda: self._file.write(jf.END_AT, jf.end_offset_bytes(end))
+        )
+        self._end = end
 
     def clear(self) -> None:
         self._wait_background()  # its index must not be claimed for what replaces it
-        super().clear()  # type: ignore[misc]
+        self._set_end(jf.FIRST_ENTRY)
+        self._entries, self._offsets = [], []
         self._dirty = True
         self.synced_index = 0
 
     def deleteEntriesFrom(self, entryFrom: int) -> None:
         self._wait_background()
-        super().deleteEntriesFrom(entryFrom)  # type: ignore[misc]
+        if entryFrom >= len(self._entries):
+            return
+        self._set_end(self._offsets[entryFrom] if entryFrom >= 0 else jf.FIRST_ENTRY)
+        del self._entries[entryFrom:]
+        del self._offsets[entryFrom:]
         self._dirty = True
         self.synced_index = min(self.synced_index, self[-1][1] if len(self) else 0)
 
-    # deleteEntriesTo is clear() + add() in FileJournal: already covered.
+    def deleteEntriesTo(self, entryTo: int) -> None:
+        kept = self._entries[entryTo:]
+        self.clear()
+        for entry in kept:
+            self.add(*entry)
 
+    def flush(self) -> None:
+        self.sync()
+
+    def setRaftCommitIndex(self, raftCommitIndex: int) -> None:
+        self._meta["raftCommitIndex"] = raftCommitIndex
+        self._meta_saved = False
+
+    def getRaftCommitIndex(self) -> int:
+        return int(self._meta.get("raftCommitIndex", 1))
+
+    def getCurrentTerm(self) -> int:
+        return int(self._meta.get("currentTerm", 0))
+
+    def getVotedForNodeId(self) -> Any:
+        return self._meta.get("votedForNodeId")
+
+    def onOneSecondTimer(self) -> None:
+        if not self._meta_saved:
+            self._store_meta(sync=False)  # the commit index is a hint: no sync needed
+
+    def _store_meta(self, sync: bool = True) -> None:
+        data = jf.meta_bytes(self._meta)
+        self._guard(
+            "raft term/vote write",
+            lambda: jf.write_file_atomically(self.path + ".meta", data, self.fsync and sync),
+        )
+        self._meta_saved = True
+
+    # ---- durability ------------------------------------------------------------------------
     @property
     def dirty(self) -> bool:
         return self._dirty
@@ -212,7 +295,7 @@ class DurableJournalMixin:
         self._dirty = False
         if not self.fsync:
             return False
-        os.fdatasync(self._sync_fd)
+        self._guard("raft journal sync", lambda: os.fdatasync(self._sync_fd))
         self.journal_syncs += 1
         self.synced_index = self[-1][1] if len(self) else 0
         return True
@@ -246,21 +329,16 @@ class DurableJournalMixin:
                 if target is None:
                     self._cond.wait()
                     continue
-                error: OSError | None = None
                 self._cond.release()
                 try:
                     os.fdatasync(self._sync_fd)  # releases the GIL
-                except OSError as exc:
-                    error = exc
+                except OSError as exc:  # never retried: the pages may already be dropped
+                    storage_failed("raft journal sync", self.path, exc)
                 finally:
                     self._cond.acquire()
-                if error is not None:
-                    logger.error("journal sync failed: %s", error)
-                    self._dirty = True  # the waiter syncs again itself (and sees the error)
-                else:
-                    self.journal_syncs += 1
-                    self.background_syncs += 1
-                    self.synced_index = max(self.synced_index, target)
+                self.journal_syncs += 1
+                self.background_syncs += 1
+                self.synced_index = max(self.synced_index, target)
                 self._background_target = None
                 self._cond.notify_all()
 
@@ -270,11 +348,12 @@ class DurableJournalMixin:
                 self._cond.wait()
 
     def setCurrentTerm(self, term: int, votedForNodeId: object) -> None:
-        super().setCurrentTerm(term, votedForNodeId)  # type: ignore[misc]
+        """Term and vote are on disk (synced, renamed, directory synced) before any message
+        reflecting them leaves: Raft requires it."""
+        self._meta["currentTerm"] = term
+        self._meta["votedForNodeId"] = votedForNodeId
+        self._store_meta()
         if self.fsync:
-            meta = self.path + ".meta"
-            _fsync_path(meta)
-            _fsync_path(os.path.dirname(os.path.abspath(meta)) or ".", directory=True)
             self.meta_syncs += 1
 
     def _destroy(self) -> None:
@@ -285,7 +364,9 @@ class DurableJournalMixin:
         if self._syncer is not None:
             self._syncer.join()
             self._syncer = None
-        super()._destroy()  # type: ignore[misc]
+        if not self._meta_saved:
+            self._store_meta(sync=False)
+        self._file._destroy()
         if self._sync_fd >= 0:
             os.close(self._sync_fd)
             self._sync_fd = -1

@@ -104,7 +104,7 @@ import pysyncobj.pickle as _pysyncobj_pickle
 import pysyncobj.syncobj as _syncobj_module
 import trio
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
-from pysyncobj.journal import FileJournal
+from pysyncobj.journal import FileJournal  # noqa: F401 -- PySyncObj's v1 journal, for tests
 from pysyncobj.monotonic import monotonic as _monotonic
 from pysyncobj.node import TCPNode
 from pysyncobj.syncobj import SyncObjException
@@ -113,9 +113,10 @@ from pysyncobj.transport import TCPTransport
 
 from kraft.config import is_loopback
 from kraft.errors import ErrorCode, KraftError
-from kraft.quorum.durable_journal import DurableJournalMixin, register_journal, unregister_journal
+from kraft.quorum.durable_journal import DurableJournal, register_journal, unregister_journal
 from kraft.quorum.group_commit import GroupCommitter
 from kraft.quorum.trio_ticker import EpollPoller, TickLoop
+from kraft.storage.failure import storage_failed
 
 socket.inet_ntop = _socket.inet_ntop
 
@@ -285,10 +286,6 @@ def _host_of(addr: str) -> str:
     return host.strip("[]")
 
 
-class DurableJournal(DurableJournalMixin, FileJournal):
-    """PySyncObj's file journal that syncs before outgoing messages (``durable_journal.py``)."""
-
-
 class _SyncingTransport(TCPTransport):
     """PySyncObj's TCP transport, syncing the journal before every outgoing message and
     letting the quorum look at incoming ones (``RaftQuorum._on_peer_message``)."""
@@ -419,6 +416,7 @@ class RaftQuorum:
         raft_dir: Path,
         target: ApplyTarget,
         settings: RaftSettings | None = None,
+        joining: bool = False,
     ) -> None:
         settings = settings or RaftSettings()
         settings.validate()
@@ -456,6 +454,17 @@ class RaftQuorum:
         self._unapplied_since: float | None = None  # a follower's oldest unapplied commit
         self._heartbeat_period = min(settings.append_entries_period, settings.raft_min_timeout / 4)
         self._closed = False
+        # A member formatted to join a running quorum (an empty or rebuilt directory): it
+        # does not campaign, grants votes only to candidates with history, and stays so until
+        # it has applied the commit index of the first leader it heard from and the node has
+        # checked that leader's cluster id (finish_join).
+        self.joining = joining
+        self._join_target: int | None = None
+        self._join_refused_votes = 0
+        # Voters whose directory id changed and who have not caught up yet (kraft/storage/
+        # voter_directories.py, kept up to date by the node): their votes are not counted.
+        self.unverified_voters: set[int] = set()
+        self._unverified_dropped = 0
         self._counters = {
             "entries_applied": 0,
             "entries_skipped": 0,
@@ -533,6 +542,13 @@ class RaftQuorum:
             raise
         finally:
             unregister_journal(journal_file)
+        if self.joining:
+            self._hold_election(so)
+            logger.warning(
+                "raft member %d: joining a running quorum: no campaign, no vote for a candidate "
+                "without history, until caught up from a leader",
+                self.node_id,
+            )
         poller = so._poller
         assert isinstance(poller, EpollPoller)
         self._ticks = TickLoop(functools.partial(so.doTick, 0.0), poller, s.auto_tick_period)
@@ -756,6 +772,71 @@ class RaftQuorum:
         self._subscribers = alive
         self._committer.kick()
 
+    # ---- joining a running quorum -----------------------------------------------------------
+    @property
+    def join_caught_up(self) -> bool:
+        """While joining: a leader was heard from and everything it had committed then is
+        applied here (the node then checks the leader's cluster id and calls finish_join)."""
+        so = self._so
+        target = self._join_target
+        return so is not None and target is not None and so.raftLastApplied >= target
+
+    def finish_join(self) -> None:
+        """From now on this member campaigns and votes like any voter."""
+        if self.joining:
+            self.joining = False
+            logger.info(
+                "raft member %d: caught up to raft index %s from the leader; voting from now on",
+                self.node_id,
+                self._join_target,
+            )
+
+    def _hold_election(self, so: _KraftSyncObj) -> None:
+        """A joining member never times out into a campaign."""
+        so._SyncObj__raftElectionDeadline = _monotonic() + 10 * self.settings.raft_max_timeout  # type: ignore[attr-defined]
+
+    def _joining_filter(self, message: dict) -> bool:
+        """While joining: False for messages to drop (a vote for a candidate without history:
+        two blank members must not elect each other; a leadership transfer to us)."""
+        kind = message.get("type")
+        if kind == "append_entries":
+            if self._join_target is None:
+                self._join_target = int(message.get("commit_index") or 0)
+            return True
+        if kind == "timeout_now":
+            return False
+        if kind == "request_vote" and int(message.get("last_log_term") or 0) <= 0:
+            self._join_refused_votes += 1
+            if self._join_refused_votes in (1, 10, 100) or self._join_refused_votes % 1000 == 0:
+                logger.warning(
+                    "raft member %d: joining (empty or rebuilt directory): refused a vote to a "
+                    "candidate without history (%d so far); waiting for a leader of the "
+                    "existing cluster",
+                    self.node_id,
+                    self._join_refused_votes,
+                )
+            return False
+        return True
+
+    def refuses_vote_message(self, message: Any, sender: int | None) -> bool:
+        """True for a vote request or grant from a voter whose directory changed and who has
+        not caught up since: a wiped voter must not take part in an election as the old one."""
+        if sender is None or sender not in self.unverified_voters or not isinstance(message, dict):
+            return False
+        if message.get("type") not in ("request_vote", "response_vote"):
+            return False
+        self._unverified_dropped += 1
+        if self._unverified_dropped in (1, 10, 100) or self._unverified_dropped % 1000 == 0:
+            logger.warning(
+                "raft member %d: ignored a %s from voter %d: its directory id changed (wiped "
+                "disk) and it has not caught up yet (%d ignored so far)",
+                self.node_id,
+                message.get("type"),
+                sender,
+                self._unverified_dropped,
+            )
+        return True
+
     # ---- inside PySyncObj's ticks ------------------------------------------------------------
     def _observe(self) -> None:
         """Leadership watch: called from ``onStateChanged`` and every tick (cheap compare)."""
@@ -763,6 +844,8 @@ class RaftQuorum:
         ticks = self._ticks
         if so is None or ticks is None:
             return
+        if self.joining:
+            self._hold_election(so)
         state = (so._isLeader(), so.raftCurrentTerm)
         if state == self._observed:
             return
@@ -788,6 +871,12 @@ class RaftQuorum:
         ``success=False, reset=True`` and PySyncObj repairs from that — so we restore it.
         Reads and writes PySyncObj's private ``__raftNextIndex`` (inside a tick, raft.py only)."""
         so = self._so
+        if self.joining and isinstance(message, dict) and not self._joining_filter(message):
+            return
+        if self.unverified_voters and self.refuses_vote_message(
+            message, self._addr_to_id.get(getattr(node, "id", None))
+        ):
+            return
         if isinstance(message, dict) and message.get("type") == "next_node_idx":
             # An ack can advance the commit index, and the leader counts its own copy: it must
             # be on disk first (it was not synced before replication, see _sync_before_send).
@@ -892,6 +981,8 @@ class RaftQuorum:
                 last_entry[1],
                 len(snapshot),
             )
+        except OSError as exc:
+            storage_failed("raft compaction dump write", path, exc)
         except Exception:
             logger.exception("raft member %d: writing the compaction dump failed", self.node_id)
             raise

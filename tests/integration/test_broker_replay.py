@@ -317,6 +317,7 @@ def test_wrong_cluster_id_is_fatal(cluster, tmp_path):
     lines += [f"{k}={v}" for k, v in overrides.items()]
     config = tmp_path / "broker.properties"
     config.write_text("\n".join(lines) + "\n")
+    kraft("storage", "format", "--config", str(config))  # its own directory: this cluster id
     proc = subprocess.Popen(
         [sys.executable, "-m", "tools.cli", "broker", "--config", str(config)],
         cwd=REPO,

@@ -42,6 +42,7 @@ from kraft.records import (
     batch_hash,
 )
 from kraft.snapshotter import Snapshotter
+from kraft.storage import meta_properties
 
 SEGMENT_BYTES = 600  # a handful of batches per segment
 
@@ -249,6 +250,9 @@ def test_controller_refuses_to_start_on_a_corrupt_log(tmp_path: Path, log_dir: P
             "metadata.log.dir": meta,
         },
     )
+    meta_properties.write(
+        meta, meta_properties.MetaProperties("c", 1, meta_properties.random_uuid())
+    )
     before = snapshot_of_files(meta / "log")
     proc = subprocess.run(
         [sys.executable, "-m", "tools.cli", "controller", "--config", str(config)],
@@ -260,6 +264,7 @@ def test_controller_refuses_to_start_on_a_corrupt_log(tmp_path: Path, log_dir: P
     )
     assert proc.returncode == 1, proc.stderr
     assert f"refusing to start: corrupt metadata log {path} at byte 0 (offset" in proc.stderr
+    assert f"kraft storage recover --config {config} --from-peers" in proc.stderr
     assert snapshot_of_files(meta / "log") == before
 
 

@@ -233,6 +233,9 @@ class Controller:
                 **(extra or {}),
             },
         )
+        from kraft.storage.format import format_storage, node_storage
+
+        format_storage(node_storage(str(config)), initial=True)
         self.log = open(directory / "node.log", "wb")  # noqa: SIM115 -- closed in stop()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tools.cli", "controller", "--config", str(config)],

@@ -92,6 +92,7 @@ def test_a_metrics_port_in_use_stops_the_controller_with_a_clear_error(tmp_path:
             f"controller.quorum.raft.voters=1@127.0.0.1:{raft}\n"
             f"metadata.log.dir={tmp_path / 'meta'}\nmetrics.port={port}\n"
         )
+        kraft("storage", "format", "--config", str(config), "--initial-controllers")
         proc = kraft("controller", "--config", str(config), check=False, timeout=60)
     assert proc.returncode == 1
     assert (
