@@ -225,6 +225,7 @@ def run(messages: int) -> list[dict]:
         kraft(
             "cluster",
             "up",
+            "--no-auth",  # benchmarks run anonymous clients and sim brokers
             "--dir",
             str(cdir),
             "--controllers",

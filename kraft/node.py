@@ -30,6 +30,7 @@ from kraft.log.metadata_log import MetadataLog
 from kraft.metadata_applier import MetadataApplier
 from kraft.quorum.raft import RaftQuorum, RaftSettings
 from kraft.rpc.apis import APIS
+from kraft.rpc.authorize import parse_principals
 from kraft.rpc.server import RpcServer
 from kraft.snapshotter import Snapshotter
 
@@ -196,6 +197,8 @@ class ControllerNode:
             io_timeout=cfg["controller.rpc.io.timeout.ms"] / 1000,
             idle_timeout=cfg["controller.rpc.idle.timeout.ms"] / 1000,
             max_buffered_bytes=cfg["controller.rpc.max.buffered.bytes"],
+            max_connections_per_ip=cfg["max.connections.per.ip"],
+            broker_principals=parse_principals(cfg["controller.rpc.broker.principals"]),
         )
         try:
             async with trio.open_nursery() as nursery:

@@ -87,6 +87,27 @@ class LocalCluster:
         )
         return self
 
+    def credentials(self, user: str = "admin") -> Any:
+        """``user``'s RPC credentials (``cluster up`` makes admin, broker and controller), or
+        None for a cluster started with ``--no-auth``."""
+        from kraft.rpc.auth import ClientCredentials
+
+        auth_dir = self.meta.get("auth_dir")
+        return ClientCredentials.load(Path(auth_dir) / f"{user}.credentials") if auth_dir else None
+
+    def call(self, api: str, body: dict, node_id: int | None = None, timeout: float = 10) -> dict:
+        """One controller RPC call as the admin user (to ``node_id``, else any controller)."""
+        from kraft.rpc.client import call_sync
+
+        nodes = [self.controller(node_id)] if node_id else self.meta["controllers"]
+        return call_sync(
+            [(c["host"], c["rpc_port"]) for c in nodes],
+            api,
+            body,
+            timeout,
+            credentials=self.credentials(),
+        )
+
     def controller(self, node_id: int) -> dict:
         return next(c for c in self.meta["controllers"] if c["id"] == node_id)
 

@@ -129,6 +129,7 @@ def test_bad_input_gets_kafka_errors_and_changes_nothing(cluster):
         "CreateTopics",
         {"topics": [{"name": "x", "num_partitions": 0, "replication_factor": 1}]},
         10,
+        credentials=cluster.credentials(),
     )
     assert result["topics"][0]["error_code"] == ErrorCode.INVALID_PARTITIONS
     kraft("topics", "create", "dup", "--cluster", d)
@@ -138,9 +139,11 @@ def test_bad_input_gets_kafka_errors_and_changes_nothing(cluster):
     assert {t["name"] for t in after["topics"]} == {t["name"] for t in before["topics"]} | {"dup"}
 
 
-def _create_stream(bootstrap, stop: threading.Event, acknowledged: list, failed: list) -> None:
+def _create_stream(
+    bootstrap, stop: threading.Event, acknowledged: list, failed: list, credentials=None
+) -> None:
     async def run():
-        client = ControllerClient(bootstrap, client_id="stream")
+        client = ControllerClient(bootstrap, client_id="stream", credentials=credentials)
         i = 0
         try:
             while not stop.is_set():
@@ -173,7 +176,9 @@ def test_kill_active_controller_during_creates_loses_nothing(cluster):
     failed: list = []
     stop = threading.Event()
     writer = threading.Thread(
-        target=_create_stream, args=(bootstrap, stop, acknowledged, failed), daemon=True
+        target=_create_stream,
+        args=(bootstrap, stop, acknowledged, failed, cluster.credentials()),
+        daemon=True,
     )
     writer.start()
     try:
@@ -247,7 +252,9 @@ def test_stop_all_and_restart_keeps_topics_and_log(cluster):
 
 def _describe_node(cluster: LocalCluster, node_id: int) -> dict:
     c = cluster.controller(node_id)
-    return call_sync([(c["host"], c["rpc_port"])], "DescribeNode", {}, 10)
+    return call_sync(
+        [(c["host"], c["rpc_port"])], "DescribeNode", {}, 10, credentials=cluster.credentials()
+    )
 
 
 def test_lagging_controller_installs_the_leaders_snapshot(cluster):
