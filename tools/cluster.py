@@ -313,6 +313,7 @@ def ensure_raft_secret(layout: ClusterLayout, directory: Path) -> bool:
     files get the key appended when they lack it. Returns whether a secret was created."""
     if layout.raft_secret and Path(layout.raft_secret).is_file():
         return False
+    directory.mkdir(parents=True, exist_ok=True)
     path = directory.resolve() / "raft.secret"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="ascii") as f:
