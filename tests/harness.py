@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -107,6 +108,42 @@ class LocalCluster:
             timeout,
             credentials=self.credentials(),
         )
+
+    def use_sasl_listener(self, broker_id: int, users_file: Path, **extra: str) -> dict:
+        """Restart broker ``broker_id`` with a SASL_PLAINTEXT client listener on its port
+        (users from ``users_file``, hashed) and a loopback PLAINTEXT replication listener, plus
+        ``extra`` properties; returns its cluster.json entry once it runs again."""
+        from broker.state import describe
+        from kraft.config import load_properties, write_properties
+
+        b = next(x for x in self.meta["brokers"] if x["id"] == broker_id)
+
+        def state() -> str | None:
+            try:
+                return describe(b["host"], b["admin_port"], timeout=2.0)["state"]
+            except Exception:
+                return None
+
+        self.kill(broker_id, "TERM")
+        poll(lambda: state() is None, 30, what=f"broker {broker_id} stopped")
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            repl_port = sock.getsockname()[1]
+        props = load_properties(b["config"])
+        props.pop("advertised.listeners", None)
+        props.update(
+            {
+                "listeners": f"SASL_PLAINTEXT://127.0.0.1:{b['port']},REPL://127.0.0.1:{repl_port}",
+                "listener.security.protocol.map": "REPL:PLAINTEXT",
+                "inter.broker.listener.name": "REPL",
+                "sasl.plain.users.file": str(users_file),
+                **extra,
+            }
+        )
+        write_properties(b["config"], props)
+        self.start(broker_id)
+        poll(lambda: state() == "RUNNING", 60, what=f"broker {broker_id} running with SASL")
+        return next(x for x in self.meta["brokers"] if x["id"] == broker_id)
 
     def controller(self, node_id: int) -> dict:
         return next(c for c in self.meta["controllers"] if c["id"] == node_id)

@@ -29,7 +29,6 @@ from typing import Any
 
 import pytest
 
-from broker.state import describe
 from kraft.config import load_properties, write_properties
 from kraft.errors import ErrorCode, KraftError
 from kraft.records import decode_batch
@@ -289,49 +288,15 @@ def test_an_anonymous_kafka_client_cannot_create_or_delete_topics(cluster) -> No
     assert "keep-me" in names and "anon-made" not in names
 
 
-def _sasl_broker(c: LocalCluster, tmp_path: Path, **extra: str) -> dict:
-    """Restart broker 101 with a SASL_PLAINTEXT client listener (user alice) and a loopback
-    PLAINTEXT replication listener."""
-    users = tmp_path / "kafka-users"
-    users.write_text(f"alice:{hash_password('alice-pw', iterations=1000)}\n")
-    b = next(x for x in c.meta["brokers"] if x["id"] == 101)
-    c.kill(101, "TERM")
-    poll(lambda: describe_or_none(b) is None, 30, what="broker 101 stopped")
-    props = load_properties(b["config"])
-    props.pop("advertised.listeners", None)
-    props.update(
-        {
-            "listeners": f"SASL_PLAINTEXT://127.0.0.1:{b['port']},REPL://127.0.0.1:{_free_port()}",
-            "listener.security.protocol.map": "REPL:PLAINTEXT",
-            "inter.broker.listener.name": "REPL",
-            "sasl.plain.users.file": str(users),
-            **extra,
-        }
-    )
-    write_properties(b["config"], props)
-    c.start(101)
-    poll(
-        lambda: (describe_or_none(b) or {}).get("state") == "RUNNING",
-        60,
-        what="broker 101 running with SASL",
-    )
-    return next(x for x in c.meta["brokers"] if x["id"] == 101)
-
-
-def describe_or_none(b: dict) -> dict | None:
-    try:
-        return describe(b["host"], b["admin_port"], timeout=2.0)
-    except Exception:
-        return None
-
-
 @pytest.fixture(scope="module")
 def sasl_cluster(tmp_path_factory: pytest.TempPathFactory) -> Any:
     tmp = tmp_path_factory.mktemp("sasl")
     c = LocalCluster(tmp / "c")
     c.up(1, 1, "--fsync", "never")
     try:
-        yield c, _sasl_broker(c, tmp, **{"max.connections.per.ip": "50"})
+        users = tmp / "kafka-users"
+        users.write_text(f"alice:{hash_password('alice-pw', iterations=1000)}\n")
+        yield c, c.use_sasl_listener(101, users, **{"max.connections.per.ip": "50"})
     finally:
         c.down()
 
