@@ -20,7 +20,7 @@ from typing import Any
 
 import trio
 
-from kraft.config import ConfigError, ControllerConfig
+from kraft.config import ConfigError, ControllerConfig, is_loopback
 from kraft.controller.commands import Command
 from kraft.controller.heartbeats import BrokerHeartbeatManager
 from kraft.controller.settings import ControllerSettings
@@ -187,6 +187,14 @@ class ControllerNode:
             ),
         )
         rpc_host, rpc_port = cfg.rpc_voters[self.node_id]
+        if cfg.rpc_credentials is None and not is_loopback(rpc_host):
+            log.warning(
+                "node %d: controller RPC on %s:%d accepts unauthenticated clients from other "
+                "hosts (allow.insecure.listeners=true)",
+                self.node_id,
+                rpc_host,
+                rpc_port,
+            )
         server = RpcServer(
             rpc_host,
             rpc_port,

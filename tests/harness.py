@@ -19,12 +19,14 @@ REPO = Path(__file__).resolve().parent.parent
 ENV = dict(os.environ, PYTHONPATH=str(REPO), KRAFT_LOG_LEVEL="INFO")
 
 
-def kraft(*args: str, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess:
+def kraft(
+    *args: str, timeout: float = 60, check: bool = True, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     """Run ``kraft ARGS`` as a user would; raise with its output if it fails and ``check``."""
     proc = subprocess.run(
         [sys.executable, "-m", "tools.cli", *args],
         cwd=REPO,
-        env=ENV,
+        env=ENV if env is None else env,
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -37,8 +39,8 @@ def kraft(*args: str, timeout: float = 60, check: bool = True) -> subprocess.Com
     return proc
 
 
-def kraft_json(*args: str, timeout: float = 60) -> Any:
-    return json.loads(kraft(*args, "--json", timeout=timeout).stdout)
+def kraft_json(*args: str, timeout: float = 60, env: dict[str, str] | None = None) -> Any:
+    return json.loads(kraft(*args, "--json", timeout=timeout, env=env).stdout)
 
 
 def poll(
@@ -95,6 +97,14 @@ class LocalCluster:
 
         auth_dir = self.meta.get("auth_dir")
         return ClientCredentials.load(Path(auth_dir) / f"{user}.credentials") if auth_dir else None
+
+    def cli_env(self) -> dict[str, str]:
+        """The environment for ``kraft ... --bootstrap-controller`` as the admin user (with
+        ``--cluster DIR`` the CLI finds the credentials itself)."""
+        auth_dir = self.meta.get("auth_dir")
+        if not auth_dir:
+            return dict(ENV)
+        return dict(ENV, KRAFT_RPC_CREDENTIALS_FILE=str(Path(auth_dir) / "admin.credentials"))
 
     def call(self, api: str, body: dict, node_id: int | None = None, timeout: float = 10) -> dict:
         """One controller RPC call as the admin user (to ``node_id``, else any controller)."""

@@ -278,10 +278,18 @@ def check_listeners_authenticate(config: Any, security: dict[str, ListenerSecuri
     """Refuse (``SecurityConfigError``) a listener bound to a non-loopback address that does not
     authenticate its clients, unless ``allow.insecure.listeners=true``: anyone on the network
     could produce, fetch and delete."""
-    if config["allow.insecure.listeners"]:
-        return
     for name, host, port in config.listeners:
-        if not is_loopback(host) and not authenticates(security[name], config.values):
+        if is_loopback(host) or authenticates(security[name], config.values):
+            continue
+        if config["allow.insecure.listeners"]:
+            log.warning(
+                "listener %s://%s:%d does not authenticate clients and is reachable from other "
+                "hosts (allow.insecure.listeners=true)",
+                name,
+                host,
+                port,
+            )
+        else:
             raise SecurityConfigError(
                 f"listeners: {name}://{host}:{port} is reachable from other hosts and does not "
                 f"authenticate clients ({security[name].protocol}): use SASL_PLAINTEXT, SASL_SSL "

@@ -25,7 +25,13 @@ def cluster(tmp_path):
 
 
 def _topic_names(cluster: LocalCluster, node_id: int) -> set[str]:
-    listing = kraft_json("topics", "list", "--bootstrap-controller", cluster.bootstrap(node_id))
+    listing = kraft_json(
+        "topics",
+        "list",
+        "--bootstrap-controller",
+        cluster.bootstrap(node_id),
+        env=cluster.cli_env(),
+    )
     return {t["name"] for t in listing["topics"]}
 
 
@@ -35,7 +41,13 @@ def test_three_controllers_elect_exactly_one_active(cluster):
 
     def agreed_leader():
         views = [
-            kraft_json("quorum", "status", "--bootstrap-controller", cluster.bootstrap(i))
+            kraft_json(
+                "quorum",
+                "status",
+                "--bootstrap-controller",
+                cluster.bootstrap(i),
+                env=cluster.cli_env(),
+            )
             for i in ids
         ]
         leaders = {v["leader_id"] for v in views}
@@ -83,7 +95,12 @@ def test_topics_created_and_deleted_on_every_controller(cluster):
             what=f"topics on controller {i}",
         )
         described = kraft_json(
-            "topics", "describe", "orders", "--bootstrap-controller", cluster.bootstrap(i)
+            "topics",
+            "describe",
+            "orders",
+            "--bootstrap-controller",
+            cluster.bootstrap(i),
+            env=cluster.cli_env(),
         )
         topic = described["topics"][0]
         assert len(topic["partitions"]) == 6
