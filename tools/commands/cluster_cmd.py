@@ -242,6 +242,16 @@ def _print_ready(directory: Path, layout: ClusterLayout, state: Readiness) -> No
     print(f"\nReady: {state.summary()}.")
     bootstrap = ",".join(f"{h}:{p}" for h, p in layout.controller_endpoints())
     print(f"Controllers: --bootstrap-controller {bootstrap}   (or --cluster {directory})")
+    if layout.auth_dir:
+        print(
+            "RPC authentication is on: --cluster finds the admin credentials; with "
+            f"--bootstrap-controller set KRAFT_RPC_CREDENTIALS_FILE={layout.auth_dir}/admin.credentials"
+        )
+    if layout.brokers and layout.auth_dir:
+        print(
+            "Kafka admin requests (CreateTopics, ...) need an authenticated client (SASL "
+            "listener); anonymous ones get CLUSTER_AUTHORIZATION_FAILED"
+        )
     if layout.brokers:
         print("Kafka bootstrap servers: " + ",".join(f"{b.host}:{b.port}" for b in layout.brokers))
     metrics = [
