@@ -225,10 +225,11 @@ _read_some = TcpConnection._TcpConnection__processRead  # type: ignore[attr-defi
 
 
 def _bounded_read(conn: Any) -> bool:
-    """PySyncObj reads while data is available before parsing; stop once the buffer holds a
-    whole frame, an oversized announcement or more than the limit, so the parse above runs (and
-    can close the connection) before more is read. The buffer becomes a bytearray: PySyncObj's
-    ``bytes +=`` copies the whole buffer on every 8 KiB read."""
+    """PySyncObj reads while data is available before parsing; stop once the buffer holds an
+    oversized announcement or more than the connection's frame limit (1 MiB before it has
+    authenticated), so the parse above runs (and can close the connection) before more is read.
+    The buffer becomes a bytearray: PySyncObj's ``bytes +=`` copies the whole buffer on every
+    8 KiB read, which made reading 64 MiB cost seconds of the tick thread."""
     buf = conn._TcpConnection__readBuffer
     if not isinstance(buf, bytearray):
         conn._TcpConnection__readBuffer = buf = bytearray(buf)
@@ -241,7 +242,7 @@ def _bounded_read(conn: Any) -> bool:
     if more and len(buf) >= 4:
         (size,) = struct.unpack_from("i", buf, 0)
         limit = _frame_limit(conn)
-        if not 0 <= size <= limit or len(buf) >= 4 + size:
+        if not 0 <= size <= limit or len(buf) > 4 + limit:
             return False
     return more
 
