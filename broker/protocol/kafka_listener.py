@@ -122,6 +122,7 @@ class KafkaListener:
         self.cache = cache
         self.max_connections_per_ip = max_connections_per_ip
         self._per_ip: collections.Counter[str] = collections.Counter()
+        self.refused_per_ip = 0
         # SASL listeners, before authentication: a frame announcing more than this is refused
         # before it is read, and the login must be done within preauth_timeout_s
         self.max_preauth_bytes = max_preauth_bytes
@@ -195,12 +196,15 @@ class KafkaListener:
             await stream.aclose()
             return
         if self._per_ip[host] >= self.max_connections_per_ip:
-            log.warning(
-                "Kafka listener: refusing a connection from %s: %d open from it "
-                "(max.connections.per.ip)",
-                host,
-                self._per_ip[host],
-            )
+            self.refused_per_ip += 1
+            if self.refused_per_ip % 100 == 1:  # a flood must not flood the log too
+                log.warning(
+                    "Kafka listener: refusing a connection from %s: %d open from it "
+                    "(max.connections.per.ip); %d refused so far",
+                    host,
+                    self._per_ip[host],
+                    self.refused_per_ip,
+                )
             await stream.aclose()
             return
         self.connections += 1
@@ -439,6 +443,15 @@ class KafkaListener:
         )
 
 
+def _deferring(handle: Callable[[RequestHeader, Reader], Awaitable[bytes]]) -> Handler:
+    """Run ``handle`` in the response writer, so it sees requests one at a time, in order."""
+
+    async def handler(header: RequestHeader, reader: Reader) -> Deferred:
+        return Deferred(lambda: handle(header, reader))
+
+    return handler
+
+
 def _principal(session: SaslSession | None, stream: Any) -> str:
     """The connection's authenticated principal: SASL's, else a verified client
     certificate's (mutual TLS), else ``User:ANONYMOUS``."""
@@ -448,7 +461,7 @@ def _principal(session: SaslSession | None, stream: Any) -> str:
     if getpeercert is not None:
         try:
             found = tls_principal(getpeercert())
-        except (ValueError, AttributeError):  # handshake not done
+        except Exception:  # no TLS handshake done (trio.NeedHandshakeError), no certificate
             found = None
         if found:
             return found
