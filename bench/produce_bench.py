@@ -24,6 +24,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 MSG_BYTES = 1024
@@ -47,6 +48,10 @@ def kraft(*args: str, timeout: float = 120) -> str:
     return proc.stdout
 
 
+def _round2(v: float | None) -> float | None:
+    return None if v is None else round(v, 2)
+
+
 def pct(sorted_vals: list[float], p: float) -> float | None:
     if not sorted_vals:
         return None
@@ -55,7 +60,7 @@ def pct(sorted_vals: list[float], p: float) -> float | None:
     ]
 
 
-def produce(bs: str, topic: str, acks: str, messages: int) -> dict:
+def produce(bs: str, topic: str, acks: str, messages: int) -> dict[str, Any]:
     from confluent_kafka import Producer
 
     producer = Producer(
@@ -71,7 +76,7 @@ def produce(bs: str, topic: str, acks: str, messages: int) -> dict:
     payload = b"x" * MSG_BYTES
     done = {"ok": 0, "err": 0}
 
-    def on_delivery(err, msg):
+    def on_delivery(err: Any, msg: Any) -> None:
         done["err" if err else "ok"] += 1
 
     start = time.perf_counter()
@@ -97,7 +102,7 @@ def produce(bs: str, topic: str, acks: str, messages: int) -> dict:
     }
 
 
-def produce_kcat(bs: str, topic: str, acks: str, messages: int, workdir: Path) -> dict:
+def produce_kcat(bs: str, topic: str, acks: str, messages: int, workdir: Path) -> dict[str, Any]:
     """The same load from kcat (C, no Python in the client): the broker's side of the cost."""
     data = workdir / "messages.txt"
     data.write_bytes((b"k" * (MSG_BYTES - 1) + b"\n") * messages)
@@ -135,7 +140,7 @@ def produce_kcat(bs: str, topic: str, acks: str, messages: int, workdir: Path) -
     }
 
 
-def consume(bs: str, topic: str, messages: int) -> dict:
+def consume(bs: str, topic: str, messages: int) -> dict[str, Any]:
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
     consumer = Consumer(
@@ -153,9 +158,10 @@ def consume(bs: str, topic: str, messages: int) -> dict:
     deadline = start + 180
     while got < messages and time.perf_counter() < deadline:
         for m in consumer.consume(10000, timeout=0.5):
-            if m.error() is None:
+            value = m.value()
+            if m.error() is None and value is not None:
                 got += 1
-                size += len(m.value())
+                size += len(value)
     secs = time.perf_counter() - start
     consumer.close()
     return {
@@ -169,7 +175,7 @@ def consume(bs: str, topic: str, messages: int) -> dict:
     }
 
 
-def latency(bs: str, topic: str, count: int) -> dict:
+def latency(bs: str, topic: str, count: int) -> dict[str, Any]:
     from confluent_kafka import OFFSET_END, Consumer, Producer, TopicPartition
 
     consumer = Consumer(
@@ -184,11 +190,12 @@ def latency(bs: str, topic: str, count: int) -> dict:
     lat: list[float] = []
     stop = threading.Event()
 
-    def reader():
+    def reader() -> None:
         while not stop.is_set() and len(lat) < count:
             m = consumer.poll(0.1)
-            if m is not None and m.error() is None:
-                lat.append((time.perf_counter() - float(m.value().decode())) * 1000)
+            value = m.value() if m is not None and m.error() is None else None
+            if value is not None:
+                lat.append((time.perf_counter() - float(value.decode())) * 1000)
 
     t = threading.Thread(target=reader)
     t.start()
@@ -210,16 +217,16 @@ def latency(bs: str, topic: str, count: int) -> dict:
         "mode": "acks=all",
         "messages": len(lat),
         "errors": count - len(lat),
-        "p50_ms": round(pct(lat, 50), 2) if lat else None,
-        "p99_ms": round(pct(lat, 99), 2) if lat else None,
+        "p50_ms": _round2(pct(lat, 50)),
+        "p99_ms": _round2(pct(lat, 99)),
     }
 
 
-def run(messages: int) -> list[dict]:
+def run(messages: int) -> list[dict[str, Any]]:
     """Start a cluster in a temporary directory, measure, tear it down."""
     workdir = Path(tempfile.mkdtemp(prefix="produce-bench-"))
     cdir = workdir / "cluster"
-    rows: list[dict] = []
+    rows: list[dict[str, Any]] = []
     try:
         log("starting 3 controllers + 3 brokers")
         kraft(
@@ -299,7 +306,7 @@ def run(messages: int) -> list[dict]:
     return rows
 
 
-def table(rows: list[dict]) -> str:
+def table(rows: list[dict[str, Any]]) -> str:
     out = [
         "| metric | mode | messages | errors | seconds | msgs/s | MB/s | p50 ms | p99 ms |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
@@ -312,7 +319,7 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-def target(rows: list[dict]) -> dict:
+def target(rows: list[dict[str, Any]]) -> dict[str, Any]:
     row = next(
         (r for r in rows if r["metric"] == "produce" and r["mode"] == "acks=all"), None
     )  # confluent-kafka

@@ -1,5 +1,6 @@
 """The broker's Kafka protocol listener (trio): ApiVersions and Metadata, answered from the image,
-FindCoordinator (no coordinator yet: :mod:`broker.coordinator.find_coordinator`),
+FindCoordinator (:mod:`broker.coordinator.find_coordinator`; with :meth:`KafkaListener.serve_groups`,
+the group APIs of :mod:`broker.coordinator.group.api`),
 plus whatever APIs an :class:`AdminHandler` serves (merged into ApiVersions and dispatched to it).
 
 Given a :class:`~broker.replica.replica_manager.ReplicaManager` (:meth:`KafkaListener.serve_data`) it also serves the data plane: Produce,
@@ -23,6 +24,7 @@ but ApiVersions, SaslHandshake and SaslAuthenticate until it has authenticated).
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import struct
 from collections.abc import Awaitable, Callable
@@ -35,7 +37,8 @@ from kio.schema.errors import ErrorCode
 from broker.coordinator.find_coordinator import (
     API_FIND_COORDINATOR,
     FIND_COORDINATOR_VERSIONS,
-    find_coordinator,
+    FindCoordinator,
+    handle_find_coordinator,
 )
 from broker.metadata.metadata_cache import MetadataCache
 from broker.protocol.data_codec import (
@@ -139,7 +142,9 @@ class KafkaListener:
         self._handlers: dict[int, Handler] = {
             API_API_VERSIONS: self._api_versions,
             API_METADATA: self._metadata,
-            API_FIND_COORDINATOR: find_coordinator,
+            API_FIND_COORDINATOR: functools.partial(
+                handle_find_coordinator, FindCoordinator(cache, None)
+            ),
         }
         self._ranges: dict[int, tuple[int, int]] = {
             **SUPPORTED,
@@ -171,6 +176,12 @@ class KafkaListener:
         ):
             self._ranges[key] = span
             self._handlers[key] = handler
+
+    def serve_groups(self, groups: AdminHandler) -> None:
+        """Also serve the group coordinator APIs (FindCoordinator included) from ``groups``."""
+        for key, span in groups.api_ranges().items():
+            self._ranges[key] = span
+            self._handlers[key] = _deferring(groups.handle)
 
     async def serve(self, *, task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED) -> None:
         """Listen until cancelled; ``task_status.started`` gets the bound port."""

@@ -20,6 +20,7 @@ import logging
 import trio
 from kio.schema.errors import ErrorCode
 
+from broker.coordinator.placement import INTERNAL_TOPICS
 from broker.protocol.data_codec import (
     FLEXIBLE_FROM,
     PartitionProduceResult,
@@ -72,6 +73,8 @@ class ProduceHandler:
     ) -> tuple[PartitionProduceResult, Partition | None, int]:
         """Validate and append one partition's batches: (result, the partition if appended,
         the high watermark that acknowledges them)."""
+        if topic in INTERNAL_TOPICS:  # written by coordinators only, as in Kafka
+            return PartitionProduceResult(pid, ErrorCode.invalid_topic_exception.value), None, -1
         part = self.replicas.get_by_name(topic, pid)
         if part is None:
             code = (

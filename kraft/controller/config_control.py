@@ -84,6 +84,8 @@ def _new_value(
 ) -> tuple[str, str | None]:
     """(key, new value or None to delete) for one op; raises INVALID_CONFIG / INVALID_REQUEST."""
     key, kind, value = op.get("name"), op.get("op"), op.get("value")
+    if not isinstance(key, str):
+        raise KraftError(ErrorCode.INVALID_REQUEST, f"A config op needs a name, got {key!r}.")
     d = lookup(type_id, key)
     if kind not in OPS:
         raise KraftError(
@@ -159,7 +161,7 @@ def _resource_id(resource: Any) -> tuple[Any, Any]:
 def incremental_alter_configs(
     image: MetadataImage, cmd: Command, settings: ControllerSettings
 ) -> ControllerResult:
-    """IncrementalAlterConfigs (§6.7): per-resource results; one batch of ConfigRecords."""
+    """IncrementalAlterConfigs (docs/kraft-notes.md, Alter configs): per-resource results; one batch of ConfigRecords."""
     resources = list(cmd.body["resources"])
     ids = [_resource_id(r) for r in resources]
     records: list[ConfigRecord] = []

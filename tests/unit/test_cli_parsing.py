@@ -649,6 +649,9 @@ def test_controller_and_broker_commands_run_the_node_mains(
     capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seen: list[tuple[str, str]] = []
+    # cmd_broker hides hypothesis from kio (sys.modules["hypothesis"] = None); undone after
+    # the test, so later tests in this process can still import it.
+    monkeypatch.setitem(sys.modules, "hypothesis", sys.modules.get("hypothesis"))
     for module, role in (("kraft.node", "controller"), ("broker.node", "broker")):
         fake = types.ModuleType(module)
         fake.main = lambda path, role=role: seen.append((role, path)) or 3  # type: ignore[attr-defined]  # a stand-in module

@@ -7,6 +7,7 @@ from typing import Any
 
 from kraft.errors import ErrorCode
 from tools import output
+from tools.commands import elect_leaders
 from tools.commands.common import (
     ManualFormatter,
     UsageError,
@@ -228,7 +229,7 @@ def cmd_add_partitions(args: argparse.Namespace) -> int:
 # ---- parser ---------------------------------------------------------------------------------
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``kraft topics ...`` to the top-level parser."""
     p = sub.add_parser(
         "topics",
@@ -349,6 +350,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_client_options(ap)
     ap.set_defaults(handler=cmd_add_partitions)
+
+    elect_leaders.register(tsub)
 
 
 __all__ = [
