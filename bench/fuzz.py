@@ -218,12 +218,12 @@ def fuzz_kafka(seconds: float, seed: int, workdir: Path) -> dict[str, Any]:
         cluster.down()
 
 
-def _raft_send(port: int, data: bytes) -> list[dict]:
+def _raft_send(port: int, data: bytes) -> list[dict[str, Any]]:
     send_raw(port, data, wait=0.2)
     return []
 
 
-def fuzz_raft(seconds: float, seed: int, workdir: Path) -> dict:
+def fuzz_raft(seconds: float, seed: int, workdir: Path) -> dict[str, Any]:
     controller = Controller(workdir)
     before = controller.quorum()
 
@@ -246,7 +246,7 @@ def fuzz_raft(seconds: float, seed: int, workdir: Path) -> dict:
         controller.stop()
 
 
-def fuzz_kafka_preauth(seconds: float, seed: int, workdir: Path) -> dict:
+def fuzz_kafka_preauth(seconds: float, seed: int, workdir: Path) -> dict[str, Any]:
     from kraft.rpc.auth import hash_password
 
     cluster = LocalCluster(workdir / "c")
@@ -257,7 +257,7 @@ def fuzz_kafka_preauth(seconds: float, seed: int, workdir: Path) -> dict:
         cluster.use_sasl_listener(101, users)
         broker = SaslBroker(cluster)
 
-        def send(data: bytes) -> list[dict]:
+        def send(data: bytes) -> list[dict[str, Any]]:
             send_and_drain(broker.port, data, wait=0.3)
             return []
 
