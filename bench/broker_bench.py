@@ -110,7 +110,16 @@ def propagation(seconds: float, rate: int, batch: int) -> dict[str, Any]:
     try:
         log("starting 3 controllers + 3 brokers")
         _cli(
-            "cluster", "up", "--dir", str(cdir), "--controllers", "3", "--brokers", "3", "--detach"
+            "cluster",
+            "up",
+            "--dir",
+            str(cdir),
+            "--controllers",
+            "3",
+            "--brokers",
+            "3",
+            "--detach",
+            "--no-auth",
         )
         meta = json.loads((cdir / "cluster.json").read_text())
         boot = [(c["host"], c["rpc_port"]) for c in meta["controllers"]]

@@ -499,6 +499,7 @@ def run(
         r = cli(
             "cluster",
             "up",
+            "--no-auth",  # benchmarks run anonymous clients and sim brokers
             "--dir",
             str(directory),
             "--controllers",

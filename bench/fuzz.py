@@ -6,7 +6,12 @@ The same generators as ``tests/test_fuzz_rpc.py`` / ``tests/test_fuzz_kafka_list
 Every 25 inputs a fresh client must be answered (its latency is recorded) and the server's RSS
 is sampled.
 
-    python bench/fuzz.py --seconds 60 [--target rpc|kafka|both] [--seed 1]
+    python bench/fuzz.py --seconds 60 [--target rpc|kafka|raft|kafka-preauth|both|all] [--seed 1]
+
+``raft`` sends a controller's Raft port what a process without the cluster secret could
+(``test_fuzz_rpc.raft_input``); ``kafka-preauth`` sends a broker's SASL listener what a client
+that has not logged in could (``test_fuzz_kafka_listener.preauth_input``). ``rss_max_mb`` is the
+peak RSS sampled every 25 inputs.
 
 Prints a markdown table and, as the last stdout line, ``{"system": "pykraft-fuzz", "results": [...]}``.
 A result with ``crashed``, ``internal_errors``, ``unhealthy_checks`` or ``refused_connections``
@@ -33,8 +38,23 @@ sys.path.insert(0, str(REPO / "tests" / "integration"))  # the fuzz tests whose 
 
 from harness import LocalCluster, kraft, poll  # noqa: E402
 from test_fuzz_kafka_listener import SEEDS as KAFKA_SEEDS  # noqa: E402
-from test_fuzz_kafka_listener import TOPIC, Broker, send_and_drain  # noqa: E402
-from test_fuzz_rpc import SEED_REQUESTS, Controller, exchange, mutate, retype, seed_frame  # noqa: E402
+from test_fuzz_kafka_listener import (  # noqa: E402
+    TOPIC,
+    Broker,
+    SaslBroker,
+    preauth_input,
+    send_and_drain,
+)
+from test_fuzz_rpc import (  # noqa: E402  # noqa: E402
+    SEED_REQUESTS,
+    Controller,
+    exchange,
+    mutate,
+    raft_input,
+    retype,
+    seed_frame,
+    send_raw,
+)
 
 from kraft.errors import ErrorCode  # noqa: E402
 from kraft.rpc.framing import encode_frame  # noqa: E402
@@ -198,22 +218,90 @@ def fuzz_kafka(seconds: float, seed: int, workdir: Path) -> dict[str, Any]:
         cluster.down()
 
 
+def _raft_send(port: int, data: bytes) -> list[dict[str, Any]]:
+    send_raw(port, data, wait=0.2)
+    return []
+
+
+def fuzz_raft(seconds: float, seed: int, workdir: Path) -> dict[str, Any]:
+    controller = Controller(workdir)
+    before = controller.quorum()
+
+    def healthy() -> None:
+        controller.assert_healthy()
+        assert controller.quorum() == before, "the Raft leader or term changed"
+
+    try:
+        return run_target(
+            "controller-raft-preauth",
+            seconds,
+            seed,
+            lambda data: _raft_send(controller.raft_port, data),
+            raft_input,
+            healthy,
+            controller.rss,
+            lambda: controller.proc.poll() is None,
+        )
+    finally:
+        controller.stop()
+
+
+def fuzz_kafka_preauth(seconds: float, seed: int, workdir: Path) -> dict[str, Any]:
+    from kraft.rpc.auth import hash_password
+
+    cluster = LocalCluster(workdir / "c")
+    try:
+        cluster.up(1, 1, "--fsync", "never")
+        users = workdir / "kafka-users"
+        users.write_text(f"fuzz:{hash_password('fuzz-pw', iterations=1000)}\n")
+        cluster.use_sasl_listener(101, users)
+        broker = SaslBroker(cluster)
+
+        def send(data: bytes) -> list[dict[str, Any]]:
+            send_and_drain(broker.port, data, wait=0.3)
+            return []
+
+        return run_target(
+            "broker-kafka-preauth",
+            seconds,
+            seed,
+            send,
+            preauth_input,
+            broker.assert_healthy,
+            broker.rss,
+            broker.ps.is_running,
+        )
+    finally:
+        cluster.down()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
         "--seconds", type=float, default=60.0, help="fuzzing time per target (default 60)"
     )
-    p.add_argument("--target", choices=("rpc", "kafka", "both"), default="both")
+    p.add_argument(
+        "--target",
+        choices=("rpc", "kafka", "raft", "kafka-preauth", "both", "all"),
+        default="both",
+        help="both = rpc + kafka; all = every target",
+    )
     p.add_argument("--seed", type=int, default=1)
     args = p.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="pykraft-fuzz-"))
     results = []
     try:
-        if args.target in ("rpc", "both"):
+        if args.target in ("rpc", "both", "all"):
             (workdir / "rpc").mkdir()
             results.append(fuzz_rpc(args.seconds, args.seed, workdir / "rpc"))
-        if args.target in ("kafka", "both"):
+        if args.target in ("kafka", "both", "all"):
             results.append(fuzz_kafka(args.seconds, args.seed, workdir))
+        if args.target in ("raft", "all"):
+            (workdir / "raft").mkdir()
+            results.append(fuzz_raft(args.seconds, args.seed, workdir / "raft"))
+        if args.target in ("kafka-preauth", "all"):
+            (workdir / "preauth").mkdir()
+            results.append(fuzz_kafka_preauth(args.seconds, args.seed, workdir / "preauth"))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     keys = list(results[0])

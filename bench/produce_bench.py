@@ -240,6 +240,7 @@ def run(messages: int) -> list[dict[str, Any]]:
         kraft(
             "cluster",
             "up",
+            "--no-auth",  # benchmarks run anonymous clients and sim brokers
             "--dir",
             str(cdir),
             "--controllers",

@@ -572,7 +572,18 @@ def real_brokers(topics: int = 100, partitions: int = 100) -> dict[str, Any]:
     cdir = work / "c"
     try:
         log(f"real brokers: 3 controllers + 3 brokers, {topics} x {partitions} partitions RF 3")
-        cli("cluster", "up", "--dir", str(cdir), "--controllers", "3", "--brokers", "3", "--detach")
+        cli(
+            "cluster",
+            "up",
+            "--dir",
+            str(cdir),
+            "--controllers",
+            "3",
+            "--brokers",
+            "3",
+            "--detach",
+            "--no-auth",
+        )
         meta = json.loads((cdir / "cluster.json").read_text())
         boot = [(c["host"], c["rpc_port"]) for c in meta["controllers"]]
         t0 = time.perf_counter()
@@ -736,7 +747,7 @@ def run(
     bench = Scale(cdir, topics, partitions, brokers, per_request, inflight)
     try:
         log("starting 3 controllers")
-        cli("cluster", "up", "--dir", str(cdir), "--controllers", "3", "--detach")
+        cli("cluster", "up", "--dir", str(cdir), "--controllers", "3", "--detach", "--no-auth")
         trio.run(bench.main)
         if catch_up:
             bench.catch_up()

@@ -23,7 +23,12 @@ from broker.metadata.metadata_cache import MetadataCache
 from broker.metadata.metadata_loader import MetadataLoader
 from broker.protocol.kafka_admin import KafkaAdmin
 from broker.protocol.kafka_listener import KafkaListener
-from broker.protocol.kafka_security import SecurityConfigError, listener_security, protocol_of
+from broker.protocol.kafka_security import (
+    SecurityConfigError,
+    check_listeners_authenticate,
+    listener_security,
+    protocol_of,
+)
 from broker.replica.isr_updater import IsrUpdater
 from broker.replica.replica_fetcher import ReplicaFetcherManager
 from broker.replica.replica_manager import ReplicaManager
@@ -97,6 +102,7 @@ class BrokerNode:
         self.security = {
             n: listener_security(self.protocols[n], config.values) for n in self.protocols
         }
+        check_listeners_authenticate(config, self.security)
         self.listeners = [
             {
                 "name": n,
@@ -181,6 +187,9 @@ class BrokerNode:
                         auto_create=self.admins[n].auto_create_topics
                         if self.config["auto.create.topics.enable"]
                         else None,
+                        max_connections_per_ip=self.config["max.connections.per.ip"],
+                        max_preauth_bytes=self.config["sasl.server.max.receive.size"],
+                        preauth_timeout_s=self.config["connections.max.preauth.ms"] / 1000,
                     )
                     listener.serve_data(
                         self.replica_manager,

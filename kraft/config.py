@@ -134,6 +134,20 @@ _COMMON = [
     Setting("broker.heartbeat.interval.ms", int, 2000, "how often brokers heartbeat"),
     Setting("metrics.port", int, 0, "Prometheus metrics HTTP port (0 = off)"),
     Setting("metrics.host", str, "127.0.0.1", "metrics bind address"),
+    Setting(
+        "allow.insecure.listeners",
+        _bool,
+        False,
+        "start even though a listener bound to a non-loopback address does not authenticate "
+        "its clients (anyone on the network could then use it)",
+    ),
+    Setting(
+        "max.connections.per.ip",
+        _positive,
+        1000,
+        "connections from one client address beyond this are closed at once (so one host "
+        "cannot take every connection slot)",
+    ),
     Setting("log.level", _log_level, "INFO", "log level (any case); KRAFT_LOG_LEVEL overrides it"),
     Setting("log.file", str, "", "also log to this file, rotated by size (empty = stderr only)"),
     Setting("log.file.max.bytes", _positive, 100 * 1024 * 1024, "rotate log.file at this size"),
@@ -220,7 +234,7 @@ CONTROLLER_SETTINGS = _COMMON + [
     Setting(
         "controller.rpc.max.connections",
         int,
-        1024,
+        4096,
         "RPC connections beyond this are closed at once",
     ),
     Setting(
@@ -253,11 +267,19 @@ CONTROLLER_SETTINGS = _COMMON + [
         "lines); required on controllers when controller.rpc.auth.credentials.file is set",
     ),
     Setting(
+        "controller.rpc.broker.principals",
+        str,
+        "User:broker",
+        "with RPC authentication, the principals allowed to call the broker APIs "
+        "(BrokerRegistration, BrokerHeartbeat, AlterPartition, ...) and to act on behalf of "
+        "their Kafka clients (comma-separated)",
+    ),
+    Setting(
         "controller.raft.secret.file",
         str,
         "",
-        "file holding the Raft cluster secret "
-        "(or env KRAFT_RAFT_SECRET); required when Raft binds to a non-loopback address",
+        "file holding the Raft cluster secret, the same on every controller (or env "
+        "KRAFT_RAFT_SECRET); required: Raft traffic is always encrypted",
     ),
     Setting(
         "raft.compaction.min.entries",
@@ -372,6 +394,20 @@ BROKER_SETTINGS = _COMMON + [
         "largest Kafka request frame; a bigger one closes the connection unread",
     ),
     Setting(
+        "sasl.server.max.receive.size",
+        _positive,
+        524_288,
+        "on a SASL listener, before authentication, a request frame announcing more bytes "
+        "than this closes the connection before it is read",
+    ),
+    Setting(
+        "connections.max.preauth.ms",
+        _positive,
+        10_000,
+        "a connection to a SASL listener that has not authenticated within this is closed "
+        "(connections.max.idle.ms applies after login)",
+    ),
+    Setting(
         "inter.broker.listener.name",
         str,
         "",
@@ -466,13 +502,8 @@ class ControllerConfig:
         secret = _read_secret(
             v["controller.raft.secret.file"], env if env is not None else os.environ
         )
-        off_loopback = sorted(f"{h}:{p}" for h, p in raft.values() if not is_loopback(h))
-        if secret is None and off_loopback:
-            raise ConfigError(
-                f"controller.quorum.raft.voters: {', '.join(off_loopback)} is not a loopback "
-                "address, so the Raft port needs the cluster secret (PySyncObj peers exchange "
-                "pickles): set controller.raft.secret.file or KRAFT_RAFT_SECRET"
-            )
+        if secret is None:
+            raise ConfigError(MISSING_RAFT_SECRET)
         store = None
         if v["controller.rpc.auth.credentials.file"]:
             try:
@@ -484,6 +515,14 @@ class ControllerConfig:
                     f"{_CLIENT_CREDENTIALS} is required when controller.rpc.auth.credentials.file "
                     "is set: controllers call each other's RPC"
                 )
+        rpc_host = rpc[v["node.id"]][0]
+        if store is None and not is_loopback(rpc_host) and not v["allow.insecure.listeners"]:
+            raise ConfigError(
+                f"controller.quorum.voters: this controller's RPC binds to {rpc_host}, not a "
+                "loopback address, without authentication (anyone reaching it could fence "
+                "brokers or delete topics): set controller.rpc.auth.credentials.file, or "
+                "allow.insecure.listeners=true to accept that"
+            )
         return cls(
             v,
             v["node.id"],
@@ -581,6 +620,17 @@ class BrokerConfig:
         return self.values[key]
 
 
+MISSING_RAFT_SECRET = (
+    "controller.raft.secret.file is not set (nor KRAFT_RAFT_SECRET): Raft traffic is always "
+    "encrypted, loopback included, because PySyncObj peers exchange pickles that anyone "
+    "reaching the port could use to run code. A cluster directory made by an older "
+    "'kraft cluster up' gets one on 'kraft cluster start'; otherwise write 32 random bytes, "
+    "e.g. 'umask 077; head -c 32 /dev/urandom | base64 > raft.secret', copy that file to "
+    "every controller and set controller.raft.secret.file=<its path> on each"
+)
+MIN_RAFT_SECRET_CHARS = 16
+
+
 def _read_secret(path: str, env: dict[str, str]) -> str | None:
     if path:
         try:
@@ -589,8 +639,11 @@ def _read_secret(path: str, env: dict[str, str]) -> str | None:
             raise ConfigError(
                 f"controller.raft.secret.file: cannot read {path}: {e.strerror}"
             ) from None
-        if not secret:
-            raise ConfigError(f"controller.raft.secret.file: {path} is empty")
+        if len(secret) < MIN_RAFT_SECRET_CHARS:
+            raise ConfigError(
+                f"controller.raft.secret.file: {path} holds {len(secret)} characters; a secret "
+                f"needs at least {MIN_RAFT_SECRET_CHARS} (cluster up writes 32 random bytes)"
+            )
         return secret
     return env.get("KRAFT_RAFT_SECRET") or None
 

@@ -21,7 +21,7 @@ from typing import Any
 import trio
 
 from kraft import logsetup
-from kraft.config import ConfigError, ControllerConfig
+from kraft.config import ConfigError, ControllerConfig, is_loopback
 from kraft.controller.commands import Command
 from kraft.controller.heartbeats import BrokerHeartbeatManager
 from kraft.controller.settings import ControllerSettings
@@ -33,6 +33,7 @@ from kraft.metadata_applier import MetadataApplier
 from kraft.quorum.journal_file import JournalCorruptError
 from kraft.quorum.raft import RaftQuorum, RaftSettings
 from kraft.rpc.apis import APIS
+from kraft.rpc.authorize import parse_principals
 from kraft.rpc.server import RpcServer
 from kraft.snapshotter import Snapshotter
 from kraft.storage import meta_properties
@@ -198,6 +199,14 @@ class ControllerNode:
             joining=self.joining,
         )
         rpc_host, rpc_port = cfg.rpc_voters[self.node_id]
+        if cfg.rpc_credentials is None and not is_loopback(rpc_host):
+            log.warning(
+                "node %d: controller RPC on %s:%d accepts unauthenticated clients from other "
+                "hosts (allow.insecure.listeners=true)",
+                self.node_id,
+                rpc_host,
+                rpc_port,
+            )
         server = RpcServer(
             rpc_host,
             rpc_port,
@@ -208,6 +217,8 @@ class ControllerNode:
             io_timeout=cfg["controller.rpc.io.timeout.ms"] / 1000,
             idle_timeout=cfg["controller.rpc.idle.timeout.ms"] / 1000,
             max_buffered_bytes=cfg["controller.rpc.max.buffered.bytes"],
+            max_connections_per_ip=cfg["max.connections.per.ip"],
+            broker_principals=parse_principals(cfg["controller.rpc.broker.principals"]),
         )
         try:
             async with trio.open_nursery() as nursery:

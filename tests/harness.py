@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -18,12 +19,14 @@ REPO = Path(__file__).resolve().parent.parent
 ENV = dict(os.environ, PYTHONPATH=str(REPO), KRAFT_LOG_LEVEL="INFO")
 
 
-def kraft(*args: str, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess:
+def kraft(
+    *args: str, timeout: float = 60, check: bool = True, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     """Run ``kraft ARGS`` as a user would; raise with its output if it fails and ``check``."""
     proc = subprocess.run(
         [sys.executable, "-m", "tools.cli", *args],
         cwd=REPO,
-        env=ENV,
+        env=ENV if env is None else env,
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -36,8 +39,8 @@ def kraft(*args: str, timeout: float = 60, check: bool = True) -> subprocess.Com
     return proc
 
 
-def kraft_json(*args: str, timeout: float = 60) -> Any:
-    return json.loads(kraft(*args, "--json", timeout=timeout).stdout)
+def kraft_json(*args: str, timeout: float = 60, env: dict[str, str] | None = None) -> Any:
+    return json.loads(kraft(*args, "--json", timeout=timeout, env=env).stdout)
 
 
 def poll(
@@ -86,6 +89,71 @@ class LocalCluster:
             timeout=120,
         )
         return self
+
+    def credentials(self, user: str = "admin") -> Any:
+        """``user``'s RPC credentials (``cluster up`` makes admin, broker and controller), or
+        None for a cluster started with ``--no-auth``."""
+        from kraft.rpc.auth import ClientCredentials
+
+        auth_dir = self.meta.get("auth_dir")
+        return ClientCredentials.load(Path(auth_dir) / f"{user}.credentials") if auth_dir else None
+
+    def cli_env(self) -> dict[str, str]:
+        """The environment for ``kraft ... --bootstrap-controller`` as the admin user (with
+        ``--cluster DIR`` the CLI finds the credentials itself)."""
+        auth_dir = self.meta.get("auth_dir")
+        if not auth_dir:
+            return dict(ENV)
+        return dict(ENV, KRAFT_RPC_CREDENTIALS_FILE=str(Path(auth_dir) / "admin.credentials"))
+
+    def call(self, api: str, body: dict, node_id: int | None = None, timeout: float = 10) -> dict:
+        """One controller RPC call as the admin user (to ``node_id``, else any controller)."""
+        from kraft.rpc.client import call_sync
+
+        nodes = [self.controller(node_id)] if node_id else self.meta["controllers"]
+        return call_sync(
+            [(c["host"], c["rpc_port"]) for c in nodes],
+            api,
+            body,
+            timeout,
+            credentials=self.credentials(),
+        )
+
+    def use_sasl_listener(self, broker_id: int, users_file: Path, **extra: str) -> dict:
+        """Restart broker ``broker_id`` with a SASL_PLAINTEXT client listener on its port
+        (users from ``users_file``, hashed) and a loopback PLAINTEXT replication listener, plus
+        ``extra`` properties; returns its cluster.json entry once it runs again."""
+        from broker.state import describe
+        from kraft.config import load_properties, write_properties
+
+        b = next(x for x in self.meta["brokers"] if x["id"] == broker_id)
+
+        def state() -> str | None:
+            try:
+                return describe(b["host"], b["admin_port"], timeout=2.0)["state"]
+            except Exception:
+                return None
+
+        self.kill(broker_id, "TERM")
+        poll(lambda: state() is None, 30, what=f"broker {broker_id} stopped")
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            repl_port = sock.getsockname()[1]
+        props = load_properties(b["config"])
+        props.pop("advertised.listeners", None)
+        props.update(
+            {
+                "listeners": f"SASL_PLAINTEXT://127.0.0.1:{b['port']},REPL://127.0.0.1:{repl_port}",
+                "listener.security.protocol.map": "REPL:PLAINTEXT",
+                "inter.broker.listener.name": "REPL",
+                "sasl.plain.users.file": str(users_file),
+                **extra,
+            }
+        )
+        write_properties(b["config"], props)
+        self.start(broker_id)
+        poll(lambda: state() == "RUNNING", 60, what=f"broker {broker_id} running with SASL")
+        return next(x for x in self.meta["brokers"] if x["id"] == broker_id)
 
     def controller(self, node_id: int) -> dict:
         return next(c for c in self.meta["controllers"] if c["id"] == node_id)

@@ -5,6 +5,8 @@ A local cluster lives in one directory (design.md, "Local cluster directory")::
     DIR/cluster.json                      ids, ports, pids, config and log paths of every node
     DIR/controller-<id>/controller.properties, metadata/, node.log
     DIR/broker-<id>/broker.properties, data/, node.log
+    DIR/raft.secret                       the Raft secret every controller encrypts with (0600)
+    DIR/auth/                             RPC users and client credentials (not with --no-auth)
 
 Node ids: controllers are ``1..N``, brokers ``101..100+M`` (so a broker id never collides with
 a controller id in logs and tables). Ports are chosen once, at ``up``, and live in the
@@ -22,6 +24,7 @@ import contextlib
 import fcntl
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -100,7 +103,8 @@ class ClusterLayout:
     controllers: list[ControllerNode] = field(default_factory=list)
     brokers: list[BrokerNode] = field(default_factory=list)
     fsync: str = "always"
-    auth_dir: str | None = None  # --auth: RPC credentials (see enable_auth)
+    auth_dir: str | None = None  # RPC credentials (see enable_auth; none with --no-auth)
+    raft_secret: str | None = None  # the Raft secret file (see ensure_raft_secret)
 
     def nodes(self) -> list[Node]:
         """Controllers then brokers."""
@@ -121,6 +125,7 @@ class ClusterLayout:
             "cluster_id": self.cluster_id,
             "fsync": self.fsync,
             **({"auth_dir": self.auth_dir} if self.auth_dir else {}),
+            **({"raft_secret": self.raft_secret} if self.raft_secret else {}),
             "controllers": [_node_dict(c) for c in self.controllers],
             "brokers": [_node_dict(b) for b in self.brokers],
         }
@@ -133,6 +138,7 @@ class ClusterLayout:
             brokers=[BrokerNode(**b) for b in d.get("brokers", [])],
             fsync=d.get("fsync", "always"),
             auth_dir=d.get("auth_dir"),
+            raft_secret=d.get("raft_secret"),
         )
 
 
@@ -270,6 +276,7 @@ def controller_properties(layout: ClusterLayout, node: ControllerNode) -> dict[s
         "metadata.log.dir": node.metadata_dir,
         "metadata.log.fsync": layout.fsync,
         **({"metrics.port": str(node.metrics_port)} if node.metrics_port else {}),
+        **({"controller.raft.secret.file": layout.raft_secret} if layout.raft_secret else {}),
         **auth_properties(layout, "controller"),
     }
 
@@ -300,8 +307,36 @@ def broker_properties(layout: ClusterLayout, node: BrokerNode) -> dict[str, str]
     return props
 
 
+RAFT_SECRET_KEY = "controller.raft.secret.file"
+
+
+def ensure_raft_secret(layout: ClusterLayout, directory: Path) -> bool:
+    """Give the cluster a Raft secret if it has none: ``DIR/raft.secret`` (32 random bytes,
+    base64, mode 0600), named by every controller's ``controller.raft.secret.file``. A
+    directory made before secrets were required gets one here, and its controllers' properties
+    files get the key appended when they lack it. Returns whether a secret was created."""
+    if layout.raft_secret and Path(layout.raft_secret).is_file():
+        return False
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory.resolve() / "raft.secret"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="ascii") as f:
+        f.write(base64.b64encode(secrets.token_bytes(32)).decode("ascii") + "\n")
+    os.chmod(path, 0o600)
+    layout.raft_secret = str(path)
+    for c in layout.controllers:
+        props = Path(c.config)
+        if props.is_file() and not any(
+            line.split("=", 1)[0].strip() == RAFT_SECRET_KEY
+            for line in props.read_text(encoding="utf-8").splitlines()
+        ):
+            with props.open("a", encoding="utf-8") as f:
+                f.write(f"{RAFT_SECRET_KEY}={path}\n")
+    return True
+
+
 def enable_auth(layout: ClusterLayout, directory: Path) -> None:
-    """``--auth``: random passwords for the users admin (the CLI), broker and controller in
+    """RPC authentication (the default of ``cluster up``): random passwords for the users admin (the CLI), broker and controller in
     ``DIR/auth`` (hashes in ``rpc-users``, client files mode 0600); nodes and CLI use them."""
     from kraft.rpc.auth import write_cluster_credentials
 

@@ -8,6 +8,13 @@ Kafka response with per-item error codes and messages. DescribeCluster is answer
 broker's metadata image. Writes carry ``<kafka client id>@broker-<id>`` as their client id, so
 the metadata log's provenance says which Kafka client asked through which broker.
 
+Forwarded calls run as the Kafka client's principal, never the broker's: the broker
+authenticates to the controllers as itself and names the client in ``on_behalf_of``, which the
+controllers accept from broker principals only (:mod:`kraft.rpc.authorize`). When the
+controllers require authentication (the broker holds RPC credentials), a request from a client
+that did not authenticate (a PLAINTEXT listener, SSL without a client certificate) is not
+forwarded: every item is answered ``CLUSTER_AUTHORIZATION_FAILED``.
+
 A request no active controller answers before its timeout (no quorum, controllers down) gets
 ``REQUEST_TIMED_OUT`` on every item, never ``NOT_CONTROLLER`` (the write may still be applied
 later, as in Kafka). An undecodable request raises ``DecodeError`` (the listener closes that
@@ -16,6 +23,7 @@ connection).
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import logging
 import sys
@@ -69,6 +77,12 @@ _NO_CONTROLLER = {
     ErrorCode.REQUEST_TIMED_OUT,
 }
 AUTO_CREATE_TIMEOUT_S = 5.0  # a Metadata request waits this long for an auto-created topic
+ANONYMOUS = "User:ANONYMOUS"
+# the Kafka client principal of the request being handled (one KafkaAdmin serves every
+# connection; each handle() runs in its own connection's task)
+_CLIENT_PRINCIPAL: contextvars.ContextVar[str] = contextvars.ContextVar(
+    "kafka_client_principal", default=ANONYMOUS
+)
 DEFAULT_TIMEOUT_S = 30.0  # for requests whose timeout is 0 or absent
 MAX_TIMEOUT_S = 300.0
 
@@ -116,10 +130,23 @@ def request_timeout(req: Any) -> float:
 class KafkaAdmin:
     """Admin API handler for :class:`broker.protocol.kafka_listener.KafkaListener` (``admin=``)."""
 
-    def __init__(self, cache: MetadataCache, client: ControllerClient, node_id: int) -> None:
+    def __init__(
+        self,
+        cache: MetadataCache,
+        client: ControllerClient,
+        node_id: int,
+        *,
+        require_authenticated: bool | None = None,
+    ) -> None:
         self.cache = cache
         self.client = client
         self.node_id = node_id
+        # default: the controllers require authentication when this broker logs in to them
+        self.require_authenticated = (
+            client.credentials is not None
+            if require_authenticated is None
+            else require_authenticated
+        )
         self._apis: dict[int, Callable[[RequestHeader, Any], Awaitable[dict[str, Any]]]] = {
             API_CREATE_TOPICS: self._create_topics,
             API_DELETE_TOPICS: self._delete_topics,
@@ -134,15 +161,20 @@ class KafkaAdmin:
     def api_ranges(self) -> dict[int, tuple[int, int]]:
         return dict(RANGES)
 
-    async def handle(self, header: RequestHeader, reader: Reader) -> bytes:
-        """Decode, answer (forwarding to the controller where needed) and frame the response."""
+    async def handle(
+        self, header: RequestHeader, reader: Reader, principal: str = ANONYMOUS
+    ) -> bytes:
+        """Decode, answer (forwarding to the controller where needed, as ``principal``: the
+        connection's authenticated Kafka principal) and frame the response."""
         req = decode_request(header, reader)
         log.info(
-            "Kafka admin API %d v%d from client %r",
+            "Kafka admin API %d v%d from client %r (%s)",
             header.api_key,
             header.api_version,
             header.client_id,
+            principal,
         )
+        _CLIENT_PRINCIPAL.set(principal)
         try:
             values = await self._apis[header.api_key](header, req)
             cls = response_class(header.api_key, header.api_version)
@@ -165,8 +197,16 @@ class KafkaAdmin:
         # call() builds its request envelope (client id included) before its first await, so
         # setting the id right before calling is safe: this client is used only from here.
         self.client.client_id = f"{header.client_id or ''}@broker-{self.node_id}"
+        principal = _CLIENT_PRINCIPAL.get()
+        if self.require_authenticated and principal == ANONYMOUS:
+            log.warning("%s from unauthenticated client %r: not forwarded", api, header.client_id)
+            return KraftError(
+                ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+                "The controllers require authentication: connect to a SASL listener (or SSL "
+                "with a client certificate) to use admin APIs.",
+            )
         try:
-            return await self.client.call(api, body, timeout=timeout)
+            return await self.client.call(api, body, timeout=timeout, on_behalf_of=principal)
         except KraftError as e:
             log.info("%s from client %r: controller call failed: %s", api, header.client_id, e)
             if e.code in _NO_CONTROLLER:  # the client cannot do better than retry later
@@ -184,7 +224,22 @@ class KafkaAdmin:
             "topics": [{"name": n, "num_partitions": -1, "replication_factor": -1} for n in names],
             "auto_create": True,
         }
-        resp = await self._forward(header, "CreateTopics", body, AUTO_CREATE_TIMEOUT_S)
+        # The operator's auto.create.topics.enable is the authority here, so an anonymous
+        # client's topic is created as the broker itself (the records still name the client
+        # id and the reason auto-create); an authenticated client's as that client.
+        principal = _CLIENT_PRINCIPAL.get()
+        self.client.client_id = f"{header.client_id or ''}@broker-{self.node_id}"
+        resp: dict[str, Any] | KraftError
+        try:
+            resp = await self.client.call(
+                "CreateTopics",
+                body,
+                timeout=AUTO_CREATE_TIMEOUT_S,
+                on_behalf_of=None if principal == ANONYMOUS else principal,
+            )
+        except KraftError as e:
+            log.info("auto-create of %s for client %r failed: %s", names, header.client_id, e)
+            return
         created = [r["name"] for r in _items(resp, "topics", len(names)) if not r.get("error_code")]
         if created:
             log.info("auto-created topics %s for client %r", created, header.client_id)

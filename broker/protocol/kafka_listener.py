@@ -23,6 +23,7 @@ but ApiVersions, SaslHandshake and SaslAuthenticate until it has authenticated).
 
 from __future__ import annotations
 
+import collections
 import functools
 import logging
 import struct
@@ -77,13 +78,20 @@ from broker.protocol.kafka_codec import (
     read_metadata_request,
     response_class,
 )
-from broker.protocol.kafka_security import SASL_APIS, ListenerSecurity, SaslClose, SaslSession
+from broker.protocol.kafka_security import (
+    SASL_APIS,
+    ListenerSecurity,
+    SaslClose,
+    SaslSession,
+    tls_principal,
+)
 from broker.protocol.produce import MESSAGE_MAX_BYTES, ProduceHandler
 from broker.replica.replica_manager import ReplicaManager
 
 log = logging.getLogger(__name__)
 MAX_REQUEST_BYTES = 104_857_600  # Kafka's socket.request.max.bytes
 MAX_IN_FLIGHT = 100  # requests read ahead of their responses, per connection
+SASL_SERVER_MAX_RECEIVE_SIZE = 524_288  # Kafka's sasl.server.max.receive.size
 
 
 class _CloseConnection(Exception):
@@ -101,8 +109,9 @@ class AdminHandler(Protocol):
         """API key -> (min version, max version) this handler answers."""
         ...
 
-    async def handle(self, header: RequestHeader, reader: Reader) -> bytes:
-        """The full framed response to one request; may raise ``DecodeError``."""
+    async def handle(self, header: RequestHeader, reader: Reader, principal: str) -> bytes:
+        """The full framed response to one request from ``principal`` (the connection's
+        authenticated principal, ``User:ANONYMOUS`` if none); may raise ``DecodeError``."""
         ...
 
 
@@ -122,9 +131,19 @@ class KafkaListener:
         read_timeout_s: float = 30.0,
         max_connections: int = 10_000,
         auto_create: AutoCreate | None = None,
+        max_connections_per_ip: int = 1000,
+        max_preauth_bytes: int = SASL_SERVER_MAX_RECEIVE_SIZE,
+        preauth_timeout_s: float = 10.0,
     ) -> None:
         self.cache = cache
         self.auto_create = auto_create  # auto.create.topics.enable: Metadata creates topics
+        self.max_connections_per_ip = max_connections_per_ip
+        self._per_ip: collections.Counter[str] = collections.Counter()
+        self.refused_per_ip = 0
+        # SASL listeners, before authentication: a frame announcing more than this is refused
+        # before it is read, and the login must be done within preauth_timeout_s
+        self.max_preauth_bytes = max_preauth_bytes
+        self.preauth_timeout_s = preauth_timeout_s
         self.idle_timeout_s = idle_timeout_s  # no request started for this long: close
         self.read_timeout_s = read_timeout_s  # a started request must arrive whole within this
         self.max_connections = max_connections
@@ -147,12 +166,14 @@ class KafkaListener:
         }
         if self.security.sasl:
             self._ranges.update(SASL_APIS)  # answered per connection by its SaslSession
+        self._admin = admin
+        self._admin_keys: frozenset[int] = frozenset()
         if admin is not None:
             for key, span in admin.api_ranges().items():
                 if key in self._handlers:
                     raise ValueError(f"admin handler claims API {key}, which the listener serves")
                 self._ranges[key] = span
-                self._handlers[key] = _deferring(admin.handle)
+            self._admin_keys = frozenset(admin.api_ranges())
 
     def serve_data(
         self,
@@ -204,6 +225,7 @@ class KafkaListener:
         await trio.serve_listeners(self._connection, listeners)
 
     async def _connection(self, stream: trio.SocketStream) -> None:
+        host = _peer(stream).rpartition(":")[0]
         if self.connections >= self.max_connections:
             log.warning(
                 "Kafka listener: refusing a connection from %s: %d open (max.connections)",
@@ -212,26 +234,46 @@ class KafkaListener:
             )
             await stream.aclose()
             return
+        if self._per_ip[host] >= self.max_connections_per_ip:
+            self.refused_per_ip += 1
+            if self.refused_per_ip % 100 == 1:  # a flood must not flood the log too
+                log.warning(
+                    "Kafka listener: refusing a connection from %s: %d open from it "
+                    "(max.connections.per.ip); %d refused so far",
+                    host,
+                    self._per_ip[host],
+                    self.refused_per_ip,
+                )
+            await stream.aclose()
+            return
         self.connections += 1
+        self._per_ip[host] += 1
         try:
             await self._serve_connection(stream)
         finally:
             self.connections -= 1
+            self._per_ip[host] -= 1
+            if not self._per_ip[host]:
+                del self._per_ip[host]
 
     async def _serve_connection(self, stream: trio.SocketStream) -> None:
         peer = _peer(stream)
         session = SaslSession(self.security.users) if self.security.users is not None else None
         buf = bytearray()
+        login_by = trio.current_time() + self.preauth_timeout_s if session is not None else None
         send, receive = trio.open_memory_channel[bytes | Deferred | None](MAX_IN_FLIGHT)
         async with stream, trio.open_nursery() as nursery:
             nursery.start_soon(self._write_responses, stream, receive, peer, nursery.cancel_scope)
             async with send:
                 try:
                     while True:
-                        frame = await self._read_frame(stream, buf, peer)
+                        preauth = session is not None and not session.authenticated
+                        frame = await self._read_frame(
+                            stream, buf, peer, login_by if preauth else None
+                        )
                         if frame is None:
                             return  # earlier requests are still answered, then the connection closes
-                        await send.send(await self._handle(frame, peer, session))
+                        await send.send(await self._handle(frame, peer, session, stream))
                 except _CloseConnection:
                     pass
                 except SaslClose as e:  # answer (e.g. SASL_AUTHENTICATION_FAILED), then close
@@ -276,17 +318,27 @@ class KafkaListener:
         raise _CloseConnection
 
     async def _read_frame(
-        self, stream: trio.SocketStream, buf: bytearray, peer: str
+        self, stream: trio.SocketStream, buf: bytearray, peer: str, login_by: float | None = None
     ) -> bytes | None:
+        """The next request frame; ``login_by``: the connection has not authenticated yet, so it
+        must by then, and its frames may announce at most ``max_preauth_bytes``."""
         now = trio.current_time()
         deadline = now + (self.read_timeout_s if buf else self.idle_timeout_s)
+        max_bytes = self.max_request_bytes
+        if login_by is not None:
+            deadline = min(deadline, login_by)
+            max_bytes = min(max_bytes, self.max_preauth_bytes)
         while len(buf) < 4:
             chunk = await self._receive(
                 stream,
                 65536,
                 deadline,
                 peer,
-                "request incomplete too long" if buf else "idle too long",
+                "request incomplete too long"
+                if buf
+                else "not authenticated in time"
+                if login_by is not None
+                else "idle too long",
             )
             deadline = min(deadline, trio.current_time() + self.read_timeout_s)
             if not chunk:
@@ -295,8 +347,15 @@ class KafkaListener:
                 return None
             buf += chunk
         (size,) = struct.unpack_from(">i", buf)
-        if size < 8 or size > self.max_request_bytes:
-            log.warning("Kafka connection from %s: invalid frame size %d; closing", peer, size)
+        if size < 8 or size > max_bytes:
+            log.warning(
+                "Kafka connection from %s: invalid frame size %d%s; closing",
+                peer,
+                size,
+                " before authentication (sasl.server.max.receive.size)"
+                if max_bytes < self.max_request_bytes and size > max_bytes
+                else "",
+            )
             raise _CloseConnection
         while len(buf) < 4 + size:
             chunk = await self._receive(
@@ -320,7 +379,7 @@ class KafkaListener:
         return frame
 
     async def _handle(
-        self, frame: bytes, peer: str, session: SaslSession | None = None
+        self, frame: bytes, peer: str, session: SaslSession | None = None, stream: Any = None
     ) -> bytes | Deferred | None:
         try:
             header, reader = read_header(frame)
@@ -349,6 +408,14 @@ class KafkaListener:
         lo, hi = self._ranges.get(header.api_key, (0, -1))
         if header.api_key == API_API_VERSIONS and not lo <= header.api_version <= hi:
             return self._api_versions_unsupported(header)
+        if (
+            self._admin is not None
+            and header.api_key in self._admin_keys
+            and lo <= header.api_version <= hi
+        ):
+            # in the response writer: one at a time, in order; as the connection's principal
+            admin, who = self._admin, _principal(session, stream)
+            return Deferred(lambda: admin.handle(header, reader, who))
         if handler is None or not lo <= header.api_version <= hi:
             log.warning(
                 "Kafka connection from %s (client %r): unsupported API %d v%d; closing",
@@ -431,6 +498,22 @@ def _deferring(handle: Callable[[RequestHeader, Reader], Awaitable[bytes]]) -> H
         return Deferred(lambda: handle(header, reader))
 
     return handler
+
+
+def _principal(session: SaslSession | None, stream: Any) -> str:
+    """The connection's authenticated principal: SASL's, else a verified client
+    certificate's (mutual TLS), else ``User:ANONYMOUS``."""
+    if session is not None and session.principal:
+        return session.principal
+    getpeercert = getattr(stream, "getpeercert", None)
+    if getpeercert is not None:
+        try:
+            found = tls_principal(getpeercert())
+        except Exception:  # no TLS handshake done (trio.NeedHandshakeError), no certificate
+            found = None
+        if found:
+            return found
+    return "User:ANONYMOUS"
 
 
 def _peer(stream: Any) -> str:

@@ -39,6 +39,7 @@ from broker.protocol.kafka_codec import (
     frame_response,
     response_class,
 )
+from kraft.config import is_loopback
 from kraft.rpc.auth import AuthError, CredentialStore, principal_of
 
 log = logging.getLogger(__name__)
@@ -264,3 +265,34 @@ class SaslSession:
         self.principal = principal
         log.info("Kafka client authenticated as %s", principal)
         return answer(ERR_NONE, None)
+
+
+def authenticates(security: ListenerSecurity, settings: dict[str, Any]) -> bool:
+    """Whether a listener knows who every client is (SASL, or TLS requiring a certificate)."""
+    if security.sasl:
+        return True
+    return security.tls and str(settings.get("ssl.client.auth") or "none").lower() == "required"
+
+
+def check_listeners_authenticate(config: Any, security: dict[str, ListenerSecurity]) -> None:
+    """Refuse (``SecurityConfigError``) a listener bound to a non-loopback address that does not
+    authenticate its clients, unless ``allow.insecure.listeners=true``: anyone on the network
+    could produce, fetch and delete."""
+    for name, host, port in config.listeners:
+        if is_loopback(host) or authenticates(security[name], config.values):
+            continue
+        if config["allow.insecure.listeners"]:
+            log.warning(
+                "listener %s://%s:%d does not authenticate clients and is reachable from other "
+                "hosts (allow.insecure.listeners=true)",
+                name,
+                host,
+                port,
+            )
+        else:
+            raise SecurityConfigError(
+                f"listeners: {name}://{host}:{port} is reachable from other hosts and does not "
+                f"authenticate clients ({security[name].protocol}): use SASL_PLAINTEXT, SASL_SSL "
+                "or SSL with ssl.client.auth=required, bind it to 127.0.0.1, or set "
+                "allow.insecure.listeners=true to accept that"
+            )

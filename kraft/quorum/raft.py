@@ -74,9 +74,11 @@ PySyncObj settings, chosen on purpose
 * Compaction: ``serializer``/``deserializer`` hooks, ``useFork=False``, thresholds large by
   default (100,000 entries / 1 hour). The dump holds ``target.dump()`` and PySyncObj's
   bookkeeping (last two entries, cluster) in our own format (``_write_dump``), no pickle.
-* ``password`` → encrypted and authenticated Raft traffic (peers exchange pickles: without it
-  anyone reaching the Raft port can execute code). A non-loopback Raft address without a
-  password is refused.
+* ``password`` (required) → encrypted and authenticated Raft traffic: peers exchange pickles,
+  and without it anyone reaching the Raft port, loopback included, could execute code. There is
+  no unencrypted mode. Until a connection's first frame has decrypted, its frames may announce
+  at most ``PRE_AUTH_MAX_FRAME_BYTES``; a frame left half-sent, or an incoming connection that
+  has not identified itself, for ``STALL_TIMEOUT_S`` is closed (checked on every tick).
 """
 
 from __future__ import annotations
@@ -111,7 +113,6 @@ from pysyncobj.syncobj import SyncObjException
 from pysyncobj.tcp_connection import TcpConnection
 from pysyncobj.transport import TCPTransport
 
-from kraft.config import is_loopback
 from kraft.errors import ErrorCode, KraftError
 from kraft.quorum.durable_journal import DurableJournal, register_journal, unregister_journal
 from kraft.quorum.group_commit import GroupCommitter
@@ -125,6 +126,13 @@ socket.inet_ntop = _socket.inet_ntop
 # messages are far smaller (entries <= group_max_bytes, dump chunks 256 KiB): a frame announcing
 # more than this, or a negative length, closes the connection at once.
 MAX_RAFT_FRAME_BYTES = 64 << 20
+# Before a connection has sent one frame that decrypts with the cluster secret, a frame may announce
+# at most this (the handshake's frames are under 100 bytes): junk or an attacker's "64 MiB" frame
+# is refused after 1 MiB instead of being read whole on the tick thread.
+PRE_AUTH_MAX_FRAME_BYTES = 1 << 20
+# A frame started and not finished for this long, or an incoming connection that has not
+# completed the handshake (key exchange and its node address) within it, is closed.
+STALL_TIMEOUT_S = 5.0
 
 # PySyncObj zlib-compresses every message (~40 us of CPU for a 200-byte ack here, several per
 # commit). Ours compress only messages of COMPRESS_MIN_BYTES or more; the rest go as the bare
@@ -155,11 +163,13 @@ def _parse_frame(conn: Any) -> Any:
     if len(buf) < 4:
         return None
     (size,) = struct.unpack_from("i", buf, 0)
-    if not 0 <= size <= MAX_RAFT_FRAME_BYTES:
+    limit = _frame_limit(conn)
+    if not 0 <= size <= limit:
         logger.warning(
-            "raft: closing a connection that announced a %d-byte frame (max %d)",
+            "raft: closing a connection that announced a %d-byte frame (max %d%s)",
             size,
-            MAX_RAFT_FRAME_BYTES,
+            limit,
+            "" if getattr(conn, "kraft_authenticated", False) else " before authentication",
         )
         conn.disconnect()
         return None
@@ -173,6 +183,9 @@ def _parse_frame(conn: Any) -> Any:
                 raise ValueError("frame older than the last one (replayed)")
             conn.recvLastTimestamp = timestamp
             data = conn.encryptor.decrypt(data)
+            conn.kraft_authenticated = True
+        else:
+            raise ValueError("no cluster secret: unencrypted Raft traffic is refused")
         if data[:1] != _PICKLE_MARK:
             data = zlib.decompress(data)
         message = _pysyncobj_pickle.loads(data)
@@ -184,8 +197,18 @@ def _parse_frame(conn: Any) -> Any:
         logger.warning("raft: closing a connection that sent an unreadable frame: %r", exc)
         conn.disconnect()
         return None
-    conn._TcpConnection__readBuffer = buf[4 + size :]
+    rest = buf[4 + size :]
+    conn._TcpConnection__readBuffer = rest
+    conn.kraft_partial_since = _monotonic() if rest else None
     return message
+
+
+def _frame_limit(conn: Any) -> int:
+    return (
+        MAX_RAFT_FRAME_BYTES
+        if getattr(conn, "kraft_authenticated", False)
+        else PRE_AUTH_MAX_FRAME_BYTES
+    )
 
 
 _create_poller = _syncobj_module.createPoller
@@ -204,16 +227,39 @@ _read_some = TcpConnection._TcpConnection__processRead  # type: ignore[attr-defi
 
 def _bounded_read(conn: Any) -> bool:
     """PySyncObj reads while data is available before parsing; stop once the buffer holds an
-    oversized announcement (or too much), so the parse above can close the connection."""
+    oversized announcement or more than the connection's frame limit (1 MiB before it has
+    authenticated), so the parse above runs (and can close the connection) before more is read.
+    The buffer becomes a bytearray: PySyncObj's ``bytes +=`` copies the whole buffer on every
+    8 KiB read, which made reading 64 MiB cost seconds of the tick thread."""
+    buf = conn._TcpConnection__readBuffer
+    if not isinstance(buf, bytearray):
+        conn._TcpConnection__readBuffer = buf = bytearray(buf)
+    if not buf:
+        conn.kraft_partial_since = None
     more = _read_some(conn)
     buf = conn._TcpConnection__readBuffer
+    if buf and getattr(conn, "kraft_partial_since", None) is None:
+        conn.kraft_partial_since = _monotonic()
     if more and len(buf) >= 4:
-        (size,) = struct.unpack("i", bytes(buf[:4]))
-        if not 0 <= size <= MAX_RAFT_FRAME_BYTES or len(buf) > MAX_RAFT_FRAME_BYTES + 4:
+        (size,) = struct.unpack_from("i", buf, 0)
+        limit = _frame_limit(conn)
+        if not 0 <= size <= limit or len(buf) > 4 + limit:
             return False
     return more
 
 
+_disconnect = TcpConnection.disconnect
+
+
+def _disconnect_and_forget(conn: Any) -> None:
+    """``TcpConnection.disconnect``; an outgoing connection object is reused for the next
+    attempt, which must authenticate again before its frames may be large."""
+    conn.kraft_authenticated = False
+    conn.kraft_partial_since = None
+    _disconnect(conn)
+
+
+TcpConnection.disconnect = _disconnect_and_forget  # type: ignore[method-assign]
 TcpConnection._TcpConnection__processParseMessage = _parse_frame  # type: ignore[attr-defined]
 TcpConnection._TcpConnection__processRead = _bounded_read  # type: ignore[attr-defined]
 TcpConnection.send = _send_message  # type: ignore[method-assign]
@@ -301,11 +347,39 @@ class _SyncingTransport(TCPTransport):
     ) -> None:
         self._before_send = before_send
         self._on_message = on_message
+        self._last_stall_check = 0.0
         super().__init__(syncObj, selfNode, otherNodes)
 
     def send(self, node: Any, message: Any) -> bool:
         self._before_send(message)
         return super().send(node, message)
+
+    def _onNewIncomingConnection(self, conn: Any) -> None:
+        conn.kraft_accepted_at = _monotonic()
+        super()._onNewIncomingConnection(conn)
+
+    def _onTick(self) -> None:
+        super()._onTick()
+        now = _monotonic()
+        if now - self._last_stall_check >= 0.5:
+            self._last_stall_check = now
+            self.close_stalled(now)
+
+    def close_stalled(self, now: float) -> None:
+        """Close a connection whose frame has been half-sent for ``STALL_TIMEOUT_S``, and an
+        incoming one still unidentified after it (PySyncObj checks a connection's timeout only
+        when it has an event, so a peer that stops mid-frame would hold it forever)."""
+        unknown = list(self._unknownConnections)
+        for conn in unknown + list(self._connections.values()):
+            since = getattr(conn, "kraft_partial_since", None)
+            accepted = getattr(conn, "kraft_accepted_at", None)
+            stalled = since is not None and now - since > STALL_TIMEOUT_S
+            if conn in unknown and accepted is not None and now - accepted > STALL_TIMEOUT_S:
+                stalled = True
+            if stalled:
+                logger.warning("raft: closing a connection stalled for over %gs", STALL_TIMEOUT_S)
+                conn.disconnect()
+                self._unknownConnections.discard(conn)
 
     def _onMessageReceived(self, node: Any, message: Any) -> None:
         self._on_message(node, message, super()._onMessageReceived)
@@ -420,13 +494,13 @@ class RaftQuorum:
     ) -> None:
         settings = settings or RaftSettings()
         settings.validate()
-        hosts = [_host_of(self_addr)] + [_host_of(a) for a in partners.values()]
-        if settings.password is None and not all(is_loopback(h) for h in hosts):
+        for addr in [self_addr, *partners.values()]:
+            _host_of(addr)
+        if not settings.password:
             raise ValueError(
-                f"refusing to run Raft on a non-loopback address ({self_addr}, peers "
-                f"{sorted(partners.values())}) without a password: PySyncObj peers exchange "
-                "pickles, so anyone who can reach the port could execute code. Set "
-                "controller.raft.secret.file or KRAFT_RAFT_SECRET."
+                f"refusing to run Raft on {self_addr} without a password: PySyncObj peers "
+                "exchange pickles, so anyone who can reach the port (loopback included) could "
+                "execute code. Set controller.raft.secret.file or KRAFT_RAFT_SECRET."
             )
         if node_id in partners:
             raise ValueError(f"node {node_id} is listed among its own partners")

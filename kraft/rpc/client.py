@@ -285,10 +285,17 @@ class ControllerClient:
         return self._conn.address if self._conn is not None and self._conn.broken is None else None
 
     async def call(
-        self, api: str, body: dict, timeout: float | None = None, request_id: str | None = None
+        self,
+        api: str,
+        body: dict,
+        timeout: float | None = None,
+        request_id: str | None = None,
+        *,
+        on_behalf_of: str | None = None,
     ) -> dict:
         """Call ``api`` and return the response body; raise ``KraftError`` (``.body`` holds the
-        error response's body) when the answer is an error or the deadline passes."""
+        error response's body) when the answer is an error or the deadline passes.
+        ``on_behalf_of``: the principal a broker forwards for (kraft.rpc.authorize)."""
         if self._closed:
             raise KraftError(ErrorCode.NETWORK_EXCEPTION, "client is closed")
         spec = APIS.get(api)
@@ -302,6 +309,8 @@ class ControllerClient:
         }
         if request_id is not None:
             envelope["request_id"] = request_id
+        if on_behalf_of is not None:
+            envelope["on_behalf_of"] = on_behalf_of
         deadline = trio.current_time() + (self.request_timeout if timeout is None else timeout)
         backoff = self.backoff_initial
         last_error: KraftError | None = None

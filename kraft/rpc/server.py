@@ -6,7 +6,9 @@ body}`` (+ optional ``client_id``, ``request_id``) and the body
 connection concurrently — and writes ``{correlation_id, error_code, error_message, body}`` in
 request order. A garbage or oversized frame, a frame left incomplete or a response left unread
 for longer than ``io_timeout`` (slowloris), or ``idle_timeout`` without a request, closes that
-connection only; connections beyond ``max_connections`` are closed at once, and a connection whose
+connection only; connections beyond ``max_connections``, or beyond ``max_connections_per_ip`` from
+one client address (so one host cannot lock every other client out), are closed at once, and a
+connection whose
 incomplete frame takes the bytes held by all connections over ``max_buffered_bytes`` is closed
 (so memory stays bounded however many clients upload large frames slowly).
 
@@ -14,7 +16,9 @@ With a :class:`~kraft.rpc.auth.CredentialStore` the first request of a connectio
 ``SaslAuthenticate {mechanism: "PLAIN", username, password}`` (answered ``{principal}``), sent
 within ``io_timeout``; anything else, or a wrong password, is answered
 ``SASL_AUTHENTICATION_FAILED`` and the connection is closed without running a handler. The
-authenticated principal is the one every later request of the connection carries.
+authenticated principal is the one every later request of the connection carries, except
+that a broker principal may name the Kafka client it forwards for (``on_behalf_of``) and only a
+broker principal may call the broker APIs (:mod:`kraft.rpc.authorize`).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import trio
 from kraft.errors import ErrorCode, KraftError
 from kraft.rpc.apis import validate_request
 from kraft.rpc.auth import AUTH_API, MECHANISM, CredentialStore
+from kraft.rpc.authorize import DEFAULT_BROKER_PRINCIPALS, effective_principal
 from kraft.rpc.framing import (
     DEFAULT_MAX_FRAME_BYTES,
     FrameDecoder,
@@ -55,6 +60,7 @@ class RequestContext:
     request_id: str | None = None
     api_version: int = 0
     correlation_id: int = 0
+    via: str = ""  # the broker principal that forwarded the request (on_behalf_of), if any
 
 
 Handler = Callable[[str, dict, RequestContext], Awaitable[dict]]
@@ -140,6 +146,8 @@ class RpcServer:
         io_timeout: float = 10.0,
         idle_timeout: float = 600.0,
         max_buffered_bytes: int = 256 * 1024 * 1024,
+        max_connections_per_ip: int = 1000,
+        broker_principals: frozenset[str] = DEFAULT_BROKER_PRINCIPALS,
     ) -> None:
         self.host = host
         self.port = port
@@ -147,6 +155,10 @@ class RpcServer:
         self.max_frame_bytes = max_frame_bytes
         self.credentials = credentials
         self.max_connections = max_connections
+        self.max_connections_per_ip = max_connections_per_ip
+        self.broker_principals = broker_principals
+        self._per_ip: collections.Counter[str] = collections.Counter()
+        self.refused_per_ip = 0
         self.max_in_flight = max_in_flight_per_connection
         self.io_timeout = io_timeout
         self.idle_timeout = idle_timeout
@@ -171,15 +183,28 @@ class RpcServer:
     async def _on_connection(self, stream: trio.SocketStream) -> None:
         try:
             peer_addr = stream.socket.getpeername()
-            peer = f"{peer_addr[0]}:{peer_addr[1]}"
+            host, peer = str(peer_addr[0]), f"{peer_addr[0]}:{peer_addr[1]}"
         except OSError:
-            peer = "?"
+            host = peer = "?"
         if self.connections >= self.max_connections:
             logger.warning(
                 "refusing connection from %s: %d connections open", peer, self.connections
             )
             await stream.aclose()
             return
+        if self._per_ip[host] >= self.max_connections_per_ip:
+            self.refused_per_ip += 1
+            if self.refused_per_ip % 100 == 1:  # a flood must not flood the log too
+                logger.warning(
+                    "refusing connection from %s: %d open from that address "
+                    "(max.connections.per.ip); %d refused so far",
+                    peer,
+                    self._per_ip[host],
+                    self.refused_per_ip,
+                )
+            await stream.aclose()
+            return
+        self._per_ip[host] += 1
         self.connections += 1
         try:
             await self._run_connection(stream, peer)
@@ -194,6 +219,9 @@ class RpcServer:
             logger.debug("connection %s ended: %r", peer, exc)
         finally:
             self.connections -= 1
+            self._per_ip[host] -= 1
+            if not self._per_ip[host]:
+                del self._per_ip[host]
             with trio.CancelScope(shield=True):
                 await stream.aclose()
 
@@ -385,9 +413,17 @@ class RpcServer:
             request_id is not None and not isinstance(request_id, str)
         ):
             raise KraftError(ErrorCode.INVALID_REQUEST, "client_id and request_id must be strings")
+        acting = effective_principal(
+            api,
+            principal,
+            message.get("on_behalf_of"),
+            auth_enabled=self.credentials is not None,
+            broker_principals=self.broker_principals,
+        )
         ctx = RequestContext(
             peer=peer,
-            principal=principal,
+            principal=acting,
+            via=principal if acting != principal else "",
             client_id=client_id,
             request_id=request_id,
             api_version=version,

@@ -53,6 +53,7 @@ class ChaosCluster:
 
     def up(self, ready_timeout: float = 120.0) -> ChaosCluster:
         layout = self.layout = launcher.plan_cluster(self.dir, 3, self.n_brokers)
+        launcher.ensure_raft_secret(layout, self.dir)  # controllers refuse to run Raft without
         launcher.write_node_configs(layout)
         self.mesh = RaftMesh.build(
             {c.id: (c.host, c.raft_port) for c in layout.controllers}, self.rng

@@ -65,7 +65,13 @@ def controller_views(
     views = {}
     for c in cluster.meta["controllers"]:
         if ids is None or c["id"] in ids:
-            r = call_sync([(c["host"], c["rpc_port"])], "DescribeNode", {}, timeout=5.0)
+            r = call_sync(
+                [(c["host"], c["rpc_port"])],
+                "DescribeNode",
+                {},
+                timeout=5.0,
+                credentials=cluster.credentials(),
+            )
             views[c["id"]] = (r["applied_offset"], r["image_checksum"])
     return views
 

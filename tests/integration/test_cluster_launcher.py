@@ -169,10 +169,14 @@ def test_plan_cluster_with_base_port(tmp_path: Path) -> None:
 
 def test_generated_configs_are_valid_node_configs(tmp_path: Path) -> None:
     layout = launcher.plan_cluster(tmp_path, 3, 2, racks=["a", "b"], fsync="never")
+    assert launcher.ensure_raft_secret(layout, tmp_path)
     launcher.write_node_configs(layout)
+    secret = Path(layout.raft_secret or "")
+    assert secret.stat().st_mode & 0o777 == 0o600 and len(secret.read_text().strip()) >= 43
     for c in layout.controllers:
         props = load_properties(c.config)
         assert props["process.roles"] == "controller"
+        assert props["controller.raft.secret.file"] == str(secret)
         assert props["metadata.log.fsync"] == "never"
         cfg = ControllerConfig.from_properties(props, env={})
         assert cfg.node_id == c.id and cfg.cluster_id == layout.cluster_id
@@ -365,13 +369,19 @@ def test_wait_ready_fails_fast_when_a_node_exits(
 # ---- the cluster commands end to end (stand-in nodes) ----------------------------------------------
 
 
+def _fake_controllers(monkeypatch: pytest.MonkeyPatch, fake: FakeControllers) -> None:
+    """Readiness probes answered by ``fake``, with or without RPC credentials."""
+    monkeypatch.setattr(launcher, "_default_call", fake)
+    monkeypatch.setattr(launcher, "_authenticated_call", lambda credentials: fake)
+
+
 def test_up_detach_status_kill_start_down(
     fake_nodes: dict[str, str],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture,
 ) -> None:
-    monkeypatch.setattr(launcher, "_default_call", FakeControllers(1, unfenced=(101, 102)))
+    _fake_controllers(monkeypatch, FakeControllers(1, unfenced=(101, 102)))
     d = str(tmp_path / "c")
     code = cli.main(
         [
@@ -455,7 +465,7 @@ def test_up_foreground_stops_every_node_on_interrupt(
 ) -> None:
     from tools.commands import cluster_cmd
 
-    monkeypatch.setattr(launcher, "_default_call", FakeControllers(2))
+    _fake_controllers(monkeypatch, FakeControllers(2))
     seen: dict[str, Any] = {}
 
     def interrupt(children: dict, layout: launcher.ClusterLayout) -> None:
@@ -487,7 +497,7 @@ def test_up_failure_stops_the_started_nodes(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture,
 ) -> None:
-    monkeypatch.setattr(launcher, "_default_call", FakeControllers(leader=-1))
+    _fake_controllers(monkeypatch, FakeControllers(leader=-1))
     fake_nodes["controller-2"] = "import sys; print('cannot bind'); sys.exit(1)"
     d = tmp_path / "bad"
     assert (
@@ -524,6 +534,12 @@ def test_cluster_commands_without_a_cluster(tmp_path: Path, capsys: pytest.Captu
     )
 
 
+def _secret_file(tmp_path: Path) -> Path:
+    path = tmp_path / "raft.secret"
+    path.write_text("a-test-secret-of-enough-length\n")
+    return path
+
+
 def test_fetch_linger_defaults_to_20_ms_and_is_bounded(tmp_path: Path) -> None:
     props = {
         "node.id": "1",
@@ -532,6 +548,7 @@ def test_fetch_linger_defaults_to_20_ms_and_is_bounded(tmp_path: Path) -> None:
         "controller.quorum.voters": "1@127.0.0.1:9000",
         "controller.quorum.raft.voters": "1@127.0.0.1:9001",
         "metadata.log.dir": str(tmp_path),
+        "controller.raft.secret.file": str(_secret_file(tmp_path)),
     }
     assert ControllerConfig.from_properties(props, env={})["metadata.fetch.linger.ms"] == 20
     assert (
@@ -555,6 +572,7 @@ def test_group_commit_fill_defaults_to_2_ms_and_is_bounded(tmp_path: Path) -> No
         "controller.quorum.voters": "1@127.0.0.1:9000",
         "controller.quorum.raft.voters": "1@127.0.0.1:9001",
         "metadata.log.dir": str(tmp_path),
+        "controller.raft.secret.file": str(_secret_file(tmp_path)),
     }
     key = "controller.group.commit.fill.ms"
     assert ControllerConfig.from_properties(props, env={})[key] == 2

@@ -25,7 +25,13 @@ def cluster(tmp_path):
 
 
 def _topic_names(cluster: LocalCluster, node_id: int) -> set[str]:
-    listing = kraft_json("topics", "list", "--bootstrap-controller", cluster.bootstrap(node_id))
+    listing = kraft_json(
+        "topics",
+        "list",
+        "--bootstrap-controller",
+        cluster.bootstrap(node_id),
+        env=cluster.cli_env(),
+    )
     return {t["name"] for t in listing["topics"]}
 
 
@@ -35,7 +41,13 @@ def test_three_controllers_elect_exactly_one_active(cluster):
 
     def agreed_leader():
         views = [
-            kraft_json("quorum", "status", "--bootstrap-controller", cluster.bootstrap(i))
+            kraft_json(
+                "quorum",
+                "status",
+                "--bootstrap-controller",
+                cluster.bootstrap(i),
+                env=cluster.cli_env(),
+            )
             for i in ids
         ]
         leaders = {v["leader_id"] for v in views}
@@ -83,7 +95,12 @@ def test_topics_created_and_deleted_on_every_controller(cluster):
             what=f"topics on controller {i}",
         )
         described = kraft_json(
-            "topics", "describe", "orders", "--bootstrap-controller", cluster.bootstrap(i)
+            "topics",
+            "describe",
+            "orders",
+            "--bootstrap-controller",
+            cluster.bootstrap(i),
+            env=cluster.cli_env(),
         )
         topic = described["topics"][0]
         assert len(topic["partitions"]) == 6
@@ -129,6 +146,7 @@ def test_bad_input_gets_kafka_errors_and_changes_nothing(cluster):
         "CreateTopics",
         {"topics": [{"name": "x", "num_partitions": 0, "replication_factor": 1}]},
         10,
+        credentials=cluster.credentials(),
     )
     assert result["topics"][0]["error_code"] == ErrorCode.INVALID_PARTITIONS
     kraft("topics", "create", "dup", "--cluster", d)
@@ -138,9 +156,11 @@ def test_bad_input_gets_kafka_errors_and_changes_nothing(cluster):
     assert {t["name"] for t in after["topics"]} == {t["name"] for t in before["topics"]} | {"dup"}
 
 
-def _create_stream(bootstrap, stop: threading.Event, acknowledged: list, failed: list) -> None:
+def _create_stream(
+    bootstrap, stop: threading.Event, acknowledged: list, failed: list, credentials=None
+) -> None:
     async def run():
-        client = ControllerClient(bootstrap, client_id="stream")
+        client = ControllerClient(bootstrap, client_id="stream", credentials=credentials)
         i = 0
         try:
             while not stop.is_set():
@@ -173,7 +193,9 @@ def test_kill_active_controller_during_creates_loses_nothing(cluster):
     failed: list = []
     stop = threading.Event()
     writer = threading.Thread(
-        target=_create_stream, args=(bootstrap, stop, acknowledged, failed), daemon=True
+        target=_create_stream,
+        args=(bootstrap, stop, acknowledged, failed, cluster.credentials()),
+        daemon=True,
     )
     writer.start()
     try:
@@ -247,7 +269,9 @@ def test_stop_all_and_restart_keeps_topics_and_log(cluster):
 
 def _describe_node(cluster: LocalCluster, node_id: int) -> dict:
     c = cluster.controller(node_id)
-    return call_sync([(c["host"], c["rpc_port"])], "DescribeNode", {}, 10)
+    return call_sync(
+        [(c["host"], c["rpc_port"])], "DescribeNode", {}, 10, credentials=cluster.credentials()
+    )
 
 
 def test_lagging_controller_installs_the_leaders_snapshot(cluster):

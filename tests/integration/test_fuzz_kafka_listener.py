@@ -3,7 +3,10 @@
 Mutated valid requests (ApiVersions, Metadata, Produce with a real record batch, Fetch,
 ListOffsets), random bytes, oversized length prefixes, slowloris and a thousand idle
 connections: the broker never crashes or hangs, its memory stays bounded, and a fresh client
-still gets its Metadata answered. ``bench/fuzz.py --target kafka`` runs the same for longer.
+(from another loopback address, 127.0.0.2: ``max.connections.per.ip`` caps the attacker's one)
+still gets its Metadata answered. A SASL listener gets the same before login, plus SASL requests
+and length prefixes over ``sasl.server.max.receive.size``: refused unread, peak RSS reported.
+``bench/fuzz.py --target kafka|kafka-preauth`` runs the same for longer.
 """
 
 from __future__ import annotations
@@ -150,7 +153,9 @@ class Broker:
         assert self.ps.is_running() and self.ps.status() != psutil.STATUS_ZOMBIE, (
             "the broker exited"
         )
-        with socket.create_connection(("127.0.0.1", self.port), timeout=within) as s:
+        with socket.create_connection(
+            ("127.0.0.1", self.port), timeout=within, source_address=("127.0.0.2", 0)
+        ) as s:
             s.settimeout(within)
             s.sendall(request(3, 1, struct.pack(">i", -1), correlation_id=77))
             answer = read_frame(s)
@@ -290,3 +295,88 @@ def test_metadata_request_with_a_null_topic_name_closes_only_that_connection(ver
             assert struct.unpack_from(">i", read_frame(s))[0] == 9
     finally:
         listener.stop()
+
+
+# ---- a SASL listener, before login ----------------------------------------------------------
+
+PREAUTH_LIMIT = 524_288  # sasl.server.max.receive.size (default)
+
+
+class SaslBroker(Broker):
+    """The broker of a cluster whose client listener is SASL_PLAINTEXT."""
+
+    def assert_healthy(self, within: float = 10.0) -> None:
+        """The broker runs and answers ApiVersions (allowed before login) from 127.0.0.2."""
+        assert self.ps.is_running() and self.ps.status() != psutil.STATUS_ZOMBIE
+        with socket.create_connection(
+            ("127.0.0.1", self.port), timeout=within, source_address=("127.0.0.2", 0)
+        ) as s:
+            s.settimeout(within)
+            s.sendall(request(18, 0, b"", correlation_id=78))
+            assert struct.unpack_from(">i", read_frame(s))[0] == 78
+
+
+def sasl_seeds() -> list[bytes]:
+    token = b"\x00fuzz\x00fuzz-pw"
+    return [
+        request(17, 1, _str("PLAIN")),
+        request(17, 0, _str("SCRAM-SHA-512")),
+        request(36, 0, struct.pack(">i", len(token)) + token),
+        request(36, 2, bytes([len(token) + 1]) + token + b"\x00", flexible=True),
+    ]
+
+
+def preauth_input(rng: random.Random) -> bytes:
+    """What a client that has not logged in could send to a SASL listener."""
+    choice = rng.random()
+    if choice < 0.4:
+        return mutate(rng.choice(sasl_seeds()), rng, rounds=3)
+    if choice < 0.6:
+        return b"".join(sasl_seeds()[:1]) + mutate(rng.choice(SEEDS), rng, rounds=2)
+    if choice < 0.8:  # announces more than the pre-auth limit (Kafka's 100 MiB cap and beyond)
+        size = rng.choice([PREAUTH_LIMIT + 1, 100 << 20, 104_857_600, 2**31 - 1])
+        return struct.pack(">i", size) + rng.randbytes(rng.randint(0, 4096))
+    return rng.randbytes(rng.randint(0, 300))
+
+
+@pytest.fixture(scope="module")
+def sasl_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SaslBroker]:
+    from kraft.rpc.auth import hash_password
+
+    tmp = tmp_path_factory.mktemp("fuzz-sasl")
+    cluster = LocalCluster(tmp / "c")
+    try:
+        cluster.up(1, 1, "--fsync", "never")
+        users = tmp / "users"
+        users.write_text(f"fuzz:{hash_password('fuzz-pw', iterations=1000)}\n")
+        cluster.use_sasl_listener(101, users)
+        b = SaslBroker(cluster)
+        b.assert_healthy()
+        yield b
+    finally:
+        cluster.down()
+
+
+@FUZZ
+@given(rng=st.randoms(use_true_random=False))
+def test_frames_before_sasl_login(sasl_broker: SaslBroker, rng: random.Random) -> None:
+    send_and_drain(sasl_broker.port, preauth_input(rng), wait=0.5)
+
+
+def test_large_frames_before_login_are_refused_unread(sasl_broker: SaslBroker) -> None:
+    base = peak = sasl_broker.rss()
+    for size in (PREAUTH_LIMIT + 1, 100 << 20, 100 << 20, 100 << 20, 100 << 20, 100 << 20):
+        with socket.create_connection(("127.0.0.1", sasl_broker.port), timeout=10) as s:
+            s.settimeout(10)
+            try:
+                s.sendall(struct.pack(">i", size) + bytes(16 << 20))
+                assert s.recv(1) == b""
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+        peak = max(peak, sasl_broker.rss())
+    print(
+        f"broker peak RSS, six large pre-auth frames: {peak / 2**20:.1f} MB "
+        f"(start {base / 2**20:.1f} MB)"
+    )
+    assert peak < base + 16 * 2**20, (base, peak)
+    sasl_broker.assert_healthy()

@@ -4,17 +4,22 @@ Random and mutated frames (mutations of valid requests: byte flips, insertions, 
 truncations, random field values), oversized length prefixes, slowloris connections and a
 thousand idle connections: the controller never crashes or hangs, answers every frame it can
 decode with a clear error (never ``UNKNOWN_SERVER_ERROR``), keeps its memory bounded and keeps
-serving other clients promptly. ``bench/fuzz.py`` runs the same generators for longer.
+serving other clients promptly. Its Raft port gets what a process without the cluster secret can
+send (random bytes, PySyncObj-shaped zlib pickles, forged tokens, huge length prefixes): nothing
+is unpickled, the controller keeps leading in the same term, and memory stays bounded.
+``bench/fuzz.py`` runs the same generators for longer.
 """
 
 from __future__ import annotations
 
+import pickle
 import random
 import socket
 import struct
 import subprocess
 import sys
 import time
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -216,8 +221,11 @@ class Controller:
         from kraft.config import write_properties
         from tools.cluster import pick_free_ports
 
-        self.rpc_port, raft_port = pick_free_ports(2)
+        self.rpc_port, self.raft_port = pick_free_ports(2)
+        raft_port = self.raft_port
         config = directory / "controller.properties"
+        secret = directory / "raft.secret"
+        secret.write_text("fuzzed-controller-raft-secret-32b\n")
         write_properties(
             config,
             {
@@ -230,6 +238,9 @@ class Controller:
                 "metadata.log.fsync": "never",
                 "controller.rpc.io.timeout.ms": IO_TIMEOUT_MS,
                 "controller.rpc.max.buffered.bytes": MAX_BUFFERED,
+                "controller.raft.secret.file": secret,
+                # a thousand idle connections from this process, and its health checks
+                "max.connections.per.ip": 1100,
                 **(extra or {}),
             },
         )
@@ -256,6 +267,10 @@ class Controller:
 
     def rss(self) -> int:
         return self.ps.memory_info().rss
+
+    def quorum(self) -> tuple[int, int]:
+        q = self.call("DescribeQuorum", {})
+        return q["leader_id"], q["term"]
 
     def assert_healthy(self, within: float = 10.0) -> float:
         """The process runs and a fresh client gets an answer within ``within`` s; returns it."""
@@ -520,3 +535,103 @@ def test_mutated_handshakes_never_reach_a_handler(
         trio.from_thread.run_sync(cancel, trio_token=token)
         thread.join(10)
     assert handled == []
+
+
+# ---- the Raft port, before authentication ------------------------------------------------------
+
+
+def pysyncobj_frame(obj: Any) -> bytes:
+    """What PySyncObj without a password sends: i32 native length | zlib(pickle)."""
+    data = zlib.compress(pickle.dumps(obj))
+    return struct.pack("i", len(data)) + data
+
+
+def raft_input(rng: random.Random) -> bytes:
+    """Something a process without the cluster secret could send to a Raft port."""
+    choice = rng.random()
+    if choice < 0.25:
+        return rng.randbytes(rng.randint(0, 400))
+    if choice < 0.5:  # PySyncObj-shaped messages, unencrypted
+        message = rng.choice(
+            [
+                rng.randbytes(32),
+                "127.0.0.1:1",
+                "readonly",
+                ["status"],
+                {"type": "append_entries", "term": rng.randint(0, 99), "entries": []},
+                {"type": "request_vote", "term": rng.randint(0, 99), "last_log_index": 9},
+            ]
+        )
+        frame = pysyncobj_frame(message)
+        return frame if rng.random() < 0.3 else mutate(frame, rng, rounds=2)
+    if choice < 0.7:  # Fernet-looking tokens (version byte 0x80, timestamp, iv, junk, hmac)
+        token = b"\x80" + rng.randbytes(rng.randint(8, 120))
+        return struct.pack("i", len(token)) + token
+    # length prefixes: negative, just over the pre-auth limit, huge; then a little data
+    size = rng.choice([-1, 0, (1 << 20) + 1, 64 << 20, 2**31 - 1, rng.randint(1, 1 << 20)])
+    return struct.pack("i", size) + rng.randbytes(rng.randint(0, 2000))
+
+
+def send_raw(port: int, data: bytes, wait: float = 1.0) -> bool:
+    """Send ``data`` and read until the server closes (True) or ``wait`` passes (False)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        try:
+            s.sendall(data)
+        except OSError:
+            return True
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            s.settimeout(max(0.01, deadline - time.monotonic()))
+            try:
+                if not s.recv(65536):
+                    return True
+            except TimeoutError:
+                return False
+            except ConnectionResetError:
+                return True
+    return False
+
+
+class _Marker:
+    """Unpickling this creates ``path``."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple:
+        return (open, (self.path, "w"))
+
+
+RAFT_FUZZ = settings(FUZZ, max_examples=60)
+
+
+@RAFT_FUZZ
+@given(rng=st.randoms(use_true_random=False))
+def test_raft_port_before_authentication(controller: Controller, rng: random.Random) -> None:
+    send_raw(controller.raft_port, raft_input(rng), wait=0.3)
+
+
+def test_after_raft_fuzzing_nothing_ran_and_the_leader_kept_its_term(
+    controller: Controller, baseline_rss: int, tmp_path: Path
+) -> None:
+    marker = tmp_path / "ran"
+    before = controller.quorum()
+    peak = controller.rss()
+    for obj in (
+        _Marker(str(marker)),
+        {"type": "append_entries", "entries": [_Marker(str(marker))]},
+    ):
+        assert send_raw(controller.raft_port, pysyncobj_frame(obj), wait=5)
+    for size in (64 << 20, 2**31 - 1):  # closed after the prefix: not read, not buffered
+        assert send_raw(controller.raft_port, struct.pack("i", size) + bytes(4 << 20), wait=5)
+        peak = max(peak, controller.rss())
+    assert send_raw(controller.raft_port, bytes(64 << 20), wait=5)  # a 0-byte frame, then zeros
+    peak = max(peak, controller.rss())
+    print(
+        f"controller peak RSS after Raft-port fuzzing: {peak / 2**20:.1f} MB "
+        f"(baseline {baseline_rss / 2**20:.1f} MB)"
+    )
+    assert not marker.exists()
+    assert controller.quorum() == before
+    assert peak < baseline_rss + 64 * 2**20, (baseline_rss, peak)
+    controller.assert_healthy()

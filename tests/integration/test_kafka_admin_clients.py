@@ -1,7 +1,9 @@
 """Kafka admin clients against real brokers: 3 controllers + 3 brokers on loopback; kafka-python's
 KafkaAdminClient and confluent-kafka's AdminClient create, describe, alter, grow, elect and delete
 topics through brokers, which forward to the active controller; ``kraft topics describe --json``
-and the metadata log (with the Kafka client's id in the provenance) agree."""
+and the metadata log (with the Kafka client's id and principal in the provenance) agree. The
+cluster has RPC authentication (the default), so clients log in over SASL/PLAIN: brokers refuse
+to forward an anonymous client's admin request (tests/integration/test_secure_defaults.py)."""
 
 from __future__ import annotations
 
@@ -16,19 +18,26 @@ from kio.index import load_request_schema, load_response_schema
 from kio.serial import entity_reader, entity_writer
 
 from broker.protocol.kafka_codec import build
+from kraft.rpc.auth import hash_password
 from tests.harness import LocalCluster, kraft, kraft_json, poll
 
 pytestmark = pytest.mark.integration
 
+USER, PASSWORD = "alice", "alice-secret"
 kafka_admin = pytest.importorskip("kafka.admin")
 confluent_admin = pytest.importorskip("confluent_kafka.admin")
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    c = LocalCluster(tmp_path_factory.mktemp("kafka-admin") / "cluster")
+    tmp = tmp_path_factory.mktemp("kafka-admin")
+    c = LocalCluster(tmp / "cluster")
     c.up(3, 3, "--fsync", "never")  # returns once every broker is unfenced
     try:
+        users = tmp / "kafka-users"
+        users.write_text(f"{USER}:{hash_password(PASSWORD, iterations=1000)}\n")
+        for broker_id in (101, 102, 103):
+            c.use_sasl_listener(broker_id, users)
         yield c
     finally:
         c.down()
@@ -69,6 +78,10 @@ def test_kafka_python_admin_client(cluster):
     admin = kafka_admin.KafkaAdminClient(
         bootstrap_servers=broker_address(cluster, 102),
         client_id="kp-admin",
+        security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism="PLAIN",
+        sasl_plain_username=USER,
+        sasl_plain_password=PASSWORD,
         request_timeout_ms=30000,
     )
     try:
@@ -148,7 +161,7 @@ def test_kafka_python_admin_client(cluster):
 
         poll(
             lambda: any(
-                p["client_id"].startswith("kp-admin@broker-")
+                p["client_id"].startswith("kp-admin@broker-") and p["principal"] == f"User:{USER}"
                 for p in provenance_of(cluster, "CreateTopics")
             ),
             30,
@@ -179,7 +192,14 @@ def test_confluent_admin_client(cluster):
     )
 
     admin = confluent_admin.AdminClient(
-        {"bootstrap.servers": broker_address(cluster, 103), "client.id": "ck-admin"}
+        {
+            "bootstrap.servers": broker_address(cluster, 103),
+            "client.id": "ck-admin",
+            "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanisms": "PLAIN",
+            "sasl.username": USER,
+            "sasl.password": PASSWORD,
+        }
     )
 
     def result(futures: dict):
@@ -254,6 +274,26 @@ def test_confluent_admin_client(cluster):
 # ---- any broker forwards ---------------------------------------------------------------------
 
 
+def _exchange(s: socket.socket, api_key: int, version: int, body: bytes) -> bytes:
+    """One non-flexible request (header v1) and its response body (after the correlation id)."""
+    frame = struct.pack(">hhih", api_key, version, 3, 3) + b"raw" + body
+    s.sendall(struct.pack(">i", len(frame)) + frame)
+    data = b""
+    while len(data) < 4 or len(data) < 4 + struct.unpack(">i", data[:4])[0]:
+        chunk = s.recv(65536)
+        assert chunk, "connection closed"
+        data += chunk
+    return data[8:]
+
+
+def sasl_plain_login(s: socket.socket) -> None:
+    """SaslHandshake v1 (PLAIN) then SaslAuthenticate v0 as USER."""
+    assert struct.unpack(">h", _exchange(s, 17, 1, struct.pack(">h", 5) + b"PLAIN")[:2])[0] == 0
+    token = b"\x00" + USER.encode() + b"\x00" + PASSWORD.encode()
+    answer = _exchange(s, 36, 0, struct.pack(">i", len(token)) + token)
+    assert struct.unpack(">h", answer[:2])[0] == 0, answer
+
+
 def kafka_call(
     address: str, api_key: int, version: int, values: dict, client_id: str = "raw"
 ) -> object:
@@ -266,6 +306,7 @@ def kafka_call(
     frame = struct.pack(">hhih", api_key, version, 7, len(cid)) + cid + tags + buf.getvalue()
     host, port = address.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=30) as s:
+        sasl_plain_login(s)
         s.sendall(struct.pack(">i", len(frame)) + frame)
         data = b""
         while len(data) < 4 or len(data) < 4 + struct.unpack(">i", data[:4])[0]:

@@ -321,7 +321,8 @@ class EchoAdmin:
     def api_ranges(self) -> dict[int, tuple[int, int]]:
         return {60: (0, 1)}
 
-    async def handle(self, header, reader) -> bytes:
+    async def handle(self, header, reader, principal: str) -> bytes:
+        assert principal == "User:ANONYMOUS"  # a PLAINTEXT connection
         await trio.sleep(0)
         rest = reader.data[reader.pos :]
         body = header.client_id.encode() + struct.pack(">i", len(rest))

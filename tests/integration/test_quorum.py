@@ -218,7 +218,7 @@ class Cluster:
         ports = free_ports(size)
         self.addrs = {i + 1: f"127.0.0.1:{p}" for i, p in enumerate(ports)}
         self.tmp = tmp
-        self.settings = RaftSettings(**settings)
+        self.settings = RaftSettings(**{"password": "quorum-test-secret", **settings})
         self.targets = {i: ListTarget() for i in self.addrs}
         self.members: dict[int, Member] = {}
 
@@ -467,11 +467,13 @@ async def test_isolated_leader_steps_down_and_close_fails_waiters(tmp_path: Path
         cluster.close()
 
 
-def test_refuses_non_loopback_without_password(tmp_path: Path) -> None:
+def test_refuses_to_run_without_password_loopback_included(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="password"):
         RaftQuorum(1, "10.1.2.3:9000", {2: "10.1.2.4:9000"}, tmp_path, ListTarget(), RaftSettings())
     with pytest.raises(ValueError, match="password"):
         RaftQuorum(1, "0.0.0.0:9000", {}, tmp_path, ListTarget(), RaftSettings())
+    with pytest.raises(ValueError, match="loopback included"):
+        RaftQuorum(1, "127.0.0.1:9000", {}, tmp_path, ListTarget(), RaftSettings())
     RaftQuorum(
         1,
         "10.1.2.3:9000",

@@ -88,7 +88,7 @@ def _restart_controller_with(c: LocalCluster, *settings: str) -> None:
     c.start(1)
 
 
-def _alter_configs(bootstrap: list, topics: list[str], count: int) -> None:
+def _alter_configs(bootstrap: list, topics: list[str], count: int, creds: object = None) -> None:
     """``count`` config changes round-robin over ``topics`` (they need no unfenced broker)."""
     for i in range(count):
         r = call_sync(
@@ -104,6 +104,7 @@ def _alter_configs(bootstrap: list, topics: list[str], count: int) -> None:
                 ]
             },
             timeout=30,
+            credentials=creds,
         )
         assert not r["resources"][0]["error_code"], r
 
@@ -116,7 +117,7 @@ def _broker_without_metadata_loads_the_snapshot(c: LocalCluster, bootstrap: list
     c.start(101)
 
     def converged():
-        view = call_sync(bootstrap, "DescribeNode", {}, timeout=5)
+        view = call_sync(bootstrap, "DescribeNode", {}, timeout=5, credentials=c.credentials())
         s = describe(broker["host"], broker["admin_port"], timeout=5.0)
         return (
             s["state"] == "RUNNING"
@@ -142,6 +143,7 @@ def test_a_broker_starting_after_retention_loads_the_controllers_snapshot(tmp_pa
                 "CreateTopics",
                 {"topics": [{"name": f"kept-{i}", "num_partitions": 2, "replication_factor": 1}]},
                 timeout=30,
+                credentials=c.credentials(),
             )
             assert not r["topics"][0]["error_code"], r
         _restart_controller_with(
@@ -150,7 +152,9 @@ def test_a_broker_starting_after_retention_loads_the_controllers_snapshot(tmp_pa
             "metadata.log.max.record.bytes.between.snapshots=8192",
             "metadata.max.retention.bytes=1",
         )
-        _alter_configs(bootstrap, [f"kept-{i}" for i in range(3)], 80)  # enough to roll segments
+        _alter_configs(
+            bootstrap, [f"kept-{i}" for i in range(3)], 80, c.credentials()
+        )  # enough to roll segments
         log_dir = c.log_dir(1)
         poll(
             lambda: min(int(p.name.split(".")[0]) for p in log_dir.glob("*.log")) > 0,
@@ -176,6 +180,7 @@ def test_a_broker_far_behind_the_newest_snapshot_loads_it_instead_of_the_log(tmp
             "CreateTopics",
             {"topics": [{"name": "kept", "num_partitions": 2, "replication_factor": 1}]},
             timeout=30,
+            credentials=c.credentials(),
         )
         assert not r["topics"][0]["error_code"], r
         _restart_controller_with(
@@ -183,7 +188,7 @@ def test_a_broker_far_behind_the_newest_snapshot_loads_it_instead_of_the_log(tmp
             "metadata.log.max.record.bytes.between.snapshots=4096",
             "metadata.fetch.snapshot.min.lag.records=20",
         )
-        _alter_configs(bootstrap, ["kept"], 60)
+        _alter_configs(bootstrap, ["kept"], 60, c.credentials())
         poll(lambda: list_snapshots(c.log_dir(1)), 60, what="a snapshot")
         assert min(int(p.name.split(".")[0]) for p in c.log_dir(1).glob("*.log")) == 0  # all kept
         _broker_without_metadata_loads_the_snapshot(c, bootstrap)

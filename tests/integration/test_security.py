@@ -169,6 +169,12 @@ def test_add_user_command_appends_a_hashed_line(tmp_path: Path) -> None:
     assert again.returncode == 2 and "already listed" in again.stderr
 
 
+def _secret(tmp_path: Path) -> Path:
+    path = tmp_path / "raft.secret"
+    path.write_text("a-test-secret-of-enough-length\n")
+    return path
+
+
 def _controller_props(tmp_path: Path, raft_host: str = "127.0.0.1") -> dict[str, str]:
     return {
         "node.id": "1",
@@ -180,20 +186,20 @@ def _controller_props(tmp_path: Path, raft_host: str = "127.0.0.1") -> dict[str,
     }
 
 
-def test_raft_off_loopback_needs_a_secret_from_file_or_env(tmp_path: Path) -> None:
+def test_raft_needs_a_secret_from_file_or_env_loopback_included(tmp_path: Path) -> None:
     props = _controller_props(tmp_path, raft_host="10.1.2.3")
-    with pytest.raises(ConfigError, match="10.1.2.3:9001 is not a loopback address.*secret"):
-        ControllerConfig.from_properties(props, env={})
+    for without in (props, _controller_props(tmp_path)):
+        with pytest.raises(ConfigError, match="controller.raft.secret.file is not set"):
+            ControllerConfig.from_properties(without, env={})
     assert (
         ControllerConfig.from_properties(props, env={"KRAFT_RAFT_SECRET": "s"}).raft_secret == "s"
     )
     secret = tmp_path / "secret"
-    secret.write_text("from-file\n")
+    secret.write_text("from-file-16-chars-at-least\n")
     cfg = ControllerConfig.from_properties(
         dict(props, **{"controller.raft.secret.file": str(secret)}), env={}
     )
-    assert cfg.raft_secret == "from-file" and "from-file" not in repr(cfg)
-    assert ControllerConfig.from_properties(_controller_props(tmp_path), env={}).raft_secret is None
+    assert cfg.raft_secret == "from-file-16-chars-at-least" and "from-file" not in repr(cfg)
     # The only ways in are the properties file and the environment: the CLI has no secret flag.
     help_text = kraft("controller", "--help").stdout
     assert "--config" in help_text and "secret" not in help_text.lower()
@@ -202,6 +208,7 @@ def test_raft_off_loopback_needs_a_secret_from_file_or_env(tmp_path: Path) -> No
 def test_controller_auth_needs_its_own_client_credentials(tmp_path: Path) -> None:
     props = dict(
         _controller_props(tmp_path),
+        **{"controller.raft.secret.file": str(_secret(tmp_path))},
         **{"controller.rpc.auth.credentials.file": str(users_file(tmp_path, admin="pw"))},
     )
     with pytest.raises(ConfigError, match="controller.rpc.client.credentials.file is required"):

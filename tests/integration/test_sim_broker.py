@@ -151,6 +151,7 @@ def test_simulated_brokers_told_to_load_a_snapshot_load_it_once_and_converge(tmp
                     ]
                 },
                 timeout=30,
+                credentials=c.credentials(),
             )
             assert not r["resources"][0]["error_code"], r
 
@@ -170,7 +171,14 @@ def test_simulated_brokers_told_to_load_a_snapshot_load_it_once_and_converge(tmp
         )
         replay = SharedReplay()
         sims = [
-            SimBroker(101 + i, bootstrap, c.meta["cluster_id"], replay=replay) for i in range(2)
+            SimBroker(
+                101 + i,
+                bootstrap,
+                c.meta["cluster_id"],
+                replay=replay,
+                credentials=c.credentials("broker"),
+            )
+            for i in range(2)
         ]
         loads = []
         monkeypatch.setattr(
@@ -182,7 +190,7 @@ def test_simulated_brokers_told_to_load_a_snapshot_load_it_once_and_converge(tmp
         compared = []
 
         async def run() -> None:
-            client = ControllerClient(bootstrap)
+            client = ControllerClient(bootstrap, credentials=c.credentials())
             async with trio.open_nursery() as nursery:
                 for sim in sims:
                     await nursery.start(sim.run)

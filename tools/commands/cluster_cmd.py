@@ -118,11 +118,20 @@ def _prepare_layout(args: argparse.Namespace, directory: Path) -> tuple[ClusterL
             args.fsync,
             metrics=args.metrics,
         )
-        if args.auth:
+        if args.no_auth:
+            print(
+                "Warning: --no-auth: the controllers' RPC accepts anyone who can reach it "
+                "(loopback only); anyone on this host can fence brokers or delete topics",
+                file=sys.stderr,
+            )
+        else:
             launcher.enable_auth(layout, directory)
+        launcher.ensure_raft_secret(layout, directory)
         launcher.write_node_configs(layout)
         launcher.write_cluster_json(directory, layout)
         return layout, False
+    if launcher.ensure_raft_secret(layout, directory):
+        launcher.write_cluster_json(directory, layout)
     running = launcher.running_nodes(layout)
     if running:
         pids = ", ".join(f"{n.name} pid {n.pid}" for n in running)
@@ -233,6 +242,16 @@ def _print_ready(directory: Path, layout: ClusterLayout, state: Readiness) -> No
     print(f"\nReady: {state.summary()}.")
     bootstrap = ",".join(f"{h}:{p}" for h, p in layout.controller_endpoints())
     print(f"Controllers: --bootstrap-controller {bootstrap}   (or --cluster {directory})")
+    if layout.auth_dir:
+        print(
+            "RPC authentication is on: --cluster finds the admin credentials; with "
+            f"--bootstrap-controller set KRAFT_RPC_CREDENTIALS_FILE={layout.auth_dir}/admin.credentials"
+        )
+    if layout.brokers and layout.auth_dir:
+        print(
+            "Kafka admin requests (CreateTopics, ...) need an authenticated client (SASL "
+            "listener); anonymous ones get CLUSTER_AUTHORIZATION_FAILED"
+        )
     if layout.brokers:
         print("Kafka bootstrap servers: " + ",".join(f"{b.host}:{b.port}" for b in layout.brokers))
     metrics = [
@@ -330,6 +349,8 @@ def cmd_start(args: argparse.Namespace) -> int:
     _load(str(directory))
     with launcher.locked(directory):
         layout = _load(str(directory))
+        if launcher.ensure_raft_secret(layout, directory):  # a directory from before secrets
+            launcher.write_cluster_json(directory, layout)
         if args.node is not None:
             node = layout.node(args.node)
             if launcher.node_alive(node):
@@ -565,8 +586,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     up.add_argument(
         "--auth",
         action="store_true",
-        help="require RPC authentication: random credentials in DIR/auth (users "
-        "admin for the CLI, broker, controller); --cluster DIR picks them up",
+        help="kept for compatibility: RPC authentication is the default (random credentials "
+        "in DIR/auth for the users admin (the CLI), broker and controller; --cluster DIR "
+        "picks them up)",
+    )
+    up.add_argument(
+        "--no-auth",
+        action="store_true",
+        help="do not require controller RPC authentication (warned about; the Raft port is "
+        "always encrypted with DIR/raft.secret)",
     )
     up.add_argument(
         "--base-port",
