@@ -18,6 +18,8 @@ from typing import Any
 from kraft.errors import ErrorCode, KraftError, error_name
 from tools import output
 
+# One controller's time to answer before the command asks another (a stalled one never does).
+ATTEMPT_TIMEOUT_S = 2.0
 DEFAULT_TIMEOUT_S = 10.0
 BOOTSTRAP_ENV = "KRAFT_BOOTSTRAP_CONTROLLER"
 CLUSTER_DIR_ENV = "KRAFT_CLUSTER_DIR"
@@ -215,7 +217,14 @@ def call_endpoints(
     from kraft.rpc.client import call_sync
 
     try:
-        return call_sync(bootstrap, api, body, timeout, credentials=credentials)
+        return call_sync(
+            bootstrap,
+            api,
+            body,
+            timeout,
+            credentials=credentials,
+            attempt_timeout=min(timeout, ATTEMPT_TIMEOUT_S),
+        )
     except KraftError as e:
         if e.code == ErrorCode.SASL_AUTHENTICATION_FAILED and credentials is None:
             raise KraftError(
