@@ -41,7 +41,7 @@ def snapshot_state(broker: Any) -> dict[str, Any]:
         "image_checksum": broker.image_checksum(),
         "controller_id": image.controller_id,
         "listener": f"{broker.advertised_host}:{broker.kafka_port}",
-        "partitions": broker.replica.replica_manager.describe(),
+        "partitions": broker.replica_manager.describe(),
     }
 
 
