@@ -89,7 +89,8 @@ def add_client_options(parser: argparse.ArgumentParser) -> None:
         type=positive_float,
         default=DEFAULT_TIMEOUT_S,
         metavar="S",
-        help=f"give up after S seconds (default {DEFAULT_TIMEOUT_S:g})",
+        help=f"give up after S seconds (default {DEFAULT_TIMEOUT_S:g}); a controller silent "
+        f"for {ATTEMPT_TIMEOUT_S:g}s is skipped for the next",
     )
     g.add_argument(
         "--json",
