@@ -10,7 +10,7 @@ callers at their deadlines, see ``_Conn``), and retries until the call's deadlin
 * ``REQUEST_TIMED_OUT`` / ``LEADER_NOT_AVAILABLE`` → retry while time remains.
 * no answer within a whole ``attempt_timeout`` (a stalled or SIGSTOPped controller keeps its sockets
   open but answers nothing) → drop the connection, mark that controller *suspect* for
-  ``suspect_s`` (default twice the attempt timeout) and ask the next one; while suspect it is skipped when choosing a controller and
+  ``suspect_s`` (default twice the attempt timeout of the call) and ask the next one; while suspect it is skipped when choosing a controller and
   leader hints naming it are not followed (a follower that has not yet seen the new election
   still names the stalled leader). Any answer from it clears the suspicion.
 
@@ -281,8 +281,9 @@ class ControllerClient:
         self.backoff_initial = backoff_initial
         self.backoff_max = backoff_max
         self.attempt_timeout = attempt_timeout
-        # short by default: a leader that is only slow is asked again soon
-        self.suspect_s = 2 * attempt_timeout if suspect_s is None else suspect_s
+        # None: twice the attempt timeout of the call that found it silent (short: a leader
+        # that was only slow, or is elected again, is asked again soon)
+        self.suspect_s = suspect_s
         self._suspect: dict[Address, float] = {}  # address -> trio time its suspicion ends
         self._conn: _Conn | None = None
         self._connect_lock = trio.Lock()
@@ -356,7 +357,7 @@ class ControllerClient:
                 assert conn is not None
                 if not full_attempt:
                     break
-                await self._suspect_and_drop(conn, api)
+                await self._suspect_and_drop(conn, api, per_attempt)
                 last_error = KraftError(
                     ErrorCode.REQUEST_TIMED_OUT,
                     f"controller {conn.address[0]}:{conn.address[1]} did not answer "
@@ -401,14 +402,15 @@ class ControllerClient:
             + (f" (last error: {last_error.message})" if last_error else ""),
         )
 
-    async def _suspect_and_drop(self, conn: _Conn, api: str) -> None:
+    async def _suspect_and_drop(self, conn: _Conn, api: str, per_attempt: float) -> None:
         """``conn``'s controller left an attempt unanswered: suspect it, ask another."""
         logger.info(
             "%s: no answer from controller %s:%d within the attempt timeout; trying another",
             api,
             *conn.address,
         )
-        self._suspect[conn.address] = trio.current_time() + max(self.suspect_s, 0.0)
+        span = 2 * per_attempt if self.suspect_s is None else self.suspect_s
+        self._suspect[conn.address] = trio.current_time() + max(span, 0.0)
         with trio.CancelScope(shield=True):
             await self._drop_connection(conn, rotate=True)
 

@@ -122,3 +122,23 @@ def test_every_controller_silent_times_out_with_a_clear_error() -> None:
             nursery.cancel_scope.cancel()
 
     trio.run(main)
+
+
+def test_suspicion_lasts_twice_the_calls_attempt_timeout() -> None:
+    """A broker's client keeps the default attempt timeout (5 s) and passes 1 s per heartbeat:
+    the controller it found silent is suspect for 2 s, not 10 s, so hints naming it are followed
+    again soon (it may be elected again)."""
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            a = await start(nursery, Stalled())
+            client = ControllerClient([a])
+            with pytest.raises(KraftError):
+                await client.call("DescribeTopics", {"names": []}, timeout=0.4, attempt_timeout=0.3)
+            assert client.is_suspect(a)
+            await trio.sleep(0.7)
+            assert not client.is_suspect(a)
+            await client.aclose()
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
