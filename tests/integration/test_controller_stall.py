@@ -22,7 +22,9 @@ from tests.harness import kraft, poll
 
 pytestmark = pytest.mark.integration
 
-CLI_ANSWER_S = 6.0  # "within a few seconds": two 2 s attempts and an election's worth of backoff
+# "within a few seconds": the command's own deadline (--timeout; interpreter start-up, seconds on a
+# loaded machine, is not in it): one 2 s attempt on the stopped controller, then another answers
+CLI_TIMEOUT_S = "4"
 
 
 def _active(cluster: ChaosCluster, among: list[int]) -> int | None:
@@ -47,8 +49,9 @@ def _fenced(cluster: ChaosCluster, among: list[int]) -> set[int] | None:
 
 
 def _timed_cli(cluster: ChaosCluster, *args: str) -> float:
+    """Run a command that must answer within its --timeout; its wall time, start-up included."""
     t0 = time.monotonic()
-    kraft(*args, "--cluster", str(cluster.dir), "--timeout", "10", timeout=30)
+    kraft(*args, "--cluster", str(cluster.dir), "--timeout", CLI_TIMEOUT_S, timeout=60)
     return time.monotonic() - t0
 
 
@@ -100,7 +103,6 @@ def _run(tmp_path: Path, hold_s: float, inject: Callable, heal: Callable, cli: b
     assert check_availability(facts.outages, [], (start_ms, end_ms), 0) == []
     assert set(contact) == set(cluster.broker_ids)
     assert max(contact.values()) < cluster.session_timeout_ms / 2, contact
-    assert all(s < CLI_ANSWER_S for s in cli_s), cli_s
 
 
 @pytest.mark.timeout(180)
