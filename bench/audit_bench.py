@@ -33,6 +33,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from kraft.log.metadata_log import MetadataLog
 from kraft.log.segment import encode_frame, list_segments, scan_segment, segment_name
@@ -157,7 +158,7 @@ class _Writer:
             index,
         )
 
-    def write(self, prov: Provenance, records: tuple) -> None:
+    def write(self, prov: Provenance, records: tuple[Any, ...]) -> None:
         self.index += 1
         self.ts += 7
         batch = Batch(self.offset, self.term, self.index, self.ts, prov, self.prev, records)
@@ -173,7 +174,7 @@ class _Cluster:
 
     def __init__(self, rnd: random.Random) -> None:
         self.rnd = rnd
-        self.parts: dict[tuple[str, int], list] = {}
+        self.parts: dict[tuple[str, int], list[Any]] = {}
         self.topics: dict[str, str] = {}
         self.created = 0  # TopicRecords so far: the next topic's number
         self.epochs: dict[int, int] = {}
@@ -221,11 +222,11 @@ class _Cluster:
         for key in [k for k in self.parts if k[0] == topic_id]:
             del self.parts[key]
 
-    def create_topic(self, partitions: int = 10) -> tuple:
+    def create_topic(self, partitions: int = 10) -> tuple[Any, ...]:
         """A new topic's records, replicas among the live brokers."""
         tid = str(uuid.UUID(int=self.rnd.getrandbits(128), version=4))
         name = f"topic-{self.created:04d}"
-        recs: list = [TopicRecord(name, tid)]
+        recs: list[Any] = [TopicRecord(name, tid)]
         for p in range(partitions):
             reps = tuple(self.rnd.sample(sorted(self.live), 3))
             recs.append(PartitionRecord(p, tid, reps, reps, (), (), reps[0], 0, 0, 0))
@@ -233,7 +234,7 @@ class _Cluster:
             self.apply(r)
         return tuple(recs)
 
-    def alter_partitions(self) -> tuple[str, list]:
+    def alter_partitions(self) -> tuple[str, list[PartitionChangeRecord]]:
         """ISR shrinks, ISR expansions or clean leader changes (one kind) on 100 partitions;
         only live brokers join an ISR or become leader."""
         rnd, live = self.rnd, self.live
@@ -284,11 +285,11 @@ class _Cluster:
                     )
         return kind, changes
 
-    def fence(self, b: int) -> tuple:
+    def fence(self, b: int) -> tuple[Any, ...]:
         """Broker ``b`` fenced: it leaves every ISR (but a partition's last member, whose
         partition goes offline) and its leaderships move to the ISR's next live member."""
         self.live.discard(b)
-        recs: list = [BrokerRegistrationChangeRecord(b, self.epochs[b], 1, 0)]
+        recs: list[Any] = [BrokerRegistrationChangeRecord(b, self.epochs[b], 1, 0)]
         for s in self.parts.values():
             tid, pid, _, isr, leader = s
             if b not in isr:
@@ -315,10 +316,10 @@ class _Cluster:
             )
         return tuple(recs)
 
-    def unfence(self, b: int) -> tuple:
+    def unfence(self, b: int) -> tuple[Any, ...]:
         """Broker ``b`` unfenced; offline partitions whose ISR has a live member elect it."""
         self.live.add(b)
-        recs: list = [BrokerRegistrationChangeRecord(b, self.epochs[b], -1, 0)]
+        recs: list[Any] = [BrokerRegistrationChangeRecord(b, self.epochs[b], -1, 0)]
         for s in self.parts.values():
             if s[4] == LEADER_NONE:
                 leader = next((r for r in s[3] if r in self.live), None)
@@ -409,7 +410,7 @@ def ensure_log(directory: Path, records: int) -> int:
         if known.get("requested") == records and known.get("segments") == [
             p.name for p in list_segments(directory)
         ]:
-            return known["records"]
+            return int(known["records"])
     if directory.exists():
         shutil.rmtree(directory)
     directory.mkdir(parents=True)
@@ -442,6 +443,8 @@ def _follow(directory: Path) -> tuple[_Cluster, Batch, bytes]:
             for record in entry.batch.records:
                 cluster.apply(record)
             last, digest = entry.batch, entry.digest
+    if last is None or digest is None:
+        raise RuntimeError(f"{directory}: no batches")
     return cluster, last, digest
 
 
@@ -518,7 +521,7 @@ def append_segment(directory: Path, seed: int = 8) -> int:
     return w.offset - last.next_offset
 
 
-def decode_floor(directory: Path) -> dict:
+def decode_floor(directory: Path) -> dict[str, Any]:
     """Single-process decode of every segment (CPU seconds of this process): the codec alone,
     the strict decode into Arrow columns, and the columnar fast decode."""
     from tools.audit.columns import decode_segment
@@ -544,7 +547,7 @@ def decode_floor(directory: Path) -> dict:
     }
 
 
-def datasource_rate(directory: Path) -> dict:
+def datasource_rate(directory: Path) -> dict[str, Any]:
     """The data source's read rate on ``local[2]``: the same query twice in one session, once
     cold (the session's first big query: the JVM's JIT compiles the conversion as it goes) and
     once warm. The ``datasource_*`` / ``read_*`` keys are the cold query (what an audit pays);
@@ -577,8 +580,8 @@ def datasource_rate(directory: Path) -> dict:
                 continue
         return round(total, 1)
 
-    def read() -> dict:
-        # read + decode + a count per record type, as spark-notes.md measured its prototype.
+    def read() -> dict[str, Any]:
+        # read + decode + a count per record type (the shape of the first audit prototype).
         # The Python data source has no column pruning: every column of every row becomes a
         # Spark row whatever the query reads; the byte sum proves record_json arrived. (A
         # per-character length() here was a third of the JVM's CPU: a string function, not
@@ -635,7 +638,7 @@ def datasource_rate(directory: Path) -> dict:
     }
 
 
-def timed_audit(directory: Path, out: Path) -> dict:
+def timed_audit(directory: Path, out: Path) -> dict[str, Any]:
     """``kraft audit`` in a fresh process: wall and tree CPU seconds, exit code, Spark start-up
     (the audit's own step timing), peak driver memory, output tail."""
     t = time.perf_counter()
@@ -684,7 +687,7 @@ def timed_audit(directory: Path, out: Path) -> dict:
     }
 
 
-def run(records: int, work: Path) -> tuple[list[dict], list[dict]]:
+def run(records: int, work: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     logdir, out = work / "log", work / "out"
     n = ensure_log(logdir, records)
     shutil.rmtree(out, ignore_errors=True)
@@ -788,7 +791,7 @@ def run(records: int, work: Path) -> tuple[list[dict], list[dict]]:
     return rows, targets
 
 
-def markdown(rows: list[dict], targets: list[dict]) -> str:
+def markdown(rows: list[dict[str, Any]], targets: list[dict[str, Any]]) -> str:
     lines = [
         "## kraft audit (local[2])",
         "",

@@ -30,6 +30,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 ENV = dict(os.environ, PYTHONPATH=str(REPO))
@@ -37,6 +38,10 @@ ENV = dict(os.environ, PYTHONPATH=str(REPO))
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] broker bench: {msg}", file=sys.stderr, flush=True)
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(1000 * seconds, 2)
 
 
 def pct(values: list[float], p: float) -> float | None:
@@ -49,7 +54,7 @@ def pct(values: list[float], p: float) -> float | None:
 # ---- 1. propagation --------------------------------------------------------------------------
 
 
-def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "tools.cli", *args],
         cwd=REPO,
@@ -64,7 +69,7 @@ def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 class _Observer(threading.Thread):
     """Polls brokers' applied offsets; remembers when each broker first reached each offset."""
 
-    def __init__(self, brokers: list[dict]) -> None:
+    def __init__(self, brokers: list[dict[str, Any]]) -> None:
         super().__init__(daemon=True)
         self.brokers = brokers
         self.samples: dict[int, list[tuple[int, float]]] = {b["id"]: [] for b in brokers}
@@ -96,7 +101,7 @@ class _Observer(threading.Thread):
         return None
 
 
-def propagation(seconds: float, rate: int, batch: int) -> dict:
+def propagation(seconds: float, rate: int, batch: int) -> dict[str, Any]:
     from kraft.log.metadata_log import MetadataLog
     from kraft.rpc.client import call_sync
 
@@ -160,10 +165,11 @@ def propagation(seconds: float, rate: int, batch: int) -> dict:
                 if b.provenance.api != "IncrementalAlterConfigs" or b.timestamp_ms / 1000 < started:
                     continue
                 reached = [observer.first_reached(x["id"], b.last_offset) for x in meta["brokers"]]
-                if None in reached:
+                times = [t for t in reached if t is not None]
+                if len(times) < len(reached):
                     missed += 1
                     continue
-                latencies.append(max(reached) - b.timestamp_ms / 1000)
+                latencies.append(max(times) - b.timestamp_ms / 1000)
         poll_ms = 1000 * (ended - started) / max(1, observer.polls / len(meta["brokers"]))
         row = {
             "metric": "propagation",
@@ -171,8 +177,8 @@ def propagation(seconds: float, rate: int, batch: int) -> dict:
             "batches": len(latencies),
             "missed": missed,
             "errors": errors,
-            "p50_ms": round(1000 * pct(latencies, 50), 2) if latencies else None,
-            "p99_ms": round(1000 * pct(latencies, 99), 2) if latencies else None,
+            "p50_ms": _ms(pct(latencies, 50)),
+            "p99_ms": _ms(pct(latencies, 99)),
             "max_ms": round(1000 * max(latencies), 2) if latencies else None,
             "poll_period_ms": round(poll_ms, 2),
         }
@@ -222,13 +228,14 @@ def build_scale_snapshot(
         PartitionChangeRecord,
         PartitionRecord,
         Provenance,
+        Record,
         RegisterBrokerRecord,
         TopicRecord,
         batch_hash,
     )
     from kraft.snapshotter import image_to_snapshot
 
-    records = [FeatureLevelRecord("metadata.version", 1)]
+    records: list[Record] = [FeatureLevelRecord("metadata.version", 1)]
     records += [
         RegisterBrokerRecord(
             b,
@@ -318,7 +325,8 @@ _REPLAY_CHILD = r"""
 import json, resource, sys, time
 from pathlib import Path
 from broker.metadata.checkpoint import image_from_snapshot
-from broker.metadata.metadata_loader import full_delta, replay_encoded
+from broker.metadata.metadata_loader import replay_encoded
+from kraft.image import MetadataDelta
 from kraft.log.metadata_log import MetadataLog
 from kraft.records import decode_batch
 snap, log_dir = Path(sys.argv[1]), Path(sys.argv[2])
@@ -335,7 +343,7 @@ image = image_from_snapshot(snap)
 t1, c1 = time.perf_counter(), time.process_time()
 # What the broker's MetadataLoader does after loading a snapshot: replay the responses into the
 # full delta until caught up, then one publish.
-delta = full_delta(image)
+delta = MetadataDelta.full(image)
 for batches in responses:
     replay_encoded(delta, batches)
 n = delta.offset - image.offset
@@ -347,7 +355,7 @@ print(json.dumps({"snapshot_s": t1 - t0, "log_s": t2 - t1, "snapshot_cpu_s": c1 
 """
 
 
-def replay(topics: int, partitions: int, brokers: int, log_batches: int) -> dict:
+def replay(topics: int, partitions: int, brokers: int, log_batches: int) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="kraft-bench-replay-"))
     try:
         log(
@@ -398,7 +406,7 @@ def replay(topics: int, partitions: int, brokers: int, log_batches: int) -> dict
         shutil.rmtree(work, ignore_errors=True)
 
 
-def targets(rows: list[dict]) -> list[dict]:
+def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     prop = next((r for r in rows if r["metric"] == "propagation"), None)
     if prop and prop["p99_ms"] is not None:
@@ -442,12 +450,12 @@ def run(
     partitions: int = 100,
     brokers: int = 30,
     log_batches: int = 1000,
-) -> tuple[list[dict], list[dict]]:
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     rows = [propagation(seconds, rate, batch), replay(topics, partitions, brokers, log_batches)]
     return rows, targets(rows)
 
 
-def table(rows: list[dict], tg: list[dict]) -> str:
+def table(rows: list[dict[str, Any]], tg: list[dict[str, Any]]) -> str:
     lines = ["| metric | figures |", "| --- | --- |"]
     for r in rows:
         lines.append(

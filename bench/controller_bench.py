@@ -19,6 +19,7 @@ stdout line, ``{"system": "pykraft", "results": [...]}``.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import select
@@ -28,7 +29,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -51,7 +54,13 @@ def pct(sorted_vals: list[float], p: float) -> float | None:
     return sorted_vals[int(min(k, len(sorted_vals))) - 1]
 
 
-def _errors_in(resp) -> list[int]:
+def pct_ms(sorted_vals: list[float], p: float) -> float | None:
+    """:func:`pct` in milliseconds, rounded to 0.01 ms."""
+    v = pct(sorted_vals, p)
+    return None if v is None else round(v * 1000, 2)
+
+
+def _errors_in(resp: Any) -> list[int]:
     """Every non-zero error_code anywhere in a response document."""
     out: list[int] = []
     if isinstance(resp, dict):
@@ -67,12 +76,12 @@ def _errors_in(resp) -> list[int]:
     return out
 
 
-def cli(*argv: str, timeout: float) -> subprocess.CompletedProcess:
+def cli(*argv: str, timeout: float) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "tools.cli", *argv]
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
 
 
-def set_body(topic: str, value: int) -> dict:
+def set_body(topic: str, value: int) -> dict[str, Any]:
     return {
         "resources": [
             {
@@ -98,8 +107,8 @@ class Bench:
         self.inflight = inflight
         self.failovers = failovers
         self.failover_budget_s = failover_budget_s
-        self.results: list[dict] = []
-        self.meta: dict = {}
+        self.results: list[dict[str, Any]] = []
+        self.meta: dict[str, Any] = {}
         self.bootstrap: list[tuple[str, int]] = []
         self._counter = 0
 
@@ -122,8 +131,8 @@ class Bench:
         elapsed: float,
         unit: str = "ops",
         per_op: int = 1,
-        **extra,
-    ) -> dict:
+        **extra: Any,
+    ) -> dict[str, Any]:
         lat = sorted(lat)
         r = {
             "system": "pykraft",
@@ -132,8 +141,8 @@ class Bench:
             "mode": mode,
             "clients": clients,
             "ops_s": round(ok / elapsed, 1) if elapsed > 0 else None,
-            "p50_ms": round(pct(lat, 50) * 1000, 2) if lat else None,
-            "p99_ms": round(pct(lat, 99) * 1000, 2) if lat else None,
+            "p50_ms": pct_ms(lat, 50),
+            "p99_ms": pct_ms(lat, 99),
             "errors": errors,
             "count": ok,
             "seconds": round(elapsed, 3),
@@ -154,11 +163,11 @@ class Bench:
         self,
         clients: list[ControllerClient],
         concurrency: int,
-        make_req,
+        make_req: Callable[[int], tuple[str, dict[str, Any]]],
         duration_s: float | None,
         total: int | None,
         deadline_s: float,
-    ):
+    ) -> tuple[list[float], int, int, float, bool]:
         """Run ``concurrency`` tasks issuing ``make_req(i) -> (api, body)`` until ``duration_s``
         passes or ``total`` requests have been issued; hard deadline ``deadline_s``."""
         lat: list[float] = []
@@ -182,7 +191,7 @@ class Bench:
                 t0 = time.perf_counter()
                 try:
                     resp = await client.call(api, body, timeout=10)
-                    bad = _errors_in(resp)
+                    bad: list[Any] = _errors_in(resp)
                 except (KraftError, trio.TooSlowError, OSError) as e:
                     bad = [repr(e)]
                 t1 = time.perf_counter()
@@ -201,7 +210,7 @@ class Bench:
                 for w in range(concurrency):
                     n.start_soon(worker, w)
         elapsed = time.perf_counter() - start
-        if stop_at is not None:
+        if duration_s:
             elapsed = min(elapsed, duration_s)
         return lat, ok, errors, elapsed, cs.cancelled_caught
 
@@ -373,8 +382,9 @@ class Bench:
                         f"  failover {round_no}: killed node {leader}, next write committed after "
                         f"{committed:.3f}s"
                     )
-                r = await trio.to_thread.run_sync(
-                    lambda leader=leader: cli(
+                restarted = await trio.to_thread.run_sync(
+                    functools.partial(
+                        cli,
                         "cluster",
                         "start",
                         "--dir",
@@ -384,14 +394,15 @@ class Bench:
                         timeout=60,
                     )
                 )
-                if r.returncode != 0:
-                    log(f"  restart of node {leader} failed: {r.stderr.strip()[-300:]}")
+                if restarted.returncode != 0:
+                    log(f"  restart of node {leader} failed: {restarted.stderr.strip()[-300:]}")
                     break
                 self.load_meta()
         finally:
             await admin.aclose()
         times_sorted = sorted(times)
-        r = {
+        median = pct(times_sorted, 50)
+        r: dict[str, Any] = {
             "system": "pykraft",
             "config": CONFIG,
             "metric": "failover",
@@ -400,7 +411,7 @@ class Bench:
             "count": len(times),
             "requested": self.failovers,
             "errors": failures,
-            "median_s": round(pct(times_sorted, 50), 3) if times else None,
+            "median_s": None if median is None else round(median, 3),
             "max_s": round(max(times), 3) if times else None,
             "seconds": [round(t, 3) for t in times],
         }
@@ -433,7 +444,9 @@ class Bench:
         await self.phase_failover()
 
 
-def start_sim_brokers(directory: Path, count: int = 3, timeout_s: float = 60) -> subprocess.Popen:
+def start_sim_brokers(
+    directory: Path, count: int = 3, timeout_s: float = 60
+) -> subprocess.Popen[str]:
     """``count`` simulated brokers in a process of their own; returns once all are unfenced."""
     proc = subprocess.Popen(
         [
@@ -462,7 +475,7 @@ def start_sim_brokers(directory: Path, count: int = 3, timeout_s: float = 60) ->
     )
 
 
-def stop_process(proc: subprocess.Popen) -> None:
+def stop_process(proc: subprocess.Popen[Any]) -> None:
     if proc.poll() is None:
         proc.terminate()
         try:
@@ -478,7 +491,7 @@ def run(
     failovers: int = 10,
     failover_budget_s: float = 120.0,
     keep: bool = False,
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     directory = Path(tempfile.mkdtemp(prefix="pykraft-bench-"))
     bench = Bench(directory, phase_s, inflight, failovers, failover_budget_s)
     try:
@@ -528,7 +541,7 @@ def run(
     return bench.results
 
 
-def table(results: list[dict]) -> str:
+def table(results: list[dict[str, Any]]) -> str:
     lines = [
         "| metric | mode | clients | ops/s (topics/s) | partitions/s | p50 ms | p99 ms | "
         "count | seconds | errors |",

@@ -29,6 +29,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "tests" / "integration"))  # the fuzz tests whose seeds it reuses
 
 from harness import LocalCluster, kraft, poll  # noqa: E402
 from test_fuzz_kafka_listener import SEEDS as KAFKA_SEEDS  # noqa: E402
@@ -69,7 +70,8 @@ def rpc_input(rng: random.Random) -> bytes:
     choice = rng.random()
     index = rng.randrange(len(SEED_REQUESTS))
     if choice < 0.5:
-        return mutate(seed_frame(index), rng)
+        mutated: bytes = mutate(seed_frame(index), rng)
+        return mutated
     if choice < 0.85:
         request = dict(SEED_REQUESTS[index], version=0, correlation_id=1)
         return encode_frame(retype(request, rng, random_value(rng)))
@@ -78,7 +80,8 @@ def rpc_input(rng: random.Random) -> bytes:
 
 def kafka_input(rng: random.Random) -> bytes:
     if rng.random() < 0.8:
-        return mutate(rng.choice(KAFKA_SEEDS), rng, rounds=4)
+        seed: bytes = mutate(rng.choice(KAFKA_SEEDS), rng, rounds=4)
+        return seed
     blob = rng.randbytes(rng.randint(0, 300))
     return struct.pack(">i", len(blob)) + blob if rng.random() < 0.5 else blob
 
@@ -87,12 +90,12 @@ def run_target(
     name: str,
     seconds: float,
     seed: int,
-    send: Callable[[bytes], list[dict]],
+    send: Callable[[bytes], list[dict[str, Any]]],
     make_input: Callable[[random.Random], bytes],
     healthy: Callable[[], None],
     rss: Callable[[], int],
     alive: Callable[[], bool],
-) -> dict:
+) -> dict[str, Any]:
     rng = random.Random(seed)
     healthy()
     base_rss = max_rss = rss()
@@ -142,7 +145,7 @@ def run_target(
     }
 
 
-def fuzz_rpc(seconds: float, seed: int, workdir: Path) -> dict:
+def fuzz_rpc(seconds: float, seed: int, workdir: Path) -> dict[str, Any]:
     controller = Controller(workdir)
     try:
         return run_target(
@@ -159,7 +162,7 @@ def fuzz_rpc(seconds: float, seed: int, workdir: Path) -> dict:
         controller.stop()
 
 
-def fuzz_kafka(seconds: float, seed: int, workdir: Path) -> dict:
+def fuzz_kafka(seconds: float, seed: int, workdir: Path) -> dict[str, Any]:
     cluster = LocalCluster(workdir / "c")
     try:
         cluster.up(1, 1, "--fsync", "never")
@@ -176,7 +179,7 @@ def fuzz_kafka(seconds: float, seed: int, workdir: Path) -> dict:
         )
         broker = Broker(cluster)
 
-        def send(data: bytes) -> list[dict]:
+        def send(data: bytes) -> list[dict[str, Any]]:
             send_and_drain(broker.port, data, wait=0.5)
             return []
 

@@ -9,7 +9,7 @@ Stages, on an image of ``topics`` x ``partitions`` partitions (RF 3 over ``broke
 * ``snapshot_read`` — ``read_snapshot`` (strict) with every record materialised.
 * ``snapshot_load`` — ``image_from_records(read_snapshot(...))``: what a controller cold start does.
 * ``broker_load`` — ``broker.metadata.checkpoint.image_from_snapshot``: load + checksum verification.
-* ``broker_full_publish`` — ``broker.metadata.metadata_loader.full_delta(image).apply()``, what a broker
+* ``broker_full_publish`` — ``MetadataDelta.full(image).apply()``, what a broker
   does with a loaded snapshot before publishing it.
 * ``delta_replay`` — ``decode_batch`` + ``MetadataDelta.replay_batch`` + ``apply`` of
   ``log_batches`` batches of 100 partition changes (hash of the bytes passed, as brokers do);
@@ -54,7 +54,7 @@ def build_image(topics: int, partitions: int, brokers: int) -> Any:
     from kraft.image import image_from_records
     from kraft.records import FeatureLevelRecord, PartitionRecord, RegisterBrokerRecord, TopicRecord
 
-    records: list = [FeatureLevelRecord("metadata.version", 1)]
+    records: list[Any] = [FeatureLevelRecord("metadata.version", 1)]
     records += [
         RegisterBrokerRecord(
             b,
@@ -136,7 +136,7 @@ def change_batches(image: Any, count: int, per_batch: int = 100) -> list[bytes]:
 
 def run(topics: int, partitions: int, brokers: int, log_batches: int) -> dict[str, Any]:
     from broker.metadata.checkpoint import image_from_snapshot
-    from broker.metadata.metadata_loader import full_delta, replay_encoded
+    from broker.metadata.metadata_loader import replay_encoded
     from kraft.image import MetadataDelta, image_from_records
     from kraft.log.snapshot import read_snapshot
     from kraft.records import batch_hash, decode_batch
@@ -183,7 +183,7 @@ def run(topics: int, partitions: int, brokers: int, log_batches: int) -> dict[st
         del loaded
         loaded, s = _cpu(lambda: image_from_snapshot(path))
         row("broker_load", s, n_records)
-        _, s = _cpu(lambda: full_delta(loaded).apply())  # noqa: F821 -- bound just above; del follows
+        _, s = _cpu(lambda: MetadataDelta.full(loaded).apply())  # noqa: F821 -- bound just above; del follows
         row("broker_full_publish", s, n_records)
         del loaded
     finally:

@@ -7,7 +7,12 @@ Measures (progress on stderr):
      client, so closer to what the brokers can take);
   2. consume throughput of what was produced (assign mode, from the beginning);
   3. end-to-end latency (produce with acks=all → consumer receives), one message at a time at
-     a modest rate, p50/p99.
+     a modest rate, p50/p99;
+  4. idempotent produce (``enable.idempotence=true``, acks=all) in the same run as the plain
+     acks=all produce, to show what the producer-state checks cost;
+  5. producer-state rebuild when a partition log with many idempotent batches is opened: from
+     the snapshot written on close, and without one (after a kill -9 before any segment roll:
+     every batch replayed). No cluster: a log in a temporary directory.
 
 ``run(messages) -> list[dict]`` returns result rows; ``main()`` prints a markdown table and, as the
 last stdout line, ``{"system": "pykraft", "results": [...]}``. Target: >= 20 MB/s acks=all RF 3.
@@ -24,6 +29,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 MSG_BYTES = 1024
@@ -47,6 +53,10 @@ def kraft(*args: str, timeout: float = 120) -> str:
     return proc.stdout
 
 
+def _round2(v: float | None) -> float | None:
+    return None if v is None else round(v, 2)
+
+
 def pct(sorted_vals: list[float], p: float) -> float | None:
     if not sorted_vals:
         return None
@@ -55,7 +65,9 @@ def pct(sorted_vals: list[float], p: float) -> float | None:
     ]
 
 
-def produce(bs: str, topic: str, acks: str, messages: int) -> dict:
+def produce(
+    bs: str, topic: str, acks: str, messages: int, idempotent: bool = False
+) -> dict[str, Any]:
     from confluent_kafka import Producer
 
     producer = Producer(
@@ -66,12 +78,13 @@ def produce(bs: str, topic: str, acks: str, messages: int) -> dict:
             "batch.size": 1 << 20,
             "queue.buffering.max.kbytes": 1 << 20,
             "message.timeout.ms": 120000,
+            "enable.idempotence": idempotent,
         }
     )
     payload = b"x" * MSG_BYTES
     done = {"ok": 0, "err": 0}
 
-    def on_delivery(err, msg):
+    def on_delivery(err: Any, msg: Any) -> None:
         done["err" if err else "ok"] += 1
 
     start = time.perf_counter()
@@ -88,7 +101,7 @@ def produce(bs: str, topic: str, acks: str, messages: int) -> dict:
     secs = time.perf_counter() - start
     return {
         "metric": "produce",
-        "mode": f"acks={acks}",
+        "mode": f"acks={acks}" + (" idempotent" if idempotent else ""),
         "messages": messages,
         "errors": done["err"],
         "seconds": round(secs, 2),
@@ -97,7 +110,7 @@ def produce(bs: str, topic: str, acks: str, messages: int) -> dict:
     }
 
 
-def produce_kcat(bs: str, topic: str, acks: str, messages: int, workdir: Path) -> dict:
+def produce_kcat(bs: str, topic: str, acks: str, messages: int, workdir: Path) -> dict[str, Any]:
     """The same load from kcat (C, no Python in the client): the broker's side of the cost."""
     data = workdir / "messages.txt"
     data.write_bytes((b"k" * (MSG_BYTES - 1) + b"\n") * messages)
@@ -135,7 +148,7 @@ def produce_kcat(bs: str, topic: str, acks: str, messages: int, workdir: Path) -
     }
 
 
-def consume(bs: str, topic: str, messages: int) -> dict:
+def consume(bs: str, topic: str, messages: int) -> dict[str, Any]:
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
     consumer = Consumer(
@@ -153,9 +166,10 @@ def consume(bs: str, topic: str, messages: int) -> dict:
     deadline = start + 180
     while got < messages and time.perf_counter() < deadline:
         for m in consumer.consume(10000, timeout=0.5):
-            if m.error() is None:
+            value = m.value()
+            if m.error() is None and value is not None:
                 got += 1
-                size += len(m.value())
+                size += len(value)
     secs = time.perf_counter() - start
     consumer.close()
     return {
@@ -169,7 +183,7 @@ def consume(bs: str, topic: str, messages: int) -> dict:
     }
 
 
-def latency(bs: str, topic: str, count: int) -> dict:
+def latency(bs: str, topic: str, count: int) -> dict[str, Any]:
     from confluent_kafka import OFFSET_END, Consumer, Producer, TopicPartition
 
     consumer = Consumer(
@@ -184,11 +198,12 @@ def latency(bs: str, topic: str, count: int) -> dict:
     lat: list[float] = []
     stop = threading.Event()
 
-    def reader():
+    def reader() -> None:
         while not stop.is_set() and len(lat) < count:
             m = consumer.poll(0.1)
-            if m is not None and m.error() is None:
-                lat.append((time.perf_counter() - float(m.value().decode())) * 1000)
+            value = m.value() if m is not None and m.error() is None else None
+            if value is not None:
+                lat.append((time.perf_counter() - float(value.decode())) * 1000)
 
     t = threading.Thread(target=reader)
     t.start()
@@ -210,16 +225,16 @@ def latency(bs: str, topic: str, count: int) -> dict:
         "mode": "acks=all",
         "messages": len(lat),
         "errors": count - len(lat),
-        "p50_ms": round(pct(lat, 50), 2) if lat else None,
-        "p99_ms": round(pct(lat, 99), 2) if lat else None,
+        "p50_ms": _round2(pct(lat, 50)),
+        "p99_ms": _round2(pct(lat, 99)),
     }
 
 
-def run(messages: int) -> list[dict]:
+def run(messages: int) -> list[dict[str, Any]]:
     """Start a cluster in a temporary directory, measure, tear it down."""
     workdir = Path(tempfile.mkdtemp(prefix="produce-bench-"))
     cdir = workdir / "cluster"
-    rows: list[dict] = []
+    rows: list[dict[str, Any]] = []
     try:
         log("starting 3 controllers + 3 brokers")
         kraft(
@@ -255,6 +270,21 @@ def run(messages: int) -> list[dict]:
             rows.append(produce(bs, topic, acks, messages))
             log(f"  {rows[-1]}")
             if acks == "all":
+                kraft(
+                    "topics",
+                    "create",
+                    "bench-idempotent",
+                    "--partitions",
+                    "3",
+                    "--replication-factor",
+                    "3",
+                    "--cluster",
+                    str(cdir),
+                )
+                time.sleep(1.0)
+                log(f"produce {messages} x {MSG_BYTES} B, acks=all, idempotent")
+                rows.append(produce(bs, "bench-idempotent", acks, messages, idempotent=True))
+                log(f"  {rows[-1]}")
                 log("consume")
                 rows.append(consume(bs, topic, messages))
                 log(f"  {rows[-1]}")
@@ -298,7 +328,75 @@ def run(messages: int) -> list[dict]:
     return rows
 
 
-def table(rows: list[dict]) -> str:
+def producer_state_rebuild(batches: int, producers: int = 100) -> list[dict[str, Any]]:
+    """Open a partition log of ``batches`` idempotent 10-record batches from ``producers``
+    producers, with and without the producer-state snapshot; time the rebuild."""
+    import datetime
+    import io
+    import struct
+
+    import crc32c
+    from kio.records.schema import NewRecordBatch, Record
+    from kio.records.writers import write_new_batch
+    from kio.static.primitive import TZAwareMicros, i8, i16, i32, i64
+
+    from broker.replica.partition_log import PartitionLog
+
+    now = TZAwareMicros.parse(datetime.datetime.now(datetime.UTC).replace(microsecond=0))
+    records = tuple(
+        Record(
+            attributes=i8(0), timestamp=now, offset=i64(i), key=None, value=b"x" * 100, headers=()
+        )
+        for i in range(10)
+    )
+    buf = io.BytesIO()
+    write_new_batch(
+        buf,
+        NewRecordBatch(
+            producer_id=i64(0),
+            producer_epoch=i16(0),
+            base_sequence=i32(0),
+            records=records,
+            attributes=i16(0),
+        ),
+    )
+    template = bytearray(buf.getvalue())
+    workdir = Path(tempfile.mkdtemp(prefix="producer-state-bench-"))
+    rows = []
+    try:
+        plog = PartitionLog.open(workdir / "t-0")
+        for n in range(batches):
+            struct.pack_into(">qhi", template, 43, n % producers, 0, (n // producers) * 10)
+            struct.pack_into(">I", template, 17, crc32c.crc32c(template[21:]))
+            plog.append(bytes(template), leader_epoch=0)
+        plog.close()  # writes the snapshot at the log end
+        for mode in ("from the close snapshot", "no snapshot (every batch replayed)"):
+            if mode.startswith("no"):
+                for snap in (workdir / "t-0").glob("*.snapshot"):
+                    snap.unlink()
+            start = time.perf_counter()
+            reopened = PartitionLog.open(workdir / "t-0")
+            open_s = time.perf_counter() - start
+            replayed, rebuild_s = reopened.producer_rebuild
+            assert len(reopened.producers) == producers
+            reopened.close()
+            rows.append(
+                {
+                    "metric": "producer-state rebuild",
+                    "mode": mode,
+                    "messages": batches * 10,
+                    "errors": 0,
+                    "seconds": round(rebuild_s, 3),
+                    "batches_replayed": replayed,
+                    "log_open_s": round(open_s, 3),
+                }
+            )
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return rows
+
+
+def table(rows: list[dict[str, Any]]) -> str:
     out = [
         "| metric | mode | messages | errors | seconds | msgs/s | MB/s | p50 ms | p99 ms |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
@@ -311,7 +409,7 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-def target(rows: list[dict]) -> dict:
+def target(rows: list[dict[str, Any]]) -> dict[str, Any]:
     row = next(
         (r for r in rows if r["metric"] == "produce" and r["mode"] == "acks=all"), None
     )  # confluent-kafka
@@ -332,8 +430,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--messages", type=int, default=100_000, help="messages per produce run (default 100000)"
     )
+    ap.add_argument(
+        "--rebuild-batches",
+        type=int,
+        default=200_000,
+        help="idempotent batches in the producer-state rebuild log (default 200000)",
+    )
+    ap.add_argument(
+        "--rebuild-only", action="store_true", help="only the producer-state rebuild (no cluster)"
+    )
     args = ap.parse_args(argv)
-    rows = run(args.messages)
+    rows = [] if args.rebuild_only else run(args.messages)
+    log(f"producer-state rebuild, {args.rebuild_batches} batches")
+    rows += producer_state_rebuild(args.rebuild_batches)
+    log(f"  {rows[-2:]}")
     t = target(rows)
     print("## pykraft data plane (3 brokers, RF 3, 3 partitions, 1 KB messages, confluent-kafka)\n")
     print(table(rows))

@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import time
+from typing import Any
 
 from bench import audit_bench
 from bench import controller_bench as cb
@@ -42,7 +43,7 @@ def run_peers(
     runner: str = PEERS,
     runner_args: list[str] = PEERS_ARGS,
     system: str = "pysyncobj",
-) -> tuple[list[dict], str | None]:
+) -> tuple[list[dict[str, Any]], str | None]:
     """A peer's 3-node rows (bare PySyncObj by default, or etcd), or ([], note) when it could
     not be measured in time."""
     label = "bare PySyncObj" if system == "pysyncobj" else system
@@ -89,7 +90,7 @@ def run_peers(
     return rows, None
 
 
-def etcd_targets(ours: list[dict], etcd: list[dict]) -> list[dict]:
+def etcd_targets(ours: list[dict[str, Any]], etcd: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Issue 8's commit-path goals against etcd measured in the same run."""
     mine = {r["mode"]: r for r in ours if r["metric"] == "small_command"}
     theirs = {r["mode"]: r for r in etcd if r["mode"] in ("seq", "inflight")}
@@ -120,15 +121,15 @@ def etcd_targets(ours: list[dict], etcd: list[dict]) -> list[dict]:
     return out
 
 
-def targets(ours: list[dict], peers: list[dict]) -> list[dict]:
-    out = []
+def targets(ours: list[dict[str, Any]], peers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
 
-    def find(rows, metric, mode):
+    def find(rows: list[dict[str, Any]], metric: str, mode: str) -> dict[str, Any] | None:
         return next((r for r in rows if r["metric"] == metric and r["mode"] == mode), None)
 
     for mode in ("seq", "inflight"):
         mine, base = find(ours, "small_command", mode), find(peers, "small_command", mode)
-        t = {
+        t: dict[str, Any] = {
             "target": f"small-command throughput ({mode}) >= 70% of bare PySyncObj",
             "value": mine and mine["ops_s"],
             "limit": None,

@@ -32,7 +32,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import psutil
 import trio
@@ -53,7 +55,7 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] scale bench: {msg}", file=sys.stderr, flush=True)
 
 
-def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "tools.cli", *args],
         cwd=REPO,
@@ -81,8 +83,8 @@ class Scale:
         self.n_brokers = brokers
         self.per_request = per_request
         self.inflight = inflight
-        self.rows: list[dict] = []
-        self.meta: dict = {}
+        self.rows: list[dict[str, Any]] = []
+        self.meta: dict[str, Any] = {}
         self.boot: list[tuple[str, int]] = []
         self.sims: list[SimBroker] = []
         self.sim_scopes: dict[int, trio.CancelScope] = {}
@@ -93,10 +95,10 @@ class Scale:
         self.meta = json.loads((self.dir / "cluster.json").read_text())
         self.boot = [(c["host"], c["rpc_port"]) for c in self.meta["controllers"]]
 
-    def controller(self, cid: int) -> dict:
+    def controller(self, cid: int) -> dict[str, Any]:
         return next(c for c in self.meta["controllers"] if c["id"] == cid)
 
-    async def describe_node(self, cid: int) -> dict | None:
+    async def describe_node(self, cid: int) -> dict[str, Any] | None:
         c = self.controller(cid)
         client = ControllerClient(
             [(c["host"], c["rpc_port"])]
@@ -138,7 +140,7 @@ class Scale:
                     return time.perf_counter() - start
                 await trio.sleep(0.05)
 
-    def row(self, metric: str, **figures) -> None:
+    def row(self, metric: str, **figures: Any) -> None:
         r = {"metric": metric, **figures}
         self.rows.append(r)
         log(f"  -> {r}")
@@ -160,7 +162,7 @@ class Scale:
                 pass
         return out
 
-    async def phase(self, metric: str, fn, *args) -> None:
+    async def phase(self, metric: str, fn: Callable[..., Awaitable[None]], *args: Any) -> None:
         """Run one phase; a failure is recorded as that metric's error and the run goes on. The
         rows it adds get ``cpu_s``: CPU seconds each controller and this process spent in it
         (the machine is shared: wall times are noisy, CPU seconds much less so)."""
@@ -229,7 +231,9 @@ class Scale:
         view = await self.describe_node(leader) if leader else None
         return (view or {}).get("applied_offset", -1), secs, errors
 
-    async def run_sim(self, b: SimBroker, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run_sim(
+        self, b: SimBroker, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         with trio.CancelScope() as scope:
             self.sim_scopes[b.broker_id] = scope
             task_status.started()
@@ -324,7 +328,7 @@ class Scale:
         )
 
     async def phase_failover(self, client: ControllerClient) -> None:
-        leader = await self.leader(client)
+        leader = await self.known_leader(client)
         log(f"failover: kill -9 active controller {leader}")
         os.kill(self.controller(leader)["pid"], signal.SIGKILL)
         t0 = time.perf_counter()
@@ -377,12 +381,8 @@ class Scale:
         """``broker.session.timeout.ms`` of the controllers (their properties, else the default)."""
         from kraft.config import ControllerConfig
 
-        return (
-            ControllerConfig.load(self.meta["controllers"][0]["config"])[
-                "broker.session.timeout.ms"
-            ]
-            / 1000
-        )
+        config = ControllerConfig.load(self.meta["controllers"][0]["config"])
+        return float(config["broker.session.timeout.ms"]) / 1000
 
     async def phase_broker_kill(self, client: ControllerClient) -> None:
         """A simulated broker stops heartbeating: from its session expiry (its last answered
@@ -421,7 +421,9 @@ class Scale:
             steps=batches,
             terms=terms,
             reelect_s=round(fenced_at - expiry, 2),
-            log_span_s=round((last - first) / 1000, 2) if first is not None else None,
+            log_span_s=(
+                round((last - first) / 1000, 2) if first is not None and last is not None else None
+            ),
         )
 
     async def scan_log(
@@ -481,7 +483,8 @@ class Scale:
             client, before, "controlled-shutdown"
         )
         where = {}
-        if first is not None and last_change is not None:  # command timestamps, leader's clock
+        if first is not None and last is not None and last_change is not None:
+            # command timestamps, on the leader's clock
             where = {
                 "to_first_step_s": round(first / 1000 - wall0, 2),
                 "steps_s": round((last_change - first) / 1000, 2),
@@ -557,7 +560,7 @@ class Scale:
             proc.wait(30)
 
 
-def real_brokers(topics: int = 100, partitions: int = 100) -> dict:
+def real_brokers(topics: int = 100, partitions: int = 100) -> dict[str, Any]:
     """3 real brokers, each a replica of ``topics`` x ``partitions`` partitions (RF 3): create
     them, then restart every broker and time until all three report RUNNING again."""
     from broker.state import describe
@@ -669,8 +672,8 @@ def stop_cluster(cdir: Path) -> None:
             pass
 
 
-def targets(rows: list[dict]) -> list[dict]:
-    def get(metric: str, key: str):
+def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def get(metric: str, key: str) -> Any:
         r = next((r for r in rows if r["metric"] == metric), None)
         return None if r is None else r.get(key)
 
@@ -722,7 +725,7 @@ def run(
     real_topics: int = 100,
     keep: bool = False,
     catch_up: bool = True,
-) -> tuple[list[dict], list[dict]]:
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """All phases; the cluster is always stopped. Its directory (node logs) is kept when a phase
     failed or ``keep`` is set."""
     work = Path(tempfile.mkdtemp(prefix="kraft-bench-scale-"))

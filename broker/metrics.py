@@ -98,6 +98,30 @@ class BrokerCollector(Collector):
         ]
         for name, doc, value in values:
             yield GaugeMetricFamily(name, doc, value=value)
+        yield from group_coordinator_metrics(b.groups.metrics())
+
+
+GCM = "kafka_server_group_coordinator_metrics_"
+
+
+def group_coordinator_metrics(m: dict[str, Any]) -> Iterator[GaugeMetricFamily]:
+    """Kafka's group-coordinator-metrics: groups (classic) by state, coordinator partitions."""
+    by_state = m["groups_by_state"]
+    total = GaugeMetricFamily(GCM + "group_count", "groups coordinated here", labels=["protocol"])
+    total.add_metric(["classic"], sum(by_state.values()))
+    yield total
+    states = GaugeMetricFamily(
+        GCM + "classic_group_count", "classic groups coordinated here by state", labels=["state"]
+    )
+    for state in ("Empty", "PreparingRebalance", "CompletingRebalance", "Stable", "Dead"):
+        states.add_metric([state], by_state.get(state, 0))
+    yield states
+    parts = GaugeMetricFamily(
+        GCM + "num_partitions", "__consumer_offsets partitions led here", labels=["state"]
+    )
+    for state, count in m["partitions"].items():
+        parts.add_metric([state], count)
+    yield parts
 
 
 class BrokerMetrics(MetricsEndpoint):

@@ -9,12 +9,15 @@ shutdown (heartbeat ``want_shutdown`` until the controller agrees, bounded by
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 from typing import Any
 
 import trio
 
+from broker.coordinator.group.service import GroupCoordinator
+from broker.coordinator.producer_id_manager import ProducerIdManager
 from broker.lifecycle import BrokerLifecycle, BrokerState, FatalBrokerError
 from broker.metadata.metadata_cache import MetadataCache
 from broker.metadata.metadata_loader import MetadataLoader
@@ -25,6 +28,7 @@ from broker.replica.isr_updater import IsrUpdater
 from broker.replica.replica_fetcher import ReplicaFetcherManager
 from broker.replica.replica_manager import ReplicaManager
 from broker.state import serve_state, snapshot_state
+from kraft import logsetup
 from kraft.config import BrokerConfig, ConfigError, load_properties, write_properties
 from kraft.rpc.client import ControllerClient
 
@@ -92,9 +96,10 @@ class BrokerNode:
             n: KafkaAdmin(cache, admin_client, config.node_id) for n, cache in self.caches.items()
         }
         self.admin = self.admins[name]
+        self.groups = GroupCoordinator(config, self.replica_manager, self.caches, admin_client)
         self.loader = MetadataLoader(
             self.fetch_client,
-            [*self.caches.values(), self.replica_manager, self.fetchers, self],
+            [*self.caches.values(), self.replica_manager, self.groups.runtime, self.fetchers, self],
             self.metadata_dir,
         )
         protocol_map = config["listener.security.protocol.map"]
@@ -129,6 +134,9 @@ class BrokerNode:
             config["replica.lag.time.max.ms"],
         )
         self.replica_manager.isr_updater = self.isr_updater
+        self.producer_ids = ProducerIdManager(
+            self.control_client, config.node_id, lambda: self.lifecycle.broker_epoch
+        )
         self._checksum: tuple[Any, str] = (None, "")
         self.admin_port = config["broker.admin.port"] or port + 1000
         self.metrics: Any = None  # broker.metrics.BrokerMetrics when metrics.port is set
@@ -180,12 +188,22 @@ class BrokerNode:
                         idle_timeout_s=self.config["connections.max.idle.ms"] / 1000,
                         read_timeout_s=self.config["request.read.timeout.ms"] / 1000,
                         max_connections=self.config["max.connections"],
+                        max_request_bytes=self.config["socket.request.max.bytes"],
+                        auto_create=self.admins[n].auto_create_topics
+                        if self.config["auto.create.topics.enable"]
+                        else None,
                     )
-                    listener.serve_data(self.replica_manager)
+                    listener.serve_data(
+                        self.replica_manager,
+                        message_max_bytes=self.config["message.max.bytes"],
+                        producer_ids=self.producer_ids,
+                    )
+                    listener.serve_groups(self.groups.apis[n])
                     bound = await nursery.start(listener.serve)
                     if n == self.listener_name:
                         self.kafka_port = bound
                 nursery.start_soon(self.fetchers.run)
+                nursery.start_soon(self.groups.runtime.run)
                 nursery.start_soon(self.isr_updater.run)
                 nursery.start_soon(self.replica_manager.run_checkpoints)
                 await nursery.start(serve_state, host, self.admin_port, self.state)
@@ -244,23 +262,19 @@ class BrokerNode:
         return 0
 
 
-def _setup_logging() -> None:
-    root = logging.getLogger()
-    if not root.handlers:
-        logging.basicConfig(
-            level=logging.INFO,
-            stream=sys.stderr,
-            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        )
-
-
 def main(config_path: str) -> int:
     """Run a broker from a properties file; the exit code (0 clean, 1 fatal, 2 bad config)."""
-    _setup_logging()
     try:
+        logsetup.configure(logsetup.level_from(os.environ))
         config = BrokerConfig.load(config_path)
-    except ConfigError as e:
-        log.error("bad broker config: %s", e)
+        logsetup.configure(
+            logsetup.level_from(os.environ, config["log.level"]),
+            config["log.file"] or None,
+            config["log.file.max.bytes"],
+            config["log.file.backup.count"],
+        )
+    except (ConfigError, logsetup.LogLevelError, OSError) as e:
+        print(f"Error: invalid configuration: {e}", file=sys.stderr)
         return 2
     try:
         node = BrokerNode(config)

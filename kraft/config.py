@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kraft.logsetup import parse_level
 from kraft.rpc.auth import AuthError, ClientCredentials, CredentialStore
 
 
@@ -102,6 +103,11 @@ def _bool(v: str) -> bool:
     raise ValueError("expected true or false")
 
 
+def _log_level(v: str) -> str:
+    parse_level(v, "log.level")
+    return v.strip().upper()
+
+
 def _positive(v: str) -> int:
     n = int(v)
     if n <= 0:
@@ -128,6 +134,10 @@ _COMMON = [
     Setting("broker.heartbeat.interval.ms", int, 2000, "how often brokers heartbeat"),
     Setting("metrics.port", int, 0, "Prometheus metrics HTTP port (0 = off)"),
     Setting("metrics.host", str, "127.0.0.1", "metrics bind address"),
+    Setting("log.level", _log_level, "INFO", "log level (any case); KRAFT_LOG_LEVEL overrides it"),
+    Setting("log.file", str, "", "also log to this file, rotated by size (empty = stderr only)"),
+    Setting("log.file.max.bytes", _positive, 100 * 1024 * 1024, "rotate log.file at this size"),
+    Setting("log.file.backup.count", int, 10, "rotated log files kept"),
 ]
 
 CONTROLLER_SETTINGS = _COMMON + [
@@ -306,6 +316,30 @@ BROKER_SETTINGS = _COMMON + [
     Setting("replica.lag.time.max.ms", int, 30000, "a follower lagging this long leaves the ISR"),
     Setting("replica.fetch.wait.max.ms", int, 500, "follower fetch long-poll"),
     Setting("min.insync.replicas", int, 1, "default min.insync.replicas for topics without one"),
+    Setting("offsets.topic.num.partitions", _positive, 50, "partitions of __consumer_offsets"),
+    Setting(
+        "offsets.topic.replication.factor",
+        _positive,
+        3,
+        "replication factor of __consumer_offsets (capped at the alive brokers)",
+    ),
+    Setting(
+        "group.initial.rebalance.delay.ms",
+        int,
+        3000,
+        "how long the first rebalance of an empty group waits for more members",
+    ),
+    Setting("group.min.session.timeout.ms", int, 6000, "smallest session.timeout.ms accepted"),
+    Setting("group.max.session.timeout.ms", int, 1_800_000, "largest session.timeout.ms accepted"),
+    Setting("group.max.size", _positive, 2**31 - 1, "most members a classic group may have"),
+    Setting("offset.metadata.max.bytes", int, 4096, "largest metadata of a committed offset"),
+    Setting(
+        "offsets.retention.minutes",
+        _positive,
+        10080,
+        "committed offsets of an empty group expire after this long",
+    ),
+    Setting("offsets.retention.check.interval.ms", _positive, 600_000, "how often offsets expire"),
     Setting(
         "connections.max.idle.ms",
         int,
@@ -319,6 +353,24 @@ BROKER_SETTINGS = _COMMON + [
         "a started Kafka request must arrive whole within this (slow senders are closed)",
     ),
     Setting("max.connections", int, 10_000, "Kafka connections per listener; more are refused"),
+    Setting(
+        "message.max.bytes",
+        int,
+        1_048_588,
+        "largest record batch a produce may carry (topic override: max.message.bytes)",
+    ),
+    Setting(
+        "auto.create.topics.enable",
+        _bool,
+        True,
+        "Metadata for an unknown topic creates it (num.partitions, default.replication.factor)",
+    ),
+    Setting(
+        "socket.request.max.bytes",
+        int,
+        104_857_600,
+        "largest Kafka request frame; a bigger one closes the connection unread",
+    ),
     Setting(
         "inter.broker.listener.name",
         str,

@@ -8,6 +8,7 @@ straight to Kafka clients.
 from __future__ import annotations
 
 from enum import IntEnum
+from typing import Any
 
 
 class ErrorCode(IntEnum):
@@ -76,7 +77,7 @@ class KraftError(Exception):
         self.code = code
         self.message = message
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "error_code": int(self.code),
             "error": self.code.name,

@@ -11,7 +11,7 @@ on a record that does not fit), and :meth:`MetadataDelta.apply` builds the next 
 1,000,000-partition topic copies one chunk plus the chunk index.
 
 Every mapping held by an image is read-only by convention (plain dicts for speed): never mutate
-one. Replay rules follow Kafka's (kraft-reference §3, §5, §8).
+one. Replay rules follow Kafka's (docs/kraft-notes.md: Records, Epochs and ids, Broker metadata path).
 """
 
 from __future__ import annotations
@@ -89,8 +89,8 @@ class BrokerRegistration:
     broker_id: int
     incarnation_id: str
     epoch: int
-    endpoints: tuple
-    features: tuple
+    endpoints: tuple[dict[str, Any], ...]
+    features: tuple[dict[str, Any], ...]
     rack: str | None
     fenced: bool
     in_controlled_shutdown: bool
@@ -133,10 +133,10 @@ class PartitionRegistration(NamedTuple):
     values ``row[2:]`` become a registration in one C call and a topic's checksum digest packs
     registrations as they are."""
 
-    replicas: tuple
-    isr: tuple
-    removing_replicas: tuple
-    adding_replicas: tuple
+    replicas: tuple[int, ...]
+    isr: tuple[int, ...]
+    removing_replicas: tuple[int, ...]
+    adding_replicas: tuple[int, ...]
     leader: int
     leader_recovery_state: int
     leader_epoch: int
@@ -148,10 +148,6 @@ class PartitionRegistration(NamedTuple):
 
     def to_record(self, topic_id: str, partition_id: int) -> PartitionRecord:
         return PartitionRecord(partition_id, topic_id, *self)
-
-    @property
-    def has_leader(self) -> bool:
-        return self.leader != LEADER_NONE
 
     @property
     def preferred_leader(self) -> int:
@@ -181,7 +177,7 @@ class PartitionRegistration(NamedTuple):
 
 
 # PartitionRegistration from a tuple of its 8 values, without the keyword-handling __new__.
-_new_registration: Callable[[tuple], PartitionRegistration] = partial(
+_new_registration: Callable[[tuple[Any, ...]], PartitionRegistration] = partial(
     tuple.__new__, PartitionRegistration
 )
 # A PartitionRecord's values after partition_id and topic_id: its registration's fields.
@@ -195,7 +191,7 @@ _partition_record_values = attrgetter(*PartitionRegistration._fields)
 _CHUNK_SHIFT = 10  # 1024 partition ids per chunk
 
 
-class PartitionMap(Mapping):
+class PartitionMap(Mapping[int, PartitionRegistration]):
     """An immutable ``Mapping[int, PartitionRegistration]`` stored as chunks of 1024 ids, so that
     :meth:`updated` copies only the chunks it touches (plus the small chunk index)."""
 
@@ -273,11 +269,11 @@ class PartitionMap(Mapping):
         touched: dict[int, dict[int, PartitionRegistration]] = {}
         for pid, reg in changes.items():
             ci = pid >> _CHUNK_SHIFT
-            chunk = touched.get(ci)
-            if chunk is None:
-                old = chunks.get(ci)
-                chunk = touched[ci] = chunks[ci] = dict(old) if old else {}
-            chunk[pid] = reg
+            target = touched.get(ci)
+            if target is None:
+                prev = chunks.get(ci)
+                target = touched[ci] = chunks[ci] = dict(prev) if prev else {}
+            target[pid] = reg
         for ci, chunk in touched.items():
             old = self._chunks.get(ci)
             length += len(chunk) - (len(old) if old else 0)
@@ -321,7 +317,7 @@ class TopicImage:
 
 @dataclass(frozen=True, slots=True)
 class LocalChanges:
-    """What a delta means for one broker's replicas (kraft-reference §8.4).
+    """What a delta means for one broker's replicas (docs/kraft-notes.md, Broker metadata path).
 
     ``deletes``: (topic name, topic id, partition) no longer hosted (topic deleted or the broker
     left the replica set). ``leaders`` / ``followers``: (topic name, partition) -> (topic id,
@@ -427,12 +423,12 @@ class MetadataImage:
         if self.controller_id >= 0:
             yield LeaderChangeRecord(self.controller_id, self.term)
 
-    def record_runs(self) -> Iterator[tuple[type[Record], list[tuple]]]:
+    def record_runs(self) -> Iterator[tuple[type[Record], list[tuple[Any, ...]]]]:
         """:meth:`iter_records` as runs of consecutive records of one type: ``(record class,
         rows)``, each row the values of ``cls.FIELDS`` in order; partition rows come straight from
         the registrations (for ``kraft.log.snapshot.write_snapshot_runs``)."""
         cls: type[Record] | None = None
-        rows: list[tuple] = []
+        rows: list[tuple[Any, ...]] = []
         for record in self.iter_records(with_partitions=False):
             if type(record) is not cls:
                 if rows:
@@ -690,8 +686,7 @@ class MetadataDelta:
         offset = batch.base_offset
         try:
             for record in batch.records:  # the bulk of big batches (partitions) inlined
-                cls = type(record)
-                if cls is PartitionChangeRecord:
+                if type(record) is PartitionChangeRecord:
                     change = topic_changes.get(record.topic_id)
                     if change is None:
                         change = self._open_topic(record.topic_id)
@@ -704,7 +699,7 @@ class MetadataDelta:
                                 f"PartitionChangeRecord: unknown partition {record.topic_id}:{pid}"
                             )
                     change.partitions[pid] = reg.merge(record)
-                elif cls is PartitionRecord:
+                elif type(record) is PartitionRecord:
                     change = topic_changes.get(record.topic_id)
                     if change is None:
                         change = self._open_topic(record.topic_id)
@@ -823,7 +818,7 @@ class MetadataDelta:
             change = self._open_topic(r.topic_id)
         change.partitions[r.partition_id] = _new_registration(_partition_record_values(r))
 
-    def replay_partition_rows(self, rows: Iterable[tuple]) -> None:
+    def replay_partition_rows(self, rows: Iterable[tuple[Any, ...]]) -> None:
         """Replay PartitionRecords given as rows of field values in ``PartitionRecord.FIELDS``
         order (a snapshot chunk, values already type-checked): same rules as :meth:`replay`."""
         topic_changes = self._topic_changes
@@ -831,9 +826,12 @@ class MetadataDelta:
             change = topic_changes.get(topic_id)
             if change is None:
                 change = self._open_topic(topic_id)
-            group = tuple(group)
+            members = tuple(group)
             change.partitions.update(
-                zip(map(_first, group), map(_new_registration, map(_registration_values, group)))
+                zip(
+                    map(_first, members),
+                    map(_new_registration, map(_registration_values, members)),
+                )
             )
 
     def _replay_partition_change(self, r: PartitionChangeRecord) -> None:
@@ -930,7 +928,7 @@ class MetadataDelta:
         return set(self._feature_changes)
 
     def local_changes(self, broker_id: int) -> LocalChanges:
-        """What this delta means for ``broker_id``'s replicas (kraft-reference §8.4)."""
+        """What this delta means for ``broker_id``'s replicas (docs/kraft-notes.md, Broker metadata path)."""
         deletes: list[tuple[str, str, int]] = []
         leaders: dict[tuple[str, int], tuple[str, PartitionRegistration]] = {}
         followers: dict[tuple[str, int], tuple[str, PartitionRegistration]] = {}
@@ -993,16 +991,17 @@ class MetadataDelta:
 
         topics_by_id, topics_by_name = image.topics_by_id, image.topics_by_name
         if self._deleted_topics or self._topic_changes:
-            topics_by_id = dict(topics_by_id)
-            if self._deleted_topics or self._created_names:  # else every name keeps its id
-                topics_by_name = dict(topics_by_name)
+            by_id = dict(topics_by_id)
+            # Names change only with deletions or creations: else every name keeps its id.
+            renamed = bool(self._deleted_topics or self._created_names)
+            by_name = dict(topics_by_name) if renamed else {}
             for topic_id, old in self._deleted_topics.items():
-                del topics_by_id[topic_id]
-                if topics_by_name.get(old.name) == topic_id:
-                    del topics_by_name[old.name]
+                del by_id[topic_id]
+                if by_name.get(old.name) == topic_id:
+                    del by_name[old.name]
             for topic_id, change in self._topic_changes.items():
-                if change.created:
-                    topics_by_name[change.name] = topic_id
+                if change.created:  # then its name is in _created_names: by_name is the copy
+                    by_name[change.name] = topic_id
                 base = change.base
                 if base is None:
                     topic = TopicImage(change.name, topic_id, PartitionMap.of(change.partitions))
@@ -1016,7 +1015,10 @@ class MetadataDelta:
                     topic = base
                 else:
                     continue
-                topics_by_id[topic_id] = topic
+                by_id[topic_id] = topic
+            topics_by_id = by_id
+            if renamed:
+                topics_by_name = by_name
 
         configs = image.configs
         if self._config_changes:

@@ -130,9 +130,9 @@ class MetadataApplier:
             command, raft_index, term, raft_position=position
         )
         if batch is not None:  # the image's last hash is the hash of that encoding
-            written.append(
-                (self.state_machine.last_encoded, batch, self.state_machine.image.last_hash)
-            )
+            encoded = self.state_machine.last_encoded
+            assert encoded is not None  # apply() sets it with every batch it returns
+            written.append((encoded, batch, self.state_machine.image.last_hash))
             self._heap.note(len(batch.records))
         return response
 
@@ -156,5 +156,5 @@ class MetadataApplier:
         self._on_applied()
 
 
-def _error(code: ErrorCode, message: str) -> dict:
+def _error(code: ErrorCode, message: str) -> dict[str, Any]:
     return {"error_code": int(code), "error_message": message}

@@ -195,7 +195,8 @@ class MetricsEndpoint:
 
     def serve(self, host: str, port: int) -> None:
         """Start the HTTP endpoint (``/metrics``; any path works) on a daemon thread."""
-        disable_created_metrics()  # no *_created series: they only add noise to a scrape
+        # No *_created series: they only add noise to a scrape.
+        disable_created_metrics()  # type: ignore[no-untyped-call]  # unannotated upstream
         try:
             self._server, _thread = start_http_server(port, addr=host, registry=self.registry)
         except OSError as e:

@@ -20,6 +20,7 @@ from typing import Any
 
 import trio
 
+from kraft import logsetup
 from kraft.config import ConfigError, ControllerConfig
 from kraft.controller.commands import Command
 from kraft.controller.heartbeats import BrokerHeartbeatManager
@@ -701,15 +702,17 @@ class ControllerNode:
 
 def main(config_path: str) -> int:
     """Run a controller until SIGTERM/SIGINT. Returns the process exit code."""
-    logging.basicConfig(
-        level=os.environ.get("KRAFT_LOG_LEVEL", "INFO"),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
     try:
+        logsetup.configure(logsetup.level_from(os.environ))
         config = ControllerConfig.load(config_path)
+        logsetup.configure(
+            logsetup.level_from(os.environ, config["log.level"]),
+            config["log.file"] or None,
+            config["log.file.max.bytes"],
+            config["log.file.backup.count"],
+        )
         node = ControllerNode(config)
-    except ConfigError as e:
+    except (ConfigError, logsetup.LogLevelError, OSError) as e:
         print(f"Error: invalid configuration: {e}", file=sys.stderr)
         return 2
     except Exception as e:  # corrupt log, unreadable snapshot, ...: refuse to start, say why

@@ -35,6 +35,6 @@ def slot_init(cls: type) -> Callable[..., None]:
     header = f"def __init__(self{''.join(', ' + p for p in params)}):"
     source = "\n".join([header, *(body or ["    pass"])])
     exec(source, env)
-    init = env["__init__"]
+    init: Callable[..., None] = env["__init__"]
     init.__qualname__ = f"{cls.__name__}.__init__"
     return init

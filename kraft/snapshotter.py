@@ -266,7 +266,7 @@ class Snapshotter:
             last_timestamp_ms=image.timestamp_ms,
         )
 
-    def read_chunk(self, name: str, position: int, max_bytes: int) -> dict:
+    def read_chunk(self, name: str, position: int, max_bytes: int) -> dict[str, Any]:
         """One chunk of a snapshot file for ``FetchSnapshot``."""
         path = self.directory / name
         if os.sep in name or not name.endswith(".checkpoint") or not path.is_file():

@@ -14,7 +14,17 @@ from collections.abc import Sequence
 
 from kraft.errors import KraftError
 from tools import completion, output
-from tools.commands import audit_cmd, cluster_cmd, configs, log_cmd, quorum, shell_cmd, topics
+from tools.cluster import ClusterError
+from tools.commands import (
+    audit_cmd,
+    cluster_cmd,
+    configs,
+    groups,
+    log_cmd,
+    quorum,
+    shell_cmd,
+    topics,
+)
 from tools.commands.common import ManualFormatter, UsageError
 
 DESCRIPTION = """\
@@ -35,6 +45,7 @@ examples (a tour):
   kraft quorum replication --cluster ./c      # every voter and broker, lag, last contact
   kraft topics create orders --partitions 6 --replication-factor 3 --cluster ./c
   kraft topics describe orders --cluster ./c
+  kraft groups describe orders-app --cluster ./c  # members, offsets, lag
   kraft configs alter --topic orders --set retention.ms=3600000 --cluster ./c
   kraft cluster kill --dir ./c --node 1       # crash a controller; another takes over
   kraft log dump ./c/controller-2/metadata    # who changed what, record by record
@@ -44,7 +55,8 @@ examples (a tour):
 environment:
   KRAFT_BOOTSTRAP_CONTROLLER  default --bootstrap-controller
   KRAFT_CLUSTER_DIR           default --cluster
-  KRAFT_LOG_LEVEL             log level of controller processes (default INFO)
+  KRAFT_LOG_LEVEL             log level of controller and broker processes, any case
+                              (default: their log.level setting, INFO)
 
 shell completion:
   source <(kraft completion bash)      (zsh: kraft completion zsh)
@@ -80,7 +92,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
     return int(broker_main(args.config) or 0)
 
 
-def _add_node_commands(sub: argparse._SubParsersAction) -> None:
+def _add_node_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     c = sub.add_parser(
         "controller",
         help="run a controller node",
@@ -122,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     quorum.register(sub)
     topics.register(sub)
     configs.register(sub)
+    groups.register(sub)
     log_cmd.register(sub)
     shell_cmd.register(sub)
     audit_cmd.register(sub)
@@ -144,14 +157,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return e.code if isinstance(e.code, int) else (0 if e.code is None else output.EXIT_USAGE)
     as_json = bool(getattr(args, "json", False))
     try:
-        return args.handler(args)
+        code: int = args.handler(args)
+        return code
     except UsageError as e:
         print(f"Error: {e}\n(see '{_command_name(argv)} --help')", file=sys.stderr)
         return output.EXIT_USAGE
     except KraftError as e:
         output.report_error(e.code, e.message, as_json)
         return output.EXIT_ERROR
-    except cluster_cmd.ClusterError as e:
+    except ClusterError as e:
         print(f"Error: {e}", file=sys.stderr)
         return output.EXIT_ERROR
     except KeyboardInterrupt:

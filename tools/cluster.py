@@ -285,6 +285,10 @@ def broker_properties(layout: ClusterLayout, node: BrokerNode) -> dict[str, str]
         "controller.quorum.bootstrap.servers": ",".join(
             f"{h}:{p}" for h, p in layout.controller_endpoints()
         ),
+        # a local development cluster, as Kafka's shipped server.properties: no initial
+        # rebalance delay, and a smaller __consumer_offsets (Kafka's defaults: 3000 ms, 50)
+        "group.initial.rebalance.delay.ms": "0",
+        "offsets.topic.num.partitions": "10",
     }
     if node.admin_port:
         props["broker.admin.port"] = str(node.admin_port)

@@ -151,7 +151,7 @@ SCRIPTS = {"bash": bash_script, "zsh": zsh_script}
 
 
 def register(
-    sub: argparse._SubParsersAction,
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
     build_parser: Callable[[], argparse.ArgumentParser],
     formatter: type[argparse.HelpFormatter],
 ) -> None:

@@ -142,9 +142,70 @@ def create_topics() -> None:
     print("Brokers 101/102/103 sit on racks r1/r2/r3, so every RF-3 partition spans all racks.")
 
 
+def consumer_group() -> None:
+    """Step 3: two consumers in one group split orders; one leaves; describe with lag."""
+    from confluent_kafka import Consumer, Producer
+
+    banner("3. Two consumers in one group split a topic")
+    info = json.loads(Path(DIR, "cluster.json").read_text())
+    servers = ",".join(f"{b['host']}:{b['port']}" for b in info["brokers"])
+    producer = Producer({"bootstrap.servers": servers, "acks": "all"})
+    for i in range(600):
+        producer.produce("orders", f"order-{i}".encode(), key=str(i).encode())
+    if producer.flush(30):
+        raise DemoError("could not produce to orders")
+    print("Produced 600 records to orders (6 partitions); app-1 and app-2 join group orders-app.")
+    conf = {
+        "bootstrap.servers": servers,
+        "group.id": "orders-app",
+        "auto.offset.reset": "earliest",
+        "enable.auto.commit": False,
+        "partition.assignment.strategy": "range",
+    }
+    apps = {name: Consumer(dict(conf, **{"client.id": name})) for name in ("app-1", "app-2")}
+    read = dict.fromkeys(apps, 0)
+    try:
+        for c in apps.values():
+            c.subscribe(["orders"])
+
+        def consume(limit: int) -> None:
+            for name, c in apps.items():
+                if read[name] < limit:
+                    read[name] += sum(m.error() is None for m in c.consume(20, 0.2))
+
+        def split() -> bool:
+            consume(150)
+            owned = [len(c.assignment()) for c in apps.values()]
+            return all(owned) and sum(owned) == 6
+
+        poll("both members assigned 3 partitions each", split, 60)
+
+        def halfway() -> bool:
+            consume(150)
+            return min(read.values()) >= 150
+
+        poll("each app reading 150 records", halfway)
+        for c in apps.values():
+            c.commit(asynchronous=False)
+        kraft("groups", "describe", "orders-app", *CLUSTER)
+        print("app-2 leaves (LeaveGroup): the group rebalances and app-1 takes every partition.")
+        apps.pop("app-2").close()
+
+        def taken_over() -> bool:
+            consume(10**6)
+            return len(apps["app-1"].assignment()) == 6
+
+        poll("app-1 owning all 6 partitions", taken_over, 60)
+        apps["app-1"].commit(asynchronous=False)
+        kraft("groups", "describe", "orders-app", *CLUSTER)
+    finally:
+        for c in apps.values():
+            c.close()
+
+
 def controller_failover() -> None:
-    """Step 3: crash the active controller and watch a new one take over."""
-    banner("3. Crash the active controller")
+    """Step 4: crash the active controller and watch a new one take over."""
+    banner("4. Crash the active controller")
     old = poll("a quorum leader", leader_id)
     kraft("cluster", "kill", "--dir", DIR, "--node", str(old), "--signal", "KILL")
     new = poll("a new active controller", lambda: (lid := leader_id()) not in (None, old) and lid)
@@ -179,8 +240,8 @@ def show_active_controller_metric() -> None:
 
 
 def broker_failover() -> None:
-    """Step 4: crash the leader of orders-0; fencing, leader moves, restart, unfencing."""
-    banner("4. Crash the broker leading orders partition 0")
+    """Step 5: crash the leader of orders-0; fencing, leader moves, restart, unfencing."""
+    banner("5. Crash the broker leading orders partition 0")
     before = poll("partition leaders", leaders)
     victim = before[("orders", 0)]
     led = sorted(tp for tp, leader in before.items() if leader == victim)
@@ -206,8 +267,8 @@ def broker_failover() -> None:
 
 
 def epilogue() -> None:
-    """Step 5: audit a controller's metadata log with Spark; where the metadata logs live."""
-    banner("5. Audit the metadata log with Spark")
+    """Step 6: audit a controller's metadata log with Spark; where the metadata logs live."""
+    banner("6. Audit the metadata log with Spark")
     info = json.loads(Path(DIR, "cluster.json").read_text())
     log_dir = str(Path(info["controllers"][0]["metadata_dir"]) / "log")
     kraft(
@@ -229,6 +290,7 @@ def main() -> int:
     try:
         start_cluster()
         create_topics()
+        consumer_group()
         controller_failover()
         broker_failover()
         epilogue()
@@ -240,7 +302,7 @@ def main() -> int:
         code = 1
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not skip the cleanup
-        banner("6. Stop everything")
+        banner("7. Stop everything")
         try:
             if Path(DIR, "cluster.json").exists():
                 kraft("cluster", "down", "--dir", DIR, timeout=120, check=False)

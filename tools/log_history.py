@@ -15,6 +15,7 @@ atomic), or for a time "after the last batch written at or before it".
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -33,6 +34,7 @@ from kraft.records import (
     PartitionChangeRecord,
     PartitionRecord,
     ProducerIdsRecord,
+    Record,
     RegisterBrokerRecord,
     RemoveTopicRecord,
     TopicRecord,
@@ -58,6 +60,7 @@ class Point:
         """The offset this point stands for in ``history``."""
         if self.offset is not None:
             return self.offset
+        assert self.timestamp_ms is not None  # a point is an offset or a time
         return history.offset_at_time(self.timestamp_ms)
 
 
@@ -213,7 +216,7 @@ class _BatchWalk:
         self.offset = batch.base_offset
 
     def run(self) -> list[Change]:
-        handlers = {
+        handlers: dict[type[Record], Callable[[Any], None]] = {
             TopicRecord: self._topic,
             PartitionRecord: self._partition,
             PartitionChangeRecord: self._partition_change,

@@ -159,10 +159,10 @@ class History:
         directory = resolve_log_dir(p)
         segments = list_segments(directory)
         start = parse_segment_name(segments[0]) if segments else None
-        base = MetadataImage.EMPTY
+        image = MetadataImage.EMPTY
         if start is None or start > 0:
-            base = _snapshot_base(directory, start)
-        return cls._from_items(base, scan_path(directory), str(directory))
+            image = _snapshot_base(directory, start)
+        return cls._from_items(image, scan_path(directory), str(directory))
 
     @classmethod
     def _from_items(cls, base: MetadataImage, items: Iterator[ScanItem], source: str) -> History:
@@ -179,11 +179,13 @@ class History:
                 raise LogReadError(
                     f"{source}: {item.problem} (run 'kraft log dump' for every problem)"
                 )
-            batch = item.entry.batch
-            if batch.last_offset <= base.offset:
+            entry = item.entry
+            # without a problem a frame decoded: it has a batch and its digest
+            assert entry is not None and entry.batch is not None and entry.digest is not None
+            if entry.batch.last_offset <= base.offset:
                 continue  # covered by the snapshot
-            batches.append(batch)
-            digests.append(item.entry.digest)
+            batches.append(entry.batch)
+            digests.append(entry.digest)
         history = cls(base, batches, digests, source)
         history._check_continues()
         return history

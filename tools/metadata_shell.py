@@ -312,7 +312,7 @@ class MetadataShell(cmd.Cmd):
     def emptyline(self) -> bool:
         return False
 
-    def default(self, line: str) -> bool:
+    def default(self, line: str) -> None:
         raise ShellError(f"unknown command {line.split()[0]!r} (try 'help')")
 
     def postcmd(self, stop: bool, line: str) -> bool:
@@ -329,7 +329,7 @@ class MetadataShell(cmd.Cmd):
 
     def do_ls(self, arg: str) -> None:
         """ls [PATH...]: list a directory (directories end in /), or name a file."""
-        paths = self._args(arg) or [None]
+        paths: list[str | None] = [*self._args(arg)] or [None]
         for i, p in enumerate(paths):
             path = self.absolute(p)
             node = self.lookup(path)
@@ -394,7 +394,7 @@ class MetadataShell(cmd.Cmd):
 
     def do_tree(self, arg: str) -> None:
         """tree [PATH]: the directory tree under PATH with file values."""
-        path = self.absolute((self._args(arg) or [None])[0])
+        path = self.absolute(next(iter(self._args(arg)), None))
         node = self.lookup(path)
         self.say(path)
         self._tree(node, "")
@@ -412,7 +412,7 @@ class MetadataShell(cmd.Cmd):
 
     def do_history(self, arg: str) -> None:
         """history [PATH]: records that touched the node at PATH, with offsets and provenance."""
-        path = self.absolute((self._args(arg) or [None])[0])
+        path = self.absolute(next(iter(self._args(arg)), None))
         shown = 0
         for batch, i, record, touched in touched_paths(self.batches, self.known_names):
             if related(path, touched):
@@ -463,7 +463,8 @@ def split_commands(script: str) -> list[str]:
     """``"ls /topics; cat /topics/a/0"`` → the non-empty commands (``;`` inside quotes kept)."""
     lexer = shlex.shlex(script, posix=True, punctuation_chars=";")
     lexer.whitespace_split = True
-    out, words = [], []
+    out: list[str] = []
+    words: list[str] = []
     for token in lexer:
         if set(token) == {";"}:  # ";" and runs like ";;"
             if words:

@@ -108,7 +108,7 @@ def report_error(
     print(error_line(code, message), file=err)
 
 
-def annotate_errors(items: Sequence[dict]) -> list[dict]:
+def annotate_errors(items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Copies of per-item result maps with an ``error`` name next to each ``error_code``."""
     out = []
     for item in items:

@@ -131,7 +131,7 @@ class SimBroker:
         None  # time.monotonic() when the last heartbeat was sent and answered
     )
 
-    async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, task_status: trio.TaskStatus[SimBroker] = trio.TASK_STATUS_IGNORED) -> None:
         """Register, then follow the log and heartbeat until cancelled or shut down."""
         client = ControllerClient(
             self.bootstrap, client_id=f"sim-broker-{self.broker_id}", credentials=self.credentials

@@ -1,49 +1,145 @@
-"""FindCoordinator (v0–v4): pykraft has no group or transaction coordinator yet, so every key is
-answered ``COORDINATOR_NOT_AVAILABLE`` with a message saying so (clients retry or give up as
-they would during a coordinator move). The API is advertised anyway because librdkafka enables
-LZ4 compression only when brokers advertise FindCoordinator.
+"""FindCoordinator (v0-v4, batched keys from v4): the coordinator of a group is the leader of its
+``__consumer_offsets`` partition (:func:`~broker.coordinator.placement.partition_for`).
+
+The first time a group is looked up and the topic does not exist, the broker asks the
+controller to create it (CreateTopics through the broker's controller client, as the admin
+APIs are forwarded): ``offsets.topic.num.partitions`` partitions, replication factor
+``min(offsets.topic.replication.factor, alive brokers)``, ``cleanup.policy=compact``; the
+lookup is answered ``COORDINATOR_NOT_AVAILABLE`` and the client retries. A partition without
+an alive leader is ``COORDINATOR_NOT_AVAILABLE`` too. Transaction coordinators (key type 1)
+are not served yet: ``COORDINATOR_NOT_AVAILABLE`` with a message saying so.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
+from typing import Any
 
-from kio.index import load_request_schema
+import trio
 from kio.schema.errors import ErrorCode
-from kio.serial import entity_reader
 
-from broker.protocol.kafka_codec import (
-    DecodeError,
-    Reader,
-    RequestHeader,
-    build,
-    encode_body,
-    frame_response,
-    response_class,
-)
+from broker.coordinator.placement import OFFSETS_TOPIC, partition_for
+from broker.metadata.metadata_cache import MetadataCache
+
+log = logging.getLogger(__name__)
 
 API_FIND_COORDINATOR = 10
 FIND_COORDINATOR_VERSIONS = (0, 4)
-MESSAGE = "pykraft has no group or transaction coordinator yet (consumers: use assign mode)"
+KEY_GROUP, KEY_TRANSACTION = 0, 1
+NO_TXN = "pykraft has no transaction coordinator yet"
+
+# (api name, body, timeout) -> controller answer; raises on failure
+ControllerCall = Callable[[str, dict[str, Any], float], Awaitable[dict[str, Any]]]
 
 
-async def find_coordinator(header: RequestHeader, reader: Reader) -> bytes:
-    """Answer every requested key with COORDINATOR_NOT_AVAILABLE."""
-    try:
-        req, _ = entity_reader(load_request_schema(API_FIND_COORDINATOR, header.api_version))(
-            reader.data, reader.pos
-        )
-    except Exception as e:  # kio raises assorted errors on bad bodies
-        raise DecodeError(f"FindCoordinator v{header.api_version}: {e}") from None
-    unavailable = {
-        "node_id": -1,
-        "host": "",
-        "port": -1,
-        "error_code": ErrorCode.coordinator_not_available,
-        "error_message": MESSAGE,
-    }
-    values = {"throttle_time": timedelta(0), **unavailable}
-    if header.api_version >= 4:
-        values["coordinators"] = [{"key": k, **unavailable} for k in req.coordinator_keys]
+class FindCoordinator:
+    """Answers FindCoordinator from the metadata image; creates ``__consumer_offsets``."""
+
+    def __init__(
+        self,
+        cache: MetadataCache,
+        call: ControllerCall | None,
+        num_partitions: int = 50,
+        replication_factor: int = 3,
+    ) -> None:
+        self.cache = cache
+        self.call = call
+        self.num_partitions = num_partitions
+        self.replication_factor = replication_factor
+        self._creating = False
+
+    async def answer(self, version: int, req: Any) -> dict[str, Any]:
+        """Response values for a decoded request of ``version``."""
+        key_type = int(getattr(req, "key_type", KEY_GROUP))
+        keys = list(req.coordinator_keys) if version >= 4 else [req.key]
+        if key_type == KEY_GROUP and keys and self._offsets_partitions() is None:
+            await self._create_offsets_topic()
+        found = [{"key": k, **self._locate(k, key_type)} for k in keys]
+        values: dict[str, Any] = {"throttle_time": timedelta(0), "coordinators": found}
+        if version < 4:
+            values.update({k: v for k, v in found[0].items() if k != "key"})
+        return values
+
+    def _offsets_partitions(self) -> dict[int, Any] | None:
+        image = self.cache.image
+        tid = image.topics_by_name.get(OFFSETS_TOPIC) if image is not None else None
+        return image.topics_by_id[tid].partitions if tid is not None else None
+
+    def _locate(self, key: str, key_type: int) -> dict[str, Any]:
+        def unavailable(message: str) -> dict[str, Any]:
+            return {
+                "node_id": -1,
+                "host": "",
+                "port": -1,
+                "error_code": ErrorCode.coordinator_not_available,
+                "error_message": message,
+            }
+
+        if key_type != KEY_GROUP:
+            return unavailable(NO_TXN)
+        if not key:
+            return dict(
+                unavailable("The group id is empty."), error_code=ErrorCode.invalid_group_id
+            )
+        parts = self._offsets_partitions()
+        if not parts:
+            return unavailable(f"{OFFSETS_TOPIC} is being created.")
+        pid = partition_for(key, len(parts))
+        leader = parts[pid].leader
+        broker = next((b for b in self.cache.alive_brokers() if b["node_id"] == leader), None)
+        if broker is None:
+            return unavailable(f"{OFFSETS_TOPIC}-{pid} has no alive leader.")
+        return {
+            "node_id": leader,
+            "host": broker["host"],
+            "port": broker["port"],
+            "error_code": ErrorCode.none,
+            "error_message": None,
+        }
+
+    async def _create_offsets_topic(self) -> None:
+        if self.call is None or self._creating:
+            return
+        alive = len(self.cache.alive_brokers())
+        if alive == 0:
+            return
+        self._creating = True
+        body = {
+            "topics": [
+                {
+                    "name": OFFSETS_TOPIC,
+                    "num_partitions": self.num_partitions,
+                    "replication_factor": min(self.replication_factor, alive),
+                    "configs": {"cleanup.policy": "compact"},
+                }
+            ],
+            "validate_only": False,
+        }
+        try:
+            with trio.move_on_after(10):
+                resp = await self.call("CreateTopics", body, 10.0)
+                item = (resp.get("topics") or [{}])[0]
+                log.info(
+                    "created %s (%d partitions, replication factor %d): %s",
+                    OFFSETS_TOPIC,
+                    self.num_partitions,
+                    body["topics"][0]["replication_factor"],
+                    item.get("error_code") or "ok",
+                )
+        except Exception as e:  # the client retries FindCoordinator; so do we, next time
+            log.warning("creating %s failed: %s", OFFSETS_TOPIC, e)
+        finally:
+            self._creating = False
+
+
+async def handle_find_coordinator(finder: FindCoordinator, header: Any, reader: Any) -> bytes:
+    """A framed FindCoordinator response (for a listener serving no group APIs)."""
+    from broker.protocol.admin_decode import decode_request
+    from broker.protocol.kafka_admin import build_entity
+    from broker.protocol.kafka_codec import encode_body, frame_response, response_class
+
+    values = await finder.answer(header.api_version, decode_request(header, reader))
     cls = response_class(API_FIND_COORDINATOR, header.api_version)
-    return frame_response(cls, header.correlation_id, encode_body(build(cls, values)))
+    return frame_response(cls, header.correlation_id, encode_body(build_entity(cls, values)))

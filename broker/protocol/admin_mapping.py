@@ -352,6 +352,24 @@ def incremental_alter_configs_body(req: Any) -> tuple[dict[str, Any], dict[int, 
     return {"resources": resources, "validate_only": bool(req.validate_only)}, refused
 
 
+def legacy_alter_configs_body(req: Any) -> tuple[dict[str, Any], dict[int, dict[str, Any]]]:
+    """AlterConfigs (legacy, whole set replaced) → controller body: one SET per given key (a
+    null value is left out, so the key ends up deleted)."""
+    resources, refused = [], {}
+    for i, r in enumerate(req.resources):
+        rtype = resource_type_name(r.resource_type)
+        if rtype is None:
+            refused[i] = _unsupported_resource(r.resource_type)
+            continue
+        ops = [
+            {"name": c.name, "op": "SET", "value": c.value}
+            for c in r.configs
+            if c.value is not None
+        ]
+        resources.append({"resource_type": rtype, "resource_name": r.resource_name, "ops": ops})
+    return {"resources": resources, "validate_only": bool(req.validate_only)}, refused
+
+
 def alter_configs_values(
     req: Any, results: list[dict[str, Any]], refused: Mapping[int, dict[str, Any]]
 ) -> dict[str, Any]:

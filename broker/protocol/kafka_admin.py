@@ -1,7 +1,7 @@
 """Kafka admin APIs on the broker listener, forwarded to the active controller.
 
 :class:`KafkaAdmin` is the listener's ``admin=`` handler. It decodes CreateTopics,
-DeleteTopics, CreatePartitions, DescribeConfigs, IncrementalAlterConfigs and ElectLeaders with
+DeleteTopics, CreatePartitions, DescribeConfigs, IncrementalAlterConfigs, AlterConfigs (legacy) and ElectLeaders with
 kio (:mod:`broker.protocol.admin_decode`), forwards each as one controller RPC call through a :class:`ControllerClient` (which follows
 the active controller and retries until the request's timeout), and encodes the answer as the
 Kafka response with per-item error codes and messages. DescribeCluster is answered from the
@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable
 from functools import cache
 from typing import Any
 
+import trio
 from kio.schema.errors import ErrorCode as KafkaError
 
 from broker.metadata.metadata_cache import MetadataCache
@@ -46,6 +47,7 @@ log = logging.getLogger(__name__)
 API_CREATE_TOPICS, API_DELETE_TOPICS, API_DESCRIBE_CONFIGS = 19, 20, 32
 API_CREATE_PARTITIONS, API_ELECT_LEADERS, API_INCREMENTAL_ALTER_CONFIGS = 37, 43, 44
 API_DESCRIBE_CLUSTER = 60
+API_ALTER_CONFIGS = 33
 
 # api key -> (min, max) version served: every version kio knows for these APIs
 RANGES: dict[int, tuple[int, int]] = {
@@ -55,6 +57,7 @@ RANGES: dict[int, tuple[int, int]] = {
     API_CREATE_PARTITIONS: (0, 3),
     API_ELECT_LEADERS: (0, 2),
     API_INCREMENTAL_ALTER_CONFIGS: (0, 1),
+    API_ALTER_CONFIGS: (0, 2),
     API_DESCRIBE_CLUSTER: (0, 2),
 }
 # controller-side unavailability the Kafka client sees as a timeout (it cannot pick another
@@ -65,6 +68,7 @@ _NO_CONTROLLER = {
     ErrorCode.LEADER_NOT_AVAILABLE,
     ErrorCode.REQUEST_TIMED_OUT,
 }
+AUTO_CREATE_TIMEOUT_S = 5.0  # a Metadata request waits this long for an auto-created topic
 DEFAULT_TIMEOUT_S = 30.0  # for requests whose timeout is 0 or absent
 MAX_TIMEOUT_S = 300.0
 
@@ -123,6 +127,7 @@ class KafkaAdmin:
             API_CREATE_PARTITIONS: self._create_partitions,
             API_ELECT_LEADERS: self._elect_leaders,
             API_INCREMENTAL_ALTER_CONFIGS: self._incremental_alter_configs,
+            API_ALTER_CONFIGS: self._alter_configs,
             API_DESCRIBE_CLUSTER: self._describe_cluster,
         }
 
@@ -170,6 +175,24 @@ class KafkaAdmin:
                     f"No active controller answered within {timeout:g} s (last error: {e}).",
                 )
             return e
+
+    async def auto_create_topics(self, header: RequestHeader, names: list[str]) -> None:
+        """``auto.create.topics.enable``: create ``names`` with the controller's
+        ``num.partitions`` and ``default.replication.factor`` (provenance reason
+        ``auto-create``), then wait briefly for this broker's metadata to show them."""
+        body = {
+            "topics": [{"name": n, "num_partitions": -1, "replication_factor": -1} for n in names],
+            "auto_create": True,
+        }
+        resp = await self._forward(header, "CreateTopics", body, AUTO_CREATE_TIMEOUT_S)
+        created = [r["name"] for r in _items(resp, "topics", len(names)) if not r.get("error_code")]
+        if created:
+            log.info("auto-created topics %s for client %r", created, header.client_id)
+        with trio.move_on_after(AUTO_CREATE_TIMEOUT_S):
+            while self.cache.image is None or any(
+                n not in self.cache.image.topics_by_name for n in created
+            ):
+                await trio.sleep(0.02)  # the loader publishes the new image soon after commit
 
     async def _create_topics(self, header: RequestHeader, req: Any) -> dict[str, Any]:
         body, refused = m.create_topics_body(req)
@@ -224,6 +247,14 @@ class KafkaAdmin:
         results: list[dict[str, Any]] = []
         if body["resources"]:
             resp = await self._forward(header, "IncrementalAlterConfigs", body, DEFAULT_TIMEOUT_S)
+            results = _items(resp, "resources", len(body["resources"]))
+        return m.alter_configs_values(req, results, refused)
+
+    async def _alter_configs(self, header: RequestHeader, req: Any) -> dict[str, Any]:
+        body, refused = m.legacy_alter_configs_body(req)
+        results: list[dict[str, Any]] = []
+        if body["resources"]:
+            resp = await self._forward(header, "AlterConfigs", body, DEFAULT_TIMEOUT_S)
             results = _items(resp, "resources", len(body["resources"]))
         return m.alter_configs_values(req, results, refused)
 

@@ -1,5 +1,6 @@
 """The broker's Kafka protocol listener (trio): ApiVersions and Metadata, answered from the image,
-FindCoordinator (no coordinator yet: :mod:`broker.coordinator.find_coordinator`),
+FindCoordinator (:mod:`broker.coordinator.find_coordinator`; with :meth:`KafkaListener.serve_groups`,
+the group APIs of :mod:`broker.coordinator.group.api`),
 plus whatever APIs an :class:`AdminHandler` serves (merged into ApiVersions and dispatched to it).
 
 Given a :class:`~broker.replica.replica_manager.ReplicaManager` (:meth:`KafkaListener.serve_data`) it also serves the data plane: Produce,
@@ -22,6 +23,7 @@ but ApiVersions, SaslHandshake and SaslAuthenticate until it has authenticated).
 
 from __future__ import annotations
 
+import functools
 import logging
 import struct
 from collections.abc import Awaitable, Callable
@@ -34,8 +36,10 @@ from kio.schema.errors import ErrorCode
 from broker.coordinator.find_coordinator import (
     API_FIND_COORDINATOR,
     FIND_COORDINATOR_VERSIONS,
-    find_coordinator,
+    FindCoordinator,
+    handle_find_coordinator,
 )
+from broker.coordinator.producer_id_manager import ProducerIdManager
 from broker.metadata.metadata_cache import MetadataCache
 from broker.protocol.data_codec import (
     API_LIST_OFFSETS,
@@ -45,7 +49,17 @@ from broker.protocol.data_codec import (
     OFFSET_FOR_LEADER_EPOCH_VERSIONS,
     PRODUCE_VERSIONS,
 )
+from broker.protocol.delete_records import (
+    API_DELETE_RECORDS,
+    DELETE_RECORDS_VERSIONS,
+    DeleteRecordsHandler,
+)
 from broker.protocol.fetch import FetchHandler
+from broker.protocol.init_producer_id import (
+    API_INIT_PRODUCER_ID,
+    INIT_PRODUCER_ID_VERSIONS,
+    InitProducerIdHandler,
+)
 from broker.protocol.kafka_codec import (
     API_API_VERSIONS,
     API_FETCH,
@@ -64,7 +78,7 @@ from broker.protocol.kafka_codec import (
     response_class,
 )
 from broker.protocol.kafka_security import SASL_APIS, ListenerSecurity, SaslClose, SaslSession
-from broker.protocol.produce import ProduceHandler
+from broker.protocol.produce import MESSAGE_MAX_BYTES, ProduceHandler
 from broker.replica.replica_manager import ReplicaManager
 
 log = logging.getLogger(__name__)
@@ -77,6 +91,7 @@ class _CloseConnection(Exception):
 
 
 Handler = Callable[[RequestHeader, Reader], Awaitable[bytes | Deferred | None]]
+AutoCreate = Callable[[RequestHeader, list[str]], Awaitable[None]]
 
 
 class AdminHandler(Protocol):
@@ -106,8 +121,10 @@ class KafkaListener:
         idle_timeout_s: float = 600.0,
         read_timeout_s: float = 30.0,
         max_connections: int = 10_000,
+        auto_create: AutoCreate | None = None,
     ) -> None:
         self.cache = cache
+        self.auto_create = auto_create  # auto.create.topics.enable: Metadata creates topics
         self.idle_timeout_s = idle_timeout_s  # no request started for this long: close
         self.read_timeout_s = read_timeout_s  # a started request must arrive whole within this
         self.max_connections = max_connections
@@ -120,7 +137,9 @@ class KafkaListener:
         self._handlers: dict[int, Handler] = {
             API_API_VERSIONS: self._api_versions,
             API_METADATA: self._metadata,
-            API_FIND_COORDINATOR: find_coordinator,
+            API_FIND_COORDINATOR: functools.partial(
+                handle_find_coordinator, FindCoordinator(cache, None)
+            ),
         }
         self._ranges: dict[int, tuple[int, int]] = {
             **SUPPORTED,
@@ -135,9 +154,23 @@ class KafkaListener:
                 self._ranges[key] = span
                 self._handlers[key] = _deferring(admin.handle)
 
-    def serve_data(self, replicas: ReplicaManager) -> None:
-        """Also serve Produce, Fetch, ListOffsets and OffsetForLeaderEpoch from ``replicas``."""
-        produce, fetch = ProduceHandler(replicas), FetchHandler(replicas)
+    def serve_data(
+        self,
+        replicas: ReplicaManager,
+        *,
+        message_max_bytes: int = MESSAGE_MAX_BYTES,
+        producer_ids: ProducerIdManager | None = None,
+    ) -> None:
+        """Also serve Produce, Fetch, ListOffsets and OffsetForLeaderEpoch from ``replicas``,
+        and InitProducerId given ``producer_ids``."""
+        produce, fetch = ProduceHandler(replicas, message_max_bytes), FetchHandler(replicas)
+        self._ranges[API_DELETE_RECORDS] = DELETE_RECORDS_VERSIONS
+        self._handlers[API_DELETE_RECORDS] = DeleteRecordsHandler(replicas).delete_records
+        if producer_ids is not None:
+            self._ranges[API_INIT_PRODUCER_ID] = INIT_PRODUCER_ID_VERSIONS
+            self._handlers[API_INIT_PRODUCER_ID] = InitProducerIdHandler(
+                producer_ids
+            ).init_producer_id
         for key, span, handler in (
             (API_PRODUCE, PRODUCE_VERSIONS, produce.produce),
             (API_FETCH, FETCH_VERSIONS, fetch.fetch),
@@ -150,6 +183,12 @@ class KafkaListener:
         ):
             self._ranges[key] = span
             self._handlers[key] = handler
+
+    def serve_groups(self, groups: AdminHandler) -> None:
+        """Also serve the group coordinator APIs (FindCoordinator included) from ``groups``."""
+        for key, span in groups.api_ranges().items():
+            self._ranges[key] = span
+            self._handlers[key] = _deferring(groups.handle)
 
     async def serve(self, *, task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED) -> None:
         """Listen until cancelled; ``task_status.started`` gets the bound port."""
@@ -370,6 +409,15 @@ class KafkaListener:
 
     async def _metadata(self, header: RequestHeader, reader: Reader) -> bytes:
         req = read_metadata_request(header.api_version, reader)
+        if self.auto_create is not None and req.allow_auto_topic_creation and req.topics:
+            image = self.cache.image
+            missing = [
+                n
+                for n, _ in req.topics
+                if n and image is not None and n not in image.topics_by_name
+            ]
+            if missing:
+                await self.auto_create(header, missing)
         body = self.cache.encoded_metadata(header.api_version, req)
         return frame_response(
             response_class(API_METADATA, header.api_version), header.correlation_id, body

@@ -3,9 +3,14 @@
 Per partition, in order: unknown topic/partition → ``UNKNOWN_TOPIC_OR_PARTITION``; not the
 leader here → ``NOT_LEADER_OR_FOLLOWER``; ``acks`` not 0/1/-1 → ``INVALID_REQUIRED_ACKS``;
 ``acks=-1`` with fewer in-sync replicas than ``min.insync.replicas`` → ``NOT_ENOUGH_REPLICAS``;
-bytes that are not whole magic-2 batches with good CRC32C → ``CORRUPT_MESSAGE`` (nothing of
-that partition is appended). Batches are stored as sent (compressed ones too); only the base
-offset and partition leader epoch, both outside the CRC, are rewritten.
+bytes that are not whole magic-2 batches with good CRC32C → ``CORRUPT_MESSAGE``; a batch
+larger than the topic's ``max.message.bytes`` (else the broker's ``message.max.bytes``) →
+``MESSAGE_TOO_LARGE``; an idempotent batch the partition's producer state refuses →
+``OUT_OF_ORDER_SEQUENCE_NUMBER`` / ``INVALID_PRODUCER_EPOCH`` (:mod:`broker.replica.producer_state`).
+Nothing of a refused partition is appended. A retried idempotent batch already in the log is
+answered with its original base offset and not appended again. Batches are stored as sent
+(compressed ones too); only the base offset and partition leader epoch, both outside the CRC,
+are rewritten.
 
 ``acks=0`` gets no response, ``acks=1`` is answered once appended, ``acks=-1`` waits in the
 *produce purgatory* until the high watermark passes every appended batch, the partition
@@ -20,6 +25,7 @@ import logging
 import trio
 from kio.schema.errors import ErrorCode
 
+from broker.coordinator.placement import INTERNAL_TOPICS
 from broker.protocol.data_codec import (
     FLEXIBLE_FROM,
     PartitionProduceResult,
@@ -29,17 +35,40 @@ from broker.protocol.data_codec import (
 )
 from broker.protocol.kafka_codec import API_PRODUCE, Deferred, Reader, RequestHeader
 from broker.replica.partition import Partition
-from broker.replica.partition_log import InvalidBatchError
+from broker.replica.partition_log import InvalidBatchError, RecordTooLargeError
+from broker.replica.producer_state import ProducerStateError
 from broker.replica.replica_manager import ReplicaManager
+from kraft.records import RESOURCE_BROKER, RESOURCE_TOPIC
 
 log = logging.getLogger(__name__)
+MESSAGE_MAX_BYTES = 1_048_588  # Kafka's message.max.bytes default
+
+
+def _failed(pid: int, code: ErrorCode, message: str | None = None) -> PartitionProduceResult:
+    return PartitionProduceResult(pid, code.value, error_message=message)
 
 
 class ProduceHandler:
     """Appends produce requests through a :class:`ReplicaManager`."""
 
-    def __init__(self, replicas: ReplicaManager) -> None:
+    def __init__(
+        self, replicas: ReplicaManager, message_max_bytes: int = MESSAGE_MAX_BYTES
+    ) -> None:
         self.replicas = replicas
+        self.message_max_bytes = message_max_bytes
+
+    def max_batch_bytes(self, topic: str) -> int:
+        """The topic's ``max.message.bytes``, else the cluster's dynamic ``message.max.bytes``,
+        else this broker's."""
+        image = self.replicas.image
+        if image is not None:
+            for value in (
+                image.config(RESOURCE_TOPIC, topic).get("max.message.bytes"),
+                image.config(RESOURCE_BROKER, "").get("message.max.bytes"),
+            ):
+                if value is not None:
+                    return int(value)
+        return self.message_max_bytes
 
     async def produce(self, header: RequestHeader, reader: Reader) -> bytes | Deferred | None:
         req = read_produce(header.api_version, reader)
@@ -72,6 +101,8 @@ class ProduceHandler:
     ) -> tuple[PartitionProduceResult, Partition | None, int]:
         """Validate and append one partition's batches: (result, the partition if appended,
         the high watermark that acknowledges them)."""
+        if topic in INTERNAL_TOPICS:  # written by coordinators only, as in Kafka
+            return PartitionProduceResult(pid, ErrorCode.invalid_topic_exception.value), None, -1
         part = self.replicas.get_by_name(topic, pid)
         if part is None:
             code = (
@@ -104,15 +135,20 @@ class ProduceHandler:
                 -1,
             )
         try:
-            first, last = part.append_as_leader(records)
+            result = part.append_as_leader(records, self.max_batch_bytes(topic))
         except InvalidBatchError as e:
             log.warning("produce to %s-%d rejected: %s", topic, pid, e)
-            return (
-                PartitionProduceResult(pid, ErrorCode.corrupt_message.value, error_message=str(e)),
-                None,
-                -1,
-            )
-        return PartitionProduceResult(pid, 0, first, part.log.log_start_offset), part, last + 1
+            return _failed(pid, ErrorCode.corrupt_message, str(e)), None, -1
+        except RecordTooLargeError as e:
+            return _failed(pid, ErrorCode.message_too_large, str(e)), None, -1
+        except ProducerStateError as e:
+            log.info("produce to %s-%d refused: %s", topic, pid, e)
+            return _failed(pid, ErrorCode[e.error], str(e)), None, -1
+        return (
+            PartitionProduceResult(pid, 0, result.first_offset, part.log.log_start_offset),
+            part,
+            result.last_offset + 1,
+        )
 
     async def _await_replication(
         self, waiting: list[tuple[PartitionProduceResult, Partition, int, int]], deadline: float

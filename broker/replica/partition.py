@@ -16,7 +16,7 @@ from typing import Any
 import trio
 
 from broker.replica.isr_tracker import FollowerState, high_watermark, may_join, out_of_sync
-from broker.replica.partition_log import PartitionLog
+from broker.replica.partition_log import LeaderAppend, PartitionLog
 
 
 @dataclass(eq=False)
@@ -60,12 +60,14 @@ class Partition:
             b: FollowerState(last_caught_up_ms=now_ms) for b in self.replicas if b != broker_id
         }
 
-    def append_as_leader(self, data: bytes) -> tuple[int, int]:
-        """Append client batches in the current leader epoch; (first, last) offset."""
-        first, last = self.log.append(data, leader_epoch=self.leader_epoch)
-        self.maybe_advance_high_watermark()
-        self.wake()
-        return first, last
+    def append_as_leader(self, data: bytes, max_batch_bytes: int | None = None) -> LeaderAppend:
+        """Append client batches in the current leader epoch (see
+        :meth:`PartitionLog.append_as_leader`: a retried idempotent batch is not appended)."""
+        result = self.log.append_as_leader(data, self.leader_epoch, max_batch_bytes)
+        if not result.duplicate:
+            self.maybe_advance_high_watermark()
+            self.wake()
+        return result
 
     def maybe_advance_high_watermark(self) -> bool:
         hw = high_watermark(
@@ -104,10 +106,15 @@ class Partition:
             self.wake()
 
     # ---- follower ----------------------------------------------------------------------------
-    def append_as_follower(self, data: bytes, leader_high_watermark: int) -> None:
-        """Append fetched batches and adopt the leader's high watermark (up to our log end)."""
+    def append_as_follower(
+        self, data: bytes, leader_high_watermark: int, leader_log_start: int = -1
+    ) -> None:
+        """Append fetched batches and adopt the leader's high watermark and log start offset
+        (DeleteRecords), both up to our log end."""
         if data:
             self.log.append_as_follower(data)
+        if leader_log_start > self.log.log_start_offset:
+            self.log.delete_records_before(leader_log_start)
         hw = min(leader_high_watermark, self.log.log_end_offset)
         if hw > self.log.high_watermark:
             self.log.advance_high_watermark(hw)
@@ -127,5 +134,6 @@ class Partition:
             "high_watermark": self.log.high_watermark,
             "log_start_offset": self.log.log_start_offset,
             "log_end_offset": self.log.log_end_offset,
+            "producers": len(self.log.producers),
             "dir": str(self.log.dir),
         }

@@ -20,6 +20,7 @@ import bisect
 import logging
 import os
 import struct
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -28,6 +29,15 @@ from typing import Any
 
 import crc32c
 
+from broker.replica.producer_state import (
+    MAX_BATCHES,
+    ProducerStateManager,
+    SnapshotError,
+    decode_snapshot,
+    encode_snapshot,
+    last_sequence,
+)
+
 log = logging.getLogger(__name__)
 
 HEADER_BYTES = 61  # fixed part of a v2 record batch, up to and including the record count
@@ -35,10 +45,27 @@ _LOG_OVERHEAD = 12  # base offset (8) + batch length (4)
 _MAGIC = 2
 LEADER_EPOCH_FILE = "leader-epoch-checkpoint"
 HW_FILE = "high-watermark-checkpoint"
+LOG_START_FILE = "log-start-offset-checkpoint"  # DeleteRecords: "0", "1", the log start offset
+SNAPSHOT_SUFFIX = ".snapshot"  # %020d.snapshot: producer state of every batch below that offset
+SNAPSHOTS_KEPT = 2
 
 
 class InvalidBatchError(ValueError):
     """Bytes handed to :meth:`PartitionLog.append` that are not valid magic-2 record batches."""
+
+
+class RecordTooLargeError(ValueError):
+    """A batch larger than the topic's ``max.message.bytes`` (Kafka's MESSAGE_TOO_LARGE)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderAppend:
+    """What a leader append did: the offsets given to the batches, or, for a retried
+    idempotent batch, the offsets it got the first time (``duplicate``: nothing appended)."""
+
+    first_offset: int
+    last_offset: int
+    duplicate: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +78,27 @@ class BatchInfo:
     size: int
     max_timestamp: int = -1
     leader_epoch: int = -1
+    producer_id: int = -1
+    producer_epoch: int = -1
+    base_sequence: int = -1
+
+    def moved(self, base_offset: int, position: int, leader_epoch: int) -> BatchInfo:
+        """This batch at another base offset, byte position and leader epoch."""
+        return BatchInfo(
+            base_offset,
+            base_offset + (self.last_offset - self.base_offset),
+            position,
+            self.size,
+            self.max_timestamp,
+            leader_epoch,
+            self.producer_id,
+            self.producer_epoch,
+            self.base_sequence,
+        )
+
+    @property
+    def last_sequence(self) -> int:
+        return last_sequence(self.base_sequence, self.last_offset - self.base_offset)
 
 
 def parse_batches(data: bytes | memoryview, check_crc: bool = True) -> tuple[list[BatchInfo], int]:
@@ -75,10 +123,29 @@ def parse_batches(data: bytes | memoryview, check_crc: bool = True) -> tuple[lis
         if last_delta < 0:
             break
         (epoch,) = struct.unpack_from(">i", view, pos + 12)
-        (max_ts,) = struct.unpack_from(">q", view, pos + 35)
-        out.append(BatchInfo(base, base + last_delta, pos, size, max_ts, epoch))
+        max_ts, producer_id, producer_epoch, base_seq = struct.unpack_from(">qqhi", view, pos + 35)
+        out.append(
+            BatchInfo(
+                base,
+                base + last_delta,
+                pos,
+                size,
+                max_ts,
+                epoch,
+                producer_id,
+                producer_epoch,
+                base_seq,
+            )
+        )
         pos += size
     return out, pos
+
+
+def _parse_client(data: bytes) -> list[BatchInfo]:
+    infos, used = parse_batches(data)
+    if not infos or used != len(data):
+        raise InvalidBatchError("not a sequence of valid magic-2 record batches")
+    return infos
 
 
 _deferred_dirs: set[Path] | None = None  # inside batched_syncs(): directories to sync on exit
@@ -204,16 +271,7 @@ class _Segment:
         self.file.write(data)
         self.file.flush()
         for b in infos:
-            self.batches.append(
-                BatchInfo(
-                    b.base_offset,
-                    b.last_offset,
-                    self.size + b.position,
-                    b.size,
-                    b.max_timestamp,
-                    b.leader_epoch,
-                )
-            )
+            self.batches.append(b.moved(b.base_offset, self.size + b.position, b.leader_epoch))
             self.lasts.append(b.last_offset)
         self.size += len(data)
 
@@ -259,6 +317,9 @@ class PartitionLog:
         self.epochs: list[tuple[int, int]] = []  # (leader epoch, start offset), ascending
         self.high_watermark = 0
         self._checkpointed_hw = -1
+        self.producers = ProducerStateManager()
+        self._deleted_below = 0  # DeleteRecords' log start offset (may fall inside a segment)
+        self.producer_rebuild = (0, 0.0)  # (batches replayed, seconds) of the last rebuild
 
     # ---- opening ------------------------------------------------------------------------
     @classmethod
@@ -288,6 +349,7 @@ class PartitionLog:
         if not plog._segments:
             plog._segments.append(_Segment(d / f"{0:020d}.log", 0))
         plog._load_checkpoints(files)
+        plog.rebuild_producer_state(files)
         return plog
 
     def _load_checkpoints(self, files: set[str]) -> None:
@@ -328,15 +390,47 @@ class PartitionLog:
                 log.warning("partition log %s: unreadable %s; using 0", self.dir, HW_FILE)
         self.high_watermark = max(0, min(hw, end))
         self._checkpointed_hw = hw  # a missing file reads as 0: nothing to write for 0
+        if LOG_START_FILE in files:
+            try:
+                lines = (self.dir / LOG_START_FILE).read_text().split("\n")
+                if lines[0].strip() != "0" or lines[1].strip() != "1":
+                    raise ValueError(f"header {lines[:2]!r}")
+                self._deleted_below = max(0, min(int(lines[2]), end))
+            except (ValueError, IndexError):
+                log.warning(
+                    "partition log %s: unreadable %s; ignoring it", self.dir, LOG_START_FILE
+                )
 
     # ---- properties ---------------------------------------------------------------------
     @property
     def log_start_offset(self) -> int:
-        return (
+        first = (
             self._segments[0].base_offset
             if not self._segments[0].batches
             else self._segments[0].batches[0].base_offset
         )
+        return max(first, self._deleted_below)
+
+    def delete_records_before(self, offset: int) -> int:
+        """DeleteRecords: move the log start offset up to ``offset`` (at most the log end),
+        checkpoint it and delete the segments wholly below it. Returns the new log start."""
+        offset = min(offset, self.log_end_offset)
+        if offset <= self.log_start_offset:
+            return self.log_start_offset
+        self._deleted_below = offset
+        _write_atomic(self.dir / LOG_START_FILE, f"0\n1\n{offset}\n")
+        self.producers.remove_before(offset)
+        while len(self._segments) > 1 and self._segments[1].base_offset <= offset:
+            seg = self._segments.pop(0)
+            seg.close()
+            seg.path.unlink()
+            log.info(
+                "partition log %s: deleted segment %s (log start %d)",
+                self.dir,
+                seg.path.name,
+                offset,
+            )
+        return self.log_start_offset
 
     @property
     def log_end_offset(self) -> int:
@@ -353,9 +447,44 @@ class PartitionLog:
     def append(self, data: bytes, leader_epoch: int | None = None) -> tuple[int, int]:
         """Append one or more client record batches, assigning offsets from the log end.
         Returns (first offset, last offset). Raises :class:`InvalidBatchError` on bad input."""
-        infos, used = parse_batches(data)
-        if not infos or used != len(data):
-            raise InvalidBatchError("not a sequence of valid magic-2 record batches")
+        return self._append_client(data, _parse_client(data), leader_epoch)
+
+    def append_as_leader(
+        self, data: bytes, leader_epoch: int, max_batch_bytes: int | None = None
+    ) -> LeaderAppend:
+        """A leader's append of a client's batches: size and producer-state checks first
+        (:class:`RecordTooLargeError`, :class:`InvalidBatchError`,
+        :class:`~broker.replica.producer_state.ProducerStateError`; nothing appended then); a
+        retried idempotent batch is not appended again but answered with its first offsets."""
+        infos = _parse_client(data)
+        if max_batch_bytes is not None:
+            big = next((b for b in infos if b.size > max_batch_bytes), None)
+            if big is not None:
+                raise RecordTooLargeError(
+                    f"A batch of {big.size} bytes exceeds max.message.bytes={max_batch_bytes}."
+                )
+        if any(b.producer_id >= 0 for b in infos):
+            if len(infos) != 1:
+                raise InvalidBatchError(
+                    "an idempotent produce carries exactly one batch per partition"
+                )
+            b = infos[0]
+            if b.base_sequence < 0 or b.producer_epoch < 0:
+                raise InvalidBatchError(
+                    f"producer id {b.producer_id} with epoch {b.producer_epoch} and "
+                    f"sequence {b.base_sequence}"
+                )
+            dup = self.producers.check(
+                b.producer_id, b.producer_epoch, b.base_sequence, b.last_sequence
+            )
+            if dup is not None:
+                return LeaderAppend(dup.first_offset, dup.last_offset, duplicate=True)
+        first, last = self._append_client(data, infos, leader_epoch)
+        return LeaderAppend(first, last)
+
+    def _append_client(
+        self, data: bytes, infos: list[BatchInfo], leader_epoch: int | None
+    ) -> tuple[int, int]:
         buf = bytearray(data)
         next_offset = self.log_end_offset
         first = next_offset
@@ -364,18 +493,11 @@ class PartitionLog:
             struct.pack_into(">q", buf, b.position, next_offset)
             if leader_epoch is not None:
                 struct.pack_into(">i", buf, b.position + 12, leader_epoch)
-            last = next_offset + (b.last_offset - b.base_offset)
-            rebased.append(
-                BatchInfo(
-                    next_offset,
-                    last,
-                    b.position,
-                    b.size,
-                    b.max_timestamp,
-                    leader_epoch if leader_epoch is not None else b.leader_epoch,
-                )
+            moved = b.moved(
+                next_offset, b.position, b.leader_epoch if leader_epoch is None else leader_epoch
             )
-            next_offset = last + 1
+            rebased.append(moved)
+            next_offset = moved.last_offset + 1
         if leader_epoch is not None and leader_epoch > self.latest_epoch:
             self.assign_epoch(leader_epoch, first)
         self._write(bytes(buf), rebased)
@@ -407,17 +529,7 @@ class PartitionLog:
         start = keep[0].position
         self._write(
             bytes(data[start:]),
-            [
-                BatchInfo(
-                    b.base_offset,
-                    b.last_offset,
-                    b.position - start,
-                    b.size,
-                    b.max_timestamp,
-                    b.leader_epoch,
-                )
-                for b in keep
-            ],
+            [b.moved(b.base_offset, b.position - start, b.leader_epoch) for b in keep],
         )
         return self.log_end_offset
 
@@ -428,11 +540,26 @@ class PartitionLog:
         seg.append(data, infos)
         if self.fsync:
             os.fsync(seg.file.fileno())
+        for b in infos:
+            if b.producer_id >= 0:
+                self._track(b)
+
+    def _track(self, b: BatchInfo) -> None:
+        self.producers.update(
+            b.producer_id,
+            b.producer_epoch,
+            b.base_sequence,
+            b.last_sequence,
+            b.base_offset,
+            b.last_offset,
+            b.max_timestamp,
+        )
 
     def _roll(self, base_offset: int) -> _Segment:
         seg = self._segments[-1]
         seg.file.flush()
         os.fsync(seg.file.fileno())
+        self.snapshot_producer_state()
         new = _Segment(self.dir / f"{base_offset:020d}.log", base_offset)
         self._segments.append(new)
         log.info("partition log %s: rolled segment at offset %d", self.dir, base_offset)
@@ -490,7 +617,88 @@ class PartitionLog:
             self._write_epochs()
         if self.high_watermark > end:
             self.set_high_watermark(end)
+        self.rebuild_producer_state()
         log.info("partition log %s: truncated to offset %d (log end %d)", self.dir, offset, end)
+
+    # ---- producer state -------------------------------------------------------------------
+    def _snapshot_offsets(self, files: set[str] | None = None) -> list[int]:
+        names = files if files is not None else os.listdir(self.dir)
+        return sorted(
+            int(n[: -len(SNAPSHOT_SUFFIX)])
+            for n in names
+            if n.endswith(SNAPSHOT_SUFFIX) and n[: -len(SNAPSHOT_SUFFIX)].isdigit()
+        )
+
+    def _snapshot_path(self, offset: int) -> Path:
+        return self.dir / f"{offset:020d}{SNAPSHOT_SUFFIX}"
+
+    def snapshot_producer_state(self) -> None:
+        """Write the producer state as of the log end to ``<log end>.snapshot`` (nothing when no
+        producer is known), keeping the newest :data:`SNAPSHOTS_KEPT` snapshots."""
+        if not self.producers:
+            return
+        end = self.log_end_offset
+        offsets = self._snapshot_offsets()
+        if end not in offsets:
+            path = self._snapshot_path(end)
+            write_small_file(f"{path}.tmp", encode_snapshot(self.producers), sync=self.fsync)
+            os.replace(f"{path}.tmp", path)
+            offsets.append(end)
+        for old in sorted(offsets)[:-SNAPSHOTS_KEPT]:
+            self._snapshot_path(old).unlink(missing_ok=True)
+
+    def rebuild_producer_state(self, files: set[str] | None = None) -> None:
+        """Producer state from the newest readable snapshot at or below the log end, then every
+        batch after it (snapshots above the log end, left by a truncation, are deleted)."""
+        started = time.perf_counter()
+        end = self.log_end_offset
+        state, start = ProducerStateManager(), self.log_start_offset
+        for offset in reversed(self._snapshot_offsets(files)):
+            path = self._snapshot_path(offset)
+            if offset > end:
+                path.unlink(missing_ok=True)
+                continue
+            try:
+                state, start = decode_snapshot(path.read_bytes()), offset
+                break
+            except (OSError, SnapshotError) as e:
+                log.warning(
+                    "partition log %s: ignoring producer snapshot %s: %s", self.dir, path.name, e
+                )
+                path.unlink(missing_ok=True)
+        self.producers = state
+        # Newest first, keeping per producer only what the state can still hold: batches of its
+        # newest epoch, at most MAX_BATCHES; then replay those oldest first.
+        picked: list[BatchInfo] = []
+        kept: dict[int, tuple[int, int]] = {}  # producer id -> (newest epoch, batches kept)
+        replayed = 0
+        for seg in reversed(self._segments):
+            if seg.next_offset <= start:
+                break
+            first = seg.find(start)
+            for i in range(len(seg.batches) - 1, first - 1, -1):
+                b = seg.batches[i]
+                if b.producer_id < 0:
+                    continue
+                replayed += 1
+                epoch, count = kept.get(b.producer_id, (b.producer_epoch, 0))
+                if count < MAX_BATCHES and b.producer_epoch == epoch:
+                    kept[b.producer_id] = (epoch, count + 1)
+                    picked.append(b)
+        for b in reversed(picked):
+            self._track(b)
+        self.producers.remove_before(self.log_start_offset)
+        self.producer_rebuild = (replayed, time.perf_counter() - started)
+        if replayed or state:
+            log.info(
+                "partition log %s: producer state of %d producers rebuilt from offset %d "
+                "(%d batches replayed, %.3f s)",
+                self.dir,
+                len(self.producers),
+                start,
+                replayed,
+                self.producer_rebuild[1],
+            )
 
     # ---- reads --------------------------------------------------------------------------
     def read(
@@ -548,7 +756,8 @@ class PartitionLog:
             os.fsync(seg.file.fileno())
 
     def close(self) -> None:
-        """Checkpoint the high watermark and close the segment files."""
+        """Checkpoint the high watermark and producer state, and close the segment files."""
         self.checkpoint_high_watermark()
+        self.snapshot_producer_state()
         for seg in self._segments:
             seg.close()

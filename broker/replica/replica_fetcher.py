@@ -274,7 +274,7 @@ class SourceFetcher:
     def _apply(self, p: Partition, st: _FetchState, err: int, res: Any) -> None:
         if err == 0:
             try:
-                p.append_as_follower(res.records or b"", res.high_watermark)
+                p.append_as_follower(res.records or b"", res.high_watermark, res.log_start_offset)
             except InvalidBatchError as e:
                 log.warning(
                     "%s-%d: bad data from leader %d (%s); re-truncating",

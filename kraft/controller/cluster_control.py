@@ -7,7 +7,7 @@ leadership changes exceed one batch, each command moves one batch worth and answ
 with ``"continue": true`` in the body, since the broker is already unfenced by then).
 
 Pure handlers ``(image, command, settings) -> ControllerResult``. A broker's epoch is the offset
-of its latest RegisterBrokerRecord (kraft-reference §5); requests that quote an epoch must quote
+of its latest RegisterBrokerRecord (docs/kraft-notes.md, Epochs and ids); requests that quote an epoch must quote
 the current one (STALE_BROKER_EPOCH).
 """
 
@@ -38,7 +38,7 @@ _FEATURE_KEYS = {"name": str, "min_version": int, "max_version": int}
 MAX_BROKER_ID = (1 << 31) - 1  # Kafka's broker ids are int32 (the audit's columns too)
 
 
-def _maps(raw: Any, spec: dict[str, type], what: str) -> tuple[dict, ...]:
+def _maps(raw: Any, spec: dict[str, type], what: str) -> tuple[dict[str, Any], ...]:
     """Validate a list of maps with exactly ``spec``'s keys and types (INVALID_REQUEST)."""
     if raw is None:
         return ()
@@ -74,7 +74,7 @@ def checked_broker(image: MetadataImage, broker_id: int, broker_epoch: int) -> B
     return reg
 
 
-def _unsupported_features(image: MetadataImage, features: tuple[dict, ...]) -> str | None:
+def _unsupported_features(image: MetadataImage, features: tuple[dict[str, Any], ...]) -> str | None:
     """A finalized feature level the broker does not support (a feature it does not list
     supports only level 0), described, or None."""
     ranges = {f["name"]: (f["min_version"], f["max_version"]) for f in features}
@@ -91,7 +91,7 @@ def _unsupported_features(image: MetadataImage, features: tuple[dict, ...]) -> s
 def register_broker(
     image: MetadataImage, cmd: Command, settings: ControllerSettings
 ) -> ControllerResult:
-    """BrokerRegistration (§6.1): RegisterBrokerRecord, fenced. A new incarnation's epoch is the
+    """BrokerRegistration (docs/kraft-notes.md, Broker registration): RegisterBrokerRecord, fenced. A new incarnation's epoch is the
     record's offset; the same incarnation amends its registration and keeps epoch and state."""
     body = cmd.body
     broker_id = body["broker_id"]
@@ -179,10 +179,10 @@ def unregister_broker(
 
 def _transition(
     image: MetadataImage, cmd: Command, reason: str
-) -> tuple[BrokerRegistration | None, ControllerResult | None]:
+) -> BrokerRegistration | ControllerResult:
     """Common checks of fence/unfence/shutdown commands: the registration, or an error result."""
     try:
-        return checked_broker(image, cmd.body["broker_id"], cmd.body["broker_epoch"]), None
+        return checked_broker(image, cmd.body["broker_id"], cmd.body["broker_epoch"])
     except KraftError as stale:
         e = stale
         if image.broker(cmd.body["broker_id"]) is None:
@@ -190,7 +190,7 @@ def _transition(
                 ErrorCode.BROKER_ID_NOT_REGISTERED,
                 f"Broker {cmd.body['broker_id']} is not registered.",
             )
-        return None, ControllerResult([], error_fields(e), reason)
+        return ControllerResult([], error_fields(e), reason)
 
 
 def _leave(
@@ -224,9 +224,9 @@ def fence_broker(
     """FenceBroker (session timeout or want_fence): leave ISRs and leadership, then fenced=1
     (written last, so a fenced broker has left everything). Already fenced: nothing to write."""
     reason = cmd.body.get("reason") or "session-timeout"
-    reg, failed = _transition(image, cmd, reason)
-    if failed is not None:
-        return failed
+    reg = _transition(image, cmd, reason)
+    if isinstance(reg, ControllerResult):
+        return reg
     if reg.fenced:
         return ControllerResult([], error_fields(), reason)
     fence = BrokerRegistrationChangeRecord(reg.broker_id, reg.epoch, FENCE, 0)
@@ -238,9 +238,9 @@ def unfence_broker(
 ) -> ControllerResult:
     """UnfenceBroker (caught up): fenced=-1, then leaderless partitions it can lead get it."""
     reason = "broker-unfenced"
-    reg, failed = _transition(image, cmd, reason)
-    if failed is not None:
-        return failed
+    reg = _transition(image, cmd, reason)
+    if isinstance(reg, ControllerResult):
+        return reg
     if reg.in_controlled_shutdown:
         error = KraftError(
             ErrorCode.INVALID_REQUEST,
@@ -274,9 +274,9 @@ def begin_controlled_shutdown(
     fenced broker: nothing to write. Already shutting down: only what is left to move (if an
     earlier step was incomplete)."""
     reason = "controlled-shutdown"
-    reg, failed = _transition(image, cmd, reason)
-    if failed is not None:
-        return failed
+    reg = _transition(image, cmd, reason)
+    if isinstance(reg, ControllerResult):
+        return reg
     if reg.fenced:
         return ControllerResult([], error_fields(), reason)
     first: list[Record] = (

@@ -59,7 +59,8 @@ class Command:
 
     def encode(self) -> bytes:
         """Canonical msgpack bytes (keys in the fixed order above)."""
-        return msgpack.packb(self.to_dict(), use_bin_type=True)
+        packed: bytes = msgpack.packb(self.to_dict(), use_bin_type=True)
+        return packed
 
     @classmethod
     def decode(cls, data: bytes) -> Command:

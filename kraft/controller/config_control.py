@@ -84,6 +84,8 @@ def _new_value(
 ) -> tuple[str, str | None]:
     """(key, new value or None to delete) for one op; raises INVALID_CONFIG / INVALID_REQUEST."""
     key, kind, value = op.get("name"), op.get("op"), op.get("value")
+    if not isinstance(key, str):
+        raise KraftError(ErrorCode.INVALID_REQUEST, f"A config op needs a name, got {key!r}.")
     d = lookup(type_id, key)
     if kind not in OPS:
         raise KraftError(
@@ -117,7 +119,7 @@ def _new_value(
 
 
 def _alter_resource(
-    image: MetadataImage, settings: ControllerSettings, resource: Any
+    image: MetadataImage, settings: ControllerSettings, resource: Any, replace: bool = False
 ) -> list[ConfigRecord]:
     if not isinstance(resource, dict):
         raise KraftError(
@@ -139,6 +141,10 @@ def _alter_resource(
             ErrorCode.INVALID_REQUEST, f"Error due to duplicate config keys: {', '.join(repeated)}."
         )
     current = image.config(type_id, name)
+    if replace:  # legacy AlterConfigs: SETs only; every other dynamic key is deleted
+        if any(op.get("op") != "SET" for op in ops):
+            raise KraftError(ErrorCode.INVALID_REQUEST, "AlterConfigs takes SET ops only.")
+        ops = [*ops, *({"name": k, "op": "DELETE"} for k in sorted(current) if k not in keys)]
     changes: dict[str, str | None] = {}
     for op in ops:
         key, value = _new_value(image, settings, type_id, name, current, op)
@@ -156,10 +162,18 @@ def _resource_id(resource: Any) -> tuple[Any, Any]:
     return resource.get("resource_type"), resource.get("resource_name")
 
 
-def incremental_alter_configs(
+def alter_configs(
     image: MetadataImage, cmd: Command, settings: ControllerSettings
 ) -> ControllerResult:
-    """IncrementalAlterConfigs (§6.7): per-resource results; one batch of ConfigRecords."""
+    """Legacy AlterConfigs (docs/kraft-notes.md, Alter configs): each resource's dynamic configs are replaced by the given
+    set (keys not given are deleted); otherwise as IncrementalAlterConfigs."""
+    return incremental_alter_configs(image, cmd, settings, replace=True)
+
+
+def incremental_alter_configs(
+    image: MetadataImage, cmd: Command, settings: ControllerSettings, replace: bool = False
+) -> ControllerResult:
+    """IncrementalAlterConfigs (docs/kraft-notes.md, Alter configs): per-resource results; one batch of ConfigRecords."""
     resources = list(cmd.body["resources"])
     ids = [_resource_id(r) for r in resources]
     records: list[ConfigRecord] = []
@@ -175,7 +189,7 @@ def incremental_alter_configs(
                     ErrorCode.INVALID_REQUEST,
                     f"Resource {rtype} {rname!r} is listed more than once.",
                 )
-            resource_records = _alter_resource(image, settings, resource)
+            resource_records = _alter_resource(image, settings, resource, replace)
         except KraftError as e:
             results.append({**shown, **error_fields(e)})
             continue

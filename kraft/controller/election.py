@@ -1,5 +1,5 @@
-"""Leader election rules: the partition change for a target ISR / replica set (kraft-reference §6.9,
-§6.10), as Kafka's PartitionChangeBuilder does with eligible leader replicas (ELR) disabled.
+"""Leader election rules: the partition change for a target ISR / replica set (docs/kraft-notes.md,
+Leader election), as Kafka's PartitionChangeBuilder does with eligible leader replicas (ELR) disabled.
 
 Everything here is pure: functions take a :class:`PartitionRegistration` (or an image) and an
 ``is_acceptable(broker_id)`` predicate and return the :class:`PartitionChangeRecord` to write, or
@@ -268,7 +268,7 @@ def _active_brokers_except(image: MetadataImage, broker_id: int) -> frozenset[in
     )
 
 
-class Changes(list):
+class Changes(list[PartitionChangeRecord]):
     """Partition changes in deterministic order; ``remaining`` counts the affected partitions
     not examined because ``limit`` records were reached (a stepped transition continues there)."""
 

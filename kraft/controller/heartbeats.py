@@ -1,4 +1,4 @@
-"""Broker liveness on the active controller (kraft-reference §6.2, §6.3).
+"""Broker liveness on the active controller (docs/kraft-notes.md: Heartbeats and liveness, Session expiry).
 
 :class:`BrokerHeartbeatManager` is soft state, never written to the log: each broker's last
 contact, last reported metadata offset and the offset at which its controlled shutdown was

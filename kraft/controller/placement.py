@@ -1,4 +1,4 @@
-"""Replica placement for new partitions: striped and rack-aware (kraft-reference §7).
+"""Replica placement for new partitions: striped and rack-aware (docs/kraft-notes.md, Replica placement).
 
 Rules (Kafka's StripedReplicaPlacer, re-derived from its description):
 

@@ -14,7 +14,9 @@ from kraft.image import MetadataImage, TopicImage
 from kraft.records import RESOURCE_TOPIC
 
 
-def list_topics(image: MetadataImage, body: dict, settings: ControllerSettings) -> dict[str, Any]:
+def list_topics(
+    image: MetadataImage, body: dict[str, Any], settings: ControllerSettings
+) -> dict[str, Any]:
     topics = []
     for name in sorted(image.topics_by_name):
         topic = image.topics_by_id[image.topics_by_name[name]]
@@ -53,7 +55,7 @@ def describe_topic(image: MetadataImage, topic: TopicImage) -> dict[str, Any]:
 
 
 def describe_topics(
-    image: MetadataImage, body: dict, settings: ControllerSettings
+    image: MetadataImage, body: dict[str, Any], settings: ControllerSettings
 ) -> dict[str, Any]:
     names = body.get("names")
     if names is None:
@@ -80,7 +82,7 @@ def describe_topics(
 
 
 def describe_configs(
-    image: MetadataImage, body: dict, settings: ControllerSettings
+    image: MetadataImage, body: dict[str, Any], settings: ControllerSettings
 ) -> dict[str, Any]:
     out = []
     for resource in body["resources"]:
@@ -112,7 +114,7 @@ def _broker_state(fenced: bool, in_controlled_shutdown: bool) -> str:
 
 
 def describe_cluster(
-    image: MetadataImage, body: dict, settings: ControllerSettings
+    image: MetadataImage, body: dict[str, Any], settings: ControllerSettings
 ) -> dict[str, Any]:
     brokers = []
     for broker_id in sorted(image.brokers):
@@ -137,7 +139,7 @@ def describe_cluster(
     }
 
 
-READS: dict[str, Callable[[MetadataImage, dict, ControllerSettings], dict[str, Any]]] = {
+READS: dict[str, Callable[[MetadataImage, dict[str, Any], ControllerSettings], dict[str, Any]]] = {
     "ListTopics": list_topics,
     "DescribeTopics": describe_topics,
     "DescribeConfigs": describe_configs,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, TypeGuard
 
 from kraft.controller.commands import Command, ControllerResult, derive_rng, error_fields
 from kraft.controller.configs import is_true, validate_value
@@ -53,7 +53,7 @@ def _fail(code: ErrorCode, message: str) -> KraftError:
     return KraftError(code, message)
 
 
-def _is_int(v: Any) -> bool:
+def _is_int(v: Any) -> TypeGuard[int]:
     return type(v) is int
 
 
@@ -298,9 +298,9 @@ def _topic_configs(name: str, raw: Any) -> list[ConfigRecord]:
     ]
 
 
-def check_new_topic_name(image: MetadataImage, name: Any, planned: Mapping[str, str]) -> str:
+def check_new_topic_name(image: MetadataImage, raw: Any, planned: Mapping[str, str]) -> str:
     """A legal name that no existing or planned topic has or collides with."""
-    name = validate_topic_name(name)
+    name = validate_topic_name(raw)
     if name in image.topics_by_name or name in planned:
         raise _fail(ErrorCode.TOPIC_ALREADY_EXISTS, f"Topic '{name}' already exists.")
     other = find_collision(
@@ -320,7 +320,7 @@ def _create_topic(
     item: Mapping[str, Any],
     planned: dict[str, str],
     budget: int,
-) -> tuple[list[Record], dict]:
+) -> tuple[list[Record], dict[str, Any]]:
     name = check_new_topic_name(image, item.get("name"), planned)
     num_partitions = _optional_count(item, "num_partitions")
     replication_factor = _optional_count(item, "replication_factor")
@@ -390,7 +390,7 @@ def _failed_topic(name: Any, error: KraftError) -> dict[str, Any]:
 def create_topics(
     image: MetadataImage, cmd: Command, settings: ControllerSettings
 ) -> ControllerResult:
-    """CreateTopics (kraft-reference §6.4): one atomic batch of TopicRecord, ConfigRecords and
+    """CreateTopics (docs/kraft-notes.md, Create topics): one atomic batch of TopicRecord, ConfigRecords and
     PartitionRecords per created topic; every topic gets its own result."""
     items = list(cmd.body["topics"])
     names = [item.get("name") if isinstance(item, dict) else None for item in items]
@@ -411,8 +411,7 @@ def create_topics(
                     f"Found multiple entries for topic '{name}' in one request.",
                 )
             if over_limit is not None:  # the request fails anyway: only report other errors
-                check_new_topic_name(image, name, planned)
-                _topic_configs(name, item.get("configs"))
+                _topic_configs(check_new_topic_name(image, name, planned), item.get("configs"))
                 raise over_limit
             budget = settings.max_records_per_batch - len(records)
             topic_records, result = _create_topic(image, settings, cmd, item, planned, budget)
@@ -429,7 +428,8 @@ def create_topics(
         results = [r if r["error_code"] else _failed_topic(r["name"], over_limit) for r in results]
     if cmd.body.get("validate_only"):
         records = []
-    return ControllerResult(records, {"topics": results}, "user-request")
+    reason = "auto-create" if cmd.body.get("auto_create") else "user-request"
+    return ControllerResult(records, {"topics": results}, reason)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -477,7 +477,7 @@ def _create_partitions_for(
         assignments = [check_replica_list(image, current + i, r, rf) for i, r in enumerate(raw)]
         empty_isr = ErrorCode.INVALID_REPLICA_ASSIGNMENT
     else:
-        rng = derive_rng(cmd.seed, "placement", name, str(current))
+        rng = derive_rng(cmd.seed, "placement", topic.name, str(current))
         assignments = [tuple(r) for r in place(image, current, added, rf, rng)]
         empty_isr = ErrorCode.INVALID_REPLICATION_FACTOR
     return [
@@ -489,7 +489,7 @@ def _create_partitions_for(
 def create_partitions(
     image: MetadataImage, cmd: Command, settings: ControllerSettings
 ) -> ControllerResult:
-    """CreatePartitions (§6.5): grow topics; one PartitionRecord per new partition, atomically."""
+    """CreatePartitions (docs/kraft-notes.md): grow topics; one PartitionRecord per new partition, atomically."""
     items = list(cmd.body["topics"])
     names = [item.get("name") if isinstance(item, dict) else None for item in items]
     duplicates = _duplicates(names)
@@ -539,7 +539,7 @@ def create_partitions(
 def delete_topics(
     image: MetadataImage, cmd: Command, settings: ControllerSettings
 ) -> ControllerResult:
-    """DeleteTopics (§6.6) by name: one RemoveTopicRecord per topic, atomically."""
+    """DeleteTopics (docs/kraft-notes.md) by name: one RemoveTopicRecord per topic, atomically."""
     names = list(cmd.body["names"])
     duplicates = _duplicates(names)
     records: list[Record] = []
@@ -565,6 +565,7 @@ def delete_topics(
                 }
             )
             continue
+        assert topic_id is not None  # no error: the name is a topic's
         records.append(RemoveTopicRecord(topic_id))
         results.append({"name": name, "topic_id": topic_id, **error_fields()})
     if len(records) > settings.max_records_per_batch:
@@ -661,36 +662,41 @@ def elect_leaders(
     seen: set[tuple[str, int]] = set()
     for entry in listed:
         name = entry.get("topic") if isinstance(entry, dict) else None
-        pid = entry.get("partition") if isinstance(entry, dict) else None
+        raw_pid = entry.get("partition") if isinstance(entry, dict) else None
         shown_name, shown_pid = (
             (name if isinstance(name, str) else ""),
-            (pid if _is_int(pid) else -1),
+            (raw_pid if _is_int(raw_pid) else -1),
         )
-        topic = image.topic(name) if isinstance(name, str) else None
-        part = topic.partitions.get(pid) if topic is not None and _is_int(pid) else None
+        listed_topic = image.topic(name) if isinstance(name, str) else None
+        listed_part = (
+            listed_topic.partitions.get(raw_pid)
+            if listed_topic is not None and _is_int(raw_pid)
+            else None
+        )
         try:
-            if not isinstance(name, str) or not _is_int(pid):
+            if not isinstance(name, str) or not _is_int(raw_pid):
                 raise _fail(
                     ErrorCode.INVALID_REQUEST,
                     "Each partition must be a map {topic: str, partition: int}.",
                 )
-            if (name, pid) in seen:
+            if (name, raw_pid) in seen:
                 raise _fail(
-                    ErrorCode.INVALID_REQUEST, f"Partition {name}-{pid} is listed more than once."
+                    ErrorCode.INVALID_REQUEST,
+                    f"Partition {name}-{raw_pid} is listed more than once.",
                 )
-            seen.add((name, pid))
-            if part is None:
+            seen.add((name, raw_pid))
+            if listed_topic is None or listed_part is None:
                 raise _fail(
-                    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"Partition {name}-{pid} does not exist."
+                    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                    f"Partition {name}-{raw_pid} does not exist.",
                 )
-            change = _elect_one(image, topic, pid, part, election_type)
+            change = _elect_one(image, listed_topic, raw_pid, listed_part, election_type)
         except KraftError as e:
-            results.append(
-                _election_result(shown_name, shown_pid, part.leader if part else LEADER_NONE, e)
-            )
+            leader = listed_part.leader if listed_part else LEADER_NONE
+            results.append(_election_result(shown_name, shown_pid, leader, e))
             continue
         records.append(change)
-        results.append(_election_result(name, pid, change.leader))
+        results.append(_election_result(name, raw_pid, change.leader))
     if len(records) > settings.max_records_per_batch:
         error = _limit_error(settings, len(records))
         records = []
@@ -729,7 +735,7 @@ def _check_alter(
     pid: int,
     req: Mapping[str, Any],
 ) -> tuple[tuple[int, ...], int]:
-    """Kafka's AlterPartition checks, in order (§6.8). Returns (new ISR, new recovery state)."""
+    """Kafka's AlterPartition checks, in order (docs/kraft-notes.md, AlterPartition). Returns (new ISR, new recovery state)."""
     leader_epoch, partition_epoch, isr = (
         req.get("leader_epoch"),
         req.get("partition_epoch"),
@@ -815,7 +821,7 @@ def _check_alter(
     return new_isr, new_recovery
 
 
-def _isr_reason(req: Mapping[str, Any], old: tuple, new: tuple) -> str:
+def _isr_reason(req: Mapping[str, Any], old: tuple[int, ...], new: tuple[int, ...]) -> str:
     given = req.get("reason")
     if isinstance(given, str) and given:
         return given
@@ -873,7 +879,7 @@ def alter_partition(
                         ErrorCode.INVALID_REQUEST,
                         f"Partition {topic.name}-{pid} is listed more than once.",
                     )
-                seen.add((topic_id, pid))
+                seen.add((topic.topic_id, pid))
                 new_isr, new_recovery = _check_alter(image, broker_id, part, topic.name, pid, req)
             except KraftError as e:
                 parts_out.append(
@@ -885,7 +891,7 @@ def alter_partition(
                 )
                 continue
             change = build_partition_change(
-                topic_id,
+                topic.topic_id,
                 pid,
                 part,
                 image.is_active_broker,

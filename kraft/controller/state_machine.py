@@ -22,10 +22,11 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Protocol
 
 from kraft.controller import cluster_control, config_control, feature_control, replication_control
 from kraft.controller.commands import Command, ControllerResult, error_response
+from kraft.controller.election import Resume
 from kraft.controller.reads import READS
 from kraft.controller.settings import ControllerSettings
 from kraft.errors import ErrorCode, KraftError
@@ -51,6 +52,7 @@ WRITES: dict[str, Handler] = {
     "ElectLeaders": replication_control.elect_leaders,
     "AlterPartition": replication_control.alter_partition,
     "IncrementalAlterConfigs": config_control.incremental_alter_configs,
+    "AlterConfigs": config_control.alter_configs,
     "BrokerRegistration": cluster_control.register_broker,
     "UnregisterBroker": cluster_control.unregister_broker,
     "FenceBroker": cluster_control.fence_broker,
@@ -61,8 +63,26 @@ WRITES: dict[str, Handler] = {
     "NoOp": feature_control.no_op,
 }
 
+
+class ResumableHandler(Protocol):
+    """A stepped broker transition: also takes where its previous step stopped."""
+
+    def __call__(
+        self,
+        image: MetadataImage,
+        cmd: Command,
+        settings: ControllerSettings,
+        /,
+        pending: Resume | None = None,
+    ) -> ControllerResult: ...
+
+
 # Stepped broker transitions whose handlers take ``pending`` (see cluster_control._leave).
-_RESUMABLE = frozenset({"FenceBroker", "BeginControlledShutdown", "UnregisterBroker"})
+_RESUMABLE: dict[str, ResumableHandler] = {
+    "FenceBroker": cluster_control.fence_broker,
+    "BeginControlledShutdown": cluster_control.begin_controlled_shutdown,
+    "UnregisterBroker": cluster_control.unregister_broker,
+}
 
 
 # the record types a retried request's answer says something about
@@ -87,10 +107,9 @@ def batch_summary(batch: Batch, image: MetadataImage) -> dict[str, Any]:
     topics: list[dict[str, Any]] = []
     created: dict[str, dict[str, Any]] = {}
     for record in batch.records:
-        cls = type(record)
-        if cls not in _SUMMARIZED:  # partition changes, configs...: nothing to say
+        if type(record) not in _SUMMARIZED:  # partition changes, configs...: nothing to say
             continue
-        if cls is TopicRecord:
+        if isinstance(record, TopicRecord):
             created[record.topic_id] = {
                 "name": record.name,
                 "topic_id": record.topic_id,
@@ -100,11 +119,11 @@ def batch_summary(batch: Batch, image: MetadataImage) -> dict[str, Any]:
                 "replication_factor": 0,
             }
             topics.append(created[record.topic_id])
-        elif cls is PartitionRecord:
+        elif isinstance(record, PartitionRecord):
             if record.topic_id in created:
                 created[record.topic_id]["num_partitions"] += 1
                 created[record.topic_id]["replication_factor"] = len(record.replicas)
-        elif cls is RemoveTopicRecord:
+        elif isinstance(record, RemoveTopicRecord):
             old = image.topics_by_id.get(record.topic_id)
             topics.append(
                 {
@@ -114,9 +133,9 @@ def batch_summary(batch: Batch, image: MetadataImage) -> dict[str, Any]:
                     "error_message": "",
                 }
             )
-        elif cls is RegisterBrokerRecord:
+        elif isinstance(record, RegisterBrokerRecord):
             summary["broker_epoch"] = record.broker_epoch
-        else:  # ProducerIdsRecord
+        elif isinstance(record, ProducerIdsRecord):
             start = image.next_producer_id
             summary["producer_id_start"] = start
             summary["producer_id_len"] = record.next_producer_id - start
@@ -159,8 +178,9 @@ class QuorumStateMachine:
                 return None, dict(seen)
         try:
             validate_request(command.api, command.body)
-            if command.api in _RESUMABLE:
-                result = handler(
+            resumable = _RESUMABLE.get(command.api)
+            if resumable is not None:
+                result = resumable(
                     self.image, command, self.settings, pending=self._pending_for(command)
                 )
             else:

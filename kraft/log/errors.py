@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Self
 
 
 class CorruptLogError(Exception):
@@ -20,7 +21,8 @@ class CorruptLogError(Exception):
         at = f"offset {offset}" if offset is not None else "offset unknown"
         super().__init__(f"corrupt metadata log {self.path} at byte {position} ({at}): {reason}")
 
-    def __reduce__(self):  # keep the four arguments when pickled (e.g. across processes)
+    def __reduce__(self) -> tuple[type[Self], tuple[Path, int, int | None, str]]:
+        # keep the four arguments when pickled (e.g. across processes)
         return (type(self), (self.path, self.position, self.offset, self.reason))
 
 
@@ -33,7 +35,7 @@ class CorruptSnapshotError(Exception):
         self.reason = reason
         super().__init__(f"corrupt snapshot {self.path} at byte {position}: {reason}")
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[Self], tuple[Path, int, str]]:
         return (type(self), (self.path, self.position, self.reason))
 
 

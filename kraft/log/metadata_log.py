@@ -295,7 +295,7 @@ class MetadataLog:
             while i < len(frames):
                 seg = self._active_segment()
                 position = end = seg.size
-                group = []
+                group: list[tuple[bytes, bytes, Batch, bytes]] = []
                 while (
                     i < len(frames)
                     and len(group) < _MAX_FRAMES_PER_WRITE

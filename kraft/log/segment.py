@@ -207,7 +207,7 @@ def scan_buffer(
     path: Path,
     data: bytes | memoryview,
     state: ChainState,
-    decode: Callable[[bytes], Batch] = decode_batch,
+    decode: Callable[[memoryview], Batch] = decode_batch,
 ) -> Iterator[ScanEntry]:
     """Scan a segment's bytes, checking every frame against ``state`` (which is advanced).
     ``decode`` turns a payload into a batch or raises RecordDecodeError: the strict
@@ -233,7 +233,7 @@ def scan_buffer(
             batch, err = None, str(e)
         if not frame.crc_ok:
             off = expected if expected is not None else (batch.base_offset if batch else None)
-            problem = Problem(
+            problem: Problem | None = Problem(
                 path,
                 frame.position,
                 off,
@@ -271,7 +271,7 @@ def scan_buffer(
 def scan_segment(
     path: str | Path,
     state: ChainState | None = None,
-    decode: Callable[[bytes], Batch] = decode_batch,
+    decode: Callable[[memoryview], Batch] = decode_batch,
 ) -> Iterator[ScanEntry]:
     """Scan one segment file. Without ``state`` the segment is checked on its own (its name
     gives the first offset; a non-zero first segment is anchored on its first prev_hash).

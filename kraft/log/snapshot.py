@@ -56,6 +56,7 @@ log = logging.getLogger(__name__)
 SNAPSHOT_FORMAT = 2
 READABLE_FORMATS = (1, 2)  # format N carries an image checksum of version N
 CHUNK_RECORDS = 1000
+Row = tuple[Any, ...]  # one record's field values, in ``FIELDS`` order
 SUFFIX = ".checkpoint"
 PART_SUFFIX = ".checkpoint.part"
 DELETED_SUFFIX = ".checkpoint.deleted"
@@ -196,7 +197,7 @@ def write_snapshot(
 def write_snapshot_runs(
     directory: str | Path,
     header: SnapshotHeader,
-    runs: Iterable[tuple[type[Record], Iterable[tuple]]],
+    runs: Iterable[tuple[type[Record], Iterable[Row]]],
 ) -> Path:
     """:func:`write_snapshot` of records given as runs ``(record class, rows)``, each row the
     values of ``cls.FIELDS`` in order (e.g. ``MetadataImage.record_runs()``): the same bytes as
@@ -243,13 +244,19 @@ def _write_body(f: BinaryIO, header: SnapshotHeader, chunks: Iterator[dict[str, 
     f.write(payload)
 
 
-def _row_getter(cls: type[Record]) -> Callable[[Record], tuple]:
+def _row_getter(cls: type[Record]) -> Callable[[Record], Row]:
     names = [n for n, _ in cls.FIELDS]
     if not names:
         return lambda r: ()
     if len(names) == 1:
-        return lambda r, n=names[0]: (getattr(r, n),)
-    return attrgetter(*names)
+        name = names[0]
+
+        def one(r: Record) -> Row:
+            return (getattr(r, name),)
+
+        return one
+    getter: Callable[[Record], Row] = attrgetter(*names)
+    return getter
 
 
 def _chunks(records: Iterable[Record]) -> Iterator[dict[str, Any]]:
@@ -276,28 +283,28 @@ def _chunks(records: Iterable[Record]) -> Iterator[dict[str, Any]]:
         }
 
 
-def _run_chunks(runs: Iterable[tuple[type[Record], Iterable[tuple]]]) -> Iterator[dict[str, Any]]:
+def _run_chunks(runs: Iterable[tuple[type[Record], Iterable[Row]]]) -> Iterator[dict[str, Any]]:
     """Row chunks of runs: consecutive runs of one type are joined, then cut every CHUNK_RECORDS
     rows, exactly as :func:`_chunks` cuts the same records."""
     cls: type[Record] | None = None
-    rows: list[tuple] = []
+    rows: list[Row] = []
     for run_cls, run_rows in runs:
         run_rows = list(run_rows)
         if not run_rows:  # an empty run must not split the runs around it
             continue
         if run_cls is not cls:
-            if rows:
-                yield _chunk(cls, rows)  # type: ignore[arg-type]
+            if cls is not None and rows:
+                yield _chunk(cls, rows)
             cls, rows = run_cls, []
         rows.extend(run_rows)
         while len(rows) >= CHUNK_RECORDS:
             yield _chunk(cls, rows[:CHUNK_RECORDS])
             del rows[:CHUNK_RECORDS]
-    if rows:
-        yield _chunk(cls, rows)  # type: ignore[arg-type]
+    if cls is not None and rows:
+        yield _chunk(cls, rows)
 
 
-def _chunk(cls: type[Record], rows: list[tuple]) -> dict[str, Any]:
+def _chunk(cls: type[Record], rows: list[Row]) -> dict[str, Any]:
     return {
         "type": cls.TYPE,
         "version": cls.VERSION,
@@ -342,17 +349,19 @@ def read_snapshot(
     if not frames:
         raise CorruptSnapshotError(path, 0, "empty file")
     sha = hashlib.sha256()
+    payloads: list[memoryview] = []  # views of ``data``: no copy
     for fr in frames:
         if fr.payload is None:
             raise CorruptSnapshotError(path, fr.position, "truncated frame")
         if not fr.crc_ok:
             raise CorruptSnapshotError(path, fr.position, "CRC mismatch")
+        payloads.append(fr.payload)
     header = _parse_header(path, frames[0])
     if len(frames) < 2:
         raise CorruptSnapshotError(path, len(data), "no footer")
-    for fr in frames[:-1]:
-        sha.update(fr.payload)
-    footer = _unpack(path, frames[-1].position, frames[-1].payload)
+    for payload in payloads[:-1]:
+        sha.update(payload)
+    footer = _unpack(path, frames[-1].position, payloads[-1])
     if not isinstance(footer, dict) or footer.get("kind") != "footer":
         raise CorruptSnapshotError(path, frames[-1].position, "last frame is not a footer")
     if footer.get("sha256") != sha.digest():
@@ -363,7 +372,7 @@ def read_snapshot(
             frames[-1].position,
             f"footer count {footer.get('record_count')} != header count {header.record_count}",
         )
-    body = [(fr.position, fr.payload) for fr in frames[1:-1]]  # views of ``data``: no copy
+    body = [(fr.position, payload) for fr, payload in zip(frames[1:-1], payloads[1:-1])]
     unchecked = frozenset({PartitionRecord.TYPE}) if unchecked_partitions else frozenset()
     return header, SnapshotRecords(
         path, body, header.record_count, frames[-1].position, strict, unchecked
@@ -419,7 +428,7 @@ class SnapshotRecords(Iterator[Record]):
         self._footer_pos, self._strict, self._unchecked = footer_pos, strict, unchecked_types
         self._records: Iterator[Record] | None = None
 
-    def iter_chunks(self) -> Iterator[tuple[type[Record], tuple[tuple, ...]]]:
+    def iter_chunks(self) -> Iterator[tuple[type[Record], tuple[Row, ...]]]:
         """``(record class, rows)`` per chunk, each row the values of ``cls.FIELDS`` in order
         (checked when strict), ready for ``cls(*row)``."""
         count = 0
@@ -463,7 +472,7 @@ _INT_LISTS = (INTS, OPT_INTS)
 _INT_ONLY = frozenset({int})
 
 
-def _column_ok(kind: Any, column: tuple) -> bool:
+def _column_ok(kind: Any, column: Row) -> bool:
     """Whether every value of ``column`` passes ``kind`` unchanged (arrays unpack as tuples)."""
     allowed = _COLUMN_TYPES[kind]
     if not set(map(type, column)) <= allowed:
@@ -475,7 +484,7 @@ def _column_ok(kind: Any, column: tuple) -> bool:
     return True
 
 
-def _decode_rows(chunk: Any, strict: bool = True) -> tuple[type[Record], tuple[tuple, ...]]:
+def _decode_rows(chunk: Any, strict: bool = True) -> tuple[type[Record], tuple[Row, ...]]:
     """Check a row chunk (arrays unpacked as tuples): its type, version, field names, row widths
     and, when ``strict``, every value against the record class's field kinds."""
     if not isinstance(chunk, dict) or set(chunk) != {"type", "version", "fields", "rows"}:

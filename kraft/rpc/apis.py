@@ -30,12 +30,13 @@ _APIS = [
     Api(
         "CreateTopics",
         "write",
-        ("topics: list", "validate_only: bool?"),
+        ("topics: list", "validate_only: bool?", "auto_create: bool?"),
         ("topics: list",),
         "topics[]: {name: str, num_partitions: int? (-1 = num.partitions), replication_factor: "
         "int? (-1 = default.replication.factor), assignments: map? {partition: [broker ids]}, "
         "configs: map? {key: value}} -> topics[]: {name, topic_id, error_code, error_message, "
-        "num_partitions, replication_factor}",
+        "num_partitions, replication_factor}; auto_create: a broker creating topics for "
+        "auto.create.topics.enable (reason auto-create)",
     ),
     Api(
         "CreatePartitions",
@@ -51,6 +52,15 @@ _APIS = [
         ("names: list",),
         ("topics: list",),
         "names[]: topic names -> topics[]: {name, topic_id, error_code, error_message}",
+    ),
+    Api(
+        "AlterConfigs",
+        "write",
+        ("resources: list", "validate_only: bool?"),
+        ("resources: list",),
+        "legacy AlterConfigs: each resource's dynamic configs become exactly the given set; "
+        "resources[]: {resource_type, resource_name, ops: [{name, op: 'SET', value}]} -> "
+        "resources[]: {resource_type, resource_name, error_code, error_message}",
     ),
     Api(
         "IncrementalAlterConfigs",

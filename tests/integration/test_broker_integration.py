@@ -274,3 +274,56 @@ def test_controller_failover_keeps_brokers_unfenced(cluster):
     )
     assert partitions_of(cluster, "steady") == before
     cluster.start(old)
+
+
+def test_elect_leaders_gives_leadership_back_to_preferred_replicas(cluster):
+    kraft(
+        "topics",
+        "create",
+        "preferred",
+        "--partitions",
+        "3",
+        "--replication-factor",
+        "3",
+        "--cluster",
+        str(cluster.dir),
+    )
+    poll(lambda: converged(cluster, "preferred"), 30, what="initial roles")
+    victim = partitions_of(cluster, "preferred")[0]["replicas"][0]
+    cluster.kill(victim, "TERM")
+    vb = next(b for b in cluster.meta["brokers"] if b["id"] == victim)
+    poll(
+        lambda: vb["pid"] is None or not Path(f"/proc/{vb['pid']}").exists(),
+        30,
+        what="the broker to exit",
+    )
+    cluster.start(victim)
+    poll(
+        lambda: all(victim in p["isr"] for p in partitions_of(cluster, "preferred")),
+        60,
+        what="the restarted broker back in every ISR",
+    )
+    moved = [p for p in partitions_of(cluster, "preferred") if p["leader"] != p["replicas"][0]]
+    assert moved, "a restarted broker does not take leadership back by itself"
+
+    out = kraft_json(
+        "topics", "elect-leaders", "--topic", "preferred", "--cluster", str(cluster.dir)
+    )
+    assert out["election_type"] == "preferred"
+    by_partition = {r["partition"]: r for r in out["partitions"]}
+    for p in moved:
+        assert by_partition[p["partition"]]["error"] == "NONE"
+        assert by_partition[p["partition"]]["leader"] == p["replicas"][0]
+    assert all(p["leader"] == p["replicas"][0] for p in partitions_of(cluster, "preferred"))
+    poll(lambda: converged(cluster, "preferred"), 30, what="brokers to follow the elections")
+
+    again = kraft("topics", "elect-leaders", "--topic", "preferred", "--cluster", str(cluster.dir))
+    assert again.returncode == 0 and "needs no preferred election" in again.stdout
+    unknown = kraft(
+        "topics", "elect-leaders", "--topic", "nope", "--cluster", str(cluster.dir), check=False
+    )
+    assert unknown.returncode == 1 and "UNKNOWN_TOPIC_OR_PARTITION" in unknown.stderr
+    usage = kraft(
+        "topics", "elect-leaders", "--partition", "0", "--cluster", str(cluster.dir), check=False
+    )
+    assert usage.returncode == 2 and "--partition needs --topic" in usage.stderr

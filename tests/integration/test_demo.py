@@ -68,9 +68,10 @@ def test_demo_tells_the_whole_story_and_cleans_up(tmp_path: Path) -> None:
         for heading in (
             "1. Start 3 controllers + 3 brokers",
             "2. The Raft quorum and some topics",
-            "3. Crash the active controller",
-            "4. Crash the broker leading orders partition 0",
-            "6. Stop everything",
+            "3. Two consumers in one group split a topic",
+            "4. Crash the active controller",
+            "5. Crash the broker leading orders partition 0",
+            "7. Stop everything",
         ):
             assert f"=== {heading}" in out
         for created in ("orders", "payments", "audit-log"):
@@ -80,6 +81,8 @@ def test_demo_tells_the_whole_story_and_cleans_up(tmp_path: Path) -> None:
         victim = int(re.search(r"Broker (\d+) leads: ", out).group(1))
         assert f"broker {victim} fenced: done" in out and f"broker {victim} unfenced: done" in out
         assert re.search(rf"orders-0: {victim} -> (?!{victim})\d+", out)
+        assert "both members assigned 3 partitions each: done" in out
+        assert "app-1 owning all 6 partitions: done" in out and "LOG-END-OFFSET" in out
         assert "Demo finished in" in out
         assert processes_under(tmp_path) == []
     finally:
@@ -99,7 +102,7 @@ def test_ctrl_c_while_the_cluster_starts_stops_every_node(tmp_path: Path) -> Non
         os.killpg(demo.pid, signal.SIGINT)
         out, _ = demo.communicate(timeout=180)
         assert demo.returncode == 130, out[-4000:]
-        assert "Interrupted." in out and "=== 6. Stop everything" in out
+        assert "Interrupted." in out and "=== 7. Stop everything" in out
         assert processes_under(tmp_path) == []  # the demo ran 'cluster down' before exiting
     finally:
         if demo.poll() is None:

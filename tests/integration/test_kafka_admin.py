@@ -738,6 +738,16 @@ def test_every_flexible_version_can_be_stripped(api_key: int) -> None:
             ],
             "validate_only": False,
         },
+        33: {
+            "resources": [
+                {
+                    "resource_type": 2,
+                    "resource_name": "t",
+                    "configs": [{"name": "a", "value": "1"}],
+                }
+            ],
+            "validate_only": False,
+        },
         60: {
             "include_cluster_authorized_operations": False,
             "endpoint_type": 1,

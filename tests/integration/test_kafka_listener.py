@@ -490,7 +490,7 @@ def test_delayed_fetch_woken_by_follower_progress_and_answered_in_order(data):
     """A consumer's long-poll Fetch on connection A waits; a produce (acks=1) appends but the HW
     holds (follower 2 has not fetched); follower 2's Fetch on C moves the HW, which completes A's
     fetch long before max_wait, and A's pipelined ApiVersions is answered after it."""
-    from tests.test_partition_log import make_batch, values_in
+    from tests.unit.test_partition_log import make_batch, values_in
 
     a, c = connect(data.port), connect(data.port)
     a.settimeout(15)
@@ -515,7 +515,7 @@ def test_delayed_fetch_woken_by_follower_progress_and_answered_in_order(data):
 
 def test_produce_purgatory_timeout_min_isr_and_partition_errors(data):
     from kraft.records import RESOURCE_TOPIC, ConfigRecord
-    from tests.test_partition_log import make_batch
+    from tests.unit.test_partition_log import make_batch
 
     batch = make_batch([b"v"])
     started = time.monotonic()
@@ -558,7 +558,7 @@ def test_fetch_epoch_and_range_errors_and_list_offsets(data):
     from kio.index import load_response_schema
     from kio.serial import entity_reader
 
-    from tests.test_partition_log import make_batch
+    from tests.unit.test_partition_log import make_batch
 
     data.produce("orders", 0, make_batch([b"a", b"b", b"c"]), acks=1)
     data.fetch(2, "orders", 0, 3)  # follower 2 caught up: HW 3

@@ -271,7 +271,7 @@ def _roundtrip(host: str, port: int, frame: bytes) -> bytes:
 
 
 def test_bad_crc_is_corrupt_message_and_nothing_is_appended(cluster):
-    from tests.test_partition_log import make_batch
+    from tests.unit.test_partition_log import make_batch
 
     create_topic(cluster, "crc", partitions=1)
     leader_id = poll(

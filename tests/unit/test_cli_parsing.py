@@ -84,6 +84,7 @@ HELP_COMMANDS = [
     ["topics", "describe"],
     ["topics", "delete"],
     ["topics", "add-partitions"],
+    ["topics", "delete-records"],
     ["configs"],
     ["configs", "describe"],
     ["configs", "alter"],
@@ -649,6 +650,9 @@ def test_controller_and_broker_commands_run_the_node_mains(
     capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seen: list[tuple[str, str]] = []
+    # cmd_broker hides hypothesis from kio (sys.modules["hypothesis"] = None); undone after
+    # the test, so later tests in this process can still import it.
+    monkeypatch.setitem(sys.modules, "hypothesis", sys.modules.get("hypothesis"))
     for module, role in (("kraft.node", "controller"), ("broker.node", "broker")):
         fake = types.ModuleType(module)
         fake.main = lambda path, role=role: seen.append((role, path)) or 3  # type: ignore[attr-defined]  # a stand-in module
@@ -664,3 +668,22 @@ def test_kill_signal_names_are_case_insensitive() -> None:
         ["cluster", "kill", "--dir", "d", "--node", "1", "--signal", "stop"]
     )
     assert args.signal == "STOP"
+
+
+def test_delete_records_requires_topic_partition_and_offset(capsys: pytest.CaptureFixture) -> None:
+    assert run(capsys, "topics", "delete-records", "--topic", "t", "--offset", "5", *BOOT)[0] == 2
+    assert (
+        run(
+            capsys,
+            "topics",
+            "delete-records",
+            "--topic",
+            "t",
+            "--partition",
+            "x",
+            "--offset",
+            "5",
+            *BOOT,
+        )[0]
+        == 2
+    )

@@ -1,4 +1,4 @@
-"""Leader election rules (kraft-reference §6.9, §6.10), one test per rule."""
+"""Leader election rules (docs/kraft-notes.md, Leader election), one test per rule."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""BrokerHeartbeatManager: sessions with a fake clock, heartbeat transitions (kraft-reference §6.2, §6.3)."""
+"""BrokerHeartbeatManager: sessions with a fake clock, heartbeat transitions (docs/kraft-notes.md)."""
 
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ from broker.protocol.data_codec import (
 from broker.protocol.kafka_codec import Reader
 from broker.replica.isr_tracker import FollowerState, high_watermark, may_join, out_of_sync
 from broker.replica.partition import Partition
-from broker.replica.partition_log import InvalidBatchError, PartitionLog
+from broker.replica.partition_log import InvalidBatchError, LeaderAppend, PartitionLog
 from broker.replica.replica_fetcher import truncation_offset
 from tests.unit.test_partition_log import make_batch, values_in
 
@@ -173,7 +173,7 @@ def test_partition_leader_advances_hw_from_follower_fetches(tmp_path):
     )
     part.log.assign_epoch(0, 0)
     part.reset_followers(1, now_ms=0)
-    assert part.append_as_leader(make_batch([b"a", b"b"])) == (0, 1)
+    assert part.append_as_leader(make_batch([b"a", b"b"])) == LeaderAppend(0, 1)
     assert part.high_watermark == 0  # follower 2's position is unknown
     assert not part.on_follower_fetch(2, 2, now_ms=10)  # in the ISR already
     assert part.high_watermark == 2

@@ -1423,3 +1423,31 @@ def test_transition_in_progress_while_a_stepped_fence_has_steps_left():
         )
         seen.append(h.sm.transition_in_progress)
     assert len(seen) > 2 and all(seen[:-1]) and not seen[-1]
+
+
+def test_legacy_alter_configs_replaces_the_whole_set():
+    h = Harness(brokers=1)
+    h.create("t")
+    alter(
+        h,
+        [
+            {"name": "retention.ms", "op": "SET", "value": "100"},
+            {"name": "max.message.bytes", "op": "SET", "value": "5000"},
+        ],
+    )
+    body = {
+        "resources": [
+            {
+                "resource_type": "topic",
+                "resource_name": "t",
+                "ops": [{"name": "retention.ms", "op": "SET", "value": "200"}],
+            }
+        ]
+    }
+    batch, r = h.write("AlterConfigs", body)
+    assert r["resources"][0]["error_code"] == 0
+    assert h.image.config(2, "t") == {"retention.ms": "200"}  # max.message.bytes deleted
+    body["resources"][0]["ops"] = [{"name": "retention.ms", "op": "DELETE"}]
+    _, r = h.write("AlterConfigs", body)
+    assert r["resources"][0]["error_code"] == E.INVALID_REQUEST
+    assert h.image.config(2, "t") == {"retention.ms": "200"}

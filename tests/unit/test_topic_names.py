@@ -1,4 +1,4 @@
-"""Kafka's topic name rules (kraft-reference §6.4)."""
+"""Kafka's topic name rules (docs/kraft-notes.md, Create topics)."""
 
 import pytest
 

@@ -7,8 +7,12 @@ import json
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tools.commands.common import ManualFormatter, UsageError
+
+if TYPE_CHECKING:  # imported when used: the audit's modules load Spark's Python side
+    from tools.audit.run import AuditOptions
 
 DESCRIPTION = """\
 Audit a metadata log directory with Spark: every record as a row (offset, term, time,
@@ -56,7 +60,7 @@ def parse_point(text: str, option: str) -> tuple[str, int]:
     return "time", int(when.timestamp() * 1000)
 
 
-def build_options(args: argparse.Namespace):
+def build_options(args: argparse.Namespace) -> AuditOptions:
     """The AuditOptions for parsed arguments (UsageError on bad values)."""
     from tools.audit.run import AuditOptions
 
@@ -99,7 +103,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     return result.exit_code
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``kraft audit``."""
     p = sub.add_parser(
         "audit",

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from kraft.errors import ErrorCode, KraftError, error_name
+from kraft.errors import ErrorCode, KraftError
 from tools import output
 
 # One controller's time to answer before the command asks another (a stalled one never does).
@@ -276,10 +276,6 @@ def print_item_error(label: str, item: dict[str, Any]) -> None:
 def print_json(value: Any) -> None:
     """Write ``value`` as JSON on stdout."""
     print(output.to_json(value))
-
-
-def item_error_name(item: dict[str, Any]) -> str:
-    return error_name(item.get("error_code") or 0)
 
 
 def show(

@@ -116,7 +116,7 @@ def _add_target(p: argparse.ArgumentParser) -> None:
     )
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``kraft configs ...``."""
     p = sub.add_parser(
         "configs",

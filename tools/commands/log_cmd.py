@@ -30,7 +30,7 @@ from tools.commands.common import (
     resolve_credentials,
 )
 from tools.log_format import record_item, render_item
-from tools.log_history import diff, iso_time, parse_point, render
+from tools.log_history import Point, diff, iso_time, parse_point, render
 from tools.log_reader import (
     History,
     LogReadError,
@@ -159,7 +159,7 @@ def cmd_dump(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------ diff
 
 
-def _point(text: str):
+def _point(text: str) -> Point:
     try:
         return parse_point(text)
     except ValueError as e:
@@ -238,7 +238,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------ parser
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``kraft log dump`` and ``kraft log diff``."""
     p = sub.add_parser(
         "log",

@@ -171,7 +171,7 @@ def cmd_replication(args: argparse.Namespace) -> int:
     return show(args, resp, render_replication, replication_document(resp))
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``kraft quorum status|replication``."""
     p = sub.add_parser(
         "quorum",

@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from types import ModuleType
 
 from tools import output
 from tools.commands.common import ManualFormatter, UsageError, int_at_least
@@ -29,11 +30,17 @@ def open_shell(history: History, at_offset: int | None) -> MetadataShell:
     return MetadataShell(image, history.batches[:count], history.source, names)
 
 
-def _interactive(shell: MetadataShell) -> int:
+def _readline() -> ModuleType | None:
+    """The readline module, or None on a platform without it (plain input then)."""
     try:
         import readline
-    except ImportError:  # no readline on this platform: plain input
-        readline = None
+    except ImportError:
+        return None
+    return readline
+
+
+def _interactive(shell: MetadataShell) -> int:
+    readline = _readline()
     hist = Path(os.environ.get(HISTORY_ENV) or Path.home() / ".kraft_shell_history")
     if readline is not None:
         try:
@@ -70,7 +77,7 @@ def cmd_shell(args: argparse.Namespace) -> int:
     return _interactive(shell)
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``kraft shell``."""
     p = sub.add_parser(
         "shell",

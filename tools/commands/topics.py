@@ -1,4 +1,4 @@
-"""``kraft topics``: create, list, describe, delete and add partitions to topics."""
+"""``kraft topics``: create, list, describe, delete, add partitions to topics and delete records."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Any
 
 from kraft.errors import ErrorCode
 from tools import output
+from tools.commands import delete_records, elect_leaders
 from tools.commands.common import (
     ManualFormatter,
     UsageError,
@@ -228,7 +229,7 @@ def cmd_add_partitions(args: argparse.Namespace) -> int:
 # ---- parser ---------------------------------------------------------------------------------
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``kraft topics ...`` to the top-level parser."""
     p = sub.add_parser(
         "topics",
@@ -321,6 +322,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_client_options(rm)
     rm.set_defaults(handler=cmd_delete)
 
+    delete_records.register(tsub)
+
     ap = tsub.add_parser(
         "add-partitions",
         help="raise a topic's partition count",
@@ -349,6 +352,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_client_options(ap)
     ap.set_defaults(handler=cmd_add_partitions)
+
+    elect_leaders.register(tsub)
 
 
 __all__ = [

@@ -1,5 +1,6 @@
 """PySyncObj's ticks on the trio thread (``kraft.quorum.trio_ticker``): the epoll poller and the
-tick loop, with real sockets and a real trio loop."""
+tick loop, with Unix socket pairs and a real trio loop on a virtual clock (``MockClock``
+jumps over idle time, so periods of seconds take no real time)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import socket
 
 import pytest
 import trio
+from trio.testing import MockClock
 
 from kraft.quorum.trio_ticker import EpollPoller, TickLoop
 
@@ -81,7 +83,7 @@ async def _until(cond, timeout: float = 5.0) -> None:
 
 
 def test_tick_loop_ticks_on_socket_events_nudges_and_its_period() -> None:
-    trio.run(_ticks_on_events_nudges_and_period)
+    trio.run(_ticks_on_events_nudges_and_period, clock=MockClock(autojump_threshold=0))
 
 
 async def _ticks_on_events_nudges_and_period() -> None:
@@ -103,15 +105,15 @@ async def _ticks_on_events_nudges_and_period() -> None:
     loop.start()
     try:
         await _until(lambda: len(ticks) >= 1)
-        # a message wakes the loop at once (far sooner than the 2 s period; margins for a busy CI)
+        # a message wakes the loop at once (virtual time: well before the 2 s period)
         t0 = trio.current_time()
         b.send(b"hello")
         await _until(lambda: received == [b"hello"], 1.0)
-        assert trio.current_time() - t0 < 1.0
-        # idle: about one tick per period
+        assert trio.current_time() - t0 < 0.1
+        # idle: one tick per period (at +2 s and +4 s of a 4.5 s window of virtual time)
         n = len(ticks)
         await trio.sleep(4.5)  # an observation window, not a synchronisation
-        assert 1 <= len(ticks) - n <= 4
+        assert 2 <= len(ticks) - n <= 3
         # a nudge ticks at once
         n = len(ticks)
         loop.nudge()
@@ -126,7 +128,7 @@ async def _ticks_on_events_nudges_and_period() -> None:
 def test_calls_made_inside_a_tick_run_after_it_and_failures_do_not_stop_the_loop(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    trio.run(_calls_after_tick_and_failures, caplog)
+    trio.run(_calls_after_tick_and_failures, caplog, clock=MockClock(autojump_threshold=0))
 
 
 async def _calls_after_tick_and_failures(caplog: pytest.LogCaptureFixture) -> None:

@@ -1,0 +1,79 @@
+"""Wiring of the group coordinator on a broker: the runtime over ``__consumer_offsets`` and the
+API handler of each listener, configured from the broker's settings."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from broker.coordinator.find_coordinator import FindCoordinator
+from broker.coordinator.group.api import GroupApis
+from broker.coordinator.group.records import decode_record, encode_key, encode_value
+from broker.coordinator.group.state_machine import GroupConfig, GroupShard
+from broker.coordinator.placement import OFFSETS_TOPIC
+from broker.coordinator.runtime import CoordinatorRuntime
+from broker.metadata.metadata_cache import MetadataCache
+from broker.replica.replica_manager import ReplicaManager
+
+
+def group_config(values: Any) -> GroupConfig:
+    """The :class:`GroupConfig` of a broker config (anything indexable by Kafka's names)."""
+    return GroupConfig(
+        min_session_timeout_ms=values["group.min.session.timeout.ms"],
+        max_session_timeout_ms=values["group.max.session.timeout.ms"],
+        initial_rebalance_delay_ms=values["group.initial.rebalance.delay.ms"],
+        max_size=values["group.max.size"],
+        offset_metadata_max_bytes=values["offset.metadata.max.bytes"],
+        offsets_retention_ms=values["offsets.retention.minutes"] * 60_000,
+    )
+
+
+class GroupCoordinator:
+    """One runtime per broker; one :class:`GroupApis` per listener (its own metadata cache)."""
+
+    def __init__(
+        self,
+        config: Any,
+        replicas: ReplicaManager,
+        caches: dict[str, MetadataCache],
+        client: Any,
+    ) -> None:
+        cfg = group_config(config)
+        self.runtime = CoordinatorRuntime(
+            replicas,
+            OFFSETS_TOPIC,
+            lambda: GroupShard(cfg),
+            lambda rec: (encode_key(rec[0]), encode_value(rec[1])),
+            decode_record,
+            expiry_interval_ms=config["offsets.retention.check.interval.ms"],
+        )
+
+        async def call(api: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+            resp: dict[str, Any] = await client.call(api, body, timeout=timeout)
+            return resp
+
+        self.apis = {
+            name: GroupApis(
+                cache,
+                self.runtime,
+                FindCoordinator(
+                    cache,
+                    call,
+                    config["offsets.topic.num.partitions"],
+                    config["offsets.topic.replication.factor"],
+                ),
+            )
+            for name, cache in caches.items()
+        }
+
+    def metrics(self) -> dict[str, Any]:
+        """Groups by state (classic), and coordinator partitions by state, for the metrics."""
+        groups: Counter[str] = Counter()
+        for shard in self.runtime.loaded_shards():
+            for g in shard.groups.values():
+                groups[g.state] += 1
+        loading = sum(1 for s in self.runtime.slots.values() if s.loading)
+        return {
+            "groups_by_state": dict(groups),
+            "partitions": {"loading": loading, "active": len(self.runtime.slots) - loading},
+        }

@@ -1,0 +1,91 @@
+"""Writing and reading uncompressed magic-2 record batches of (key, value) records: what a
+coordinator appends to its internal partition and replays when it loads one. Control batches
+are skipped on read; compressed batches are refused (coordinators never write them)."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+
+import crc32c
+
+_ATTR_COMPRESSION = 0x07
+_ATTR_CONTROL = 0x20
+
+
+def _varint(n: int) -> bytes:
+    n = (n << 1) ^ (n >> 63)  # zigzag
+    out = bytearray()
+    while n & ~0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def encode_batch(records: list[tuple[bytes, bytes | None]], timestamp_ms: int) -> bytes:
+    """One batch holding ``records`` (base offset 0: the log assigns offsets)."""
+    body = bytearray()
+    for i, (key, value) in enumerate(records):
+        rec = bytearray(b"\x00")  # attributes
+        rec += _varint(0) + _varint(i)  # timestamp delta, offset delta
+        rec += _varint(len(key)) + key
+        rec += _varint(-1) if value is None else _varint(len(value)) + value
+        rec += _varint(0)  # headers
+        body += _varint(len(rec)) + rec
+    tail = struct.pack(
+        ">hiqqqhii", 0, len(records) - 1, timestamp_ms, timestamp_ms, -1, -1, -1, len(records)
+    ) + bytes(body)
+    crc = crc32c.crc32c(tail)
+    head = struct.pack(">qiibI", 0, 4 + 1 + 4 + len(tail), -1, 2, crc)
+    return head + tail
+
+
+class _Cursor:
+    def __init__(self, data: bytes, pos: int) -> None:
+        self.data, self.pos = data, pos
+
+    def varint(self) -> int:
+        shift = n = 0
+        while True:
+            b = self.data[self.pos]
+            self.pos += 1
+            n |= (b & 0x7F) << shift
+            if not b & 0x80:
+                return (n >> 1) ^ -(n & 1)
+            shift += 7
+
+    def blob(self) -> bytes | None:
+        n = self.varint()
+        if n < 0:
+            return None
+        b = self.data[self.pos : self.pos + n]
+        self.pos += n
+        return bytes(b)
+
+
+def read_records(data: bytes) -> Iterator[tuple[int, bytes | None, bytes | None]]:
+    """(offset, key, value) of every data record in ``data`` (whole batches back to back)."""
+    pos = 0
+    while pos + 61 <= len(data):
+        base, length = struct.unpack_from(">qi", data, pos)
+        end = pos + 12 + length
+        (attrs,) = struct.unpack_from(">h", data, pos + 21)
+        (count,) = struct.unpack_from(">i", data, pos + 57)
+        if attrs & _ATTR_CONTROL:
+            pos = end
+            continue
+        if attrs & _ATTR_COMPRESSION:
+            raise ValueError(f"compressed batch at offset {base} in a coordinator partition")
+        c = _Cursor(data, pos + 61)
+        for _ in range(count):
+            c.varint()  # length
+            c.pos += 1  # attributes
+            c.varint()  # timestamp delta
+            delta = c.varint()
+            key, value = c.blob(), c.blob()
+            for _ in range(c.varint()):
+                c.blob()
+                c.blob()
+            yield base + delta, key, value
+        pos = end
