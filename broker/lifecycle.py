@@ -11,6 +11,11 @@ PENDING_CONTROLLED_SHUTDOWN → SHUTTING_DOWN.
   ``broker.heartbeat.interval.ms``. The client follows the active controller across failovers;
   the broker re-registers only when a controller answers ``STALE_BROKER_EPOCH`` or
   ``BROKER_ID_NOT_REGISTERED``.
+* Following the quorum, not a socket: a controller gets a quarter of the session timeout
+  (0.5-3 s) to answer a heartbeat; after that the client drops it as suspect and asks the others,
+  whose NOT_CONTROLLER answers name the current leader, and a failed heartbeat is retried at
+  once. So a stalled or SIGSTOPped active controller costs a broker about one attempt timeout,
+  well inside the full session the new active controller gives every broker on activation.
 * ``want_fence`` stays true until the first metadata image has been published to the replica
   manager (``ready`` event), then the controller unfences us and we are RUNNING.
 * Controlled shutdown: heartbeat ``want_shutdown`` until the controller answers
@@ -87,6 +92,7 @@ class BrokerLifecycle:
         self._wakeup = trio.Event()
         self.last_heartbeat: dict | None = None
         self.registrations = 0
+        self.attempt_timeout = min(3.0, max(0.5, session_timeout / 4))
 
     def _set_state(self, state: BrokerState, why: str) -> None:
         if state != self.state:
@@ -118,7 +124,10 @@ class BrokerLifecycle:
         while True:
             try:
                 resp = await self.client.call(
-                    "BrokerRegistration", body, timeout=max(1.0, min(5.0, self.session_timeout / 2))
+                    "BrokerRegistration",
+                    body,
+                    timeout=max(1.0, min(5.0, self.session_timeout / 2)),
+                    attempt_timeout=self.attempt_timeout,
                 )
             except KraftError as e:
                 if e.code == ErrorCode.INCONSISTENT_CLUSTER_ID:
@@ -163,7 +172,10 @@ class BrokerLifecycle:
             }
             try:
                 resp = await self.client.call(
-                    "BrokerHeartbeat", body, timeout=max(1.0, self.session_timeout / 2)
+                    "BrokerHeartbeat",
+                    body,
+                    timeout=max(1.0, self.session_timeout / 2),
+                    attempt_timeout=self.attempt_timeout,
                 )
             except KraftError as e:
                 if e.code in _REREGISTER:
@@ -177,12 +189,22 @@ class BrokerLifecycle:
                     await self.register()
                     continue
                 log.warning("broker %d: heartbeat failed: %s", self.broker_id, e)
+                failed = True
             else:
+                failed = False
                 self.last_heartbeat = resp
                 if self._on_heartbeat(resp, want_shutdown):
                     return
             interval = self.heartbeat_interval
-            if self._want_shutdown or self.state in (BrokerState.STARTING, BrokerState.RECOVERY):
+            if (
+                failed
+                or self._want_shutdown
+                or self.state
+                in (
+                    BrokerState.STARTING,
+                    BrokerState.RECOVERY,
+                )
+            ):
                 interval = min(interval, 0.25)
             with trio.move_on_after(interval):
                 await self._wakeup.wait()

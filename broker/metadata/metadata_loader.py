@@ -114,6 +114,8 @@ class MetadataLoader:
                         "max_bytes": self.max_bytes,
                     },
                     timeout=self.request_timeout + self.max_wait_ms / 1000,
+                    # a controller silent 2 s past the long poll is stalled: ask another
+                    attempt_timeout=self.max_wait_ms / 1000 + 2.0,
                 )
             except KraftError as e:
                 self.errors += 1

@@ -8,6 +8,11 @@ callers at their deadlines, see ``_Conn``), and retries until the call's deadlin
   to that controller and retry; without a hint (election in progress) → back off, try others.
 * connection errors → back off and try the next bootstrap controller.
 * ``REQUEST_TIMED_OUT`` / ``LEADER_NOT_AVAILABLE`` → retry while time remains.
+* no answer within a whole ``attempt_timeout`` (a stalled or SIGSTOPped controller keeps its sockets
+  open but answers nothing) → drop the connection, mark that controller *suspect* for
+  ``suspect_s`` (default twice the attempt timeout of the call) and ask the next one; while suspect it is skipped when choosing a controller and
+  leader hints naming it are not followed (a follower that has not yet seen the new election
+  still names the stalled leader). Any answer from it clears the suspicion.
 
 Write requests carry a ``request_id`` (uuid4) that stays the same across retries, so a write
 that was committed before its answer was lost is deduplicated by the state machine.
@@ -261,6 +266,8 @@ class ControllerClient:
         connect_timeout: float = 2.0,
         backoff_initial: float = 0.05,
         backoff_max: float = 1.0,
+        attempt_timeout: float = 5.0,
+        suspect_s: float | None = None,
     ) -> None:
         if not bootstrap:
             raise ValueError("at least one bootstrap controller is required")
@@ -273,6 +280,11 @@ class ControllerClient:
         self.connect_timeout = connect_timeout
         self.backoff_initial = backoff_initial
         self.backoff_max = backoff_max
+        self.attempt_timeout = attempt_timeout
+        # None: twice the attempt timeout of the call that found it silent (short: a leader
+        # that was only slow, or is elected again, is asked again soon)
+        self.suspect_s = suspect_s
+        self._suspect: dict[Address, float] = {}  # address -> trio time its suspicion ends
         self._conn: _Conn | None = None
         self._connect_lock = trio.Lock()
         self._hint: Address | None = None
@@ -284,18 +296,31 @@ class ControllerClient:
         """The controller the client is connected to, if any."""
         return self._conn.address if self._conn is not None and self._conn.broken is None else None
 
+    def is_suspect(self, address: Address) -> bool:
+        """Whether ``address`` recently left an attempt unanswered (see the module docstring)."""
+        until = self._suspect.get(address)
+        if until is None:
+            return False
+        if trio.current_time() >= until:
+            del self._suspect[address]
+            return False
+        return True
+
     async def call(
         self,
         api: str,
         body: dict,
         timeout: float | None = None,
         request_id: str | None = None,
+        attempt_timeout: float | None = None,
         *,
         on_behalf_of: str | None = None,
     ) -> dict:
         """Call ``api`` and return the response body; raise ``KraftError`` (``.body`` holds the
-        error response's body) when the answer is an error or the deadline passes.
-        ``on_behalf_of``: the principal a broker forwards for (kraft.rpc.authorize)."""
+        error response's body) when the answer is an error or the deadline passes. One
+        controller gets ``attempt_timeout`` (default: the client's) to answer before the call
+        moves on to another. ``on_behalf_of``: the principal a broker forwards for
+        (kraft.rpc.authorize)."""
         if self._closed:
             raise KraftError(ErrorCode.NETWORK_EXCEPTION, "client is closed")
         spec = APIS.get(api)
@@ -312,23 +337,38 @@ class ControllerClient:
         if on_behalf_of is not None:
             envelope["on_behalf_of"] = on_behalf_of
         deadline = trio.current_time() + (self.request_timeout if timeout is None else timeout)
+        per_attempt = self.attempt_timeout if attempt_timeout is None else attempt_timeout
         backoff = self.backoff_initial
         last_error: KraftError | None = None
         while True:
             remaining = deadline - trio.current_time()
             if remaining <= 0:
                 break
+            # only a controller silent for a whole attempt is suspect; a call that runs out of
+            # its own (shorter) time leaves the connection to the calls sharing it
+            full_attempt = remaining >= per_attempt
+            attempt_deadline = deadline if not full_attempt else deadline - remaining + per_attempt
             conn: _Conn | None = self._conn
             try:
                 if conn is None or conn.broken is not None:  # connecting: under the deadline
                     conn = None
-                    with trio.move_on_at(deadline):
-                        conn = await self._connection(remaining)
-                    if conn is None:
-                        break
-                response = await conn.request(dict(envelope), deadline)
+                    with trio.move_on_at(attempt_deadline):
+                        conn = await self._connection(attempt_deadline - trio.current_time())
+                    if conn is None:  # connecting took the whole attempt: the next one
+                        self._next += 1
+                        continue
+                response = await conn.request(dict(envelope), attempt_deadline)
             except _Expired:
-                break
+                assert conn is not None
+                if not full_attempt:
+                    break
+                await self._suspect_and_drop(conn, api, per_attempt)
+                last_error = KraftError(
+                    ErrorCode.REQUEST_TIMED_OUT,
+                    f"controller {conn.address[0]}:{conn.address[1]} did not answer "
+                    f"within {per_attempt:g}s",
+                )
+                continue
             except (_ConnectionLost, trio.TooSlowError, *_CONN_ERRORS) as exc:
                 logger.debug("%s: connection problem: %r", api, exc)
                 last_error = KraftError(ErrorCode.NETWORK_EXCEPTION, str(exc) or repr(exc))
@@ -337,6 +377,7 @@ class ControllerClient:
                     await trio.sleep(min(backoff, max(0.0, deadline - trio.current_time())))
                 backoff = min(backoff * 2, self.backoff_max)
                 continue
+            self._suspect.pop(conn.address, None)  # it answered
             code = response.get("error_code", 0)
             if code == 0:
                 result = response.get("body")
@@ -355,13 +396,28 @@ class ControllerClient:
                     await self._drop_connection(conn, rotate=True)
                 await trio.sleep(min(backoff, max(0.0, deadline - trio.current_time())))
             backoff = min(backoff * 2, self.backoff_max)
-        if last_error is not None and last_error.code != ErrorCode.NETWORK_EXCEPTION:
+        if last_error is not None and last_error.code not in (
+            ErrorCode.NETWORK_EXCEPTION,
+            ErrorCode.REQUEST_TIMED_OUT,
+        ):
             raise last_error
         raise KraftError(
             ErrorCode.REQUEST_TIMED_OUT,
             f"{api}: no answer from a controller before the deadline"
             + (f" (last error: {last_error.message})" if last_error else ""),
         )
+
+    async def _suspect_and_drop(self, conn: _Conn, api: str, per_attempt: float) -> None:
+        """``conn``'s controller left an attempt unanswered: suspect it, ask another."""
+        logger.info(
+            "%s: no answer from controller %s:%d within the attempt timeout; trying another",
+            api,
+            *conn.address,
+        )
+        span = 2 * per_attempt if self.suspect_s is None else self.suspect_s
+        self._suspect[conn.address] = trio.current_time() + max(span, 0.0)
+        with trio.CancelScope(shield=True):
+            await self._drop_connection(conn, rotate=True)
 
     def _follow_hint(self, body: dict, current: Address) -> bool:
         host, port = body.get("leader_host"), body.get("leader_port")
@@ -371,6 +427,7 @@ class ControllerClient:
             and isinstance(port, int)
             and port > 0
             and (host, port) != current
+            and not self.is_suspect((host, port))
         ):
             self._hint = (host, port)
             return True
@@ -386,10 +443,7 @@ class ControllerClient:
             if self._conn is not None:
                 await self._conn.aclose()
                 self._conn = None
-            if self._hint is not None:
-                address, self._hint = self._hint, None
-            else:
-                address = self.bootstrap[self._next % len(self.bootstrap)]
+            address = self._pick_address()
             with trio.fail_after(min(self.connect_timeout, max(remaining, 0.001))):
                 stream = await trio.open_tcp_stream(*address)
             conn = _Conn(address, stream, self.max_frame_bytes)
@@ -397,6 +451,20 @@ class ControllerClient:
                 await self._authenticate(conn)
             self._conn = conn
             return conn
+
+    def _pick_address(self) -> Address:
+        """The leader hint, else the next bootstrap controller that is not suspect (all
+        suspect: the one whose suspicion ends first)."""
+        hint, self._hint = self._hint, None
+        if hint is not None and not self.is_suspect(hint):
+            return hint
+        n = len(self.bootstrap)
+        for i in range(n):
+            address = self.bootstrap[(self._next + i) % n]
+            if not self.is_suspect(address):
+                self._next += i
+                return address
+        return min(self.bootstrap, key=lambda a: self._suspect.get(a, 0.0))
 
     async def _authenticate(self, conn: _Conn) -> None:
         """Send the connection's SaslAuthenticate; raise KraftError if the controller refuses."""

@@ -4,6 +4,11 @@ Pure: the runner records operations (:class:`History`) and collects facts from t
 controllers' logs, brokers' image checksums, Raft leadership reports); the ``check_*`` functions
 return :class:`Anomaly` values, an empty list meaning the run was correct.
 
+Availability (:func:`check_availability`): from the log's batch timestamps, the moments when
+every registered broker was fenced and the partitions without a leader; either is an anomaly
+unless a fault on one of the brokers concerned (or one that took a controller majority away)
+explains it.
+
 Operation outcomes are ``ok`` (acknowledged), ``fail`` (a definite error: nothing may have been
 applied) and ``info`` (indeterminate: timed out or connection lost; it may or may not have been
 applied, at most once). The workload creates each topic name at most once and issues one
@@ -96,6 +101,80 @@ class LogFacts:
     #                          (topic id, partition, leader epoch, leader) in log order
     checksums: dict[int, str] = field(default_factory=dict)  # requested offset -> checksum
     batch_ends: set[int] = field(default_factory=set)  # last offset of every batch
+    outages: list[Outage] = field(default_factory=list)  # in order of their start
+    fences: list[tuple[int, int, str]] = field(default_factory=list)  # (ms, broker, reason)
+
+
+@dataclass(frozen=True)
+class Outage:
+    """A stretch of the log's timeline (batch timestamps, wall-clock ms) when every registered
+    broker was fenced (``what`` = ``all-fenced``, ``nodes``: those brokers) or one partition
+    had no leader (``leaderless``, ``nodes``: its replicas). ``end_ms`` None: still open when
+    the log ends."""
+
+    what: str
+    start_ms: int
+    end_ms: int | None
+    nodes: frozenset[int]
+    detail: str
+
+
+@dataclass(frozen=True)
+class FaultWindow:
+    """When a fault made ``nodes`` unhealthy: from its injection until the cluster had
+    recovered (wall-clock ms). ``quorum_lost``: it took a majority of controllers away."""
+
+    kind: str
+    nodes: frozenset[int]
+    start_ms: int
+    end_ms: int
+    quorum_lost: bool = False
+
+
+class _OutageTracker:
+    """Builds :class:`Outage` values while :func:`scan_log` replays batches."""
+
+    def __init__(self, out: list[Outage], fences: list[tuple[int, int, str]]) -> None:
+        self.out = out
+        self.fences = fences
+        self.fenced: frozenset[int] = frozenset()
+        self.seen_unfenced = False  # no outage before the cluster was first up
+        self.all_fenced: tuple[int, frozenset[int]] | None = None
+        self.leaderless: dict[tuple[str, int], tuple[int, frozenset[int]]] = {}
+
+    def after_batch(self, image: MetadataImage, touched: set[tuple[str, int]], reason: str) -> None:
+        now = image.timestamp_ms
+        fenced = frozenset(b for b, reg in image.brokers.items() if reg.fenced)
+        self.fences += [(now, b, reason) for b in sorted(fenced - self.fenced)]
+        self.fenced = fenced
+        everyone = bool(image.brokers) and len(fenced) == len(image.brokers)
+        if not everyone and len(fenced) < len(image.brokers):
+            self.seen_unfenced = True
+        if everyone and self.seen_unfenced and self.all_fenced is None:
+            self.all_fenced = (now, fenced)
+        elif not everyone and self.all_fenced is not None:
+            self._close_all_fenced(now)
+        for key in touched:
+            topic = image.topics_by_id.get(key[0])
+            part = None if topic is None else topic.partitions.get(key[1])
+            if part is not None and part.leader < 0:
+                self.leaderless.setdefault(key, (now, frozenset(part.replicas)))
+            elif key in self.leaderless:
+                start, replicas = self.leaderless.pop(key)
+                self.out.append(Outage("leaderless", start, now, replicas, f"{key[0]}/{key[1]}"))
+
+    def _close_all_fenced(self, end: int | None) -> None:
+        assert self.all_fenced is not None
+        start, fenced = self.all_fenced
+        self.out.append(Outage("all-fenced", start, end, fenced, f"brokers {sorted(fenced)}"))
+        self.all_fenced = None
+
+    def finish(self) -> None:
+        if self.all_fenced is not None:
+            self._close_all_fenced(None)
+        for (tid, pid), (start, replicas) in sorted(self.leaderless.items()):
+            self.out.append(Outage("leaderless", start, None, replicas, f"{tid}/{pid}"))
+        self.out.sort(key=lambda o: o.start_ms)
 
 
 def scan_log(batches: Iterable[Batch], checksum_at: Iterable[int] = ()) -> LogFacts:
@@ -105,7 +184,9 @@ def scan_log(batches: Iterable[Batch], checksum_at: Iterable[int] = ()) -> LogFa
     facts = LogFacts()
     image = MetadataImage.EMPTY
     parts: dict[tuple[str, int], PartitionRegistration] = {}
+    outages = _OutageTracker(facts.outages, facts.fences)
     for batch in batches:
+        touched: set[tuple[str, int]] = set()
         if batch.provenance.request_id:
             facts.request_batches[batch.provenance.request_id] += 1
         for r in batch.records:
@@ -113,6 +194,7 @@ def scan_log(batches: Iterable[Batch], checksum_at: Iterable[int] = ()) -> LogFa
                 facts.topic_records[r.name].append(r.topic_id)
             elif isinstance(r, RemoveTopicRecord):
                 facts.removals[r.topic_id] += 1
+                touched.update(k for k in outages.leaderless if k[0] == r.topic_id)
             elif isinstance(r, LeaderChangeRecord):
                 facts.leader_changes.append((r.term, r.leader_id))
             elif isinstance(r, PartitionRecord):
@@ -120,17 +202,21 @@ def scan_log(batches: Iterable[Batch], checksum_at: Iterable[int] = ()) -> LogFa
                 facts.leader_epochs.append(
                     (r.topic_id, r.partition_id, reg.leader_epoch, reg.leader)
                 )
+                touched.add((r.topic_id, r.partition_id))
             elif isinstance(r, PartitionChangeRecord):
                 key = (r.topic_id, r.partition_id)
                 if key in parts:
                     reg = parts[key] = parts[key].merge(r)
                     facts.leader_epochs.append((*key, reg.leader_epoch, reg.leader))
+                    touched.add(key)
         delta = MetadataDelta(image)
         delta.replay_batch(batch)
         image = delta.apply()
         facts.batch_ends.add(image.offset)
         if image.offset in wanted:
             facts.checksums[image.offset] = image.checksum()
+        outages.after_batch(image, touched, batch.provenance.reason)
+    outages.finish()
     facts.final = image
     return facts
 
@@ -329,4 +415,61 @@ def check_raft_terms(
         Anomaly("two-leaders-one-term", f"term {t}: leaders {sorted(ids)}")
         for t, ids in sorted(leaders.items())
         if len(ids) > 1
+    ]
+
+
+def check_availability(
+    outages: Iterable[Outage],
+    faults: Iterable[FaultWindow],
+    window: tuple[int, int],
+    max_leaderless_ms: int,
+) -> list[Anomaly]:
+    """Within ``window`` (wall-clock ms: while faults were being injected), every broker fenced
+    at once is an anomaly, and so is a partition without a leader for longer than
+    ``max_leaderless_ms`` — unless a fault overlapping the outage explains it: one on a broker
+    concerned (every fenced broker; one of the partition's replicas), or one that took a
+    controller majority away (no controller could elect a partition leader)."""
+    faults = list(faults)
+    lo, hi = window
+    out: list[Anomaly] = []
+    for o in outages:
+        start, end = max(o.start_ms, lo), min(hi if o.end_ms is None else o.end_ms, hi)
+        if end < start or (o.what == "leaderless" and end - start <= max_leaderless_ms):
+            continue
+        near = [f for f in faults if f.start_ms <= end and start <= f.end_ms]
+        if any(f.quorum_lost for f in near):
+            continue
+        hit = frozenset().union(*(f.nodes for f in near))
+        shown = f"{(end - start) / 1000:.1f}s" + ("" if o.end_ms is not None else "+")
+        if o.what == "all-fenced" and not o.nodes <= hit:
+            out.append(
+                Anomaly(
+                    "all-brokers-fenced",
+                    f"{o.detail} all fenced for {shown} from {o.start_ms}; faults then: "
+                    f"{[f.kind for f in near] or 'none'}",
+                )
+            )
+        elif o.what == "leaderless" and not o.nodes & hit:
+            out.append(
+                Anomaly(
+                    "leaderless-partition",
+                    f"{o.detail} (replicas {sorted(o.nodes)}) had no leader for {shown} from "
+                    f"{o.start_ms} with its replicas and a controller majority unfaulted",
+                )
+            )
+    return out
+
+
+def unexplained_fences(
+    fences: Iterable[tuple[int, int, str]], faults: Iterable[FaultWindow], window: tuple[int, int]
+) -> list[tuple[int, int, str]]:
+    """Session-timeout fences within ``window`` of brokers no overlapping fault was aimed at
+    (a healthy broker that lost its session, e.g. to a stalled controller)."""
+    faults = list(faults)
+    return [
+        (ms, b, reason)
+        for ms, b, reason in fences
+        if reason == "session-timeout"
+        and window[0] <= ms <= window[1]
+        and not any(f.start_ms <= ms <= f.end_ms and b in f.nodes for f in faults)
     ]

@@ -11,6 +11,14 @@ Fault kinds (a round injects one, holds it, heals it, and waits until the cluste
 * ``partition-cut`` / ``partition-stall``: isolate the active controller (every Raft link and its
   RPC proxy; connections reset, or silently stalled). A client on its side writes directly to it
   (must not be acknowledged) while the majority must elect a new leader; then heal.
+* ``pause-leader`` / ``stall-leader``: the active controller SIGSTOPped, or silently stalled
+  (process alive, sockets open, no bytes), for twice the broker session timeout. Brokers must
+  follow the new leader: no healthy broker may lose its session (see the availability check).
+
+Availability (``check_availability``): with the fault windows recorded here, every broker fenced
+at once, or a partition leaderless for longer than one session timeout while its replicas and a
+controller majority were unfaulted, is an anomaly. Session-timeout fences of brokers no fault
+was aimed at are counted (``healthy_broker_fences``).
 
 Recovery time is from the heal (restart, SIGCONT, partition healed) until: every controller
 answers and agrees on one active leader and has caught up to it, every broker runs with its
@@ -38,7 +46,9 @@ from tests.chaos.cluster import ChaosCluster
 from tests.chaos.history import (
     OK,
     Anomaly,
+    FaultWindow,
     History,
+    check_availability,
     check_images,
     check_leader_epochs,
     check_logs_identical,
@@ -46,6 +56,7 @@ from tests.chaos.history import (
     check_raft_terms,
     leader_reports,
     scan_log,
+    unexplained_fences,
 )
 from tests.chaos.workload import Workload, call_one_node, perform
 from tests.harness import log_stream_digest
@@ -58,6 +69,8 @@ FAULT_KINDS = (
     "pause-broker",
     "partition-cut",
     "partition-stall",
+    "pause-leader",
+    "stall-leader",
 )
 RECOVERY_TIMEOUT_S = 60.0
 
@@ -69,6 +82,7 @@ class FaultResult:
     held_s: float
     recovery_s: float | None
     note: str = ""
+    window: FaultWindow | None = None
 
 
 @dataclass
@@ -81,6 +95,7 @@ class ChaosReport:
     terms_seen: int = 0
     leader_reports: list[tuple[int, int]] = field(default_factory=list)  # (term, node id)
     final_offset: int = -1
+    healthy_fences: list[tuple[int, int, str]] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
         by_kind: dict[str, int] = {}
@@ -109,10 +124,16 @@ class ChaosReport:
                 o: self.minority_outcomes.count(o) for o in sorted(set(self.minority_outcomes))
             },
             "majority_election_s_p50": percentile(self.election_s, 50),
+            "healthy_broker_fences": len(self.healthy_fences),
             "raft_terms_seen": self.terms_seen,
             "terms_with_a_leader": len({t for t, _ in self.leader_reports}),
             "final_metadata_offset": self.final_offset,
         }
+
+
+def wall_ms() -> int:
+    """Wall-clock ms, the clock of the log's batch timestamps."""
+    return int(time.time() * 1000)
 
 
 def percentile(values: list[float], p: float) -> float | None:
@@ -205,6 +226,8 @@ class ChaosRun:
         self.sample_interval = sample_interval
         self.op_pause_s = op_pause_s
         self._minority_n = 0
+        self._round_nodes: set[int] = set()  # nodes the current round's fault hit
+        self._quorum_lost = False  # the current round took a controller majority away
 
     # ---- driving --------------------------------------------------------------------------------
 
@@ -237,9 +260,18 @@ class ChaosRun:
     def run_round(self, kind: str) -> FaultResult:
         """Inject one fault of ``kind``, heal it, wait for recovery."""
         handler = getattr(self, "_" + kind.replace("-", "_"))
+        self._round_nodes, self._quorum_lost = set(), False
+        start_ms = wall_ms()
         target, held, note = handler()
         healed_at = time.monotonic()
         recovery = self._wait_healthy(healed_at)
+        window = FaultWindow(
+            kind,
+            frozenset(self._round_nodes | {target}),
+            start_ms,
+            wall_ms() + 1000,  # the log's clock is the leader's: a second's slack
+            self._quorum_lost,
+        )
         if recovery is None:
             self.report.anomalies.append(
                 Anomaly(
@@ -248,7 +280,7 @@ class ChaosRun:
                     f"not healthy {RECOVERY_TIMEOUT_S}s after healing",
                 )
             )
-        result = FaultResult(kind, target, round(held, 3), recovery, note)
+        result = FaultResult(kind, target, round(held, 3), recovery, note, window)
         self.report.faults.append(result)
         self.log(
             f"round {len(self.report.faults)}: {kind} node {target} held {held:.1f}s, "
@@ -299,6 +331,8 @@ class ChaosRun:
         # fault timing, not synchronisation: land inside the election (timeout 0.4-1.0 x max)
         time.sleep(self.rng.uniform(0.1, self.cluster.election_timeout_ms / 1000))
         self.cluster.kill(second, signal.SIGKILL)
+        self._round_nodes.add(second)
+        self._quorum_lost = True
         self.cluster.start(leader)
         time.sleep(self.rng.uniform(0.2, 1.0))
         self.cluster.start(second)
@@ -314,6 +348,41 @@ class ChaosRun:
         target, role = self._controller_target()
         node_id, held, _ = self._pause(target)
         return node_id, held, role
+
+    def _leader_hold_s(self) -> float:
+        """Twice the session timeout: a broker left on the old leader would surely be fenced."""
+        return 2 * self.cluster.session_timeout_ms / 1000
+
+    def _pause_leader(self) -> tuple[int, float, str]:
+        leader = self._leader()
+        t0 = time.monotonic()
+        self.cluster.pause(leader)
+        elected = self._wait_new_leader(
+            [c for c in self.cluster.controller_ids if c != leader], self._leader_hold_s()
+        )
+        time.sleep(max(0.0, t0 + self._leader_hold_s() - time.monotonic()))  # the fault's length
+        self.cluster.resume(leader)
+        return leader, time.monotonic() - t0, self._elected_note(elected, t0)
+
+    def _stall_leader(self) -> tuple[int, float, str]:
+        leader = self._leader()
+        t0 = time.monotonic()
+        self.cluster.isolate(leader, stall=True)
+        elected = self._wait_new_leader(
+            [c for c in self.cluster.controller_ids if c != leader], self._leader_hold_s()
+        )
+        time.sleep(max(0.0, t0 + self._leader_hold_s() - time.monotonic()))  # the fault's length
+        self.cluster.heal()
+        return leader, time.monotonic() - t0, self._elected_note(elected, t0)
+
+    def _elected_note(self, elected: float | None, t0: float) -> str:
+        if elected is None:
+            self.report.anomalies.append(
+                Anomaly("no-majority-leader", "no new leader while the old one was stopped")
+            )
+            return "no new leader"
+        self.report.election_s.append(elected - t0)
+        return f"new leader after {elected - t0:.2f}s"
 
     def _pause_broker(self) -> tuple[int, float, str]:
         return self._pause(self.rng.choice(self.cluster.broker_ids))
@@ -510,6 +579,13 @@ class ChaosRun:
         r.anomalies += check_images(images, facts)
         r.anomalies += check_leader_epochs(facts.leader_epochs, sorted(self.sampler.partitions))
         r.anomalies += check_raft_terms(facts.leader_changes, r.leader_reports)
+        windows = [f.window for f in r.faults if f.window is not None]
+        if windows:
+            span = (windows[0].start_ms, windows[-1].end_ms)
+            r.anomalies += check_availability(
+                facts.outages, windows, span, self.cluster.session_timeout_ms
+            )
+            r.healthy_fences = unexplained_fences(facts.fences, windows, span)
         return r
 
     def _settled_images(self, timeout: float) -> dict[int, tuple[int, str]]:

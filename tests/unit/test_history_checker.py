@@ -16,7 +16,9 @@ from tests.chaos.history import (
     FAIL,
     INFO,
     OK,
+    FaultWindow,
     History,
+    check_availability,
     check_images,
     check_leader_epochs,
     check_logs_identical,
@@ -24,6 +26,7 @@ from tests.chaos.history import (
     check_raft_terms,
     leader_reports,
     scan_log,
+    unexplained_fences,
 )
 from tests.chaos.workload import request
 
@@ -59,14 +62,16 @@ class Log:
             epoch = self.sm.image.brokers[b].epoch
             self.write("UnfenceBroker", {"broker_id": b, "broker_epoch": epoch}, f"unfence-{b}")
 
-    def write(self, api: str, body: dict, request_id: str, term: int = 1) -> dict:
+    def write(
+        self, api: str, body: dict, request_id: str, term: int = 1, at_ms: int = 1000
+    ) -> dict:
         cmd = Command(
             api=api,
             body=body,
             request_id=request_id,
             principal="test",
             client_id="t",
-            timestamp_ms=1000,
+            timestamp_ms=at_ms,
             seed=7,
             leader_id=1,
         )
@@ -243,3 +248,57 @@ def test_history_rejects_unknown_kinds_and_outcomes() -> None:
     op = h.invoke("create", "a", "r", CREATE, 0.0)
     with pytest.raises(ValueError):
         h.complete(op, "maybe", 1.0)
+
+
+def _fence_both_then_unfence() -> Log:
+    """Brokers 101 and 102 lead one single-replica partition each; 101 is fenced at 5 s, 102 at
+    6 s (both by session timeout), both unfenced again at 20 s."""
+    log = Log()
+    log.write(*request("create", "a", {"partitions": 2, "replication_factor": 1}), "c-a")
+    for b, at in ((101, 5000), (102, 6000)):
+        epoch = log.sm.image.brokers[b].epoch
+        body = {"broker_id": b, "broker_epoch": epoch, "reason": "session-timeout"}
+        log.write("FenceBroker", body, f"fence-{b}", at_ms=at)
+    for b in (101, 102):
+        epoch = log.sm.image.brokers[b].epoch
+        log.write("UnfenceBroker", {"broker_id": b, "broker_epoch": epoch}, f"u-{b}", at_ms=20000)
+    return log
+
+
+def test_outages_and_fences_from_the_log() -> None:
+    facts = scan_log(_fence_both_then_unfence().batches)
+    whole = [(o.what, o.start_ms, o.end_ms, sorted(o.nodes)) for o in facts.outages]
+    assert ("all-fenced", 6000, 20000, [101, 102]) in whole
+    leaderless = [w[1:] for w in whole if w[0] == "leaderless"]
+    assert leaderless == [(5000, 20000, [101]), (6000, 20000, [102])]  # in order of start
+    assert [(ms, b) for ms, b, _ in facts.fences if ms >= 5000] == [(5000, 101), (6000, 102)]
+    assert unexplained_fences(facts.fences, [], (0, 30000)) == [
+        (5000, 101, "session-timeout"),
+        (6000, 102, "session-timeout"),
+    ]
+
+
+def test_availability_rule_names_unexplained_outages() -> None:
+    outages = scan_log(_fence_both_then_unfence().batches).outages
+    kinds = [a.kind for a in check_availability(outages, [], (0, 30000), 4000)]
+    assert sorted(kinds) == ["all-brokers-fenced", "leaderless-partition", "leaderless-partition"]
+    # a fault on broker 101 explains its partition, not 102's nor everyone fenced
+    pause_101 = FaultWindow("pause-broker", frozenset({101}), 4000, 12000)
+    kinds = [a.kind for a in check_availability(outages, [pause_101], (0, 30000), 4000)]
+    assert sorted(kinds) == ["all-brokers-fenced", "leaderless-partition"]
+    # a fault that took the controller majority away explains everything it overlaps
+    no_quorum = FaultWindow("kill-in-election", frozenset({1, 2}), 4000, 7000, quorum_lost=True)
+    assert check_availability(outages, [no_quorum], (0, 30000), 4000) == []
+    # outside the window (e.g. the final controlled shutdowns) nothing counts
+    assert check_availability(outages, [], (21000, 30000), 4000) == []
+    # leaderless for less than the limit is allowed; everyone fenced never is
+    kinds = [a.kind for a in check_availability(outages, [], (0, 30000), 60000)]
+    assert kinds == ["all-brokers-fenced"]
+
+
+def test_correct_history_has_no_outage() -> None:
+    log = Log()
+    log.write(*request("create", "a", {"partitions": 2, "replication_factor": 2}), "c-a")
+    facts = scan_log(log.batches)
+    assert facts.outages == []
+    assert check_availability(facts.outages, [], (0, 10**13), 0) == []

@@ -18,6 +18,8 @@ from typing import Any
 from kraft.errors import ErrorCode, KraftError
 from tools import output
 
+# One controller's time to answer before the command asks another (a stalled one never does).
+ATTEMPT_TIMEOUT_S = 2.0
 DEFAULT_TIMEOUT_S = 10.0
 BOOTSTRAP_ENV = "KRAFT_BOOTSTRAP_CONTROLLER"
 CLUSTER_DIR_ENV = "KRAFT_CLUSTER_DIR"
@@ -87,7 +89,8 @@ def add_client_options(parser: argparse.ArgumentParser) -> None:
         type=positive_float,
         default=DEFAULT_TIMEOUT_S,
         metavar="S",
-        help=f"give up after S seconds (default {DEFAULT_TIMEOUT_S:g})",
+        help=f"give up after S seconds (default {DEFAULT_TIMEOUT_S:g}); a controller silent "
+        f"for {ATTEMPT_TIMEOUT_S:g}s is skipped for the next",
     )
     g.add_argument(
         "--json",
@@ -215,7 +218,14 @@ def call_endpoints(
     from kraft.rpc.client import call_sync
 
     try:
-        return call_sync(bootstrap, api, body, timeout, credentials=credentials)
+        return call_sync(
+            bootstrap,
+            api,
+            body,
+            timeout,
+            credentials=credentials,
+            attempt_timeout=min(timeout, ATTEMPT_TIMEOUT_S),
+        )
     except KraftError as e:
         if e.code == ErrorCode.SASL_AUTHENTICATION_FAILED and credentials is None:
             raise KraftError(
