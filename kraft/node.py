@@ -157,11 +157,8 @@ class ControllerNode:
         later, so one answer carries every entry applied meanwhile, and at least one scheduler
         round after the writers whose commands they committed (their answers go out first).
         A broker whose FetchMetadata finds new entries is answered at once; the linger only
-        gathers the answers to brokers already waiting. On this VM each answer and the next
-        long-poll cost the controller and the broker ~0.1-0.3 ms of CPU, and with the Raft ticks
-        on the same trio thread an answer going out delays the next commit: measured with 3
-        simulated brokers, 5 ms took sequential small commands from ~350 to ~450 ops/s, and
-        20 ms (the default) from ~200 to ~270 ops/s over 5 ms on a loaded machine (3 rounds)."""
+        gathers the answers to brokers already waiting: with the Raft ticks on the same trio
+        thread, each answer going out delays the next commit (``docs/performance.md``)."""
         linger = self.config["metadata.fetch.linger.ms"] / 1000
         while True:
             await self._applied.wait()

@@ -38,11 +38,6 @@ class Publisher(Protocol):
     def publish(self, delta: MetadataDelta, image: MetadataImage, full: bool = False) -> None: ...
 
 
-def full_delta(image: MetadataImage) -> MetadataDelta:
-    """A delta from the empty image that, applied, gives ``image`` (for full publishes)."""
-    return MetadataDelta.full(image)  # = replaying image.iter_records(), without the records
-
-
 def replay_encoded(delta: MetadataDelta, batches: Iterable[bytes]) -> int:
     """Strictly decode FetchMetadata batches and replay those ``delta`` does not hold yet into
     it; returns how many were replayed. A backlog goes into one delta (one publish) however
@@ -81,7 +76,6 @@ class MetadataLoader:
         self.image: MetadataImage = MetadataImage.EMPTY
         self.high_watermark = -1
         self.published = trio.Event()  # set after the first (full) publish
-        self._changed = trio.Event()
         self._checkpointed_offset = -1
         self._checkpoint_lock = trio.Lock()
         self.errors = 0
@@ -96,13 +90,9 @@ class MetadataLoader:
         self.image = load_checkpoint(self.metadata_dir)
         self._checkpointed_offset = self.image.offset
 
-    async def wait_for_offset(self, offset: int) -> None:
-        while self.image.offset < offset:
-            await self._changed.wait()
-
     async def run(self) -> None:
         """Fetch and publish until cancelled."""
-        delta, full = full_delta(self.image), True
+        delta, full = MetadataDelta.full(self.image), True
         backoff = 0.05
         while True:
             try:
@@ -135,7 +125,7 @@ class MetadataLoader:
                 if image is None:
                     await trio.sleep(0.5)
                     continue
-                delta, full = full_delta(image), True
+                delta, full = MetadataDelta.full(image), True
                 continue
             try:
                 n = replay_encoded(delta, resp.get("batches") or [])
@@ -147,7 +137,7 @@ class MetadataLoader:
                     e,
                 )
                 self.errors += 1
-                delta, full = full_delta(MetadataImage.EMPTY), True
+                delta, full = MetadataDelta.full(MetadataImage.EMPTY), True
                 continue
             self.high_watermark = int(resp.get("high_watermark", -1))
             caught_up = delta.offset + 1 >= self.high_watermark
@@ -169,8 +159,6 @@ class MetadataLoader:
             self.high_watermark,
         )
         self.published.set()
-        self._changed.set()
-        self._changed = trio.Event()
 
     async def _maybe_checkpoint(self, force: bool = False) -> None:
         # One writer at a time: a shutdown's checkpoint_now may come while the loader's own

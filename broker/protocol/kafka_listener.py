@@ -523,13 +523,3 @@ def _peer(stream: Any) -> str:
         return f"{host}:{port}"
     except OSError:
         return "?"
-
-
-async def serve_kafka(
-    cache: MetadataCache,
-    host: str,
-    port: int,
-    task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED,
-) -> None:
-    """Convenience: run a :class:`KafkaListener` until cancelled."""
-    await KafkaListener(cache, host, port).serve(task_status=task_status)

@@ -13,9 +13,7 @@ at once they make a small group and every entry costs a round of Raft messages a
 on three members sharing two cores, so the groups shrink exactly when the machine is busiest.
 So when a group completes, the next one waits until the queue holds as many commands as were
 queued then plus the ones just answered, but no longer than ``fill_wait`` seconds (a sequential
-writer — groups of one — never waits). 32 writers in flight on this 2-core VM (fsync never,
-3 controllers, loaded machine, interleaved rounds): mean group 4-6 → 10-13 and controller CPU per
-command ~530-800 → ~410-530 µs (``controller.group.commit.fill.ms`` 2-4).
+writer — groups of one — never waits). Measurements: ``docs/performance.md``.
 
 Everything here runs on the trio thread. ``send_group(commands, complete)`` hands a group to
 the replication layer and must arrange for ``complete(results, error)`` to be called exactly once,

@@ -17,20 +17,10 @@ PySyncObj settings, chosen on purpose
   Off, the leader sends an entry the moment it is appended (its pipe notifier wakes the tick
   thread), so a commit costs one round trip. Batching is then ours: while one group is in
   flight, new commands queue and leave together as the next entry (``group_commit.py``).
-  Measured on this machine (3 in-process members on loopback, ext4, 2 shared cores; 32
-  concurrent submitters of 200-byte commands; ``KRAFT_MEASURE=1 pytest -k measure``):
-
-  ====================================  ==============  ==============  ===========
-  configuration                         sequential p50  32 concurrent   mean group
-  ====================================  ==============  ==============  ===========
-  PySyncObj batching (0.1 s tick)       ~104-118 ms     ~140-290 cmd/s  (1-16)
-  send at once, no group commit         ~2.4 ms         ~580 cmd/s      1
-  send at once + ours, fsync=always     ~2.5-3.6 ms     ~2,900-4,700/s  ~16
-  send at once + ours, fsync=never      ~1.2-1.7 ms     ~4,600-7,500/s  ~16
-  ====================================  ==============  ==============  ===========
+  (Measurements: ``docs/performance.md``.)
 
   ``group_max_in_flight=1`` is the default: a second group in flight halves the group size
-  and measured no better (one sync + one round trip per entry is the cost being amortised).
+  and is no faster (one sync + one round trip per entry is the cost being amortised).
   ``group_fill_wait`` (``controller.group.commit.fill.ms``): see ``group_commit.py``.
 * The leader syncs its journal once after each round of append_entries to all followers
   (``_SyncObj__sendAppendEntries``), not between two followers' sends, on the journal's syncer
@@ -40,15 +30,12 @@ PySyncObj settings, chosen on purpose
   four messages per commit on top of the entry's own four. Here the commit index rides on the
   next entry, or goes out on a tick once ``commit_notice_delay`` (10 ms) has passed with nothing
   following (``auto_tick_period`` 10 ms: followers apply a commit at most ~20 ms after the
-  leader when idle, at once under load). On this VM a loopback message costs ~0.1-0.3 ms of
-  CPU between the two processes, so the message count per commit is what the commit path's
-  CPU is made of.
+  leader when idle, at once under load). The message count per commit is what the commit
+  path's CPU is made of.
 * ``autoTick=False``: the ticks run on the trio thread (``trio_ticker.py``, measured there).
 * Followers apply in batches (``follower_apply_batch`` 8 entries / ``follower_apply_delay``
   5 ms): applied one by one, each entry's apply ran on a follower right after its ack, on the
-  two cores the leader needs at that moment to commit and answer. Quiet machine, 3 interleaved
-  rounds, 3 SimBrokers: sequential 550 / 591 / 593 → 619 / 606 / 595 ops/s (p50 1.70 / 1.58 /
-  1.58 → 1.48 / 1.51 / 1.53 ms), 32 in flight unchanged. A follower lags by at most that
+  two cores the leader needs at that moment to commit and answer. A follower lags by at most that
   (reads from it say the offset they reflect; a new leader applies the rest at once).
 * Heartbeats during long applies: PySyncObj applies committed entries inside a tick and
   sends heartbeats only between ticks; the leader here also sends a round before applying and
@@ -63,8 +50,7 @@ PySyncObj settings, chosen on purpose
 * ``appendEntriesBatchSizeBytes`` is kept well above the largest group, so PySyncObj never
   uses its chunked "transmission" path for a single entry (that path's end-of-transfer check
   compares the pickled length with the raw length and can mark the wrong chunk as last).
-* Election timeouts 0.4-1.0 s (PySyncObj: 0.4-1.4 s): a destroyed leader was replaced, and the
-  first write committed, 0.6-1.5 s later in our runs.
+* Election timeouts 0.4-1.0 s (PySyncObj: 0.4-1.4 s), for a quick failover.
 * A late follower ack makes PySyncObj move the leader's nextIndex back and re-send an entry the
   follower may already have applied (it truncates and re-appends it); ``_on_peer_message``
   keeps nextIndex from going backwards on successful acks (see there).

@@ -2,9 +2,8 @@
 
 PySyncObj normally runs its own tick thread (``autoTick``). Every write then crossed threads
 twice on the leader: trio → tick thread (a byte on PySyncObj's pipe) and back (a byte on trio's
-wake-up socket), each a wake-up of a sleeping thread plus a GIL hand-off, ~0.1-0.3 ms of latency
-per crossing on this 2-core VM (py-spy on a leader doing sequential commits: the pipe write and
-trio's wake-up were ~20% of the busy samples). Here PySyncObj runs with ``autoTick=False`` and
+wake-up socket), each a wake-up of a sleeping thread plus a GIL hand-off (figures in
+``docs/performance.md``). Here PySyncObj runs with ``autoTick=False`` and
 :class:`TickLoop` calls its tick on the trio thread instead:
 
 * its sockets live in :class:`EpollPoller`, an epoll set whose own descriptor trio waits on

@@ -2,8 +2,7 @@
 
 Starting a local SparkSession spends most of its ~6 s loading and verifying some 20,000 Spark,
 Scala and Hadoop classes. The JVM can map them from an archive written by an earlier run
-instead (``-XX:SharedArchiveFile``): session start ~6.3 -> ~3.5 s and the first job
-~1.9 -> ~0.9 s on this project's 2-core machine.
+instead (``-XX:SharedArchiveFile``), which roughly halves session start (docs/performance.md).
 
 The archive is written once per JVM + Spark installation by ``python -m tools.audit.classdata``
 (``make venv`` runs it): a real audit of a small sample log in a JVM started with

@@ -28,16 +28,12 @@ ARROW_READ_OPTS = (
     " -Darrow.enable_unsafe_memory_access=true -Darrow.enable_null_check_for_get=false"
 )
 #: The throughput collector instead of G1 (the JVM's default here): no concurrent marking or
-#: write barriers to pay for, and an audit's garbage is short-lived rows. Same minutes, quiet:
-#: the data source's cold 2M-record read 9.1-9.6 -> 7.0-7.1 JVM CPU s; whole audit 124.5-132.3
-#: -> 125.3-125.5 CPU s (Serial GC 118.8-127.6: a wash, and single-threaded on big heaps).
+#: write barriers to pay for, and an audit's garbage is short-lived rows (docs/performance.md).
 THROUGHPUT_GC = " -XX:+UseParallelGC"
 #: C2 compiles only methods ~3-6x hotter than by default: Spark's warm-but-not-hot code (planning,
-#: codegen, scheduling) stays at C1. Whole 2M-record audit, same minutes: C2 compiler threads
-#: 60.4 -> 49.4 CPU s, task threads 73.5 -> 70.8 CPU s. And C2 inlines less (9 levels instead of
-#: 15; callees compiled above 1000 bytes not inlined again): cheaper compiles of the generated
-#: stages. Whole 2.1M-record audit, interleaved: 124.8 / 125.5 -> 114.3 / 114.9 CPU s of the
-#: tree, 65.3 / 65.5 -> 59.9 / 60.3 s; the cold data source read is unchanged (7.0 vs 7.6 JVM s).
+#: codegen, scheduling) stays at C1. And C2 inlines less (9 levels instead of 15; callees
+#: compiled above 1000 bytes not inlined again): cheaper compiles of the generated stages
+#: (figures in docs/performance.md).
 C2_HOT_ONLY = (
     " -XX:Tier4InvocationThreshold=30000 -XX:Tier4MinInvocationThreshold=6000"
     " -XX:Tier4CompileThreshold=45000 -XX:Tier4BackEdgeThreshold=200000"
