@@ -18,7 +18,11 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    c = LocalCluster(tmp_path_factory.mktemp("topicadmin") / "cluster").up(1, 1, "--fsync", "never")
+    # Admin clients here are anonymous on a PLAINTEXT listener: the cluster runs without
+    # controller RPC authentication (test_secure_defaults covers the authenticated path).
+    c = LocalCluster(tmp_path_factory.mktemp("topicadmin") / "cluster").up(
+        1, 1, "--fsync", "never", "--no-auth"
+    )
     try:
         b = c.meta["brokers"][0]
         poll(lambda: broker_state(b)["state"] == "RUNNING", 60, what="broker RUNNING")

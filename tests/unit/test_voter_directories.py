@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kraft.quorum.raft import RaftQuorum
+from kraft.quorum.raft import RaftQuorum, RaftSettings
 from kraft.storage.voter_directories import VoterDirectories
 
 
@@ -29,8 +29,13 @@ def test_a_changed_directory_is_unverified_until_caught_up_and_not_joining(tmp_p
 
 def test_the_quorum_ignores_vote_messages_from_an_unverified_voter() -> None:
     quorum = RaftQuorum(
-        1, "127.0.0.1:1", {2: "127.0.0.1:2", 3: "127.0.0.1:3"}, Path("/nonexistent"), None
-    )  # type: ignore[arg-type]
+        1,
+        "127.0.0.1:1",
+        {2: "127.0.0.1:2", 3: "127.0.0.1:3"},
+        Path("/nonexistent"),
+        None,  # type: ignore[arg-type]  # no target: only the vote filter is exercised
+        RaftSettings(password="s" * 32),
+    )
     grant = {"type": "response_vote", "term": 4}
     request = {"type": "request_vote", "term": 4, "last_log_index": 1, "last_log_term": 0}
     entries = {"type": "append_entries", "term": 4}
