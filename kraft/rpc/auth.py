@@ -24,6 +24,7 @@ import os
 import re
 import secrets
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -118,7 +119,7 @@ class CredentialStore:
     )
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> CredentialStore:
+    def load(cls, path: str | os.PathLike[str]) -> CredentialStore:
         """Read a credentials file; ``AuthError`` names the file and line of a bad entry."""
         try:
             text = Path(path).read_text(encoding="utf-8")
@@ -175,7 +176,7 @@ class ClientCredentials:
             raise AuthError(f"empty password for {self.username!r}")
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> ClientCredentials:
+    def load(cls, path: str | os.PathLike[str]) -> ClientCredentials:
         """Read ``username=`` / ``password=`` lines from ``path``."""
         try:
             text = Path(path).read_text(encoding="utf-8")
@@ -195,7 +196,7 @@ class ClientCredentials:
         return cls(values["username"], values["password"])
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> ClientCredentials | None:
+    def from_env(cls, env: Mapping[str, str] | None = None) -> ClientCredentials | None:
         """From ``KRAFT_RPC_CREDENTIALS_FILE`` or ``KRAFT_RPC_USERNAME``/``_PASSWORD``; None if unset."""
         env = os.environ if env is None else env
         if env.get(ENV_FILE):
