@@ -236,6 +236,7 @@ class ReplicaManager:
 
     def _delete(self, topic: str, topic_id: str, pid: int, reason: str) -> None:
         part = self.partitions.pop((topic_id, pid), None)
+        directory: Path | None
         if part is not None:
             self._dir_counts[part.log.dir.parent] -= 1
             self.by_name.pop((part.topic, pid), None)
