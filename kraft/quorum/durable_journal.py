@@ -33,7 +33,6 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from types import ModuleType
 from typing import Any
 
 from kraft.quorum import journal_file as jf
@@ -55,7 +54,7 @@ def _create_journal(journalFile: str | None = None) -> Any:
     return factory(journalFile)  # type: ignore[arg-type]
 
 
-def register_journal(syncobj_module: ModuleType, path: str, factory: Callable[[str], Any]) -> None:
+def register_journal(syncobj_module: Any, path: str, factory: Callable[[str], Any]) -> None:
     """Make the next ``SyncObj`` constructed with ``journalFile=path`` use ``factory(path)``.
     ``syncobj_module`` is ``pysyncobj.syncobj`` (passed in: only ``raft.py`` imports pysyncobj)."""
     global _original_create_journal
