@@ -546,7 +546,7 @@ def signal_node(node: Node, sig: int) -> bool:
     if not node_alive(node):
         return False
     try:
-        os.kill(node.pid, sig)  # type: ignore[arg-type]
+        os.kill(cast(int, node.pid), sig)  # node_alive: it has a pid
     except ProcessLookupError:
         return False
     return True

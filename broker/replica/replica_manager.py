@@ -28,7 +28,7 @@ import shutil
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import trio
 
@@ -288,7 +288,7 @@ class ReplicaManager:
                 on_disk,
                 topic_id,
             )
-            self._remove_dir(directory)  # type: ignore[arg-type]
+            self._remove_dir(cast(Path, directory))  # on_disk was read from it
             directory = None
         if directory is None:  # the log dir holding the fewest of our partitions
             counts = self._dir_counts

@@ -33,7 +33,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from kraft.quorum import journal_file as jf
 from kraft.storage.failure import storage_failed
@@ -51,7 +51,7 @@ def _create_journal(journalFile: str | None = None) -> Any:
     if factory is None:
         assert _original_create_journal is not None
         return _original_create_journal(journalFile)
-    return factory(journalFile)  # type: ignore[arg-type]
+    return factory(cast(str, journalFile))  # a factory is found only for a str
 
 
 def register_journal(syncobj_module: Any, path: str, factory: Callable[[str], Any]) -> None:

@@ -27,6 +27,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 __all__ = [
     "AUTH_API",
@@ -151,7 +152,7 @@ class CredentialStore:
     def verify(self, username: object, password: object) -> str | None:
         """The principal of a correct name and password, else None (same cost either way)."""
         name_ok = isinstance(username, str) and username in self.users
-        entry = self.users[username] if name_ok else self._dummy  # type: ignore[index]
+        entry = self.users[cast(str, username)] if name_ok else self._dummy  # name_ok: a str
         if isinstance(password, str):
             secret = password.encode("utf-8", "surrogatepass")
         elif isinstance(password, bytes):
@@ -159,7 +160,7 @@ class CredentialStore:
         else:
             secret = b""
         ok = entry.matches(secret[:MAX_PASSWORD_BYTES]) and len(secret) <= MAX_PASSWORD_BYTES
-        return principal_of(username) if ok and name_ok else None  # type: ignore[arg-type]
+        return principal_of(cast(str, username)) if ok and name_ok else None
 
 
 @dataclass(frozen=True)

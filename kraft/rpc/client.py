@@ -29,7 +29,7 @@ import math
 import os
 import random
 import uuid
-from typing import Any
+from typing import Any, cast
 
 import trio
 
@@ -225,7 +225,8 @@ class _Conn:
                     self._break(exc)
                     return
                 for frame in frames:
-                    other = self.pending.get(frame.get("correlation_id"))  # type: ignore[arg-type]
+                    # a frame without an int correlation_id matches no pending call
+                    other = self.pending.get(cast(int, frame.get("correlation_id")))
                     if other is not None and not other.done:
                         other.response = frame
                         other.settle()
