@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -48,7 +49,7 @@ def schedule(rounds: int, seed: int) -> list[str]:
     return out[:rounds]
 
 
-def table(summary: dict, wall_s: float) -> str:
+def table(summary: dict[str, Any], wall_s: float) -> str:
     rec = summary["recovery_s"]
     ops = summary["operations"]
     rows = [

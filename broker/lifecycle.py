@@ -61,14 +61,14 @@ class BrokerLifecycle:
         client: Any,
         broker_id: int,
         cluster_id: str,
-        listeners: list[dict],
+        listeners: list[dict[str, Any]],
         rack: str | None,
         metadata_offset: Callable[[], int],
         *,
         heartbeat_interval: float = 2.0,
         session_timeout: float = 9.0,
         registration_timeout: float = 60.0,
-        features: list[dict] | None = None,
+        features: list[dict[str, Any]] | None = None,
     ) -> None:
         self.client = client
         self.broker_id = broker_id
@@ -90,7 +90,7 @@ class BrokerLifecycle:
         self.shutdown_complete = trio.Event()
         self._want_shutdown = False
         self._wakeup = trio.Event()
-        self.last_heartbeat: dict | None = None
+        self.last_heartbeat: dict[str, Any] | None = None
         self.registrations = 0
         self.attempt_timeout = min(3.0, max(0.5, session_timeout / 4))
 
@@ -214,7 +214,7 @@ class BrokerLifecycle:
         """A new registration means a new epoch: we are fenced again until caught up."""
         self._set_state(BrokerState.STARTING, "re-registering")
 
-    def _on_heartbeat(self, resp: dict, want_shutdown: bool) -> bool:
+    def _on_heartbeat(self, resp: dict[str, Any], want_shutdown: bool) -> bool:
         """Advance the state from a heartbeat answer; True when shutdown may proceed."""
         if want_shutdown and resp.get("should_shut_down"):
             self._set_state(BrokerState.SHUTTING_DOWN, "controller allowed shutdown")

@@ -12,6 +12,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
@@ -230,7 +231,7 @@ class BrokerNode:
 
                 async with trio.open_nursery() as waiters:
 
-                    async def first(fn) -> None:
+                    async def first(fn: Callable[[], Awaitable[object]]) -> None:
                         await fn()
                         waiters.cancel_scope.cancel()
 

@@ -19,7 +19,7 @@ import json
 import logging
 import socket
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import trio
 
@@ -96,4 +96,4 @@ def describe(host: str, port: int, timeout: float = 5.0) -> dict[str, Any]:
             if not chunk:
                 break
             buf += chunk
-    return json.loads(buf)
+    return cast(dict[str, Any], json.loads(buf))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,7 @@ class ConfigError(ValueError):
     """A configuration file or value that cannot be used; the message names the key."""
 
 
-def load_properties(path: str | os.PathLike) -> dict[str, str]:
+def load_properties(path: str | os.PathLike[str]) -> dict[str, str]:
     """Parse a properties file: ``key=value`` lines, ``#``/``!`` comments, blank lines."""
     props: dict[str, str] = {}
     try:
@@ -41,7 +41,7 @@ def load_properties(path: str | os.PathLike) -> dict[str, str]:
     return props
 
 
-def write_properties(path: str | os.PathLike, props: dict[str, Any]) -> None:
+def write_properties(path: str | os.PathLike[str], props: dict[str, Any]) -> None:
     """Write ``props`` as a properties file (keys sorted, one per line)."""
     lines = [f"{k}={'' if v is None else v}" for k, v in sorted(props.items())]
     Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -536,7 +536,7 @@ class ControllerConfig:
         )
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> ControllerConfig:
+    def load(cls, path: str | os.PathLike[str]) -> ControllerConfig:
         return cls.from_properties(load_properties(path))
 
     def __getitem__(self, key: str) -> Any:
@@ -613,7 +613,7 @@ class BrokerConfig:
         )
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> BrokerConfig:
+    def load(cls, path: str | os.PathLike[str]) -> BrokerConfig:
         return cls.from_properties(load_properties(path))
 
     def __getitem__(self, key: str) -> Any:
@@ -631,7 +631,7 @@ MISSING_RAFT_SECRET = (
 MIN_RAFT_SECRET_CHARS = 16
 
 
-def _read_secret(path: str, env: dict[str, str]) -> str | None:
+def _read_secret(path: str, env: Mapping[str, str]) -> str | None:
     if path:
         try:
             secret = Path(path).read_text(encoding="utf-8").strip()

@@ -72,6 +72,8 @@ class ErrorCode(IntEnum):
 class KraftError(Exception):
     """An error with a Kafka error name, raised inside and turned into a value at boundaries."""
 
+    body: dict[str, Any]  # set only by the code that raises it with a response body
+
     def __init__(self, code: ErrorCode, message: str = "") -> None:
         super().__init__(f"{code.name}: {message}" if message else code.name)
         self.code = code

@@ -16,7 +16,7 @@ import signal
 import sys
 import time
 import uuid
-from typing import Any
+from typing import Any, cast
 
 import trio
 
@@ -61,7 +61,7 @@ def _not_controller(leader: tuple[int, str, int] | None) -> KraftError:
         "this controller is not active" + ("" if leader else " and no leader is known yet"),
     )
     lid, host, port = leader if leader else (-1, "", 0)
-    err.body = {"leader_id": lid, "leader_host": host, "leader_port": port}  # type: ignore[attr-defined]
+    err.body = {"leader_id": lid, "leader_host": host, "leader_port": port}
     return err
 
 
@@ -503,13 +503,13 @@ class ControllerNode:
     async def _submit(
         self,
         api: str,
-        body: dict,
+        body: dict[str, Any],
         *,
         request_id: str | None = None,
         principal: str = "controller",
         client_id: str = "",
         wire_body: bool = False,
-    ) -> dict:
+    ) -> dict[str, Any]:
         """Replicate one command and return its response; a response error raises KraftError.
         Broker transitions move at most one batch of partitions per command, so a stepped API
         answered ``incomplete`` is repeated (as a new command) until it is done. ``wire_body``:
@@ -545,7 +545,7 @@ class ControllerNode:
                 )
             if result.get("error_code"):
                 err = KraftError(ErrorCode(result["error_code"]), result.get("error_message", ""))
-                err.body = result  # type: ignore[attr-defined]
+                err.body = result
                 raise err
             if not (result.get("incomplete") and api in _STEPPED_APIS):
                 return result
@@ -555,7 +555,7 @@ class ControllerNode:
 
     # ---- RPC handling -------------------------------------------------------------------------
 
-    async def handle(self, api: str, body: dict, ctx: Any) -> dict:
+    async def handle(self, api: str, body: dict[str, Any], ctx: Any) -> dict[str, Any]:
         spec = APIS[api]
         if spec.kind == "read":
             return self.state_machine.read(api, body)
@@ -587,9 +587,9 @@ class ControllerNode:
             finally:
                 if self.metrics is not None:
                     self.metrics.event_processing.observe((time.monotonic() - started) * 1000)
-        return await getattr(self, f"_api_{api}")(body, ctx)
+        return cast(dict[str, Any], await getattr(self, f"_api_{api}")(body, ctx))
 
-    async def _register_broker(self, body: dict, ctx: Any) -> dict:
+    async def _register_broker(self, body: dict[str, Any], ctx: Any) -> dict[str, Any]:
         broker_id = body["broker_id"]
         existing = self.state_machine.image.brokers.get(broker_id)
         live = (
@@ -613,7 +613,7 @@ class ControllerNode:
         )
         return result
 
-    async def _api_BrokerHeartbeat(self, body: dict, ctx: Any) -> dict:
+    async def _api_BrokerHeartbeat(self, body: dict[str, Any], ctx: Any) -> dict[str, Any]:
         if not self.is_active:
             raise _not_controller(self._leader_hint())
         broker_id = body["broker_id"]
@@ -660,7 +660,7 @@ class ControllerNode:
             "should_shut_down": decision.should_shut_down,
         }
 
-    async def _submit_keeping_session(self, broker_id: int, api: str, body: dict) -> None:
+    async def _submit_keeping_session(self, broker_id: int, api: str, body: dict[str, Any]) -> None:
         """``_submit`` a command a broker's heartbeat asked for, refreshing that broker's session
         meanwhile: it is alive while its transition is written, which for a stepped one over
         tens of thousands of partitions can outlast the session timeout."""
@@ -681,7 +681,7 @@ class ControllerNode:
         if error is not None:
             raise error
 
-    async def _api_FetchMetadata(self, body: dict, ctx: Any) -> dict:
+    async def _api_FetchMetadata(self, body: dict[str, Any], ctx: Any) -> dict[str, Any]:
         from_offset = body["from_offset"]
         max_wait = min(max(body.get("max_wait_ms") or 0, 0), 30_000) / 1000
         max_bytes = min(body.get("max_bytes") or MAX_FETCH_BYTES, MAX_FETCH_BYTES)
@@ -730,14 +730,14 @@ class ControllerNode:
             return snap
         return None
 
-    async def _api_FetchSnapshot(self, body: dict, ctx: Any) -> dict:
+    async def _api_FetchSnapshot(self, body: dict[str, Any], ctx: Any) -> dict[str, Any]:
         return self.snapshotter.read_chunk(
             body["name"],
             body["position"],
             min(body.get("max_bytes") or MAX_FETCH_BYTES, MAX_FETCH_BYTES),
         )
 
-    async def _api_DescribeQuorum(self, body: dict, ctx: Any) -> dict:
+    async def _api_DescribeQuorum(self, body: dict[str, Any], ctx: Any) -> dict[str, Any]:
         assert self.quorum is not None
         status = self.quorum.status()
         leader_id = status.get("leader_id")
@@ -826,7 +826,7 @@ class ControllerNode:
                     nursery.start_soon(ask, vid, host, port)
         return applied
 
-    async def _api_DescribeNode(self, body: dict, ctx: Any) -> dict:
+    async def _api_DescribeNode(self, body: dict[str, Any], ctx: Any) -> dict[str, Any]:
         image = self.state_machine.image
         checksum = (
             await trio.to_thread.run_sync(image.checksum) if body.get("checksum", True) else None

@@ -34,7 +34,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     from kraft.rpc.auth import ClientCredentials
@@ -120,7 +120,7 @@ class ClusterLayout:
     def controller_endpoints(self) -> list[tuple[str, int]]:
         return [(c.host, c.rpc_port) for c in self.controllers]
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "cluster_id": self.cluster_id,
             "fsync": self.fsync,
@@ -131,7 +131,7 @@ class ClusterLayout:
         }
 
     @classmethod
-    def from_dict(cls, d: dict) -> ClusterLayout:
+    def from_dict(cls, d: dict[str, Any]) -> ClusterLayout:
         return cls(
             cluster_id=d["cluster_id"],
             controllers=[ControllerNode(**c) for c in d.get("controllers", [])],
@@ -142,7 +142,7 @@ class ClusterLayout:
         )
 
 
-def _node_dict(node: Node) -> dict:
+def _node_dict(node: Node) -> dict[str, Any]:
     """A node's cluster.json entry; ``metrics_port`` only when metrics are on."""
     d = asdict(node)
     if not d["metrics_port"]:
@@ -454,7 +454,7 @@ def pid_cmdline(pid: int) -> list[str] | None:
         p = psutil.Process(pid)
         if p.status() == psutil.STATUS_ZOMBIE:
             return None
-        return p.cmdline()
+        return cast(list[str], p.cmdline())
     except Exception:
         return None
 
@@ -477,7 +477,7 @@ def node_command(node: Node) -> list[str]:
     return [sys.executable, "-m", "tools.cli", node.role, "--config", node.config]
 
 
-def start_node(node: Node) -> subprocess.Popen:
+def start_node(node: Node) -> subprocess.Popen[bytes]:
     """Start ``node`` detached (own session) with stdout+stderr appended to its node.log."""
     log_path = Path(node.log_file)
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -528,7 +528,7 @@ def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 
         time.sleep(interval)
 
 
-def reap(children: dict[int, subprocess.Popen]) -> None:
+def reap(children: dict[int, subprocess.Popen[bytes]]) -> None:
     """Collect exit statuses of our own exited children so they do not linger as zombies."""
     for proc in children.values():
         proc.poll()
@@ -546,14 +546,14 @@ def signal_node(node: Node, sig: int) -> bool:
     if not node_alive(node):
         return False
     try:
-        os.kill(node.pid, sig)  # type: ignore[arg-type]
+        os.kill(cast(int, node.pid), sig)  # node_alive: it has a pid
     except ProcessLookupError:
         return False
     return True
 
 
 def stop_nodes(
-    nodes: list[Node], timeout: float, children: dict[int, subprocess.Popen] | None = None
+    nodes: list[Node], timeout: float, children: dict[int, subprocess.Popen[bytes]] | None = None
 ) -> list[StopResult]:
     """SIGTERM ``nodes``, wait up to ``timeout`` s for them to exit, SIGKILL stragglers."""
     children = children or {}
@@ -590,7 +590,9 @@ def stop_nodes(
 
 
 def stop_cluster(
-    layout: ClusterLayout, timeout: float, children: dict[int, subprocess.Popen] | None = None
+    layout: ClusterLayout,
+    timeout: float,
+    children: dict[int, subprocess.Popen[bytes]] | None = None,
 ) -> list[StopResult]:
     """Brokers first (they shut down through the controllers), then the controllers."""
     return stop_nodes(list(layout.brokers), timeout, children) + stop_nodes(
@@ -646,10 +648,12 @@ class Readiness:
         return text
 
 
-RpcCall = Callable[[list[tuple[str, int]], str, dict, float], dict]
+RpcCall = Callable[[list[tuple[str, int]], str, dict[str, Any], float], dict[str, Any]]
 
 
-def _default_call(bootstrap: list[tuple[str, int]], api: str, body: dict, timeout: float) -> dict:
+def _default_call(
+    bootstrap: list[tuple[str, int]], api: str, body: dict[str, Any], timeout: float
+) -> dict[str, Any]:
     from kraft.rpc.client import call_sync
 
     return call_sync(bootstrap, api, body, timeout)
@@ -658,7 +662,9 @@ def _default_call(bootstrap: list[tuple[str, int]], api: str, body: dict, timeou
 def _authenticated_call(credentials: ClientCredentials) -> RpcCall:
     from kraft.rpc.client import call_sync
 
-    def call(bootstrap: list[tuple[str, int]], api: str, body: dict, timeout: float) -> dict:
+    def call(
+        bootstrap: list[tuple[str, int]], api: str, body: dict[str, Any], timeout: float
+    ) -> dict[str, Any]:
         return call_sync(bootstrap, api, body, timeout, credentials=credentials)
 
     return call
@@ -695,7 +701,7 @@ def probe(
 def wait_ready(
     layout: ClusterLayout,
     timeout: float,
-    children: dict[int, subprocess.Popen],
+    children: dict[int, subprocess.Popen[bytes]],
     progress: Callable[[Readiness, float], None] = lambda r, t: None,
     required_controllers: set[int] | None = None,
     required_brokers: set[int] | None = None,

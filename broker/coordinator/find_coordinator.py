@@ -106,7 +106,7 @@ class FindCoordinator:
         if alive == 0:
             return
         self._creating = True
-        body = {
+        body: dict[str, Any] = {
             "topics": [
                 {
                     "name": OFFSETS_TOPIC,

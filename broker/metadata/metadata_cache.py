@@ -38,7 +38,9 @@ class MetadataCache:
         self.cluster_id = cluster_id
         self.listener_name = listener_name
         self.image = image
-        self._encoded: dict[tuple, bytes] = {}
+        self._encoded: dict[
+            tuple[int, tuple[tuple[str | None, uuid.UUID | None], ...] | None], bytes
+        ] = {}
 
     def publish(self, delta: Any, image: Any, full: bool = False) -> None:
         """Publisher hook: adopt ``image`` (the delta is not needed here)."""
@@ -52,7 +54,7 @@ class MetadataCache:
     # ---- views ----------------------------------------------------------------------------
     def alive_brokers(self) -> list[dict[str, Any]]:
         """Unfenced brokers with this listener's endpoint, by id."""
-        out = []
+        out: list[dict[str, Any]] = []
         if self.image is None:
             return out
         for bid in sorted(self.image.brokers):

@@ -177,7 +177,7 @@ class MetadataLoader:
         """Checkpoint the last published image (e.g. on shutdown)."""
         await self._maybe_checkpoint(force=True)
 
-    async def _fetch_snapshot(self, info: dict) -> MetadataImage | None:
+    async def _fetch_snapshot(self, info: dict[str, Any]) -> MetadataImage | None:
         """Stream snapshot ``info['name']`` into the metadata dir and load it."""
         name = str(info.get("name"))
         if "/" in name or not name.endswith(".checkpoint"):

@@ -40,7 +40,7 @@ def _fields(cls: type) -> tuple[_Field, ...]:
         option = next(o for o in options if o is not type(None))
         array = typing.get_origin(option) is tuple
         item = typing.get_args(option)[0] if array else option
-        entity = item if dataclasses.is_dataclass(item) else None
+        entity = typing.cast(type, item) if dataclasses.is_dataclass(item) else None
         kafka_type = f.metadata.get("kafka_type")
         if entity is None and kafka_type not in (*_FIXED, "string"):
             raise DecodeError(f"{cls.__name__}.{f.name}: unsupported field type {kafka_type!r}")

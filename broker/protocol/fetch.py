@@ -94,15 +94,18 @@ class FetchHandler:
 
         return Deferred(delayed)
 
-    def _read(self, req: FetchRequest) -> tuple[list, int, bool, list[Partition]]:
+    def _read(
+        self, req: FetchRequest
+    ) -> tuple[list[tuple[str, list[FetchPartitionResult]]], int, bool, list[Partition]]:
         """One pass over the request: (results per topic, bytes read, any error, partitions)."""
         follower = req.replica_id >= 0
         now_ms = time.monotonic() * 1000
         budget = req.max_bytes if req.max_bytes > 0 else 1 << 30
+        parts: list[Partition]
         size, errors, parts = 0, False, []
-        results = []
+        results: list[tuple[str, list[FetchPartitionResult]]] = []
         for name, fparts in req.topics:
-            out = []
+            out: list[FetchPartitionResult] = []
             for fp in fparts:
                 res, part = self._read_partition(
                     name, fp, follower, req.replica_id, now_ms, budget - size if size else budget
@@ -111,6 +114,7 @@ class FetchHandler:
                 if res.error_code:
                     errors = True
                 else:
+                    assert part is not None  # a result without an error comes with its partition
                     parts.append(part)
                     size += len(res.records or b"")
             results.append((name, out))
@@ -151,7 +155,9 @@ class FetchHandler:
         return FetchPartitionResult(fp.partition, 0, hw, hw, plog.log_start_offset, records), part
 
     @staticmethod
-    def _respond(header: RequestHeader, results: list) -> bytes:
+    def _respond(
+        header: RequestHeader, results: list[tuple[str, list[FetchPartitionResult]]]
+    ) -> bytes:
         body = write_fetch_response(header.api_version, 0, results)
         return frame_raw_response(
             header.correlation_id, body, header.api_version >= FLEXIBLE_FROM[API_FETCH]

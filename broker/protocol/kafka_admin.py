@@ -92,14 +92,14 @@ def _nested(cls: type) -> dict[str, type]:
     """Field name -> entity class of the field's items, for array fields (nullable ones too,
     which ``kafka_codec.build`` leaves alone)."""
     hints = typing.get_type_hints(cls, vars(sys.modules[cls.__module__]))
-    out = {}
+    out: dict[str, type] = {}
     for f in dataclasses.fields(cls):
         hint = hints[f.name]
         options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
         for option in options:
             args = typing.get_args(option)
             if args and dataclasses.is_dataclass(args[0]):
-                out[f.name] = args[0]
+                out[f.name] = typing.cast(type, args[0])
     return out
 
 

@@ -62,19 +62,23 @@ class Reader:
         return b
 
     def int8(self) -> int:
-        return struct.unpack(">b", self._take(1))[0]
+        value: int = struct.unpack(">b", self._take(1))[0]
+        return value
 
     def boolean(self) -> bool:
         return self._take(1) != b"\x00"
 
     def int16(self) -> int:
-        return struct.unpack(">h", self._take(2))[0]
+        value: int = struct.unpack(">h", self._take(2))[0]
+        return value
 
     def int32(self) -> int:
-        return struct.unpack(">i", self._take(4))[0]
+        value: int = struct.unpack(">i", self._take(4))[0]
+        return value
 
     def int64(self) -> int:
-        return struct.unpack(">q", self._take(8))[0]
+        value: int = struct.unpack(">q", self._take(8))[0]
+        return value
 
     def take(self, n: int) -> bytes:
         """The next ``n`` raw bytes."""
@@ -192,11 +196,11 @@ def _nested_classes(cls: type) -> dict[str, type]:
 
     module = sys.modules[cls.__module__]
     hints = typing.get_type_hints(cls, vars(module))
-    out = {}
+    out: dict[str, type] = {}
     for f in dataclasses.fields(cls):
         args = typing.get_args(hints[f.name])
         if args and dataclasses.is_dataclass(args[0]):
-            out[f.name] = args[0]
+            out[f.name] = typing.cast(type, args[0])
     return out
 
 
@@ -230,7 +234,7 @@ def encode_body(entity: Any) -> bytes:
 
 def frame_response(cls: type, correlation_id: int, body: bytes) -> bytes:
     """Size-prefixed response: the version's response header, then the encoded body."""
-    header_cls = cls.__header_schema__
+    header_cls = cls.__header_schema__  # type: ignore[attr-defined]  # kio adds it untyped
     buf = io.BytesIO()
     entity_writer(header_cls)(buf, header_cls(correlation_id=correlation_id))
     head = buf.getvalue()

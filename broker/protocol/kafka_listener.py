@@ -115,6 +115,18 @@ class AdminHandler(Protocol):
         ...
 
 
+class GroupHandler(Protocol):
+    """Serves the group coordinator APIs; unlike :class:`AdminHandler` it needs no principal."""
+
+    def api_ranges(self) -> dict[int, tuple[int, int]]:
+        """API key -> (min version, max version) this handler answers."""
+        ...
+
+    async def handle(self, header: RequestHeader, reader: Reader) -> bytes:
+        """The full framed response to one request; may raise ``DecodeError``."""
+        ...
+
+
 class KafkaListener:
     """Serves Kafka clients on ``host:port`` from a :class:`MetadataCache`."""
 
@@ -205,13 +217,13 @@ class KafkaListener:
             self._ranges[key] = span
             self._handlers[key] = handler
 
-    def serve_groups(self, groups: AdminHandler) -> None:
+    def serve_groups(self, groups: GroupHandler) -> None:
         """Also serve the group coordinator APIs (FindCoordinator included) from ``groups``."""
         for key, span in groups.api_ranges().items():
             self._ranges[key] = span
             self._handlers[key] = _deferring(groups.handle)
 
-    async def serve(self, *, task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED) -> None:
+    async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         """Listen until cancelled; ``task_status.started`` gets the bound port."""
         listeners: list[Any] = await trio.open_tcp_listeners(self.port, host=self.host)
         self.bound_port = listeners[0].socket.getsockname()[1]
@@ -287,7 +299,7 @@ class KafkaListener:
     @staticmethod
     async def _write_responses(
         stream: trio.SocketStream,
-        receive: trio.MemoryReceiveChannel,
+        receive: trio.MemoryReceiveChannel[bytes | Deferred | None],
         peer: str,
         scope: trio.CancelScope,
     ) -> None:

@@ -150,7 +150,7 @@ def _ssl_context(settings: dict[str, Any]) -> ssl.SSLContext:
     return ctx
 
 
-def tls_principal(peer_cert: dict | None) -> str | None:
+def tls_principal(peer_cert: dict[str, Any] | None) -> str | None:
     """``User:<CN>`` of a verified client certificate (mutual TLS), else None."""
     for rdn in (peer_cert or {}).get("subject", ()):
         for key, value in rdn:

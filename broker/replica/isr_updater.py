@@ -86,14 +86,14 @@ class IsrUpdater:
                     batch.append(self._receive.receive_nowait())
                 except trio.WouldBlock:
                     break
-            by_reason: dict[str, list] = {}
+            by_reason: dict[str, list[tuple[Partition, tuple[int, ...], str, int, int]]] = {}
             for item in batch:  # one request per reason, so each batch's provenance says why
                 by_reason.setdefault(item[2], []).append(item)
             for items in by_reason.values():
                 await self._alter(items)
 
     async def _alter(self, batch: list[tuple[Partition, tuple[int, ...], str, int, int]]) -> None:
-        topics: dict[str, list[dict]] = {}
+        topics: dict[str, list[dict[str, Any]]] = {}
         for part, isr, reason, leader_epoch, partition_epoch in batch:
             topics.setdefault(part.topic_id, []).append(
                 {
@@ -117,7 +117,7 @@ class IsrUpdater:
             "broker_epoch": self.broker_epoch(),
             "topics": [{"topic_id": t, "partitions": ps} for t, ps in topics.items()],
         }
-        answers: dict[tuple[str, int], dict] = {}
+        answers: dict[tuple[str, int], dict[str, Any]] = {}
         try:
             resp = await self.client.call("AlterPartition", body, timeout=self.request_timeout)
             if resp.get("error_code", 0):

@@ -159,7 +159,7 @@ def _write_atomic(path: Path, text: str) -> None:
         _deferred_dirs.add(path.parent)
 
 
-def write_small_file(path: str | os.PathLike, data: bytes, sync: bool = False) -> None:
+def write_small_file(path: str | os.PathLike[str], data: bytes, sync: bool = False) -> None:
     """Create or truncate ``path`` holding ``data`` with bare system calls (no buffered file
     object: a broker writes thousands of these checkpoint files when it takes partitions on)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -324,7 +324,7 @@ class PartitionLog:
     # ---- opening ------------------------------------------------------------------------
     @classmethod
     def open(
-        cls, directory: str | os.PathLike, segment_bytes: int = 1 << 30, fsync: bool = False
+        cls, directory: str | os.PathLike[str], segment_bytes: int = 1 << 30, fsync: bool = False
     ) -> PartitionLog:
         """Open (creating if needed) the log in ``directory`` and recover a torn tail."""
         d = Path(directory)

@@ -28,7 +28,7 @@ import shutil
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import trio
 
@@ -236,6 +236,7 @@ class ReplicaManager:
 
     def _delete(self, topic: str, topic_id: str, pid: int, reason: str) -> None:
         part = self.partitions.pop((topic_id, pid), None)
+        directory: Path | None
         if part is not None:
             self._dir_counts[part.log.dir.parent] -= 1
             self.by_name.pop((part.topic, pid), None)
@@ -287,7 +288,7 @@ class ReplicaManager:
                 on_disk,
                 topic_id,
             )
-            self._remove_dir(directory)  # type: ignore[arg-type]
+            self._remove_dir(cast(Path, directory))  # on_disk was read from it
             directory = None
         if directory is None:  # the log dir holding the fewest of our partitions
             counts = self._dir_counts

@@ -33,8 +33,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 from kraft.quorum import journal_file as jf
 from kraft.storage.failure import storage_failed
@@ -52,10 +51,10 @@ def _create_journal(journalFile: str | None = None) -> Any:
     if factory is None:
         assert _original_create_journal is not None
         return _original_create_journal(journalFile)
-    return factory(journalFile)  # type: ignore[arg-type]
+    return factory(cast(str, journalFile))  # a factory is found only for a str
 
 
-def register_journal(syncobj_module: ModuleType, path: str, factory: Callable[[str], Any]) -> None:
+def register_journal(syncobj_module: Any, path: str, factory: Callable[[str], Any]) -> None:
     """Make the next ``SyncObj`` constructed with ``journalFile=path`` use ``factory(path)``.
     ``syncobj_module`` is ``pysyncobj.syncobj`` (passed in: only ``raft.py`` imports pysyncobj)."""
     global _original_create_journal

@@ -80,7 +80,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import msgpack
 
@@ -208,7 +208,7 @@ def _kraft_create_poller(kind: str) -> Any:
 
 _syncobj_module.createPoller = _kraft_create_poller
 
-_read_some = TcpConnection._TcpConnection__processRead  # type: ignore[attr-defined]
+_read_some = TcpConnection._TcpConnection__processRead
 
 
 def _bounded_read(conn: Any) -> bool:
@@ -222,7 +222,7 @@ def _bounded_read(conn: Any) -> bool:
         conn._TcpConnection__readBuffer = buf = bytearray(buf)
     if not buf:
         conn.kraft_partial_since = None
-    more = _read_some(conn)
+    more: bool = _read_some(conn)
     buf = conn._TcpConnection__readBuffer
     if buf and getattr(conn, "kraft_partial_since", None) is None:
         conn.kraft_partial_since = _monotonic()
@@ -245,10 +245,10 @@ def _disconnect_and_forget(conn: Any) -> None:
     _disconnect(conn)
 
 
-TcpConnection.disconnect = _disconnect_and_forget  # type: ignore[method-assign]
-TcpConnection._TcpConnection__processParseMessage = _parse_frame  # type: ignore[attr-defined]
-TcpConnection._TcpConnection__processRead = _bounded_read  # type: ignore[attr-defined]
-TcpConnection.send = _send_message  # type: ignore[method-assign]
+TcpConnection.disconnect = _disconnect_and_forget
+TcpConnection._TcpConnection__processParseMessage = _parse_frame
+TcpConnection._TcpConnection__processRead = _bounded_read
+TcpConnection.send = _send_message
 
 
 logger = logging.getLogger(__name__)
@@ -318,7 +318,7 @@ def _host_of(addr: str) -> str:
     return host.strip("[]")
 
 
-class _SyncingTransport(TCPTransport):
+class _SyncingTransport(TCPTransport):  # type: ignore[misc]  # pysyncobj ships no type hints
     """PySyncObj's TCP transport, syncing the journal before every outgoing message and
     letting the quorum look at incoming ones (``RaftQuorum._on_peer_message``)."""
 
@@ -338,7 +338,7 @@ class _SyncingTransport(TCPTransport):
 
     def send(self, node: Any, message: Any) -> bool:
         self._before_send(message)
-        return super().send(node, message)
+        return cast(bool, super().send(node, message))
 
     def _onNewIncomingConnection(self, conn: Any) -> None:
         conn.kraft_accepted_at = _monotonic()
@@ -381,8 +381,10 @@ class _Rejected:
         self.message = message
 
 
-class _KraftSyncObj(SyncObj):
+class _KraftSyncObj(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type hints
     """The PySyncObj object: one replicated method, everything else delegated to the quorum."""
+
+    _SyncObj__newAppendEntriesTime: float  # PySyncObj's, set in its __init__
 
     def __init__(
         self,
@@ -396,7 +398,7 @@ class _KraftSyncObj(SyncObj):
         quorum._so = self  # before SyncObj.__init__ (it may call back into the quorum)
         super().__init__(self_addr, partners, conf=conf, transportClass=transport_class)
 
-    @replicated
+    @replicated  # type: ignore[untyped-decorator]  # pysyncobj ships no type hints
     def apply_group(self, commands: list[bytes], origin_term: int) -> Any:
         return self._kraft._apply_committed(self, commands, origin_term)
 
@@ -414,7 +416,7 @@ class _KraftSyncObj(SyncObj):
         behind and its oldest unapplied commit is younger than ``follower_apply_delay``, it
         waits (a tick comes at least every ``auto_tick_period``)."""
         quorum = self._kraft
-        behind = self._SyncObj__raftCommitIndex - self.raftLastApplied  # type: ignore[attr-defined]
+        behind = self._SyncObj__raftCommitIndex - self.raftLastApplied
         if behind > 0 and not self._isLeader():
             now = _monotonic()
             if quorum._unapplied_since is None:
@@ -427,10 +429,10 @@ class _KraftSyncObj(SyncObj):
         quorum._unapplied_since = None
         if behind > 0:
             quorum._heartbeat_if_due(self)  # before a possibly long apply
-        need_send = SyncObj._SyncObj__applyLogEntries(self)  # type: ignore[attr-defined]
+        need_send: bool = SyncObj._SyncObj__applyLogEntries(self)
         if need_send and self._isLeader():
-            self._SyncObj__newAppendEntriesTime = min(  # type: ignore[attr-defined]
-                self._SyncObj__newAppendEntriesTime,  # type: ignore[attr-defined]
+            self._SyncObj__newAppendEntriesTime = min(
+                self._SyncObj__newAppendEntriesTime,
                 _monotonic() + self._kraft.settings.commit_notice_delay,
             )
             return False
@@ -444,7 +446,7 @@ class _KraftSyncObj(SyncObj):
         quorum = self._kraft
         quorum._last_append_round = _monotonic()
         try:
-            SyncObj._SyncObj__sendAppendEntries(self)  # type: ignore[attr-defined]
+            SyncObj._SyncObj__sendAppendEntries(self)
         finally:
             journal = quorum._journal
             if journal is not None:  # on the syncer thread: an ack waits for it (_on_peer_message)
@@ -452,17 +454,17 @@ class _KraftSyncObj(SyncObj):
 
     # -- PySyncObj internals, read only here (name-mangled private attributes) --
     def entry_term(self, raft_index: int) -> int | None:
-        entries = self._SyncObj__getEntries(raft_index, 1)  # type: ignore[attr-defined]
+        entries = self._SyncObj__getEntries(raft_index, 1)
         return entries[0][2] if entries else None
 
     def last_log_index(self) -> int:
-        return self._SyncObj__raftLog[-1][1]  # type: ignore[attr-defined]
+        return cast(int, self._SyncObj__raftLog[-1][1])
 
     def last_response_times(self) -> dict[Any, float]:
-        return dict(self._SyncObj__lastResponseTime)  # type: ignore[attr-defined]
+        return dict(self._SyncObj__lastResponseTime)
 
     def next_index(self) -> dict[Any, int]:
-        return self._SyncObj__raftNextIndex  # type: ignore[attr-defined]
+        return cast(dict[Any, int], self._SyncObj__raftNextIndex)
 
 
 class RaftQuorum:
@@ -853,9 +855,9 @@ class RaftQuorum:
 
     def _hold_election(self, so: _KraftSyncObj) -> None:
         """A joining member never times out into a campaign."""
-        so._SyncObj__raftElectionDeadline = _monotonic() + 10 * self.settings.raft_max_timeout  # type: ignore[attr-defined]
+        so._SyncObj__raftElectionDeadline = _monotonic() + 10 * self.settings.raft_max_timeout
 
-    def _joining_filter(self, message: dict) -> bool:
+    def _joining_filter(self, message: dict[str, Any]) -> bool:
         """While joining: False for messages to drop (a vote for a candidate without history:
         two blank members must not elect each other; a leadership transfer to us)."""
         kind = message.get("type")
@@ -934,7 +936,8 @@ class RaftQuorum:
         if self.joining and isinstance(message, dict) and not self._joining_filter(message):
             return
         if self.unverified_voters and self.refuses_vote_message(
-            message, self._addr_to_id.get(getattr(node, "id", None))
+            message,
+            self._addr_to_id.get(cast(str, getattr(node, "id", None))),  # None: no voter
         ):
             return
         if isinstance(message, dict) and message.get("type") == "next_node_idx":
@@ -1009,9 +1012,9 @@ class RaftQuorum:
         1M-partition broker transition, a busy machine) would otherwise starve the followers
         past their election timeout and cost an election."""
         if so._isLeader() and _monotonic() - self._last_append_round >= self._heartbeat_period / 2:
-            so._SyncObj__sendAppendEntries()  # type: ignore[attr-defined]
+            so._SyncObj__sendAppendEntries()
 
-    def _write_dump(self, path: str, data: tuple) -> None:
+    def _write_dump(self, path: str, data: tuple[Any, ...]) -> None:
         """PySyncObj ``serializer(fileName, data)``: ``data`` = (last applied entry, the entry
         before it, cluster nodes); entries are ``(command, raft index, term)``."""
         try:
@@ -1047,7 +1050,7 @@ class RaftQuorum:
             logger.exception("raft member %d: writing the compaction dump failed", self.node_id)
             raise
 
-    def _read_dump(self, path: str) -> tuple:
+    def _read_dump(self, path: str) -> tuple[Any, ...]:
         """PySyncObj ``deserializer(fileName)``: install the snapshot in the target unless the
         target is already at or past it; return PySyncObj's bookkeeping tuple."""
         try:

@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 _READ, _WRITE, _ERROR = POLL_EVENT_TYPE.READ, POLL_EVENT_TYPE.WRITE, POLL_EVENT_TYPE.ERROR
 
 
-class EpollPoller(Poller):
+class EpollPoller(Poller):  # type: ignore[misc]  # pysyncobj ships no type hints
     """PySyncObj's poller interface over ``select.epoll`` (level-triggered, like its poll one).
 
     ``fileno()`` is the epoll set's descriptor: readable whenever one of its sockets has an

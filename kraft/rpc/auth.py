@@ -24,8 +24,10 @@ import os
 import re
 import secrets
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 __all__ = [
     "AUTH_API",
@@ -118,7 +120,7 @@ class CredentialStore:
     )
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> CredentialStore:
+    def load(cls, path: str | os.PathLike[str]) -> CredentialStore:
         """Read a credentials file; ``AuthError`` names the file and line of a bad entry."""
         try:
             text = Path(path).read_text(encoding="utf-8")
@@ -150,7 +152,7 @@ class CredentialStore:
     def verify(self, username: object, password: object) -> str | None:
         """The principal of a correct name and password, else None (same cost either way)."""
         name_ok = isinstance(username, str) and username in self.users
-        entry = self.users[username] if name_ok else self._dummy  # type: ignore[index]
+        entry = self.users[cast(str, username)] if name_ok else self._dummy  # name_ok: a str
         if isinstance(password, str):
             secret = password.encode("utf-8", "surrogatepass")
         elif isinstance(password, bytes):
@@ -158,7 +160,7 @@ class CredentialStore:
         else:
             secret = b""
         ok = entry.matches(secret[:MAX_PASSWORD_BYTES]) and len(secret) <= MAX_PASSWORD_BYTES
-        return principal_of(username) if ok and name_ok else None  # type: ignore[arg-type]
+        return principal_of(cast(str, username)) if ok and name_ok else None
 
 
 @dataclass(frozen=True)
@@ -175,7 +177,7 @@ class ClientCredentials:
             raise AuthError(f"empty password for {self.username!r}")
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> ClientCredentials:
+    def load(cls, path: str | os.PathLike[str]) -> ClientCredentials:
         """Read ``username=`` / ``password=`` lines from ``path``."""
         try:
             text = Path(path).read_text(encoding="utf-8")
@@ -195,7 +197,7 @@ class ClientCredentials:
         return cls(values["username"], values["password"])
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> ClientCredentials | None:
+    def from_env(cls, env: Mapping[str, str] | None = None) -> ClientCredentials | None:
         """From ``KRAFT_RPC_CREDENTIALS_FILE`` or ``KRAFT_RPC_USERNAME``/``_PASSWORD``; None if unset."""
         env = os.environ if env is None else env
         if env.get(ENV_FILE):

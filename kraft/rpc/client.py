@@ -29,7 +29,7 @@ import math
 import os
 import random
 import uuid
-from typing import Any
+from typing import Any, cast
 
 import trio
 
@@ -73,7 +73,7 @@ class _Pending:
     __slots__ = ("done", "error", "expired", "response", "task")
 
     def __init__(self) -> None:
-        self.response: dict | None = None
+        self.response: dict[str, Any] | None = None
         self.error: BaseException | None = None
         self.expired = False
         self.task: trio.lowlevel.Task | None = None
@@ -121,7 +121,7 @@ class _Conn:
         self.broken: BaseException | None = None
         self.expiry: Expiry[_Pending] = Expiry(_expire, "rpc-client-expiry")
 
-    async def request(self, envelope: dict, deadline: float = math.inf) -> dict:
+    async def request(self, envelope: dict[str, Any], deadline: float = math.inf) -> dict[str, Any]:
         """Send ``envelope`` and wait for its answer until ``deadline`` (trio time): raises
         ``_Expired`` then, ``_ConnectionLost`` if the connection breaks."""
         if self.broken is not None:
@@ -225,7 +225,8 @@ class _Conn:
                     self._break(exc)
                     return
                 for frame in frames:
-                    other = self.pending.get(frame.get("correlation_id"))  # type: ignore[arg-type]
+                    # a frame without an int correlation_id matches no pending call
+                    other = self.pending.get(cast(int, frame.get("correlation_id")))
                     if other is not None and not other.done:
                         other.response = frame
                         other.settle()
@@ -309,13 +310,13 @@ class ControllerClient:
     async def call(
         self,
         api: str,
-        body: dict,
+        body: dict[str, Any],
         timeout: float | None = None,
         request_id: str | None = None,
         attempt_timeout: float | None = None,
         *,
         on_behalf_of: str | None = None,
-    ) -> dict:
+    ) -> dict[str, Any]:
         """Call ``api`` and return the response body; raise ``KraftError`` (``.body`` holds the
         error response's body) when the answer is an error or the deadline passes. One
         controller gets ``attempt_timeout`` (default: the client's) to answer before the call
@@ -419,7 +420,7 @@ class ControllerClient:
         with trio.CancelScope(shield=True):
             await self._drop_connection(conn, rotate=True)
 
-    def _follow_hint(self, body: dict, current: Address) -> bool:
+    def _follow_hint(self, body: dict[str, Any], current: Address) -> bool:
         host, port = body.get("leader_host"), body.get("leader_port")
         if (
             isinstance(host, str)
@@ -503,7 +504,7 @@ class ControllerClient:
             await self._drop_connection(self._conn, rotate=False)
 
 
-def _error_from(response: dict) -> KraftError:
+def _error_from(response: dict[str, Any]) -> KraftError:
     code = response.get("error_code", ErrorCode.UNKNOWN_SERVER_ERROR)
     try:
         err_code = ErrorCode(code)
@@ -511,16 +512,20 @@ def _error_from(response: dict) -> KraftError:
         err_code = ErrorCode.UNKNOWN_SERVER_ERROR
     err = KraftError(err_code, str(response.get("error_message") or ""))
     body = response.get("body")
-    err.body = body if isinstance(body, dict) else {}  # type: ignore[attr-defined]
+    err.body = body if isinstance(body, dict) else {}
     return err
 
 
 def call_sync(
-    bootstrap: list[Address], api: str, body: dict, timeout: float = 10.0, **client_kwargs: Any
-) -> dict:
+    bootstrap: list[Address],
+    api: str,
+    body: dict[str, Any],
+    timeout: float = 10.0,
+    **client_kwargs: Any,
+) -> dict[str, Any]:
     """Run one call in a fresh trio run (for the CLI)."""
 
-    async def _main() -> dict:
+    async def _main() -> dict[str, Any]:
         client = ControllerClient(bootstrap, request_timeout=timeout, **client_kwargs)
         try:
             return await client.call(api, body, timeout=timeout)

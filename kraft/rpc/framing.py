@@ -30,7 +30,7 @@ def encode_frame(obj: dict[str, Any], max_frame_bytes: int | None = None) -> byt
     if not isinstance(obj, dict):
         raise FrameError(f"a frame holds a map, not {type(obj).__name__}")
     try:
-        payload = msgpack.packb(obj, use_bin_type=True)
+        payload: bytes = msgpack.packb(obj, use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as exc:
         raise FrameError(f"cannot encode frame: {exc}") from exc
     if max_frame_bytes is not None and len(payload) > max_frame_bytes:
@@ -38,7 +38,7 @@ def encode_frame(obj: dict[str, Any], max_frame_bytes: int | None = None) -> byt
     return HEADER.pack(len(payload)) + payload
 
 
-def decode_payload(payload: bytes) -> dict[str, Any]:
+def decode_payload(payload: bytes | memoryview) -> dict[str, Any]:
     """Decode one frame payload into a map, or raise ``FrameError``."""
     try:
         obj = msgpack.unpackb(payload, raw=False, strict_map_key=False)

@@ -29,6 +29,7 @@ import math
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any, cast
 
 import trio
 
@@ -63,7 +64,7 @@ class RequestContext:
     via: str = ""  # the broker principal that forwarded the request (on_behalf_of), if any
 
 
-Handler = Callable[[str, dict, RequestContext], Awaitable[dict]]
+Handler = Callable[[str, dict[str, Any], RequestContext], Awaitable[dict[str, Any]]]
 
 
 class _Slot:
@@ -307,7 +308,7 @@ class RpcServer:
         finally:
             self.buffered_bytes -= held
 
-    async def _authenticate(self, message: dict, peer: str) -> tuple[str | None, bytes]:
+    async def _authenticate(self, message: dict[str, Any], peer: str) -> tuple[str | None, bytes]:
         """Answer a connection's first request: the principal (None: refused) and the answer."""
         assert self.credentials is not None
         correlation_id = _correlation_id(message)
@@ -346,7 +347,7 @@ class RpcServer:
         )
 
     async def _answer(
-        self, message: dict, peer: str, principal: str, answers: _Answers, slot: _Slot
+        self, message: dict[str, Any], peer: str, principal: str, answers: _Answers, slot: _Slot
     ) -> None:
         correlation_id = _correlation_id(message)
         try:
@@ -388,8 +389,8 @@ class RpcServer:
         await answers.done(slot, frame)
 
     async def _dispatch(
-        self, message: dict, peer: str, principal: str, correlation_id: int
-    ) -> dict:
+        self, message: dict[str, Any], peer: str, principal: str, correlation_id: int
+    ) -> dict[str, Any]:
         api = message.get("api")
         version = message.get("version", 0)
         if correlation_id < 0:
@@ -429,7 +430,7 @@ class RpcServer:
             api_version=version,
             correlation_id=correlation_id,
         )
-        result = await self.handler(api, body, ctx)
+        result = await self.handler(api, cast(dict[str, Any], body), ctx)  # validated above
         if result is None:
             return {}
         if not isinstance(result, dict):
@@ -437,7 +438,7 @@ class RpcServer:
         return result
 
 
-def _correlation_id(message: dict) -> int:
+def _correlation_id(message: dict[str, Any]) -> int:
     correlation_id = message.get("correlation_id")
     if not isinstance(correlation_id, int) or isinstance(correlation_id, bool):
         return -1

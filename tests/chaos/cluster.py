@@ -46,7 +46,7 @@ class ChaosCluster:
         self.layout: launcher.ClusterLayout | None = None
         self.mesh: RaftMesh | None = None
         self.rpc_proxies: dict[int, Proxy] = {}
-        self.procs: dict[int, subprocess.Popen] = {}
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.paused: set[int] = set()
 
     # ---- lifecycle ------------------------------------------------------------------------------
@@ -67,7 +67,7 @@ class ChaosCluster:
             "broker.heartbeat.interval.ms": self.heartbeat_interval_ms,
         }
         for c in layout.controllers:
-            props = launcher.controller_properties(layout, c)
+            props: dict[str, Any] = launcher.controller_properties(layout, c)
             props["controller.quorum.raft.voters"] = self.mesh.voters_for(c.id)
             props["controller.quorum.voters"] = ",".join(
                 f"{o.id}@{o.host}:{o.rpc_port}"

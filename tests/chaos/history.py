@@ -22,6 +22,7 @@ import threading
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from kraft.image import MetadataDelta, MetadataImage, PartitionRegistration
 from kraft.records import (
@@ -47,7 +48,7 @@ class Op:
     kind: str
     topic: str
     request_id: str
-    args: dict
+    args: dict[str, Any]
     invoke_s: float
     complete_s: float | None = None
     outcome: str | None = None
@@ -67,7 +68,9 @@ class History:
         self._lock = threading.Lock()
         self.ops: list[Op] = []
 
-    def invoke(self, kind: str, topic: str, request_id: str, args: dict, now: float) -> Op:
+    def invoke(
+        self, kind: str, topic: str, request_id: str, args: dict[str, Any], now: float
+    ) -> Op:
         if kind not in KINDS:
             raise ValueError(f"unknown operation kind {kind!r}")
         with self._lock:
@@ -93,9 +96,9 @@ class LogFacts:
     """What one controller's metadata log says, scanned batch by batch."""
 
     final: MetadataImage = MetadataImage.EMPTY
-    request_batches: Counter = field(default_factory=Counter)  # request id -> batches
+    request_batches: Counter[str] = field(default_factory=Counter)  # request id -> batches
     topic_records: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
-    removals: Counter = field(default_factory=Counter)  # topic id -> RemoveTopic count
+    removals: Counter[str] = field(default_factory=Counter)  # topic id -> RemoveTopic count
     leader_changes: list[tuple[int, int]] = field(default_factory=list)  # (term, leader id)
     leader_epochs: list[tuple[str, int, int, int]] = field(default_factory=list)
     #                          (topic id, partition, leader epoch, leader) in log order
@@ -314,7 +317,10 @@ def _check_topic_state(name: str, ops: list[Op], final: MetadataImage) -> list[A
     return out
 
 
-def _after(possible: set, value: object, sure: bool) -> set:
+_T = TypeVar("_T")
+
+
+def _after(possible: set[_T], value: _T, sure: bool) -> set[_T]:
     return {value} if sure else possible | {value}
 
 
@@ -378,7 +384,7 @@ def check_leader_epochs(
 
 
 def _same_epoch(
-    leaders: dict, tid: str, pid: int, epoch: int, leader: int, src: str
+    leaders: dict[tuple[str, int, int], int], tid: str, pid: int, epoch: int, leader: int, src: str
 ) -> list[Anomaly]:
     prev = leaders.setdefault((tid, pid, epoch), leader)
     if prev != leader:

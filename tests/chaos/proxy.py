@@ -157,8 +157,8 @@ class RaftMesh:
     """One proxy per pair of controllers on the Raft port; cut pairs or isolate a node."""
 
     real: dict[int, tuple[str, int]]  # node id -> its own Raft address
-    proxies: dict[frozenset, Proxy] = field(default_factory=dict)
-    dialer: dict[frozenset, int] = field(default_factory=dict)
+    proxies: dict[frozenset[int], Proxy] = field(default_factory=dict)
+    dialer: dict[frozenset[int], int] = field(default_factory=dict)
 
     @classmethod
     def build(cls, real: dict[int, tuple[str, int]], rng: random.Random) -> RaftMesh:

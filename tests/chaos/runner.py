@@ -147,7 +147,7 @@ def percentile(values: list[float], p: float) -> float | None:
 
 def describe_node(
     cluster: ChaosCluster, node_id: int, checksum: bool = False, timeout: float = 1.0
-) -> dict:
+) -> dict[str, Any]:
     """A controller's DescribeNode, asked on its real port (not through its proxy)."""
     return call_sync([cluster.real_rpc(node_id)], "DescribeNode", {"checksum": checksum}, timeout)
 
@@ -430,7 +430,7 @@ class ChaosRun:
         t0 = time.monotonic()
         self.cluster.isolate(leader, stall=stall)
         self._minority_n += 1
-        probe_op: list = []
+        probe_op: list[Any] = []
         probe = threading.Thread(
             target=lambda: probe_op.append(self._minority_write(leader)), daemon=True
         )
@@ -466,7 +466,9 @@ class ChaosRun:
         address = self.cluster.real_rpc(leader)
         topic = f"minority-{self.seed}-{self._minority_n}"
 
-        async def call(api: str, body: dict, timeout: float, request_id: str) -> dict:
+        async def call(
+            api: str, body: dict[str, Any], timeout: float, request_id: str
+        ) -> dict[str, Any]:
             return await call_one_node(address, api, body, timeout, request_id)
 
         return trio.run(

@@ -15,7 +15,8 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import trio
 
@@ -49,7 +50,7 @@ def classify(code: int) -> str:
         return INFO
 
 
-def request(kind: str, topic: str, args: dict) -> tuple[str, dict]:
+def request(kind: str, topic: str, args: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """The (api, body) of one workload operation."""
     if kind == "create":
         return "CreateTopics", {
@@ -78,7 +79,7 @@ def request(kind: str, topic: str, args: dict) -> tuple[str, dict]:
     raise ValueError(f"unknown operation kind {kind!r}")
 
 
-def item_error(body: dict) -> tuple[int, str]:
+def item_error(body: dict[str, Any]) -> tuple[int, str]:
     """The (error_code, message) of a single-item write response."""
     items = body.get("topics") or body.get("resources") or [{}]
     item = items[0] if isinstance(items, list) and items else {}
@@ -86,7 +87,12 @@ def item_error(body: dict) -> tuple[int, str]:
 
 
 async def perform(
-    call: Callable, history: History, kind: str, topic: str, args: dict, timeout: float
+    call: Callable[[str, dict[str, Any], float, str], Awaitable[dict[str, Any]]],
+    history: History,
+    kind: str,
+    topic: str,
+    args: dict[str, Any],
+    timeout: float,
 ) -> Op:
     """Invoke one operation through ``call(api, body, timeout, request_id)`` and record it."""
     request_id = str(uuid.uuid4())
@@ -115,8 +121,8 @@ def _code_name(code: int) -> str:
 
 
 async def call_one_node(
-    address: tuple[str, int], api: str, body: dict, timeout: float, request_id: str
-) -> dict:
+    address: tuple[str, int], api: str, body: dict[str, Any], timeout: float, request_id: str
+) -> dict[str, Any]:
     """One request to exactly one controller, no retries, no following leader hints (a client
     on the minority side of a partition). Raises KraftError on an error answer."""
     envelope = {
@@ -204,7 +210,9 @@ class Workload:
             self.bootstrap, client_id=f"chaos-{w}", request_timeout=self.op_timeout
         )
 
-        async def call(api: str, body: dict, timeout: float, request_id: str) -> dict:
+        async def call(
+            api: str, body: dict[str, Any], timeout: float, request_id: str
+        ) -> dict[str, Any]:
             return await client.call(api, body, timeout=timeout, request_id=request_id)
 
         try:
@@ -219,7 +227,12 @@ class Workload:
         finally:
             await client.aclose()
 
-    async def _topic_life(self, call: Callable, topic: str, rng: random.Random) -> bool:
+    async def _topic_life(
+        self,
+        call: Callable[[str, dict[str, Any], float, str], Awaitable[dict[str, Any]]],
+        topic: str,
+        rng: random.Random,
+    ) -> bool:
         """Create ``topic`` and change it a few times; True when it surely still exists."""
         partitions = rng.randint(1, 3)
         op = await perform(

@@ -177,6 +177,7 @@ def _train(work: Path, timeout: float = CREATE_TIMEOUT_S) -> None:
     for _ in range(2):  # the second run carries on from the first (the re-audit's classes)
         run_audit(AuditOptions(log_dir, out, master="local[2]"), spark, progress=lambda _: None)
     spark.stop()
+    assert gateway is not None  # build_session started it
     jvm = gateway.proc  # the JVM exits (and dumps) when its stdin closes
     jvm.stdin.close()
     jvm.wait(timeout)

@@ -27,12 +27,14 @@ from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
     EqualTo,
+    Filter,
     GreaterThan,
     GreaterThanOrEqual,
     InputPartition,
     LessThan,
     LessThanOrEqual,
 )
+from pyspark.sql.types import StructType
 
 from kraft.log.segment import list_segments, parse_segment_name
 from kraft.log.snapshot import list_snapshots, parse_snapshot_name
@@ -53,7 +55,7 @@ def segment_ranges(log_dir: str | Path) -> list[tuple[Path, int, int | None]]:
     ]
 
 
-def _int_option(options: dict, key: str) -> int | None:
+def _int_option(options: dict[str, str], key: str) -> int | None:
     raw = options.get(key)
     if raw is None or raw == "":
         return None
@@ -63,7 +65,7 @@ def _int_option(options: dict, key: str) -> int | None:
         raise ValueError(f"option {key} must be an integer offset, got {raw!r}") from None
 
 
-def requested_columns(schema) -> list[tuple[str, str]] | None:
+def requested_columns(schema: StructType) -> list[tuple[str, str]] | None:
     """``(table column, name asked for)`` of each field of a read's schema (a ``StructType``),
     in order; None when it is the whole table. Raises ValueError naming every field that is
     not a column of the table, has another type, or is declared NOT NULL."""
@@ -113,7 +115,7 @@ class KraftMetadataDataSource(DataSource):
     def schema(self) -> str:
         return SPARK_DDL
 
-    def reader(self, schema) -> KraftMetadataReader:
+    def reader(self, schema: StructType) -> KraftMetadataReader:
         return KraftMetadataReader(dict(self.options), requested_columns(schema))
 
 
@@ -121,7 +123,9 @@ class KraftMetadataReader(DataSourceReader):
     """Plans one partition per file and decodes it. ``columns``: from
     :func:`requested_columns` (None: the whole table)."""
 
-    def __init__(self, options: dict, columns: list[tuple[str, str]] | None = None) -> None:
+    def __init__(
+        self, options: dict[str, str], columns: list[tuple[str, str]] | None = None
+    ) -> None:
         path = options.get("path")
         if not path:
             raise ValueError("kraft-metadata needs a log directory: .load(DIR)")
@@ -141,7 +145,7 @@ class KraftMetadataReader(DataSourceReader):
         asked = [a for _, a in columns] if columns is not None else None
         self.renamed = asked if asked != self.columns else None
 
-    def pushFilters(self, filters: list) -> Iterator:
+    def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:
         """Use offset comparisons to skip segments; every filter is still handed back for
         Spark to apply to the rows."""
         for f in filters:

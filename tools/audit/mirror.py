@@ -19,6 +19,7 @@ import os
 import shutil
 from concurrent.futures import Executor, Future
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -72,7 +73,7 @@ class Mirror:
                 shutil.rmtree(self.records_dir / f"source={name}", ignore_errors=True)
                 del self.manifest[name]
         self.stale = [name for name in self.wanted if name not in self.manifest]
-        self._decoding: list[Future] | None = None
+        self._decoding: list[Future[None]] | None = None
 
     def _items(self) -> list[tuple[str, str]]:
         return [
@@ -103,7 +104,7 @@ class Mirror:
             )
         return pa.concat_tables(parts)  # (the watermark's segment is always there)
 
-    def load(self, spark: SparkSession) -> tuple[DataFrame, dict]:
+    def load(self, spark: SparkSession) -> tuple[DataFrame, dict[str, Any]]:
         """The record table from the mirror, after the stale segments are decoded (by
         :meth:`start`'s processes, else in one Spark job). Returns it with
         ``{"decoded": [...], "reused": [...]}``."""

@@ -7,9 +7,9 @@
 from __future__ import annotations
 
 import html
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 PALETTE = (
     "#4e79a7",
@@ -48,9 +48,9 @@ def _time(ms: int | None) -> str:
     return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _color(key: Any, keys: Sequence[Any]) -> str:
+def _color(key: Any, keys: Sequence[Any] | Mapping[Any, str]) -> str:
     if isinstance(keys, dict):
-        return keys.get(key, "#999")
+        return cast(str, keys.get(key, "#999"))
     if key is None or key == -1:
         return OFFLINE
     return PALETTE[list(keys).index(key) % len(PALETTE)] if key in keys else "#999"
@@ -85,7 +85,7 @@ def _legend(items: Iterable[tuple[str, str]]) -> str:
     )
 
 
-def _markers(scale: _Scale, markers: Sequence[dict], top: float, bottom: float) -> str:
+def _markers(scale: _Scale, markers: Sequence[dict[str, Any]], top: float, bottom: float) -> str:
     """A dashed vertical line per controller change, labelled with its term and reason."""
     out = []
     for i, m in enumerate(markers):
@@ -105,9 +105,9 @@ def interval_chart(
     rows: dict[str, list[tuple[int, int, Any]]],
     t0: int,
     t1: int,
-    keys: Sequence[Any],
+    keys: Sequence[Any] | Mapping[Any, str],
     title: str,
-    markers: Sequence[dict] = (),
+    markers: Sequence[dict[str, Any]] = (),
 ) -> str:
     """One row per label; each ``(start_ms, end_ms, key)`` is a bar coloured by key;
     ``markers``: controller changes drawn across every row."""
@@ -239,7 +239,7 @@ def _shown(data: dict[str, Any], name: str) -> str:
     )
 
 
-def _root_causes(causes: Sequence[dict]) -> list[str]:
+def _root_causes(causes: Sequence[dict[str, Any]]) -> list[str]:
     if not causes:
         return []
     rows = []
@@ -257,7 +257,7 @@ def _root_causes(causes: Sequence[dict]) -> list[str]:
     ]
 
 
-def _end_state(end: dict | None) -> list[str]:
+def _end_state(end: dict[str, Any] | None) -> list[str]:
     if not end:
         return ["<h2>End state</h2><p>The log could not be replayed to its end.</p>"]
     parts = [

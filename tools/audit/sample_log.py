@@ -8,6 +8,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from kraft.controller.commands import Command
 from kraft.controller.settings import ControllerSettings
@@ -44,8 +45,8 @@ class _Writer:
         self.n = 0
 
     def write(
-        self, api: str, body: dict, principal: str = "User:alice", client_id: str = "cli"
-    ) -> dict:
+        self, api: str, body: dict[str, Any], principal: str = "User:alice", client_id: str = "cli"
+    ) -> dict[str, Any]:
         self.n += 1
         command = Command(
             api,
@@ -61,6 +62,7 @@ class _Writer:
         if response.get("error_code", 0) != 0:
             raise RuntimeError(f"the sample history's {api} was refused: {response}")
         if batch is not None:
+            assert self.sm.last_encoded is not None  # apply encoded the batch it returned
             self.log.append_encoded(self.sm.last_encoded, batch)
             self.out.batches.append(batch)
         return response

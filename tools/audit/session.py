@@ -16,6 +16,10 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 CONF_DIR = Path(__file__).resolve().parent / "conf"
 REPO = Path(__file__).resolve().parents[2]
@@ -81,7 +85,7 @@ def build_session(
     app_name: str = "kraft-audit",
     short: bool = True,
     source: bool = True,
-):
+) -> SparkSession:
     """Get or create the SparkSession (``master`` None: whatever spark-submit configured) and
     register the data source. ``spark_log``: where Spark's start-up output goes. ``short``:
     only small jobs are coming (a re-audit, tests), so in local mode the JVM compiles with C1

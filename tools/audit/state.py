@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from kraft.image import MetadataDelta, MetadataImage, ReplayError, image_from_records
 from kraft.log.errors import CorruptSnapshotError
@@ -36,7 +37,7 @@ class Replay:
     """Result of replaying up to a point: the image and snapshot comparisons on the way."""
 
     image: MetadataImage
-    comparisons: list[dict] = field(default_factory=list)
+    comparisons: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
 
 
@@ -137,7 +138,7 @@ def records_checksum(snapshot: Path, version: int) -> tuple[str | None, str | No
         return None, f"records do not replay: {e}"
 
 
-def compare(image: MetadataImage, snapshot: Path) -> dict:
+def compare(image: MetadataImage, snapshot: Path) -> dict[str, Any]:
     """The rebuilt image's checksum against a snapshot's header and against the image its
     records rebuild (a damaged snapshot gives ``match`` False and ``error``, never raises)."""
     offset = parse_snapshot_name(snapshot)[0] - 1
@@ -166,7 +167,7 @@ def compare(image: MetadataImage, snapshot: Path) -> dict:
     }
 
 
-def end_state(image: MetadataImage, limit: int = 500) -> dict:
+def end_state(image: MetadataImage, limit: int = 500) -> dict[str, Any]:
     """What the cluster looked like at the image: offline partitions (no leader),
     under-replicated ones (ISR smaller than the replicas) and fenced brokers; each list
     capped at ``limit`` with its full count."""
@@ -198,7 +199,7 @@ def end_state(image: MetadataImage, limit: int = 500) -> dict:
     }
 
 
-def summary(image: MetadataImage) -> dict:
+def summary(image: MetadataImage) -> dict[str, Any]:
     """A JSON view of an image: position, checksum, brokers, topics with partitions."""
     return {
         "offset": image.offset,

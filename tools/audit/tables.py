@@ -13,6 +13,8 @@ rows equal those a whole-log run gives.
 
 from __future__ import annotations
 
+from typing import cast
+
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
@@ -78,8 +80,9 @@ def topics(
     """One row per topic id: name, created/removed offset and time, who created it.
     ``created`` / ``removed`` (:func:`topic_created`, :func:`topic_removed` rows): given
     instead of deriving them from ``records``."""
-    created = created if created is not None else topic_created(records)
-    removed = removed if removed is not None else topic_removed(records)
+    # records is given whenever created or removed is not
+    created = created if created is not None else topic_created(cast(DataFrame, records))
+    removed = removed if removed is not None else topic_removed(cast(DataFrame, records))
     first_removal = removed.groupBy("topic_id").agg(
         F.min("removed_offset").alias("removed_offset"), F.min("removed_ts").alias("removed_ts")
     )
