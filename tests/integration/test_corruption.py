@@ -239,9 +239,13 @@ def test_controller_refuses_to_start_on_a_corrupt_log(tmp_path: Path, log_dir: P
     data[HEADER_SIZE + 3] ^= 0xFF
     path.write_bytes(bytes(data))
     config = tmp_path / "controller.properties"
+    secret = tmp_path / "raft.secret"
+    secret.write_text("corruption-test-raft-secret-of-32b\n")
+    secret.chmod(0o600)
     write_properties(
         config,
         {
+            "controller.raft.secret.file": secret,
             "node.id": 1,
             "process.roles": "controller",
             "cluster.id": "c",

@@ -86,8 +86,12 @@ def test_a_metrics_port_in_use_stops_the_controller_with_a_clear_error(tmp_path:
         port = taken.getsockname()[1]
         rpc, raft = pick_free_ports(2)
         config = tmp_path / "controller.properties"
+        secret = tmp_path / "raft.secret"
+        secret.write_text("metrics-test-raft-secret-of-32-b\n")
+        secret.chmod(0o600)
         config.write_text(
             f"node.id=1\nprocess.roles=controller\ncluster.id=c\n"
+            f"controller.raft.secret.file={secret}\n"
             f"controller.quorum.voters=1@127.0.0.1:{rpc}\n"
             f"controller.quorum.raft.voters=1@127.0.0.1:{raft}\n"
             f"metadata.log.dir={tmp_path / 'meta'}\nmetrics.port={port}\n"
