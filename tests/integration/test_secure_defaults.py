@@ -491,6 +491,7 @@ def test_nodes_refuse_insecure_setups_with_a_clear_message(tmp_path: Path) -> No
 
     # allowed on purpose: it starts and serves (no warning-free silent default any more)
     write_properties(config, dict(props, **{"allow.insecure.listeners": "true"}))
+    kraft("storage", "format", "--config", str(config), "--initial-controllers")
     rpc_port = int(props["controller.quorum.voters"].rpartition(":")[2])
     node = subprocess.Popen(
         [sys.executable, "-m", "tools.cli", "controller", "--config", str(config)],
@@ -522,6 +523,7 @@ def test_nodes_refuse_insecure_setups_with_a_clear_message(tmp_path: Path) -> No
             "controller.quorum.bootstrap.servers": f"127.0.0.1:{rpc_port}",
         },
     )
+    kraft("storage", "format", "--config", str(broker))
     proc = _run_node("broker", broker)
     assert proc.returncode != 0 and "allow.insecure.listeners=true" in proc.stderr, proc.stderr
     assert "PLAINTEXT://0.0.0.0" in proc.stderr and "Traceback" not in proc.stderr
