@@ -19,7 +19,7 @@ from kraft.config import ConfigError
 from kraft.errors import KraftError
 from kraft.storage import meta_properties as mp
 from kraft.storage.format import format_storage, node_storage
-from tools.commands.common import ManualFormatter, UsageError, call_endpoints
+from tools.commands.common import ManualFormatter, UsageError, call_endpoints, print_json
 
 
 def _storage(config: str) -> Any:
@@ -30,7 +30,11 @@ def _storage(config: str) -> Any:
 
 
 def cmd_random_uuid(args: argparse.Namespace) -> int:
-    print(mp.random_uuid())
+    uuid = mp.random_uuid()
+    if args.json:
+        print_json({"uuid": uuid})
+    else:
+        print(uuid)
     return 0
 
 
@@ -47,8 +51,11 @@ def cmd_format(args: argparse.Namespace) -> int:
     except OSError as e:
         print(f"Error: formatting failed: {e}", file=sys.stderr)
         return 1
-    for line in lines:
-        print(line)
+    if args.json:
+        print_json({"config": args.config, "node_id": storage.node_id, "messages": list(lines)})
+    else:
+        for line in lines:
+            print(line)
     return 0
 
 
@@ -102,6 +109,16 @@ def cmd_recover(args: argparse.Namespace) -> int:
     except (mp.StorageIdentityError, OSError) as e:
         print(f"Error: formatting {directory} failed: {e}", file=sys.stderr)
         return 1
+    if args.json:
+        print_json(
+            {
+                "directory": str(directory),
+                "moved_to": None if moved is None else str(moved),
+                "leader_id": quorum["leader_id"],
+                "term": quorum["term"],
+            }
+        )
+        return 0
     print(f"leader: controller {quorum['leader_id']} (term {quorum['term']})")
     if moved is not None:
         print(f"old data moved to {moved} (delete it once the controller has caught up)")
@@ -133,6 +150,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     ssub = p.add_subparsers(dest="storage_command", metavar="COMMAND", required=True)
     u = ssub.add_parser("random-uuid", help="print a new random cluster id")
+    u.add_argument("--json", action="store_true", help="print JSON")
     u.set_defaults(handler=cmd_random_uuid)
     f = ssub.add_parser(
         "format",
@@ -156,6 +174,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         action="store_true",
         help="controller: joins a running quorum (votes only once caught up)",
     )
+    f.add_argument("--json", action="store_true", help="print JSON")
     f.set_defaults(handler=cmd_format)
     r = ssub.add_parser(
         "recover",
@@ -167,4 +186,5 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     r.add_argument("--config", required=True, help="the controller's properties file")
     r.add_argument("--from-peers", action="store_true", help="copy the state from the quorum")
+    r.add_argument("--json", action="store_true", help="print JSON")
     r.set_defaults(handler=cmd_recover)
