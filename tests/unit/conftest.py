@@ -10,6 +10,7 @@ import socket
 import subprocess
 
 import pytest
+import trio  # noqa: F401  (imported before the guard: trio runs ldconfig once on first import)
 
 _INET = (socket.AF_INET, socket.AF_INET6)
 
