@@ -23,6 +23,7 @@ from broker.lifecycle import BrokerLifecycle, BrokerState, FatalBrokerError
 from broker.metadata.metadata_cache import MetadataCache
 from broker.metadata.metadata_loader import MetadataLoader
 from broker.protocol.kafka_admin import KafkaAdmin
+from broker.protocol.kafka_client_security import client_security
 from broker.protocol.kafka_listener import KafkaListener
 from broker.protocol.kafka_security import (
     SecurityConfigError,
@@ -34,7 +35,7 @@ from broker.replica.isr_updater import IsrUpdater
 from broker.replica.replica_fetcher import ReplicaFetcherManager
 from broker.replica.replica_manager import ReplicaManager
 from broker.state import serve_state, snapshot_state
-from kraft import logsetup
+from kraft import logsetup, sdnotify
 from kraft.config import BrokerConfig, ConfigError
 from kraft.rpc.client import ControllerClient
 from kraft.storage import meta_properties
@@ -72,11 +73,6 @@ class BrokerNode:
             replica_lag_time_max_ms=config["replica.lag.time.max.ms"],
             min_insync_replicas=config["min.insync.replicas"],
         )
-        self.fetchers = ReplicaFetcherManager(
-            self.replica_manager,
-            config["inter.broker.listener.name"] or name,
-            max_wait_ms=config["replica.fetch.wait.max.ms"],
-        )
         client_id = f"broker-{config.node_id}"
         creds = config.rpc_client_credentials
         self.fetch_client = ControllerClient(
@@ -93,17 +89,32 @@ class BrokerNode:
         }
         self.admin = self.admins[name]
         self.groups = GroupCoordinator(config, self.replica_manager, self.caches, admin_client)
-        self.loader = MetadataLoader(
-            self.fetch_client,
-            [*self.caches.values(), self.replica_manager, self.groups.runtime, self.fetchers, self],
-            self.metadata_dir,
-        )
         protocol_map = config["listener.security.protocol.map"]
         self.protocols = {n: protocol_of(n, protocol_map) for n, _, _ in config.listeners}
         self.security = {
             n: listener_security(self.protocols[n], config.values) for n in self.protocols
         }
         check_listeners_authenticate(config, self.security)
+        inter = config["inter.broker.listener.name"] or name
+        self.fetchers = ReplicaFetcherManager(
+            self.replica_manager,
+            inter,
+            max_wait_ms=config["replica.fetch.wait.max.ms"],
+            security=client_security(
+                self.protocols[inter], config.values, config.rpc_client_credentials
+            ),
+        )
+        self.replication_only = {
+            n.strip() for n in config["replication.only.listeners"].split(",") if n.strip()
+        }
+        self.replication_principals = frozenset(
+            p.strip() for p in config["replication.principals"].split(",") if p.strip()
+        )
+        self.loader = MetadataLoader(
+            self.fetch_client,
+            [*self.caches.values(), self.replica_manager, self.groups.runtime, self.fetchers, self],
+            self.metadata_dir,
+        )
         self.listeners = [
             {
                 "name": n,
@@ -191,6 +202,9 @@ class BrokerNode:
                         max_connections_per_ip=self.config["max.connections.per.ip"],
                         max_preauth_bytes=self.config["sasl.server.max.receive.size"],
                         preauth_timeout_s=self.config["connections.max.preauth.ms"] / 1000,
+                        replication_only=self.replication_principals
+                        if n in self.replication_only
+                        else None,
                     )
                     listener.serve_data(
                         self.replica_manager,
@@ -220,6 +234,12 @@ class BrokerNode:
 
                 nursery.start_soon(lifecycle_task)
 
+                async def notify_ready() -> None:  # systemd Type=notify: READY once unfenced
+                    await self.lifecycle.running.wait()
+                    sdnotify.notify("READY=1")
+
+                nursery.start_soon(notify_ready)
+
                 async def watch_signals() -> None:
                     async for signum in signals:
                         log.info(
@@ -242,6 +262,7 @@ class BrokerNode:
                     nursery.cancel_scope.cancel()
                     self._close_metrics()
                     return 1
+                sdnotify.notify("STOPPING=1")
                 timeout = self.config["broker.session.timeout.ms"] / 1000
                 await self.lifecycle.controlled_shutdown(timeout)
                 with trio.CancelScope(shield=True):

@@ -411,7 +411,22 @@ BROKER_SETTINGS = _COMMON + [
         "inter.broker.listener.name",
         str,
         "",
-        "the listener followers fetch from (default: the first of listeners)",
+        "the listener followers fetch from (default: the first of listeners); any security "
+        "protocol: followers log in to SASL listeners as this broker's own user",
+    ),
+    Setting(
+        "replication.only.listeners",
+        str,
+        "",
+        "listener names that serve only follower replication (ApiVersions, SASL, "
+        "OffsetForLeaderEpoch, a replica's Fetch), nothing to clients",
+    ),
+    Setting(
+        "replication.principals",
+        str,
+        "User:broker",
+        "on an authenticating replication-only listener, the principals allowed to replicate "
+        "(comma-separated)",
     ),
     Setting(
         "listener.security.protocol.map",
@@ -590,6 +605,12 @@ class BrokerConfig:
         if inter and inter not in names:
             raise ConfigError(
                 f"inter.broker.listener.name: {inter!r} is not one of the listeners {names}"
+            )
+        repl_only = [x.strip() for x in v["replication.only.listeners"].split(",") if x.strip()]
+        if set(repl_only) - set(names):
+            raise ConfigError(
+                f"replication.only.listeners: {sorted(set(repl_only) - set(names))} are not "
+                f"among the listeners {names}"
             )
         listener, advertised = listeners[0], advertised_all[0]
         log_dirs = [Path(p.strip()) for p in v["log.dirs"].split(",") if p.strip()]
