@@ -8,6 +8,7 @@ shutdown (heartbeat ``want_shutdown`` until the controller agrees, bounded by
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -34,7 +35,7 @@ from broker.protocol.kafka_security import (
 from broker.replica.isr_updater import IsrUpdater
 from broker.replica.replica_fetcher import ReplicaFetcherManager
 from broker.replica.replica_manager import ReplicaManager
-from broker.state import serve_state, snapshot_state
+from broker.state import admin_host, serve_state, snapshot_state
 from kraft import logsetup, sdnotify
 from kraft.config import BrokerConfig, ConfigError
 from kraft.rpc.client import ControllerClient
@@ -147,6 +148,8 @@ class BrokerNode:
         )
         self._checksum: tuple[Any, str] = (None, "")
         self.admin_port = config["broker.admin.port"] or port + 1000
+        # the admin endpoint authenticates when any Kafka listener does (SASL users)
+        self.admin_users = next((s.users for s in self.security.values() if s.users), None)
         self.metrics: Any = None  # broker.metrics.BrokerMetrics when metrics.port is set
 
     # publisher: the first publish means the replica manager has opened its logs
@@ -219,7 +222,12 @@ class BrokerNode:
                 nursery.start_soon(self.groups.runtime.run)
                 nursery.start_soon(self.isr_updater.run)
                 nursery.start_soon(self.replica_manager.run_checkpoints)
-                await nursery.start(serve_state, host, self.admin_port, self.state)
+                await nursery.start(
+                    functools.partial(serve_state, users=self.admin_users),
+                    admin_host(self.config["broker.admin.host"], host),
+                    self.admin_port,
+                    self.state,
+                )
                 nursery.start_soon(self.loader.run)
                 lifecycle_done = trio.Event()
                 result: dict[str, Any] = {}

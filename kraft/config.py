@@ -333,6 +333,13 @@ BROKER_SETTINGS = _COMMON + [
     ),
     Setting("broker.admin.port", int, 0, "broker admin/state endpoint (0 = listener port + 1000)"),
     Setting(
+        "broker.admin.host",
+        str,
+        "",
+        "admin/state endpoint address (empty: the first listener's if loopback, else "
+        "127.0.0.1); it requires a sasl.plain.users.file user when the broker uses SASL",
+    ),
+    Setting(
         "initial.broker.registration.timeout.ms", int, 60000, "give up if not registered by then"
     ),
     Setting("replica.lag.time.max.ms", int, 30000, "a follower lagging this long leaves the ISR"),
@@ -649,24 +656,45 @@ MISSING_RAFT_SECRET = (
     "e.g. 'umask 077; head -c 32 /dev/urandom | base64 > raft.secret', copy that file to "
     "every controller and set controller.raft.secret.file=<its path> on each"
 )
-MIN_RAFT_SECRET_CHARS = 16
+MIN_RAFT_SECRET_BYTES = 32
 
 
 def _read_secret(path: str, env: Mapping[str, str]) -> str | None:
+    """The Raft secret from ``path`` (or KRAFT_RAFT_SECRET): at least MIN_RAFT_SECRET_BYTES,
+    and a file readable by its owner only, else a ConfigError saying how to fix it."""
     if path:
         try:
+            mode = Path(path).stat().st_mode
             secret = Path(path).read_text(encoding="utf-8").strip()
         except OSError as e:
             raise ConfigError(
                 f"controller.raft.secret.file: cannot read {path}: {e.strerror}"
             ) from None
-        if len(secret) < MIN_RAFT_SECRET_CHARS:
+        except UnicodeDecodeError:
             raise ConfigError(
-                f"controller.raft.secret.file: {path} holds {len(secret)} characters; a secret "
-                f"needs at least {MIN_RAFT_SECRET_CHARS} (cluster up writes 32 random bytes)"
+                f"controller.raft.secret.file: {path} is not text (write it base64-encoded: "
+                "'umask 077; head -c 32 /dev/urandom | base64 > raft.secret')"
+            ) from None
+        if mode & 0o077:
+            raise ConfigError(
+                f"controller.raft.secret.file: {path} is readable by group or others "
+                f"(mode {mode & 0o777:04o}); whoever reads it can run code on every controller: "
+                f"chmod 600 {path}"
             )
-        return secret
-    return env.get("KRAFT_RAFT_SECRET") or None
+        where = path
+    else:
+        secret = env.get("KRAFT_RAFT_SECRET") or ""
+        if not secret:
+            return None
+        where = "KRAFT_RAFT_SECRET"
+    size = len(secret.encode("utf-8"))
+    if size < MIN_RAFT_SECRET_BYTES:
+        raise ConfigError(
+            f"controller.raft.secret.file: {where} holds {size} bytes; a Raft secret needs at "
+            f"least {MIN_RAFT_SECRET_BYTES} ('umask 077; head -c 32 /dev/urandom | base64 > "
+            "raft.secret', the same file on every controller)"
+        )
+    return secret
 
 
 def _client_credentials(path: str) -> ClientCredentials | None:

@@ -183,7 +183,7 @@ class SourceFetcher:
                         log.info(
                             "fetcher for leader %d: %s; reconnecting",
                             self.leader_id,
-                            e or type(e).__name__,
+                            str(e) or type(e).__name__,
                         )
                         if conn is not None:
                             await conn.aclose()

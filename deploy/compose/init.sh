@@ -10,7 +10,7 @@ if [ -f "$etc/raft.secret" ]; then
 fi
 umask 077
 rand() { openssl rand -base64 32 | tr -d '\n/+='; }
-add_user() { KRAFT_RPC_PASSWORD=$3 python -m kraft.rpc.auth add-user "$1" "$2" >/dev/null; }
+add_user() { KRAFT_RPC_PASSWORD=$3 python -m kraft.rpc.auth add-user --iterations 1000 "$1" "$2" >/dev/null; }
 client_file() { printf 'username=%s\npassword=%s\n' "$2" "$3" >"$1"; }
 
 openssl rand -base64 32 >"$etc/raft.secret"
