@@ -80,3 +80,11 @@ def test_example_host_files_follow_the_port_plan(host: int) -> None:
         for key, value in props.items():
             if key.endswith((".file", ".location", ".dir", ".dirs")):
                 assert value.startswith("/"), (key, value)  # the rehearsal's root prefix rule
+
+
+def test_compose_healthcheck_logs_in_to_the_admin_endpoint() -> None:
+    for name, svc in _compose()["services"].items():
+        if name.startswith("broker-"):
+            check = " ".join(svc["healthcheck"]["test"])
+            assert "10092" in check and "/etc/kraft/broker.credentials" in check
+            compile(svc["healthcheck"]["test"][-1], name, "exec")  # the probe is valid Python
