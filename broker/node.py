@@ -8,6 +8,7 @@ shutdown (heartbeat ``want_shutdown`` until the controller agrees, bounded by
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -23,6 +24,7 @@ from broker.lifecycle import BrokerLifecycle, BrokerState, FatalBrokerError
 from broker.metadata.metadata_cache import MetadataCache
 from broker.metadata.metadata_loader import MetadataLoader
 from broker.protocol.kafka_admin import KafkaAdmin
+from broker.protocol.kafka_client_security import client_security
 from broker.protocol.kafka_listener import KafkaListener
 from broker.protocol.kafka_security import (
     SecurityConfigError,
@@ -33,8 +35,8 @@ from broker.protocol.kafka_security import (
 from broker.replica.isr_updater import IsrUpdater
 from broker.replica.replica_fetcher import ReplicaFetcherManager
 from broker.replica.replica_manager import ReplicaManager
-from broker.state import serve_state, snapshot_state
-from kraft import logsetup
+from broker.state import admin_host, serve_state, snapshot_state
+from kraft import logsetup, sdnotify
 from kraft.config import BrokerConfig, ConfigError
 from kraft.rpc.client import ControllerClient
 from kraft.storage import meta_properties
@@ -72,11 +74,6 @@ class BrokerNode:
             replica_lag_time_max_ms=config["replica.lag.time.max.ms"],
             min_insync_replicas=config["min.insync.replicas"],
         )
-        self.fetchers = ReplicaFetcherManager(
-            self.replica_manager,
-            config["inter.broker.listener.name"] or name,
-            max_wait_ms=config["replica.fetch.wait.max.ms"],
-        )
         client_id = f"broker-{config.node_id}"
         creds = config.rpc_client_credentials
         self.fetch_client = ControllerClient(
@@ -93,17 +90,32 @@ class BrokerNode:
         }
         self.admin = self.admins[name]
         self.groups = GroupCoordinator(config, self.replica_manager, self.caches, admin_client)
-        self.loader = MetadataLoader(
-            self.fetch_client,
-            [*self.caches.values(), self.replica_manager, self.groups.runtime, self.fetchers, self],
-            self.metadata_dir,
-        )
         protocol_map = config["listener.security.protocol.map"]
         self.protocols = {n: protocol_of(n, protocol_map) for n, _, _ in config.listeners}
         self.security = {
             n: listener_security(self.protocols[n], config.values) for n in self.protocols
         }
         check_listeners_authenticate(config, self.security)
+        inter = config["inter.broker.listener.name"] or name
+        self.fetchers = ReplicaFetcherManager(
+            self.replica_manager,
+            inter,
+            max_wait_ms=config["replica.fetch.wait.max.ms"],
+            security=client_security(
+                self.protocols[inter], config.values, config.rpc_client_credentials
+            ),
+        )
+        self.replication_only = {
+            n.strip() for n in config["replication.only.listeners"].split(",") if n.strip()
+        }
+        self.replication_principals = frozenset(
+            p.strip() for p in config["replication.principals"].split(",") if p.strip()
+        )
+        self.loader = MetadataLoader(
+            self.fetch_client,
+            [*self.caches.values(), self.replica_manager, self.groups.runtime, self.fetchers, self],
+            self.metadata_dir,
+        )
         self.listeners = [
             {
                 "name": n,
@@ -136,6 +148,8 @@ class BrokerNode:
         )
         self._checksum: tuple[Any, str] = (None, "")
         self.admin_port = config["broker.admin.port"] or port + 1000
+        # the admin endpoint authenticates when any Kafka listener does (SASL users)
+        self.admin_users = next((s.users for s in self.security.values() if s.users), None)
         self.metrics: Any = None  # broker.metrics.BrokerMetrics when metrics.port is set
 
     # publisher: the first publish means the replica manager has opened its logs
@@ -191,6 +205,9 @@ class BrokerNode:
                         max_connections_per_ip=self.config["max.connections.per.ip"],
                         max_preauth_bytes=self.config["sasl.server.max.receive.size"],
                         preauth_timeout_s=self.config["connections.max.preauth.ms"] / 1000,
+                        replication_only=self.replication_principals
+                        if n in self.replication_only
+                        else None,
                     )
                     listener.serve_data(
                         self.replica_manager,
@@ -205,7 +222,12 @@ class BrokerNode:
                 nursery.start_soon(self.groups.runtime.run)
                 nursery.start_soon(self.isr_updater.run)
                 nursery.start_soon(self.replica_manager.run_checkpoints)
-                await nursery.start(serve_state, host, self.admin_port, self.state)
+                await nursery.start(
+                    functools.partial(serve_state, users=self.admin_users),
+                    admin_host(self.config["broker.admin.host"], host),
+                    self.admin_port,
+                    self.state,
+                )
                 nursery.start_soon(self.loader.run)
                 lifecycle_done = trio.Event()
                 result: dict[str, Any] = {}
@@ -219,6 +241,12 @@ class BrokerNode:
                         lifecycle_done.set()
 
                 nursery.start_soon(lifecycle_task)
+
+                async def notify_ready() -> None:  # systemd Type=notify: READY once unfenced
+                    await self.lifecycle.running.wait()
+                    sdnotify.notify("READY=1")
+
+                nursery.start_soon(notify_ready)
 
                 async def watch_signals() -> None:
                     async for signum in signals:
@@ -242,6 +270,7 @@ class BrokerNode:
                     nursery.cancel_scope.cancel()
                     self._close_metrics()
                     return 1
+                sdnotify.notify("STOPPING=1")
                 timeout = self.config["broker.session.timeout.ms"] / 1000
                 await self.lifecycle.controlled_shutdown(timeout)
                 with trio.CancelScope(shield=True):

@@ -11,6 +11,12 @@ Protocol (plain TCP, independent of Kafka's): the client sends one line of JSON
 
 An unknown api gets ``{"error": "..."}``. :func:`describe` is the client (used by
 ``kraft broker-state``); :func:`snapshot_state` builds the dict inside the broker.
+
+The endpoint binds to loopback (:func:`admin_host`: ``broker.admin.host``, else the first
+listener's address when that is a loopback one, else 127.0.0.1). When the broker authenticates
+its Kafka clients (a SASL listener), a request must also carry ``"username"`` and
+``"password"`` of a user of ``sasl.plain.users.file``; otherwise it gets
+``{"error": "authentication required ..."}`` or ``{"error": "authentication failed"}``.
 """
 
 from __future__ import annotations
@@ -23,8 +29,35 @@ from typing import Any, cast
 
 import trio
 
+from kraft.config import is_loopback
+from kraft.rpc.auth import ClientCredentials, CredentialStore
+
 log = logging.getLogger(__name__)
 MAX_LINE = 64 * 1024
+
+
+def admin_host(configured: str, first_listener_host: str) -> str:
+    """Where the admin endpoint binds: ``broker.admin.host`` when set, else the first
+    listener's host if it is a loopback address, else 127.0.0.1 (never all interfaces)."""
+    if configured:
+        return configured
+    return first_listener_host if is_loopback(first_listener_host) else "127.0.0.1"
+
+
+def _refusal(req: Any, users: CredentialStore | None) -> str:
+    """Why a request is refused ('' = serve it)."""
+    if users is None:
+        return ""
+    name, password = req.get("username"), req.get("password")
+    if not isinstance(name, str) or not isinstance(password, str) or not name or not password:
+        return (
+            "authentication required: this broker authenticates its clients, so send "
+            '"username" and "password" of a sasl.plain.users.file user'
+        )
+    if users.verify(name, password) is None:
+        log.warning("broker admin endpoint: authentication failed for user %r", name[:64])
+        return "authentication failed"
+    return ""
 
 
 def snapshot_state(broker: Any) -> dict[str, Any]:
@@ -50,12 +83,18 @@ async def serve_state(
     port: int,
     state: Callable[[], dict[str, Any]],
     *,
+    users: CredentialStore | None = None,
     task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the JSON-line endpoint until cancelled; ``task_status`` gets the bound port."""
     listeners = await trio.open_tcp_listeners(port, host=host)
     bound = listeners[0].socket.getsockname()[1]
-    log.info("broker admin (state) endpoint on %s:%d", host, bound)
+    log.info(
+        "broker admin (state) endpoint on %s:%d (%s)",
+        host,
+        bound,
+        "authenticated" if users is not None else "no authentication",
+    )
     task_status.started(bound)
 
     async def handle(stream: trio.SocketStream) -> None:
@@ -71,8 +110,11 @@ async def serve_state(
                 req = json.loads(buf.split(b"\n", 1)[0] or b"{}")
                 api = req.get("api", "DescribeBroker") if isinstance(req, dict) else None
             except ValueError:
-                api = None
-            if api == "DescribeBroker":
+                req, api = {}, None
+            refusal = _refusal(req, users) if api == "DescribeBroker" else ""
+            if refusal:
+                out = {"error": refusal}
+            elif api == "DescribeBroker":
                 out = state()
             else:
                 out = {
@@ -86,10 +128,15 @@ async def serve_state(
     await trio.serve_listeners(handle, listeners)
 
 
-def describe(host: str, port: int, timeout: float = 5.0) -> dict[str, Any]:
+def describe(
+    host: str, port: int, timeout: float = 5.0, credentials: ClientCredentials | None = None
+) -> dict[str, Any]:
     """Ask a broker's admin endpoint for its state (blocking). Raises OSError/ValueError."""
+    req: dict[str, str] = {"api": "DescribeBroker"}
+    if credentials is not None:
+        req.update(username=credentials.username, password=credentials.password)
     with socket.create_connection((host, port), timeout=timeout) as s:
-        s.sendall(b'{"api": "DescribeBroker"}\n')
+        s.sendall(json.dumps(req).encode() + b"\n")
         buf = b""
         while not buf.endswith(b"\n"):
             chunk = s.recv(65536)

@@ -333,6 +333,13 @@ BROKER_SETTINGS = _COMMON + [
     ),
     Setting("broker.admin.port", int, 0, "broker admin/state endpoint (0 = listener port + 1000)"),
     Setting(
+        "broker.admin.host",
+        str,
+        "",
+        "admin/state endpoint address (empty: the first listener's if loopback, else "
+        "127.0.0.1); it requires a sasl.plain.users.file user when the broker uses SASL",
+    ),
+    Setting(
         "initial.broker.registration.timeout.ms", int, 60000, "give up if not registered by then"
     ),
     Setting("replica.lag.time.max.ms", int, 30000, "a follower lagging this long leaves the ISR"),
@@ -411,7 +418,22 @@ BROKER_SETTINGS = _COMMON + [
         "inter.broker.listener.name",
         str,
         "",
-        "the listener followers fetch from (default: the first of listeners)",
+        "the listener followers fetch from (default: the first of listeners); any security "
+        "protocol: followers log in to SASL listeners as this broker's own user",
+    ),
+    Setting(
+        "replication.only.listeners",
+        str,
+        "",
+        "listener names that serve only follower replication (ApiVersions, SASL, "
+        "OffsetForLeaderEpoch, a replica's Fetch), nothing to clients",
+    ),
+    Setting(
+        "replication.principals",
+        str,
+        "User:broker",
+        "on an authenticating replication-only listener, the principals allowed to replicate "
+        "(comma-separated)",
     ),
     Setting(
         "listener.security.protocol.map",
@@ -591,6 +613,12 @@ class BrokerConfig:
             raise ConfigError(
                 f"inter.broker.listener.name: {inter!r} is not one of the listeners {names}"
             )
+        repl_only = [x.strip() for x in v["replication.only.listeners"].split(",") if x.strip()]
+        if set(repl_only) - set(names):
+            raise ConfigError(
+                f"replication.only.listeners: {sorted(set(repl_only) - set(names))} are not "
+                f"among the listeners {names}"
+            )
         listener, advertised = listeners[0], advertised_all[0]
         log_dirs = [Path(p.strip()) for p in v["log.dirs"].split(",") if p.strip()]
         if not log_dirs:
@@ -628,24 +656,45 @@ MISSING_RAFT_SECRET = (
     "e.g. 'umask 077; head -c 32 /dev/urandom | base64 > raft.secret', copy that file to "
     "every controller and set controller.raft.secret.file=<its path> on each"
 )
-MIN_RAFT_SECRET_CHARS = 16
+MIN_RAFT_SECRET_BYTES = 32
 
 
 def _read_secret(path: str, env: Mapping[str, str]) -> str | None:
+    """The Raft secret from ``path`` (or KRAFT_RAFT_SECRET): at least MIN_RAFT_SECRET_BYTES,
+    and a file readable by its owner only, else a ConfigError saying how to fix it."""
     if path:
         try:
+            mode = Path(path).stat().st_mode
             secret = Path(path).read_text(encoding="utf-8").strip()
         except OSError as e:
             raise ConfigError(
                 f"controller.raft.secret.file: cannot read {path}: {e.strerror}"
             ) from None
-        if len(secret) < MIN_RAFT_SECRET_CHARS:
+        except UnicodeDecodeError:
             raise ConfigError(
-                f"controller.raft.secret.file: {path} holds {len(secret)} characters; a secret "
-                f"needs at least {MIN_RAFT_SECRET_CHARS} (cluster up writes 32 random bytes)"
+                f"controller.raft.secret.file: {path} is not text (write it base64-encoded: "
+                "'umask 077; head -c 32 /dev/urandom | base64 > raft.secret')"
+            ) from None
+        if mode & 0o077:
+            raise ConfigError(
+                f"controller.raft.secret.file: {path} is readable by group or others "
+                f"(mode {mode & 0o777:04o}); whoever reads it can run code on every controller: "
+                f"chmod 600 {path}"
             )
-        return secret
-    return env.get("KRAFT_RAFT_SECRET") or None
+        where = path
+    else:
+        secret = env.get("KRAFT_RAFT_SECRET") or ""
+        if not secret:
+            return None
+        where = "KRAFT_RAFT_SECRET"
+    size = len(secret.encode("utf-8"))
+    if size < MIN_RAFT_SECRET_BYTES:
+        raise ConfigError(
+            f"controller.raft.secret.file: {where} holds {size} bytes; a Raft secret needs at "
+            f"least {MIN_RAFT_SECRET_BYTES} ('umask 077; head -c 32 /dev/urandom | base64 > "
+            "raft.secret', the same file on every controller)"
+        )
+    return secret
 
 
 def _client_credentials(path: str) -> ClientCredentials | None:

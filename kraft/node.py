@@ -20,7 +20,7 @@ from typing import Any, cast
 
 import trio
 
-from kraft import logsetup
+from kraft import logsetup, sdnotify
 from kraft.config import ConfigError, ControllerConfig, is_loopback
 from kraft.controller.commands import Command
 from kraft.controller.heartbeats import BrokerHeartbeatManager
@@ -257,6 +257,7 @@ class ControllerNode:
                     raft_port,
                 )
                 task_status.started(self)
+                sdnotify.notify("READY=1")  # systemd Type=notify: RPC and Raft ports are bound
                 await self._stopping.wait()
                 nursery.cancel_scope.cancel()
         finally:
@@ -936,6 +937,7 @@ async def _stop_on_signal(node: ControllerNode) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async for _ in signals:
             log.info("node %d: signal received, stopping", node.node_id)
+            sdnotify.notify("STOPPING=1")
             node.stop()
             return
 

@@ -125,12 +125,20 @@ class LocalCluster:
         ``extra`` properties; returns its cluster.json entry once it runs again."""
         from broker.state import describe
         from kraft.config import load_properties, write_properties
+        from kraft.rpc.auth import ClientCredentials, hash_password
 
         b = next(x for x in self.meta["brokers"] if x["id"] == broker_id)
+        # a SASL broker's admin endpoint wants a user of its users file: add one for the harness
+        me = ClientCredentials("kraft-harness", "harness-password")
+        users = self.dir / f"broker-{broker_id}-sasl-users"
+        users.write_text(
+            Path(users_file).read_text()
+            + f"{me.username}:{hash_password(me.password, iterations=1000)}\n"
+        )
 
         def state() -> str | None:
             try:
-                return describe(b["host"], b["admin_port"], timeout=2.0)["state"]
+                return describe(b["host"], b["admin_port"], timeout=2.0, credentials=me)["state"]
             except Exception:
                 return None
 
@@ -146,7 +154,7 @@ class LocalCluster:
                 "listeners": f"SASL_PLAINTEXT://127.0.0.1:{b['port']},REPL://127.0.0.1:{repl_port}",
                 "listener.security.protocol.map": "REPL:PLAINTEXT",
                 "inter.broker.listener.name": "REPL",
-                "sasl.plain.users.file": str(users_file),
+                "sasl.plain.users.file": str(users),
                 **extra,
             }
         )

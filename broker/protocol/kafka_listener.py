@@ -92,6 +92,7 @@ log = logging.getLogger(__name__)
 MAX_REQUEST_BYTES = 104_857_600  # Kafka's socket.request.max.bytes
 MAX_IN_FLIGHT = 100  # requests read ahead of their responses, per connection
 SASL_SERVER_MAX_RECEIVE_SIZE = 524_288  # Kafka's sasl.server.max.receive.size
+REPLICATION_APIS = frozenset({API_FETCH, API_OFFSET_FOR_LEADER_EPOCH})
 
 
 class _CloseConnection(Exception):
@@ -146,8 +147,12 @@ class KafkaListener:
         max_connections_per_ip: int = 1000,
         max_preauth_bytes: int = SASL_SERVER_MAX_RECEIVE_SIZE,
         preauth_timeout_s: float = 10.0,
+        replication_only: frozenset[str] | None = None,
     ) -> None:
         self.cache = cache
+        # replication.only.listeners: serve followers only (see _replication_refusal); the set
+        # holds the principals allowed when the listener authenticates its clients
+        self.replication_only = replication_only
         self.auto_create = auto_create  # auto.create.topics.enable: Metadata creates topics
         self.max_connections_per_ip = max_connections_per_ip
         self._per_ip: collections.Counter[str] = collections.Counter()
@@ -416,6 +421,19 @@ class KafkaListener:
                     return session.handle(header, reader)
                 except DecodeError as e:
                     raise SaslClose(None, f"undecodable SASL request ({e})") from None
+        if self.replication_only is not None:
+            refusal = self._replication_refusal(header, reader, session, stream)
+            if refusal:
+                log.warning(
+                    "Kafka connection from %s (client %r) to replication-only listener %s:%d: "
+                    "%s; closing",
+                    peer,
+                    header.client_id,
+                    self.host,
+                    self.port,
+                    refusal,
+                )
+                raise _CloseConnection
         handler = self._handlers.get(header.api_key)
         lo, hi = self._ranges.get(header.api_key, (0, -1))
         if header.api_key == API_API_VERSIONS and not lo <= header.api_version <= hi:
@@ -457,11 +475,38 @@ class KafkaListener:
             )
             raise _CloseConnection from None
 
+    def _replication_refusal(
+        self, header: RequestHeader, reader: Reader, session: SaslSession | None, stream: Any
+    ) -> str:
+        """Why a replication-only listener refuses this request ('' = serve it): only
+        ApiVersions, OffsetForLeaderEpoch and a follower's Fetch (replica id >= 0), and, when
+        the listener authenticates, only from the allowed (broker) principals."""
+        if header.api_key == API_API_VERSIONS:
+            return ""
+        if header.api_key not in REPLICATION_APIS:
+            return f"API {header.api_key} is not a replication API"
+        if header.api_key == API_FETCH:
+            try:
+                replica_id = Reader(reader.data, reader.pos).int32()
+            except DecodeError:
+                return "an undecodable Fetch"
+            if replica_id < 0:
+                return "a consumer Fetch (replica id < 0)"
+        who = _principal(session, stream)
+        allowed = self.replication_only or frozenset()
+        if (session is not None or who != "User:ANONYMOUS") and who not in allowed:
+            return f"{who} is not among replication.principals {sorted(allowed)}"
+        return ""
+
     # ---- APIs -----------------------------------------------------------------------------
     def _api_keys(self) -> list[dict[str, int]]:
         return [
             {"api_key": k, "min_version": lo, "max_version": hi}
             for k, (lo, hi) in sorted(self._ranges.items())
+            if self.replication_only is None
+            or k in REPLICATION_APIS
+            or k in SASL_APIS
+            or k == API_API_VERSIONS
         ]
 
     async def _api_versions(self, header: RequestHeader, reader: Reader) -> bytes:

@@ -9,7 +9,9 @@ answered) — Kafka's KIP-101/279 rule, so a follower never keeps records the le
 and never drops committed ones. Then it **fetches** (Fetch v11, ``replica_id`` = our broker id,
 from our log end), appends what comes back with the leader's offsets and epochs, and takes the
 leader's high watermark. Epoch errors back off until the metadata brings the new epoch;
-connection errors reconnect with a short backoff.
+connection errors reconnect with a short backoff. The connection speaks the security protocol of
+the leader's inter-broker listener (TLS, SASL/PLAIN as the broker's own user:
+:mod:`broker.protocol.kafka_client_security`).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from broker.protocol.data_codec import (
     write_fetch_request,
     write_offset_for_leader_epoch_request,
 )
+from broker.protocol.kafka_client_security import ClientSecurity, sasl_login
 from broker.protocol.kafka_codec import API_FETCH, DecodeError, Reader
 from broker.replica.partition import Partition
 from broker.replica.partition_log import InvalidBatchError, PartitionLog
@@ -67,16 +70,33 @@ def truncation_offset(plog: PartitionLog, leader_epoch: int, leader_end: int) ->
 class KafkaConnection:
     """A request/response client connection to a broker's Kafka listener (non-flexible APIs)."""
 
-    def __init__(self, stream: trio.SocketStream, client_id: str) -> None:
+    def __init__(self, stream: trio.abc.Stream, client_id: str) -> None:
         self.stream = stream
         self.client_id = client_id
         self._buf = bytearray()
         self._correlation = 0
 
     @classmethod
-    async def open(cls, host: str, port: int, client_id: str, timeout: float) -> KafkaConnection:
+    async def open(
+        cls,
+        host: str,
+        port: int,
+        client_id: str,
+        timeout: float,
+        security: ClientSecurity | None = None,
+    ) -> KafkaConnection:
+        """Connect, then (per the listener's protocol) TLS handshake and SASL/PLAIN login."""
+        security = security or ClientSecurity()
         with trio.fail_after(timeout):
-            return cls(await trio.open_tcp_stream(host, port), client_id)
+            stream = await trio.open_tcp_stream(host, port)
+            try:
+                conn = cls(await security.wrap(stream, host), client_id)
+                if security.credentials is not None:
+                    await sasl_login(conn, security.credentials, timeout)
+            except BaseException:
+                await trio.aclose_forcefully(stream)
+                raise
+            return conn
 
     async def request(self, api_key: int, version: int, body: bytes, timeout: float) -> Reader:
         """Send one request; a reader positioned at the response body."""
@@ -155,7 +175,7 @@ class SourceFetcher:
                                 await self._idle(0.5)
                                 continue
                             conn = await KafkaConnection.open(
-                                *addr, f"replica-fetcher-{m.broker_id}", m.timeout
+                                *addr, f"replica-fetcher-{m.broker_id}", m.timeout, m.security
                             )
                         if not await self._truncate(conn) and not await self._fetch(conn):
                             await self._idle(0.2)
@@ -163,7 +183,7 @@ class SourceFetcher:
                         log.info(
                             "fetcher for leader %d: %s; reconnecting",
                             self.leader_id,
-                            e or type(e).__name__,
+                            str(e) or type(e).__name__,
                         )
                         if conn is not None:
                             await conn.aclose()
@@ -303,8 +323,10 @@ class ReplicaFetcherManager:
         max_bytes: int = 16 << 20,
         partition_max_bytes: int = 4 << 20,
         timeout: float = 10.0,
+        security: ClientSecurity | None = None,
     ) -> None:
         self.replicas = replicas
+        self.security = security or ClientSecurity()
         self.broker_id = replicas.broker_id
         self.listener_name = listener_name
         self.max_wait_ms = max_wait_ms

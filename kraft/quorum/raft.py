@@ -102,6 +102,7 @@ from pysyncobj.transport import TCPTransport
 from kraft.errors import ErrorCode, KraftError
 from kraft.quorum.durable_journal import DurableJournal, register_journal, unregister_journal
 from kraft.quorum.group_commit import GroupCommitter
+from kraft.quorum.secret import report_unreadable
 from kraft.quorum.trio_ticker import EpollPoller, TickLoop
 from kraft.storage.failure import storage_failed
 
@@ -180,7 +181,7 @@ def _parse_frame(conn: Any) -> Any:
             if rand_key != conn.recvRandKey:
                 raise ValueError("wrong session key")
     except Exception as exc:  # garbage, a wrong key, a replay: drop the peer
-        logger.warning("raft: closing a connection that sent an unreadable frame: %r", exc)
+        report_unreadable(conn, exc)
         conn.disconnect()
         return None
     rest = buf[4 + size :]

@@ -10,8 +10,9 @@ A client (CLI, broker, another controller) holds a **client credentials file** o
 ``KRAFT_RPC_USERNAME`` + ``KRAFT_RPC_PASSWORD`` (or ``KRAFT_RPC_CREDENTIALS_FILE``); never a
 command-line argument. The authenticated principal is ``User:<name>``.
 
-``python -m kraft.rpc.auth add-user FILE NAME`` reads a password from stdin (or
-``KRAFT_RPC_PASSWORD``) and appends its hashed line to FILE.
+``python -m kraft.rpc.auth add-user [--iterations N] FILE NAME`` reads a password from stdin (or
+``KRAFT_RPC_PASSWORD``) and appends its hashed line to FILE (``--iterations 1000`` suits random
+256-bit passwords, which need no key stretching; every login pays the iterations).
 """
 
 from __future__ import annotations
@@ -240,10 +241,13 @@ def write_cluster_credentials(
 
 
 def _main(argv: list[str]) -> int:
+    iterations = DEFAULT_ITERATIONS
+    if len(argv) == 5 and argv[1] == "--iterations" and argv[2].isdigit() and int(argv[2]) > 0:
+        iterations, argv = int(argv[2]), [argv[0], *argv[3:]]  # fewer for random passwords
     if len(argv) != 3 or argv[0] != "add-user":
         print(
-            "usage: python -m kraft.rpc.auth add-user FILE NAME  (password on stdin or "
-            f"{ENV_PASSWORD})",
+            "usage: python -m kraft.rpc.auth add-user [--iterations N] FILE NAME  (password on "
+            f"stdin or {ENV_PASSWORD}; default {DEFAULT_ITERATIONS} PBKDF2 iterations)",
             file=sys.stderr,
         )
         return 2
@@ -262,7 +266,7 @@ def _main(argv: list[str]) -> int:
             for line in Path(path).read_text(encoding="utf-8").splitlines()
         ):
             raise AuthError(f"{name} is already listed in {path}")
-        line = f"{name}:{hash_password(password)}\n"
+        line = f"{name}:{hash_password(password, iterations=iterations)}\n"
     except AuthError as e:
         print(f"Error: {e}", file=sys.stderr)
         return 2

@@ -536,7 +536,8 @@ def test_cluster_commands_without_a_cluster(tmp_path: Path, capsys: pytest.Captu
 
 def _secret_file(tmp_path: Path) -> Path:
     path = tmp_path / "raft.secret"
-    path.write_text("a-test-secret-of-enough-length\n")
+    path.write_text("a-test-raft-secret-of-at-least-32-bytes\n")
+    path.chmod(0o600)
     return path
 
 

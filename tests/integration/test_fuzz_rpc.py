@@ -226,6 +226,7 @@ class Controller:
         config = directory / "controller.properties"
         secret = directory / "raft.secret"
         secret.write_text("fuzzed-controller-raft-secret-32b\n")
+        secret.chmod(0o600)
         write_properties(
             config,
             {

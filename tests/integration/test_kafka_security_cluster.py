@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from broker.state import describe
-from kraft.rpc.auth import hash_password
+from kraft.rpc.auth import ClientCredentials, hash_password
 from tests.harness import LocalCluster, kraft, poll
 
 pytestmark = pytest.mark.integration
@@ -56,6 +56,7 @@ def test_sasl_ssl_listener_with_kcat_and_confluent(tmp_path):
         capture_output=True,
     )
     users.write_text(f"alice:{hash_password('s3cret', iterations=1000)}\n")
+    alice = ClientCredentials("alice", "s3cret")
     c = LocalCluster(tmp_path / "c")
     try:
         c.up(1, 1)
@@ -78,7 +79,7 @@ def test_sasl_ssl_listener_with_kcat_and_confluent(tmp_path):
         props.write_text("\n".join(lines) + "\n")
         c.start(101)
         poll(
-            lambda: describe(b["host"], b["admin_port"])["state"] == "RUNNING",
+            lambda: describe(b["host"], b["admin_port"], credentials=alice)["state"] == "RUNNING",
             60,
             what="broker RUNNING",
         )

@@ -481,6 +481,7 @@ def test_nodes_refuse_insecure_setups_with_a_clear_message(tmp_path: Path) -> No
 
     secret = tmp_path / "raft.secret"
     secret.write_text(base64.b64encode(os.urandom(32)).decode() + "\n")
+    secret.chmod(0o600)
     props = dict(
         _controller_props(tmp_path, "0.0.0.0"), **{"controller.raft.secret.file": str(secret)}
     )

@@ -171,7 +171,8 @@ def test_add_user_command_appends_a_hashed_line(tmp_path: Path) -> None:
 
 def _secret(tmp_path: Path) -> Path:
     path = tmp_path / "raft.secret"
-    path.write_text("a-test-secret-of-enough-length\n")
+    path.write_text("a-test-raft-secret-of-at-least-32-bytes\n")
+    path.chmod(0o600)
     return path
 
 
@@ -192,14 +193,16 @@ def test_raft_needs_a_secret_from_file_or_env_loopback_included(tmp_path: Path) 
         with pytest.raises(ConfigError, match="controller.raft.secret.file is not set"):
             ControllerConfig.from_properties(without, env={})
     assert (
-        ControllerConfig.from_properties(props, env={"KRAFT_RAFT_SECRET": "s"}).raft_secret == "s"
+        ControllerConfig.from_properties(props, env={"KRAFT_RAFT_SECRET": "s" * 32}).raft_secret
+        == "s" * 32
     )
     secret = tmp_path / "secret"
-    secret.write_text("from-file-16-chars-at-least\n")
+    secret.write_text("from-file-with-32-bytes-at-least\n")
+    secret.chmod(0o600)
     cfg = ControllerConfig.from_properties(
         dict(props, **{"controller.raft.secret.file": str(secret)}), env={}
     )
-    assert cfg.raft_secret == "from-file-16-chars-at-least" and "from-file" not in repr(cfg)
+    assert cfg.raft_secret == "from-file-with-32-bytes-at-least" and "from-file" not in repr(cfg)
     # The only ways in are the properties file and the environment: the CLI has no secret flag.
     help_text = kraft("controller", "--help").stdout
     assert "--config" in help_text and "secret" not in help_text.lower()
@@ -432,7 +435,7 @@ def test_payload_executes_on_a_raft_port_without_password(tmp_path: Path) -> Non
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """Three controllers (Raft secret from the environment, RPC auth) and one broker."""
     directory = tmp_path_factory.mktemp("secured") / "c"
-    env = dict(ENV, KRAFT_RAFT_SECRET="raft-secret-for-tests")
+    env = dict(ENV, KRAFT_RAFT_SECRET="raft-secret-for-tests-of-32-bytes")
     cluster = LocalCluster(directory)
     try:
         proc = subprocess.run(

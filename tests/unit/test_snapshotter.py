@@ -229,7 +229,7 @@ def test_a_controller_restarted_from_a_snapshot_still_knows_recent_request_ids(t
                 "controller.quorum.raft.voters": "1@127.0.0.1:9001",
                 "metadata.log.dir": str(tmp_path),
             },
-            env={"KRAFT_RAFT_SECRET": "a-test-secret-of-enough-length"},
+            env={"KRAFT_RAFT_SECRET": "a-test-raft-secret-of-at-least-32-bytes"},
         )
     )
     try:
