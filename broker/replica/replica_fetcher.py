@@ -223,9 +223,10 @@ class SourceFetcher:
         by_key = {(p.topic, p.partition): (p, st) for p, st in todo}
         for name, parts in read_offset_for_leader_epoch_response(r):
             for pid, err, epoch, end in parts:
-                p, st = by_key.get((name, pid), (None, None))
-                if p is None or not self._current(p, st):
+                found = by_key.get((name, pid))
+                if found is None or not self._current(*found):
                     continue
+                p, st = found
                 if err:
                     st.retry_at = time.monotonic() + 0.2
                     log.info(
@@ -285,9 +286,10 @@ class SourceFetcher:
         by_key = {(p.topic, p.partition): (p, st) for p, st in ready}
         for name, parts in results:
             for res in parts:
-                p, st = by_key.get((name, res.partition), (None, None))
-                if p is None or not self._current(p, st):
+                found = by_key.get((name, res.partition))
+                if found is None or not self._current(*found):
                     continue
+                p, st = found
                 self._apply(p, st, res.error_code or error, res)
         return True
 
