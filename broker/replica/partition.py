@@ -73,6 +73,31 @@ class Partition:
             self.wake()
         return result
 
+    def append_marker(
+        self,
+        producer_id: int,
+        producer_epoch: int,
+        commit: bool,
+        coordinator_epoch: int,
+        timestamp_ms: int,
+    ) -> int:
+        """Append a transaction marker in the current leader epoch; its offset (see
+        :meth:`PartitionLog.append_marker`)."""
+        try:
+            offset = self.log.append_marker(
+                producer_id,
+                producer_epoch,
+                commit,
+                coordinator_epoch,
+                self.leader_epoch,
+                timestamp_ms,
+            )
+        except OSError as e:
+            storage_failed("partition log write", self.log.dir, e)
+        self.maybe_advance_high_watermark()
+        self.wake()
+        return offset
+
     def maybe_advance_high_watermark(self) -> bool:
         hw = high_watermark(
             self.leader, self.log.log_end_offset, self.isr, self.followers, self.log.high_watermark
