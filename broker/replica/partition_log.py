@@ -742,13 +742,17 @@ class PartitionLog:
         picked: list[BatchInfo] = []
         kept: dict[int, tuple[int, int]] = {}  # producer id -> (newest epoch, batches kept)
         replayed = 0
+        marker_epochs: dict[int, int] = {}  # producer id -> newest epoch of its markers
         for seg in reversed(self._segments):
             if seg.next_offset <= start:
                 break
             first = seg.find(start)
             for i in range(len(seg.batches) - 1, first - 1, -1):
                 b = seg.batches[i]
-                if b.producer_id < 0 or b.control_type >= 0:
+                if b.producer_id < 0:
+                    continue
+                if b.control_type >= 0:
+                    marker_epochs.setdefault(b.producer_id, b.producer_epoch)
                     continue
                 replayed += 1
                 epoch, count = kept.get(b.producer_id, (b.producer_epoch, 0))
@@ -758,6 +762,8 @@ class PartitionLog:
         for b in reversed(picked):
             self._track(b)
         self.producers.remove_before(self.log_start_offset)
+        for pid, epoch in marker_epochs.items():  # a marker's newer epoch fences older batches
+            self.producers.update_epoch(pid, epoch)
         self.producer_rebuild = (replayed, time.perf_counter() - started)
         if replayed or state:
             log.info(

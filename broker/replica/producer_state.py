@@ -150,7 +150,11 @@ class ProducerStateManager:
     def remove_before(self, log_start_offset: int) -> None:
         """Forget producers whose last batch lies wholly below the log start (DeleteRecords or
         retention removed it), as Kafka does when the log start moves."""
-        for pid in [p for p, e in self.producers.items() if e.last_offset < log_start_offset]:
+        for pid in [
+            p
+            for p, e in self.producers.items()
+            if e.batches and e.last_offset < log_start_offset  # no batches: a marker epoch
+        ]:
             del self.producers[pid]
 
 

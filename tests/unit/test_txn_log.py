@@ -113,6 +113,11 @@ def test_bumped_epoch_marker_fences_older_batches(tmp_path: Path) -> None:
         plog.append_as_leader(txn_batch(10, 0, 2), 1)
     assert e.value.error == "invalid_producer_epoch"
     plog.close()
+    reopened = PartitionLog.open(tmp_path / "t-0")  # the marker's epoch is rebuilt from the log
+    with pytest.raises(ProducerStateError):
+        reopened.append_as_leader(txn_batch(10, 0, 2), 1)
+    reopened.append_as_leader(txn_batch(10, 2, 0), 1)  # the next producer instance
+    reopened.close()
 
 
 @pytest.mark.parametrize("version", [4, 11, 12])
