@@ -167,5 +167,8 @@ class Partition:
             "log_start_offset": self.log.log_start_offset,
             "log_end_offset": self.log.log_end_offset,
             "producers": len(self.log.producers),
+            "last_stable_offset": self.log.last_stable_offset,
+            "open_transactions": len(self.log.txns.ongoing),
+            "aborted_transactions": len(self.log.txns.aborted),
             "dir": str(self.log.dir),
         }

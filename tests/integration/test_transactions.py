@@ -18,6 +18,7 @@ from tests.integration.test_produce_fetch import (
     bootstrap,
     broker_state,
     create_topic,
+    describe_partition,
     start_cluster,
 )
 from tools.kafka_wire import KafkaWire
@@ -119,6 +120,17 @@ def test_committed_show_once_aborted_never(cluster):
     assert sorted(committed) == want
     uncommitted = read_all(cluster, "txn-basic", 2, "read_uncommitted")
     assert sorted(uncommitted) == sorted(want + [f"a-{i}".encode() for i in range(50)])
+
+    def replicas_agree() -> bool:  # followers index the markers they replicate, too
+        for b in cluster.meta["brokers"]:
+            parts = [p for p in broker_state(b)["partitions"] if p["topic"] == "txn-basic"]
+            if len(parts) != 2 or any(
+                p["open_transactions"] or p["aborted_transactions"] != 1 for p in parts
+            ):
+                return False
+        return True
+
+    poll(replicas_agree, 30, what="every replica: no open transaction, one aborted")
 
 
 def test_open_transaction_holds_back_read_committed(cluster):
@@ -259,3 +271,57 @@ def test_exactly_once_across_coordinator_kill(cluster):
     cluster.start(victim)
     b = next(b for b in cluster.meta["brokers"] if b["id"] == victim)
     poll(lambda: broker_state(b)["state"] == "RUNNING", 60, what="victim back")
+
+
+def test_write_txn_markers_on_the_wire(cluster):
+    """WriteTxnMarkers v1 as another coordinator would send it: the leader appends the marker
+    and closes the producer's transaction; a follower answers NOT_LEADER_OR_FOLLOWER, an
+    unknown topic UNKNOWN_TOPIC_OR_PARTITION, and a marker older than the producer's epoch
+    INVALID_PRODUCER_EPOCH."""
+    create_topic(cluster, "txn-wire", partitions=1)
+    p = producer(cluster, "wire")
+    p.begin_transaction()
+    p.produce("txn-wire", b"open", partition=0)
+    p.flush(30)
+    leader = describe_partition(cluster, "txn-wire")["leader"]
+    lb = next(b for b in cluster.meta["brokers"] if b["id"] == leader)
+    other = next(b for b in cluster.meta["brokers"] if b["id"] != leader)
+    (part,) = [x for x in broker_state(lb)["partitions"] if x["topic"] == "txn-wire"]
+    assert part["open_transactions"] == 1 and part["last_stable_offset"] == 0
+
+    def send(b: dict, topic: str, pid: int, epoch: int) -> int:
+        marker = {
+            "producer_id": pid,
+            "producer_epoch": epoch,
+            "transaction_result": False,
+            "coordinator_epoch": 0,
+            "topics": [{"name": topic, "partition_indexes": [0]}],
+        }
+        with KafkaWire(b["host"], b["port"], timeout=30) as w:
+            resp = w.call(27, 1, {"markers": [marker]})
+        return int(resp.markers[0].topics[0].partitions[0].error_code)
+
+    pid_epoch = _producer_of(lb, "txn-wire")
+    assert send(other, "txn-wire", *pid_epoch) == E.not_leader_or_follower.value
+    assert send(lb, "no-such-topic", *pid_epoch) == E.unknown_topic_or_partition.value
+    assert send(lb, "txn-wire", pid_epoch[0], pid_epoch[1] - 1) == (E.invalid_producer_epoch.value)
+    assert send(lb, "txn-wire", *pid_epoch) == E.none.value
+    (part,) = [x for x in broker_state(lb)["partitions"] if x["topic"] == "txn-wire"]
+    assert part["open_transactions"] == 0 and part["aborted_transactions"] == 1
+    assert part["last_stable_offset"] == part["log_end_offset"] == 2
+    assert read_all(cluster, "txn-wire", 1, "read_committed") == []
+
+
+def _producer_of(b: dict, topic: str) -> tuple[int, int]:
+    """(producer id, epoch) of the first batch of ``topic``-0 in broker ``b``'s log file."""
+    import struct
+    from pathlib import Path
+
+    d = next(
+        Path(x) / f"{topic}-0"
+        for x in b["log_dirs"].split(",")
+        if (Path(x) / f"{topic}-0").exists()
+    )
+    data = (d / f"{0:020d}.log").read_bytes()
+    pid, epoch = struct.unpack_from(">qh", data, 43)
+    return pid, epoch

@@ -56,6 +56,7 @@ RANGES: dict[int, tuple[int, int]] = {
     API_TXN_OFFSET_COMMIT: (0, 3),
 }
 _ZERO = timedelta(0)
+END_TXN_WAIT_S = 5.0  # EndTxn waits this long at most for the markers (see wait_completed)
 
 
 def _ms(value: Any) -> int:
@@ -221,6 +222,9 @@ class TxnApis:
 
         try:
             await self._txn_write(tid, fn)
+            if code == E.none:
+                part = self._partition_of(TXN_TOPIC, tid)
+                await self.txn.wait_completed(part, tid, END_TXN_WAIT_S)
         except CoordinatorError as e:
             code = e.code
         if code == E.producer_fenced and header.api_version < 2:

@@ -24,7 +24,13 @@ from kio.serial import entity_reader
 
 from broker.coordinator.placement import TXN_TOPIC
 from broker.coordinator.runtime import CoordinatorError, CoordinatorRuntime
-from broker.coordinator.txn.records import decode_record, encode_key, encode_value
+from broker.coordinator.txn.records import (
+    PREPARE_ABORT,
+    PREPARE_COMMIT,
+    decode_record,
+    encode_key,
+    encode_value,
+)
 from broker.coordinator.txn.state_machine import PendingMarkers, TxnConfig, TxnShard
 from broker.metadata.metadata_cache import MetadataCache
 from broker.protocol.kafka_admin import build_entity
@@ -123,11 +129,26 @@ class TxnCoordinator:
         self._inflight: set[tuple[int, str, int, int]] = set()
         self._wake = trio.Event()
         self._links: dict[int, _BrokerLink] = {}
+        self._completion = trio.Event()  # set (and replaced) whenever a transaction completes
         self.completed = 0
 
     def poke(self) -> None:
         """A transaction may have entered a Prepare state: look for markers to write now."""
         self._wake.set()
+
+    async def wait_completed(self, part_id: int, tid: str, timeout_s: float) -> None:
+        """Wait (at most ``timeout_s``) until ``tid`` has left PrepareCommit / PrepareAbort, so
+        EndTxn answers once the markers are written when that is quick: the client's next
+        AddPartitionsToTxn then needs no CONCURRENT_TRANSACTIONS retry (and its backoff)."""
+        with trio.move_on_after(timeout_s):
+            while True:
+                try:
+                    t = self.runtime.shard(part_id).describe(tid)
+                except CoordinatorError:
+                    return
+                if t is None or t.state not in (PREPARE_COMMIT, PREPARE_ABORT):
+                    return
+                await self._completion.wait()
 
     async def run_markers(self) -> None:
         """Write markers of Prepare transactions and complete them, until cancelled."""
@@ -157,12 +178,19 @@ class TxnCoordinator:
                 remaining = await self._send(epoch, pm, remaining)
                 if remaining:
                     await trio.sleep(RETRY_S)
-            await self.runtime.write(
-                part_id,
-                lambda s, t, now: s.complete(
+
+            def complete(shard: Any, token: Any, now: int) -> Any:
+                result = shard.complete(
                     pm.transactional_id, pm.producer_id, pm.producer_epoch, now
-                ).answer(t, {}),
-            )
+                ).answer(token, {})
+                # Every marker is replicated, so the outcome is decided: a waiting EndTxn may
+                # answer now (if the Complete record is lost, the next coordinator redoes the
+                # markers and completes it).
+                self._completion.set()
+                self._completion = trio.Event()
+                return result
+
+            await self.runtime.write(part_id, complete)
             self.completed += 1
         except CoordinatorError as e:
             log.info("transaction %r: not completed here (%s)", pm.transactional_id, e.code.name)
@@ -185,12 +213,8 @@ class TxnCoordinator:
         for tp in sorted(parts):
             by_leader.setdefault(self._leader(*tp), []).append(tp)
         left: set[tuple[str, int]] = set()
-        for leader, tps in by_leader.items():
-            if leader == -2:
-                continue  # deleted topic: nothing to mark
-            if leader < 0:
-                left.update(tps)
-                continue
+
+        async def one(leader: int, tps: list[tuple[str, int]]) -> None:
             if leader == self.node_id:
                 codes = await self.markers.write(
                     pm.producer_id, pm.producer_epoch, pm.commit, coordinator_epoch, tps
@@ -198,6 +222,15 @@ class TxnCoordinator:
             else:
                 codes = await self._remote(leader, coordinator_epoch, pm, tps)
             left.update(tp for tp in tps if codes.get(tp) not in DONE)
+
+        async with trio.open_nursery() as nursery:  # every leader at once
+            for leader, tps in by_leader.items():
+                if leader == -2:
+                    continue  # deleted topic: nothing to mark
+                if leader < 0:
+                    left.update(tps)
+                    continue
+                nursery.start_soon(one, leader, tps)
         return left
 
     async def _remote(
