@@ -181,6 +181,11 @@ class ControllerCollector(Collector):
                 "groups being replicated",
                 stats.get("in_flight"),
             ),
+            gauge(
+                "kraft_controller_divergent_voters",
+                "voters whose metadata log differs from the active controller's (0 elsewhere)",
+                len(node.divergence.divergent) if node.is_active else 0,
+            ),
         ]
         yield from (m for m in metrics if m is not None)
 

@@ -26,6 +26,7 @@ from kraft.controller.commands import Command
 from kraft.controller.heartbeats import BrokerHeartbeatManager
 from kraft.controller.settings import ControllerSettings
 from kraft.controller.state_machine import QuorumStateMachine
+from kraft.divergence_monitor import DivergenceMonitor, hashes_at, head_of
 from kraft.errors import ErrorCode, KraftError
 from kraft.log.errors import CorruptLogError, CorruptSnapshotError
 from kraft.log.metadata_log import MetadataLog
@@ -117,6 +118,13 @@ class ControllerNode:
         # broker id → (metadata offset, last contact ms, last time it was caught up ms or -1)
         self._observers: dict[int, tuple[int, int, int]] = {}
         self.metrics: Any = None  # kraft.metrics.ControllerMetrics when metrics.port is set
+        self.divergence = DivergenceMonitor(
+            self.node_id,
+            self.log,
+            config.rpc_voters,
+            config.rpc_client_credentials,
+            lambda: self.is_active,
+        )
         self._stopping = trio.Event()
         self.quorum: RaftQuorum | None = None
         self.rpc_port = config.rpc_voters[self.node_id][1]
@@ -226,6 +234,8 @@ class ControllerNode:
                 nursery.start_soon(self._session_timer_loop)
                 nursery.start_soon(self._snapshot_loop)
                 nursery.start_soon(self._log_flush_loop)
+                if len(cfg.rpc_voters) > 1:
+                    nursery.start_soon(self.divergence.run)
                 if self.joining:
                     nursery.start_soon(self._join_loop)
                 if self.voter_directories is not None and len(cfg.rpc_voters) > 1:
@@ -760,7 +770,11 @@ class ControllerNode:
                 await client.aclose()
         commit_index = status.get("commit_index", 0)
         hw = self.log.next_offset
-        applied = await self._voter_applied_offsets()
+        described = await self._voter_nodes()
+        applied = {v: r.get("applied_offset") for v, r in described.items()}
+        heads = {v: r.get("log_head") for v, r in described.items()}
+        heads[self.node_id] = head_of(self.log)
+        divergent = self.divergence.divergent
         voters = []
         for vid, (host, port) in sorted(self.config.rpc_voters.items()):
             v = status.get("voters", {}).get(vid, {})
@@ -776,6 +790,8 @@ class ControllerNode:
                     # a follower whose last answer acknowledged the whole log was caught up then
                     "last_caught_up_ms": v.get("last_contact_ms") if v.get("lag") == 0 else None,
                     "is_leader": vid == leader_id,
+                    "log_head": heads.get(vid),
+                    "divergent_from_offset": divergent.get(vid),
                 }
             )
         now = now_ms()
@@ -797,13 +813,14 @@ class ControllerNode:
             "high_watermark": hw,
             "voters": voters,
             "observers": observers,
+            "divergent_voters": sorted(divergent),
         }
 
-    async def _voter_applied_offsets(self) -> dict[int, int]:
-        """Ask every other voter for its applied offset (1 s budget; silent ones are left out)."""
+    async def _voter_nodes(self) -> dict[int, dict[str, Any]]:
+        """Ask every other voter to describe itself (1 s budget; silent ones are left out)."""
         from kraft.rpc.client import ControllerClient
 
-        applied: dict[int, int] = {}
+        replies: dict[int, dict[str, Any]] = {}
 
         async def ask(vid: int, host: str, port: int) -> None:
             client = ControllerClient(
@@ -813,8 +830,9 @@ class ControllerNode:
             )
             try:
                 with trio.move_on_after(1.0):
-                    reply = await client.call("DescribeNode", {"checksum": False}, timeout=1.0)
-                    applied[vid] = reply["applied_offset"]
+                    replies[vid] = await client.call(
+                        "DescribeNode", {"checksum": False}, timeout=1.0
+                    )
             except (KraftError, OSError):
                 pass
             finally:
@@ -824,7 +842,7 @@ class ControllerNode:
             for vid, (host, port) in self.config.rpc_voters.items():
                 if vid != self.node_id:
                     nursery.start_soon(ask, vid, host, port)
-        return applied
+        return replies
 
     async def _api_DescribeNode(self, body: dict[str, Any], ctx: Any) -> dict[str, Any]:
         image = self.state_machine.image
@@ -838,6 +856,8 @@ class ControllerNode:
             "image_checksum": checksum,
             "log_start_offset": self.log.start_offset,
             "log_end_offset": self.log.next_offset,
+            "log_head": head_of(self.log),
+            "hashes": hashes_at(self.log, body.get("hash_at", [])),
             "raft": self.quorum.status() if self.quorum else {},
             "raft_stats": self.quorum.stats() if self.quorum else {},
             "joining": bool(self.quorum and self.quorum.joining),

@@ -472,6 +472,30 @@ class MetadataLog:
                 break
         return out
 
+    def batch_end(self, offset: int) -> tuple[int, bytes] | None:
+        """(last offset, hash) of the batch containing ``offset``; None when this log does not
+        hold ``offset`` (past its end, or before its start)."""
+        if offset == self.next_offset - 1:
+            return offset, self.last_hash
+        if offset < self.start_offset or offset >= self.next_offset:
+            return None
+        try:
+            payloads = self.read_encoded(offset, 1)
+        except OffsetOutOfRangeError:  # retention moved the start meanwhile
+            return None
+        if not payloads:
+            return None
+        return decode_batch(payloads[0]).last_offset, batch_hash(payloads[0])
+
+    def hash_at(self, offset: int) -> bytes | None:
+        """The hash of the batch that ends at ``offset`` (the chain's head as a node that has
+        applied up to ``offset`` sees it); None when this log does not hold ``offset``, and
+        ``b""`` when it does but no batch ends there (a head there cannot be ours)."""
+        found = self.batch_end(offset)
+        if found is None:
+            return None
+        return found[1] if found[0] == offset else b""
+
     def _read_tail(self, from_offset: int, max_bytes: int) -> list[bytes] | None:
         """``read_encoded`` from the tail cache, or None when it does not reach back that far."""
         with self._lock:

@@ -217,8 +217,9 @@ _APIS = [
             "voters: list",
             "observers: list",
         ),
-        "voters[]: {node_id, host, port, applied_offset, lag, last_contact_ms, is_leader}; "
-        "observers[]: {broker_id, metadata_offset, last_contact_ms}",
+        "voters[]: {node_id, host, port, applied_offset, lag, last_contact_ms, is_leader, "
+        "log_head: {offset, hash} | null, divergent_from_offset: int | null}; "
+        "observers[]: {broker_id, metadata_offset, last_contact_ms}; divergent_voters: [node_id]",
     ),
     Api(
         "DescribeNode",
@@ -233,7 +234,9 @@ _APIS = [
             "log_end_offset: int",
         ),
         "also raft: the quorum member's status, raft_stats: its counters (group commit, journal "
-        "syncs, ticks)",
+        "syncs, ticks); log_head: {offset, hash} (the last record's offset, the hash of the batch "
+        "ending there); request hash_at: [offset] -> hashes: [[offset, hash | '' (no batch ends "
+        "there) | null (not held)]]",
     ),
 ]
 

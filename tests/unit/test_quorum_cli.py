@@ -101,6 +101,7 @@ def test_status_in_kafkas_shape(capsys: pytest.CaptureFixture, canned: list) -> 
         "MaxFollowerLagTimeMs": "4000",
         "CurrentVoters": "[1,2,3]",
         "CurrentObservers": "[101]",
+        "DivergentVoters": "[]",
     }
 
 
@@ -114,6 +115,7 @@ def test_status_json(capsys: pytest.CaptureFixture, canned: list) -> None:
         "max_follower_lag_time_ms": 4000,
         "current_voters": [1, 2, 3],
         "current_observers": [101],
+        "divergent_voters": [],
     }
 
 
@@ -133,12 +135,25 @@ def test_replication_table_and_json(capsys: pytest.CaptureFixture, canned: list)
         "CAUGHT",
         "UP",
         "STATUS",
+        "DIVERGENT",
     ]
     rows = {line.split()[0]: line.split() for line in lines[1:]}
-    assert rows["1"] == ["1", "28", "2", "12", "ms", "ago", "-", "Follower"]
-    assert rows["2"] == ["2", "30", "0", "0", "ms", "ago", "0", "ms", "ago", "Leader"]
-    assert rows["3"] == ["3", "-", "-", "4000", "ms", "ago", "-", "Follower"]
-    assert rows["101"] == ["101", "30", "0", "200", "ms", "ago", "200", "ms", "ago", "Observer"]
+    assert rows["1"] == ["1", "28", "2", "12", "ms", "ago", "-", "Follower", "-"]
+    assert rows["2"] == ["2", "30", "0", "0", "ms", "ago", "0", "ms", "ago", "Leader", "-"]
+    assert rows["3"] == ["3", "-", "-", "4000", "ms", "ago", "-", "Follower", "-"]
+    assert rows["101"] == [
+        "101",
+        "30",
+        "0",
+        "200",
+        "ms",
+        "ago",
+        "200",
+        "ms",
+        "ago",
+        "Observer",
+        "-",
+    ]
     code, out = run(capsys, "quorum", "replication", *BOOT, "--json")
     doc = json.loads(out)
     assert {k: doc[k] for k in ("cluster_id", "leader_id", "term", "high_watermark")} == {
@@ -153,3 +168,25 @@ def test_replication_table_and_json(capsys: pytest.CaptureFixture, canned: list)
 
 # The replication view of a real cluster (3 voters, brokers as observers, across a failover) is
 # checked in test_metrics.py, on the same cluster as the metrics endpoints.
+
+
+def test_a_divergent_voter_is_named_with_its_offset(
+    capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    voters = [dict(v) for v in QUORUM["voters"]]
+    voters[0]["log_head"] = {"offset": 28, "hash": "ab" * 32}
+    voters[0]["divergent_from_offset"] = 17
+    voters[1]["log_head"] = {"offset": 30, "hash": "cd" * 32}
+    diverged = {**QUORUM, "voters": voters, "divergent_voters": [1]}
+    monkeypatch.setattr(common, "call_endpoints", lambda *_: diverged)
+    code, out = run(capsys, "quorum", "status", *BOOT)
+    assert code == 0
+    assert dict(line.split(":", 1) for line in out.splitlines())["DivergentVoters"].strip() == "[1]"
+    code, out = run(capsys, "quorum", "replication", *BOOT)
+    rows = {line.split()[0]: line.split() for line in out.splitlines()[1:]}
+    assert rows["1"][-4:] == ["Follower", "from", "offset", "17"]
+    assert rows["2"][-2:] == ["Leader", "-"]
+    code, out = run(capsys, "quorum", "replication", *BOOT, "--json")
+    first = json.loads(out)["replicas"][0]
+    assert first["divergent_from_offset"] == 17
+    assert (first["log_head_offset"], first["log_head_hash"]) == (28, "ab" * 32)

@@ -8,7 +8,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import Any, TextIO
 
 from tools import cluster as launcher
@@ -148,8 +150,17 @@ def _prepare_layout(args: argparse.Namespace, directory: Path) -> tuple[ClusterL
     return layout, True
 
 
+def _hold_into(held: list[int]) -> Callable[[int, FrameType | None], None]:
+    """A signal handler that only records the signal (raised again once it is safe)."""
+
+    def hold(signum: int, _frame: FrameType | None) -> None:
+        held.append(signum)
+
+    return hold
+
+
 def _start_all(
-    directory: Path, layout: ClusterLayout, children: dict[int, subprocess.Popen]
+    directory: Path, layout: ClusterLayout, children: dict[int, subprocess.Popen[bytes]]
 ) -> None:
     """Start every node, recording each pid in cluster.json as soon as it exists."""
     with launcher.locked(directory):
@@ -157,9 +168,7 @@ def _start_all(
             # A Ctrl-C between spawning a node and recording its pid would leave a node that
             # 'cluster down' cannot see: hold SIGINT until the pid is on disk, then raise it.
             held: list[int] = []
-            previous = signal.signal(
-                signal.SIGINT, lambda signum, frame, held=held: held.append(signum)
-            )
+            previous = signal.signal(signal.SIGINT, _hold_into(held))
             try:
                 children[node.id] = launcher.start_node(node)
                 launcher.write_cluster_json(directory, layout)
@@ -170,7 +179,7 @@ def _start_all(
 
 
 def _stop_and_clear(
-    directory: Path, children: dict[int, subprocess.Popen], timeout: float
+    directory: Path, children: dict[int, subprocess.Popen[bytes]], timeout: float
 ) -> list[launcher.StopResult]:
     """Stop every node of the cluster in ``directory`` and clear the pids in cluster.json."""
     with launcher.locked(directory):
@@ -198,7 +207,7 @@ def _print_stop_results(results: list[launcher.StopResult], stream: TextIO) -> N
     )
 
 
-def _monitor(children: dict[int, subprocess.Popen], layout: ClusterLayout) -> None:
+def _monitor(children: dict[int, subprocess.Popen[bytes]], layout: ClusterLayout) -> None:
     """Report nodes that exit until interrupted (Ctrl-C / SIGTERM raise KeyboardInterrupt)."""
     names = {n.id: n.name for n in layout.nodes()}
     reported: set[int] = set()
@@ -215,7 +224,7 @@ def _monitor(children: dict[int, subprocess.Popen], layout: ClusterLayout) -> No
         time.sleep(0.5)
 
 
-def _catch_termination() -> dict[int, Any] | None:
+def _catch_termination() -> dict[signal.Signals, Any] | None:
     """Make SIGTERM (like Ctrl-C) raise KeyboardInterrupt; returns the previous handlers."""
     if threading.current_thread() is not threading.main_thread():
         return None
@@ -225,14 +234,14 @@ def _catch_termination() -> dict[int, Any] | None:
     return previous
 
 
-def _ignore_termination(handlers: dict[int, Any] | None) -> None:
+def _ignore_termination(handlers: dict[signal.Signals, Any] | None) -> None:
     """While stopping the nodes, further Ctrl-C/SIGTERM must not abort the shutdown."""
     if handlers is not None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
-def _restore(handlers: dict[int, Any] | None) -> None:
+def _restore(handlers: dict[signal.Signals, Any] | None) -> None:
     for sig, handler in (handlers or {}).items():
         signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
@@ -269,7 +278,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         raise UsageError("--racks only applies to brokers; add --brokers M")
     layout, restarted = _prepare_layout(args, directory)
     handlers = _catch_termination()
-    children: dict[int, subprocess.Popen] = {}
+    children: dict[int, subprocess.Popen[bytes]] = {}
     try:
         _start_all(directory, layout, children)
         verb = "Restarted" if restarted else "Started"
@@ -345,7 +354,7 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 def cmd_start(args: argparse.Namespace) -> int:
     directory = Path(args.dir).resolve()
-    children: dict[int, subprocess.Popen] = {}
+    children: dict[int, subprocess.Popen[bytes]] = {}
     _load(str(directory))
     with launcher.locked(directory):
         layout = _load(str(directory))
@@ -431,9 +440,10 @@ def status_document(directory: Path, layout: ClusterLayout) -> dict[str, Any]:
     """``kraft cluster status --json``: cluster.json's shape plus ``alive`` per node."""
     doc = layout.to_dict()
     doc["dir"] = str(directory)
-    for key, nodes in (("controllers", layout.controllers), ("brokers", layout.brokers)):
-        for entry, node in zip(doc[key], nodes):
-            entry["alive"] = launcher.node_alive(node)
+    for entry, c in zip(doc["controllers"], layout.controllers):
+        entry["alive"] = launcher.node_alive(c)
+    for entry, b in zip(doc["brokers"], layout.brokers):
+        entry["alive"] = launcher.node_alive(b)
     return doc
 
 
@@ -514,7 +524,7 @@ def _dir_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dir", required=True, metavar="DIR", help="the cluster directory")
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``kraft cluster ...``."""
     p = sub.add_parser(
         "cluster",

@@ -1,6 +1,11 @@
 """``kraft quorum status|replication``: the controller quorum in the shape of Kafka's
 ``kafka-metadata-quorum describe --status`` and ``--replication`` (one DescribeQuorum call).
 
+``DIVERGENT`` (pykraft's): the active controller compares every voter's log head (the hash of
+the batch ending at its last offset) with its own log and names the first offset from which a
+voter's history differs; ``--json`` carries each voter's ``log_head_offset``/``log_head_hash``,
+so a cron job can keep witnesses of the chain elsewhere.
+
 Lags here are in metadata log offsets: how many records a node's applied offset is behind the
 leader's high watermark (the leader's log end). ``--json`` adds the derived fields to the
 response; the raw per-voter Raft lag stays in ``voters[].lag``.
@@ -70,6 +75,7 @@ def status_document(resp: dict[str, Any]) -> dict[str, Any]:
         "max_follower_lag_time_ms": max_follower_lag_time_ms(resp),
         "current_voters": sorted(v["node_id"] for v in resp.get("voters", [])),
         "current_observers": sorted(o["broker_id"] for o in resp.get("observers", [])),
+        "divergent_voters": sorted(resp.get("divergent_voters") or []),
     }
 
 
@@ -92,6 +98,7 @@ def render_status(resp: dict[str, Any]) -> str:
             ("MaxFollowerLagTimeMs", doc["max_follower_lag_time_ms"]),
             ("CurrentVoters", _ids(doc["current_voters"])),
             ("CurrentObservers", _ids(doc["current_observers"])),
+            ("DivergentVoters", _ids(doc["divergent_voters"])),
         ]
     )
 
@@ -103,6 +110,7 @@ def replication_rows(resp: dict[str, Any]) -> list[dict[str, Any]]:
     for v in sorted(resp.get("voters", []), key=lambda v: v["node_id"]):
         is_leader = bool(v.get("is_leader")) or v["node_id"] == leader
         applied = v.get("applied_offset")
+        head = v.get("log_head") or {}
         rows.append(
             {
                 "node_id": v["node_id"],
@@ -111,6 +119,9 @@ def replication_rows(resp: dict[str, Any]) -> list[dict[str, Any]]:
                 "lag": offset_lag(resp, applied),
                 "last_fetch_ms_ago": 0 if is_leader else _ago(v.get("last_contact_ms")),
                 "last_caught_up_ms_ago": 0 if is_leader else _ago(v.get("last_caught_up_ms")),
+                "log_head_offset": head.get("offset"),
+                "log_head_hash": head.get("hash"),
+                "divergent_from_offset": v.get("divergent_from_offset"),
             }
         )
     for o in sorted(resp.get("observers", []), key=lambda o: o["broker_id"]):
@@ -123,6 +134,9 @@ def replication_rows(resp: dict[str, Any]) -> list[dict[str, Any]]:
                 "lag": offset_lag(resp, applied),
                 "last_fetch_ms_ago": _ago(o.get("last_contact_ms")),
                 "last_caught_up_ms_ago": _ago(o.get("last_caught_up_ms")),
+                "log_head_offset": None,
+                "log_head_hash": None,
+                "divergent_from_offset": None,
             }
         )
     return rows
@@ -143,10 +157,17 @@ def _ms_ago(ms: int | None) -> str | None:
     return None if ms is None else f"{ms} ms ago"
 
 
+def _divergent(offset: int | None) -> str | None:
+    """A voter whose log differs from the leader's: from which offset (-1: still looking)."""
+    if offset is None:
+        return None
+    return f"from offset {offset}" if offset >= 0 else "yes"
+
+
 def render_replication(resp: dict[str, Any]) -> str:
     """Kafka's ``describe --replication`` table (times as "N ms ago")."""
     return output.render_table(
-        ("NODE ID", "APPLIED OFFSET", "LAG", "LAST FETCH", "LAST CAUGHT UP", "STATUS"),
+        ("NODE ID", "APPLIED OFFSET", "LAG", "LAST FETCH", "LAST CAUGHT UP", "STATUS", "DIVERGENT"),
         [
             (
                 r["node_id"],
@@ -155,6 +176,7 @@ def render_replication(resp: dict[str, Any]) -> str:
                 _ms_ago(r["last_fetch_ms_ago"]),
                 _ms_ago(r["last_caught_up_ms_ago"]),
                 r["status"],
+                _divergent(r["divergent_from_offset"]),
             )
             for r in replication_rows(resp)
         ],
