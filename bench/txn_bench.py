@@ -21,7 +21,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.produce_bench import MSG_BYTES, kraft, log
+from bench.common import cluster_down, cluster_up, kraft, logger
+from bench.produce_bench import MSG_BYTES
+
+log = logger("txn_bench")
 
 TARGET_RATIO = 0.5
 
@@ -128,9 +131,7 @@ def run(messages: int, txn_size: int) -> list[dict[str, Any]]:
     cdir = workdir / "cluster"
     rows: list[dict[str, Any]] = []
     try:
-        kraft("cluster", "up", "--no-auth", "--dir", str(cdir), "--controllers", "3",
-              "--brokers", "3", "--detach", "--fsync", "never")  # fmt: skip
-        meta = json.loads((cdir / "cluster.json").read_text())
+        meta = cluster_up(cdir, 3, 3, "--fsync", "never")
         bs = ",".join(f"{b['host']}:{b['port']}" for b in meta["brokers"])
         for topic in ("bench-plain", "bench-txn"):
             kraft("topics", "create", topic, "--partitions", "3", "--replication-factor", "3",
@@ -146,10 +147,7 @@ def run(messages: int, txn_size: int) -> list[dict[str, Any]]:
         log(f"  {rows[-1]}")
         rows[-1]["read_committed_count"] = count_committed(bs, "bench-txn", 3)
     finally:
-        try:
-            kraft("cluster", "down", "--dir", str(cdir), "--timeout", "20")
-        except Exception as e:
-            log(f"cluster down failed: {e}")
+        cluster_down(cdir)
         shutil.rmtree(workdir, ignore_errors=True)
     return rows
 
