@@ -1,8 +1,9 @@
 """Transactions with confluent-kafka against one real cluster (3 controllers + 3 brokers):
 committed transactions show exactly once to read_committed consumers and aborted ones never; a
 read_uncommitted consumer does see aborted records; a zombie producer with an old epoch is
-fenced; a consume-transform-produce loop with offsets sent to the transaction copies every
-input record exactly once, also across a kill -9 of the transaction coordinator."""
+fenced; a transaction left open past its timeout is aborted by the coordinator; WriteTxnMarkers
+works on the wire; a consume-transform-produce loop with offsets sent to the transaction copies
+every input record exactly once, also across a kill -9 of the transaction coordinator."""
 
 from __future__ import annotations
 
@@ -325,3 +326,36 @@ def _producer_of(b: dict, topic: str) -> tuple[int, int]:
     data = (d / f"{0:020d}.log").read_bytes()
     pid, epoch = struct.unpack_from(">qh", data, 43)
     return pid, epoch
+
+
+def test_expired_transaction_is_aborted(cluster):
+    """A transaction left open past transaction.timeout.ms is aborted by the coordinator (epoch
+    bumped, abort markers written): read_committed readers move on and never see it, and the
+    producer that let it expire cannot commit it."""
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+    create_topic(cluster, "txn-expire", partitions=1)
+    p = producer(cluster, "expire", **{"transaction.timeout.ms": 3000, "message.timeout.ms": 3000})
+    p.begin_transaction()
+    for i in range(5):
+        p.produce("txn-expire", f"late-{i}".encode(), partition=0)
+    p.flush(30)
+
+    def lso() -> int:
+        c = Consumer(
+            {
+                "bootstrap.servers": bootstrap(cluster),
+                "group.id": "expire",
+                "isolation.level": "read_committed",
+            }
+        )
+        try:
+            return int(c.get_watermark_offsets(TopicPartition("txn-expire", 0), timeout=10)[1])
+        finally:
+            c.close()
+
+    assert lso() == 0
+    poll(lambda: lso() == 6, 60, what="the expired transaction's abort marker")  # 5 + marker
+    assert read_all(cluster, "txn-expire", 1, "read_committed") == []
+    with pytest.raises(KafkaException):
+        p.commit_transaction(30)
