@@ -30,7 +30,7 @@ system-deps:
 # Two workers, one test module each (modules share their clusters): the integration tests
 # mostly wait on processes, so two of them fit on two cores.
 test: $(STAMP) system-deps jvm-archive
-	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile tests
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=30 tests
 
 # tests/unit is pure (no sockets, no processes: tests/unit/conftest.py refuses them).
 unit: $(STAMP)

@@ -96,7 +96,9 @@ def bench_commits(brokers: list[tuple[str, int]], seconds: float) -> list[dict[s
     lat = commit_loop(coordinator(brokers, "bench-seq"), "bench-seq", seconds)
     rows.append(
         {
+            "key": "commits_seq",
             "metric": "offset commits/s, 1 client, acks=all RF 3",
+            "rate": round(len(lat) / seconds, 1),
             "value": f"{len(lat) / seconds:.0f}/s",
             "detail": f"p50 {pct(lat, 50) * 1000:.1f} ms, p99 {pct(lat, 99) * 1000:.1f} ms",
         }
@@ -117,7 +119,9 @@ def bench_commits(brokers: list[tuple[str, int]], seconds: float) -> list[dict[s
     every = [x for r in results for x in r]
     rows.append(
         {
+            "key": "commits_parallel",
             "metric": "offset commits/s, 8 clients (8 groups), acks=all RF 3",
+            "rate": round(total / seconds, 1),
             "value": f"{total / seconds:.0f}/s",
             "detail": f"p50 {pct(every, 50) * 1000:.1f} ms, p99 {pct(every, 99) * 1000:.1f} ms",
         }
@@ -163,22 +167,57 @@ def bench_rebalance(servers: str, members: int = 10) -> list[dict[str, Any]]:
             c.close()
     return [
         {
+            "key": "first_assignment",
             "metric": f"first assignment of {members} members (20 partitions)",
+            "seconds": round(first, 3),
             "value": f"{first:.2f} s",
             "detail": "subscribe of all to every member assigned",
         },
         {
+            "key": "rebalance",
             "metric": f"rebalance when member {members + 1} joins",
+            "seconds": round(again, 3),
             "value": f"{again:.2f} s",
             "detail": "join to every member assigned again",
         },
     ]
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seconds", type=float, default=10.0, help="per commit measurement")
-    args = ap.parse_args()
+COMMIT_TARGET_S = 5000.0
+REBALANCE_TARGET_S = 1.0
+
+
+def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Issue 21's targets: offset commits/s (acks=all, RF 3) and a 10-member rebalance."""
+    by = {r["key"]: r for r in rows}
+    out = []
+    if "commits_parallel" in by:
+        rate = by["commits_parallel"]["rate"]
+        out.append(
+            {
+                "target": "offset commits/s, acks=all RF 3 >= 5,000 (8 clients)",
+                "value": rate,
+                "limit": COMMIT_TARGET_S,
+                "ratio": round(rate / COMMIT_TARGET_S, 3),
+                "met": rate >= COMMIT_TARGET_S,
+            }
+        )
+    if "rebalance" in by:
+        secs = by["rebalance"]["seconds"]
+        out.append(
+            {
+                "target": "rebalance when an 11th member joins a 10-member group <= 1 s",
+                "value": secs,
+                "limit": REBALANCE_TARGET_S,
+                "ratio": round(secs / REBALANCE_TARGET_S, 3),
+                "met": secs <= REBALANCE_TARGET_S,
+            }
+        )
+    return out
+
+
+def run(seconds: float = 10.0) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A 3+3 cluster (fsync never), the commit and rebalance measurements: (rows, targets)."""
     workdir = Path(tempfile.mkdtemp(prefix="group-bench-"))
     cluster = str(workdir / "c")
     try:
@@ -194,14 +233,26 @@ def main() -> int:
         meta = json.loads((workdir / "c" / "cluster.json").read_text())
         brokers = [(b["host"], b["port"]) for b in meta["brokers"]]
         servers = ",".join(f"{h}:{p}" for h, p in brokers)
-        rows = bench_commits(brokers, args.seconds) + bench_rebalance(servers)
+        rows = bench_commits(brokers, seconds) + bench_rebalance(servers)
     finally:
         kraft("cluster", "down", "--dir", cluster, "--timeout", "20", timeout=120)
         shutil.rmtree(workdir, ignore_errors=True)
-    print("| metric | value | detail |\n| --- | --- | --- |")
-    for r in rows:
-        print(f"| {r['metric']} | {r['value']} | {r['detail']} |")
-    print(json.dumps({"system": "pykraft", "results": rows}))
+    return rows, targets(rows)
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| metric | value | detail |", "| --- | --- | --- |"]
+    lines += [f"| {r['metric']} | {r['value']} | {r['detail']} |" for r in rows]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=float, default=10.0, help="per commit measurement")
+    args = ap.parse_args()
+    rows, goals = run(args.seconds)
+    print(table(rows))
+    print(json.dumps({"system": "pykraft", "results": rows, "targets": goals}))
     return 0
 
 

@@ -3,8 +3,8 @@
 The commit path (small commands, sequential and 32 in flight) runs in interleaved rounds with
 etcd and a bare PySyncObj quorum (bench/interleave.py: each round runs every system, the
 cross-system figures are medians of per-round ratios with their spread and the machine's load
-per round); then topic creation and failover, broker propagation and replay, the data plane and
-the Spark audit, once each, with the issues' targets.
+per round); then topic creation and failover, broker propagation and replay, the data plane,
+the group coordinator and the Spark audit, once each, with the issues' targets.
 
 Prints progress on stderr, markdown tables on stdout and, as the LAST stdout line, one JSON line
 ``{"system": "pykraft", "results": [...], "interleaved": {...}, "targets": [...]}``.
@@ -18,7 +18,7 @@ import json
 import time
 from typing import Any
 
-from bench import audit_bench, interleave
+from bench import audit_bench, group_bench, interleave
 from bench import controller_bench as cb
 from bench.interleave import SYSTEMS
 
@@ -81,6 +81,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--failovers", type=int, default=10)
     ap.add_argument("--failover-budget-s", type=float, default=100.0)
     ap.add_argument(
+        "--group-seconds",
+        type=float,
+        default=10.0,
+        help="seconds per offset-commit measurement (0 = skip bench/group_bench.py)",
+    )
+    ap.add_argument(
         "--audit-records",
         type=int,
         default=2_000_000,
@@ -123,6 +129,10 @@ def main(argv: list[str] | None = None) -> int:
     data_rows = produce_bench.run(args.produce_messages) if args.produce_messages > 0 else []
     if data_rows:
         tg.append(produce_bench.target(data_rows))
+    group_rows, group_targets = (
+        group_bench.run(args.group_seconds) if args.group_seconds > 0 else ([], [])
+    )
+    tg += group_targets
     audit_rows, audit_targets = (
         audit_bench.run(args.audit_records, audit_bench.default_work())
         if args.audit_records > 0
@@ -139,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     if data_rows:
         print("\n## data plane: produce/consume, 1 KB messages, RF 3 (bench/produce_bench.py)\n")
         print(produce_bench.table(data_rows))
+    if group_rows:
+        print("\n## group coordinator: offset commits and rebalances (bench/group_bench.py)\n")
+        print(group_bench.table(group_rows))
     if audit_rows:
         print("\n" + audit_bench.markdown(audit_rows, audit_targets))
     print("\n## targets\n")
@@ -153,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         json.dumps(
             {
                 "system": "pykraft",
-                "results": ours + broker_rows + data_rows + audit_rows,
+                "results": ours + broker_rows + data_rows + group_rows + audit_rows,
                 "interleaved": mixed,
                 "targets": tg,
                 "notes": notes,
