@@ -182,3 +182,21 @@ def test_state_survives_replay() -> None:
     assert pending.commit and pending.partitions == {("a", 0)}
     loaded.replay((TxnKey("t1"), None))
     assert not loaded.txns
+
+
+def test_txn_offsets_wait_for_their_marker() -> None:
+    from broker.coordinator.group.state_machine import CommitPartition, GroupShard
+
+    groups = GroupShard()
+    parts = [CommitPartition("in", 0, 42, -1, None), CommitPartition("in", 1, 7, -1, "m")]
+    assert groups.txn_commit("g", 100, parts, 5) == [E.none, E.none]
+    assert groups.fetch_offsets("g", [("in", [0, 1])]) == [("in", [(0, None), (1, None)])]
+    assert groups.unstable_offsets("g") == {("in", 0), ("in", 1)}
+    assert groups.unstable_offsets("other") == set()
+    assert not groups.complete_txn(100, False, 6).records  # aborted: dropped
+    assert groups.unstable_offsets("g") == set()
+    groups.txn_commit("g", 100, parts, 7)
+    out = groups.complete_txn(100, True, 8)
+    assert len(out.records) == 2
+    [(_, found)] = groups.fetch_offsets("g", [("in", [0, 1])])
+    assert [(p, v.offset if v else None) for p, v in found] == [(0, 42), (1, 7)]

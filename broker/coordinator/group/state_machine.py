@@ -688,6 +688,12 @@ class GroupShard:
             errors.append(E.none)
         return errors
 
+    def unstable_offsets(self, group_id: str) -> set[tuple[str, int]]:
+        """(topic, partition) of ``group_id`` with a transactional commit awaiting its marker."""
+        return {
+            (t, p) for pending in self.pending_txn.values() for g, t, p in pending if g == group_id
+        }
+
     def complete_txn(self, producer_id: int, commit: bool, now: int) -> Result:
         """The transaction of ``producer_id`` ended: its offsets are committed, or dropped."""
         out = Result()
