@@ -20,6 +20,8 @@ import trio
 
 from broker.coordinator.group.service import GroupCoordinator
 from broker.coordinator.producer_id_manager import ProducerIdManager
+from broker.coordinator.txn.api import TxnApis
+from broker.coordinator.txn.service import TxnCoordinator
 from broker.lifecycle import BrokerLifecycle, BrokerState, FatalBrokerError
 from broker.metadata.metadata_cache import MetadataCache
 from broker.metadata.metadata_loader import MetadataLoader
@@ -32,6 +34,7 @@ from broker.protocol.kafka_security import (
     listener_security,
     protocol_of,
 )
+from broker.protocol.write_txn_markers import MarkerWriter
 from broker.replica.isr_updater import IsrUpdater
 from broker.replica.replica_fetcher import ReplicaFetcherManager
 from broker.replica.replica_manager import ReplicaManager
@@ -90,6 +93,7 @@ class BrokerNode:
         }
         self.admin = self.admins[name]
         self.groups = GroupCoordinator(config, self.replica_manager, self.caches, admin_client)
+        inter = config["inter.broker.listener.name"] or name
         protocol_map = config["listener.security.protocol.map"]
         self.protocols = {n: protocol_of(n, protocol_map) for n, _, _ in config.listeners}
         self.security = {
@@ -105,6 +109,14 @@ class BrokerNode:
                 self.protocols[inter], config.values, config.rpc_client_credentials
             ),
         )
+        self.txn = TxnCoordinator(
+            config,
+            config.node_id,
+            self.replica_manager,
+            self.caches.get(inter, self.cache),
+            MarkerWriter(self.replica_manager, self.groups.end_txn_offsets),
+            security=self.fetchers.security,
+        )
         self.replication_only = {
             n.strip() for n in config["replication.only.listeners"].split(",") if n.strip()
         }
@@ -113,7 +125,14 @@ class BrokerNode:
         )
         self.loader = MetadataLoader(
             self.fetch_client,
-            [*self.caches.values(), self.replica_manager, self.groups.runtime, self.fetchers, self],
+            [
+                *self.caches.values(),
+                self.replica_manager,
+                self.groups.runtime,
+                self.txn.runtime,
+                self.fetchers,
+                self,
+            ],
             self.metadata_dir,
         )
         self.listeners = [
@@ -215,11 +234,21 @@ class BrokerNode:
                         producer_ids=self.producer_ids,
                     )
                     listener.serve_groups(self.groups.apis[n])
+                    listener.serve_txn(
+                        TxnApis(
+                            self.caches[n],
+                            self.txn,
+                            self.groups.runtime,
+                            self.producer_ids,
+                        )
+                    )
                     bound = await nursery.start(listener.serve)
                     if n == self.listener_name:
                         self.kafka_port = bound
                 nursery.start_soon(self.fetchers.run)
                 nursery.start_soon(self.groups.runtime.run)
+                nursery.start_soon(self.txn.runtime.run)
+                nursery.start_soon(self.txn.run_markers)
                 nursery.start_soon(self.isr_updater.run)
                 nursery.start_soon(self.replica_manager.run_checkpoints)
                 await nursery.start(

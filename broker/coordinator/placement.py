@@ -5,7 +5,8 @@ Java's String.hashCode (over UTF-16 code units, wrapped to signed 32 bits) and K
 from __future__ import annotations
 
 OFFSETS_TOPIC = "__consumer_offsets"
-INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC, "__transaction_state"})
+TXN_TOPIC = "__transaction_state"
+INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC, TXN_TOPIC})
 
 
 def java_string_hash(text: str) -> int:
@@ -23,5 +24,6 @@ def kafka_abs(n: int) -> int:
 
 
 def partition_for(key: str, partitions: int) -> int:
-    """The ``__consumer_offsets`` partition of group ``key``."""
+    """The ``__consumer_offsets`` partition of group ``key`` (or ``__transaction_state``
+    partition of transactional id ``key``)."""
     return kafka_abs(java_string_hash(key)) % partitions

@@ -213,6 +213,7 @@ class FetchPartitionResult:
     last_stable_offset: int = -1
     log_start_offset: int = -1
     records: bytes | None = None
+    aborted: list[tuple[int, int]] | None = None  # read_committed: (producer id, first offset)
 
 
 def write_fetch_response(
@@ -235,7 +236,15 @@ def write_fetch_response(
             w.int64(p.last_stable_offset)
             if version >= 5:
                 w.int64(p.log_start_offset)
-            w.array(None)  # aborted transactions: none (no transactions)
+            if version >= 4:
+                if p.aborted is None:
+                    w.array(None)
+                else:
+                    w.array(len(p.aborted))
+                    for producer_id, first_offset in p.aborted:
+                        w.int64(producer_id)
+                        w.int64(first_offset)
+                        w.tags()
             if version >= 11:
                 w.int32(-1)  # preferred read replica
             w.nbytes(p.records if p.records is not None else b"")

@@ -45,6 +45,7 @@ from broker.replica.partition import Partition
 from broker.replica.replica_manager import ReplicaManager
 
 EARLIEST, LATEST, MAX_TIMESTAMP = -2, -1, -3
+READ_COMMITTED = 1  # isolation.level: 0 read_uncommitted, 1 read_committed
 
 
 class FetchHandler:
@@ -108,7 +109,13 @@ class FetchHandler:
             out: list[FetchPartitionResult] = []
             for fp in fparts:
                 res, part = self._read_partition(
-                    name, fp, follower, req.replica_id, now_ms, budget - size if size else budget
+                    name,
+                    fp,
+                    follower,
+                    req.replica_id,
+                    now_ms,
+                    budget - size if size else budget,
+                    req.isolation_level,
                 )
                 out.append(res)
                 if res.error_code:
@@ -128,6 +135,7 @@ class FetchHandler:
         replica_id: int,
         now_ms: float,
         budget: int,
+        isolation: int = 0,
     ) -> tuple[FetchPartitionResult, Partition | None]:
         part, err = self._leader(topic, fp.partition, fp.current_leader_epoch)
         if part is None:
@@ -145,14 +153,22 @@ class FetchHandler:
             self.replicas.propose_isr(
                 part, part.isr + (replica_id,), f"isr-expand: replica {replica_id} caught up"
             )
-        limit = plog.log_end_offset if follower else plog.high_watermark
+        lso = plog.last_stable_offset
+        read_committed = not follower and isolation == READ_COMMITTED
+        limit = plog.log_end_offset if follower else lso if read_committed else plog.high_watermark
         records = b""
         if fp.fetch_offset < limit and budget > 0:
             records = plog.read(
                 fp.fetch_offset, min(max(1, fp.max_bytes), budget), max_offset=limit
             )
+        aborted = None
+        if read_committed and records:
+            found = plog.aborted_transactions(fp.fetch_offset, limit)
+            aborted = [(a.producer_id, a.first_offset) for a in found] or None
         hw = plog.high_watermark
-        return FetchPartitionResult(fp.partition, 0, hw, hw, plog.log_start_offset, records), part
+        return FetchPartitionResult(
+            fp.partition, 0, hw, lso, plog.log_start_offset, records, aborted
+        ), part
 
     @staticmethod
     def _respond(
@@ -176,6 +192,8 @@ class FetchHandler:
                     continue
                 plog = part.log
                 limit = plog.log_end_offset if req.replica_id >= 0 else plog.high_watermark
+                if req.replica_id < 0 and req.isolation_level == READ_COMMITTED:
+                    limit = plog.last_stable_offset
                 if ts == EARLIEST:
                     found = (-1, plog.log_start_offset)
                 elif ts == LATEST:

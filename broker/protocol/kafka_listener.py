@@ -222,6 +222,13 @@ class KafkaListener:
             self._ranges[key] = span
             self._handlers[key] = handler
 
+    def serve_txn(self, txn: GroupHandler) -> None:
+        """Also serve the transaction APIs from ``txn`` (InitProducerId included: call after
+        :meth:`serve_data`)."""
+        for key, span in txn.api_ranges().items():
+            self._ranges[key] = span
+            self._handlers[key] = _deferring(txn.handle)
+
     def serve_groups(self, groups: GroupHandler) -> None:
         """Also serve the group coordinator APIs (FindCoordinator included) from ``groups``."""
         for key, span in groups.api_ranges().items():

@@ -73,6 +73,31 @@ class Partition:
             self.wake()
         return result
 
+    def append_marker(
+        self,
+        producer_id: int,
+        producer_epoch: int,
+        commit: bool,
+        coordinator_epoch: int,
+        timestamp_ms: int,
+    ) -> int:
+        """Append a transaction marker in the current leader epoch; its offset (see
+        :meth:`PartitionLog.append_marker`)."""
+        try:
+            offset = self.log.append_marker(
+                producer_id,
+                producer_epoch,
+                commit,
+                coordinator_epoch,
+                self.leader_epoch,
+                timestamp_ms,
+            )
+        except OSError as e:
+            storage_failed("partition log write", self.log.dir, e)
+        self.maybe_advance_high_watermark()
+        self.wake()
+        return offset
+
     def maybe_advance_high_watermark(self) -> bool:
         hw = high_watermark(
             self.leader, self.log.log_end_offset, self.isr, self.followers, self.log.high_watermark
@@ -142,5 +167,8 @@ class Partition:
             "log_start_offset": self.log.log_start_offset,
             "log_end_offset": self.log.log_end_offset,
             "producers": len(self.log.producers),
+            "last_stable_offset": self.log.last_stable_offset,
+            "open_transactions": len(self.log.txns.ongoing),
+            "aborted_transactions": len(self.log.txns.aborted),
             "dir": str(self.log.dir),
         }

@@ -29,14 +29,22 @@ from typing import Any
 
 import crc32c
 
+from broker.replica.control_batch import (
+    ATTR_CONTROL,
+    ATTR_TRANSACTIONAL,
+    encode_marker,
+    marker_type,
+)
 from broker.replica.producer_state import (
     MAX_BATCHES,
+    ProducerStateError,
     ProducerStateManager,
     SnapshotError,
     decode_snapshot,
     encode_snapshot,
     last_sequence,
 )
+from broker.replica.txn_index import AbortedTxn, TxnIndex
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +89,8 @@ class BatchInfo:
     producer_id: int = -1
     producer_epoch: int = -1
     base_sequence: int = -1
+    transactional: bool = False
+    control_type: int = -1  # a control batch's marker type (0 abort, 1 commit); -1 data
 
     def moved(self, base_offset: int, position: int, leader_epoch: int) -> BatchInfo:
         """This batch at another base offset, byte position and leader epoch."""
@@ -94,6 +104,8 @@ class BatchInfo:
             self.producer_id,
             self.producer_epoch,
             self.base_sequence,
+            self.transactional,
+            self.control_type,
         )
 
     @property
@@ -123,7 +135,9 @@ def parse_batches(data: bytes | memoryview, check_crc: bool = True) -> tuple[lis
         if last_delta < 0:
             break
         (epoch,) = struct.unpack_from(">i", view, pos + 12)
+        (attrs,) = struct.unpack_from(">h", view, pos + 21)
         max_ts, producer_id, producer_epoch, base_seq = struct.unpack_from(">qqhi", view, pos + 35)
+        control = marker_type(view, pos, pos + size) if attrs & ATTR_CONTROL else -1
         out.append(
             BatchInfo(
                 base,
@@ -135,6 +149,8 @@ def parse_batches(data: bytes | memoryview, check_crc: bool = True) -> tuple[lis
                 producer_id,
                 producer_epoch,
                 base_seq,
+                bool(attrs & ATTR_TRANSACTIONAL),
+                control if attrs & ATTR_CONTROL else -1,
             )
         )
         pos += size
@@ -318,6 +334,7 @@ class PartitionLog:
         self.high_watermark = 0
         self._checkpointed_hw = -1
         self.producers = ProducerStateManager()
+        self.txns = TxnIndex()  # open transactions, LSO, aborted index (rebuilt on open)
         self._deleted_below = 0  # DeleteRecords' log start offset (may fall inside a segment)
         self.producer_rebuild = (0, 0.0)  # (batches replayed, seconds) of the last rebuild
 
@@ -350,6 +367,7 @@ class PartitionLog:
             plog._segments.append(_Segment(d / f"{0:020d}.log", 0))
         plog._load_checkpoints(files)
         plog.rebuild_producer_state(files)
+        plog.rebuild_txn_index()
         return plog
 
     def _load_checkpoints(self, files: set[str]) -> None:
@@ -420,6 +438,7 @@ class PartitionLog:
         self._deleted_below = offset
         _write_atomic(self.dir / LOG_START_FILE, f"0\n1\n{offset}\n")
         self.producers.remove_before(offset)
+        self.txns.remove_before(offset)
         while len(self._segments) > 1 and self._segments[1].base_offset <= offset:
             seg = self._segments.pop(0)
             seg.close()
@@ -543,8 +562,14 @@ class PartitionLog:
         for b in infos:
             if b.producer_id >= 0:
                 self._track(b)
+                self.txns.on_batch(
+                    b.producer_id, b.base_offset, b.last_offset, b.transactional, b.control_type
+                )
 
     def _track(self, b: BatchInfo) -> None:
+        if b.control_type >= 0 or b.base_sequence < 0:
+            self.producers.update_epoch(b.producer_id, b.producer_epoch)
+            return
         self.producers.update(
             b.producer_id,
             b.producer_epoch,
@@ -618,7 +643,52 @@ class PartitionLog:
         if self.high_watermark > end:
             self.set_high_watermark(end)
         self.rebuild_producer_state()
+        self.rebuild_txn_index()
         log.info("partition log %s: truncated to offset %d (log end %d)", self.dir, offset, end)
+
+    # ---- transactions ---------------------------------------------------------------------
+    def rebuild_txn_index(self) -> None:
+        """Open transactions and aborted ones from every batch of the log (the in-memory batch
+        index only: no reads)."""
+        self.txns = index = TxnIndex()
+        for seg in self._segments:
+            for b in seg.batches:
+                if b.transactional:
+                    index.on_batch(
+                        b.producer_id, b.base_offset, b.last_offset, True, b.control_type
+                    )
+        index.remove_before(self.log_start_offset)
+
+    @property
+    def last_stable_offset(self) -> int:
+        """The LSO: the high watermark, or the first offset of an unfinished transaction."""
+        return self.txns.last_stable_offset(self.high_watermark)
+
+    def aborted_transactions(self, start: int, end: int) -> list[AbortedTxn]:
+        """Aborted transactions overlapping offsets [start, end)."""
+        return self.txns.aborted_in(start, end)
+
+    def append_marker(
+        self,
+        producer_id: int,
+        producer_epoch: int,
+        commit: bool,
+        coordinator_epoch: int,
+        leader_epoch: int,
+        timestamp_ms: int,
+    ) -> int:
+        """A leader's append of a transaction marker; its offset. A marker older than the
+        producer's current epoch is refused (INVALID_PRODUCER_EPOCH), as in Kafka."""
+        entry = self.producers.producers.get(producer_id)
+        if entry is not None and producer_epoch < entry.epoch:
+            raise ProducerStateError(
+                "invalid_producer_epoch",
+                f"marker epoch {producer_epoch} of producer {producer_id} is older than "
+                f"{entry.epoch}",
+            )
+        data = encode_marker(producer_id, producer_epoch, commit, coordinator_epoch, timestamp_ms)
+        first, _ = self._append_client(data, _parse_client(data), leader_epoch)
+        return first
 
     # ---- producer state -------------------------------------------------------------------
     def _snapshot_offsets(self, files: set[str] | None = None) -> list[int]:
@@ -672,6 +742,7 @@ class PartitionLog:
         picked: list[BatchInfo] = []
         kept: dict[int, tuple[int, int]] = {}  # producer id -> (newest epoch, batches kept)
         replayed = 0
+        marker_epochs: dict[int, int] = {}  # producer id -> newest epoch of its markers
         for seg in reversed(self._segments):
             if seg.next_offset <= start:
                 break
@@ -679,6 +750,9 @@ class PartitionLog:
             for i in range(len(seg.batches) - 1, first - 1, -1):
                 b = seg.batches[i]
                 if b.producer_id < 0:
+                    continue
+                if b.control_type >= 0:
+                    marker_epochs.setdefault(b.producer_id, b.producer_epoch)
                     continue
                 replayed += 1
                 epoch, count = kept.get(b.producer_id, (b.producer_epoch, 0))
@@ -688,6 +762,8 @@ class PartitionLog:
         for b in reversed(picked):
             self._track(b)
         self.producers.remove_before(self.log_start_offset)
+        for pid, epoch in marker_epochs.items():  # a marker's newer epoch fences older batches
+            self.producers.update_epoch(pid, epoch)
         self.producer_rebuild = (replayed, time.perf_counter() - started)
         if replayed or state:
             log.info(

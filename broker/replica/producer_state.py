@@ -140,10 +140,21 @@ class ProducerStateManager:
         entry.batches.append(BatchMeta(first_seq, last_seq, first_offset, last_offset))
         entry.last_timestamp = max(entry.last_timestamp, timestamp)
 
+    def update_epoch(self, producer_id: int, epoch: int) -> None:
+        """A transaction marker of ``epoch`` was appended: a newer epoch replaces the entry
+        (the next batch of that epoch starts a fresh sequence)."""
+        entry = self.producers.get(producer_id)
+        if entry is None or epoch > entry.epoch:
+            self.producers[producer_id] = ProducerEntry(producer_id, epoch)
+
     def remove_before(self, log_start_offset: int) -> None:
         """Forget producers whose last batch lies wholly below the log start (DeleteRecords or
         retention removed it), as Kafka does when the log start moves."""
-        for pid in [p for p, e in self.producers.items() if e.last_offset < log_start_offset]:
+        for pid in [
+            p
+            for p, e in self.producers.items()
+            if e.batches and e.last_offset < log_start_offset  # no batches: a marker epoch
+        ]:
             del self.producers[pid]
 
 

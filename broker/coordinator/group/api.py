@@ -266,16 +266,31 @@ class GroupApis:
             ],
         }
 
-    def _fetch_group(self, group_id: str, topics: Any) -> tuple[E, list[dict[str, Any]]]:
+    def _fetch_group(
+        self, group_id: str, topics: Any, require_stable: bool = False
+    ) -> tuple[E, list[dict[str, Any]]]:
         wanted = None if topics is None else [(t.name, list(t.partition_indexes)) for t in topics]
         try:
-            found = self._shard(group_id).fetch_offsets(group_id, wanted)
+            shard = self._shard(group_id)
+            found = shard.fetch_offsets(group_id, wanted)
         except CoordinatorError as e:
             return e.code, []
+        unstable = shard.unstable_offsets(group_id) if require_stable else set()
         out = []
         for name, parts in found:
             rows = []
             for pid, v in parts:
+                if (name, pid) in unstable:  # KIP-447: a transaction's offsets are pending
+                    rows.append(
+                        {
+                            "partition_index": pid,
+                            "committed_offset": -1,
+                            "committed_leader_epoch": -1,
+                            "metadata": "",
+                            "error_code": E.unstable_offset_commit,
+                        }
+                    )
+                    continue
                 rows.append(
                     {
                         "partition_index": pid,
@@ -292,10 +307,14 @@ class GroupApis:
         if header.api_version >= 8:
             groups = []
             for g in req.groups:
-                code, topics = self._fetch_group(g.group_id, g.topics)
+                code, topics = self._fetch_group(
+                    g.group_id, g.topics, bool(getattr(req, "require_stable", False))
+                )
                 groups.append({"group_id": g.group_id, "topics": topics, "error_code": code})
             return {"throttle_time": _ZERO, "groups": groups}
-        code, topics = self._fetch_group(req.group_id, req.topics)
+        code, topics = self._fetch_group(
+            req.group_id, req.topics, bool(getattr(req, "require_stable", False))
+        )
         if code != E.none and req.topics is not None:  # v1 has no top-level error: per partition
             topics = [
                 {

@@ -6,12 +6,15 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from kio.schema.errors import ErrorCode
+
 from broker.coordinator.find_coordinator import FindCoordinator
 from broker.coordinator.group.api import GroupApis
 from broker.coordinator.group.records import decode_record, encode_key, encode_value
 from broker.coordinator.group.state_machine import GroupConfig, GroupShard
 from broker.coordinator.placement import OFFSETS_TOPIC
-from broker.coordinator.runtime import CoordinatorRuntime
+from broker.coordinator.runtime import CoordinatorError, CoordinatorRuntime
+from broker.coordinator.txn.service import txn_setting
 from broker.metadata.metadata_cache import MetadataCache
 from broker.replica.replica_manager import ReplicaManager
 
@@ -61,10 +64,26 @@ class GroupCoordinator:
                     call,
                     config["offsets.topic.num.partitions"],
                     config["offsets.topic.replication.factor"],
+                    txn_setting(config, "transaction.state.log.num.partitions"),
+                    txn_setting(config, "transaction.state.log.replication.factor"),
                 ),
             )
             for name, cache in caches.items()
         }
+
+    async def end_txn_offsets(self, partition: int, producer_id: int, commit: bool) -> ErrorCode:
+        """A transaction marker reached ``__consumer_offsets-<partition>``: commit (or drop)
+        the offsets its producer sent with TxnOffsetCommit."""
+        try:
+            await self.runtime.write(
+                partition,
+                lambda s, t, now: s.complete_txn(producer_id, commit, now).answer(t, {}),
+            )
+        except CoordinatorError as e:
+            if e.code == ErrorCode.not_coordinator:
+                return ErrorCode.none  # a new coordinator has no pending offsets of it
+            return e.code
+        return ErrorCode.none
 
     def metrics(self) -> dict[str, Any]:
         """Groups by state (classic), and coordinator partitions by state, for the metrics."""

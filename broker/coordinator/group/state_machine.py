@@ -183,6 +183,8 @@ class GroupShard:
         self.config = config or GroupConfig()
         self.groups: dict[str, Group] = {}
         self._new_id = new_id or (lambda: str(uuid.uuid4()))
+        # TxnOffsetCommit: producer id -> (group, topic, partition) -> offset, until its marker
+        self.pending_txn: dict[int, dict[tuple[str, str, int], OffsetValue]] = {}
 
     # ---- replay (the only mutation of persisted state) ---------------------------------------
     def replay(self, record: Record) -> None:
@@ -667,6 +669,39 @@ class GroupShard:
                 ),
             )
         return out, None, errors
+
+    def txn_commit(
+        self, group_id: str, producer_id: int, partitions: list[CommitPartition], now: int
+    ) -> list[E]:
+        """TxnOffsetCommit: hold the offsets until the transaction's marker (in memory only: a
+        coordinator failover in between loses them, and the commit then commits no offsets)."""
+        errors = []
+        pending = self.pending_txn.setdefault(producer_id, {})
+        for p in partitions:
+            meta = p.metadata or ""
+            if len(meta.encode()) > self.config.offset_metadata_max_bytes:
+                errors.append(E.offset_metadata_too_large)
+                continue
+            pending[(group_id, p.topic, p.partition)] = OffsetValue(
+                p.offset, p.leader_epoch, meta, now
+            )
+            errors.append(E.none)
+        return errors
+
+    def unstable_offsets(self, group_id: str) -> set[tuple[str, int]]:
+        """(topic, partition) of ``group_id`` with a transactional commit awaiting its marker."""
+        return {
+            (t, p) for pending in self.pending_txn.values() for g, t, p in pending if g == group_id
+        }
+
+    def complete_txn(self, producer_id: int, commit: bool, now: int) -> Result:
+        """The transaction of ``producer_id`` ended: its offsets are committed, or dropped."""
+        out = Result()
+        offsets = self.pending_txn.pop(producer_id, {})
+        if commit:
+            for (group, topic, partition), value in sorted(offsets.items()):
+                self._emit(out, (OffsetKey(group, topic, partition), value))
+        return out
 
     def fetch_offsets(
         self, group_id: str, topics: list[tuple[str, list[int]]] | None

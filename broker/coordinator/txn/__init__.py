@@ -1,0 +1,1 @@
+"""The transaction coordinator on ``__transaction_state``."""

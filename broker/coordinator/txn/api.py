@@ -1,0 +1,269 @@
+"""The transaction APIs on the broker listener: InitProducerId (22), AddPartitionsToTxn (24),
+AddOffsetsToTxn (25), EndTxn (26) on the transaction coordinator, TxnOffsetCommit (28) on the
+group coordinator, and WriteTxnMarkers (27) on partition leaders.
+
+A transactional id is routed to its ``__transaction_state`` partition; a broker that does not
+lead it answers ``NOT_COORDINATOR``, one still loading it ``COORDINATOR_LOAD_IN_PROGRESS``, no
+such topic yet ``COORDINATOR_NOT_AVAILABLE`` (FindCoordinator creates it). InitProducerId
+without a transactional id is the idempotent path (a fresh producer id, epoch 0). A producer id
+is asked of the controller only when the transactional id needs one (first use, or its epoch is
+exhausted). AddPartitionsToTxn refuses partitions the metadata does not know
+(``UNKNOWN_TOPIC_OR_PARTITION``, the others ``OPERATION_NOT_ATTEMPTED``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import Any
+
+from kio.schema.errors import ErrorCode as E
+
+from broker.coordinator.group.state_machine import CommitPartition
+from broker.coordinator.placement import OFFSETS_TOPIC, TXN_TOPIC, partition_for
+from broker.coordinator.producer_id_manager import ProducerIdManager
+from broker.coordinator.runtime import CoordinatorError, CoordinatorRuntime
+from broker.coordinator.txn.service import TxnCoordinator
+from broker.metadata.metadata_cache import MetadataCache
+from broker.protocol.admin_decode import decode_request
+from broker.protocol.kafka_admin import build_entity
+from broker.protocol.kafka_codec import (
+    DecodeError,
+    Reader,
+    RequestHeader,
+    encode_body,
+    frame_response,
+    response_class,
+)
+from broker.protocol.write_txn_markers import (
+    API_WRITE_TXN_MARKERS,
+    WRITE_TXN_MARKERS_VERSIONS,
+    WriteTxnMarkersHandler,
+)
+from kraft.errors import KraftError
+
+log = logging.getLogger(__name__)
+
+API_INIT_PRODUCER_ID, API_ADD_PARTITIONS_TO_TXN, API_ADD_OFFSETS_TO_TXN = 22, 24, 25
+API_END_TXN, API_TXN_OFFSET_COMMIT = 26, 28
+RANGES: dict[int, tuple[int, int]] = {
+    API_INIT_PRODUCER_ID: (0, 5),
+    API_ADD_PARTITIONS_TO_TXN: (0, 3),
+    API_ADD_OFFSETS_TO_TXN: (0, 3),
+    API_END_TXN: (0, 3),
+    API_WRITE_TXN_MARKERS: WRITE_TXN_MARKERS_VERSIONS,
+    API_TXN_OFFSET_COMMIT: (0, 3),
+}
+_ZERO = timedelta(0)
+END_TXN_WAIT_S = 5.0  # EndTxn waits this long at most for the markers (see wait_completed)
+
+
+def _ms(value: Any) -> int:
+    return int(value.total_seconds() * 1000) if isinstance(value, timedelta) else int(value)
+
+
+class TxnApis:
+    """Listener handler for the transaction APIs (one per listener: its own metadata cache)."""
+
+    def __init__(
+        self,
+        cache: MetadataCache,
+        txn: TxnCoordinator,
+        groups: CoordinatorRuntime,
+        ids: ProducerIdManager,
+    ) -> None:
+        self.cache = cache
+        self.txn = txn
+        self.runtime = txn.runtime
+        self.groups = groups
+        self.ids = ids
+        self.markers = WriteTxnMarkersHandler(txn.markers)
+        self._apis: dict[int, Callable[[RequestHeader, Any], Awaitable[dict[str, Any]]]] = {
+            API_INIT_PRODUCER_ID: self._init_producer_id,
+            API_ADD_PARTITIONS_TO_TXN: self._add_partitions,
+            API_ADD_OFFSETS_TO_TXN: self._add_offsets,
+            API_END_TXN: self._end_txn,
+            API_TXN_OFFSET_COMMIT: self._txn_offset_commit,
+        }
+
+    def api_ranges(self) -> dict[int, tuple[int, int]]:
+        return dict(RANGES)
+
+    async def handle(self, header: RequestHeader, reader: Reader) -> bytes:
+        if header.api_key == API_WRITE_TXN_MARKERS:
+            return await self.markers.write_txn_markers(header, reader)
+        req = decode_request(header, reader)
+        try:
+            values = await self._apis[header.api_key](header, req)
+        except Exception as e:  # a bug here closes one connection, never the broker
+            log.exception("transaction API %d v%d failed", header.api_key, header.api_version)
+            raise DecodeError(f"internal error: {e}") from None
+        cls = response_class(header.api_key, header.api_version)
+        return frame_response(cls, header.correlation_id, encode_body(build_entity(cls, values)))
+
+    # ---- routing -----------------------------------------------------------------------------
+    def _partition_of(self, topic: str, key: str) -> int:
+        image = self.cache.image
+        tid = image.topics_by_name.get(topic) if image is not None else None
+        if tid is None:
+            raise CoordinatorError(E.coordinator_not_available)
+        return partition_for(key, len(image.topics_by_id[tid].partitions))
+
+    def _known(self, topic: str, partition: int) -> bool:
+        image = self.cache.image
+        tid = image.topics_by_name.get(topic) if image is not None else None
+        return tid is not None and partition in image.topics_by_id[tid].partitions
+
+    async def _txn_write(self, tid: str, fn: Callable[[Any, Any, int], Any]) -> Any:
+        response = await self.runtime.write(self._partition_of(TXN_TOPIC, tid), fn)
+        self.txn.poke()
+        return response
+
+    # ---- APIs --------------------------------------------------------------------------------
+    async def _init_producer_id(self, header: RequestHeader, req: Any) -> dict[str, Any]:
+        out: dict[str, Any] = {"throttle_time": _ZERO, "producer_id": -1, "producer_epoch": -1}
+        tid = req.transactional_id
+        try:
+            if tid is None:
+                return dict(
+                    out, error_code=E.none, producer_id=await self.ids.next_id(), producer_epoch=0
+                )
+            part = self._partition_of(TXN_TOPIC, tid)
+            new_pid = None
+            if self.runtime.shard(part).needs_new_producer_id(tid):
+                new_pid = await self.ids.next_id()
+            timeout = _ms(req.transaction_timeout)
+            req_pid = int(getattr(req, "producer_id", -1))
+            req_epoch = int(getattr(req, "producer_epoch", -1))
+            resp = await self._txn_write(
+                tid,
+                lambda s, t, now: s.init_producer_id(
+                    tid, timeout, req_pid, req_epoch, new_pid, t, now
+                ),
+            )
+        except CoordinatorError as e:
+            return dict(out, error_code=e.code)
+        except KraftError as e:
+            log.warning("InitProducerId for %r: no producer id: %s", tid, e)
+            return dict(out, error_code=E.coordinator_not_available)
+        code = resp["error_code"]
+        if code == E.producer_fenced and header.api_version < 4:
+            code = E.invalid_producer_epoch  # PRODUCER_FENCED is new in v4 (KIP-588)
+        return dict(out, **dict(resp, error_code=code))
+
+    async def _add_partitions(self, header: RequestHeader, req: Any) -> dict[str, Any]:
+        tid = req.v3_and_below_transactional_id
+        pid, epoch = int(req.v3_and_below_producer_id), int(req.v3_and_below_producer_epoch)
+        asked = [(t.name, int(p)) for t in req.v3_and_below_topics for p in t.partitions]
+        unknown = {tp for tp in asked if not self._known(*tp)}
+        codes: dict[tuple[str, int], E] = {}
+        if unknown:
+            codes = {
+                tp: E.unknown_topic_or_partition if tp in unknown else E.operation_not_attempted
+                for tp in asked
+            }
+        else:
+            code = E.none
+
+            def fn(s: Any, t: Any, now: int) -> Any:
+                nonlocal code
+                result, code = s.add_partitions(tid, pid, epoch, asked, t, now)
+                return result
+
+            try:
+                await self._txn_write(tid, fn)
+            except CoordinatorError as e:
+                code = e.code
+            if code == E.producer_fenced and header.api_version < 2:
+                code = E.invalid_producer_epoch
+            codes = dict.fromkeys(asked, code)
+        by_topic: dict[str, list[dict[str, Any]]] = {}
+        for (topic, p), code in codes.items():
+            by_topic.setdefault(topic, []).append(
+                {"partition_index": p, "partition_error_code": code}
+            )
+        return {
+            "throttle_time": _ZERO,
+            "results_by_topic_v3_and_below": [
+                {"name": name, "results_by_partition": rows} for name, rows in by_topic.items()
+            ],
+        }
+
+    async def _add_offsets(self, header: RequestHeader, req: Any) -> dict[str, Any]:
+        tid, pid, epoch = req.transactional_id, int(req.producer_id), int(req.producer_epoch)
+        code = E.none
+        try:
+            offsets_part = self._partition_of(OFFSETS_TOPIC, req.group_id)
+
+            def fn(s: Any, t: Any, now: int) -> Any:
+                nonlocal code
+                result, code = s.add_partitions(
+                    tid, pid, epoch, [(OFFSETS_TOPIC, offsets_part)], t, now
+                )
+                return result
+
+            await self._txn_write(tid, fn)
+        except CoordinatorError as e:
+            code = e.code
+        if code == E.producer_fenced and header.api_version < 2:
+            code = E.invalid_producer_epoch
+        return {"throttle_time": _ZERO, "error_code": code}
+
+    async def _end_txn(self, header: RequestHeader, req: Any) -> dict[str, Any]:
+        tid, pid, epoch = req.transactional_id, int(req.producer_id), int(req.producer_epoch)
+        commit = bool(req.committed)
+        code = E.none
+
+        def fn(s: Any, t: Any, now: int) -> Any:
+            nonlocal code
+            result, code = s.end_txn(tid, pid, epoch, commit, t, now)
+            return result
+
+        try:
+            await self._txn_write(tid, fn)
+            if code == E.none:
+                part = self._partition_of(TXN_TOPIC, tid)
+                await self.txn.wait_completed(part, tid, END_TXN_WAIT_S)
+        except CoordinatorError as e:
+            code = e.code
+        if code == E.producer_fenced and header.api_version < 2:
+            code = E.invalid_producer_epoch
+        return {"throttle_time": _ZERO, "error_code": code}
+
+    async def _txn_offset_commit(self, header: RequestHeader, req: Any) -> dict[str, Any]:
+        parts = [
+            CommitPartition(
+                t.name,
+                int(p.partition_index),
+                int(p.committed_offset),
+                int(getattr(p, "committed_leader_epoch", -1)),
+                p.committed_metadata,
+            )
+            for t in req.topics
+            for p in t.partitions
+        ]
+        try:
+            shard = self.groups.shard(self._partition_of(OFFSETS_TOPIC, req.group_id))
+            errors = shard.txn_commit(
+                req.group_id, int(req.producer_id), parts, self.groups.now_ms()
+            )
+        except CoordinatorError as e:
+            errors = [e.code] * len(parts)
+        codes = {(p.topic, p.partition): code for p, code in zip(parts, errors)}
+        return {
+            "throttle_time": _ZERO,
+            "topics": [
+                {
+                    "name": t.name,
+                    "partitions": [
+                        {
+                            "partition_index": p.partition_index,
+                            "error_code": codes[(t.name, int(p.partition_index))],
+                        }
+                        for p in t.partitions
+                    ],
+                }
+                for t in req.topics
+            ],
+        }
