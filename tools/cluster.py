@@ -293,9 +293,10 @@ def broker_properties(layout: ClusterLayout, node: BrokerNode) -> dict[str, str]
             f"{h}:{p}" for h, p in layout.controller_endpoints()
         ),
         # a local development cluster, as Kafka's shipped server.properties: no initial
-        # rebalance delay, and a smaller __consumer_offsets (Kafka's defaults: 3000 ms, 50)
+        # rebalance delay, smaller __consumer_offsets and __transaction_state (Kafka: 3000 ms, 50, 50)
         "group.initial.rebalance.delay.ms": "0",
         "offsets.topic.num.partitions": "10",
+        "transaction.state.log.num.partitions": "10",
     }
     if node.admin_port:
         props["broker.admin.port"] = str(node.admin_port)
