@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -32,12 +31,17 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-ENV = dict(os.environ, PYTHONPATH=str(REPO))
+from bench.common import (
+    ENV,
+    REPO,
+    cluster_down,
+    cluster_up,
+    controller_addresses,
+    logger,
+    synthetic_brokers,
+)
 
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] broker bench: {msg}", file=sys.stderr, flush=True)
+log = logger("broker bench")
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -52,18 +56,6 @@ def pct(values: list[float], p: float) -> float | None:
 
 
 # ---- 1. propagation --------------------------------------------------------------------------
-
-
-def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tools.cli", *args],
-        cwd=REPO,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=True,
-    )
 
 
 class _Observer(threading.Thread):
@@ -109,20 +101,8 @@ def propagation(seconds: float, rate: int, batch: int) -> dict[str, Any]:
     cdir = work / "c"
     try:
         log("starting 3 controllers + 3 brokers")
-        _cli(
-            "cluster",
-            "up",
-            "--dir",
-            str(cdir),
-            "--controllers",
-            "3",
-            "--brokers",
-            "3",
-            "--detach",
-            "--no-auth",
-        )
-        meta = json.loads((cdir / "cluster.json").read_text())
-        boot = [(c["host"], c["rpc_port"]) for c in meta["controllers"]]
+        meta = cluster_up(cdir)
+        boot = controller_addresses(meta)
         topics = [f"prop-{i}" for i in range(batch)]
         r = call_sync(
             boot,
@@ -194,23 +174,7 @@ def propagation(seconds: float, rate: int, batch: int) -> dict[str, Any]:
         log(f"propagation: {row}")
         return row
     finally:
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "tools.cli",
-                "cluster",
-                "down",
-                "--dir",
-                str(cdir),
-                "--timeout",
-                "20",
-            ],
-            cwd=REPO,
-            env=ENV,
-            capture_output=True,
-            timeout=90,
-        )
+        cluster_down(cdir)
         shutil.rmtree(work, ignore_errors=True)
 
 
@@ -238,33 +202,13 @@ def build_scale_snapshot(
         PartitionRecord,
         Provenance,
         Record,
-        RegisterBrokerRecord,
         TopicRecord,
         batch_hash,
     )
     from kraft.snapshotter import image_to_snapshot
 
     records: list[Record] = [FeatureLevelRecord("metadata.version", 1)]
-    records += [
-        RegisterBrokerRecord(
-            b,
-            str(uuid.UUID(int=b)),
-            b,
-            (
-                {
-                    "name": "PLAINTEXT",
-                    "host": "127.0.0.1",
-                    "port": 9000 + b,
-                    "security_protocol": "PLAINTEXT",
-                },
-            ),
-            (),
-            None,
-            False,
-            False,
-        )
-        for b in range(1, brokers + 1)
-    ]
+    records += synthetic_brokers(brokers)
     topic_ids = []
     for t in range(topics):
         tid = str(uuid.UUID(int=t + 1))

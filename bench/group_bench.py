@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -28,22 +27,9 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from bench.common import kraft, logger  # noqa: E402  (after the path set-up, run as a script)
 
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def kraft(*args: str, timeout: float = 120) -> str:
-    proc = subprocess.run(
-        [sys.executable, "-m", "tools.cli", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"kraft {' '.join(args)}: {proc.stderr.strip()[-500:]}")
-    return proc.stdout
+log = logger()
 
 
 def pct(values: list[float], p: float) -> float:

@@ -29,7 +29,6 @@ import gc
 import json
 import resource
 import shutil
-import sys
 import tempfile
 import time
 import uuid
@@ -37,9 +36,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.common import logger, synthetic_brokers
 
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] hotpaths bench: {msg}", file=sys.stderr, flush=True)
+log = logger("hotpaths bench")
 
 
 def _cpu(fn: Callable[[], Any]) -> tuple[Any, float]:
@@ -52,29 +51,10 @@ def _cpu(fn: Callable[[], Any]) -> tuple[Any, float]:
 def build_image(topics: int, partitions: int, brokers: int) -> Any:
     """The scale image, built through ``image_from_records`` (not measured)."""
     from kraft.image import image_from_records
-    from kraft.records import FeatureLevelRecord, PartitionRecord, RegisterBrokerRecord, TopicRecord
+    from kraft.records import FeatureLevelRecord, PartitionRecord, TopicRecord
 
     records: list[Any] = [FeatureLevelRecord("metadata.version", 1)]
-    records += [
-        RegisterBrokerRecord(
-            b,
-            str(uuid.UUID(int=b)),
-            b,
-            (
-                {
-                    "name": "PLAINTEXT",
-                    "host": "127.0.0.1",
-                    "port": 9000 + b,
-                    "security_protocol": "PLAINTEXT",
-                },
-            ),
-            (),
-            None,
-            False,
-            False,
-        )
-        for b in range(1, brokers + 1)
-    ]
+    records += synthetic_brokers(brokers)
     for t in range(topics):
         tid = str(uuid.UUID(int=t + 1))
         records.append(TopicRecord(f"topic-{t:05d}", tid))

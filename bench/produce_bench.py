@@ -24,33 +24,19 @@ import argparse
 import json
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
+from bench.common import kraft, logger
+
 MSG_BYTES = 1024
 TARGET_MB_S = 20.0
 
 
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def kraft(*args: str, timeout: float = 120) -> str:
-    proc = subprocess.run(
-        [sys.executable, "-m", "tools.cli", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"kraft {' '.join(args)}: {proc.stderr.strip()[-500:]}")
-    return proc.stdout
+log = logger()
 
 
 def _round2(v: float | None) -> float | None:

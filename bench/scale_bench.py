@@ -40,19 +40,15 @@ import psutil
 import trio
 
 from bench.broker_bench import table
+from bench.common import ENV, REPO, cluster_up, controller_addresses, logger
 from kraft.errors import KraftError
 from kraft.rpc.client import ControllerClient, call_sync
 from tools.sim_broker import SharedReplay, SimBroker, wait_unfenced
 
-REPO = Path(__file__).resolve().parent.parent
 SNAPSHOT_LINE = re.compile(
     r"wrote snapshot \S+ \((\d+) partitions\) in ([\d.]+)s(?: \(([\d.]+)s CPU\))?"
 )
-ENV = dict(os.environ, PYTHONPATH=str(REPO))
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] scale bench: {msg}", file=sys.stderr, flush=True)
+log = logger("scale bench")
 
 
 def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -572,20 +568,8 @@ def real_brokers(topics: int = 100, partitions: int = 100) -> dict[str, Any]:
     cdir = work / "c"
     try:
         log(f"real brokers: 3 controllers + 3 brokers, {topics} x {partitions} partitions RF 3")
-        cli(
-            "cluster",
-            "up",
-            "--dir",
-            str(cdir),
-            "--controllers",
-            "3",
-            "--brokers",
-            "3",
-            "--detach",
-            "--no-auth",
-        )
-        meta = json.loads((cdir / "cluster.json").read_text())
-        boot = [(c["host"], c["rpc_port"]) for c in meta["controllers"]]
+        meta = cluster_up(cdir)
+        boot = controller_addresses(meta)
         t0 = time.perf_counter()
         for lo in range(0, topics, 10):
             r = call_sync(

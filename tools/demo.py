@@ -186,7 +186,7 @@ def consumer_group() -> None:
 
         poll("each app reading 150 records", halfway)
         for c in apps.values():
-            c.commit(asynchronous=False)
+            commit(c)
         kraft("groups", "describe", "orders-app", *CLUSTER)
         print("app-2 leaves (LeaveGroup): the group rebalances and app-1 takes every partition.")
         apps.pop("app-2").close()
@@ -196,11 +196,35 @@ def consumer_group() -> None:
             return len(apps["app-1"].assignment()) == 6
 
         poll("app-1 owning all 6 partitions", taken_over, 60)
-        apps["app-1"].commit(asynchronous=False)
+        app1 = apps["app-1"]
+
+        def caught_up() -> bool:
+            consume(10**6)
+            assigned = app1.assignment()
+            committed = {(tp.topic, tp.partition): tp.offset for tp in app1.committed(assigned, 5)}
+            return len(assigned) == 6 and all(
+                max(tp.offset, committed[(tp.topic, tp.partition)])
+                >= app1.get_watermark_offsets(tp, 5)[1]
+                for tp in app1.position(assigned)
+            )
+
+        poll("app-1 reading every partition to its end", caught_up, 60)
+        commit(app1)
         kraft("groups", "describe", "orders-app", *CLUSTER)
     finally:
         for c in apps.values():
             c.close()
+
+
+def commit(consumer: Any) -> None:
+    """Commit what the consumer has read; having read nothing new since the last commit is fine."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    try:
+        consumer.commit(asynchronous=False)
+    except KafkaException as exc:
+        if exc.args[0].code() != KafkaError._NO_OFFSET:
+            raise
 
 
 def controller_failover() -> None:

@@ -114,7 +114,7 @@ def create_topics_values(
     forwarded = iter(results)
     out = []
     for i, t in enumerate(req.topics):
-        item = refused.get(i) or next(forwarded, None) or failed_missing()
+        item = refused.get(i) or next(forwarded, {}) or failed_missing()
         code, message = error_of(item)
         ok = code == KafkaError.none
         topic_id = item.get("topic_id") if ok else None
@@ -189,7 +189,7 @@ def delete_topics_values(
                 else "A topic needs a name or an id.",
             )
         else:
-            item = next(forwarded, None) or failed_missing()
+            item = next(forwarded, {}) or failed_missing()
         code, message = error_of(item)
         tid = item.get("topic_id")
         out.append(
@@ -220,7 +220,7 @@ def create_partitions_values(req: Any, results: list[dict[str, Any]]) -> dict[st
     forwarded = iter(results)
     out = []
     for t in req.topics:
-        code, message = error_of(next(forwarded, None) or failed_missing())
+        code, message = error_of(next(forwarded, {}) or failed_missing())
         out.append({"name": t.name, "error_code": code, "error_message": message})
     return {"throttle_time": NO_THROTTLE, "results": out}
 
@@ -303,7 +303,7 @@ def describe_configs_values(
     documentation = bool(getattr(req, "include_documentation", False))
     out = []
     for i, r in enumerate(req.resources):
-        item = refused.get(i) or next(forwarded, None) or failed_missing()
+        item = refused.get(i) or next(forwarded, {}) or failed_missing()
         code, message = error_of(item)
         configs = []
         if code == KafkaError.none:
@@ -376,7 +376,7 @@ def alter_configs_values(
     forwarded = iter(results)
     out = []
     for i, r in enumerate(req.resources):
-        code, message = error_of(refused.get(i) or next(forwarded, None) or failed_missing())
+        code, message = error_of(refused.get(i) or next(forwarded, {}) or failed_missing())
         out.append(
             {
                 "error_code": code,

@@ -24,8 +24,9 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any, overload
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, DataFrameReader, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
@@ -77,7 +78,7 @@ class TableFiles:
             return self.spark.createDataFrame([], df.schema)
         return self.spark.read.schema(df.schema).parquet(*moved)
 
-    def _reader(self, name: str):
+    def _reader(self, name: str) -> DataFrameReader:
         known = self.schemas.get(name)
         return (
             self.spark.read.schema(StructType.fromJson(json.loads(known)))
@@ -94,7 +95,11 @@ class TableFiles:
         os.replace(tmp, target)
         return self.read(name)
 
-    def read(self, name: str, prefix: str | None = None) -> DataFrame:
+    @overload
+    def read(self, name: str) -> DataFrame: ...
+    @overload
+    def read(self, name: str, prefix: str) -> DataFrame | None: ...
+    def read(self, name: str, prefix: str | None = None) -> DataFrame | None:
         """Table ``name`` (only its ``prefix`` files when given)."""
         target = self.root / name
         if prefix is None:
@@ -111,7 +116,7 @@ def stamp(path: Path) -> list[int]:
     return [st.st_size, st.st_mtime_ns]
 
 
-def load_state(out: Path, log_dir: Path) -> tuple[dict | None, str]:
+def load_state(out: Path, log_dir: Path) -> tuple[dict[str, Any] | None, str]:
     """The earlier run's state, or None and why not."""
     path = out / "carry" / "state.json"
     if not path.exists():
@@ -129,7 +134,7 @@ def load_state(out: Path, log_dir: Path) -> tuple[dict | None, str]:
     return state, ""
 
 
-def segments_unchanged(state: dict, log_dir: Path) -> tuple[bool, bool]:
+def segments_unchanged(state: dict[str, Any], log_dir: Path) -> tuple[bool, bool]:
     """(every audited segment is as it was, except that the newest may have grown;
     the newest grew)."""
     names = [p.name for p in list_segments(log_dir)]
@@ -147,14 +152,16 @@ def segments_unchanged(state: dict, log_dir: Path) -> tuple[bool, bool]:
     return True, stamp(log_dir / newest) != audited[newest]
 
 
-def new_records(records: DataFrame, state: dict) -> DataFrame:
+def new_records(records: DataFrame, state: dict[str, Any]) -> DataFrame:
     """The rows after the watermark, in log order (later segments, or later in its segment)."""
     wm = state["watermark"]
     src, pos = F.col("source"), F.col("position")
     return records.filter((src > wm["source"]) | ((src == wm["source"]) & (pos > wm["position"])))
 
 
-def grown_changed(spark: SparkSession, records: DataFrame, state: dict, carry_dir: Path) -> bool:
+def grown_changed(
+    spark: SparkSession, records: DataFrame, state: dict[str, Any], carry_dir: Path
+) -> bool:
     """Whether a batch the earlier run audited in the newest audited segment (which grew) is
     no longer there with the same hash."""
     wm = state["watermark"]
@@ -180,11 +187,13 @@ def reuses_topic_id(new_ids: set[str | None], carry_dir: Path) -> bool:
     return bool((new_ids - {None}) & known)
 
 
-def _carried(spark: SparkSession, carry_dir: Path, state: dict) -> TableFiles:
+def _carried(spark: SparkSession, carry_dir: Path, state: dict[str, Any]) -> TableFiles:
     return TableFiles(spark, carry_dir, state["run"], state.get("schemas", {}).get("carry"))
 
 
-def continues(state: dict, changed: bool, lo: int | None, head: dict | None, reused: bool) -> str:
+def continues(
+    state: dict[str, Any], changed: bool, lo: int | None, head: dict[str, Any] | None, reused: bool
+) -> str:
     """Why the new records do not carry on from the state ("" when they do). ``changed``:
     :func:`grown_changed`; ``lo``: the new records' lowest offset; ``head``: the first new
     batch's ``batch_base_offset`` and ``prev_hash`` (both None when there are none);
@@ -206,7 +215,7 @@ def continues(state: dict, changed: bool, lo: int | None, head: dict | None, reu
     return ""
 
 
-def write_state(out: Path, state: dict) -> None:
+def write_state(out: Path, state: dict[str, Any]) -> None:
     path = out / "carry" / "state.json"
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(state, indent=1, sort_keys=True))

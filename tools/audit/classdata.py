@@ -124,7 +124,7 @@ def create(force: bool = False, timeout: float = CREATE_TIMEOUT_S) -> tuple[Path
     with tempfile.TemporaryDirectory(prefix="kraft-cds-") as work:
         env = {**os.environ, "KRAFT_AUDIT_CDS_DUMP": str(partial)}
         proc = subprocess.run(
-            [sys.executable, "-m", "tools.audit.classdata", "--train", work],
+            [sys.executable, "-m", "tools.audit.classdata_train", work],
             env=env,
             capture_output=True,
             text=True,
@@ -161,39 +161,13 @@ def prune(keep: Path, unused_for: float = UNUSED_FOR_S) -> list[Path]:
     return gone
 
 
-def _train(work: Path, timeout: float = CREATE_TIMEOUT_S) -> None:
-    """Run a small whole audit and a re-audit in a JVM that archives its classes at exit, then
-    stop that JVM and wait until it has written the archive."""
-    from pyspark import SparkContext
-
-    from tools.audit.run import AuditOptions, run_audit
-    from tools.audit.sample_log import write_history
-    from tools.audit.session import build_session
-
-    log_dir, out = work / "log", work / "out"
-    write_history(log_dir, segment_bytes=4096)  # several segments: the mirror's paths too
-    spark = build_session("local[2]", work / "spark.log")
-    gateway = SparkContext._gateway
-    for _ in range(2):  # the second run carries on from the first (the re-audit's classes)
-        run_audit(AuditOptions(log_dir, out, master="local[2]"), spark, progress=lambda _: None)
-    spark.stop()
-    assert gateway is not None  # build_session started it
-    jvm = gateway.proc  # the JVM exits (and dumps) when its stdin closes
-    jvm.stdin.close()
-    jvm.wait(timeout)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description="Write the audit's JVM class archive (makes Spark "
         "start ~3 s faster); a no-op when it exists."
     )
     ap.add_argument("--force", action="store_true", help="rewrite an existing archive")
-    ap.add_argument("--train", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.train is not None:
-        _train(args.train)
-        return 0
     try:
         _, what = create(force=args.force)
     except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:

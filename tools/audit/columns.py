@@ -127,9 +127,10 @@ class _TypePlan:
     def __init__(self, cls: type[Record]) -> None:
         names = tuple(n for n, _ in cls.FIELDS)
         if not names:
-            self.get: Callable[[Record], tuple] = lambda r: ()
+            self.get: Callable[[Record], tuple[Any, ...]] = lambda r: ()
         elif len(names) == 1:
-            self.get = lambda r, n=names[0]: (getattr(r, n),)
+            only = names[0]
+            self.get = lambda r: (getattr(r, only),)
         else:
             self.get = attrgetter(*names)
         renames = RENAMES.get(cls.NAME, {})
@@ -154,10 +155,13 @@ class Builder:
     at :meth:`flush` with Arrow's ``take``."""
 
     def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
         self.rows = 0
         self.batch_cols: dict[str, list[Any]] = {n: [] for n in BATCH_COLUMNS}
         self.row_cols: dict[str, list[Any]] = {n: [] for n in _ROW_COLUMNS}
-        self.by_type: dict[Any, tuple[list[int], list[tuple]]] = {}
+        self.by_type: dict[Any, tuple[list[int], list[tuple[Any, ...]]]] = {}
 
     def add_batch(
         self,
@@ -219,11 +223,11 @@ class Builder:
                 arrays.append(pa.array(self.row_cols[name], type=typ))
             else:
                 arrays.append(self._sparse(name, typ, groups).take(order))
-        self.__init__()
+        self._reset()
         return pa.RecordBatch.from_arrays(arrays, schema=ARROW_SCHEMA)
 
     @staticmethod
-    def _sparse(name: str, typ: pa.DataType, groups: list) -> pa.Array:
+    def _sparse(name: str, typ: pa.DataType, groups: list[Any]) -> pa.Array:
         chunks = []
         for cls, (rows, values) in groups:
             spec = _PLANS[cls].columns.get(name) if cls is not None else None
@@ -334,7 +338,7 @@ def decode_snapshot(path: str | Path, rows_per_batch: int = 8192) -> Iterator[pa
     offset (``end_offset - 1``) and term; ``index_in_batch`` is the record's position in it."""
     path = Path(path)
     header, records = read_snapshot(path, strict=False)
-    meta = {
+    meta: dict[str, Any] = {
         "source": path.name,
         "source_kind": "snapshot",
         "position": 0,

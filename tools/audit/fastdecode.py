@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import gc
 from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import Any
@@ -74,7 +75,7 @@ class _Kind:
         self.name, self.version = cls.NAME, cls.VERSION
         renames = RENAMES.get(cls.NAME, {})
         # (column, converter of the value list, numpy dtype when never null), in field order
-        self.columns: list[tuple[str, Callable | None, Any]] = []
+        self.columns: list[tuple[str, Callable[..., Any] | None, Any]] = []
         fields = []
         for n, kind in cls.FIELDS:
             if n in JSON_ONLY:
@@ -91,18 +92,23 @@ class _Kind:
             fields.append(n)
         self.names = frozenset(c[0] for c in self.columns)
         # a tuple of the fields' values (a single value when there is one field)
-        self.get: Callable[[Any], Any] = attrgetter(*fields) if fields else None
+        self.get: Callable[[Any], Any] | None = attrgetter(*fields) if fields else None
         # msgspec's JSON starts with the tag, {"type":<id>,  -- the table's names the type;
         # the cut includes the newline that precedes each record (see _json_of)
         self.json_cut = len(b'\n{"type":%d,' % type_id)
         self.json_name = '{"type":' + orjson.dumps(cls.NAME).decode() + ","
 
 
-def _fenced_bools(col: list) -> list:
+def _fenced_bools(col: list[Any]) -> list[Any]:
     return list(map({True: 1, False: -1}.__getitem__, col))
 
 
-def _bools_to_ints(col: list) -> list:
+def _attrs(key: str, items: Sequence[Any]) -> list[Any]:
+    """Attribute ``key`` of every item (one column of a batch's provenance)."""
+    return list(map(attrgetter(key), items))
+
+
+def _bools_to_ints(col: list[Any]) -> list[Any]:
     return list(map(int, col))
 
 
@@ -162,7 +168,7 @@ class _Chunk:
         bases = np.fromiter((f[2].base_offset for f in frames), np.int64, len(frames))
         starts = np.cumsum(counts) - counts
         index = np.repeat(firsts - starts, counts) + np.arange(n)
-        recs: list = []
+        recs: list[Any] = []
         for _, _, b, f, c in frames:
             recs.extend(b.records if c == len(b.records) else b.records[f : f + c])
         kinds = np.fromiter(map(_KIND_INDEX.__getitem__, map(type, recs)), np.int64, n)
@@ -189,16 +195,14 @@ class _Chunk:
         n, frames = self.rows, self.frames
         batches = [f[2] for f in frames]
         provenance = list(map(attrgetter("provenance"), batches))
-        per: dict[str, Callable[[], list]] = {
+        per: dict[str, Callable[[], list[Any]]] = {
             "position": lambda: [f[0] for f in frames],
             "batch_base_offset": lambda: list(map(attrgetter("base_offset"), batches)),
             "batch_last_offset": lambda: [b.base_offset + len(b.records) - 1 for b in batches],
             "term": lambda: list(map(attrgetter("term"), batches)),
             "raft_index": lambda: list(map(attrgetter("raft_index"), batches)),
             "timestamp_ms": lambda: list(map(attrgetter("timestamp_ms"), batches)),
-            **{
-                key: (lambda key=key: list(map(attrgetter(key), provenance))) for key in _PROVENANCE
-            },
+            **{key: partial(_attrs, key, provenance) for key in _PROVENANCE},
             "batch_hash": lambda: [f[1].hex() for f in frames],
             "prev_hash": lambda: [b.prev_hash.hex() for b in batches],
         }
@@ -220,7 +224,9 @@ def _nulls(n: int, typ: pa.DataType) -> pa.Array:
     return kept.slice(0, n)
 
 
-def _record_columns(recs: list, kinds: np.ndarray, wanted: frozenset[str]) -> dict[str, pa.Array]:
+def _record_columns(
+    recs: list[Any], kinds: np.ndarray, wanted: frozenset[str]
+) -> dict[str, pa.Array]:
     """``record_json`` and the typed columns (those ``wanted``), built per record type (one
     getter pass over a group gives all its fields) and put in row order: a chunk of one record
     type needs no reordering; otherwise each column is one ``take`` from its filled groups, with null
@@ -270,7 +276,9 @@ def _take_indices(
     return pa.array(inverse + shift[kinds], mask=other[kinds] if at < len(kinds) else None)
 
 
-def _group_columns(kind: _Kind, group: list, wanted: frozenset[str]) -> dict[str, pa.Array | None]:
+def _group_columns(
+    kind: _Kind, group: list[Any], wanted: frozenset[str]
+) -> dict[str, pa.Array | None]:
     """One group's ``record_json`` and typed columns (those ``wanted``; None: all null), from
     one getter call per record and a transpose."""
     out: dict[str, pa.Array | None] = {}
@@ -278,7 +286,10 @@ def _group_columns(kind: _Kind, group: list, wanted: frozenset[str]) -> dict[str
         out["record_json"] = _json_of(kind, group)
     if wanted.isdisjoint(kind.names):
         return out
-    values = zip(*map(kind.get, group)) if len(kind.columns) > 1 else [list(map(kind.get, group))]
+    get = kind.get
+    if get is None:
+        return out
+    values = zip(*map(get, group)) if len(kind.columns) > 1 else [list(map(get, group))]
     for (name, conv, dtype), col in zip(kind.columns, values):
         if name not in wanted:
             continue
@@ -292,7 +303,7 @@ def _group_columns(kind: _Kind, group: list, wanted: frozenset[str]) -> dict[str
     return out
 
 
-def _json_of(kind: _Kind, group: list) -> pa.Array:
+def _json_of(kind: _Kind, group: list[Any]) -> pa.Array:
     """The records' JSON as the strict path writes it (``{"type": name, "version": v, ...}``):
     msgspec writes them as lines (a newline never occurs inside JSON) after a copy of the first,
     so that every record's value can start at the newline before it, without copying the
@@ -404,8 +415,9 @@ def decode_segment_fast(
     gc.disable()  # millions of small containers: the cyclic GC would rescan them all
     try:
         for frame in frames_resync(data):
-            batch = decode_canonical(frame.payload) if frame.crc_ok else None
-            if batch is None:
+            payload = frame.payload if frame.crc_ok else None
+            batch = decode_canonical(payload) if payload is not None else None
+            if batch is None or payload is None:
                 if chunk.rows:
                     yield chunk.build()
                     chunk = _Chunk(source, want)
@@ -419,7 +431,7 @@ def decode_segment_fast(
             first = max(lo - base, 0)
             chunk.add(
                 frame.position,
-                batch_hash(frame.payload),
+                batch_hash(payload),
                 batch,
                 first,
                 max(min(hi, expected - 1) - base + 1 - first, 0),

@@ -24,13 +24,16 @@ LEADER_TOP, ISR_TOP, POINTS = 30, 12, 400
 BUCKETS = 60
 
 
-def _first(key: Any) -> tuple:
+def _first(key: Any) -> tuple[Any, ...]:
     """A sort key putting None first (Spark's ascending order)."""
     return (key is not None, key)
 
 
 def _micros(col: pa.ChunkedArray) -> list[int | None]:
-    return pc.cast(col, pa.timestamp("us"), safe=False).cast(pa.int64()).to_pylist()
+    values: list[int | None] = (
+        pc.cast(col, pa.timestamp("us"), safe=False).cast(pa.int64()).to_pylist()
+    )
+    return values
 
 
 def _datetime(us: int | None) -> datetime | None:
@@ -42,12 +45,12 @@ def _datetime(us: int | None) -> datetime | None:
 
 def _pylist(
     table: pa.Table | None, millis: Iterable[str] = (), times: Iterable[str] = ()
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     """``table``'s rows as dicts; ``millis`` timestamp columns as ms (``unix_millis``),
     ``times`` as datetimes."""
     if table is None:
         return []
-    data = {}
+    data: dict[str, list[Any]] = {}
     for name in table.column_names:
         col = table.column(name)
         if name in millis:
@@ -65,7 +68,7 @@ def rows(
     filter: ds.Expression | None = None,
     millis: Iterable[str] = (),
     times: Iterable[str] = (),
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     """Table ``path``'s ``columns`` (rows matching ``filter``) as dicts (see :func:`_pylist`)."""
     return _pylist(localtable.read(path, columns, filter), millis, times)
 
@@ -112,7 +115,9 @@ def top_partitions(
     ]
 
 
-def charts(tables: Path, seeds: pa.Table | None, names: dict[str, str | None]) -> list[dict]:
+def charts(
+    tables: Path, seeds: pa.Table | None, names: dict[str, str | None]
+) -> list[dict[str, Any]]:
     """Each top partition's first :data:`POINTS` history rows by offset: kind ``leader`` (the
     :data:`LEADER_TOP` with most leader changes; creations and leader changes), ``isr`` (the
     :data:`ISR_TOP` with most ISR changes; creations and ISR changes)."""
@@ -142,7 +147,7 @@ def charts(tables: Path, seeds: pa.Table | None, names: dict[str, str | None]) -
     out = []
     for kind, keys in tops.items():
         keep = set(keys)
-        taken: dict[tuple, int] = {}
+        taken: dict[tuple[Any, ...], int] = {}
         for r in history:
             key = (r["topic_name"], r["partition_id"])
             if key not in keep:
@@ -166,19 +171,19 @@ def charts(tables: Path, seeds: pa.Table | None, names: dict[str, str | None]) -
     return out
 
 
-def volume(vol: list[dict], t0: int, t1: int) -> list[dict]:
+def volume(vol: list[dict[str, Any]], t0: int, t1: int) -> list[dict[str, Any]]:
     """Records per (time bucket of :data:`BUCKETS` over ``t0``..``t1``, record type)."""
     span = max(t1 - t0, 1)
-    out: dict[tuple, int] = {}
+    out: dict[tuple[Any, ...], int] = {}
     for r in vol:
         b = min(math.floor(float((r["timestamp_ms"] - t0) * BUCKETS) / float(span)), BUCKETS - 1)
         out[(b, r["record_type"])] = out.get((b, r["record_type"]), 0) + r["count"]
     return [{"b": b, "record_type": t, "count": c} for (b, t), c in out.items()]
 
 
-def principals(who: list[dict], n: int = 20) -> list[dict]:
+def principals(who: list[dict[str, Any]], n: int = 20) -> list[dict[str, Any]]:
     """Records per (principal, API), the ``n`` largest."""
-    sums: dict[tuple, int] = {}
+    sums: dict[tuple[Any, ...], int] = {}
     for r in who:
         key = (r["principal"], r["api"])
         sums[key] = sums.get(key, 0) + (r["records"] or 0)
@@ -198,7 +203,7 @@ def ordered(
     n: int,
     millis: Iterable[str] = (),
     times: Iterable[str] = (),
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     """The first ``n`` rows of table ``path`` ordered ``by`` (column, "ascending" /
     "descending"; nulls first when ascending, last when descending, as Spark). The table is
     read a batch at a time, keeping the first ``n`` so far: the driver holds ``n`` rows and a

@@ -157,9 +157,9 @@ class _Scans:
     """The structure scans running beside Spark (:mod:`tools.audit.integrity`): of the
     audited log, of each witness log, and the head an earlier audit verified."""
 
-    log: Future
-    witnesses: list[Future]
-    previous: dict | None
+    log: Future[Any]
+    witnesses: list[Future[Any]]
+    previous: dict[str, Any] | None
 
     def result(
         self, opts: AuditOptions
@@ -209,7 +209,7 @@ def _carries(opts: AuditOptions) -> bool:
     return all(v is None for v in (opts.from_offset, opts.to_offset, opts.from_ms, opts.to_ms))
 
 
-def _prior_state(opts: AuditOptions) -> tuple[dict | None, str]:
+def _prior_state(opts: AuditOptions) -> tuple[dict[str, Any] | None, str]:
     """The earlier run's state when its segments are unchanged (the rest is checked later)."""
     if not _carries(opts):
         return None, "--from/--to given"
@@ -228,12 +228,12 @@ class _Replayed:
     """What the audit keeps of the replay: snapshot comparisons, the replay error, the
     ``--state-at`` document and where the image at the log's end was written."""
 
-    comparisons: list[dict]
+    comparisons: list[dict[str, Any]]
     error: str | None
-    state_doc: dict | None
+    state_doc: dict[str, Any] | None
     image: str | None = None
     offset: int | None = None
-    end_state: dict | None = None
+    end_state: dict[str, Any] | None = None
 
 
 def _replay(opts: AuditOptions, image: Path | None, keep: bool) -> _Replayed:
@@ -262,7 +262,7 @@ def _replay(opts: AuditOptions, image: Path | None, keep: bool) -> _Replayed:
     )
 
 
-def _meta(records: DataFrame) -> dict:
+def _meta(records: DataFrame) -> dict[str, Any]:
     row = records.agg(
         F.count(F.when(F.col("problem").isNull(), 1)).alias("records"),
         F.min("offset").alias("first_offset"),
@@ -281,6 +281,7 @@ def _meta(records: DataFrame) -> dict:
             "head"
         ),
     ).first()
+    assert row is not None  # an aggregation always returns one row
     meta = row.asDict()
     meta["head"] = None if meta["head"] is None else meta["head"].asDict()
     meta["batches"] = meta["batches"] or 0
@@ -315,10 +316,10 @@ META_COLUMNS = (
 )
 
 
-def _meta_of_rows(rows: pa.Table) -> dict:
+def _meta_of_rows(rows: pa.Table) -> dict[str, Any]:
     """:func:`_meta` of rows read on the driver (:data:`META_COLUMNS` and ``source``)."""
 
-    def value(f: Callable, col: str) -> Any:
+    def value(f: Callable[..., Any], col: str) -> Any:
         return f(rows[col]).as_py() if rows.num_rows else None
 
     order = pc.sort_indices(
@@ -370,10 +371,10 @@ def _batch_bounds(new_rows: pa.Table, carry_dir: Path) -> checks.Bounds:
     return (min(nums), max(nums)) if nums else (None, None)
 
 
-def _merge_meta(old: dict, new: dict) -> dict:
+def _merge_meta(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     """The totals of the records audited before and of the new ones."""
 
-    def pick(f: Callable, key: str) -> Any:
+    def pick(f: Callable[..., Any], key: str) -> Any:
         vals = [v for v in (old[key], new[key]) if v is not None]
         return f(vals) if vals else None
 
@@ -393,8 +394,8 @@ def _run(
     opts: AuditOptions,
     spark: SparkSession | None,
     progress: Callable[[str], None],
-    replaying: Future,
-    prior: dict | None,
+    replaying: Future[Any],
+    prior: dict[str, Any] | None,
     why: str,
     pool: ProcessPoolExecutor,
     mirror: Mirror,
@@ -631,7 +632,7 @@ def _run(
 
 def _counts_and_samples(
     findings_df: DataFrame, causes: list[int] | None = None
-) -> tuple[dict, list, dict]:
+) -> tuple[dict[tuple[str, str], int], list[Any], dict[tuple[str, int], int]]:
     """The findings per (rule, severity) and each rule's first :data:`SAMPLES_PER_RULE` by
     offset, in one job: the samples and one row of each (rule, severity, cause), each row with
     its group's count. ``causes``: the first offsets of the log's damaged or missing stretches
@@ -655,8 +656,8 @@ def _counts_and_samples(
         .filter((F.col("n") <= SAMPLES_PER_RULE) | (F.col("k") == 1))
         .collect()
     )
-    counts: dict = {}
-    consequences: dict = {}
+    counts: dict[tuple[str, str], int] = {}
+    consequences: dict[tuple[str, int], int] = {}
     for r in rows:
         if r["k"] == 1:
             key = (r["rule"], r["severity"])
@@ -671,11 +672,11 @@ def _counts_and_samples(
 
 
 def _root_causes(
-    findings: dict,
+    findings: dict[str, Any],
     scan: integrity.Integrity,
-    consequences: dict,
+    consequences: dict[tuple[str, int], int],
     found: list[integrity.Finding],
-    snapshot_rows: list[dict],
+    snapshot_rows: list[dict[str, Any]],
 ) -> None:
     """Lead with the root causes: every structural finding (damage, gaps, chain breaks,
     snapshots, witnesses), each damaged or missing stretch with the count per rule of the
@@ -731,7 +732,12 @@ def _carry_jobs(
 
 
 def _write_carry(
-    out: Path, opts: AuditOptions, meta: dict, replayed: _Replayed, run_no: int, schemas: dict
+    out: Path,
+    opts: AuditOptions,
+    meta: dict[str, Any],
+    replayed: _Replayed,
+    run_no: int,
+    schemas: dict[str, Any],
 ) -> None:
     """Keep what the next run needs to carry on from this one (its tables are already
     written, :func:`_carry_jobs`): the image and the state; no state when it could not carry
@@ -769,9 +775,8 @@ def _write_carry(
 def _from_offset(records: DataFrame, opts: AuditOptions) -> int | None:
     lo = opts.from_offset
     if opts.from_ms is not None:
-        first = (
-            records.filter(F.col("timestamp_ms") >= opts.from_ms).agg(F.min("offset")).first()[0]
-        )
+        row = records.filter(F.col("timestamp_ms") >= opts.from_ms).agg(F.min("offset")).first()
+        first = row[0] if row is not None else None
         lo = max(lo or 0, first if first is not None else (1 << 62))
     return lo
 
@@ -791,15 +796,15 @@ def _since(df: DataFrame, from_offset: int | None) -> DataFrame:
 
 def _findings_doc(
     opts: AuditOptions,
-    meta: dict,
-    counts: dict,
-    samples: list,
-    extra: list[dict],
+    meta: dict[str, Any],
+    counts: dict[tuple[str, str], int],
+    samples: list[Any],
+    extra: list[dict[str, Any]],
     replayed: _Replayed,
-    table_paths: dict,
+    table_paths: dict[str, Any],
     out: Path,
-) -> dict:
-    by_rule: dict[str, list[dict]] = {}
+) -> dict[str, Any]:
+    by_rule: dict[str, list[dict[str, Any]]] = {}
     for row in samples:
         by_rule.setdefault(row["rule"], []).append(
             {
@@ -852,13 +857,13 @@ def _report_data(
     volume_dir: Path,
     seeds_dir: Path,
     tables_dir: Path,
-    meta: dict,
-    findings: dict,
+    meta: dict[str, Any],
+    findings: dict[str, Any],
     replayed: _Replayed,
     opts: AuditOptions,
     out: Path,
     elapsed: float,
-) -> dict:
+) -> dict[str, Any]:
     """Small aggregates for the charts (each bounded) from the written tables in
     ``tables_dir``, the records per batch time and type (``volume_dir``, :func:`tables.volume`)
     and each partition's last state and event counts (``seeds_dir``,
@@ -869,7 +874,7 @@ def _report_data(
     topics = reportdata.rows(
         tables_dir / "topics", ("topic_id", "topic_name", "removed_ts"), millis=("removed_ts",)
     )
-    names = {}
+    names: dict[str, str | None] = {}
     for r in topics:
         names.setdefault(r["topic_id"], r["topic_name"])
     seeds = localtable.read(seeds_dir, ("topic_id", "partition_id", "leader_events", "isr_events"))
@@ -960,7 +965,7 @@ def _report_data(
     }
     points = [r for r in got["charts"] if r["kind"] == "leader"]
     removed = {r["topic_name"]: r["removed_ms"] for r in got["removed"]}
-    leadership: dict[str, list] = {}
+    leadership: dict[str, list[Any]] = {}
     for key in sorted({(p["topic_name"] or "?", p["partition_id"]) for p in points}):
         pts = sorted(
             (p["t"], p["leader"])
@@ -973,10 +978,10 @@ def _report_data(
             for i, (t, leader) in enumerate(pts)
         ]
     broker_keys = sorted(r["broker_id"] for r in got["broker_keys"])
-    states: dict[str, list] = {}
+    states: dict[str, list[Any]] = {}
     for r in got["states"]:
         states.setdefault(f"broker {r['broker_id']}", []).append((r["s"], r["e"], r["state"]))
-    isr: dict[str, list] = {}
+    isr: dict[str, list[Any]] = {}
     for r in sorted((r for r in got["charts"] if r["kind"] == "isr"), key=lambda r: r["offset"]):
         isr.setdefault(f"{r['topic_name']}-{r['partition_id']}", []).append((r["t"], r["isr_size"]))
     vol = got["volume"]
@@ -1071,7 +1076,7 @@ def _report_data(
     }
 
 
-def _summary(progress: Callable[[str], None], findings: dict, report_path: Path) -> None:
+def _summary(progress: Callable[[str], None], findings: dict[str, Any], report_path: Path) -> None:
     progress("")
     progress(
         f"Audit {findings['status'].upper()}: {findings['records']:,} records, offsets "

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import operator
 from collections.abc import Callable
+from types import GenericAlias
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -51,7 +52,7 @@ _MAP_FIELDS: dict[Any, tuple[str, list[tuple[str, type]]]] = {
 }
 
 
-def _struct(name: str, fields: list, **kw: Any) -> type[msgspec.Struct]:
+def _struct(name: str, fields: list[Any], **kw: Any) -> type[msgspec.Struct]:
     # gc=False: millions of them are made and none is part of a cycle
     return msgspec.defstruct(name, fields, forbid_unknown_fields=True, gc=False, **kw)
 
@@ -69,7 +70,7 @@ def _map_types() -> dict[Any, Any]:
     for kind, (name, fields) in _MAP_FIELDS.items():
         if tuple(n for n, _ in fields) != kind.keys:
             raise RuntimeError(f"{name}: keys {kind.keys} in kraft.records, not {fields}")
-        out[kind] = list[_struct(name, fields)]
+        out[kind] = GenericAlias(list, (_struct(name, fields),))
     return out
 
 
@@ -95,7 +96,8 @@ _BATCH_FIELDS = {
     "timestamp_ms": int,
     "provenance": _Provenance,
     "prev_hash": Annotated[bytes, msgspec.Meta(min_length=32, max_length=32)],
-    "records": list[functools.reduce(operator.or_, RECORD_STRUCTS.values())],  # type: ignore[valid-type]  # a union built at run time
+    # a union built at run time
+    "records": GenericAlias(list, (functools.reduce(operator.or_, RECORD_STRUCTS.values()),)),
 }
 BatchStruct = _struct("Batch", [(k, _BATCH_FIELDS[k]) for k in _BATCH_KEYS])
 
@@ -129,7 +131,8 @@ def _record_maker(cls: type[Record]) -> Callable[[Any], Record]:
         else:
             args.append(f"s.{name}")
     exec(f"def make(s):\n    return _cls({', '.join(args)})", env)
-    return env["make"]
+    make: Callable[[Any], Record] = env["make"]
+    return make
 
 
 _MAKERS = {RECORD_STRUCTS[type_id]: _record_maker(cls) for type_id, cls in RECORD_TYPES.items()}
