@@ -93,6 +93,9 @@ NEEDS_MOUNT = ("full-disk",)  # a real ENOSPC: a tmpfs per controller (root)
 RECOVERY_TIMEOUT_S = 60.0
 FULL_DISK_EXIT_S = 30.0  # the workload writes several times a second: plenty to hit ENOSPC
 RECOVER_TIMEOUT_S = 30.0
+# a rebuilt controller copies the whole history (tens of thousands of records late in a soak)
+WIPED_RECOVERY_TIMEOUT_S = 180.0
+REFUSED_START_TIMEOUT_S = 120.0  # a CLI start on 2 loaded cores can take tens of seconds
 
 
 def fault_kinds(disk_faults: bool) -> tuple[str, ...]:
@@ -321,7 +324,8 @@ class ChaosRun:
         start_ms = wall_ms()
         target, held, note = handler()
         healed_at = time.monotonic()
-        recovery = self._wait_healthy(healed_at)
+        limit = WIPED_RECOVERY_TIMEOUT_S if kind == "wiped-disk" else RECOVERY_TIMEOUT_S
+        recovery = self._wait_healthy(healed_at, limit)
         window = FaultWindow(
             kind,
             frozenset(self._round_nodes | {target}),
@@ -333,8 +337,7 @@ class ChaosRun:
             self.report.anomalies.append(
                 Anomaly(
                     "no-recovery",
-                    f"{kind} on node {target}: cluster "
-                    f"not healthy {RECOVERY_TIMEOUT_S}s after healing",
+                    f"{kind} on node {target}: cluster not healthy {limit}s after healing",
                 )
             )
         result = FaultResult(kind, target, round(held, 3), recovery, note, window)
@@ -514,7 +517,7 @@ class ChaosRun:
             shutil.rmtree(directory)
             directory.mkdir()
         config = self.cluster.node(target).config
-        refused = kraft_cli("controller", "--config", config, timeout=30.0)
+        refused = kraft_cli("controller", "--config", config, timeout=REFUSED_START_TIMEOUT_S)
         if refused.returncode != 1 or "no meta.properties" not in refused.stderr:
             self.report.anomalies.append(
                 Anomaly(
@@ -663,8 +666,8 @@ class ChaosRun:
                 return False
         return self.workload is not None and self.workload.ok_since(since)
 
-    def _wait_healthy(self, since: float) -> float | None:
-        deadline = since + RECOVERY_TIMEOUT_S
+    def _wait_healthy(self, since: float, limit: float = RECOVERY_TIMEOUT_S) -> float | None:
+        deadline = since + limit
         target: list[int] = []
         while time.monotonic() < deadline:
             try:
