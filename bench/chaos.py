@@ -4,8 +4,11 @@
 Each round injects one fault (kinds cycle in a shuffled order: kill -9 + restart of a controller
 or broker, a controller crash-restart in the middle of an election, SIGSTOP/SIGCONT longer than
 the election and session timeouts, the active controller partitioned away with reset or stalled
-links, the active controller SIGSTOPped or silently stalled for two session timeouts), heals it
-and waits until the cluster is healthy again. Every run has the last two (a run shorter than a
+links, the active controller SIGSTOPped or silently stalled for two session timeouts, a
+controller's disk filled until it exits 3 then freed, a controller's directory wiped, its refused
+start checked and ``kraft storage recover --from-peers`` run), heals it and waits until the
+cluster is healthy again. The full disk is a real ENOSPC on a tmpfs per controller: it needs
+root, and is left out (said on stderr) where mounting is not allowed. Every run has the last two (a run shorter than a
 cycle starts with them). Then the history checker runs (tests/chaos/history.py), availability
 included (all brokers fenced, or a partition leaderless longer than a session timeout with its
 replicas and a controller majority unfaulted): anomalies must be 0.
@@ -30,18 +33,19 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.chaos.runner import FAULT_KINDS, ChaosRun
+from tests.chaos.disk import can_mount
+from tests.chaos.runner import ChaosRun
 
 ALWAYS = ("pause-leader", "stall-leader")  # in every run, however short
 
 
-def schedule(rounds: int, seed: int) -> list[str]:
+def schedule(rounds: int, seed: int, kinds: tuple[str, ...]) -> list[str]:
     """``rounds`` fault kinds: every kind once per cycle, each cycle shuffled; the kinds in
     :data:`ALWAYS` lead the first cycle when the run is shorter than one."""
     rng = random.Random(seed)
     out: list[str] = []
     while len(out) < rounds:
-        cycle = list(FAULT_KINDS)
+        cycle = list(kinds)
         rng.shuffle(cycle)
         if not out and rounds < len(cycle):
             cycle = [*ALWAYS, *(k for k in cycle if k not in ALWAYS)]
@@ -61,6 +65,10 @@ def table(summary: dict[str, Any], wall_s: float) -> str:
         ),
         ("anomalies (availability rule included)", summary["anomalies"]),
         ("healthy brokers fenced (session timeout)", summary["healthy_broker_fences"]),
+        (
+            "disk rounds: outcome",
+            ", ".join(f"{k} ({v})" for k, v in sorted(summary["disk_outcomes"].items())) or "-",
+        ),
         (
             "recovery after a fault p50 / p99 / max (s)",
             f"{rec['p50']} / {rec['p99']} / {rec['max']}",
@@ -115,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{time.monotonic() - start:7.1f}s] {msg}", file=sys.stderr, flush=True)
 
     log(f"cluster in {directory}")
+    disk_faults = can_mount()
+    if not disk_faults:
+        log("cannot mount a tmpfs here (needs root): no full-disk rounds")
     with ChaosRun(
         directory / "cluster",
         seed=args.seed,
@@ -122,10 +133,11 @@ def main(argv: list[str] | None = None) -> int:
         workers=args.workers,
         log=log,
         op_pause_s=args.op_pause,
+        disk_faults=disk_faults,
     ) as run:
         log("cluster ready; workload running (Ctrl-C: stop after this round and check)")
         stop = _stop_requested()
-        for kind in schedule(args.rounds, args.seed):
+        for kind in schedule(args.rounds, args.seed, run.kinds):
             if stop:
                 log("stopping early")
                 break

@@ -11,7 +11,8 @@ is sampled.
 ``raft`` sends a controller's Raft port what a process without the cluster secret could
 (``test_fuzz_rpc.raft_input``); ``kafka-preauth`` sends a broker's SASL listener what a client
 that has not logged in could (``test_fuzz_kafka_listener.preauth_input``). ``rss_max_mb`` is the
-peak RSS sampled every 25 inputs.
+peak RSS sampled every 25 inputs; ``rss_peak_mb`` the kernel's high-water mark of the target
+process (``VmHWM``: its peak resident set since it started, spikes between samples included).
 
 Prints a markdown table and, as the last stdout line, ``{"system": "pykraft-fuzz", "results": [...]}``.
 A result with ``crashed``, ``internal_errors``, ``unhealthy_checks`` or ``refused_connections``
@@ -115,6 +116,7 @@ def run_target(
     healthy: Callable[[], None],
     rss: Callable[[], int],
     alive: Callable[[], bool],
+    peak: Callable[[], int] = lambda: 0,
 ) -> dict[str, Any]:
     rng = random.Random(seed)
     healthy()
@@ -162,6 +164,7 @@ def run_target(
         "health_p99_ms": round(pct(latencies, 99), 1),
         "rss_start_mb": round(base_rss / 2**20, 1),
         "rss_max_mb": round(max_rss / 2**20, 1),
+        "rss_peak_mb": round(peak() / 2**20, 1),
     }
 
 
@@ -177,6 +180,7 @@ def fuzz_rpc(seconds: float, seed: int, workdir: Path) -> dict[str, Any]:
             controller.assert_healthy,
             controller.rss,
             lambda: controller.proc.poll() is None,
+            controller.peak_rss,
         )
     finally:
         controller.stop()
@@ -213,6 +217,7 @@ def fuzz_kafka(seconds: float, seed: int, workdir: Path) -> dict[str, Any]:
             broker.assert_healthy,
             broker.rss,
             broker.ps.is_running,
+            broker.peak_rss,
         )
     finally:
         cluster.down()
@@ -241,6 +246,7 @@ def fuzz_raft(seconds: float, seed: int, workdir: Path) -> dict[str, Any]:
             healthy,
             controller.rss,
             lambda: controller.proc.poll() is None,
+            controller.peak_rss,
         )
     finally:
         controller.stop()
@@ -270,6 +276,7 @@ def fuzz_kafka_preauth(seconds: float, seed: int, workdir: Path) -> dict[str, An
             broker.assert_healthy,
             broker.rss,
             broker.ps.is_running,
+            broker.peak_rss,
         )
     finally:
         cluster.down()

@@ -150,6 +150,7 @@ class DurableJournal:
         self.meta_syncs = 0
         self.synced_index = 0  # highest Raft index known to be on disk
         self.upgraded = False  # read a v1 (PySyncObj) journal or meta file and rewrote it
+        self.truncated_torn_tail: jf.TornTail | None = None  # dropped on load (a crash's append)
         self._dirty = False
         # a sync running on the syncer thread (start_sync), and what it covers
         self._cond = threading.Condition()
@@ -158,6 +159,10 @@ class DurableJournal:
         self._stopping = False
         self._entries, self._offsets, self._end = self._load()
         self._meta, old_meta = jf.read_meta(path + ".meta")
+        if self.truncated_torn_tail is not None:  # a commit index past the journal's new end
+            last = self._entries[-1][1] if self._entries else 1
+            if int(self._meta.get("raftCommitIndex", 1)) > last:
+                self._meta["raftCommitIndex"] = last
         if old_meta:
             self._store_meta()
             self.upgraded = True
@@ -193,7 +198,38 @@ class DurableJournal:
                 data = f.read()
         elif data[:8] != jf.JOURNAL_MAGIC:
             raise jf.JournalCorruptError(path, 0, None, f"not a raft journal (magic {data[:8]!r})")
-        return jf.read_entries(path, data)
+        entries, offsets, end, torn = jf.read_entries_repairing(path, data)
+        if torn is not None:
+            self._drop_torn_tail(entries, end, torn)
+        return entries, offsets, end
+
+    def _drop_torn_tail(
+        self, entries: list[tuple[bytes, int, int]], end: int, torn: jf.TornTail
+    ) -> None:
+        """Make the last whole entry the journal's end, on disk, before anything else."""
+        last = f"raft index {entries[-1][1]}" if entries else "no entries left"
+        logger.warning(
+            "raft journal %s: its last entry (#%d at byte %d) is torn (%s), an append cut short "
+            "by a crash: truncated back to the last whole entry (%s). It was never synced, so "
+            "this node never acknowledged it; the leader sends it again if it was committed",
+            self.path,
+            torn.entry,
+            torn.position,
+            torn.reason,
+            last,
+        )
+        self.truncated_torn_tail = torn
+
+        def write_end() -> None:
+            fd = os.open(self.path, os.O_WRONLY)
+            try:
+                os.pwrite(fd, jf.end_offset_bytes(end), jf.END_AT)
+                if self.fsync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+
+        self._guard("raft journal write", write_end)
 
     def _guard(self, what: str, action: Callable[[], Any]) -> Any:
         try:

@@ -16,6 +16,15 @@ Entries are written with ``pwrite`` into zero-filled space (:class:`PwriteFile`)
 offset in the header; bytes after the end offset are ignored (left over from a truncation).
 Raft indexes must follow each other by one.
 
+A torn last entry (:func:`read_entries` with ``repair_torn_tail``): an append writes the entry,
+then the header, and syncs both at once, so a crash or power loss in between can leave the new
+end offset on disk with the entry behind it partly written (zeros, a cut header, a checksum
+that does not match), or the file shorter than the end offset. When the damaged entry is the
+last one, i.e. no whole entry with a later Raft index follows it before the end offset, the
+journal is read up to the last whole entry (:class:`TornTail` says what was dropped). Such an
+entry was never synced, so this node never acknowledged it. Damage with a whole entry after it
+is not a torn append: refused like any checksum mismatch.
+
 ``journal.bin.meta`` (term, vote, commit index), replaced by write + fsync + rename::
 
     magic "KRAFTMTA" | u32 version (2) | u32 crc32c(payload) | u32 payload length | msgpack
@@ -29,6 +38,7 @@ from __future__ import annotations
 import os
 import pickle
 import struct
+from dataclasses import dataclass
 from typing import Any
 
 import msgpack
@@ -71,6 +81,15 @@ class JournalCorruptError(Exception):
         return (type(self), (self.path, self.position, self.entry, self.reason))
 
 
+@dataclass(frozen=True)
+class TornTail:
+    """The journal's torn last entry, dropped on load: where it started, its number, why."""
+
+    position: int
+    entry: int
+    reason: str
+
+
 def encode_entry(command: bytes, index: int, term: int) -> bytes:
     body = _BODY.pack(index, term) + command
     return _ENTRY.pack(len(body), crc32c(body)) + body
@@ -78,16 +97,62 @@ def encode_entry(command: bytes, index: int, term: int) -> bytes:
 
 def read_entries(path: str, data: bytes) -> tuple[list[tuple[bytes, int, int]], list[int], int]:
     """Parse a v2 journal: (entries, their start offsets, end offset). Raises on any damage."""
+    entries, offsets, end, _ = read_entries_repairing(path, data, repair_torn_tail=False)
+    return entries, offsets, end
+
+
+def read_entries_repairing(
+    path: str, data: bytes, repair_torn_tail: bool = True
+) -> tuple[list[tuple[bytes, int, int]], list[int], int, TornTail | None]:
+    """Parse a v2 journal: (entries, their start offsets, end offset, torn tail). With
+    ``repair_torn_tail`` a damaged last entry (see the module docstring) is dropped: the end
+    offset returned is then where it started, and the caller must write it. Any other damage
+    raises :class:`JournalCorruptError`."""
+    if len(data) < FIRST_ENTRY:
+        raise JournalCorruptError(path, 0, None, f"header cut short ({len(data)} bytes)")
     magic, version, _ = _HEADER.unpack_from(data, 0)
     if version != FORMAT_VERSION:
         raise JournalCorruptError(path, 8, None, f"unknown journal format version {version}")
     end, end_crc = _END.unpack_from(data, _END_AT)
     if crc32c(data[_END_AT : _END_AT + 8]) != end_crc:
         raise JournalCorruptError(path, _END_AT, None, "header checksum mismatch (end offset)")
-    if not FIRST_ENTRY <= end <= len(data):
+    if end < FIRST_ENTRY or (end > len(data) and not repair_torn_tail):
         raise JournalCorruptError(
             path, _END_AT, None, f"end offset {end} outside the file ({len(data)} bytes)"
         )
+    short = end > len(data)  # the header reached the disk, the entry's bytes did not
+    try:
+        entries, offsets = _parse(path, data, min(end, len(data)))
+    except JournalCorruptError as exc:
+        if not repair_torn_tail or exc.entry is None or exc.reason.startswith("raft index"):
+            raise
+        if _whole_entry_after(data, exc.position, min(end, len(data))):
+            raise  # damage in the middle: not a torn append
+        entries, offsets = _parse(path, data, exc.position)
+        return entries, offsets, exc.position, TornTail(exc.position, exc.entry, exc.reason)
+    if short:
+        reason = f"end offset {end} past the end of the file ({len(data)} bytes)"
+        return entries, offsets, len(data), TornTail(len(data), len(entries), reason)
+    return entries, offsets, end, None
+
+
+def _whole_entry_after(data: bytes, position: int, end: int) -> bool:
+    """Whether a whole entry (its checksum matching) starts somewhere in (position, end)."""
+    view = memoryview(data)
+    for at in range(position + 1, end - _ENTRY.size - _BODY.size + 1):
+        length, crc = _ENTRY.unpack_from(data, at)
+        start = at + _ENTRY.size
+        if (
+            length >= _BODY.size
+            and start + length <= end
+            and crc32c(view[start : start + length]) == crc
+        ):
+            return True
+    return False
+
+
+def _parse(path: str, data: bytes, end: int) -> tuple[list[tuple[bytes, int, int]], list[int]]:
+    """The entries in [FIRST_ENTRY, end); raises on the first damaged one."""
     entries: list[tuple[bytes, int, int]] = []
     offsets: list[int] = []
     pos = FIRST_ENTRY
@@ -112,7 +177,7 @@ def read_entries(path: str, data: bytes) -> tuple[list[tuple[bytes, int, int]], 
         entries.append((bytes(view[start + _BODY.size : start + length]), index, term))
         offsets.append(pos)
         pos = start + length
-    return entries, offsets, end
+    return entries, offsets
 
 
 def read_v1_entries(path: str, data: bytes) -> list[tuple[bytes, int, int]]:

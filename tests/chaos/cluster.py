@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from kraft.config import write_properties
+from tests.chaos.disk import TmpfsDisks
 from tests.chaos.proxy import Proxy, RaftMesh, bind_low_port
 from tools import cluster as launcher
 
@@ -35,6 +36,7 @@ class ChaosCluster:
         heartbeat_interval_ms: int = 500,
         election_timeout_ms: int = 1000,
         fetch_timeout_ms: int = 2500,
+        disk_faults: bool = False,
     ) -> None:
         self.dir = Path(directory).resolve()
         self.rng = random.Random(seed)
@@ -48,12 +50,17 @@ class ChaosCluster:
         self.rpc_proxies: dict[int, Proxy] = {}
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.paused: set[int] = set()
+        # each controller's metadata directory on a tmpfs of its own (full and wiped disks)
+        self.disks: TmpfsDisks | None = TmpfsDisks() if disk_faults else None
 
     # ---- lifecycle ------------------------------------------------------------------------------
 
     def up(self, ready_timeout: float = 120.0) -> ChaosCluster:
         layout = self.layout = launcher.plan_cluster(self.dir, 3, self.n_brokers)
         launcher.ensure_raft_secret(layout, self.dir)  # controllers refuse to run Raft without
+        if self.disks is not None:  # before formatting: meta.properties lives on the tmpfs
+            for c in layout.controllers:
+                self.disks.mount(Path(c.metadata_dir))
         launcher.write_node_configs(layout)
         self.mesh = RaftMesh.build(
             {c.id: (c.host, c.raft_port) for c in layout.controllers}, self.rng
@@ -106,6 +113,11 @@ class ChaosCluster:
             proc.wait(10)
         self.close_proxies()
 
+    def release_disks(self) -> None:
+        """Unmount the tmpfs disks, their contents copied onto the real directories."""
+        if self.disks is not None:
+            self.disks.release()
+
     def close_proxies(self) -> None:
         if self.mesh is not None:
             self.mesh.close()
@@ -141,6 +153,9 @@ class ChaosCluster:
         assert self.layout is not None
         return self.layout.node(node_id)
 
+    def metadata_dir(self, node_id: int) -> Path:
+        return Path(self.node(node_id).metadata_dir)
+
     def log_dir(self, node_id: int) -> Path:
         return Path(self.node(node_id).metadata_dir) / "log"
 
@@ -156,6 +171,15 @@ class ChaosCluster:
                 proc.wait(timeout)
             elif not launcher.wait_until(lambda: not launcher.node_alive(node), timeout):
                 raise AssertionError(f"{node.name} still running {timeout}s after signal {sig}")
+
+    def exit_code(self, node_id: int, timeout: float) -> int | None:
+        """The exit status of a node this process started, once it exits within ``timeout``
+        (None while it still runs)."""
+        proc = self.procs[node_id]
+        try:
+            return proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
 
     def start(self, node_id: int) -> None:
         node = self.node(node_id)

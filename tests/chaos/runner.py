@@ -14,6 +14,15 @@ Fault kinds (a round injects one, holds it, heals it, and waits until the cluste
 * ``pause-leader`` / ``stall-leader``: the active controller SIGSTOPped, or silently stalled
   (process alive, sockets open, no bytes), for twice the broker session timeout. Brokers must
   follow the new leader: no healthy broker may lose its session (see the availability check).
+* ``full-disk``: a controller's disk (its metadata directory's own tmpfs, see
+  :mod:`tests.chaos.disk`) becomes full while the workload writes. It must exit with status 3
+  within :data:`FULL_DISK_EXIT_S` (still running, or another status, is an anomaly); the disk
+  stays full a moment, is freed, and the controller is restarted on its own data.
+* ``wiped-disk``: a controller is killed and its directory emptied. Started as it is, it must
+  refuse (exit 1, "no meta.properties"; starting is an anomaly); the harness then runs
+  ``kraft storage recover --config FILE --from-peers`` (retried until the others have a
+  leader) and starts it: it must copy the history from its peers (the log, image and
+  acknowledged-write checks cover it).
 
 Availability (``check_availability``): with the fault windows recorded here, every broker fenced
 at once, or a partition leaderless for longer than one session timeout while its replicas and a
@@ -28,8 +37,12 @@ three heartbeat intervals, and the workload had an operation acknowledged.
 
 from __future__ import annotations
 
+import os
 import random
+import shutil
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -42,7 +55,9 @@ import trio
 from broker.state import describe as describe_broker
 from kraft.log.metadata_log import MetadataLog
 from kraft.rpc.client import call_sync
+from kraft.storage.failure import EXIT_STORAGE_FAILURE
 from tests.chaos.cluster import ChaosCluster
+from tests.chaos.disk import can_mount
 from tests.chaos.history import (
     OK,
     Anomaly,
@@ -59,7 +74,7 @@ from tests.chaos.history import (
     unexplained_fences,
 )
 from tests.chaos.workload import Workload, call_one_node, perform
-from tests.harness import log_stream_digest
+from tests.harness import REPO, log_stream_digest
 
 FAULT_KINDS = (
     "kill-controller",
@@ -71,8 +86,21 @@ FAULT_KINDS = (
     "partition-stall",
     "pause-leader",
     "stall-leader",
+    "full-disk",
+    "wiped-disk",
 )
+NEEDS_MOUNT = ("full-disk",)  # a real ENOSPC: a tmpfs per controller (root)
 RECOVERY_TIMEOUT_S = 60.0
+FULL_DISK_EXIT_S = 30.0  # the workload writes several times a second: plenty to hit ENOSPC
+RECOVER_TIMEOUT_S = 30.0
+# a rebuilt controller copies the whole history (tens of thousands of records late in a soak)
+WIPED_RECOVERY_TIMEOUT_S = 180.0
+REFUSED_START_TIMEOUT_S = 120.0  # a CLI start on 2 loaded cores can take tens of seconds
+
+
+def fault_kinds(disk_faults: bool) -> tuple[str, ...]:
+    """The kinds this machine can inject (no ``full-disk`` where a tmpfs cannot be mounted)."""
+    return tuple(k for k in FAULT_KINDS if disk_faults or k not in NEEDS_MOUNT)
 
 
 @dataclass
@@ -96,6 +124,7 @@ class ChaosReport:
     leader_reports: list[tuple[int, int]] = field(default_factory=list)  # (term, node id)
     final_offset: int = -1
     healthy_fences: list[tuple[int, int, str]] = field(default_factory=list)
+    disk_outcomes: list[str] = field(default_factory=list)  # one per full/wiped-disk round
 
     def summary(self) -> dict[str, Any]:
         by_kind: dict[str, int] = {}
@@ -125,10 +154,30 @@ class ChaosReport:
             },
             "majority_election_s_p50": percentile(self.election_s, 50),
             "healthy_broker_fences": len(self.healthy_fences),
+            "disk_outcomes": {
+                o: self.disk_outcomes.count(o) for o in sorted(set(self.disk_outcomes))
+            },
             "raft_terms_seen": self.terms_seen,
             "terms_with_a_leader": len({t for t, _ in self.leader_reports}),
             "final_metadata_offset": self.final_offset,
         }
+
+
+def kraft_cli(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+    """``kraft ARGS`` in a child process; a run past ``timeout`` is killed (returncode -9)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "tools.cli", *args],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired as e:
+        out = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else ""
+        return subprocess.CompletedProcess(e.cmd, -9, "", out or "")
 
 
 def wall_ms() -> int:
@@ -212,8 +261,14 @@ class ChaosRun:
         log: Callable[[str], None] = lambda s: None,
         sample_interval: float = 0.2,
         op_pause_s: float = 0.05,
+        disk_faults: bool | None = None,
     ) -> None:
-        self.cluster = ChaosCluster(directory, brokers=brokers, seed=seed)
+        # full disks need a tmpfs per controller: on where this machine can mount one
+        self.disk_faults = can_mount() if disk_faults is None else disk_faults
+        self.kinds = fault_kinds(self.disk_faults)
+        self.cluster = ChaosCluster(
+            directory, brokers=brokers, seed=seed, disk_faults=self.disk_faults
+        )
         self.rng = random.Random(seed)
         self.history = History()
         self.workload: Workload | None = None
@@ -255,16 +310,22 @@ class ChaosRun:
             if self.workload is not None:
                 self.workload.stop()
         finally:
-            self.cluster.down()
+            try:
+                self.cluster.down()
+            finally:
+                self.cluster.release_disks()
 
     def run_round(self, kind: str) -> FaultResult:
         """Inject one fault of ``kind``, heal it, wait for recovery."""
+        if kind not in self.kinds:
+            raise ValueError(f"fault kind {kind!r} is not available here (kinds: {self.kinds})")
         handler = getattr(self, "_" + kind.replace("-", "_"))
         self._round_nodes, self._quorum_lost = set(), False
         start_ms = wall_ms()
         target, held, note = handler()
         healed_at = time.monotonic()
-        recovery = self._wait_healthy(healed_at)
+        limit = WIPED_RECOVERY_TIMEOUT_S if kind == "wiped-disk" else RECOVERY_TIMEOUT_S
+        recovery = self._wait_healthy(healed_at, limit)
         window = FaultWindow(
             kind,
             frozenset(self._round_nodes | {target}),
@@ -276,8 +337,7 @@ class ChaosRun:
             self.report.anomalies.append(
                 Anomaly(
                     "no-recovery",
-                    f"{kind} on node {target}: cluster "
-                    f"not healthy {RECOVERY_TIMEOUT_S}s after healing",
+                    f"{kind} on node {target}: cluster not healthy {limit}s after healing",
                 )
             )
         result = FaultResult(kind, target, round(held, 3), recovery, note, window)
@@ -289,7 +349,7 @@ class ChaosRun:
         return result
 
     def random_kind(self) -> str:
-        return self.rng.choice([k for k in FAULT_KINDS if self.brokers or "broker" not in k])
+        return self.rng.choice([k for k in self.kinds if self.brokers or "broker" not in k])
 
     # ---- faults ---------------------------------------------------------------------------------
 
@@ -412,6 +472,83 @@ class ChaosRun:
             )
         return node_id, time.monotonic() - t0, note
 
+    def _full_disk(self) -> tuple[int, float, str]:
+        """Fill a controller's disk; it must exit 3. Then free the disk and restart it."""
+        target, role = self._controller_target()
+        disks = self.cluster.disks
+        assert disks is not None
+        directory = self.cluster.metadata_dir(target)
+        t0 = time.monotonic()
+        disks.fill(directory)
+        code = self.cluster.exit_code(target, FULL_DISK_EXIT_S)
+        stopped = time.monotonic() - t0
+        if code is None:
+            self.report.anomalies.append(
+                Anomaly(
+                    "full-disk-kept-running",
+                    f"controller {target} still ran {FULL_DISK_EXIT_S}s after its disk filled",
+                )
+            )
+            self.cluster.kill(target)
+            outcome = "full-disk: kept running"
+        elif code != EXIT_STORAGE_FAILURE:
+            self.report.anomalies.append(
+                Anomaly("full-disk-exit", f"controller {target} exited {code} on a full disk")
+            )
+            outcome = f"full-disk: exit {code}"
+        else:
+            outcome = f"full-disk: exit {EXIT_STORAGE_FAILURE}"
+        self.report.disk_outcomes.append(outcome)
+        time.sleep(self.rng.uniform(0.5, 2.0))  # the fault's duration: the disk stays full
+        disks.free(directory)
+        self.cluster.start(target)
+        return target, time.monotonic() - t0, f"{role}, {outcome} after {stopped:.1f}s"
+
+    def _wiped_disk(self) -> tuple[int, float, str]:
+        """Kill a controller and empty its directory; it must refuse to start as it is, and
+        ``kraft storage recover --from-peers`` brings it back."""
+        target, role = self._controller_target()
+        t0 = time.monotonic()
+        self.cluster.kill(target, signal.SIGKILL)
+        directory = self.cluster.metadata_dir(target)
+        if self.cluster.disks is not None:
+            self.cluster.disks.wipe(directory)
+        else:
+            shutil.rmtree(directory)
+            directory.mkdir()
+        config = self.cluster.node(target).config
+        refused = kraft_cli("controller", "--config", config, timeout=REFUSED_START_TIMEOUT_S)
+        if refused.returncode != 1 or "no meta.properties" not in refused.stderr:
+            self.report.anomalies.append(
+                Anomaly(
+                    "wiped-started",
+                    f"controller {target} with a wiped directory exited "
+                    f"{refused.returncode}: {refused.stderr[-300:]!r}",
+                )
+            )
+        deadline = time.monotonic() + RECOVER_TIMEOUT_S
+        while True:  # recover needs a leader among the others (the target may have been it)
+            recovered = kraft_cli("storage", "recover", "--config", config, "--from-peers")
+            if recovered.returncode == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        if recovered.returncode != 0:
+            self.report.anomalies.append(
+                Anomaly(
+                    "recover-failed",
+                    f"controller {target}: recover --from-peers exited "
+                    f"{recovered.returncode}: {recovered.stderr[-300:]!r}",
+                )
+            )
+            outcome = "wiped-disk: recover failed"
+        else:
+            outcome = "wiped-disk: refused, recovered from peers"
+        if refused.returncode != 1:
+            outcome = f"wiped-disk: started (exit {refused.returncode})"
+        self.report.disk_outcomes.append(outcome)
+        self.cluster.start(target)
+        return target, time.monotonic() - t0, f"{role}, {outcome}"
+
     def _unfenced_brokers(self, timeout: float) -> set[int]:
         try:
             d = call_sync(self.cluster.bootstrap(), "DescribeCluster", {}, timeout)
@@ -529,8 +666,8 @@ class ChaosRun:
                 return False
         return self.workload is not None and self.workload.ok_since(since)
 
-    def _wait_healthy(self, since: float) -> float | None:
-        deadline = since + RECOVERY_TIMEOUT_S
+    def _wait_healthy(self, since: float, limit: float = RECOVERY_TIMEOUT_S) -> float | None:
+        deadline = since + limit
         target: list[int] = []
         while time.monotonic() < deadline:
             try:
@@ -556,12 +693,7 @@ class ChaosRun:
         digests = {
             cid: log_stream_digest(self.cluster.log_dir(cid)) for cid in self.cluster.controller_ids
         }
-        with MetadataLog.open(self.cluster.log_dir(1), fsync="never") as mlog:
-            if mlog.start_offset != 0:
-                raise AssertionError(
-                    f"controller 1's log starts at {mlog.start_offset}; the checker "
-                    "replays from offset 0 (raise the snapshot threshold)"
-                )
+        with MetadataLog.open(self.cluster.log_dir(self._whole_log()), fsync="never") as mlog:
             facts = scan_log(mlog.read_batches(0), checksum_at={off for off, _ in images.values()})
         r = self.report
         r.counts = self.history.counts()
@@ -589,6 +721,21 @@ class ChaosRun:
             )
             r.healthy_fences = unexplained_fences(facts.fences, windows, span)
         return r
+
+    def _whole_log(self) -> int:
+        """A controller whose metadata log starts at offset 0 (the checker replays it all); a
+        controller rebuilt from its peers may hold a snapshot instead."""
+        starts = {}
+        for cid in self.cluster.controller_ids:
+            with MetadataLog.open(self.cluster.log_dir(cid), fsync="never") as mlog:
+                starts[cid] = mlog.start_offset
+        whole = [cid for cid, start in starts.items() if start == 0]
+        if not whole:
+            raise AssertionError(
+                f"no controller's log starts at offset 0 ({starts}); the checker replays from "
+                "offset 0 (raise the snapshot threshold)"
+            )
+        return whole[0]
 
     def _settled_images(self, timeout: float) -> dict[int, tuple[int, str]]:
         """Once every node has applied the same offset: node id -> (offset, image checksum)."""

@@ -201,6 +201,42 @@ def test_a_flipped_journal_byte_refuses_start_and_recover_rebuilds_from_peers(
     assert {f"t{i}" for i in range(4)} | {"after-recovery"} <= topic_names(cluster)
 
 
+# ---- a torn last journal entry ---------------------------------------------------------------
+
+
+def test_a_torn_last_journal_entry_is_truncated_on_start_and_the_controller_rejoins(
+    cluster: LocalCluster,
+) -> None:
+    """A crash in the middle of an append: the header's end offset reached the disk, the
+    entry behind it only in part. The controller drops that entry with a warning, starts, and
+    the leader sends it again."""
+    for i in range(3):
+        assert create_topic(cluster, f"t{i}")
+    poll(lambda: converged(cluster, [1, 2, 3]), 60, what="all three agree")
+    cluster.kill(3, "KILL")
+    journal = meta_dir(cluster, 3) / "raft" / "journal.bin"
+    entries, offsets, end = jf.read_entries(str(journal), journal.read_bytes())
+    last = offsets[-1]
+    data = bytearray(journal.read_bytes())
+    data[last + 8 + 16 : end] = bytes(end - last - 24)  # the last entry's command never written
+    journal.write_bytes(bytes(data))
+
+    cluster.start(3)
+    log = Path(cluster.controller(3)["log_file"])
+    poll(
+        lambda: f"last entry (#{len(entries) - 1} at byte {last}) is torn" in log.read_text(),
+        30,
+        what="the torn entry reported",
+    )
+    poll(lambda: converged(cluster, [1, 2, 3]), 90, what="controller 3 caught up")
+    assert create_topic(cluster, "after-torn")
+    poll(lambda: converged(cluster, [1, 2, 3]), 60, what="controller 3 follows new writes")
+    assert {"t0", "t1", "t2", "after-torn"} <= topic_names(cluster)
+    rebuilt, _, _ = jf.read_entries(str(journal), journal.read_bytes())
+    assert rebuilt[len(entries) - 1][1] == entries[-1][1]  # the dropped index came back
+    assert "Traceback" not in log.read_text()
+
+
 # ---- wiped directories -----------------------------------------------------------------------
 
 
