@@ -2,11 +2,14 @@
 
 How a write flows
 -----------------
-``await submit(command)`` (trio) → :class:`~kraft.quorum.group_commit.GroupCommitter` → one
-replicated call ``apply_group(commands, origin_term)`` → PySyncObj appends one Raft entry,
-syncs the journal (``fsync="always"``), replicates → on commit *every* member runs
-``apply_group``, which calls ``target.apply_entry(raft_index, term, commands)`` → on the
-submitting member the results go back to the waiting ``submit``. PySyncObj does not run a thread
+``await submit(batch)`` (trio; the bytes of a record batch the active controller built) →
+:class:`~kraft.quorum.group_commit.GroupCommitter` → one replicated call
+``apply_group(batches, origin_term)`` → PySyncObj appends one Raft entry, syncs the journal
+(``fsync="always"``), replicates → on commit *every* member runs ``apply_group``, which calls
+``target.apply_entry(raft_index, term, batches)`` → on the submitting member the results go
+back to the waiting ``submit``. The entries are opaque bytes here: nothing is re-executed.
+A new leader proposes only once :meth:`RaftQuorum.leader_ready` (its first entry of the term,
+PySyncObj's no-op, is applied). PySyncObj does not run a thread
 of its own: its ticks run on the trio thread (:mod:`kraft.quorum.trio_ticker`), so a write never
 crosses threads.
 
@@ -292,7 +295,7 @@ class RaftSettings:
     compaction_min_entries: int = 100_000
     compaction_min_time: float = 3600.0
     group_max_commands: int = 1000
-    group_max_bytes: int = 1 << 20
+    group_max_bytes: int = 8 << 20  # a group of record batches (a 10,000-record one is ~2 MB)
     group_max_in_flight: int = 1
     group_fill_wait: float = 0.002
     auto_tick_period: float = 0.01
@@ -459,6 +462,10 @@ class _KraftSyncObj(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type h
 
     def last_log_index(self) -> int:
         return cast(int, self._SyncObj__raftLog[-1][1])
+
+    def first_index_of_term(self) -> int | None:
+        """The index of the no-op PySyncObj appends on becoming leader (None before)."""
+        return cast("int | None", self._SyncObj__noopIDx)
 
     def last_response_times(self) -> dict[Any, float]:
         return dict(self._SyncObj__lastResponseTime)
@@ -678,6 +685,16 @@ class RaftQuorum:
     def term(self) -> int:
         so = self._so
         return so.raftCurrentTerm if so is not None else 0
+
+    def leader_ready(self, term: int) -> bool:
+        """This member leads in ``term`` and has applied every entry up to its own first entry
+        of the term (PySyncObj's no-op): the committed state is final for everything proposed
+        before, so proposals built on it chain onto what every member has."""
+        so = self._so
+        if so is None or not so._isLeader() or so.raftCurrentTerm != term:
+            return False
+        first = so.first_index_of_term()
+        return first is not None and so.raftLastApplied >= first
 
     def leadership_events(self, buffer: int = 64) -> trio.MemoryReceiveChannel[tuple[bool, int]]:
         """A channel of ``(is_leader, term)``: the current state first, then every change."""
