@@ -25,6 +25,7 @@ from typing import Any, cast
 
 import trio
 
+import kraft.quorum.pysyncobj_patches as pysyncobj_patches
 from kraft import logsetup
 from kraft.config import ConfigError, ControllerConfig, is_loopback
 from kraft.controller.commands import Command, error_fields
@@ -957,6 +958,7 @@ class ControllerNode:
 
 def main(config_path: str) -> int:
     """Run a controller until SIGTERM/SIGINT. Returns the process exit code."""
+    pysyncobj_patches.apply()  # before anything uses PySyncObj or socket.inet_ntop
     try:
         logsetup.configure(logsetup.level_from(os.environ))
         config = ControllerConfig.load(config_path)
