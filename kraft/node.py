@@ -1,10 +1,15 @@
 """``kraft controller --config FILE``: one controller node of the quorum.
 
-Wires the pieces together: the metadata log (recovered on start), the state machine (rebuilt from
-the latest snapshot + the log), the PySyncObj member (:class:`RaftQuorum`), the controller RPC
-server, broker liveness (:class:`BrokerHeartbeatManager`, active controller only), the session
-timer that fences silent brokers one at a time, periodic snapshots, and long-polls for brokers
-that follow the log.
+Wires the pieces together: the metadata log (recovered on start), the committed state machine
+(rebuilt from the latest snapshot + the log), the PySyncObj member (:class:`RaftQuorum`), the
+controller RPC server, broker liveness (:class:`BrokerHeartbeatManager`, active controller only),
+the session timer that fences silent brokers one at a time, periodic snapshots, and long-polls
+for brokers that follow the log.
+
+Writes (controller v2): the active controller runs the request's handler against its speculative
+state machine (the committed one plus its own batches not yet committed), answers a request that
+fails validation at once, and proposes the resulting batch's bytes through Raft; every
+controller appends committed batches verbatim (kraft/metadata_applier.py).
 """
 
 from __future__ import annotations
@@ -20,9 +25,11 @@ from typing import Any, cast
 
 import trio
 
+import kraft.quorum.pysyncobj_patches as pysyncobj_patches
 from kraft import logsetup, sdnotify
 from kraft.config import ConfigError, ControllerConfig, is_loopback
-from kraft.controller.commands import Command
+from kraft.controller.commands import Command, error_fields
+from kraft.controller.election import Resume
 from kraft.controller.heartbeats import BrokerHeartbeatManager
 from kraft.controller.settings import ControllerSettings
 from kraft.controller.state_machine import QuorumStateMachine
@@ -33,6 +40,7 @@ from kraft.log.metadata_log import MetadataLog
 from kraft.metadata_applier import MetadataApplier
 from kraft.quorum.journal_file import JournalCorruptError
 from kraft.quorum.raft import RaftQuorum, RaftSettings
+from kraft.records import Batch
 from kraft.rpc.apis import APIS
 from kraft.rpc.authorize import parse_principals
 from kraft.rpc.server import RpcServer
@@ -111,6 +119,12 @@ class ControllerNode:
         self.applier = MetadataApplier(
             self.state_machine, self.log, self.snapshotter, on_applied=self._on_applied
         )
+        self.applier.on_own_batch = self._on_own_batch
+        # Active controller only: the committed state machine plus the batches proposed and not
+        # yet committed (in proposal order, by their bytes); None when not active.
+        self.speculative: QuorumStateMachine | None = None
+        self._in_flight: dict[bytes, Batch] = {}
+        self._transitions = 0  # stepped broker transitions in progress (the snapshot loop waits)
         self.heartbeats = BrokerHeartbeatManager(config["broker.session.timeout.ms"])
         self._new_data = trio.Event()
         self._applied = trio.Event()  # set on the trio thread after each applied Raft entry
@@ -392,14 +406,65 @@ class ControllerNode:
         async for is_leader, term in self.quorum.leadership_events():
             if is_leader:
                 await self._activate(term)
-            elif self._active_term != -1:
-                log.info("node %d: no longer the active controller", self.node_id)
-                self._active_term = -1
+            else:
+                self._drop_speculative()
+                if self._active_term != -1:
+                    log.info("node %d: no longer the active controller", self.node_id)
+                    self._active_term = -1
+
+    def _drop_speculative(self) -> None:
+        """Leadership lost: forget the proposals' image (requests waiting for their commit fail
+        with NOT_CONTROLLER through the quorum)."""
+        self.speculative = None
+        self._in_flight.clear()
+        self.applier.own_batches.clear()
+
+    def _on_own_batch(self, raw: bytes, applied: bool) -> None:  # in a raft tick, trio thread
+        """One of this controller's proposals committed: appended (drop it from the in-flight
+        list) or skipped by the chain check (every later proposal chains on it and will be
+        skipped too: start again from the committed state)."""
+        if raw not in self._in_flight:  # dropped by an earlier restart
+            if applied:  # it made it after all: what we proposed since will not fit
+                self._restart_speculative(b"")
+            return
+        if applied and next(iter(self._in_flight)) == raw:
+            del self._in_flight[raw]
+        else:
+            self._restart_speculative(raw)
+
+    def _restart_speculative(self, failed: bytes) -> None:
+        """Rebuild the speculative state machine from the committed one and the in-flight
+        proposals made before ``failed`` (those after it chain on it: they will be skipped);
+        ``failed`` empty: from the committed one alone."""
+        if self.speculative is None:
+            return
+        keep: dict[bytes, Batch] = {}
+        for raw, batch in self._in_flight.items():
+            if raw == failed or not failed:
+                break
+            keep[raw] = batch
+        spec = self.state_machine.fork()
+        for raw, batch in keep.items():
+            spec.replay_batch(batch, raw)
+        self.speculative, self._in_flight = spec, keep
+        log.warning(
+            "node %d: a proposal was not appended; proposing again from offset %d",
+            self.node_id,
+            spec.image.offset,
+        )
 
     async def _activate(self, term: int) -> None:
-        """Write ActivateController (committing it also proves leadership), then give every
-        registered broker a fresh session. Retried while this node still leads in ``term``."""
+        """Once every entry before this leader's first one of ``term`` is applied (so the
+        committed image is final), start the speculative state machine from it, write
+        ActivateController (committing it also proves leadership), then give every registered
+        broker a fresh session. Retried while this node still leads in ``term``."""
         assert self.quorum is not None
+        while not self.quorum.leader_ready(term):
+            if not (self.quorum.is_leader and self.quorum.term == term):
+                return
+            await trio.sleep(0.005)
+        self._drop_speculative()
+        self.speculative = self.state_machine.fork()
         while self.quorum.is_leader and self.quorum.term == term and self._active_term != term:
             try:
                 await self._submit(
@@ -466,7 +531,7 @@ class ControllerNode:
             # Not in the middle of a stepped broker transition (a 33k-partition fence writes
             # ~16 MB of log: a snapshot of a 1M-partition image, 1-2 CPU s on each controller,
             # would compete with its steps), unless the transition has lasted too long.
-            if not self.state_machine.transition_in_progress:
+            if not self._transitions:
                 deferred_since = None
             elif due:
                 deferred_since = deferred_since or time.monotonic()
@@ -519,50 +584,86 @@ class ControllerNode:
         request_id: str | None = None,
         principal: str = "controller",
         client_id: str = "",
-        wire_body: bool = False,
     ) -> dict[str, Any]:
-        """Replicate one command and return its response; a response error raises KraftError.
-        Broker transitions move at most one batch of partitions per command, so a stepped API
-        answered ``incomplete`` is repeated (as a new command) until it is done. ``wire_body``:
-        ``body`` was decoded from an RPC frame (msgpack, the command's own codec options), so
-        this controller may apply the command object without decoding its bytes again."""
-        assert self.quorum is not None
-        while True:
-            if not self.quorum.is_leader:
-                raise _not_controller(self._leader_hint())
-            command = Command(
-                api=api,
-                body=body,
-                request_id=request_id or str(uuid.uuid4()),
-                principal=principal,
-                client_id=client_id,
-                timestamp_ms=now_ms(),
-                seed=random.getrandbits(63),
-                leader_id=self.node_id,
-            )
-            started = time.monotonic()
-            raw = command.encode()
-            if wire_body:
-                self.applier.own_commands[raw] = command
-            try:
-                result = await self.quorum.submit(raw, timeout=WRITE_TIMEOUT_S)
-            finally:
-                self.applier.own_commands.pop(raw, None)
-            if self.metrics is not None:
-                self.metrics.commit_latency.observe((time.monotonic() - started) * 1000)
-            if not isinstance(result, dict):
-                raise KraftError(
-                    ErrorCode.UNKNOWN_SERVER_ERROR, "the command was applied without a result"
+        """Run one write on the active controller and return its response once its batch has
+        committed; a response error raises KraftError (at once: a request that fails validation
+        never reaches Raft). Broker transitions move at most one batch of partitions per step,
+        so a stepped API answered ``incomplete`` is repeated until it is done."""
+        stepped = api in _STEPPED_APIS
+        self._transitions += stepped
+        try:
+            resume: tuple[Resume, tuple[int, bytes]] | None = None
+            while True:
+                result, resume = await self._write_once(
+                    api, body, request_id, principal, client_id, resume
                 )
-            if result.get("error_code"):
-                err = KraftError(ErrorCode(result["error_code"]), result.get("error_message", ""))
-                err.body = result
-                raise err
-            if not (result.get("incomplete") and api in _STEPPED_APIS):
-                return result
-            request_id = None
-            if api == "UnfenceBroker":
-                body = dict(body, **{"continue": True})
+                if not (result.get("incomplete") and stepped):
+                    return result
+                request_id = None
+                if api == "UnfenceBroker":
+                    body = dict(body, **{"continue": True})
+        finally:
+            self._transitions -= stepped
+
+    async def _write_once(
+        self,
+        api: str,
+        body: dict[str, Any],
+        request_id: str | None,
+        principal: str,
+        client_id: str,
+        resume: tuple[Resume, tuple[int, bytes]] | None,
+    ) -> tuple[dict[str, Any], tuple[Resume, tuple[int, bytes]] | None]:
+        """One proposal: handler on the speculative image, then its batch through Raft.
+        ``resume``: where the previous step of a stepped transition stopped, and the image
+        position it is valid at (nothing written since)."""
+        assert self.quorum is not None
+        spec = self.speculative
+        if spec is None or not self.quorum.is_leader:
+            raise _not_controller(self._leader_hint())
+        command = Command(
+            api=api,
+            body=body,
+            request_id=request_id or str(uuid.uuid4()),
+            principal=principal,
+            client_id=client_id,
+            timestamp_ms=now_ms(),
+            seed=random.getrandbits(63),
+            leader_id=self.node_id,
+        )
+        image = spec.image  # the image the batch is built on (kept for the applier)
+        at = resume[0] if resume and resume[1] == (image.offset, image.last_hash) else None
+        batch, response, rest = spec.propose(command, self.quorum.term, at)
+        if response.get("error_code"):
+            err = KraftError(ErrorCode(response["error_code"]), response.get("error_message", ""))
+            err.body = response
+            raise err
+        if batch is None:
+            return response, None
+        raw = spec.last_encoded
+        assert raw is not None  # propose() sets it with every batch it returns
+        self._in_flight[raw] = batch
+        self.applier.own_batches[raw] = (batch, image, spec.image)
+        after = (spec.image.offset, spec.image.last_hash)
+        started = time.monotonic()
+        try:
+            result = await self.quorum.submit(raw, timeout=WRITE_TIMEOUT_S)
+        except KraftError as e:
+            self.applier.own_batches.pop(raw, None)
+            if e.code != ErrorCode.REQUEST_TIMED_OUT and raw in self._in_flight:
+                self._restart_speculative(raw)  # never appended to Raft
+            raise
+        if self.metrics is not None:
+            self.metrics.commit_latency.observe((time.monotonic() - started) * 1000)
+        if not isinstance(result, dict):
+            raise KraftError(
+                ErrorCode.UNKNOWN_SERVER_ERROR, "the batch was applied without a result"
+            )
+        if result.get("error_code"):
+            err = KraftError(ErrorCode(result["error_code"]), result.get("error_message", ""))
+            err.body = result
+            raise err
+        return response, ((rest, after) if rest is not None else None)
 
     # ---- RPC handling -------------------------------------------------------------------------
 
@@ -593,7 +694,6 @@ class ControllerNode:
                     request_id=getattr(ctx, "request_id", None),
                     principal=getattr(ctx, "principal", "ANONYMOUS") or "ANONYMOUS",
                     client_id=getattr(ctx, "client_id", "") or "",
-                    wire_body=True,
                 )
             finally:
                 if self.metrics is not None:
@@ -602,15 +702,23 @@ class ControllerNode:
 
     async def _register_broker(self, body: dict[str, Any], ctx: Any) -> dict[str, Any]:
         broker_id = body["broker_id"]
-        existing = self.state_machine.image.brokers.get(broker_id)
-        live = (
+        spec = self.speculative
+        existing = spec.image.brokers.get(broker_id) if spec is not None else None
+        if (
             existing is not None
             and existing.incarnation_id != body["incarnation_id"]
             and self.heartbeats.has_live_session(broker_id, now_ms())
-        )
+        ):  # liveness is known only here, so the active controller checks it itself
+            err = KraftError(
+                ErrorCode.DUPLICATE_BROKER_REGISTRATION,
+                f"Another broker {broker_id} (incarnation {existing.incarnation_id}) is "
+                "registered and alive; retry once its session has expired.",
+            )
+            err.body = {**error_fields(err), "broker_epoch": -1}
+            raise err
         result = await self._submit(
             "BrokerRegistration",
-            dict(body, has_live_session=live),
+            body,
             request_id=getattr(ctx, "request_id", None),
             principal=getattr(ctx, "principal", "ANONYMOUS") or "ANONYMOUS",
             client_id=getattr(ctx, "client_id", "") or "",
@@ -871,6 +979,7 @@ class ControllerNode:
 
 def main(config_path: str) -> int:
     """Run a controller until SIGTERM/SIGINT. Returns the process exit code."""
+    pysyncobj_patches.apply()  # before anything uses PySyncObj or socket.inet_ntop
     try:
         logsetup.configure(logsetup.level_from(os.environ))
         config = ControllerConfig.load(config_path)

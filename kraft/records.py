@@ -509,12 +509,16 @@ RECORD_NAMES: dict[str, type[Record]] = {cls.NAME: cls for cls in RECORD_TYPES.v
 # Batches
 # ---------------------------------------------------------------------------------------------
 
-BATCH_FORMAT = 1
+# Format 2 (written since controller v2): the active controller builds a batch before Raft has
+# placed it, so the batch no longer carries the Raft entry's index and position (format 1 did; a
+# format-1 batch still decodes, with its stored values, and re-encodes to the same bytes).
+BATCH_FORMAT = 2
+READABLE_BATCH_FORMATS = (1, 2)
 ZERO_HASH = bytes(32)
 _PROVENANCE_KEYS = ("principal", "client_id", "request_id", "api", "reason")
 _FIVE_INTS = (int,) * 5
 _FIVE_STRS = (str,) * 5
-_BATCH_KEYS = (
+_BATCH_KEYS_V1 = (
     "format",
     "base_offset",
     "term",
@@ -525,6 +529,16 @@ _BATCH_KEYS = (
     "prev_hash",
     "records",
 )
+_BATCH_KEYS = (
+    "format",
+    "base_offset",
+    "term",
+    "timestamp_ms",
+    "provenance",
+    "prev_hash",
+    "records",
+)
+BATCH_KEYS_BY_FORMAT = {1: _BATCH_KEYS_V1, 2: _BATCH_KEYS}
 
 
 @dataclass(frozen=True, slots=True)
@@ -559,6 +573,8 @@ class Batch:
     prev_hash: bytes
     records: tuple[Record, ...] = field(default=())
     raft_position: int = 0  # index of the command within its (group-committed) Raft entry
+    # 2 (current) has no raft_index/raft_position in its bytes (they read as 0); 1 has them
+    fmt: int = BATCH_FORMAT
     # batch_hash of the bytes decode_batch read this batch from (None when built in memory), so a
     # replay adopts its hash without re-encoding it. Not compared; dataclasses.replace drops it.
     digest: bytes | None = field(default=None, init=False, compare=False, repr=False)
@@ -573,22 +589,34 @@ class Batch:
 
     def to_dict(self) -> dict[str, Any]:
         p = self.provenance
+        provenance = {
+            "principal": p.principal,
+            "client_id": p.client_id,
+            "request_id": p.request_id,
+            "api": p.api,
+            "reason": p.reason,
+        }
+        records = [r.to_dict() for r in self.records]
+        if self.fmt == 1:
+            return {
+                "format": 1,
+                "base_offset": self.base_offset,
+                "term": self.term,
+                "raft_index": self.raft_index,
+                "raft_position": self.raft_position,
+                "timestamp_ms": self.timestamp_ms,
+                "provenance": provenance,
+                "prev_hash": self.prev_hash,
+                "records": records,
+            }
         return {
-            "format": BATCH_FORMAT,
+            "format": self.fmt,
             "base_offset": self.base_offset,
             "term": self.term,
-            "raft_index": self.raft_index,
-            "raft_position": self.raft_position,
             "timestamp_ms": self.timestamp_ms,
-            "provenance": {
-                "principal": p.principal,
-                "client_id": p.client_id,
-                "request_id": p.request_id,
-                "api": p.api,
-                "reason": p.reason,
-            },
+            "provenance": provenance,
             "prev_hash": self.prev_hash,
-            "records": [r.to_dict() for r in self.records],
+            "records": records,
         }
 
     def encode(self) -> bytes:
@@ -630,13 +658,14 @@ def decode_batch_envelope(encoded: bytes | memoryview) -> Batch:
     d: dict[str, Any] = {}
     try:
         size = unpacker.read_map_header()
-        if size != len(_BATCH_KEYS):
+        keys = _BATCH_KEYS if size == len(_BATCH_KEYS) else _BATCH_KEYS_V1
+        if size != len(keys):
             raise RecordDecodeError(f"a batch must be a map with keys {list(_BATCH_KEYS)}")
-        for expected in _BATCH_KEYS:
+        for expected in keys:
             key = unpacker.unpack()
             if key != expected:
                 raise RecordDecodeError(
-                    f"a batch must be a map with keys {list(_BATCH_KEYS)}, "
+                    f"a batch must be a map with keys {list(keys)}, "
                     f"found {key!r} where {expected!r} belongs"
                 )
             if key == "records":
@@ -662,13 +691,18 @@ def decode_batch_envelope(encoded: bytes | memoryview) -> Batch:
 
 
 def batch_from_dict(d: Any, check_records: bool = True) -> Batch:
-    if not isinstance(d, dict) or tuple(d) != _BATCH_KEYS:
+    """A batch from its decoded map: format 2 (current) or format 1 (raft fields stored)."""
+    if isinstance(d, dict) and tuple(d) == _BATCH_KEYS:
+        fmt, base_offset, term, timestamp_ms, p, prev_hash, records = d.values()
+        raft_index = raft_position = 0
+    elif isinstance(d, dict) and tuple(d) == _BATCH_KEYS_V1:
+        fmt, base_offset, term, raft_index, raft_position, timestamp_ms, p, prev_hash, records = (
+            d.values()
+        )
+    else:
         keys = sorted(map(str, d)) if isinstance(d, dict) else type(d).__name__
         raise RecordDecodeError(f"a batch must be a map with keys {list(_BATCH_KEYS)}, got {keys}")
-    fmt, base_offset, term, raft_index, raft_position, timestamp_ms, p, prev_hash, records = (
-        d.values()
-    )
-    if fmt != BATCH_FORMAT:
+    if type(fmt) is not int or fmt != (1 if len(d) == len(_BATCH_KEYS_V1) else BATCH_FORMAT):
         raise RecordDecodeError(f"unsupported batch format {fmt!r}")
     if (
         type(base_offset),
@@ -678,7 +712,7 @@ def batch_from_dict(d: Any, check_records: bool = True) -> Batch:
         type(timestamp_ms),
     ) != _FIVE_INTS:
         for key in ("base_offset", "term", "raft_index", "raft_position", "timestamp_ms"):
-            if type(d[key]) is not int:
+            if type(d.get(key, 0)) is not int:
                 raise RecordDecodeError(f"batch {key} must be an integer, got {d[key]!r}")
     if type(p) is dict and tuple(p) == _PROVENANCE_KEYS:  # the canonical order: one check
         if tuple(map(type, p.values())) != _FIVE_STRS:
@@ -698,7 +732,15 @@ def batch_from_dict(d: Any, check_records: bool = True) -> Batch:
         raise RecordDecodeError("batch records must be a list")
     records = tuple(map(record_from_dict, records)) if check_records else tuple(records)
     return Batch(
-        base_offset, term, raft_index, timestamp_ms, provenance, prev_hash, records, raft_position
+        base_offset,
+        term,
+        raft_index,
+        timestamp_ms,
+        provenance,
+        prev_hash,
+        records,
+        raft_position,
+        fmt,
     )
 
 

@@ -121,11 +121,7 @@ def register_broker(
         if rack is not None and not isinstance(rack, str):
             raise KraftError(ErrorCode.INVALID_REQUEST, "rack must be a string.")
         existing = image.broker(broker_id)
-        if (
-            existing is not None
-            and existing.incarnation_id != incarnation
-            and (not existing.fenced or body.get("has_live_session") is True)
-        ):
+        if existing is not None and existing.incarnation_id != incarnation and not existing.fenced:
             raise KraftError(
                 ErrorCode.DUPLICATE_BROKER_REGISTRATION,
                 f"Another broker {broker_id} (incarnation {existing.incarnation_id}) is registered "

@@ -17,6 +17,7 @@ brokers and the ``random.Random`` passed in, so every controller computes the sa
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -24,6 +25,12 @@ from typing import Any, NamedTuple
 from kraft.errors import ErrorCode, KraftError
 
 __all__ = ["PlacementBroker", "place_replicas"]
+
+# Test-only hook (tests/integration/test_rolling_upgrade.py): ``KRAFT_TEST_PLACEMENT=followers-
+# reversed`` in a controller's environment makes its placer list each partition's followers in
+# reverse order, standing in for a controller running a changed placement rule during a rolling
+# upgrade. Read once at import; never set it in production.
+_TEST_PLACEMENT = os.environ.get("KRAFT_TEST_PLACEMENT", "")
 
 
 class PlacementBroker(NamedTuple):
@@ -156,5 +163,7 @@ def place_replicas(
             r += 1
             if r == rack_count:
                 r = 0
+        if _TEST_PLACEMENT == "followers-reversed":
+            chosen[1:] = chosen[:0:-1]
         out.append(chosen)
     return out

@@ -1,20 +1,22 @@
-"""The deterministic controller state machine every controller runs over committed commands.
+"""The controller state machine: the leader's proposals and everyone's replay of batches.
 
-``apply`` validates a command against the current image, asks the owning control manager for
-records and a response, wraps the records in one :class:`Batch` (base offset = image offset + 1,
-prev_hash = the image's last hash) and replays it into the next image. Same commands in the same
-order give byte-identical batches on every controller: no randomness except from the command
-seed, time only from the command, no iteration over unordered containers without sorting.
+Controller v2 (docs/design.md, "Controller state machine"): only the active controller runs
+request handlers. Its :meth:`QuorumStateMachine.propose` validates a command against the
+controller's latest image (the committed image plus every batch it has proposed and not yet
+seen committed), asks the owning control manager for records and a response, wraps the records
+in one :class:`Batch` (base offset = image offset + 1, prev_hash = the image's last hash,
+provenance from the command) and replays it into that speculative image. The batch's bytes go
+through Raft; on commit every controller replays them verbatim (:meth:`replay_batch`) into its
+committed state machine. Nothing here is re-executed on a follower, so a changed handler on one
+controller (a rolling upgrade) cannot fork the log.
 
-User errors are response values; only a record that fails to replay (an internal
-inconsistency) raises. A window of recently written request ids answers a retried command with
-``{"duplicate": true, ...}`` instead of writing it twice. Only requests that produced a batch are
-remembered, so the window is rebuilt by replaying the log's recent batches (``replay_batch`` or
-``note_replayed_batch``). Whether a retry is a duplicate decides whether a batch is written, so
-every controller must hold the same window at the same offset: snapshots carry it
+User errors are response values and never become a batch. A window of recently written request
+ids answers a retried command with ``{"duplicate": true, ...}`` instead of writing it twice. Only
+requests that produced a batch are remembered, so the window is a function of the log: replaying
+a batch adds its id (``replay_batch`` or ``note_replayed_batch``), snapshots carry it
 (``snapshot_state()`` → the snapshot header; ``reset(image, request_ids)`` on install, ``seed``
-on start-up), and a snapshot written before that existed is backed by the log batches before it
-(``ControllerNode._seed_dedup_window``).
+on start-up), and a new active controller starts its speculative state machine from a copy of
+the committed one (:meth:`fork`).
 """
 
 from __future__ import annotations
@@ -145,7 +147,7 @@ def batch_summary(batch: Batch, image: MetadataImage) -> dict[str, Any]:
 
 
 class QuorumStateMachine:
-    """Applies commands to a :class:`MetadataImage`; see the module doc and docs/design.md."""
+    """Proposals (active controller) and batch replay (every controller); see the module doc."""
 
     def __init__(
         self, settings: ControllerSettings, image: MetadataImage = MetadataImage.EMPTY
@@ -154,92 +156,90 @@ class QuorumStateMachine:
         self.image = image
         self._recent: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._state_lock = threading.Lock()  # image + window change together (snapshot_state)
-        # (api, broker id, image offset, image hash) -> partitions a stepped transition has left
-        self._pending: tuple[tuple[Any, ...], tuple[Any, ...]] | None = None
-        self.last_encoded: bytes | None = None  # encoding of the last batch apply() produced
+        self.last_encoded: bytes | None = None  # encoding of the last batch propose() built
 
-    # ---- writes -------------------------------------------------------------------------------
+    # ---- writes (active controller only) -------------------------------------------------------
 
-    def apply(
-        self, command: Command, raft_index: int, term: int, raft_position: int = 0
-    ) -> tuple[Batch | None, dict[str, Any]]:
-        """Apply one committed command; returns (batch to append or None, response body)."""
+    def propose(
+        self, command: Command, term: int, resume: Resume | None = None
+    ) -> tuple[Batch | None, dict[str, Any], Resume | None]:
+        """Run one request's handler against this (speculative) image; return the batch to
+        propose (None: nothing to write, e.g. an error or a duplicate), the response body, and
+        where a stepped broker transition resumes (``resume`` of its next step, valid only
+        while nothing else has been written). The batch is already replayed here; its bytes are
+        :attr:`last_encoded`."""
         self.last_encoded = None
         handler = WRITES.get(command.api)
         if handler is None:
             kind = APIS[command.api].kind if command.api in APIS else "unknown"
-            return None, error_response(
-                ErrorCode.INVALID_REQUEST,
-                f"{command.api!r} is not a replicated write API ({kind}).",
+            return (
+                None,
+                error_response(
+                    ErrorCode.INVALID_REQUEST,
+                    f"{command.api!r} is not a replicated write API ({kind}).",
+                ),
+                None,
             )
         if command.request_id:
             seen = self._recent.get(command.request_id)
             if seen is not None and seen["api"] == command.api:
-                return None, dict(seen)
+                return None, dict(seen), None
         try:
             validate_request(command.api, command.body)
             resumable = _RESUMABLE.get(command.api)
             if resumable is not None:
-                result = resumable(
-                    self.image, command, self.settings, pending=self._pending_for(command)
-                )
+                result = resumable(self.image, command, self.settings, pending=resume)
             else:
                 result = handler(self.image, command, self.settings)
         except KraftError as e:
-            return None, error_response(e.code, e.message)
+            return None, error_response(e.code, e.message), None
         except Exception as e:  # malformed nested input the handler did not anticipate
-            return None, error_response(
-                ErrorCode.INVALID_REQUEST,
-                f"{command.api}: malformed request ({type(e).__name__}: {e})",
+            return (
+                None,
+                error_response(
+                    ErrorCode.INVALID_REQUEST,
+                    f"{command.api}: malformed request ({type(e).__name__}: {e})",
+                ),
+                None,
             )
         if not result.records:
-            return None, result.response
+            return None, result.response, None
         image = self.image
-        batch = Batch(  # positional: this runs for every command on every controller
+        batch = Batch(  # format 2: no Raft index/position (Raft has not placed it yet)
             image.offset + 1,
             term,
-            raft_index,
+            0,
             max(command.timestamp_ms, image.timestamp_ms),
             Provenance(
                 command.principal, command.client_id, command.request_id, command.api, result.reason
             ),
             image.last_hash,
             tuple(result.records),
-            raft_position,
         )
         encoded = batch.encode()
         self.replay_batch(batch, encoded)  # a ReplayError here is fatal: let it propagate
         self.last_encoded = encoded
-        self._pending = (
-            None
-            if result.pending is None
-            else (self._pending_key(command, self.image), result.pending)
-        )
-        return batch, result.response
+        return batch, result.response, result.pending
 
-    @property
-    def transition_in_progress(self) -> bool:
-        """A stepped broker transition (fence, controlled shutdown, unfence) has steps left."""
-        return self._pending is not None
-
-    @staticmethod
-    def _pending_key(command: Command, image: MetadataImage) -> tuple[Any, ...]:
-        return command.api, command.body.get("broker_id"), image.offset, image.last_hash
-
-    def _pending_for(self, command: Command) -> tuple[Any, ...] | None:
-        """The rest of a stepped transition, if this command continues it and nothing else was
-        written since the previous step (same offset and hash); a pure function of the log, so
-        controllers that have it and controllers that recompute write the same batch."""
-        pending = self._pending
-        if pending is None or pending[0] != self._pending_key(command, self.image):
-            return None
-        return pending[1]
+    def fork(self) -> QuorumStateMachine:
+        """A copy (same image, own dedup window) for a new active controller's proposals."""
+        with self._state_lock:
+            copy = QuorumStateMachine(self.settings, self.image)
+            copy._recent = OrderedDict(self._recent)
+        return copy
 
     def replay_batch(self, batch: Batch, encoded: bytes | None = None) -> None:
-        """Replay a batch (from apply, or from the log at start-up) into the image."""
+        """Replay a batch (a proposal, a committed batch, or the log at start-up) into the image."""
         delta = MetadataDelta(self.image)
         delta.replay_batch(batch, batch_hash(encoded) if encoded is not None else None)
         image = delta.apply()
+        with self._state_lock:
+            self.note_replayed_batch(batch)
+            self.image = image
+
+    def adopt(self, batch: Batch, image: MetadataImage) -> None:
+        """Move to ``image``, the result of replaying ``batch`` onto the current image (the
+        active controller's speculative state machine already built it)."""
         with self._state_lock:
             self.note_replayed_batch(batch)
             self.image = image
@@ -263,7 +263,6 @@ class QuorumStateMachine:
             self._recent = OrderedDict()
             self.seed(request_ids)
             self.image = image
-            self._pending = None
 
     def seed(self, request_ids: Iterable[tuple[str, dict[str, Any]]]) -> None:
         """Add (request id, answer) pairs, oldest first, to the dedup window."""

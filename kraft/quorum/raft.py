@@ -1,12 +1,16 @@
-"""``RaftQuorum``: one PySyncObj member, seen from trio. The only module importing pysyncobj.
+"""``RaftQuorum``: one PySyncObj member, seen from trio (its module-level patches of PySyncObj
+live in ``pysyncobj_patches``, applied by :meth:`RaftQuorum.start`).
 
 How a write flows
 -----------------
-``await submit(command)`` (trio) → :class:`~kraft.quorum.group_commit.GroupCommitter` → one
-replicated call ``apply_group(commands, origin_term)`` → PySyncObj appends one Raft entry,
-syncs the journal (``fsync="always"``), replicates → on commit *every* member runs
-``apply_group``, which calls ``target.apply_entry(raft_index, term, commands)`` → on the
-submitting member the results go back to the waiting ``submit``. PySyncObj does not run a thread
+``await submit(batch)`` (trio; the bytes of a record batch the active controller built) →
+:class:`~kraft.quorum.group_commit.GroupCommitter` → one replicated call
+``apply_group(batches, origin_term)`` → PySyncObj appends one Raft entry, syncs the journal
+(``fsync="always"``), replicates → on commit *every* member runs ``apply_group``, which calls
+``target.apply_entry(raft_index, term, batches)`` → on the submitting member the results go
+back to the waiting ``submit``. The entries are opaque bytes here: nothing is re-executed.
+A new leader proposes only once :meth:`RaftQuorum.leader_ready` (its first entry of the term,
+PySyncObj's no-op, is applied). PySyncObj does not run a thread
 of its own: its ticks run on the trio thread (:mod:`kraft.quorum.trio_ticker`), so a write never
 crosses threads.
 
@@ -69,26 +73,17 @@ PySyncObj settings, chosen on purpose
 
 from __future__ import annotations
 
-import _socket
 import errno
 import functools
 import logging
 import os
-import socket
 import struct
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, cast
 
 import msgpack
-
-# PySyncObj's win_inet_pton module (imported by its TCP code) replaces socket.inet_ntop with a
-# Windows-only function on every platform (its inet_pton replacement is guarded, the inet_ntop one
-# is not), which breaks inet_ntop for the whole process. Put the C one back (from ``_socket``: if
-# something imported pysyncobj before this module, ``socket.inet_ntop`` is already the broken one).
-import pysyncobj.pickle as _pysyncobj_pickle
 import pysyncobj.syncobj as _syncobj_module
 import trio
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
@@ -96,161 +91,21 @@ from pysyncobj.journal import FileJournal  # noqa: F401 -- PySyncObj's v1 journa
 from pysyncobj.monotonic import monotonic as _monotonic
 from pysyncobj.node import TCPNode
 from pysyncobj.syncobj import SyncObjException
-from pysyncobj.tcp_connection import TcpConnection
 from pysyncobj.transport import TCPTransport
 
+import kraft.quorum.pysyncobj_patches as pysyncobj_patches
 from kraft.errors import ErrorCode, KraftError
 from kraft.quorum.durable_journal import DurableJournal, register_journal, unregister_journal
 from kraft.quorum.group_commit import GroupCommitter
-from kraft.quorum.secret import report_unreadable
+from kraft.quorum.pysyncobj_patches import (  # noqa: F401 -- re-exported (tests, docs)
+    COMPRESS_MIN_BYTES,
+    EPOLL_POLLER,
+    MAX_RAFT_FRAME_BYTES,
+    PRE_AUTH_MAX_FRAME_BYTES,
+    STALL_TIMEOUT_S,
+)
 from kraft.quorum.trio_ticker import EpollPoller, TickLoop
 from kraft.storage.failure import storage_failed
-
-socket.inet_ntop = _socket.inet_ntop
-
-# PySyncObj reads a whole announced frame before it decrypts (or rejects) it, so a peer that
-# announces 2 GiB and streams junk makes it buffer without bound — even with a password. Our own
-# messages are far smaller (entries <= group_max_bytes, dump chunks 256 KiB): a frame announcing
-# more than this, or a negative length, closes the connection at once.
-MAX_RAFT_FRAME_BYTES = 64 << 20
-# Before a connection has sent one frame that decrypts with the cluster secret, a frame may announce
-# at most this (the handshake's frames are under 100 bytes): junk or an attacker's "64 MiB" frame
-# is refused after 1 MiB instead of being read whole on the tick thread.
-PRE_AUTH_MAX_FRAME_BYTES = 1 << 20
-# A frame started and not finished for this long, or an incoming connection that has not
-# completed the handshake (key exchange and its node address) within it, is closed.
-STALL_TIMEOUT_S = 5.0
-
-# PySyncObj zlib-compresses every message (~40 us of CPU for a 200-byte ack here, several per
-# commit). Ours compress only messages of COMPRESS_MIN_BYTES or more; the rest go as the bare
-# pickle, which starts with 0x80 (protocol >= 2) where a zlib stream never does, so a receiver
-# tells them apart. (Older pykraft controllers cannot read the bare form: upgrade all together.)
-COMPRESS_MIN_BYTES = 64 << 10
-_PICKLE_MARK = b"\x80"
-
-
-def _send_message(conn: Any, message: Any) -> None:
-    """``TcpConnection.send``: frame = i32 length | [encrypted] (pickle or zlib(pickle))."""
-    if conn.sendRandKey:
-        message = (conn.sendRandKey, message)
-    data = _pysyncobj_pickle.dumps(message)
-    if len(data) >= COMPRESS_MIN_BYTES:
-        data = zlib.compress(data, 1)
-    if conn.encryptor:
-        data = conn.encryptor.encrypt_at_time(data, int(_monotonic()))
-    conn._TcpConnection__writeBuffer += struct.pack("i", len(data)) + data
-    conn._TcpConnection__trySendBuffer()
-
-
-def _parse_frame(conn: Any) -> Any:
-    """``TcpConnection.__processParseMessage``: the next complete message, or None (and the
-    connection closed when the frame announces more than MAX_RAFT_FRAME_BYTES or is not a
-    valid message from a peer holding the key)."""
-    buf = conn._TcpConnection__readBuffer
-    if len(buf) < 4:
-        return None
-    (size,) = struct.unpack_from("i", buf, 0)
-    limit = _frame_limit(conn)
-    if not 0 <= size <= limit:
-        logger.warning(
-            "raft: closing a connection that announced a %d-byte frame (max %d%s)",
-            size,
-            limit,
-            "" if getattr(conn, "kraft_authenticated", False) else " before authentication",
-        )
-        conn.disconnect()
-        return None
-    if len(buf) - 4 < size:
-        return None
-    data = bytes(buf[4 : 4 + size])
-    try:
-        if conn.encryptor:
-            timestamp = conn.encryptor.extract_timestamp(data)
-            if timestamp < conn.recvLastTimestamp:
-                raise ValueError("frame older than the last one (replayed)")
-            conn.recvLastTimestamp = timestamp
-            data = conn.encryptor.decrypt(data)
-            conn.kraft_authenticated = True
-        else:
-            raise ValueError("no cluster secret: unencrypted Raft traffic is refused")
-        if data[:1] != _PICKLE_MARK:
-            data = zlib.decompress(data)
-        message = _pysyncobj_pickle.loads(data)
-        if conn.recvRandKey:
-            rand_key, message = message
-            if rand_key != conn.recvRandKey:
-                raise ValueError("wrong session key")
-    except Exception as exc:  # garbage, a wrong key, a replay: drop the peer
-        report_unreadable(conn, exc)
-        conn.disconnect()
-        return None
-    rest = buf[4 + size :]
-    conn._TcpConnection__readBuffer = rest
-    conn.kraft_partial_since = _monotonic() if rest else None
-    return message
-
-
-def _frame_limit(conn: Any) -> int:
-    return (
-        MAX_RAFT_FRAME_BYTES
-        if getattr(conn, "kraft_authenticated", False)
-        else PRE_AUTH_MAX_FRAME_BYTES
-    )
-
-
-_create_poller = _syncobj_module.createPoller
-_EPOLL_POLLER = "kraft-epoll"
-
-
-def _kraft_create_poller(kind: str) -> Any:
-    """PySyncObj's ``createPoller``, plus our epoll poller (trio waits on its descriptor)."""
-    return EpollPoller() if kind == _EPOLL_POLLER else _create_poller(kind)
-
-
-_syncobj_module.createPoller = _kraft_create_poller
-
-_read_some = TcpConnection._TcpConnection__processRead
-
-
-def _bounded_read(conn: Any) -> bool:
-    """PySyncObj reads while data is available before parsing; stop once the buffer holds an
-    oversized announcement or more than the connection's frame limit (1 MiB before it has
-    authenticated), so the parse above runs (and can close the connection) before more is read.
-    The buffer becomes a bytearray: PySyncObj's ``bytes +=`` copies the whole buffer on every
-    8 KiB read, which made reading 64 MiB cost seconds of the tick thread."""
-    buf = conn._TcpConnection__readBuffer
-    if not isinstance(buf, bytearray):
-        conn._TcpConnection__readBuffer = buf = bytearray(buf)
-    if not buf:
-        conn.kraft_partial_since = None
-    more: bool = _read_some(conn)
-    buf = conn._TcpConnection__readBuffer
-    if buf and getattr(conn, "kraft_partial_since", None) is None:
-        conn.kraft_partial_since = _monotonic()
-    if more and len(buf) >= 4:
-        (size,) = struct.unpack_from("i", buf, 0)
-        limit = _frame_limit(conn)
-        if not 0 <= size <= limit or len(buf) > 4 + limit:
-            return False
-    return more
-
-
-_disconnect = TcpConnection.disconnect
-
-
-def _disconnect_and_forget(conn: Any) -> None:
-    """``TcpConnection.disconnect``; an outgoing connection object is reused for the next
-    attempt, which must authenticate again before its frames may be large."""
-    conn.kraft_authenticated = False
-    conn.kraft_partial_since = None
-    _disconnect(conn)
-
-
-TcpConnection.disconnect = _disconnect_and_forget
-TcpConnection._TcpConnection__processParseMessage = _parse_frame
-TcpConnection._TcpConnection__processRead = _bounded_read
-TcpConnection.send = _send_message
-
 
 logger = logging.getLogger(__name__)
 
@@ -293,7 +148,7 @@ class RaftSettings:
     compaction_min_entries: int = 100_000
     compaction_min_time: float = 3600.0
     group_max_commands: int = 1000
-    group_max_bytes: int = 1 << 20
+    group_max_bytes: int = 8 << 20  # a group of record batches (a 10,000-record one is ~2 MB)
     group_max_in_flight: int = 1
     group_fill_wait: float = 0.002
     auto_tick_period: float = 0.01
@@ -461,6 +316,10 @@ class _KraftSyncObj(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type h
     def last_log_index(self) -> int:
         return cast(int, self._SyncObj__raftLog[-1][1])
 
+    def first_index_of_term(self) -> int | None:
+        """The index of the no-op PySyncObj appends on becoming leader (None before)."""
+        return cast("int | None", self._SyncObj__noopIDx)
+
     def last_response_times(self) -> dict[Any, float]:
         return dict(self._SyncObj__lastResponseTime)
 
@@ -551,6 +410,7 @@ class RaftQuorum:
         task, until :meth:`close`). Call from the trio thread."""
         if self._so is not None:
             raise RuntimeError("already started")
+        pysyncobj_patches.apply()  # idempotent; the controller also applies them at start-up
         self.raft_dir.mkdir(parents=True, exist_ok=True)
         s = self.settings
         fsync = s.fsync == "always"
@@ -564,7 +424,7 @@ class RaftQuorum:
             password=s.password,
             autoTick=False,
             autoTickPeriod=s.auto_tick_period,
-            pollerType=_EPOLL_POLLER,
+            pollerType=EPOLL_POLLER,
             maxBindRetries=1,  # a Raft port in use is an error at start (not a retry every second)
             raftMinTimeout=s.raft_min_timeout,
             raftMaxTimeout=s.raft_max_timeout,
@@ -679,6 +539,16 @@ class RaftQuorum:
     def term(self) -> int:
         so = self._so
         return so.raftCurrentTerm if so is not None else 0
+
+    def leader_ready(self, term: int) -> bool:
+        """This member leads in ``term`` and has applied every entry up to its own first entry
+        of the term (PySyncObj's no-op): the committed state is final for everything proposed
+        before, so proposals built on it chain onto what every member has."""
+        so = self._so
+        if so is None or not so._isLeader() or so.raftCurrentTerm != term:
+            return False
+        first = so.first_index_of_term()
+        return first is not None and so.raftLastApplied >= first
 
     def leadership_events(self, buffer: int = 64) -> trio.MemoryReceiveChannel[tuple[bool, int]]:
         """A channel of ``(is_leader, term)``: the current state first, then every change."""

@@ -313,3 +313,29 @@ def test_lagging_controller_installs_the_leaders_snapshot(cluster):
     poll(lambda: expected <= _topic_names(cluster, lagging), 60, what="topics after restarting it")
     kraft("topics", "create", "after-install", "--cluster", str(cluster.dir))
     poll(lambda: "after-install" in _topic_names(cluster, lagging), 30, what="new writes on it")
+
+
+def test_an_invalid_create_topics_leaves_the_raft_commit_index_unchanged(cluster):
+    """Only the active controller validates: a request that fails never reaches Raft."""
+    cluster.up(controllers=3)
+    leader = cluster.active_controller()
+
+    def position() -> tuple[int, int]:
+        node = cluster.call("DescribeNode", {"checksum": False}, node_id=leader)
+        return node["raft"]["commit_index"], node["log_end_offset"]
+
+    def settled() -> tuple[int, int] | None:  # activation and its commit notice are done
+        first = position()
+        return first if cluster.call("DescribeQuorum", {})["commit_index"] == first[0] else None
+
+    before = poll(settled, 30, what="the leader's commit index to settle")
+    bad = [
+        {"name": "zero", "num_partitions": 0, "replication_factor": 1},  # INVALID_PARTITIONS
+        {"name": "no-brokers", "num_partitions": 1, "replication_factor": 3},
+        {"name": "bad/name", "num_partitions": 1, "replication_factor": 1},
+    ]
+    for topic in bad:
+        reply = cluster.call("CreateTopics", {"topics": [topic]}, node_id=leader)
+        assert reply["topics"][0]["error_code"] != 0, reply
+    assert position() == before
+    assert cluster.active_controller() == leader

@@ -675,22 +675,27 @@ async def test_measure(tmp_path: Path, fsync: str) -> None:
         cluster.close()
 
 
-def test_importing_the_quorum_keeps_socket_inet_ntop_working():
-    """PySyncObj replaces socket.inet_ntop with a Windows-only function on import."""
+def test_the_quorum_patches_keep_socket_inet_ntop_working():
+    """PySyncObj replaces socket.inet_ntop with a Windows-only function on import; the patches
+    applied at start-up (RaftQuorum.start, kraft.node.main) put the C one back."""
     import socket
 
     import kraft.quorum.raft  # noqa: F401
+    from kraft.quorum import pysyncobj_patches
 
+    pysyncobj_patches.apply()
     assert socket.inet_ntop(socket.AF_INET, b"\x7f\x00\x00\x01") == "127.0.0.1"
     assert socket.inet_ntop(socket.AF_INET6, bytes(15) + b"\x01") == "::1"
 
 
-def test_quorum_repairs_inet_ntop_even_when_pysyncobj_was_imported_first():
+def test_the_patches_repair_inet_ntop_even_when_pysyncobj_was_imported_first():
+    """Patches are applied explicitly at start-up (pysyncobj_patches.apply), not on import."""
     import subprocess
     import sys
 
     code = (
         "import socket, pysyncobj.syncobj, kraft.quorum.raft; "
+        "from kraft.quorum import pysyncobj_patches; pysyncobj_patches.apply(); "
         "print(socket.inet_ntop(socket.AF_INET, b'\\x7f\\x00\\x00\\x01'))"
     )
     out = subprocess.run(

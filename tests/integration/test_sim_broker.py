@@ -53,9 +53,8 @@ def _log(topics: int) -> list[bytes]:
     for index, (api, body) in enumerate(commands, start=1):
         if api == "UnfenceBroker":
             body = dict(body, broker_epoch=sm.image.brokers[body["broker_id"]].epoch)
-        batch, response = sm.apply(
+        batch, response, _ = sm.propose(
             Command(api=api, body=body, request_id=f"r{index}", timestamp_ms=index, seed=index),
-            index,
             1,
         )
         assert batch is not None, response

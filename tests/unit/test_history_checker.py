@@ -75,7 +75,8 @@ class Log:
             seed=7,
             leader_id=1,
         )
-        batch, response = self.sm.apply(cmd, next(self.index), term)
+        next(self.index)
+        batch, response, _ = self.sm.propose(cmd, term)
         if batch is not None:
             self.batches.append(batch)
         return response

@@ -19,7 +19,7 @@ def make_batches(sizes, start=0, prev=ZERO_HASH, terms=None):
     for i, n in enumerate(sizes):
         recs = tuple(TopicRecord(f"topic-{offset + j}", f"id-{offset + j}") for j in range(n))
         term = terms[i] if terms else 1
-        b = Batch(offset, term, 10 + i, 1_000 + i, Provenance(), prev, recs)
+        b = Batch(offset, term, 10 + i, 1_000 + i, Provenance(), prev, recs, 0, 1)  # format 1
         enc = b.encode()
         out.append((b, enc))
         prev, offset = batch_hash(enc), offset + n

@@ -27,12 +27,16 @@ from kraft.records import (
 )
 
 
-def make_batches(sizes, start=0, prev=ZERO_HASH, term=1):
-    """Chained batches with ``sizes[i]`` records each, plus their encodings."""
+def make_batches(sizes, start=0, prev=ZERO_HASH, term=1, fmt=1):
+    """Chained batches with ``sizes[i]`` records each, plus their encodings (format 1, with a
+    Raft index, as logs written before controller v2 hold them, unless ``fmt=2``)."""
     out, offset = [], start
     for i, n in enumerate(sizes):
         recs = tuple(TopicRecord(f"topic-{offset + j}", f"id-{offset + j}") for j in range(n))
-        b = Batch(offset, term, 100 + offset, 1_000 + offset, Provenance(reason="test"), prev, recs)
+        raft_index = 100 + offset if fmt == 1 else 0
+        b = Batch(
+            offset, term, raft_index, 1_000 + offset, Provenance(reason="test"), prev, recs, 0, fmt
+        )
         enc = b.encode()
         out.append((b, enc))
         prev, offset = batch_hash(enc), offset + n
@@ -340,3 +344,18 @@ def test_append_many_writes_the_same_files_as_one_by_one(tmp_path):
     assert len(files(tmp_path / "one")) > 3
     assert files(tmp_path / "one") == files(tmp_path / "many")
     assert verify_log(tmp_path / "many") == []
+
+
+def test_a_log_of_format_1_batches_continued_in_format_2_reads_back_and_reopens(tmp_path):
+    """Controller v2 appends format-2 batches to a log written before it: both read back."""
+    old = make_batches([1, 2])
+    new = make_batches([2, 1], start=3, prev=batch_hash(old[-1][1]), fmt=2)
+    with MetadataLog.open(tmp_path) as mlog:
+        for b, enc in old + new:
+            mlog.append_encoded(enc, b)
+    with MetadataLog.open(tmp_path) as mlog:
+        assert mlog.next_offset == 6 and mlog.last_hash == batch_hash(new[-1][1])
+        back = list(mlog.read_batches(0))
+        assert back == [b for b, _ in old + new]
+        assert [b.fmt for b in back] == [1, 1, 2, 2]
+        assert [b.encode() for b in back] == [enc for _, enc in old + new]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import msgpack
 import pytest
 from hypothesis import given, settings
@@ -62,13 +64,13 @@ def test_generated_to_dict_is_the_generic_one(record):
 @settings(max_examples=100, deadline=None)
 @given(st.lists(any_record, min_size=1, max_size=5), ints, text)
 def test_batches_round_trip_and_chain(recs, term, request_id):
-    first = R.Batch(
-        0, abs(term), 1, 1000, R.Provenance(request_id=request_id), R.ZERO_HASH, tuple(recs), 2
+    first = R.Batch(  # format 1 (written before controller v2): still decodes the same
+        0, abs(term), 1, 1000, R.Provenance(request_id=request_id), R.ZERO_HASH, tuple(recs), 2, 1
     )
-    second = R.Batch(
+    second = R.Batch(  # format 2 (current): no Raft index or position
         first.next_offset,
         abs(term),
-        2,
+        0,
         1001,
         R.Provenance(reason="session-timeout"),
         R.batch_hash(first.encode()),
@@ -118,6 +120,8 @@ def test_decoded_batch_carries_the_hash_of_its_bytes():
         R.Provenance(api="Test"),
         bytes(32),
         (R.TopicRecord("a", "id-a"), R.NoOpRecord()),
+        0,
+        1,
     )
     assert batch.digest is None
     encoded = batch.encode()
@@ -212,7 +216,9 @@ def test_batch_envelope_decode_matches_and_rejects_like_the_full_decode():
     recs = (R.TopicRecord("t", "id-t"),) + tuple(
         R.PartitionRecord(i, "id-t", (1, 2, 3), (1, 2), (), (), 1, 0, 0, 0) for i in range(5)
     )
-    batch = R.Batch(7, 2, 11, 1_000, R.Provenance(reason="x"), R.ZERO_HASH, recs, raft_position=3)
+    batch = R.Batch(
+        7, 2, 11, 1_000, R.Provenance(reason="x"), R.ZERO_HASH, recs, raft_position=3, fmt=1
+    )
     enc = batch.encode()
     env = R.decode_batch_envelope(enc)
     full = R.decode_batch(enc, check_records=False)
@@ -267,6 +273,7 @@ def test_batch_provenance_any_key_order_decodes_and_bad_fields_are_refused():
         bytes(32),
         (R.NoOpRecord(),),
         1,
+        1,
     )
     d = msgpack.unpackb(batch.encode(), raw=False, use_list=False)
     assert R.decode_batch(batch.encode()) == batch
@@ -280,3 +287,36 @@ def test_batch_provenance_any_key_order_decodes_and_bad_fields_are_refused():
     ):
         with pytest.raises(R.RecordDecodeError):
             R.decode_batch(msgpack.packb({**d, key: bad}, use_bin_type=True))
+
+
+def test_format_2_batches_carry_no_raft_fields_and_formats_do_not_mix():
+    """The active controller builds a batch before Raft places it: format 2 has no raft_index
+    or raft_position (they read as 0); a format-1 key set under format 2, or the reverse, and
+    an unknown format are refused."""
+    batch = R.Batch(3, 4, 0, 99, R.Provenance(api="NoOp"), R.ZERO_HASH, (R.NoOpRecord(),))
+    assert batch.fmt == R.BATCH_FORMAT == 2
+    enc = batch.encode()
+    d = msgpack.unpackb(enc, raw=False, use_list=False)
+    assert list(d) == [
+        "format",
+        "base_offset",
+        "term",
+        "timestamp_ms",
+        "provenance",
+        "prev_hash",
+        "records",
+    ]
+    back = R.decode_batch(enc)
+    assert back == batch and back.encode() == enc and back.raft_index == back.raft_position == 0
+    env = R.decode_batch_envelope(enc)
+    assert (env.fmt, env.base_offset, env.next_offset, env.digest) == (2, 3, 4, R.batch_hash(enc))
+    v1 = msgpack.unpackb(dataclasses.replace(batch, fmt=1).encode(), raw=False, use_list=False)
+    for bad in (
+        {**d, "format": 1},
+        {**v1, "format": 2},
+        {**d, "format": 3},
+        {**d, "format": True},
+    ):
+        for decode in (R.decode_batch, R.decode_batch_envelope):
+            with pytest.raises(R.RecordDecodeError):
+                decode(msgpack.packb(bad, use_bin_type=True))

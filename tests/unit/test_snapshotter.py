@@ -54,7 +54,7 @@ def _build_log(
     for raft_index, (api, body) in enumerate(commands, start=2):
         if api == "UnfenceBroker":
             body = dict(body, broker_epoch=sm.image.brokers[body["broker_id"]].epoch)
-        batch, response = sm.apply(
+        batch, response, _ = sm.propose(
             Command(
                 api=api,
                 body=body,
@@ -63,7 +63,6 @@ def _build_log(
                 seed=raft_index,
                 leader_id=1,
             ),
-            raft_index,
             1,
         )
         assert not response.get("error_code"), response
@@ -91,7 +90,7 @@ def test_snapshot_is_due_after_enough_new_log(tmp_path):
     log, sm = _build_log(tmp_path / "log", topics=2)
     snapshotter = Snapshotter(tmp_path / "log", log, max_bytes_between=1, max_interval_ms=0)
     assert snapshotter.due(sm.image, now_ms=0) is False  # nothing written since it was opened
-    batch, _ = sm.apply(
+    batch, _, _ = sm.propose(
         Command(
             api="CreateTopics",
             body={"topics": [{"name": "late", "num_partitions": 1, "replication_factor": 1}]},
@@ -100,7 +99,6 @@ def test_snapshot_is_due_after_enough_new_log(tmp_path):
             seed=99,
             leader_id=1,
         ),
-        99,
         1,
     )
     log.append_encoded(sm.last_encoded, batch)
@@ -128,7 +126,7 @@ def test_asking_for_the_latest_snapshot_during_a_write_leaves_the_write_alone(tm
 def test_phase_brings_the_first_byte_triggered_snapshot_forward(tmp_path):
     """Controllers with different phases do not all snapshot at the same offset."""
     log, sm = _build_log(tmp_path / "log", topics=2)
-    batch, _ = sm.apply(
+    batch, _, _ = sm.propose(
         Command(
             api="CreateTopics",
             body={"topics": [{"name": "late", "num_partitions": 1, "replication_factor": 1}]},
@@ -137,7 +135,6 @@ def test_phase_brings_the_first_byte_triggered_snapshot_forward(tmp_path):
             seed=99,
             leader_id=1,
         ),
-        99,
         1,
     )
     grown = len(sm.last_encoded) + 64  # the batch and its frame; over-estimated a little
@@ -244,7 +241,7 @@ def test_a_controller_restarted_from_a_snapshot_still_knows_recent_request_ids(t
             seed=1,
             leader_id=1,
         )
-        batch, response = node.state_machine.apply(retry, 10_000, 1)
+        batch, response, _ = node.state_machine.propose(retry, 1)
         assert batch is None and response.get("duplicate"), response
     finally:
         node.log.close()
@@ -272,8 +269,8 @@ def test_the_dedup_window_travels_with_a_snapshot_to_a_follower_that_installs_it
         seed=1,
         leader_id=1,
     )
-    assert leader.apply(retry, 500, 1) == follower.apply(retry, 500, 1)
-    assert leader.apply(retry, 500, 1)[0] is None
+    assert leader.propose(retry, 1) == follower.propose(retry, 1)
+    assert leader.propose(retry, 1)[0] is None
     # and a restart of the follower (history starts at the snapshot) keeps the window too
     follower_log.close()
     reopened = MetadataLog.open(tmp_path / "follower", fsync="never")

@@ -39,8 +39,9 @@ from kraft.log.snapshot import list_snapshots, parse_snapshot_name, read_snapsho
 from kraft.records import ZERO_HASH, Batch, RecordDecodeError, decode_batch_envelope
 
 ERROR, WARNING = "error", "warning"
-# A batch payload is a msgpack map of 9 keys whose first is "format": where a frame may start.
-BATCH_MARK = b"\x89\xa6format"
+# A batch payload is a msgpack map of 7 (format 2) or 9 (format 1) keys whose first is "format":
+# where a frame may start.
+BATCH_MARKS = (b"\x87\xa6format", b"\x89\xa6format")
 INDEX_SUFFIX = ".index"
 INDEX_ENTRY = struct.Struct(">II")  # relative offset, byte position (Kafka's offset index)
 
@@ -199,9 +200,10 @@ def resync(data: bytes, start: int) -> int | None:
     """The first position at or after ``start`` where an intact frame begins, or None."""
     pos = start
     while True:
-        mark = data.find(BATCH_MARK, pos + HEADER_SIZE)
-        if mark < 0:
+        found = [m for m in (data.find(b, pos + HEADER_SIZE) for b in BATCH_MARKS) if m >= 0]
+        if not found:
             return None
+        mark = min(found)
         if _valid_frame(data, mark - HEADER_SIZE) is not None:
             return mark - HEADER_SIZE
         pos = mark - HEADER_SIZE + 1

@@ -58,11 +58,11 @@ class _Writer:
             seed=self.n,
             leader_id=1,
         )
-        batch, response = self.sm.apply(command, raft_index=self.n, term=1 + self.n // 10)
+        batch, response, _ = self.sm.propose(command, term=1 + self.n // 10)
         if response.get("error_code", 0) != 0:
             raise RuntimeError(f"the sample history's {api} was refused: {response}")
         if batch is not None:
-            assert self.sm.last_encoded is not None  # apply encoded the batch it returned
+            assert self.sm.last_encoded is not None  # propose encoded the batch it returned
             self.log.append_encoded(self.sm.last_encoded, batch)
             self.out.batches.append(batch)
         return response

@@ -23,8 +23,8 @@ import msgspec
 
 from kraft.records import (
     _BATCH_KEYS,
+    _BATCH_KEYS_V1,
     _PROVENANCE_KEYS,
-    BATCH_FORMAT,
     BOOL,
     ENDPOINTS,
     FEATURES,
@@ -88,7 +88,7 @@ RECORD_STRUCTS: dict[int, type[msgspec.Struct]] = {
 }
 _Provenance = _struct("Provenance", [(k, str) for k in _PROVENANCE_KEYS])
 _BATCH_FIELDS = {
-    "format": Literal[BATCH_FORMAT],
+    "format": Literal[1],
     "base_offset": int,
     "term": int,
     "raft_index": int,
@@ -99,10 +99,20 @@ _BATCH_FIELDS = {
     # a union built at run time
     "records": GenericAlias(list, (functools.reduce(operator.or_, RECORD_STRUCTS.values()),)),
 }
-BatchStruct = _struct("Batch", [(k, _BATCH_FIELDS[k]) for k in _BATCH_KEYS])
+# Format 1 (written before controller v2) carries raft_index/raft_position; format 2 does not:
+# its struct has them last, defaulting to 0 and omitted when encoding, so both expose them.
+BatchStructV1 = _struct("Batch", [(k, _BATCH_FIELDS[k]) for k in _BATCH_KEYS_V1])
+BatchStruct = _struct(
+    "BatchV2",
+    [(k, Literal[2] if k == "format" else _BATCH_FIELDS[k]) for k in _BATCH_KEYS]
+    + [("raft_index", int, 0), ("raft_position", int, 0)],
+    omit_defaults=True,
+)
 
-_decode = msgspec.msgpack.Decoder(BatchStruct).decode
+_decode_v1 = msgspec.msgpack.Decoder(BatchStructV1).decode
+_decode_v2 = msgspec.msgpack.Decoder(BatchStruct).decode
 _encode = msgspec.msgpack.Encoder().encode
+_V2_MARK = b"\x87"  # a 7-key map: format 2 (format 1 has 9 keys)
 
 
 def decode_canonical(payload: bytes | memoryview) -> Any:
@@ -110,7 +120,7 @@ def decode_canonical(payload: bytes | memoryview) -> Any:
     the codec's encoding of a valid batch (then the strict decoder gives the same values)."""
     payload = bytes(payload)  # bytes == bytes is a memcmp; a memoryview compares item by item
     try:
-        batch = _decode(payload)
+        batch = (_decode_v2 if payload[:1] == _V2_MARK else _decode_v1)(payload)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
     return batch if _encode(batch) == payload else None
@@ -157,6 +167,7 @@ def decode_batch_fast(payload: bytes | memoryview) -> Batch:
         b.prev_hash,
         tuple([makers[type(r)](r) for r in b.records]),
         b.raft_position,
+        b.format,
     )
     object.__setattr__(batch, "digest", batch_hash(payload))
     return batch
