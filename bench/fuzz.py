@@ -37,16 +37,16 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "tests" / "integration"))  # the fuzz tests whose seeds it reuses
 
-from harness import LocalCluster, kraft, poll  # noqa: E402
-from test_fuzz_kafka_listener import SEEDS as KAFKA_SEEDS  # noqa: E402
-from test_fuzz_kafka_listener import (  # noqa: E402
+from harness import LocalCluster, kraft, poll  # noqa: E402  (after the sys.path set-up above)
+from test_fuzz_kafka_listener import SEEDS as KAFKA_SEEDS  # noqa: E402  (after the sys.path set-up above)
+from test_fuzz_kafka_listener import (  # noqa: E402  (after the sys.path set-up above)
     TOPIC,
     Broker,
     SaslBroker,
     preauth_input,
     send_and_drain,
 )
-from test_fuzz_rpc import (  # noqa: E402  # noqa: E402
+from test_fuzz_rpc import (  # noqa: E402  # noqa: E402  (after the sys.path set-up above)
     SEED_REQUESTS,
     Controller,
     exchange,
@@ -57,8 +57,8 @@ from test_fuzz_rpc import (  # noqa: E402  # noqa: E402
     send_raw,
 )
 
-from kraft.errors import ErrorCode  # noqa: E402
-from kraft.rpc.framing import encode_frame  # noqa: E402
+from kraft.errors import ErrorCode  # noqa: E402  (after the sys.path set-up above)
+from kraft.rpc.framing import encode_frame  # noqa: E402  (after the sys.path set-up above)
 
 CHECK_EVERY = 25
 

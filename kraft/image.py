@@ -233,11 +233,11 @@ class PartitionMap(Mapping[int, PartitionRegistration]):
         for ci in sorted(self._chunks):
             yield from self._chunks[ci]
 
-    def items(self) -> Iterator[tuple[int, PartitionRegistration]]:  # type: ignore[override]
+    def items(self) -> Iterator[tuple[int, PartitionRegistration]]:  # type: ignore[override]  # Mapping's items() is a view; ours yields in chunk order
         for ci in sorted(self._chunks):
             yield from self._chunks[ci].items()
 
-    def values(self) -> Iterator[PartitionRegistration]:  # type: ignore[override]
+    def values(self) -> Iterator[PartitionRegistration]:  # type: ignore[override]  # Mapping's values() is a view; ours yields in chunk order
         for ci in sorted(self._chunks):
             yield from self._chunks[ci].values()
 
@@ -432,17 +432,17 @@ class MetadataImage:
         for record in self.iter_records(with_partitions=False):
             if type(record) is not cls:
                 if rows:
-                    yield cls, rows  # type: ignore[misc]
+                    yield cls, rows  # type: ignore[misc]  # cls is set whenever rows is non-empty
                 cls, rows = type(record), []
             rows.append(tuple([getattr(record, name) for name, _ in record.FIELDS]))
             if cls is TopicRecord:
-                topic_id = record.topic_id  # type: ignore[attr-defined]
+                topic_id = record.topic_id  # type: ignore[attr-defined]  # a TopicRecord here (checked on the line above)
                 items = _sorted_items(self.topics_by_id[topic_id].partitions)
                 if items:
                     yield cls, rows
                     cls, rows = PartitionRecord, [(pid, topic_id, *reg) for pid, reg in items]
         if rows:
-            yield cls, rows  # type: ignore[misc]
+            yield cls, rows  # type: ignore[misc]  # cls is set whenever rows is non-empty
 
     def record_count(self) -> int:
         """How many records :meth:`iter_records` yields."""
@@ -548,7 +548,7 @@ def _sorted_items(
 
 # built once per applied command / changed topic / registration: slot-setting __init__s
 for _cls in (BrokerRegistration, TopicImage, MetadataImage):
-    _cls.__init__ = slot_init(_cls)  # type: ignore[method-assign]
+    _cls.__init__ = slot_init(_cls)  # type: ignore[method-assign]  # a faster generated __init__, same signature
 
 MetadataImage.EMPTY = MetadataImage(
     offset=-1,

@@ -87,7 +87,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
     # kio registers a hypothesis strategy for every protocol type when hypothesis is importable
     # (a test library, present in dev installs): ~0.6 s of a broker's start-up and a
     # .hypothesis/ folder in its working directory, for nothing a broker uses.
-    sys.modules.setdefault("hypothesis", None)  # type: ignore[arg-type]
+    sys.modules.setdefault("hypothesis", None)  # type: ignore[arg-type]  # None marks the module absent
     from broker.node import main as broker_main
 
     return int(broker_main(args.config) or 0)

@@ -263,5 +263,5 @@ class GroupCommitter:
             if error is not None:
                 waiter.error = error
             else:
-                waiter.result = results[i]  # type: ignore[index]
+                waiter.result = results[i]  # type: ignore[index]  # results is a list whenever error is None
             waiter.finish()

@@ -31,7 +31,7 @@ def test_killing_the_active_controller_under_32_writes_in_flight(tmp_path) -> No
             assert time.monotonic() < deadline, run.history.counts()
             time.sleep(0.2)
         leader = run._leader()
-        run._controller_target = lambda: (leader, "the leader")  # type: ignore[method-assign]
+        run._controller_target = lambda: (leader, "the leader")  # type: ignore[method-assign]  # pin the target for this test
         fault = run.run_round("kill-controller")
         assert fault.target == leader
         acked_before = run.history.counts().get(OK, 0)

@@ -680,7 +680,7 @@ def test_the_quorum_patches_keep_socket_inet_ntop_working():
     applied at start-up (RaftQuorum.start, kraft.node.main) put the C one back."""
     import socket
 
-    import kraft.quorum.raft  # noqa: F401
+    import kraft.quorum.raft  # noqa: F401  (imported for its side effects)
     from kraft.quorum import pysyncobj_patches
 
     pysyncobj_patches.apply()
@@ -794,7 +794,7 @@ async def test_long_applies_on_the_leader_do_not_cost_an_election(tmp_path: Path
             cluster.start(nid)
         leader = await cluster.leader()
         term = leader.term
-        cluster.targets[leader.node_id].delay = 0.25  # type: ignore[attr-defined]
+        cluster.targets[leader.node_id].delay = 0.25  # type: ignore[attr-defined]  # a test target's extra knob
         async with trio.open_nursery() as nursery:
             for i in range(8):
                 nursery.start_soon(functools.partial(leader.submit, b"slow-%d" % i, timeout=30))

@@ -47,7 +47,7 @@ class Recorder:
         if self.leader is not None and api == "CreateTopics":
             err = KraftError(ErrorCode.NOT_CONTROLLER, "not the active controller")
             lid, host, port = self.leader
-            err.body = {"leader_id": lid, "leader_host": host, "leader_port": port}  # type: ignore[attr-defined]
+            err.body = {"leader_id": lid, "leader_host": host, "leader_port": port}  # type: ignore[attr-defined]  # KraftError's body is set by the server side
             raise err
         return {"by": self.name, "request_id": ctx.request_id, "client_id": ctx.client_id}
 
@@ -155,7 +155,7 @@ async def test_not_controller_redirect_between_two_servers() -> None:
         with pytest.raises(KraftError) as ei:
             await client2.call("CreateTopics", {"topics": []}, timeout=0.5)
         assert ei.value.code == ErrorCode.NOT_CONTROLLER
-        assert ei.value.body == {"leader_id": -1, "leader_host": "", "leader_port": 0}  # type: ignore[attr-defined]
+        assert ei.value.body == {"leader_id": -1, "leader_host": "", "leader_port": 0}  # type: ignore[attr-defined]  # KraftError's body is set by the server side
         rids = {c.request_id for a, _, c in lost.seen}
         assert len(lost.seen) >= 2 and len(rids) == 1
         await client.aclose()

@@ -31,7 +31,7 @@ def _pure(monkeypatch: pytest.MonkeyPatch) -> None:
             _refuse("listen on a network socket")()
         real_listen(self, *backlog)
 
-    def connect(self: socket.socket, address):  # type: ignore[no-untyped-def]
+    def connect(self: socket.socket, address):  # type: ignore[no-untyped-def]  # socket.connect's address has no stub type
         if self.family in _INET:
             _refuse("connect a network socket")()
         return real_connect(self, address)

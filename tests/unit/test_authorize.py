@@ -12,7 +12,7 @@ BROKERS = frozenset({"User:broker"})
 
 def _refused(*args: object, **kwargs: object) -> ErrorCode:
     with pytest.raises(KraftError) as info:
-        effective_principal(*args, **kwargs)  # type: ignore[arg-type]
+        effective_principal(*args, **kwargs)  # type: ignore[arg-type]  # deliberately wrong arguments
     return info.value.code
 
 

@@ -185,7 +185,7 @@ def test_transport_errors_become_kafka_errors(monkeypatch: pytest.MonkeyPatch) -
         raise ConnectionRefusedError(111, "Connection refused")
 
     fake_client = types.ModuleType("kraft.rpc.client")
-    fake_client.call_sync = refuse  # type: ignore[attr-defined]
+    fake_client.call_sync = refuse  # type: ignore[attr-defined]  # replace the real client in this test
     monkeypatch.setitem(sys.modules, "kraft.rpc.client", fake_client)
     with pytest.raises(KraftError) as info:
         common.call_endpoints([("h", 1)], "ListTopics", {}, 1.0)

@@ -157,7 +157,7 @@ def test_partition_merge_bumps_epochs():
 def test_registrations_are_frozen():
     reg = PartitionRegistration((1,), (1,), (), (), 1, 0, 0, 0)
     with pytest.raises(AttributeError):
-        reg.leader = 2  # type: ignore[misc]
+        reg.leader = 2  # type: ignore[misc]  # deliberately mutating an immutable value
     assert reg._replace(leader=5).leader == 5
     assert reg == PartitionRegistration((1,), (1,), (), (), 1, 0, 0, 0)
     # a registration is its fields in order: a snapshot row's tail, and what a digest packs

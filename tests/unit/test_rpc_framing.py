@@ -73,7 +73,7 @@ def test_garbage_rejected(payload: bytes) -> None:
 
 def test_encode_rejects_non_maps() -> None:
     with pytest.raises(FrameError):
-        encode_frame([1, 2])  # type: ignore[arg-type]
+        encode_frame([1, 2])  # type: ignore[arg-type]  # deliberately wrong type
     with pytest.raises(FrameError):
         encode_frame({"x": object()})
 

@@ -24,7 +24,7 @@ BOOTSTRAP_SERVER_ENV = "KRAFT_BOOTSTRAP_SERVER"
 def _admin() -> Any:
     """:mod:`tools.group_admin`, imported without kio's hypothesis strategies (a test library
     that kio registers strategies with when importable: seconds of start-up for nothing)."""
-    sys.modules.setdefault("hypothesis", None)  # type: ignore[arg-type]
+    sys.modules.setdefault("hypothesis", None)  # type: ignore[arg-type]  # None marks the module absent
     import tools.group_admin as admin
 
     return admin
@@ -264,7 +264,7 @@ def _options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--json", action="store_true", help="print JSON")
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "groups",
         help="list, describe, delete consumer groups; reset their offsets",

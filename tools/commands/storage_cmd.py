@@ -131,7 +131,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``kraft storage ...``."""
     p = sub.add_parser(
         "storage",
