@@ -21,7 +21,7 @@ ENV = dict(os.environ, PYTHONPATH=str(REPO), KRAFT_LOG_LEVEL="INFO")
 
 def kraft(
     *args: str, timeout: float = 60, check: bool = True, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess:
+) -> subprocess.CompletedProcess[str]:
     """Run ``kraft ARGS`` as a user would; raise with its output if it fails and ``check``."""
     proc = subprocess.run(
         [sys.executable, "-m", "tools.cli", *args],
@@ -68,11 +68,12 @@ class LocalCluster:
 
     def __init__(self, directory: Path) -> None:
         self.dir = directory
-        self.sim_brokers: subprocess.Popen | None = None
+        self.sim_brokers: subprocess.Popen[str] | None = None
 
     @property
-    def meta(self) -> dict:
-        return json.loads((self.dir / "cluster.json").read_text())
+    def meta(self) -> dict[str, Any]:
+        meta: dict[str, Any] = json.loads((self.dir / "cluster.json").read_text())
+        return meta
 
     def up(self, controllers: int = 3, brokers: int = 0, *extra: str) -> LocalCluster:
         kraft(
@@ -106,7 +107,9 @@ class LocalCluster:
             return dict(ENV)
         return dict(ENV, KRAFT_RPC_CREDENTIALS_FILE=str(Path(auth_dir) / "admin.credentials"))
 
-    def call(self, api: str, body: dict, node_id: int | None = None, timeout: float = 10) -> dict:
+    def call(
+        self, api: str, body: dict[str, Any], node_id: int | None = None, timeout: float = 10
+    ) -> dict[str, Any]:
         """One controller RPC call as the admin user (to ``node_id``, else any controller)."""
         from kraft.rpc.client import call_sync
 
@@ -119,7 +122,7 @@ class LocalCluster:
             credentials=self.credentials(),
         )
 
-    def use_sasl_listener(self, broker_id: int, users_file: Path, **extra: str) -> dict:
+    def use_sasl_listener(self, broker_id: int, users_file: Path, **extra: str) -> dict[str, Any]:
         """Restart broker ``broker_id`` with a SASL_PLAINTEXT client listener on its port
         (users from ``users_file``, hashed) and a loopback PLAINTEXT replication listener, plus
         ``extra`` properties; returns its cluster.json entry once it runs again."""
@@ -138,7 +141,10 @@ class LocalCluster:
 
         def state() -> str | None:
             try:
-                return describe(b["host"], b["admin_port"], timeout=2.0, credentials=me)["state"]
+                now: str = describe(b["host"], b["admin_port"], timeout=2.0, credentials=me)[
+                    "state"
+                ]
+                return now
             except Exception:
                 return None
 
@@ -163,7 +169,7 @@ class LocalCluster:
         poll(lambda: state() == "RUNNING", 60, what=f"broker {broker_id} running with SASL")
         return next(x for x in self.meta["brokers"] if x["id"] == broker_id)
 
-    def controller(self, node_id: int) -> dict:
+    def controller(self, node_id: int) -> dict[str, Any]:
         return next(c for c in self.meta["controllers"] if c["id"] == node_id)
 
     def bootstrap(self, node_id: int) -> str:
@@ -172,8 +178,9 @@ class LocalCluster:
 
     def active_controller(self) -> int:
         status = kraft_json("quorum", "status", "--cluster", str(self.dir))
-        assert status["leader_id"] > 0, status
-        return status["leader_id"]
+        leader: int = status["leader_id"]
+        assert leader > 0, status
+        return leader
 
     def kill(self, node_id: int, sig: str = "KILL") -> None:
         kraft("cluster", "kill", "--dir", str(self.dir), "--node", str(node_id), "--signal", sig)
@@ -197,7 +204,7 @@ class LocalCluster:
         ]
         if racks:
             cmd += ["--racks", racks]
-        self.sim_brokers = subprocess.Popen(
+        sims = self.sim_brokers = subprocess.Popen(
             cmd,
             cwd=REPO,
             env=ENV,
@@ -206,7 +213,9 @@ class LocalCluster:
             text=True,
             start_new_session=True,
         )
-        line = poll(lambda: self.sim_brokers.stdout.readline(), 60, what="simulated brokers ready")
+        assert sims.stdout is not None  # stdout=PIPE
+        out = sims.stdout
+        line = poll(out.readline, 60, what="simulated brokers ready")
         assert line.strip() == "ready", line
 
     def down(self) -> None:
