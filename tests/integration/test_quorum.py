@@ -11,7 +11,6 @@ import functools
 import logging
 import os
 import socket
-import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -631,48 +630,6 @@ def test_group_committer_waits_briefly_for_the_writers_it_just_answered() -> Non
             finish()
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
-
-
-@pytest.mark.skipif(not os.environ.get("KRAFT_MEASURE"), reason="set KRAFT_MEASURE=1 to measure")
-@pytest.mark.parametrize("fsync", ["always", "never"])
-@trio_test
-async def test_measure(tmp_path: Path, fsync: str) -> None:
-    cluster = Cluster(tmp_path, fsync=fsync)
-    try:
-        for nid in cluster.addrs:
-            cluster.start(nid)
-        leader = await cluster.leader()
-        await leader.submit(b"warm", timeout=10)
-        lat = []
-        for i in range(300):
-            t = time.perf_counter()
-            await leader.submit(b"s%d" % i, timeout=10)
-            lat.append(time.perf_counter() - t)
-        n = 0
-        stop = trio.current_time() + 3.0
-
-        async def worker() -> None:
-            nonlocal n
-            while trio.current_time() < stop:
-                await leader.submit(b"c" * 200, timeout=10)
-                n += 1
-
-        groups0 = leader.stats()["groups_sent"]
-        t = time.perf_counter()
-        async with trio.open_nursery() as nursery:
-            for _ in range(32):
-                nursery.start_soon(worker)
-        elapsed = time.perf_counter() - t
-        groups = leader.stats()["groups_sent"] - groups0
-        print(
-            f"\nfsync={fsync}: sequential p50 {statistics.median(lat) * 1000:.2f} ms "
-            f"p99 {sorted(lat)[int(len(lat) * 0.99)] * 1000:.2f} ms "
-            f"({1 / statistics.mean(lat):.0f}/s); 32 concurrent: {n / elapsed:.0f} commands/s, "
-            f"{groups / elapsed:.0f} entries/s, mean group {n / max(groups, 1):.1f}, "
-            f"journal syncs {leader.stats()['journal_syncs']}"
-        )
-    finally:
-        cluster.close()
 
 
 def test_the_quorum_patches_keep_socket_inet_ntop_working():
