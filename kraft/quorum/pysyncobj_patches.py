@@ -1,6 +1,7 @@
 """Every change pykraft makes to PySyncObj's module-level behaviour, in one place, applied
 explicitly by :func:`apply` at start-up (``kraft.node.main`` and ``RaftQuorum.start``; it is
-idempotent), never as a side effect of an import.
+idempotent), never as a side effect of an import (except undoing PySyncObj's own import-time
+replacement of ``socket.inet_ntop``, below).
 
 pyproject pins ``pysyncobj==0.3.17``: these patches and ``raft._KraftSyncObj`` use private,
 name-mangled members of that version. :func:`missing_members` lists any that a PySyncObj
@@ -38,6 +39,12 @@ from kraft.quorum.secret import report_unreadable
 from kraft.quorum.trio_ticker import EpollPoller
 
 logger = logging.getLogger("kraft.quorum.raft")
+
+# The one exception to "never on import": importing PySyncObj (above) has just broken
+# socket.inet_ntop for the whole process, so it is repaired here at once. A process that
+# imports kraft.quorum without starting a quorum (the CLI, tests reading psutil's connection
+# table) would otherwise be left with the Windows-only stub. apply() repairs it again.
+socket.inet_ntop = _socket.inet_ntop
 
 # The originals this module replaces (the patched functions call them).
 _ORIGINALS: dict[str, Any] = {

@@ -267,7 +267,7 @@ def test_static_member_restart_without_rebalance(cluster):
     conf = {"group.instance.id": "ck-static-1", "session.timeout.ms": 30000}
     b = ConsumerThread("ck", cluster, "static", "statics", **conf)
     try:
-        poll(lambda: split([a, b], 4), 40, what="two members splitting 4")
+        poll(lambda: split([a, b], 4), 90, what="two members splitting 4")
         before = describe(cluster, "statics")
         owned, a_events = set(b.assigned), a.assign_events
         b.stop(leave=False)  # a static member sends no LeaveGroup
