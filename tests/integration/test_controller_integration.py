@@ -15,15 +15,6 @@ from tests.harness import LocalCluster, kraft, kraft_json, log_stream_digest, po
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture
-def cluster(tmp_path):
-    c = LocalCluster(tmp_path / "cluster")
-    try:
-        yield c
-    finally:
-        c.down()
-
-
 def _topic_names(cluster: LocalCluster, node_id: int) -> set[str]:
     listing = kraft_json(
         "topics",

@@ -20,15 +20,6 @@ pytestmark = pytest.mark.integration
 UPGRADED = 3  # the controller running the changed placement rule
 
 
-@pytest.fixture
-def cluster(tmp_path):
-    c = LocalCluster(tmp_path / "cluster")
-    try:
-        yield c
-    finally:
-        c.down()
-
-
 def _start_upgraded(cluster: LocalCluster) -> None:
     cluster.kill(UPGRADED, "TERM")
     env = dict(ENV, KRAFT_TEST_PLACEMENT="followers-reversed")
