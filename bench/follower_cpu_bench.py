@@ -21,7 +21,8 @@ from typing import Any
 
 import trio
 
-from bench.controller_bench import cli, log, set_body, start_sim_brokers, stop_process
+from bench.common import cluster_down, cluster_up, controller_addresses
+from bench.controller_bench import log, set_body, start_sim_brokers, stop_process
 from kraft.rpc.client import ControllerClient
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -65,23 +66,8 @@ async def drive(addrs: list[tuple[str, int]], writes: int, inflight: int) -> flo
 def run(writes: int, inflight: int) -> list[dict[str, Any]]:
     directory = Path(tempfile.mkdtemp(prefix="pykraft-cpu-"))
     try:
-        r = cli(
-            "cluster",
-            "up",
-            "--no-auth",
-            "--dir",
-            str(directory),
-            "--controllers",
-            "3",
-            "--detach",
-            "--fsync",
-            "always",
-            timeout=120,
-        )
-        if r.returncode != 0:
-            raise RuntimeError(f"cluster up failed: {r.stderr.strip()[-500:]}")
-        meta = json.loads((directory / "cluster.json").read_text())
-        addrs = [(c["host"], c["rpc_port"]) for c in meta["controllers"]]
+        meta = cluster_up(directory, 3, 0, "--fsync", "always")
+        addrs = controller_addresses(meta)
         sims = start_sim_brokers(directory)
         try:
             trio.run(drive, addrs, 40, 4)  # warm-up: creates the first topics
@@ -113,7 +99,7 @@ def run(writes: int, inflight: int) -> list[dict[str, Any]]:
             )
         return rows
     finally:
-        cli("cluster", "down", "--dir", str(directory), timeout=90)
+        cluster_down(directory)
         shutil.rmtree(directory, ignore_errors=True)
 
 
