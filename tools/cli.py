@@ -12,6 +12,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+import tools.lean_imports  # noqa: F401  # first: before anything imports kio (see the module)
 from kraft.errors import KraftError
 from tools import completion, output
 from tools.cluster import ClusterError
