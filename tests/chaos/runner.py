@@ -96,6 +96,8 @@ RECOVER_TIMEOUT_S = 30.0
 # a rebuilt controller copies the whole history (tens of thousands of records late in a soak)
 WIPED_RECOVERY_TIMEOUT_S = 180.0
 REFUSED_START_TIMEOUT_S = 120.0  # a CLI start on 2 loaded cores can take tens of seconds
+# one `storage recover --from-peers`: it copies the whole history, minutes on 2 loaded cores
+RECOVER_CALL_TIMEOUT_S = 300.0
 
 
 def fault_kinds(disk_faults: bool) -> tuple[str, ...]:
@@ -517,18 +519,27 @@ class ChaosRun:
             shutil.rmtree(directory)
             directory.mkdir()
         config = self.cluster.node(target).config
+        started = time.monotonic()
         refused = kraft_cli("controller", "--config", config, timeout=REFUSED_START_TIMEOUT_S)
+        took = time.monotonic() - started
         if refused.returncode != 1 or "no meta.properties" not in refused.stderr:
             self.report.anomalies.append(
                 Anomaly(
                     "wiped-started",
                     f"controller {target} with a wiped directory exited "
-                    f"{refused.returncode}: {refused.stderr[-300:]!r}",
+                    f"{refused.returncode} after {took:.1f}s: {refused.stderr[-300:]!r}",
                 )
             )
         deadline = time.monotonic() + RECOVER_TIMEOUT_S
         while True:  # recover needs a leader among the others (the target may have been it)
-            recovered = kraft_cli("storage", "recover", "--config", config, "--from-peers")
+            recovered = kraft_cli(
+                "storage",
+                "recover",
+                "--config",
+                config,
+                "--from-peers",
+                timeout=RECOVER_CALL_TIMEOUT_S,
+            )
             if recovered.returncode == 0 or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
