@@ -472,6 +472,76 @@ def test_kcat_balanced_consumer(cluster):
     poll(lambda: committed() == 10, 20, what="kcat's committed offsets")
 
 
+class Kip848Consumer(ConsumerThread):
+    """A confluent-kafka consumer with ``group.protocol=consumer`` (KIP-848): no session,
+    heartbeat or assignor settings on the client; the coordinator's uniform assignor splits."""
+
+    def _consumer(self) -> Any:
+        c = confluent.Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": self.group,
+                "group.protocol": "consumer",
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+                **self.conf,
+            }
+        )
+        c.subscribe([self.topic])
+        return c
+
+
+def test_kip848_consumer_protocol_split_rebalance_commit_resume(cluster, capsys):
+    """librdkafka's group.protocol=consumer: two members split 6 partitions, a third joins, one
+    leaves (incremental reassignment), every record is read, commits resume a new member."""
+    create_topic(cluster, "kip848", 6)
+    values = [f"k{i}" for i in range(60)]
+    produce(cluster, "kip848", values)
+    conf = {"commit_each_poll": True}
+    a = Kip848Consumer("ck", cluster, "kip848", "g848", **conf, **{"client.id": "k-a"})
+    b = Kip848Consumer("ck", cluster, "kip848", "g848", **conf, **{"client.id": "k-b"})
+    c = d = None
+    try:
+        poll(lambda: split([a, b], 6), 40, what="two consumer-protocol members splitting 6")
+        info = describe(cluster, "g848")
+        assert info["type"] == "consumer" and info["assignor"] == "uniform"
+        assert {m["client_id"] for m in info["members"]} == {"k-a", "k-b"}
+        c = Kip848Consumer("ck", cluster, "kip848", "g848", **conf, **{"client.id": "k-c"})
+        poll(lambda: split([a, b, c], 6), 40, what="a third member joining")
+        assert sorted(len(t.assigned) for t in (a, b, c)) == [2, 2, 2]
+        a.stop(leave=True)
+        more = [f"k{i}" for i in range(60, 90)]
+        produce(cluster, "kip848", more)
+        poll(lambda: split([b, c], 6), 40, what="rebalance after a member left")
+        poll(
+            lambda: set(values + more) <= set(a.values + b.values + c.values),
+            30,
+            what="every record read",
+        )
+
+        def all_committed() -> bool:
+            parts = describe(cluster, "g848")["partitions"]
+            return len(parts) == 6 and all(p["lag"] == 0 for p in parts)
+
+        poll(all_committed, 30, what="commits covering every record")
+        rc, out, _ = cli(capsys, "groups", "list", "--json", "--cluster", str(cluster.dir))
+        listed = json.loads(out)
+        assert {"group": "g848", "state": "Stable", "protocol_type": "consumer",
+                "type": "consumer"} in listed  # fmt: skip
+        for t in (b, c):
+            t.stop(leave=True)
+        poll(lambda: describe(cluster, "g848")["state"] == "Empty", 20, what="an empty group")
+        last = [f"k{i}" for i in range(90, 100)]
+        produce(cluster, "kip848", last)
+        d = Kip848Consumer("ck", cluster, "kip848", "g848", **{"client.id": "k-d"})
+        poll(lambda: set(last) <= set(d.values), 40, what="the resumed member reading on")
+        assert sorted(d.values) == sorted(last)  # from the committed offsets: nothing re-read
+    finally:
+        for t in (a, b, c, d):
+            if t is not None and t.is_alive():
+                t.stop()
+
+
 def test_kill_coordinator_moves_group_with_offsets(cluster):
     """Last: leaves a broker dead. kill -9 the coordinator mid-consumption; the group moves to
     the new leader of its partition with its committed offsets; every message is read."""
