@@ -524,6 +524,23 @@ def test_kip848_consumer_protocol_split_rebalance_commit_resume(cluster, capsys)
             return len(parts) == 6 and all(p["lag"] == 0 for p in parts)
 
         poll(all_committed, 30, what="commits covering every record")
+        # confluent's AdminClient: ConsumerGroupDescribe here, DescribeGroups for a classic group
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient({"bootstrap.servers": servers(cluster)})
+        with KafkaWire(*broker_addr(cluster, coordinator_of(cluster, "classic848"))) as w:
+            w.call(8, 8, {"group_id": "classic848", "generation_id_or_member_epoch": -1,
+                          "member_id": "", "group_instance_id": None, "topics": [
+                              {"name": "kip848", "partitions": [{"partition_index": 0,
+                               "committed_offset": 1, "committed_leader_epoch": -1,
+                               "committed_metadata": ""}]}]})  # fmt: skip
+        found = admin.describe_consumer_groups(["g848", "classic848"])
+        new_type, classic_type = found["g848"].result(20), found["classic848"].result(20)
+        assert new_type.type == confluent.ConsumerGroupType.CONSUMER
+        assert {m.client_id for m in new_type.members} == {"k-b", "k-c"}
+        assert classic_type.type == confluent.ConsumerGroupType.CLASSIC
+        listing = {g.group_id: g.type for g in admin.list_consumer_groups().result(20).valid}
+        assert listing["g848"] == confluent.ConsumerGroupType.CONSUMER
         rc, out, _ = cli(capsys, "groups", "list", "--json", "--cluster", str(cluster.dir))
         listed = json.loads(out)
         assert {"group": "g848", "state": "Stable", "protocol_type": "consumer",

@@ -88,16 +88,18 @@ class GroupCoordinator:
         return ErrorCode.none
 
     def metrics(self) -> dict[str, Any]:
-        """Groups by state (classic and consumer-protocol), and coordinator partitions by state, for the metrics."""
+        """Groups by state (classic; consumer-protocol apart), and coordinator partitions by state, for the metrics."""
         groups: Counter[str] = Counter()
+        consumer: Counter[str] = Counter()
         for shard in self.runtime.loaded_shards():
             for g in shard.groups.values():
                 if g.group_id not in shard.consumer.groups:  # else only its offsets
                     groups[g.state] += 1
             for cg in shard.consumer.groups.values():
-                groups[cg.state] += 1
+                consumer[cg.state] += 1
         loading = sum(1 for s in self.runtime.slots.values() if s.loading)
         return {
             "groups_by_state": dict(groups),
+            "consumer_groups_by_state": dict(consumer),
             "partitions": {"loading": loading, "active": len(self.runtime.slots) - loading},
         }
