@@ -524,6 +524,38 @@ def test_kip848_consumer_protocol_split_rebalance_commit_resume(cluster, capsys)
             return len(parts) == 6 and all(p["lag"] == 0 for p in parts)
 
         poll(all_committed, 30, what="commits covering every record")
+        # raw requests (the project's kio codec) get Kafka's errors from the coordinator
+        member = next(m for m in describe(cluster, "g848")["members"] if m["client_id"] == "k-b")
+        heartbeat = {"group_id": "g848", "member_id": member["member_id"], "member_epoch": 999,
+                     "rebalance_timeout": timedelta(milliseconds=-1), "subscribed_topic_names":
+                     None, "server_assignor": None, "topic_partitions": None}  # fmt: skip
+        with KafkaWire(*broker_addr(cluster, coordinator_of(cluster, "g848"))) as w:
+            assert w.call(68, 1, heartbeat).error_code == E.fenced_member_epoch
+            assert w.call(68, 1, dict(heartbeat, member_id="nobody")).error_code == (
+                E.unknown_member_id
+            )
+            joining = dict(heartbeat, member_id="x", member_epoch=0, server_assignor="sticky",
+                           rebalance_timeout=timedelta(seconds=30), topic_partitions=[],
+                           subscribed_topic_names=["kip848"])  # fmt: skip
+            assert w.call(68, 1, joining).error_code == E.unsupported_assignor
+            classic_join = {
+                "group_id": "g848", "session_timeout": timedelta(seconds=10),
+                "rebalance_timeout": timedelta(seconds=10), "member_id": "",
+                "group_instance_id": None, "protocol_type": "consumer",
+                "protocols": [{"name": "range", "metadata": b""}], "reason": None,
+            }  # fmt: skip
+            assert w.call(11, 7, classic_join).error_code == E.inconsistent_group_protocol
+            commit = {"group_id": "g848", "generation_id_or_member_epoch": 1,
+                      "member_id": member["member_id"], "group_instance_id": None, "topics": [
+                          {"name": "kip848", "partitions": [{"partition_index": 0,
+                           "committed_offset": 0, "committed_leader_epoch": -1,
+                           "committed_metadata": ""}]}]}  # fmt: skip
+            stale = w.call(
+                8, 9, dict(commit, generation_id_or_member_epoch=member["member_epoch"] - 1)
+            )
+            assert stale.topics[0].partitions[0].error_code == E.stale_member_epoch
+            unknown = w.call(8, 9, dict(commit, member_id="nobody"))
+            assert unknown.topics[0].partitions[0].error_code == E.unknown_member_id
         # confluent's AdminClient: ConsumerGroupDescribe here, DescribeGroups for a classic group
         from confluent_kafka.admin import AdminClient
 
