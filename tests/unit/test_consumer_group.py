@@ -7,6 +7,8 @@ from __future__ import annotations
 import itertools
 import uuid
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode as E
 
 from broker.coordinator.group.assignors import parse_assignors, range_assignor, uniform
@@ -32,7 +34,7 @@ from broker.coordinator.group.consumer_records import (
     decode_any,
     encode_any,
 )
-from broker.coordinator.group.records import GroupKey, OffsetKey, OffsetValue
+from broker.coordinator.group.records import GroupKey, OffsetKey, OffsetValue, RecordFormatError
 from broker.coordinator.group.shard import CoordinatorShard
 from broker.coordinator.group.state_machine import CommitPartition, JoinRequest
 
@@ -330,3 +332,17 @@ def test_delete_and_expire_consumer_groups():
     hb(s2, "A", -1)
     s2.expire_offsets(10**12)
     assert G not in s2.consumer.groups and not s2.groups.get(G)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(
+    st.integers(3, 8),
+    st.binary(max_size=40),
+    st.one_of(st.none(), st.binary(max_size=120)),
+)
+def test_garbage_records_fail_as_format_errors(kind: int, key: bytes, value: bytes | None):
+    """The loader skips what it cannot read; it must never see another exception type."""
+    try:
+        decode_any(kind.to_bytes(2, "big") + key, value)
+    except RecordFormatError:
+        pass
