@@ -346,3 +346,34 @@ def test_garbage_records_fail_as_format_errors(kind: int, key: bytes, value: byt
         decode_any(kind.to_bytes(2, "big") + key, value)
     except RecordFormatError:
         pass
+
+
+def static_hb(s: CoordinatorShard, member: str, epoch: int, instance: str = "i1") -> dict:
+    req = HeartbeatRequest(
+        G,
+        member,
+        epoch,
+        instance_id=instance,
+        rebalance_timeout_ms=30_000 if epoch == 0 else -1,
+        topics=("t",) if epoch == 0 else None,
+        owned=() if epoch == 0 else None,
+    )
+    [(_, resp)] = s.consumer_heartbeat(req, TOPICS, "tok", 0).completions
+    return resp
+
+
+def test_static_member_comes_back_under_a_new_id_without_a_rebalance():
+    s = shard()
+    assert static_hb(s, "A", 0)["member_epoch"] == 1
+    hb(s, "B", 0)
+    hb(s, "A", 1, owned=owned(s, "A"))
+    hb(s, "A", 1, owned=owned(s, "A"))
+    hb(s, "B", 2, owned=[])
+    g = s.consumer.groups[G]
+    before, epoch = {p for _, ps in owned(s, "A") for p in ps}, g.epoch
+    assert static_hb(s, "A2", 0)["error_code"] == E.unreleased_instance_id  # A still there
+    left = static_hb(s, "A", -2)
+    assert left["error_code"] == E.none and left["member_epoch"] == -2
+    back = static_hb(s, "A2", 0)
+    assert back["error_code"] == E.none and parts(back) == before
+    assert g.epoch == epoch and set(g.members) == {"A2", "B"} and g.state == STABLE

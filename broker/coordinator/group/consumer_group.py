@@ -326,6 +326,7 @@ class ConsumerGroups:
             return error(E.group_id_not_found, f"Consumer group {gid} not found.")
         member_id = req.member_id or self._new_id()
         m = g.members.get(member_id) if g is not None else None
+        replaced: CGMemberValue | None = None  # a static member's old subscription
         if req.member_epoch == 0:
             if m is None and g is not None and len(g.members) >= self.config.max_size:
                 return error(
@@ -349,7 +350,7 @@ class ConsumerGroups:
                             f"Static member {holder.member_id} with instance id "
                             f"{req.instance_id} is not released yet.",
                         )
-                    self.fence(g, holder.member_id, topics, out)
+                    replaced = self._replace_static(g, holder, member_id, out)
         else:
             assert g is not None
             if m is None:
@@ -371,7 +372,8 @@ class ConsumerGroups:
                 )
         if g is None:
             g = self.groups[gid] = ConsumerGroup(gid)
-        old = m.meta if m is not None else None
+        known = m is not None
+        old = m.meta if m is not None else replaced
         base = old or CGMemberValue(None, None, "", "", (), None, -1, None)
         new = CGMemberValue(
             req.instance_id if req.instance_id is not None else base.instance_id,
@@ -390,7 +392,7 @@ class ConsumerGroups:
             self._emit(out, CGMemberKey(gid, member_id), new)
             bump = old is None or (new.topics, new.regex) != (old.topics, old.regex)
         m = g.members[member_id]
-        if req.member_epoch == 0 and (m.epoch or m.assigned or m.revoking):
+        if known and req.member_epoch == 0 and (m.epoch or m.assigned or m.revoking):
             # a known member rejoining from scratch: it owns nothing any more
             self._emit(out, CGCurrentAssignmentKey(gid, member_id), None)
         bump = self._refresh_topics(g, topics, out) or bump
@@ -415,6 +417,23 @@ class ConsumerGroups:
         if full or partitions_of(m.assigned) != before:
             resp["assignment"] = partitions_of(m.assigned)
         return resp
+
+    def _replace_static(
+        self, g: ConsumerGroup, old: Member, member_id: str, out: list[AnyRecord]
+    ) -> CGMemberValue:
+        """A static member that left with epoch -2 comes back under a new member id: the new
+        id takes over its target and partitions (no rebalance unless its subscription changes).
+        Returns the old member's subscription, to compare the new one with."""
+        gid, target = g.group_id, partitions_of(g.target.get(old.member_id, {}))
+        assigned, meta = partitions_of(old.assigned), old.meta
+        self._emit(out, CGCurrentAssignmentKey(gid, old.member_id), None)
+        self._emit(out, CGTargetMemberKey(gid, old.member_id), None)
+        self._emit(out, CGMemberKey(gid, old.member_id), None)
+        self._emit(out, CGMemberKey(gid, member_id), meta)
+        self._emit(out, CGTargetMemberKey(gid, member_id), CGTargetMemberValue(target))
+        value = CGCurrentAssignmentValue(0, 0, M_STABLE, assigned, ())
+        self._emit(out, CGCurrentAssignmentKey(gid, member_id), value)
+        return meta
 
     def _refresh_topics(self, g: ConsumerGroup, topics: TopicView, out: list[AnyRecord]) -> bool:
         """Write the subscribed topics' metadata if it changed (then the epoch must go up)."""
