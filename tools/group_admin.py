@@ -215,6 +215,7 @@ def describe_consumer_group(conn: KafkaWire, group: str) -> dict[str, Any] | Non
             "member_epoch": m.member_epoch,
             "target_assignment": _names(m.target_assignment),
             "subscribed_topics": list(m.subscribed_topic_names),
+            "subscribed_regex": m.subscribed_topic_regex,
         }
         for m in d.members
     ]
