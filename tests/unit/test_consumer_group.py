@@ -377,3 +377,93 @@ def test_static_member_comes_back_under_a_new_id_without_a_rebalance():
     back = static_hb(s, "A2", 0)
     assert back["error_code"] == E.none and parts(back) == before
     assert g.epoch == epoch and set(g.members) == {"A2", "B"} and g.state == STABLE
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(
+    st.dictionaries(
+        st.sampled_from("abcdefg"), st.frozensets(st.sampled_from(["t", "u"]), min_size=1)
+    ),
+    st.integers(0, 12),
+    st.integers(0, 5),
+    st.booleans(),
+)
+def test_assignors_give_each_partition_to_one_subscriber(members, nt, nu, sticky):
+    topics = {"t": (T1, nt), "u": (T2, nu)}
+    for assignor in (uniform, range_assignor):
+        previous = assignor(members, topics, {}) if sticky else {}
+        shifted = {m: subs for m, subs in members.items() if m != "a"}  # one member gone
+        out = assignor(shifted, topics, previous)
+        seen: dict[tuple[uuid.UUID, int], str] = {}
+        for m, owned_parts in out.items():
+            for tid, ps in owned_parts.items():
+                name = "t" if tid == T1 else "u"
+                assert name in shifted[m]
+                for p in ps:
+                    assert (tid, p) not in seen and p < topics[name][1]
+                    seen[(tid, p)] = m
+        wanted = {
+            (tid, p)
+            for name, (tid, n) in topics.items()
+            if any(name in subs for subs in shifted.values())
+            for p in range(n)
+        }
+        assert set(seen) == wanted
+        if assignor is uniform and len({subs for subs in shifted.values()}) == 1:
+            counts = [sum(len(ps) for ps in out[m].values()) for m in shifted]
+            assert max(counts) - min(counts) <= 1
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["join", "leave", "beat", "beat", "beat"]), st.sampled_from("ABCD")
+        ),
+        max_size=40,
+    )
+)
+def test_clients_never_own_a_partition_twice_and_converge(steps):
+    """Simulated clients (owned partitions = their last assignment) join, heartbeat, leave in
+    any order: no partition is ever owned by two of them, and once they only heartbeat the
+    group settles Stable with every partition owned once."""
+    s = shard()
+    clients: dict[str, tuple[int, dict]] = {}  # member -> (epoch, {topic id: partitions})
+
+    def beat(member: str) -> None:
+        epoch, mine = clients[member]
+        resp = hb(s, member, epoch, owned=[(t, sorted(ps)) for t, ps in mine.items()])
+        if resp["error_code"] in (E.fenced_member_epoch, E.unknown_member_id):
+            clients[member] = (0, {})
+            return
+        assert resp["error_code"] == E.none
+        if resp["assignment"] is not None:
+            mine = {t: set(ps) for t, ps in resp["assignment"]}
+        clients[member] = (resp["member_epoch"], mine)
+
+    def check_disjoint() -> None:
+        seen: set = set()
+        for _, mine in clients.values():
+            for t, ps in mine.items():
+                for p in ps:
+                    assert (t, p) not in seen
+                    seen.add((t, p))
+
+    for action, member in steps:
+        if action == "join" and member not in clients:
+            clients[member] = (0, {})
+            beat(member)
+        elif action == "leave" and member in clients:
+            hb(s, member, -1, owned=None)
+            del clients[member]
+        elif action == "beat" and member in clients:
+            beat(member)
+        check_disjoint()
+    for _ in range(6):
+        for member in sorted(clients):
+            beat(member)
+            check_disjoint()
+    if clients:
+        assert s.consumer.groups[G].state == STABLE
+        owned_all = [(t, p) for _, mine in clients.values() for t, ps in mine.items() for p in ps]
+        assert sorted(owned_all) == [(T1, p) for p in range(6)]
