@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import uuid
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode as E
@@ -37,6 +38,7 @@ from broker.coordinator.group.consumer_records import (
 from broker.coordinator.group.records import GroupKey, OffsetKey, OffsetValue, RecordFormatError
 from broker.coordinator.group.shard import CoordinatorShard
 from broker.coordinator.group.state_machine import CommitPartition, JoinRequest
+from kraft.config import ConfigError
 
 G = "cg"
 T1 = uuid.UUID(int=1)
@@ -258,6 +260,8 @@ def test_assignor_choice_and_config():
     cfg = consumer_group_config({"group.consumer.assignors": "range"})
     assert cfg.assignors == ("range",) and cfg.session_timeout_ms == 45_000
     assert cfg.heartbeat_interval_ms == 5_000
+    with pytest.raises(ConfigError, match="group.consumer.assignors: unknown assignor 'sticky'"):
+        consumer_group_config({"group.consumer.assignors": "uniform,sticky"})
 
 
 def test_topic_growth_bumps_the_epoch_and_reassigns():

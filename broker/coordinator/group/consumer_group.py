@@ -51,6 +51,7 @@ from broker.coordinator.group.consumer_records import (
     TopicMetadata,
     partitions_of,
 )
+from kraft.config import ConfigError
 
 EMPTY, ASSIGNING, RECONCILING, STABLE, DEAD = "Empty", "Assigning", "Reconciling", "Stable", "Dead"
 # member states (MemberState in Kafka, stored as int8)
@@ -83,12 +84,16 @@ def consumer_group_config(config: Any) -> ConsumerGroupConfig:
         except KeyError:
             return default
 
+    try:
+        assignors = parse_assignors(get("group.consumer.assignors", d.assignors))
+    except ValueError as e:
+        raise ConfigError(f"group.consumer.assignors: {e}") from None
     return ConsumerGroupConfig(
         session_timeout_ms=int(get("group.consumer.session.timeout.ms", d.session_timeout_ms)),
         heartbeat_interval_ms=int(
             get("group.consumer.heartbeat.interval.ms", d.heartbeat_interval_ms)
         ),
-        assignors=parse_assignors(get("group.consumer.assignors", d.assignors)),
+        assignors=assignors,
         max_size=int(get("group.consumer.max.size", d.max_size)),
     )
 
