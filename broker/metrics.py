@@ -105,11 +105,21 @@ GCM = "kafka_server_group_coordinator_metrics_"
 
 
 def group_coordinator_metrics(m: dict[str, Any]) -> Iterator[GaugeMetricFamily]:
-    """Kafka's group-coordinator-metrics: groups (classic) by state, coordinator partitions."""
+    """Kafka's group-coordinator-metrics: groups by protocol and state, coordinator partitions."""
     by_state = m["groups_by_state"]
     total = GaugeMetricFamily(GCM + "group_count", "groups coordinated here", labels=["protocol"])
     total.add_metric(["classic"], sum(by_state.values()))
+    consumer = m.get("consumer_groups_by_state", {})
+    total.add_metric(["consumer"], sum(consumer.values()))
     yield total
+    cstates = GaugeMetricFamily(
+        GCM + "consumer_group_count",
+        "consumer-protocol (KIP-848) groups coordinated here by state",
+        labels=["state"],
+    )
+    for state in ("Empty", "Assigning", "Reconciling", "Stable", "Dead"):
+        cstates.add_metric([state], consumer.get(state, 0))
+    yield cstates
     states = GaugeMetricFamily(
         GCM + "classic_group_count", "classic groups coordinated here by state", labels=["state"]
     )

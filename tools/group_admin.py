@@ -1,6 +1,7 @@
 """Consumer-group administration over the Kafka protocol, for ``kraft groups``: find a group's
-coordinator, describe it (members, assignments, committed offsets, log-end offsets, lag), list
-offsets by timestamp on partition leaders. Imports kio, so the CLI loads it only when a
+coordinator, describe it (members, assignments, committed offsets, log-end offsets, lag; a
+consumer-protocol group through ConsumerGroupDescribe, with its epochs), list offsets by
+timestamp on partition leaders. Imports kio, so the CLI loads it only when a
 ``kraft groups`` command runs."""
 
 from __future__ import annotations
@@ -190,28 +191,79 @@ def committed(conn: KafkaWire, group: str) -> dict[tuple[str, int], int]:
     }
 
 
+def _names(parts: Any) -> dict[str, list[int]]:
+    return {t.topic_name: sorted(t.partitions) for t in parts.topic_partitions}
+
+
+def describe_consumer_group(conn: KafkaWire, group: str) -> dict[str, Any] | None:
+    """A consumer-protocol (KIP-848) group through ConsumerGroupDescribe, or None if the
+    group is not one (or the broker has no such API)."""
+    try:
+        resp = conn.call(69, 0, {"group_ids": [group], "include_authorized_operations": False})
+    except (OSError, ValueError):
+        return None
+    d = resp.groups[0]
+    if ErrorCode(int(getattr(d.error_code, "value", d.error_code))) != ErrorCode.none:
+        return None
+    members = [
+        {
+            "member_id": m.member_id,
+            "group_instance_id": m.instance_id,
+            "client_id": m.client_id,
+            "host": m.client_host,
+            "assignment": _names(m.assignment),
+            "member_epoch": m.member_epoch,
+            "target_assignment": _names(m.target_assignment),
+            "subscribed_topics": list(m.subscribed_topic_names),
+            "subscribed_regex": m.subscribed_topic_regex,
+        }
+        for m in d.members
+    ]
+    return {
+        "state": d.group_state,
+        "protocol_type": "consumer",
+        "assignor": d.assignor_name,
+        "type": "consumer",
+        "group_epoch": d.group_epoch,
+        "assignment_epoch": d.assignment_epoch,
+        "members": members,
+    }
+
+
 def describe_group(brokers: Brokers, group: str) -> dict[str, Any]:
     conn = brokers.coordinator(group)
     d = conn.call(15, 5, {"groups": [group], "include_authorized_operations": False}).groups[0]
     _check(d.error_code, f"describing group '{group}'")
-    if d.group_state == "Dead":
-        raise GroupCommandError(ErrorCode.group_id_not_found, f"Group '{group}' does not exist.")
-    owners: dict[tuple[str, int], dict[str, Any]] = {}
+    kind: dict[str, Any] = {
+        "state": d.group_state,
+        "protocol_type": d.protocol_type,
+        "assignor": d.protocol_data,
+        "type": "classic",
+    }
     members = []
+    if d.group_state == "Dead":  # DescribeGroups knows classic groups only
+        found = describe_consumer_group(conn, group)
+        if found is None:
+            raise GroupCommandError(
+                ErrorCode.group_id_not_found, f"Group '{group}' does not exist."
+            )
+        members = found.pop("members")
+        kind = found
     for m in d.members:
-        assigned = parse_assignment(bytes(m.member_assignment))
         members.append(
             {
                 "member_id": m.member_id,
                 "group_instance_id": m.group_instance_id,
                 "client_id": m.client_id,
                 "host": m.client_host,
-                "assignment": assigned,
+                "assignment": parse_assignment(bytes(m.member_assignment)),
             }
         )
-        for t, ps in assigned.items():
+    owners: dict[tuple[str, int], dict[str, Any]] = {}
+    for member in members:
+        for t, ps in member["assignment"].items():
             for p in ps:
-                owners[(t, p)] = members[-1]
+                owners[(t, p)] = member
     offsets = committed(conn, group)
     tps = sorted(set(offsets) | set(owners))
     ends = list_offsets(brokers, tps, LATEST) if tps else {}
@@ -230,11 +282,4 @@ def describe_group(brokers: Brokers, group: str) -> dict[str, Any]:
                 "client_id": owner["client_id"] if owner else None,
             }
         )
-    return {
-        "group": group,
-        "state": d.group_state,
-        "protocol_type": d.protocol_type,
-        "assignor": d.protocol_data,
-        "members": members,
-        "partitions": partitions,
-    }
+    return {"group": group, **kind, "members": members, "partitions": partitions}

@@ -112,8 +112,11 @@ def build_entity(cls: type, values: dict[str, Any]) -> Any:
     for key, value in values.items():
         if key not in names:
             continue
-        if key in nested and value is not None:
-            value = tuple(build_entity(nested[key], item) for item in value)
+        if key in nested and value is not None:  # items already entities pass as they are
+            value = tuple(
+                item if dataclasses.is_dataclass(item) else build_entity(nested[key], item)
+                for item in value
+            )
         elif isinstance(value, list):
             value = tuple(value)
         kwargs[key] = value

@@ -472,6 +472,125 @@ def test_kcat_balanced_consumer(cluster):
     poll(lambda: committed() == 10, 20, what="kcat's committed offsets")
 
 
+class Kip848Consumer(ConsumerThread):
+    """A confluent-kafka consumer with ``group.protocol=consumer`` (KIP-848): no session,
+    heartbeat or assignor settings on the client; the coordinator's uniform assignor splits."""
+
+    def _consumer(self) -> Any:
+        c = confluent.Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": self.group,
+                "group.protocol": "consumer",
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+                **self.conf,
+            }
+        )
+        c.subscribe([self.topic])
+        return c
+
+
+def test_kip848_consumer_protocol_split_rebalance_commit_resume(cluster, capsys):
+    """librdkafka's group.protocol=consumer: two members split 6 partitions, a third joins, one
+    leaves (incremental reassignment), every record is read, commits resume a new member."""
+    create_topic(cluster, "kip848", 6)
+    values = [f"k{i}" for i in range(60)]
+    produce(cluster, "kip848", values)
+    conf = {"commit_each_poll": True}
+    a = Kip848Consumer("ck", cluster, "kip848", "g848", **conf, **{"client.id": "k-a"})
+    b = Kip848Consumer("ck", cluster, "kip848", "g848", **conf, **{"client.id": "k-b"})
+    c = d = None
+    try:
+        poll(lambda: split([a, b], 6), 40, what="two consumer-protocol members splitting 6")
+        info = describe(cluster, "g848")
+        assert info["type"] == "consumer" and info["assignor"] == "uniform"
+        assert {m["client_id"] for m in info["members"]} == {"k-a", "k-b"}
+        c = Kip848Consumer("ck", cluster, "kip848", "g848", **conf, **{"client.id": "k-c"})
+        poll(lambda: split([a, b, c], 6), 40, what="a third member joining")
+        assert sorted(len(t.assigned) for t in (a, b, c)) == [2, 2, 2]
+        a.stop(leave=True)
+        more = [f"k{i}" for i in range(60, 90)]
+        produce(cluster, "kip848", more)
+        poll(lambda: split([b, c], 6), 40, what="rebalance after a member left")
+        poll(
+            lambda: set(values + more) <= set(a.values + b.values + c.values),
+            30,
+            what="every record read",
+        )
+
+        def all_committed() -> bool:
+            parts = describe(cluster, "g848")["partitions"]
+            return len(parts) == 6 and all(p["lag"] == 0 for p in parts)
+
+        poll(all_committed, 30, what="commits covering every record")
+        # raw requests (the project's kio codec) get Kafka's errors from the coordinator
+        member = next(m for m in describe(cluster, "g848")["members"] if m["client_id"] == "k-b")
+        heartbeat = {"group_id": "g848", "member_id": member["member_id"], "member_epoch": 999,
+                     "rebalance_timeout": timedelta(milliseconds=-1), "subscribed_topic_names":
+                     None, "server_assignor": None, "topic_partitions": None}  # fmt: skip
+        with KafkaWire(*broker_addr(cluster, coordinator_of(cluster, "g848"))) as w:
+            assert w.call(68, 1, heartbeat).error_code == E.fenced_member_epoch
+            assert w.call(68, 1, dict(heartbeat, member_id="nobody")).error_code == (
+                E.unknown_member_id
+            )
+            joining = dict(heartbeat, member_id="x", member_epoch=0, server_assignor="sticky",
+                           rebalance_timeout=timedelta(seconds=30), topic_partitions=[],
+                           subscribed_topic_names=["kip848"])  # fmt: skip
+            assert w.call(68, 1, joining).error_code == E.unsupported_assignor
+            classic_join = {
+                "group_id": "g848", "session_timeout": timedelta(seconds=10),
+                "rebalance_timeout": timedelta(seconds=10), "member_id": "",
+                "group_instance_id": None, "protocol_type": "consumer",
+                "protocols": [{"name": "range", "metadata": b""}], "reason": None,
+            }  # fmt: skip
+            assert w.call(11, 7, classic_join).error_code == E.inconsistent_group_protocol
+            commit = {"group_id": "g848", "generation_id_or_member_epoch": 1,
+                      "member_id": member["member_id"], "group_instance_id": None, "topics": [
+                          {"name": "kip848", "partitions": [{"partition_index": 0,
+                           "committed_offset": 0, "committed_leader_epoch": -1,
+                           "committed_metadata": ""}]}]}  # fmt: skip
+            stale = w.call(
+                8, 9, dict(commit, generation_id_or_member_epoch=member["member_epoch"] - 1)
+            )
+            assert stale.topics[0].partitions[0].error_code == E.stale_member_epoch
+            unknown = w.call(8, 9, dict(commit, member_id="nobody"))
+            assert unknown.topics[0].partitions[0].error_code == E.unknown_member_id
+        # confluent's AdminClient: ConsumerGroupDescribe here, DescribeGroups for a classic group
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient({"bootstrap.servers": servers(cluster)})
+        with KafkaWire(*broker_addr(cluster, coordinator_of(cluster, "classic848"))) as w:
+            w.call(8, 8, {"group_id": "classic848", "generation_id_or_member_epoch": -1,
+                          "member_id": "", "group_instance_id": None, "topics": [
+                              {"name": "kip848", "partitions": [{"partition_index": 0,
+                               "committed_offset": 1, "committed_leader_epoch": -1,
+                               "committed_metadata": ""}]}]})  # fmt: skip
+        found = admin.describe_consumer_groups(["g848", "classic848"])
+        new_type, classic_type = found["g848"].result(20), found["classic848"].result(20)
+        assert new_type.type == confluent.ConsumerGroupType.CONSUMER
+        assert {m.client_id for m in new_type.members} == {"k-b", "k-c"}
+        assert classic_type.type == confluent.ConsumerGroupType.CLASSIC
+        listing = {g.group_id: g.type for g in admin.list_consumer_groups().result(20).valid}
+        assert listing["g848"] == confluent.ConsumerGroupType.CONSUMER
+        rc, out, _ = cli(capsys, "groups", "list", "--json", "--cluster", str(cluster.dir))
+        listed = json.loads(out)
+        assert {"group": "g848", "state": "Stable", "protocol_type": "consumer",
+                "type": "consumer"} in listed  # fmt: skip
+        for t in (b, c):
+            t.stop(leave=True)
+        poll(lambda: describe(cluster, "g848")["state"] == "Empty", 20, what="an empty group")
+        last = [f"k{i}" for i in range(90, 100)]
+        produce(cluster, "kip848", last)
+        d = Kip848Consumer("ck", cluster, "kip848", "g848", **{"client.id": "k-d"})
+        poll(lambda: set(last) <= set(d.values), 40, what="the resumed member reading on")
+        assert sorted(d.values) == sorted(last)  # from the committed offsets: nothing re-read
+    finally:
+        for t in (a, b, c, d):
+            if t is not None and t.is_alive():
+                t.stop()
+
+
 def test_kill_coordinator_moves_group_with_offsets(cluster):
     """Last: leaves a broker dead. kill -9 the coordinator mid-consumption; the group moves to
     the new leader of its partition with its committed offsets; every message is read."""

@@ -8,7 +8,7 @@ import pytest
 
 from tools.cli import main
 from tools.commands.common import UsageError
-from tools.commands.groups import parse_datetime_ms
+from tools.commands.groups import parse_datetime_ms, render_describe
 from tools.group_admin import parse_assignment
 
 
@@ -45,3 +45,22 @@ def test_usage_errors_exit_2(capsys):
     assert main(["groups", "describe"]) == 2
     assert main(["groups", "list", "--bootstrap-server", "nohost"]) == 2
     assert "HOST:PORT" in capsys.readouterr().err
+
+
+def test_render_describe_names_a_consumer_protocol_group():
+    d = {
+        "group": "g",
+        "state": "Reconciling",
+        "assignor": "uniform",
+        "type": "consumer",
+        "group_epoch": 4,
+        "assignment_epoch": 4,
+        "members": [{"member_id": "m"}],
+        "partitions": [],
+    }
+    assert render_describe(d) == (
+        "Group g: Reconciling, 1 member(s), assignor uniform "
+        "(consumer protocol, group epoch 4, assignment epoch 4)"
+    )
+    classic = dict(d, type="classic", assignor="range")
+    assert render_describe(classic) == "Group g: Reconciling, 1 member(s), assignor range"

@@ -62,13 +62,14 @@ def cmd_list(args: argparse.Namespace) -> int:
         brokers.metadata([])
         groups: dict[str, dict[str, Any]] = {}
         for address in brokers.nodes.values():
-            resp = brokers.conn(address).call(16, 4, {"states_filter": []})
+            resp = brokers.conn(address).call(16, 5, {"states_filter": [], "types_filter": []})
             a._check(resp.error_code, f"listing groups on {address[0]}:{address[1]}")
             for g in resp.groups:
                 groups[g.group_id] = {
                     "group": g.group_id,
                     "state": g.group_state,
                     "protocol_type": g.protocol_type,
+                    "type": g.group_type or "classic",
                 }
         rows = [groups[k] for k in sorted(groups)]
         if args.json:
@@ -76,8 +77,8 @@ def cmd_list(args: argparse.Namespace) -> int:
         elif rows:
             print(
                 output.render_table(
-                    ["GROUP", "STATE", "PROTOCOL-TYPE"],
-                    [[r["group"], r["state"], r["protocol_type"] or "-"] for r in rows],
+                    ["GROUP", "STATE", "PROTOCOL-TYPE", "TYPE"],
+                    [[r["group"], r["state"], r["protocol_type"] or "-", r["type"]] for r in rows],
                 )
             )
         return output.EXIT_OK
@@ -89,6 +90,11 @@ def render_describe(d: dict[str, Any]) -> str:
     head = f"Group {d['group']}: {d['state']}, {len(d['members'])} member(s)" + (
         f", assignor {d['assignor']}" if d["assignor"] else ""
     )
+    if d.get("type") == "consumer":
+        head += (
+            f" (consumer protocol, group epoch {d['group_epoch']}, "
+            f"assignment epoch {d['assignment_epoch']})"
+        )
     rows = [
         [
             d["group"],
@@ -177,6 +183,8 @@ def cmd_reset_offsets(args: argparse.Namespace) -> int:
         conn = brokers.coordinator(args.group)
         d = conn.call(15, 5, {"groups": [args.group], "include_authorized_operations": False})
         state = d.groups[0].group_state
+        if state == "Dead":  # maybe a consumer-protocol group, which DescribeGroups does not know
+            state = (a.describe_consumer_group(conn, args.group) or {"state": state})["state"]
         if state not in ("Empty", "Dead"):
             raise a.GroupCommandError(
                 a.ErrorCode.non_empty_group,

@@ -17,6 +17,7 @@ from typing import Any
 from kio.schema.errors import ErrorCode as E
 
 from broker.coordinator.find_coordinator import FindCoordinator
+from broker.coordinator.group.consumer_api import CONSUMER_RANGES, ConsumerProtocolApis
 from broker.coordinator.group.state_machine import (
     CommitPartition,
     JoinRequest,
@@ -56,6 +57,7 @@ RANGES: dict[int, tuple[int, int]] = {
     API_LIST_GROUPS: (0, 5),
     API_DELETE_GROUPS: (0, 2),
     API_OFFSET_DELETE: (0, 0),
+    **CONSUMER_RANGES,  # ConsumerGroupHeartbeat, ConsumerGroupDescribe (KIP-848)
 }
 _ZERO = timedelta(0)
 
@@ -86,6 +88,7 @@ class GroupApis:
             API_DELETE_GROUPS: self._delete,
             API_OFFSET_DELETE: self._delete_offsets,
         }
+        self._apis.update(ConsumerProtocolApis(cache, runtime, self._partition).handlers())
 
     def api_ranges(self) -> dict[int, tuple[int, int]]:
         return dict(RANGES)
@@ -267,11 +270,15 @@ class GroupApis:
         }
 
     def _fetch_group(
-        self, group_id: str, topics: Any, require_stable: bool = False
+        self, group_id: str, topics: Any, require_stable: bool = False, member: Any = None
     ) -> tuple[E, list[dict[str, Any]]]:
         wanted = None if topics is None else [(t.name, list(t.partition_indexes)) for t in topics]
         try:
             shard = self._shard(group_id)
+            if member is not None:  # v9+: a consumer-protocol member's epoch must be current
+                stale = shard.validate_fetch(group_id, member.member_id, member.member_epoch)
+                if stale is not None:
+                    return stale, []
             found = shard.fetch_offsets(group_id, wanted)
         except CoordinatorError as e:
             return e.code, []
@@ -308,7 +315,10 @@ class GroupApis:
             groups = []
             for g in req.groups:
                 code, topics = self._fetch_group(
-                    g.group_id, g.topics, bool(getattr(req, "require_stable", False))
+                    g.group_id,
+                    g.topics,
+                    bool(getattr(req, "require_stable", False)),
+                    g if header.api_version >= 9 else None,
                 )
                 groups.append({"group_id": g.group_id, "topics": topics, "error_code": code})
             return {"throttle_time": _ZERO, "groups": groups}

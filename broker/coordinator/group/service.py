@@ -10,8 +10,10 @@ from kio.schema.errors import ErrorCode
 
 from broker.coordinator.find_coordinator import FindCoordinator
 from broker.coordinator.group.api import GroupApis
-from broker.coordinator.group.records import decode_record, encode_key, encode_value
-from broker.coordinator.group.state_machine import GroupConfig, GroupShard
+from broker.coordinator.group.consumer_group import consumer_group_config
+from broker.coordinator.group.consumer_records import decode_any, encode_any
+from broker.coordinator.group.shard import CoordinatorShard
+from broker.coordinator.group.state_machine import GroupConfig
 from broker.coordinator.placement import OFFSETS_TOPIC
 from broker.coordinator.runtime import CoordinatorError, CoordinatorRuntime
 from broker.coordinator.txn.service import txn_setting
@@ -41,13 +43,13 @@ class GroupCoordinator:
         caches: dict[str, MetadataCache],
         client: Any,
     ) -> None:
-        cfg = group_config(config)
+        cfg, consumer_cfg = group_config(config), consumer_group_config(config)
         self.runtime = CoordinatorRuntime(
             replicas,
             OFFSETS_TOPIC,
-            lambda: GroupShard(cfg),
-            lambda rec: (encode_key(rec[0]), encode_value(rec[1])),
-            decode_record,
+            lambda: CoordinatorShard(cfg, consumer_cfg),
+            encode_any,
+            decode_any,
             expiry_interval_ms=config["offsets.retention.check.interval.ms"],
         )
 
@@ -86,13 +88,18 @@ class GroupCoordinator:
         return ErrorCode.none
 
     def metrics(self) -> dict[str, Any]:
-        """Groups by state (classic), and coordinator partitions by state, for the metrics."""
+        """Groups by state (classic; consumer-protocol apart), and coordinator partitions by state, for the metrics."""
         groups: Counter[str] = Counter()
+        consumer: Counter[str] = Counter()
         for shard in self.runtime.loaded_shards():
             for g in shard.groups.values():
-                groups[g.state] += 1
+                if g.group_id not in shard.consumer.groups:  # else only its offsets
+                    groups[g.state] += 1
+            for cg in shard.consumer.groups.values():
+                consumer[cg.state] += 1
         loading = sum(1 for s in self.runtime.slots.values() if s.loading)
         return {
             "groups_by_state": dict(groups),
+            "consumer_groups_by_state": dict(consumer),
             "partitions": {"loading": loading, "active": len(self.runtime.slots) - loading},
         }
