@@ -95,3 +95,32 @@ class DivergenceTracker:
     def forget_all(self) -> None:
         """Leadership lost: another leader judges now."""
         self.divergent.clear()
+
+
+class OutlierCheck:
+    """Does a majority of the quorum hold a history that differs from ours? Then this voter,
+    not the others, is the one whose metadata log is wrong, and it must step out of the quorum
+    rather than go on voting and acknowledging with a history that is not the cluster's.
+
+    Each check collects one verdict per other voter: each peer's head judged against our log,
+    or our head judged against the peer's log when the peer is ahead of us. Only verdicts
+    that say DIVERGES count against us; a voter that did not answer, or an offset one side
+    cannot judge, counts for nobody. The quorum of ``voters`` (all voters, us included) must
+    have a majority diverging from us in ``confirmations`` checks in a row: a leader whose log
+    was rewritten sees both followers diverge and steps out; each follower sees only the leader
+    diverge, with the other follower agreeing, and stays."""
+
+    def __init__(self, voters: int, confirmations: int = 2) -> None:
+        self.voters = voters
+        self.confirmations = confirmations
+        self.in_a_row = 0
+
+    def majority_diverges(self, verdicts: dict[int, Verdict]) -> bool:
+        against = sum(v is Verdict.DIVERGES for v in verdicts.values())
+        return against > self.voters // 2
+
+    def note(self, verdicts: dict[int, Verdict]) -> bool:
+        """Record one check's verdicts; True once a majority diverged ``confirmations`` times
+        in a row (then this voter must step out)."""
+        self.in_a_row = self.in_a_row + 1 if self.majority_diverges(verdicts) else 0
+        return self.in_a_row >= self.confirmations

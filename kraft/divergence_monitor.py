@@ -2,7 +2,12 @@
 its metadata-log head (``DescribeNode``) and judges it against its own log
 (:mod:`kraft.divergence`). A voter that starts diverging is bisected (``DescribeNode`` with
 ``hash_at``) to the first offset where the histories part, and reported once as an ERROR; the
-set of divergent voters feeds ``kraft_controller_divergent_voters`` and ``DescribeQuorum``."""
+set of divergent voters feeds ``kraft_controller_divergent_voters`` and ``DescribeQuorum``.
+
+Every controller, leader or not, also checks itself: when a majority of the quorum holds a
+history that differs from its own (:class:`kraft.divergence.OutlierCheck`), it steps out of
+the quorum through ``step_out`` (the node marks its directory and stops), instead of voting and
+acknowledging with a log that is not the cluster's."""
 
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ from typing import Any
 
 import trio
 
-from kraft.divergence import Bisection, DivergenceTracker, Head, judge
+from kraft.divergence import Bisection, DivergenceTracker, Head, OutlierCheck, Verdict, judge
 from kraft.errors import KraftError
 from kraft.log.metadata_log import MetadataLog
 
@@ -60,7 +65,10 @@ class DivergenceMonitor:
         voters: dict[int, tuple[str, int]],
         credentials: Any,
         is_active: Callable[[], bool],
+        step_out: Callable[[str], object] | None = None,
     ) -> None:
+        """``step_out(reason)``: called (and expected not to return) when this controller's
+        own log differs from a majority's; None: only report others."""
         self.node_id = node_id
         self.log = mlog
         self.voters = {v: a for v, a in voters.items() if v != node_id}
@@ -68,6 +76,8 @@ class DivergenceMonitor:
         self.is_active = is_active
         self.tracker = DivergenceTracker()
         self.heads: dict[int, Head] = {}
+        self.step_out = step_out
+        self.outlier = OutlierCheck(len(voters))
 
     @property
     def divergent(self) -> dict[int, int]:
@@ -77,12 +87,50 @@ class DivergenceMonitor:
     async def run(self) -> None:
         while True:
             await trio.sleep(CHECK_INTERVAL_S)
-            if not self.is_active():
+            active = self.is_active()
+            if not active:
                 self.tracker.forget_all()
-                continue
             async with trio.open_nursery() as nursery:
-                for vid in self.voters:
-                    nursery.start_soon(self.check, vid)
+                if self.step_out is not None:
+                    nursery.start_soon(self.check_self)
+                if active:
+                    for vid in self.voters:
+                        nursery.start_soon(self.check, vid)
+
+    async def check_self(self) -> None:
+        """Step out when a majority of the quorum diverges from our log (see the module)."""
+        verdicts: dict[int, Verdict] = {}
+
+        async def one(vid: int) -> None:
+            verdicts[vid] = await self._judge_ours_against(vid)
+
+        async with trio.open_nursery() as nursery:
+            for vid in self.voters:
+                nursery.start_soon(one, vid)
+        if not self.outlier.note(verdicts) or self.step_out is None:
+            return
+        against = sorted(v for v, verdict in verdicts.items() if verdict is Verdict.DIVERGES)
+        first = await self._bisect(against[0], self.log.next_offset - 1)
+        self.step_out(
+            f"controller {self.node_id}'s metadata log differs from that of voters {against} "
+            f"(a majority of the quorum) from offset {first}; it steps out of the quorum"
+        )
+
+    async def _judge_ours_against(self, vid: int) -> Verdict:
+        """One peer's head judged against our log, or, when the peer is ahead of us, our head
+        judged against the peer's log."""
+        mine = self.log.next_offset - 1
+        reply = await self._ask(vid, {"checksum": False, "hash_at": [mine]})
+        head = parse_head(reply) if reply is not None else None
+        if head is None or mine < 0:
+            return Verdict.UNKNOWN
+        if head.offset <= mine:
+            return judge(head, self.log.hash_at(head.offset))
+        answers = {o: h for o, h in (reply or {}).get("hashes", [])}
+        theirs = answers.get(mine)
+        if theirs is None:
+            return Verdict.UNKNOWN
+        return judge(Head(mine, self.log.last_hash.hex()), bytes.fromhex(theirs) if theirs else b"")
 
     async def _ask(self, vid: int, body: dict[str, Any]) -> dict[str, Any] | None:
         from kraft.rpc.client import ControllerClient

@@ -46,7 +46,7 @@ from kraft.rpc.authorize import parse_principals
 from kraft.rpc.server import RpcServer
 from kraft.snapshotter import Snapshotter
 from kraft.storage import meta_properties
-from kraft.storage.failure import node_failed, storage_failed
+from kraft.storage.failure import node_failed, step_out, storage_failed
 from kraft.storage.voter_directories import VoterDirectories
 
 log = logging.getLogger("kraft.controller")
@@ -138,6 +138,7 @@ class ControllerNode:
             config.rpc_voters,
             config.rpc_client_credentials,
             lambda: self.is_active,
+            step_out=lambda reason: step_out(config.metadata_dir, reason),
         )
         self._stopping = trio.Event()
         self.quorum: RaftQuorum | None = None

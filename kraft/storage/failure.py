@@ -17,7 +17,10 @@ import logging
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import NoReturn
+
+from kraft.storage.meta_properties import mark_stepped_out
 
 log = logging.getLogger("kraft.storage")
 
@@ -67,3 +70,17 @@ def node_failed(message: str) -> NoReturn:
     log.critical(message)
     _handler(message)
     raise StorageFailure(message)
+
+
+def step_out(directory: Path, reason: str) -> NoReturn:
+    """This controller's metadata log is not the cluster's (``reason`` says why): mark its
+    directory so that it refuses to start until rebuilt, then stop the node. A failure to write
+    the mark is a storage failure (it stops the node too)."""
+    try:
+        mark_stepped_out(directory, reason)
+    except OSError as e:
+        storage_failed("writing the stepped-out mark", directory, e)
+    node_failed(
+        f"{reason}. It refuses to start until rebuilt from the other controllers: "
+        "`kraft storage recover --config FILE --from-peers`"
+    )

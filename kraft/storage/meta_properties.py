@@ -9,6 +9,10 @@ A controller's directory formatted to join a running quorum (``--no-initial-cont
 ``kraft storage recover``) also holds :data:`JOIN_MARKER`: while it exists the controller
 neither campaigns nor grants votes to a candidate without history, and it is removed once the
 controller has caught up from a leader (``kraft.quorum.raft``).
+
+A controller that found its metadata log differs from the majority's (:mod:`kraft.divergence`)
+writes :data:`STEPPED_OUT_MARKER` before it stops: it refuses to start again until it is rebuilt
+with ``kraft storage recover --from-peers`` (which moves the directory aside).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from pathlib import Path
 
 META_PROPERTIES = "meta.properties"
 JOIN_MARKER = "join.properties"
+STEPPED_OUT_MARKER = "stepped-out.properties"
 VERSION = 1
 # Kafka's reserved ids (Uuid.ZERO_UUID, Uuid.ONE_UUID, ...) are never handed out
 _RESERVED = {bytes(16), bytes(15) + b"\x01"}
@@ -176,7 +181,21 @@ def check_directory(
             f"{directory / META_PROPERTIES} belongs to node {meta.node_id}, but {config_path} "
             f"says node.id={node_id}: two nodes' directories swapped, or the wrong config."
         )
+    stepped_out = Path(directory) / STEPPED_OUT_MARKER
+    if stepped_out.exists():
+        reason = stepped_out.read_text(errors="replace").strip().removeprefix("reason=")
+        raise StorageIdentityError(
+            f"this controller stepped out of the quorum ({stepped_out}): {reason}. Its metadata "
+            "log is not the cluster's; rebuild it from the other controllers: "
+            f"`kraft storage recover --config {config_path} --from-peers`, then start it."
+        )
     return meta
+
+
+def mark_stepped_out(directory: Path, reason: str) -> None:
+    """Record, durably, that this controller's history is not the cluster's (see
+    :data:`STEPPED_OUT_MARKER`); one line, so the refusal can quote it."""
+    write_atomically(Path(directory) / STEPPED_OUT_MARKER, f"reason={' '.join(reason.split())}\n")
 
 
 def joining(directory: Path) -> bool:

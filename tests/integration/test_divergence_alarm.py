@@ -2,11 +2,14 @@
 stopped (a batch's provenance changed, the chain re-sealed after it, so the log passes its own
 checks), then the voter rejoins. The active controller must name it, with the first offset where
 the histories part, in an ERROR line, in ``kraft quorum status|replication`` and in the
-``kraft_controller_divergent_voters`` metric; the intact voter stays clean."""
+``kraft_controller_divergent_voters`` metric; the intact voter stays clean. The rewritten voter,
+finding a majority against its history, steps out of the quorum (exit 3), refuses to start
+again until ``kraft storage recover --from-peers``, and after it rejoins clean."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 from pathlib import Path
 
@@ -15,6 +18,7 @@ from harness import LocalCluster, kraft, kraft_json, poll
 
 from kraft.log import MetadataLog
 from kraft.records import Provenance, batch_hash
+from kraft.storage.failure import EXIT_STORAGE_FAILURE
 
 pytestmark = pytest.mark.integration
 
@@ -44,6 +48,14 @@ def rewrite_from(log_dir: Path, offset: int) -> int:
         seg.rename(log_dir / seg.name)
     shutil.rmtree(fresh)
     return edited
+
+
+def pid_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
 
 
 def test_a_voter_with_a_rewritten_log_is_named_with_the_first_differing_offset(
@@ -82,7 +94,7 @@ def test_a_voter_with_a_rewritten_log_is_named_with_the_first_differing_offset(
         }
         assert rows[victim]["divergent_from_offset"] == forged_from
         assert rows[intact]["divergent_from_offset"] is None
-        assert rows[victim]["log_head_hash"] and rows[intact]["log_head_hash"]
+        assert rows[intact]["log_head_hash"]
         table = kraft("quorum", "replication", "--cluster", str(cluster.dir)).stdout
         assert f"from offset {forged_from}" in table
         leader_log = Path(cluster.controller(status["leader_id"])["metadata_dir"]).parent
@@ -100,5 +112,30 @@ def test_a_voter_with_a_rewritten_log_is_named_with_the_first_differing_offset(
         with urlopen(f"http://{lead['host']}:{lead['metrics_port']}/metrics", timeout=5) as r:
             metrics = r.read().decode()
         assert "kraft_controller_divergent_voters 1.0" in metrics
+
+        victim_log = Path(cluster.controller(victim)["log_file"])
+        poll(
+            lambda: "steps out of the quorum" in victim_log.read_text(errors="replace"),
+            60,
+            interval=1.0,
+            what=f"voter {victim} stepping out",
+        )
+        assert pid_gone(cluster.controller(victim)["pid"])
+        said = victim_log.read_text(errors="replace")
+        assert f"from offset {forged_from}" in said and f"(exit {EXIT_STORAGE_FAILURE})" in said
+        config = cluster.controller(victim)["config"]
+        again = kraft("controller", "--config", config, check=False, timeout=120)
+        assert again.returncode == 1 and "stepped out of the quorum" in again.stderr, again
+        assert kraft("storage", "recover", "--config", config, "--from-peers").returncode == 0
+        cluster.start(victim)
+        poll(
+            lambda: (
+                kraft_json("quorum", "status", "--cluster", str(cluster.dir))["divergent_voters"]
+                == []
+            ),
+            60,
+            interval=1.0,
+            what=f"voter {victim} rebuilt and agreeing",
+        )
     finally:
         cluster.down()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kraft.divergence import Bisection, DivergenceTracker, Head, Verdict, judge
+from kraft.divergence import Bisection, DivergenceTracker, Head, OutlierCheck, Verdict, judge
 from kraft.log.metadata_log import MetadataLog
 from kraft.records import ZERO_HASH, Batch, NoOpRecord, Provenance, batch_hash
 
@@ -80,3 +80,22 @@ def test_tracker_reports_once_and_clears_on_repair() -> None:
     assert t.note(3, Verdict.DIVERGES) is True  # diverging again is news again
     t.forget_all()
     assert t.divergent == {}
+
+
+def test_outlier_only_when_a_majority_diverges_in_a_row() -> None:
+    D, A, U = Verdict.DIVERGES, Verdict.AGREES, Verdict.UNKNOWN
+    # three voters: a rewritten leader sees both followers diverge; each follower sees only
+    # the leader diverge and the other follower agree
+    assert OutlierCheck(3).majority_diverges({2: D, 3: D})
+    assert not OutlierCheck(3).majority_diverges({1: D, 3: A})
+    assert not OutlierCheck(3).majority_diverges({2: D, 3: U})  # silence counts for nobody
+    assert not OutlierCheck(3).majority_diverges({})
+    # five voters: three of the four others must diverge
+    assert not OutlierCheck(5).majority_diverges({2: D, 3: D, 4: A, 5: U})
+    assert OutlierCheck(5).majority_diverges({2: D, 3: D, 4: D, 5: A})
+
+    check = OutlierCheck(3, confirmations=2)
+    assert not check.note({2: D, 3: D})
+    assert not check.note({2: D, 3: U})  # the run is broken: start again
+    assert not check.note({2: D, 3: D})
+    assert check.note({2: D, 3: D})
