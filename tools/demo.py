@@ -1,8 +1,9 @@
 """`make demo`: the pykraft story in a few minutes, driven entirely through the `kraft` CLI.
 
-Starts a 3-controller / 3-broker cluster in ./demo-cluster, creates topics, crashes the
-active controller and a partition leader, watches the cluster heal, and always stops
-every node it started on the way out (also on Ctrl-C or failure).
+Starts a 3-controller / 3-broker cluster in ./demo-cluster, creates topics, runs a consumer
+group and a transactional producer, crashes the active controller and a partition leader,
+watches the cluster heal, audits the metadata log with Spark, and always stops every node it
+started on the way out (also on Ctrl-C or failure).
 """
 
 from __future__ import annotations
@@ -216,6 +217,58 @@ def consumer_group() -> None:
             c.close()
 
 
+def transactions() -> None:
+    """Step 4: a transactional producer commits one transaction and aborts another; a
+    read_committed consumer sees only the committed records."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+
+    banner("4. Exactly once: one transaction commits, another aborts")
+    info = json.loads(Path(DIR, "cluster.json").read_text())
+    servers = ",".join(f"{b['host']}:{b['port']}" for b in info["brokers"])
+    producer = Producer({"bootstrap.servers": servers, "transactional.id": "payments-writer"})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    for i in range(3):
+        producer.produce("payments", f"paid-{i}".encode(), key=str(i).encode())
+    producer.commit_transaction(30)
+    producer.begin_transaction()
+    for i in range(3):
+        producer.produce("payments", f"refund-{i}".encode(), key=str(i).encode())
+    producer.flush(30)
+    producer.abort_transaction(30)
+    producer.begin_transaction()  # a last committed record per partition shows where reading ends
+    for p in range(3):
+        producer.produce("payments", b"settled", partition=p)
+    producer.commit_transaction(30)
+    print("payments-writer committed paid-0..2, wrote refund-0..2 and aborted, then committed")
+    print("a 'settled' record in each partition.")
+    reader = Consumer(
+        {
+            "bootstrap.servers": servers,
+            "group.id": "payments-reader",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        reader.assign([TopicPartition("payments", p, OFFSET_BEGINNING) for p in range(3)])
+        seen: list[str] = []
+
+        def settled() -> bool:
+            for m in reader.consume(20, 0.2):
+                if m.error() is None:
+                    seen.append((m.value() or b"").decode())
+            return seen.count("settled") == 3
+
+        poll("a read_committed consumer reading up to every 'settled' record", settled, 60)
+        paid = sorted(v for v in seen if v != "settled")
+        print(f"The read_committed consumer saw: {', '.join(paid)}")
+        if paid != [f"paid-{i}" for i in range(3)]:
+            raise DemoError(f"read_committed saw {paid}, not exactly paid-0..2")
+    finally:
+        reader.close()
+
+
 def commit(consumer: Any) -> None:
     """Commit what the consumer has read; having read nothing new since the last commit is fine."""
     from confluent_kafka import KafkaError, KafkaException
@@ -228,8 +281,8 @@ def commit(consumer: Any) -> None:
 
 
 def controller_failover() -> None:
-    """Step 4: crash the active controller and watch a new one take over."""
-    banner("4. Crash the active controller")
+    """Step 5: crash the active controller and watch a new one take over."""
+    banner("5. Crash the active controller")
     old = poll("a quorum leader", leader_id)
     kraft("cluster", "kill", "--dir", DIR, "--node", str(old), "--signal", "KILL")
     new = poll("a new active controller", lambda: (lid := leader_id()) not in (None, old) and lid)
@@ -264,8 +317,8 @@ def show_active_controller_metric() -> None:
 
 
 def broker_failover() -> None:
-    """Step 5: crash the leader of orders-0; fencing, leader moves, restart, unfencing."""
-    banner("5. Crash the broker leading orders partition 0")
+    """Step 6: crash the leader of orders-0; fencing, leader moves, restart, unfencing."""
+    banner("6. Crash the broker leading orders partition 0")
     before = poll("partition leaders", leaders)
     victim = before[("orders", 0)]
     led = sorted(tp for tp, leader in before.items() if leader == victim)
@@ -291,8 +344,8 @@ def broker_failover() -> None:
 
 
 def epilogue() -> None:
-    """Step 6: audit a controller's metadata log with Spark; where the metadata logs live."""
-    banner("6. Audit the metadata log with Spark")
+    """Step 7: audit a controller's metadata log with Spark; where the metadata logs live."""
+    banner("7. Audit the metadata log with Spark")
     info = json.loads(Path(DIR, "cluster.json").read_text())
     log_dir = str(Path(info["controllers"][0]["metadata_dir"]) / "log")
     kraft(
@@ -315,6 +368,7 @@ def main() -> int:
         start_cluster()
         create_topics()
         consumer_group()
+        transactions()
         controller_failover()
         broker_failover()
         epilogue()
@@ -326,7 +380,7 @@ def main() -> int:
         code = 1
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not skip the cleanup
-        banner("7. Stop everything")
+        banner("8. Stop everything")
         try:
             if Path(DIR, "cluster.json").exists():
                 kraft("cluster", "down", "--dir", DIR, timeout=120, check=False)

@@ -69,9 +69,11 @@ def test_demo_tells_the_whole_story_and_cleans_up(tmp_path: Path) -> None:
             "1. Start 3 controllers + 3 brokers",
             "2. The Raft quorum and some topics",
             "3. Two consumers in one group split a topic",
-            "4. Crash the active controller",
-            "5. Crash the broker leading orders partition 0",
-            "7. Stop everything",
+            "4. Exactly once: one transaction commits, another aborts",
+            "5. Crash the active controller",
+            "6. Crash the broker leading orders partition 0",
+            "7. Audit the metadata log with Spark",
+            "8. Stop everything",
         ):
             assert f"=== {heading}" in out
         for created in ("orders", "payments", "audit-log"):
@@ -83,6 +85,7 @@ def test_demo_tells_the_whole_story_and_cleans_up(tmp_path: Path) -> None:
         assert re.search(rf"orders-0: {victim} -> (?!{victim})\d+", out)
         assert "both members assigned 3 partitions each: done" in out
         assert "app-1 owning all 6 partitions: done" in out and "LOG-END-OFFSET" in out
+        assert "The read_committed consumer saw: paid-0, paid-1, paid-2" in out
         assert "Demo finished in" in out
         assert processes_under(tmp_path) == []
     finally:
@@ -102,7 +105,7 @@ def test_ctrl_c_while_the_cluster_starts_stops_every_node(tmp_path: Path) -> Non
         os.killpg(demo.pid, signal.SIGINT)
         out, _ = demo.communicate(timeout=180)
         assert demo.returncode == 130, out[-4000:]
-        assert "Interrupted." in out and "=== 7. Stop everything" in out
+        assert "Interrupted." in out and "=== 8. Stop everything" in out
         assert processes_under(tmp_path) == []  # the demo ran 'cluster down' before exiting
     finally:
         if demo.poll() is None:
