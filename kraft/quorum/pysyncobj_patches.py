@@ -18,6 +18,10 @@ The patches:
 * ``TcpConnection.send`` / ``__processParseMessage`` / ``__processRead`` / ``disconnect``:
   bounded frames before and after authentication, no zlib for small messages, a bytearray
   read buffer, stall bookkeeping (see each function).
+* ``Serializer.setTransmissionData``: a snapshot received from the leader is written to disk in
+  chunks. PySyncObj logs a failed open or write and returns "not done", so the leader sends it
+  again and again while the follower never catches up (a failed close or rename even raised
+  into the tick). Here any such error is a storage failure: the node stops (exit 3).
 """
 
 from __future__ import annotations
@@ -31,12 +35,15 @@ from typing import Any
 
 import pysyncobj.pickle as _pysyncobj_pickle
 import pysyncobj.syncobj as _syncobj_module
+from pysyncobj.atomic_replace import atomicReplace
 from pysyncobj.monotonic import monotonic as _monotonic
+from pysyncobj.serializer import Serializer
 from pysyncobj.syncobj import SyncObj
 from pysyncobj.tcp_connection import TcpConnection
 
 from kraft.quorum.secret import report_unreadable
 from kraft.quorum.trio_ticker import EpollPoller
+from kraft.storage.failure import storage_failed
 
 logger = logging.getLogger("kraft.quorum.raft")
 
@@ -51,6 +58,7 @@ _ORIGINALS: dict[str, Any] = {
     "createPoller": _syncobj_module.createPoller,
     "_TcpConnection__processRead": TcpConnection._TcpConnection__processRead,
     "disconnect": TcpConnection.disconnect,
+    "setTransmissionData": Serializer.setTransmissionData,
 }
 
 # PySyncObj reads a whole announced frame before it decrypts (or rejects) it, so a peer that
@@ -182,6 +190,38 @@ def _disconnect_and_forget(conn: Any) -> None:
     _ORIGINALS["disconnect"](conn)
 
 
+def _receive_snapshot_chunk(serializer: Any, data: Any) -> bool:
+    """``Serializer.setTransmissionData``: one chunk of a snapshot the leader sends, ``data`` =
+    (bytes, is first, is last); True once the whole snapshot is in place. In memory (no file
+    name: tests) PySyncObj's own code runs; on disk every I/O error stops the node."""
+    if data is None:
+        return False
+    if serializer._Serializer__fileName is None:
+        done: bool = _ORIGINALS["setTransmissionData"](serializer, data)
+        return done
+    chunk, first, last = data
+    path = serializer._Serializer__fileName
+    tmp = path + ".1.tmp"
+    try:
+        if first:
+            if serializer._Serializer__incomingTransmissionFile is not None:
+                serializer._Serializer__incomingTransmissionFile.close()
+            serializer._Serializer__incomingTransmissionFile = open(tmp, "wb")  # noqa: SIM115  # kept open across chunks
+        incoming = serializer._Serializer__incomingTransmissionFile
+        if incoming is None:
+            return False  # a chunk from the middle of a transfer we did not see begin
+        incoming.write(chunk)
+        if not last:
+            return False
+        serializer._Serializer__incomingTransmissionFile = None
+        incoming.close()
+        atomicReplace(tmp, path)
+        return True
+    except OSError as exc:
+        serializer._Serializer__incomingTransmissionFile = None
+        storage_failed("receiving a raft snapshot", tmp, exc)
+
+
 # (owner, member, replacement) of every patch :func:`apply` installs
 PATCHES: tuple[tuple[Any, str, Any], ...] = (
     (socket, "inet_ntop", _socket.inet_ntop),
@@ -190,6 +230,7 @@ PATCHES: tuple[tuple[Any, str, Any], ...] = (
     (TcpConnection, "_TcpConnection__processParseMessage", _parse_frame),
     (TcpConnection, "_TcpConnection__processRead", _bounded_read),
     (TcpConnection, "disconnect", _disconnect_and_forget),
+    (Serializer, "setTransmissionData", _receive_snapshot_chunk),
 )
 
 # PySyncObj members pykraft relies on without replacing them: TcpConnection's buffers are set per

@@ -7,9 +7,11 @@ import socket
 
 import pysyncobj
 import pysyncobj.syncobj
+import pytest
 from pysyncobj.tcp_connection import TcpConnection
 
 from kraft.quorum import pysyncobj_patches as patches
+from kraft.storage.failure import StorageFailure, set_failure_handler
 
 
 def test_every_patched_and_used_member_exists_in_the_installed_pysyncobj():
@@ -56,3 +58,39 @@ def test_the_instance_attributes_used_are_set_by_syncobj():
             names.update(code.co_names)
     missing = [a for a in patches.USED_INSTANCE_ATTRIBUTES if a not in names]
     assert missing == []
+
+
+def _serializer(path):
+    from pysyncobj.serializer import Serializer
+
+    return Serializer(str(path), 0, False, None, None, None)
+
+
+def test_a_received_snapshot_is_written_chunk_by_chunk(tmp_path):
+    patches.apply()
+    s = _serializer(tmp_path / "dump.bin")
+    assert s.setTransmissionData((b"ab", True, False)) is False
+    assert s.setTransmissionData((b"cd", False, False)) is False
+    assert s.setTransmissionData((b"ef", False, True)) is True
+    assert (tmp_path / "dump.bin").read_bytes() == b"abcdef"
+    assert not (tmp_path / "dump.bin.1.tmp").exists()
+    assert s.setTransmissionData((b"zz", False, True)) is False  # no transfer begun
+    assert s.setTransmissionData(None) is False
+
+
+def test_a_received_snapshot_that_cannot_be_written_stops_the_node(tmp_path):
+    def fail(message: str) -> None:
+        raise StorageFailure(message)
+
+    patches.apply()
+    (tmp_path / "dump.bin.1.tmp").symlink_to("/dev/full")  # every write: ENOSPC
+    s = _serializer(tmp_path / "dump.bin")
+    set_failure_handler(fail)
+    try:
+        with pytest.raises(StorageFailure, match="receiving a raft snapshot"):
+            s.setTransmissionData((bytes(1 << 16), True, False))
+        missing = _serializer(tmp_path / "no-such-dir" / "dump.bin")
+        with pytest.raises(StorageFailure, match="No such file"):
+            missing.setTransmissionData((b"x", True, True))
+    finally:
+        set_failure_handler(None)
