@@ -26,6 +26,7 @@ from tools.commands import (
     shell_cmd,
     storage_cmd,
     topics,
+    transactions,
 )
 from tools.commands.common import ManualFormatter, UsageError
 
@@ -48,6 +49,7 @@ examples (a tour):
   kraft topics create orders --partitions 6 --replication-factor 3 --cluster ./c
   kraft topics describe orders --cluster ./c
   kraft groups describe orders-app --cluster ./c  # members, offsets, lag
+  kraft transactions list --cluster ./c            # open and finished transactions
   kraft configs alter --topic orders --set retention.ms=3600000 --cluster ./c
   kraft cluster kill --dir ./c --node 1       # crash a controller; another takes over
   kraft log dump ./c/controller-2/metadata    # who changed what, record by record
@@ -138,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     topics.register(sub)
     configs.register(sub)
     groups.register(sub)
+    transactions.register(sub)
     log_cmd.register(sub)
     shell_cmd.register(sub)
     audit_cmd.register(sub)

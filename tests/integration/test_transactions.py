@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from kio.schema.errors import ErrorCode as E
 
-from tests.harness import poll
+from tests.harness import kraft, kraft_json, poll
 from tests.integration.test_produce_fetch import (
     bootstrap,
     broker_state,
@@ -159,8 +159,29 @@ def test_open_transaction_holds_back_read_committed(cluster):
 
     assert offsets("read_uncommitted") == 10
     assert offsets("read_committed") == 0  # the LSO: the open transaction's first offset
+
+    # kafka-transactions.sh's view (ListTransactions / DescribeTransactions) of the open one
+    where = ("--cluster", str(cluster.dir))
+    listed = kraft_json("transactions", "list", "--state", "Ongoing", *where)
+    assert [r["transactional_id"] for r in listed] == ["lso"], listed
+    described = kraft_json("transactions", "describe", "--transactional-id", "lso", *where)
+    assert described["state"] == "Ongoing" and described["partitions"] == ["txn-lso-0"]
+    assert described["coordinator"] == listed[0]["coordinator"] == coordinator_of(cluster, "lso")
+    assert described["producer_id"] == listed[0]["producer_id"] >= 0
+    assert described["duration_ms"] >= 0 and described["timeout_ms"] > 0
+
     p.commit_transaction(30)
     poll(lambda: offsets("read_committed") == 11, 30, what="LSO past the commit marker")
+    done = kraft_json("transactions", "describe", "--transactional-id", "lso", *where)
+    assert done["state"] == "CompleteCommit" and done["duration_ms"] is None, done
+    assert "lso" not in [
+        r["transactional_id"]
+        for r in kraft_json("transactions", "list", "--state", "Ongoing", *where)
+    ]
+    missing = kraft(
+        "transactions", "describe", "--transactional-id", "no-such-txn", *where, check=False
+    )
+    assert missing.returncode == 1 and "TRANSACTIONAL_ID_NOT_FOUND" in missing.stderr, missing
 
 
 def test_zombie_producer_is_fenced(cluster):

@@ -22,9 +22,7 @@ BOOTSTRAP_SERVER_ENV = "KRAFT_BOOTSTRAP_SERVER"
 
 
 def _admin() -> Any:
-    """:mod:`tools.group_admin`, imported without kio's hypothesis strategies (a test library
-    that kio registers strategies with when importable: seconds of start-up for nothing)."""
-    sys.modules.setdefault("hypothesis", None)  # type: ignore[arg-type]  # None marks the module absent
+    """:mod:`tools.group_admin` (kio), imported only when a command needs it."""
     import tools.group_admin as admin
 
     return admin
@@ -33,7 +31,7 @@ def _admin() -> Any:
 # ---- commands --------------------------------------------------------------------------------
 
 
-def _run(args: argparse.Namespace, fn: Any) -> int:
+def run_with_brokers(args: argparse.Namespace, fn: Any) -> int:
     a = _admin()
     brokers = a.Brokers(a.bootstrap(args), args.timeout)
     try:
@@ -83,7 +81,7 @@ def cmd_list(args: argparse.Namespace) -> int:
             )
         return output.EXIT_OK
 
-    return _run(args, run)
+    return run_with_brokers(args, run)
 
 
 def render_describe(d: dict[str, Any]) -> str:
@@ -132,7 +130,7 @@ def cmd_describe(args: argparse.Namespace) -> int:
         print(output.to_json(d) if args.json else render_describe(d))
         return output.EXIT_OK
 
-    return _run(args, run)
+    return run_with_brokers(args, run)
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
@@ -154,7 +152,7 @@ def cmd_delete(args: argparse.Namespace) -> int:
             print(f"Deleted group '{args.group}'.")
         return output.EXIT_OK
 
-    return _run(args, run)
+    return run_with_brokers(args, run)
 
 
 def parse_datetime_ms(text: str) -> int:
@@ -250,10 +248,10 @@ def cmd_reset_offsets(args: argparse.Namespace) -> int:
                 print("\n(dry run: nothing committed; add --execute to commit these offsets)")
         return output.EXIT_OK
 
-    return _run(args, run)
+    return run_with_brokers(args, run)
 
 
-def _options(p: argparse.ArgumentParser) -> None:
+def broker_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("connection and output")
     where = g.add_mutually_exclusive_group()
     where.add_argument(
@@ -289,7 +287,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     gsub = p.add_subparsers(dest="groups_command", metavar="SUBCOMMAND", required=True)
     ls = gsub.add_parser("list", help="every group the brokers coordinate")
-    _options(ls)
+    broker_options(ls)
     ls.set_defaults(handler=cmd_list)
     d = gsub.add_parser(
         "describe",
@@ -297,11 +295,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         formatter_class=ManualFormatter,
     )
     d.add_argument("group", metavar="GROUP")
-    _options(d)
+    broker_options(d)
     d.set_defaults(handler=cmd_describe)
     rm = gsub.add_parser("delete", help="delete an empty group and its offsets")
     rm.add_argument("group", metavar="GROUP")
-    _options(rm)
+    broker_options(rm)
     rm.set_defaults(handler=cmd_delete)
     r = gsub.add_parser(
         "reset-offsets",
@@ -320,5 +318,5 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--to-datetime", metavar="TS", help="first offset at or after TS (ISO 8601 or epoch ms)"
     )
     r.add_argument("--execute", action="store_true", help="commit the offsets (default: dry run)")
-    _options(r)
+    broker_options(r)
     r.set_defaults(handler=cmd_reset_offsets)

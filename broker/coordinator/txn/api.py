@@ -1,6 +1,7 @@
 """The transaction APIs on the broker listener: InitProducerId (22), AddPartitionsToTxn (24),
 AddOffsetsToTxn (25), EndTxn (26) on the transaction coordinator, TxnOffsetCommit (28) on the
-group coordinator, and WriteTxnMarkers (27) on partition leaders.
+group coordinator, WriteTxnMarkers (27) on partition leaders, and DescribeTransactions (65) and
+ListTransactions (66) from :mod:`broker.coordinator.txn.admin_api`.
 
 A transactional id is routed to its ``__transaction_state`` partition; a broker that does not
 lead it answers ``NOT_COORDINATOR``, one still loading it ``COORDINATOR_LOAD_IN_PROGRESS``, no
@@ -24,6 +25,7 @@ from broker.coordinator.group.state_machine import CommitPartition
 from broker.coordinator.placement import OFFSETS_TOPIC, TXN_TOPIC, partition_for
 from broker.coordinator.producer_id_manager import ProducerIdManager
 from broker.coordinator.runtime import CoordinatorError, CoordinatorRuntime
+from broker.coordinator.txn.admin_api import ADMIN_RANGES, TxnAdminApis
 from broker.coordinator.txn.service import TxnCoordinator
 from broker.metadata.metadata_cache import MetadataCache
 from broker.protocol.admin_decode import decode_request
@@ -54,6 +56,7 @@ RANGES: dict[int, tuple[int, int]] = {
     API_END_TXN: (0, 3),
     API_WRITE_TXN_MARKERS: WRITE_TXN_MARKERS_VERSIONS,
     API_TXN_OFFSET_COMMIT: (0, 3),
+    **ADMIN_RANGES,  # DescribeTransactions, ListTransactions
 }
 _ZERO = timedelta(0)
 END_TXN_WAIT_S = 5.0  # EndTxn waits this long at most for the markers (see wait_completed)
@@ -86,6 +89,9 @@ class TxnApis:
             API_END_TXN: self._end_txn,
             API_TXN_OFFSET_COMMIT: self._txn_offset_commit,
         }
+        self._apis.update(
+            TxnAdminApis(self.runtime, lambda tid: self._partition_of(TXN_TOPIC, tid)).handlers()
+        )
 
     def api_ranges(self) -> dict[int, tuple[int, int]]:
         return dict(RANGES)
