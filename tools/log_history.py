@@ -1,7 +1,7 @@
 """What changed in the metadata between two points of its history (``kraft log diff``).
 
 :func:`diff` replays a :class:`~tools.log_reader.History` to the ``--from`` point with
-:mod:`kraft.image`, then walks each later batch record by record against the image before it,
+:mod:`kraft.metadata.replay`, then walks each later batch record by record against the image before it,
 turning records into :class:`Change` values: topics created/deleted, partition leader/ISR/replica
 changes (with leader epochs and the election type), broker registrations and fence/unfence/
 controlled-shutdown transitions, config changes old → new, feature levels and controller
@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from kraft.image import BrokerRegistration, MetadataImage, PartitionRegistration
+from kraft.metadata.image import MetadataImage
+from kraft.metadata.registrations import BrokerRegistration, PartitionRegistration
 from kraft.records import (
     FENCE,
     RESOURCE_BROKER,

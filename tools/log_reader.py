@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kraft.image import MetadataDelta, MetadataImage, ReplayError
 from kraft.log.segment import (
     OFFSET,
     TORN,
@@ -37,6 +36,8 @@ from kraft.log.segment import (
 )
 from kraft.log.snapshot import SUFFIX as SNAPSHOT_SUFFIX
 from kraft.log.snapshot import parse_snapshot_name
+from kraft.metadata.delta import MetadataDelta, ReplayError
+from kraft.metadata.image import MetadataImage
 from kraft.records import Batch, RecordDecodeError, batch_hash, decode_batch
 
 if TYPE_CHECKING:

@@ -25,9 +25,10 @@ import trio
 
 from kraft.errors import ErrorCode, KraftError
 from kraft.heap import HeapFreezer
-from kraft.image import MetadataDelta, MetadataImage, ReplayError
 from kraft.log.segment import FRAME_HEADER, HEADER_SIZE
 from kraft.log.snapshot import SnapshotHeader, read_snapshot_header
+from kraft.metadata.delta import MetadataDelta, ReplayError
+from kraft.metadata.image import MetadataImage
 from kraft.records import ZERO_HASH, batch_hash, decode_batch
 from kraft.rpc.client import ControllerClient
 from kraft.snapshotter import image_from_snapshot

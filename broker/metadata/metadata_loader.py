@@ -28,7 +28,8 @@ import trio
 
 from broker.metadata.checkpoint import image_from_snapshot, load_checkpoint, write_checkpoint
 from kraft.errors import KraftError
-from kraft.image import MetadataDelta, MetadataImage, ReplayError
+from kraft.metadata.delta import MetadataDelta, ReplayError
+from kraft.metadata.image import MetadataImage
 from kraft.records import RecordDecodeError, decode_batch
 
 log = logging.getLogger(__name__)

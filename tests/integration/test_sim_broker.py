@@ -12,7 +12,7 @@ import tools.sim_broker as sim_broker
 from kraft.controller.commands import Command
 from kraft.controller.settings import ControllerSettings
 from kraft.controller.state_machine import QuorumStateMachine
-from kraft.image import ReplayError
+from kraft.metadata.delta import ReplayError
 from kraft.records import RecordDecodeError, batch_hash, decode_batch
 from kraft.snapshotter import image_from_snapshot as sim_broker_image_from_snapshot
 from tools.sim_broker import SharedReplay

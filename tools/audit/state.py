@@ -1,5 +1,5 @@
 """State at a point in the log: rebuild the image at offset N (or time T) by replaying the log
-with the controller's own :class:`~kraft.image.MetadataDelta`, and compare it with snapshots.
+with the controller's own :class:`~kraft.metadata.delta.MetadataDelta`, and compare it with snapshots.
 
 Read-only: segments are scanned, never opened as a :class:`MetadataLog` (whose recovery would
 truncate a torn tail), their batches decoded by :func:`tools.audit.structs.decode_batch_fast`
@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kraft.image import MetadataDelta, MetadataImage, ReplayError, image_from_records
 from kraft.log.errors import CorruptSnapshotError
 from kraft.log.segment import list_segments, scan_segment
 from kraft.log.snapshot import (
@@ -23,6 +22,9 @@ from kraft.log.snapshot import (
     read_snapshot,
     read_snapshot_header,
 )
+from kraft.metadata.delta import MetadataDelta, ReplayError
+from kraft.metadata.image import MetadataImage
+from kraft.metadata.replay import image_from_records
 from kraft.records import Batch
 from kraft.snapshotter import image_from_snapshot
 from tools.audit.structs import decode_batch_fast
