@@ -36,8 +36,9 @@ from kraft.log.segment import (
 )
 from kraft.log.snapshot import SUFFIX as SNAPSHOT_SUFFIX
 from kraft.log.snapshot import parse_snapshot_name
-from kraft.metadata.delta import MetadataDelta, ReplayError
+from kraft.metadata.delta import ReplayError
 from kraft.metadata.image import MetadataImage
+from kraft.metadata.replay import replay
 from kraft.records import Batch, RecordDecodeError, batch_hash, decode_batch
 
 if TYPE_CHECKING:
@@ -268,20 +269,10 @@ class History:
             raise LogReadError(
                 f"offset {offset} is before the start of this history (offset {self.base.offset})"
             )
-        return replay(self.base, self.batches[:count], self.digests[:count])
-
-
-def replay(image: MetadataImage, batches: list[Batch], digests: list[bytes]) -> MetadataImage:
-    """``image`` with ``batches`` replayed (raises LogReadError when one does not fit)."""
-    if not batches:
-        return image
-    delta = MetadataDelta(image)
-    try:
-        for batch, digest in zip(batches, digests):
-            delta.replay_batch(batch, digest)
-    except ReplayError as e:
-        raise LogReadError(f"replay failed: {e}") from None
-    return delta.apply()
+        try:
+            return replay(self.base, self.batches[:count])
+        except ReplayError as e:
+            raise LogReadError(f"replay failed: {e}") from None
 
 
 def _image_from_snapshot(path: Path) -> MetadataImage:

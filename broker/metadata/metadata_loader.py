@@ -30,6 +30,7 @@ from broker.metadata.checkpoint import image_from_snapshot, load_checkpoint, wri
 from kraft.errors import KraftError
 from kraft.metadata.delta import MetadataDelta, ReplayError
 from kraft.metadata.image import MetadataImage
+from kraft.metadata.replay import replay_into
 from kraft.records import RecordDecodeError, decode_batch
 
 log = logging.getLogger(__name__)
@@ -41,16 +42,10 @@ class Publisher(Protocol):
 
 def replay_encoded(delta: MetadataDelta, batches: Iterable[bytes]) -> int:
     """Strictly decode FetchMetadata batches and replay those ``delta`` does not hold yet into
-    it; returns how many were replayed. A backlog goes into one delta (one publish) however
-    many batches it has, so catching up costs O(records), not O(batches x image)."""
-    n = 0
-    for encoded in batches:
-        batch = decode_batch(encoded)  # its digest is the hash replay_batch adopts
-        if batch.last_offset <= delta.offset:
-            continue
-        delta.replay_batch(batch)
-        n += 1
-    return n
+    it (``kraft.metadata.replay.replay_into``); returns how many were replayed. A backlog goes
+    into one delta (one publish) however many batches it has, so catching up costs
+    O(records), not O(batches x image)."""
+    return replay_into(delta, map(decode_batch, batches))  # a decoded batch carries its digest
 
 
 class MetadataLoader:
