@@ -521,7 +521,8 @@ class Scale:
         }
         cfg = bdir / "broker.properties"
         cfg.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
-        from kraft.storage.format import format_storage, node_storage
+        from kraft.storage.format import format_storage
+        from tools.node_storage import node_storage
 
         format_storage(node_storage(str(cfg)))  # a node never starts on an unformatted dir
         log("catch-up: starting a new real broker (id 900)")
