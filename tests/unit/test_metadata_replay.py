@@ -10,7 +10,7 @@ from kraft.metadata.delta import MetadataDelta, ReplayError
 from kraft.metadata.image import MetadataImage
 from kraft.metadata.replay import image_from_records, replay, replay_into
 from kraft.records import decode_batch
-from tools.audit.sample_log import Written, write_history
+from testsupport.sample_log import Written, write_history
 
 
 @pytest.fixture(scope="module")

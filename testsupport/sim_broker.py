@@ -302,7 +302,7 @@ async def wait_unfenced(brokers: list[SimBroker], timeout_s: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m tools.sim_broker --cluster DIR --count N``: run N simulated brokers until killed."""
+    """``python -m testsupport.sim_broker --cluster DIR --count N``: run N simulated brokers until killed."""
     import argparse
     import json
     from pathlib import Path
