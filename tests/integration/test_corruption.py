@@ -330,14 +330,10 @@ def test_controller_refuses_a_corrupt_snapshot_it_needs(tmp_path: Path) -> None:
         snapper = Snapshotter(d, mlog, 1, 0)
         for b, enc in make_batches(24):
             mlog.append_encoded(enc, b)
-        from kraft.metadata.delta import MetadataDelta
         from kraft.metadata.image import MetadataImage
+        from kraft.metadata.replay import replay
 
-        image = MetadataImage.EMPTY
-        for b in mlog.read_batches(0):
-            delta = MetadataDelta(image)
-            delta.replay_batch(b)
-            image = delta.apply()
+        image = replay(MetadataImage.EMPTY, mlog.read_batches(0))
         path = snapper.write(image)
         mlog.truncate_before(20)
     data = bytearray(path.read_bytes())
