@@ -1,5 +1,6 @@
 """State at a point in the log: rebuild the image at offset N (or time T) by replaying the log
-with the controller's own :class:`~kraft.metadata.delta.MetadataDelta`, and compare it with snapshots.
+through ``kraft.metadata.replay`` (the replay every reader of the log uses), and compare it with
+snapshots.
 
 Read-only: segments are scanned, never opened as a :class:`MetadataLog` (whose recovery would
 truncate a torn tail), their batches decoded by :func:`tools.audit.structs.decode_batch_fast`
