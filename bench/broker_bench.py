@@ -191,8 +191,8 @@ def build_scale_snapshot(
 ) -> tuple[Path, Path, int]:
     """Write a snapshot of ``topics`` x ``partitions`` (RF 3) and a log of partition-change
     batches after it; returns (snapshot path, log dir, records in the log)."""
-    from kraft.image import image_from_records
     from kraft.log.metadata_log import MetadataLog
+    from kraft.metadata.replay import image_from_records
     from kraft.records import (
         LEADER_UNCHANGED,
         RECOVERY_UNCHANGED,
@@ -279,7 +279,7 @@ import json, resource, sys, time
 from pathlib import Path
 from broker.metadata.checkpoint import image_from_snapshot
 from broker.metadata.metadata_loader import replay_encoded
-from kraft.image import MetadataDelta
+from kraft.metadata.delta import MetadataDelta
 from kraft.log.metadata_log import MetadataLog
 from kraft.records import decode_batch
 snap, log_dir = Path(sys.argv[1]), Path(sys.argv[2])

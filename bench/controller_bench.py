@@ -1,6 +1,6 @@
 """Controller benchmark: a real 3-controller cluster (fsync always) + 3 SimBrokers.
 
-The simulated brokers (``python -m tools.sim_broker``: real registration, heartbeats and
+The simulated brokers (``python -m testsupport.sim_broker``: real registration, heartbeats and
 FetchMetadata long-polls replaying the log) run in a process of their own, as brokers do: hosted
 in the benchmark's client process, their replay of every commit delayed the client's own
 responses on the shared event loop (sequential p50 ~5-7 ms instead of ~3-4 ms, same minutes).
@@ -459,7 +459,7 @@ def start_sim_brokers(
         [
             sys.executable,
             "-m",
-            "tools.sim_broker",
+            "testsupport.sim_broker",
             "--cluster",
             str(directory),
             "--count",

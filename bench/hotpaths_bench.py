@@ -50,7 +50,7 @@ def _cpu(fn: Callable[[], Any]) -> tuple[Any, float]:
 
 def build_image(topics: int, partitions: int, brokers: int) -> Any:
     """The scale image, built through ``image_from_records`` (not measured)."""
-    from kraft.image import image_from_records
+    from kraft.metadata.replay import image_from_records
     from kraft.records import FeatureLevelRecord, PartitionRecord, TopicRecord
 
     records: list[Any] = [FeatureLevelRecord("metadata.version", 1)]
@@ -117,8 +117,9 @@ def change_batches(image: Any, count: int, per_batch: int = 100) -> list[bytes]:
 def run(topics: int, partitions: int, brokers: int, log_batches: int) -> dict[str, Any]:
     from broker.metadata.checkpoint import image_from_snapshot
     from broker.metadata.metadata_loader import replay_encoded
-    from kraft.image import MetadataDelta, image_from_records
     from kraft.log.snapshot import read_snapshot
+    from kraft.metadata.delta import MetadataDelta
+    from kraft.metadata.replay import image_from_records
     from kraft.records import batch_hash, decode_batch
     from kraft.snapshotter import image_to_snapshot
 

@@ -1,6 +1,6 @@
 """Scale benchmark (issue 8, ``make bench-scale``): a metadata image of ``topics`` x ``partitions``
 partitions (default 10,000 x 100 = 1M, RF 3) on a real 3-controller quorum with ``brokers``
-simulated brokers (``tools/sim_broker.py``: real registration, heartbeats and FetchMetadata, no
+simulated brokers (``testsupport/sim_broker.py``: real registration, heartbeats and FetchMetadata, no
 partition logs), then:
 
 * bulk: the first 1,000 topics x 100 partitions created and applied on every controller and every
@@ -43,7 +43,7 @@ from bench.broker_bench import table
 from bench.common import ENV, REPO, cluster_up, controller_addresses, logger
 from kraft.errors import KraftError
 from kraft.rpc.client import ControllerClient, call_sync
-from tools.sim_broker import SharedReplay, SimBroker, wait_unfenced
+from testsupport.sim_broker import SharedReplay, SimBroker, wait_unfenced
 
 SNAPSHOT_LINE = re.compile(
     r"wrote snapshot \S+ \((\d+) partitions\) in ([\d.]+)s(?: \(([\d.]+)s CPU\))?"
@@ -521,7 +521,8 @@ class Scale:
         }
         cfg = bdir / "broker.properties"
         cfg.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
-        from kraft.storage.format import format_storage, node_storage
+        from kraft.storage.format import format_storage
+        from tools.node_storage import node_storage
 
         format_storage(node_storage(str(cfg)))  # a node never starts on an unformatted dir
         log("catch-up: starting a new real broker (id 900)")

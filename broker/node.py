@@ -18,6 +18,7 @@ from typing import Any
 
 import trio
 
+from broker.config import BrokerConfig
 from broker.coordinator.group.service import GroupCoordinator
 from broker.coordinator.producer_id_manager import ProducerIdManager
 from broker.coordinator.txn.api import TxnApis
@@ -40,7 +41,7 @@ from broker.replica.replica_fetcher import ReplicaFetcherManager
 from broker.replica.replica_manager import ReplicaManager
 from broker.state import admin_host, serve_state, snapshot_state
 from kraft import logsetup, sdnotify
-from kraft.config import BrokerConfig, ConfigError
+from kraft.config import ConfigError
 from kraft.rpc.client import ControllerClient
 from kraft.storage import meta_properties
 

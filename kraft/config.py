@@ -89,13 +89,16 @@ def parse_listener(value: str, key: str) -> tuple[str, str, int]:
 
 @dataclass(frozen=True)
 class Setting:
+    """One config key: how its value parses, its default (None = required) and what it does."""
+
     key: str
     parse: Callable[[str], Any]
     default: Any
     doc: str
 
 
-def _bool(v: str) -> bool:
+def parse_bool(v: str) -> bool:
+    """true/1/yes or false/0/no (any case)."""
     if v.lower() in ("true", "1", "yes"):
         return True
     if v.lower() in ("false", "0", "no"):
@@ -108,7 +111,8 @@ def _log_level(v: str) -> str:
     return v.strip().upper()
 
 
-def _positive(v: str) -> int:
+def parse_positive(v: str) -> int:
+    """An integer > 0."""
     n = int(v)
     if n <= 0:
         raise ValueError("expected a positive integer")
@@ -124,9 +128,10 @@ def _choice(*options: str) -> Callable[[str], str]:
     return parse
 
 
-_CLIENT_CREDENTIALS = "controller.rpc.client.credentials.file"
+CLIENT_CREDENTIALS_KEY = "controller.rpc.client.credentials.file"
+"""Where a node that calls controllers finds its RPC login (controllers and brokers alike)."""
 
-_COMMON = [
+COMMON_SETTINGS = [
     Setting("node.id", int, None, "this node's id (required)"),
     Setting("process.roles", _choice("controller", "broker"), None, "controller or broker"),
     Setting("cluster.id", str, None, "the cluster id every node must share (required)"),
@@ -136,25 +141,27 @@ _COMMON = [
     Setting("metrics.host", str, "127.0.0.1", "metrics bind address"),
     Setting(
         "allow.insecure.listeners",
-        _bool,
+        parse_bool,
         False,
         "start even though a listener bound to a non-loopback address does not authenticate "
         "its clients (anyone on the network could then use it)",
     ),
     Setting(
         "max.connections.per.ip",
-        _positive,
+        parse_positive,
         1000,
         "connections from one client address beyond this are closed at once (so one host "
         "cannot take every connection slot)",
     ),
     Setting("log.level", _log_level, "INFO", "log level (any case); KRAFT_LOG_LEVEL overrides it"),
     Setting("log.file", str, "", "also log to this file, rotated by size (empty = stderr only)"),
-    Setting("log.file.max.bytes", _positive, 100 * 1024 * 1024, "rotate log.file at this size"),
+    Setting(
+        "log.file.max.bytes", parse_positive, 100 * 1024 * 1024, "rotate log.file at this size"
+    ),
     Setting("log.file.backup.count", int, 10, "rotated log files kept"),
 ]
 
-CONTROLLER_SETTINGS = _COMMON + [
+CONTROLLER_SETTINGS = COMMON_SETTINGS + [
     Setting(
         "controller.quorum.voters", str, None, "id@host:port of every controller's RPC endpoint"
     ),
@@ -182,7 +189,7 @@ CONTROLLER_SETTINGS = _COMMON + [
     ),
     Setting(
         "metadata.log.flush.interval.ms",
-        _positive,
+        parse_positive,
         100,
         "how often the metadata log (derived from the Raft journal, re-derived from it after "
         "a power loss) is synced; also synced before every snapshot",
@@ -260,7 +267,7 @@ CONTROLLER_SETTINGS = _COMMON + [
         "RPC (name:pbkdf2_sha256$... lines); empty = no authentication",
     ),
     Setting(
-        _CLIENT_CREDENTIALS,
+        CLIENT_CREDENTIALS_KEY,
         str,
         "",
         "this node's own RPC credentials (username=/password= "
@@ -312,180 +319,10 @@ CONTROLLER_SETTINGS = _COMMON + [
     ),
 ]
 
-BROKER_SETTINGS = _COMMON + [
-    Setting("broker.rack", str, "", "rack of this broker (rack-aware placement)"),
-    Setting(
-        "listeners",
-        str,
-        "PLAINTEXT://127.0.0.1:9092",
-        "Kafka listeners NAME://host:port,... "
-        "(NAME is the security protocol, or mapped by listener.security.protocol.map)",
-    ),
-    Setting(
-        "advertised.listeners", str, "", "what clients are told to connect to (default: listeners)"
-    ),
-    Setting("log.dirs", str, None, "where partition logs live (comma-separated)"),
-    Setting(
-        "controller.quorum.bootstrap.servers",
-        str,
-        None,
-        "host:port,... of the controllers' RPC endpoints",
-    ),
-    Setting("broker.admin.port", int, 0, "broker admin/state endpoint (0 = listener port + 1000)"),
-    Setting(
-        "broker.admin.host",
-        str,
-        "",
-        "admin/state endpoint address (empty: the first listener's if loopback, else "
-        "127.0.0.1); it requires a sasl.plain.users.file user when the broker uses SASL",
-    ),
-    Setting(
-        "initial.broker.registration.timeout.ms", int, 60000, "give up if not registered by then"
-    ),
-    Setting("replica.lag.time.max.ms", int, 30000, "a follower lagging this long leaves the ISR"),
-    Setting("replica.fetch.wait.max.ms", int, 500, "follower fetch long-poll"),
-    Setting("min.insync.replicas", int, 1, "default min.insync.replicas for topics without one"),
-    Setting("offsets.topic.num.partitions", _positive, 50, "partitions of __consumer_offsets"),
-    Setting(
-        "offsets.topic.replication.factor",
-        _positive,
-        3,
-        "replication factor of __consumer_offsets (capped at the alive brokers)",
-    ),
-    Setting(
-        "group.initial.rebalance.delay.ms",
-        int,
-        3000,
-        "how long the first rebalance of an empty group waits for more members",
-    ),
-    Setting(
-        "transaction.state.log.num.partitions",
-        _positive,
-        50,
-        "partitions of __transaction_state",
-    ),
-    Setting(
-        "transaction.state.log.replication.factor",
-        _positive,
-        3,
-        "replication factor of __transaction_state (capped at the alive brokers)",
-    ),
-    Setting(
-        "transaction.max.timeout.ms",
-        _positive,
-        900_000,
-        "largest transaction.timeout.ms a producer may ask for",
-    ),
-    Setting("group.min.session.timeout.ms", int, 6000, "smallest session.timeout.ms accepted"),
-    Setting("group.max.session.timeout.ms", int, 1_800_000, "largest session.timeout.ms accepted"),
-    Setting("group.max.size", _positive, 2**31 - 1, "most members a classic group may have"),
-    Setting("offset.metadata.max.bytes", int, 4096, "largest metadata of a committed offset"),
-    Setting(
-        "offsets.retention.minutes",
-        _positive,
-        10080,
-        "committed offsets of an empty group expire after this long",
-    ),
-    Setting("offsets.retention.check.interval.ms", _positive, 600_000, "how often offsets expire"),
-    Setting(
-        "connections.max.idle.ms",
-        int,
-        600_000,
-        "close a Kafka connection with no request started for this long",
-    ),
-    Setting(
-        "request.read.timeout.ms",
-        int,
-        30_000,
-        "a started Kafka request must arrive whole within this (slow senders are closed)",
-    ),
-    Setting("max.connections", int, 10_000, "Kafka connections per listener; more are refused"),
-    Setting(
-        "message.max.bytes",
-        int,
-        1_048_588,
-        "largest record batch a produce may carry (topic override: max.message.bytes)",
-    ),
-    Setting(
-        "auto.create.topics.enable",
-        _bool,
-        True,
-        "Metadata for an unknown topic creates it (num.partitions, default.replication.factor)",
-    ),
-    Setting(
-        "socket.request.max.bytes",
-        int,
-        104_857_600,
-        "largest Kafka request frame; a bigger one closes the connection unread",
-    ),
-    Setting(
-        "sasl.server.max.receive.size",
-        _positive,
-        524_288,
-        "on a SASL listener, before authentication, a request frame announcing more bytes "
-        "than this closes the connection before it is read",
-    ),
-    Setting(
-        "connections.max.preauth.ms",
-        _positive,
-        10_000,
-        "a connection to a SASL listener that has not authenticated within this is closed "
-        "(connections.max.idle.ms applies after login)",
-    ),
-    Setting(
-        "inter.broker.listener.name",
-        str,
-        "",
-        "the listener followers fetch from (default: the first of listeners); any security "
-        "protocol: followers log in to SASL listeners as this broker's own user",
-    ),
-    Setting(
-        "replication.only.listeners",
-        str,
-        "",
-        "listener names that serve only follower replication (ApiVersions, SASL, "
-        "OffsetForLeaderEpoch, a replica's Fetch), nothing to clients",
-    ),
-    Setting(
-        "replication.principals",
-        str,
-        "User:broker",
-        "on an authenticating replication-only listener, the principals allowed to replicate "
-        "(comma-separated)",
-    ),
-    Setting(
-        "listener.security.protocol.map",
-        str,
-        "",
-        "NAME:PROTOCOL,... for listeners not named "
-        "after their protocol (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL)",
-    ),
-    Setting(
-        "ssl.certificate.location", str, "", "PEM certificate chain of an SSL/SASL_SSL listener"
-    ),
-    Setting("ssl.key.location", str, "", "PEM private key of an SSL/SASL_SSL listener"),
-    Setting("ssl.client.auth", str, "none", "none | requested | required (mutual TLS)"),
-    Setting("ssl.ca.location", str, "", "PEM CA certificates that sign client certificates"),
-    Setting(
-        "sasl.enabled.mechanisms", str, "PLAIN", "SASL mechanisms of a SASL_* listener (PLAIN only)"
-    ),
-    Setting(
-        "sasl.plain.users.file",
-        str,
-        "",
-        "hashed SASL/PLAIN users (python -m kraft.rpc.auth add-user FILE NAME)",
-    ),
-    Setting(
-        _CLIENT_CREDENTIALS,
-        str,
-        "",
-        "RPC credentials file (username=/password= lines) for "
-        "controllers that require authentication",
-    ),
-]
 
-
-def _resolve(props: dict[str, str], settings: list[Setting], what: str) -> dict[str, Any]:
+def resolve_settings(props: dict[str, str], settings: list[Setting], what: str) -> dict[str, Any]:
+    """Every setting's typed value from ``props`` or its default; an unknown key, a value that
+    does not parse or a missing required one is a ConfigError naming it (``what``: the role)."""
     known = {s.key: s for s in settings}
     unknown = sorted(set(props) - set(known))
     if unknown:
@@ -522,7 +359,7 @@ class ControllerConfig:
     def from_properties(
         cls, props: dict[str, str], env: dict[str, str] | None = None
     ) -> ControllerConfig:
-        v = _resolve(props, CONTROLLER_SETTINGS, "controller")
+        v = resolve_settings(props, CONTROLLER_SETTINGS, "controller")
         if v["process.roles"] != "controller":
             raise ConfigError("process.roles must be 'controller' for a controller node")
         rpc = parse_voters(v["controller.quorum.voters"], "controller.quorum.voters")
@@ -550,9 +387,9 @@ class ControllerConfig:
                 store = CredentialStore.load(v["controller.rpc.auth.credentials.file"])
             except AuthError as e:
                 raise ConfigError(f"controller.rpc.auth.credentials.file: {e}") from None
-            if not v[_CLIENT_CREDENTIALS]:
+            if not v[CLIENT_CREDENTIALS_KEY]:
                 raise ConfigError(
-                    f"{_CLIENT_CREDENTIALS} is required when controller.rpc.auth.credentials.file "
+                    f"{CLIENT_CREDENTIALS_KEY} is required when controller.rpc.auth.credentials.file "
                     "is set: controllers call each other's RPC"
                 )
         rpc_host = rpc[v["node.id"]][0]
@@ -572,94 +409,11 @@ class ControllerConfig:
             Path(v["metadata.log.dir"]),
             secret,
             store,
-            _client_credentials(v[_CLIENT_CREDENTIALS]),
+            client_credentials(v[CLIENT_CREDENTIALS_KEY]),
         )
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> ControllerConfig:
-        return cls.from_properties(load_properties(path))
-
-    def __getitem__(self, key: str) -> Any:
-        return self.values[key]
-
-
-@dataclass(frozen=True)
-class BrokerConfig:
-    """A broker node's settings, validated."""
-
-    values: dict[str, Any]
-    node_id: int
-    cluster_id: str
-    listener: tuple[str, str, int]
-    advertised: tuple[str, str, int]
-    log_dirs: list[Path]
-    bootstrap: list[tuple[str, int]]
-    rack: str | None
-    rpc_client_credentials: ClientCredentials | None = field(default=None, repr=False)
-    # every listener (name, host, port) and what each advertises; ``listener``/``advertised``
-    # are the first of them (the one that answers the broker's admin endpoint)
-    listeners: tuple[tuple[str, str, int], ...] = ()
-    advertised_listeners: tuple[tuple[str, str, int], ...] = ()
-
-    @classmethod
-    def from_properties(cls, props: dict[str, str]) -> BrokerConfig:
-        v = _resolve(props, BROKER_SETTINGS, "broker")
-        if v["process.roles"] != "broker":
-            raise ConfigError("process.roles must be 'broker' for a broker node")
-        listeners = tuple(
-            parse_listener(x.strip(), "listeners") for x in v["listeners"].split(",") if x.strip()
-        )
-        if not listeners:
-            raise ConfigError("listeners: no listener given")
-        names = [n for n, _, _ in listeners]
-        if len(set(names)) != len(names):
-            raise ConfigError(f"listeners: names must be unique, got {names}")
-        given = {
-            n: (n, h, p)
-            for n, h, p in (
-                parse_listener(x.strip(), "advertised.listeners")
-                for x in v["advertised.listeners"].split(",")
-                if x.strip()
-            )
-        }
-        unknown = sorted(set(given) - set(names))
-        if unknown:
-            raise ConfigError(f"advertised.listeners: {unknown} are not in listeners {names}")
-        advertised_all = tuple(given.get(n, (n, h, p)) for n, h, p in listeners)
-        inter = v["inter.broker.listener.name"]
-        if inter and inter not in names:
-            raise ConfigError(
-                f"inter.broker.listener.name: {inter!r} is not one of the listeners {names}"
-            )
-        repl_only = [x.strip() for x in v["replication.only.listeners"].split(",") if x.strip()]
-        if set(repl_only) - set(names):
-            raise ConfigError(
-                f"replication.only.listeners: {sorted(set(repl_only) - set(names))} are not "
-                f"among the listeners {names}"
-            )
-        listener, advertised = listeners[0], advertised_all[0]
-        log_dirs = [Path(p.strip()) for p in v["log.dirs"].split(",") if p.strip()]
-        if not log_dirs:
-            raise ConfigError("log.dirs: no directory given")
-        bootstrap = parse_hostports(
-            v["controller.quorum.bootstrap.servers"], "controller.quorum.bootstrap.servers"
-        )
-        return cls(
-            v,
-            v["node.id"],
-            v["cluster.id"],
-            listener,
-            advertised,
-            log_dirs,
-            bootstrap,
-            v["broker.rack"] or None,
-            _client_credentials(v[_CLIENT_CREDENTIALS]),
-            listeners,
-            advertised_all,
-        )
-
-    @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> BrokerConfig:
         return cls.from_properties(load_properties(path))
 
     def __getitem__(self, key: str) -> Any:
@@ -715,13 +469,14 @@ def _read_secret(path: str, env: Mapping[str, str]) -> str | None:
     return secret
 
 
-def _client_credentials(path: str) -> ClientCredentials | None:
+def client_credentials(path: str) -> ClientCredentials | None:
+    """The RPC client credentials in ``path`` (empty: none), or a ConfigError."""
     if not path:
         return None
     try:
         return ClientCredentials.load(path)
     except AuthError as e:
-        raise ConfigError(f"{_CLIENT_CREDENTIALS}: {e}") from None
+        raise ConfigError(f"{CLIENT_CREDENTIALS_KEY}: {e}") from None
 
 
 def is_loopback(host: str) -> bool:

@@ -32,8 +32,8 @@ from typing import Any
 from kraft.controller.state_machine import QuorumStateMachine
 from kraft.errors import ErrorCode
 from kraft.heap import HeapFreezer, freeze_heap
-from kraft.image import MetadataImage
 from kraft.log.metadata_log import MetadataLog
+from kraft.metadata.image import MetadataImage
 from kraft.records import Batch, RecordDecodeError, decode_batch, decode_batch_envelope
 from kraft.snapshotter import Snapshotter
 from kraft.storage.failure import node_failed, storage_failed

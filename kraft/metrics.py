@@ -28,7 +28,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from kraft.image import MetadataImage
+from kraft.metadata.image import MetadataImage
 from kraft.records import LEADER_NONE
 
 KC = "kafka_controller_kafkacontroller_"

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from kraft.errors import ErrorCode, KraftError
-from kraft.image import MetadataImage, image_from_records
 from kraft.log.errors import CorruptSnapshotError
 from kraft.log.metadata_log import MetadataLog
 from kraft.log.snapshot import (
@@ -30,6 +29,8 @@ from kraft.log.snapshot import (
     read_snapshot,
     write_snapshot_runs,
 )
+from kraft.metadata.image import MetadataImage
+from kraft.metadata.replay import image_from_records
 from kraft.retention import SegmentInfo, retention_cut
 
 log = logging.getLogger(__name__)

@@ -196,7 +196,7 @@ class LocalCluster:
         cmd = [
             sys.executable,
             "-m",
-            "tools.sim_broker",
+            "testsupport.sim_broker",
             "--cluster",
             str(self.dir),
             "--count",

@@ -1,4 +1,4 @@
-"""Ways to damage a generated metadata log (tools/audit/sample_log.py), one per row of the
+"""Ways to damage a generated metadata log (testsupport/sample_log.py), one per row of the
 audit-hardening issue, for the tamper tests. Each returns where it struck (file, byte
 position, offset) so a test can assert the finding names it."""
 
@@ -14,8 +14,8 @@ from kraft.log.segment import FRAME_HEADER, HEADER_SIZE, encode_frame, iter_fram
 from kraft.log.snapshot import read_snapshot, write_snapshot
 from kraft.records import ZERO_HASH, PartitionRecord, batch_hash, decode_batch
 from kraft.snapshotter import image_to_snapshot
+from testsupport.sample_log import write_history
 from tools.audit.integrity import INDEX_ENTRY
-from tools.audit.sample_log import write_history
 
 
 def sample(directory: Path, snapshots: tuple[str, ...] = ("created",)) -> dict:

@@ -384,7 +384,8 @@ def write_node_configs(layout: ClusterLayout) -> None:
 def format_nodes(layout: ClusterLayout) -> None:
     """``kraft storage format`` for every node of a new cluster (controllers as the initial
     quorum); the nodes refuse to start without it."""
-    from kraft.storage.format import format_storage, node_storage
+    from kraft.storage.format import format_storage
+    from tools.node_storage import node_storage
 
     for node in layout.nodes():
         format_storage(node_storage(node.config), layout.cluster_id, initial=True)

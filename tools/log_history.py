@@ -1,7 +1,7 @@
 """What changed in the metadata between two points of its history (``kraft log diff``).
 
 :func:`diff` replays a :class:`~tools.log_reader.History` to the ``--from`` point with
-:mod:`kraft.image`, then walks each later batch record by record against the image before it,
+:mod:`kraft.metadata.replay`, then walks each later batch record by record against the image before it,
 turning records into :class:`Change` values: topics created/deleted, partition leader/ISR/replica
 changes (with leader epochs and the election type), broker registrations and fence/unfence/
 controlled-shutdown transitions, config changes old → new, feature levels and controller
@@ -20,7 +20,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from kraft.image import BrokerRegistration, MetadataImage, PartitionRegistration
+from kraft.metadata.delta import ReplayError
+from kraft.metadata.image import MetadataImage
+from kraft.metadata.registrations import BrokerRegistration, PartitionRegistration
+from kraft.metadata.replay import replay
 from kraft.records import (
     FENCE,
     RESOURCE_BROKER,
@@ -40,7 +43,7 @@ from kraft.records import (
     TopicRecord,
     UnregisterBrokerRecord,
 )
-from tools.log_reader import History, LogReadError, replay
+from tools.log_reader import History, LogReadError
 
 EPOCH_MS_MIN = 10**12  # integers at least this big are epoch milliseconds (after 2001-09-09)
 _ISO_RE = re.compile(r"^\d{4}-\d{2}-\d{2}([T ].*)?$")
@@ -186,12 +189,15 @@ def diff(history: History, start: Point, end: Point) -> Diff:
             "a snapshot)"
         )
     first, last = history.batch_index_through(lo), history.batch_index_through(hi)
-    image = replay(history.base, history.batches[:first], history.digests[:first])
+    image = history.image_at(lo)
     out = Diff(image, image, last - first, 0)
-    for batch, digest in zip(history.batches[first:last], history.digests[first:last]):
+    for batch in history.batches[first:last]:
         out.changes.extend(batch_changes(image, batch))
         out.records += len(batch.records)
-        image = replay(image, [batch], [digest])
+        try:
+            image = replay(image, (batch,))
+        except ReplayError as e:
+            raise LogReadError(f"replay failed: {e}") from None
     out.end = image
     return out
 

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kraft.image import MetadataDelta, MetadataImage, ReplayError
 from kraft.log.segment import (
     OFFSET,
     TORN,
@@ -37,6 +36,10 @@ from kraft.log.segment import (
 )
 from kraft.log.snapshot import SUFFIX as SNAPSHOT_SUFFIX
 from kraft.log.snapshot import parse_snapshot_name
+from kraft.metadata.delta import ReplayError
+from kraft.metadata.follower import LogFollower, SnapshotFetchError
+from kraft.metadata.image import MetadataImage
+from kraft.metadata.replay import replay
 from kraft.records import Batch, RecordDecodeError, batch_hash, decode_batch
 
 if TYPE_CHECKING:
@@ -267,20 +270,10 @@ class History:
             raise LogReadError(
                 f"offset {offset} is before the start of this history (offset {self.base.offset})"
             )
-        return replay(self.base, self.batches[:count], self.digests[:count])
-
-
-def replay(image: MetadataImage, batches: list[Batch], digests: list[bytes]) -> MetadataImage:
-    """``image`` with ``batches`` replayed (raises LogReadError when one does not fit)."""
-    if not batches:
-        return image
-    delta = MetadataDelta(image)
-    try:
-        for batch, digest in zip(batches, digests):
-            delta.replay_batch(batch, digest)
-    except ReplayError as e:
-        raise LogReadError(f"replay failed: {e}") from None
-    return delta.apply()
+        try:
+            return replay(self.base, self.batches[:count])
+        except ReplayError as e:
+            raise LogReadError(f"replay failed: {e}") from None
 
 
 def _image_from_snapshot(path: Path) -> MetadataImage:
@@ -311,59 +304,62 @@ def _snapshot_base(directory: Path, start: int | None) -> MetadataImage:
     )
 
 
-async def _pull(client: ControllerClient, timeout: float) -> History:
-    base = MetadataImage.EMPTY
-    batches: list[Batch] = []
-    digests: list[bytes] = []
-    next_offset = 0
-    while True:
-        resp = await client.call(
-            "FetchMetadata",
-            {"from_offset": next_offset, "max_wait_ms": 0, "max_bytes": FETCH_MAX_BYTES},
-            timeout=timeout,
-        )
-        snapshot = resp.get("snapshot")
-        if snapshot:
-            base = await _fetch_snapshot(client, str(snapshot.get("name")), timeout)
-            batches, digests, next_offset = [], [], base.offset + 1
-            continue
-        for encoded in resp.get("batches") or []:
+class _Pull:
+    """The whole log as the controllers hold it now, gathered by a LogFollower (one pass: the
+    follow stops once caught up with the high watermark)."""
+
+    def __init__(self, follower: LogFollower, timeout: float) -> None:
+        self.follower = follower
+        self.timeout = timeout
+        self.base = MetadataImage.EMPTY
+        self.batches: list[Batch] = []
+        self.digests: list[bytes] = []
+        self._next = 0
+
+    def next_offset(self) -> int:
+        return self._next
+
+    async def on_snapshot(self, info: dict[str, Any]) -> None:
+        self.base = await _fetch_snapshot(self.follower, str(info.get("name")), self.timeout)
+        self.batches, self.digests, self._next = [], [], self.base.offset + 1
+
+    async def on_batches(self, batches: list[bytes], high_watermark: int) -> bool:
+        for encoded in batches:
             try:
                 batch = decode_batch(encoded)
             except RecordDecodeError as e:
                 raise LogReadError(
-                    f"controller sent an undecodable batch at offset {next_offset}: {e}"
+                    f"controller sent an undecodable batch at offset {self._next}: {e}"
                 ) from None
-            if batch.last_offset < next_offset:
+            if batch.last_offset < self._next:
                 continue
-            batches.append(batch)
-            digests.append(batch_hash(encoded))
-            next_offset = batch.next_offset
-        if next_offset >= int(resp.get("high_watermark", 0)) or not resp.get("batches"):
-            break
+            self.batches.append(batch)
+            self.digests.append(batch_hash(encoded))
+            self._next = batch.next_offset
+        return self._next >= high_watermark or not batches  # caught up
+
+
+async def _pull(client: ControllerClient, timeout: float) -> History:
+    follower = LogFollower(
+        client, max_wait_ms=0, max_bytes=FETCH_MAX_BYTES, timeout=timeout, retry=None
+    )
+    pull = _Pull(follower, timeout)
+    await follower.follow(pull)
     history = History(
-        base, batches, digests, "controllers " + ",".join(f"{h}:{p}" for h, p in client.bootstrap)
+        pull.base,
+        pull.batches,
+        pull.digests,
+        "controllers " + ",".join(f"{h}:{p}" for h, p in client.bootstrap),
     )
     history._check_continues()
     return history
 
 
-async def _fetch_snapshot(client: ControllerClient, name: str, timeout: float) -> MetadataImage:
-    if "/" in name or not name.endswith(SNAPSHOT_SUFFIX):
-        raise LogReadError(f"controller offered a snapshot with a bad name {name!r}")
-    position = 0
+async def _fetch_snapshot(follower: LogFollower, name: str, timeout: float) -> MetadataImage:
     with tempfile.TemporaryDirectory(prefix="kraft-shell-") as tmp:
-        path = Path(tmp) / name
-        with open(path, "wb") as f:
-            while True:
-                resp = await client.call(
-                    "FetchSnapshot",
-                    {"name": name, "position": position, "max_bytes": FETCH_MAX_BYTES},
-                    timeout=timeout,
-                )
-                data = resp.get("data") or b""
-                f.write(data)
-                position += len(data)
-                if resp.get("done") or not data:
-                    break
+        path = Path(tmp) / Path(name).name
+        try:
+            await follower.fetch_snapshot(name, path, max_bytes=FETCH_MAX_BYTES, timeout=timeout)
+        except SnapshotFetchError as e:
+            raise LogReadError(str(e)) from None
         return _image_from_snapshot(path)

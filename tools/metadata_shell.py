@@ -1,4 +1,4 @@
-"""The metadata shell: a virtual file tree over a :class:`~kraft.image.MetadataImage` and the
+"""The metadata shell: a virtual file tree over a :class:`~kraft.metadata.image.MetadataImage` and the
 history of records that built it (``kraft shell``).
 
 Tree::
@@ -28,7 +28,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from kraft.image import BrokerRegistration, MetadataImage, PartitionRegistration, TopicImage
+from kraft.metadata.image import MetadataImage, TopicImage
+from kraft.metadata.registrations import BrokerRegistration, PartitionRegistration
 from kraft.records import (
     RESOURCE_BROKER,
     RESOURCE_TOPIC,

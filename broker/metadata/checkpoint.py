@@ -13,9 +13,9 @@ import logging
 import os
 from pathlib import Path
 
-from kraft.image import MetadataImage
 from kraft.log.errors import CorruptSnapshotError
 from kraft.log.snapshot import SnapshotHeader, list_snapshots, write_snapshot_runs
+from kraft.metadata.image import MetadataImage
 from kraft.snapshotter import snapshot_state
 
 log = logging.getLogger(__name__)

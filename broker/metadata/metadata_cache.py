@@ -1,6 +1,6 @@
 """The broker's view of cluster metadata for Kafka clients, swapped whole on every publish.
 
-Answers Metadata requests from the current :class:`kraft.image.MetadataImage` the way a KRaft
+Answers Metadata requests from the current :class:`kraft.metadata.image.MetadataImage` the way a KRaft
 broker does: only unfenced brokers are listed (with the endpoint of this broker's listener
 name), the "controller" a client sees is an alive broker (clients cannot reach KRaft
 controllers; Kafka picks a random alive broker, we pick the lowest id so responses cache), a

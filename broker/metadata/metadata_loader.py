@@ -1,7 +1,8 @@
 """Metadata loader: long-poll the controllers' metadata log, replay it, publish images.
 
-The loader starts from the local checkpoint (or the empty image) and asks any controller for
-``FetchMetadata(from_offset=offset + 1, max_wait_ms)``. Batches are strictly decoded and replayed
+The loader starts from the local checkpoint (or the empty image) and follows the log with
+``kraft.metadata.follower.LogFollower`` (``FetchMetadata(from_offset=offset + 1, max_wait_ms)``
+long polls; a failed one is retried after 0.05 s doubling to 2 s). Batches are strictly decoded and replayed
 into a :class:`MetadataDelta`; when a response says to load a snapshot, the loader streams it with
 ``FetchSnapshot`` and restarts from it. Publishers receive ``publish(delta, image, full)`` in
 install order:
@@ -19,7 +20,6 @@ The last published image is checkpointed every ``checkpoint_records`` records (a
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Protocol
@@ -28,7 +28,10 @@ import trio
 
 from broker.metadata.checkpoint import image_from_snapshot, load_checkpoint, write_checkpoint
 from kraft.errors import KraftError
-from kraft.image import MetadataDelta, MetadataImage, ReplayError
+from kraft.metadata.delta import MetadataDelta, ReplayError
+from kraft.metadata.follower import LogFollower, SnapshotFetchError, check_snapshot_name
+from kraft.metadata.image import MetadataImage
+from kraft.metadata.replay import replay_into
 from kraft.records import RecordDecodeError, decode_batch
 
 log = logging.getLogger(__name__)
@@ -40,16 +43,10 @@ class Publisher(Protocol):
 
 def replay_encoded(delta: MetadataDelta, batches: Iterable[bytes]) -> int:
     """Strictly decode FetchMetadata batches and replay those ``delta`` does not hold yet into
-    it; returns how many were replayed. A backlog goes into one delta (one publish) however
-    many batches it has, so catching up costs O(records), not O(batches x image)."""
-    n = 0
-    for encoded in batches:
-        batch = decode_batch(encoded)  # its digest is the hash replay_batch adopts
-        if batch.last_offset <= delta.offset:
-            continue
-        delta.replay_batch(batch)
-        n += 1
-    return n
+    it (``kraft.metadata.replay.replay_into``); returns how many were replayed. A backlog goes
+    into one delta (one publish) however many batches it has, so catching up costs
+    O(records), not O(batches x image)."""
+    return replay_into(delta, map(decode_batch, batches))  # a decoded batch carries its digest
 
 
 class MetadataLoader:
@@ -79,6 +76,18 @@ class MetadataLoader:
         self._checkpointed_offset = -1
         self._checkpoint_lock = trio.Lock()
         self.errors = 0
+        # the delta being replayed into and whether its publish is a full one (set by run)
+        self._delta, self._full = MetadataDelta.full(self.image), True
+        self._follower = LogFollower(
+            client,
+            max_wait_ms=max_wait_ms,
+            max_bytes=max_bytes,
+            timeout=request_timeout + max_wait_ms / 1000,
+            # a controller silent 2 s past the long poll is stalled: ask another
+            attempt_timeout=max_wait_ms / 1000 + 2.0,
+            retry=(0.05, 2.0),
+            on_error=self._fetch_failed,
+        )
 
     @property
     def offset(self) -> int:
@@ -91,60 +100,46 @@ class MetadataLoader:
         self._checkpointed_offset = self.image.offset
 
     async def run(self) -> None:
-        """Fetch and publish until cancelled."""
-        delta, full = MetadataDelta.full(self.image), True
-        backoff = 0.05
-        while True:
-            try:
-                resp = await self.client.call(
-                    "FetchMetadata",
-                    {
-                        "from_offset": delta.offset + 1,
-                        "max_wait_ms": self.max_wait_ms,
-                        "max_bytes": self.max_bytes,
-                    },
-                    timeout=self.request_timeout + self.max_wait_ms / 1000,
-                    # a controller silent 2 s past the long poll is stalled: ask another
-                    attempt_timeout=self.max_wait_ms / 1000 + 2.0,
-                )
-            except KraftError as e:
-                self.errors += 1
-                log.warning(
-                    "FetchMetadata from offset %d failed: %s; retrying in %.2fs",
-                    delta.offset + 1,
-                    e,
-                    backoff,
-                )
-                await trio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
-                continue
-            backoff = 0.05
-            snapshot = resp.get("snapshot")
-            if snapshot:
-                image = await self._fetch_snapshot(snapshot)
-                if image is None:
-                    await trio.sleep(0.5)
-                    continue
-                delta, full = MetadataDelta.full(image), True
-                continue
-            try:
-                n = replay_encoded(delta, resp.get("batches") or [])
-            except (ReplayError, RecordDecodeError) as e:
-                log.error(
-                    "metadata replay failed at offset %d: %s; discarding local metadata and "
-                    "refetching from offset 0",
-                    delta.offset + 1,
-                    e,
-                )
-                self.errors += 1
-                delta, full = MetadataDelta.full(MetadataImage.EMPTY), True
-                continue
-            self.high_watermark = int(resp.get("high_watermark", -1))
-            caught_up = delta.offset + 1 >= self.high_watermark
-            if (full and caught_up) or (not full and n):
-                self._publish(delta, full)
-                delta, full = MetadataDelta(self.image), False
-                await self._maybe_checkpoint()
+        """Fetch and publish until cancelled (the follower calls the three methods below)."""
+        self._delta, self._full = MetadataDelta.full(self.image), True
+        await self._follower.follow(self)
+
+    def next_offset(self) -> int:
+        return self._delta.offset + 1
+
+    def _fetch_failed(self, error: KraftError, from_offset: int, delay: float) -> None:
+        self.errors += 1
+        log.warning(
+            "FetchMetadata from offset %d failed: %s; retrying in %.2fs", from_offset, error, delay
+        )
+
+    async def on_snapshot(self, info: dict[str, Any]) -> None:
+        image = await self._fetch_snapshot(info)
+        if image is None:
+            await trio.sleep(0.5)
+            return
+        self._delta, self._full = MetadataDelta.full(image), True
+
+    async def on_batches(self, batches: list[bytes], high_watermark: int) -> bool:
+        try:
+            n = replay_encoded(self._delta, batches)
+        except (ReplayError, RecordDecodeError) as e:
+            log.error(
+                "metadata replay failed at offset %d: %s; discarding local metadata and "
+                "refetching from offset 0",
+                self._delta.offset + 1,
+                e,
+            )
+            self.errors += 1
+            self._delta, self._full = MetadataDelta.full(MetadataImage.EMPTY), True
+            return False
+        self.high_watermark = high_watermark
+        caught_up = self._delta.offset + 1 >= self.high_watermark
+        if (self._full and caught_up) or (not self._full and n):
+            self._publish(self._delta, self._full)
+            self._delta, self._full = MetadataDelta(self.image), False
+            await self._maybe_checkpoint()
+        return False
 
     def _publish(self, delta: MetadataDelta, full: bool) -> None:
         image = delta.apply()
@@ -180,28 +175,20 @@ class MetadataLoader:
     async def _fetch_snapshot(self, info: dict[str, Any]) -> MetadataImage | None:
         """Stream snapshot ``info['name']`` into the metadata dir and load it."""
         name = str(info.get("name"))
-        if "/" in name or not name.endswith(".checkpoint"):
-            log.error("controller offered a snapshot with a bad name %r", name)
+        try:
+            check_snapshot_name(name)
+        except SnapshotFetchError as e:
+            log.error("%s", e)
             return None
         self.metadata_dir.mkdir(parents=True, exist_ok=True)
         part = self.metadata_dir / f"fetched-{name}.part"
         log.info(
             "loading snapshot %s (end offset %s) from the controllers", name, info.get("end_offset")
         )
-        position = 0
         try:
-            with open(part, "wb") as f:
-                while True:
-                    resp = await self.client.call(
-                        "FetchSnapshot",
-                        {"name": name, "position": position, "max_bytes": self.max_bytes},
-                        timeout=self.request_timeout,
-                    )
-                    data = resp.get("data") or b""
-                    f.write(data)
-                    position += len(data)
-                    if resp.get("done") or (not data and position >= resp.get("size", math.inf)):
-                        break
+            await self._follower.fetch_snapshot(
+                name, part, max_bytes=self.max_bytes, timeout=self.request_timeout
+            )
             image = await trio.to_thread.run_sync(image_from_snapshot, part)
         except Exception as e:  # a failed call, I/O error or corrupt file all mean "retry"
             log.warning("snapshot %s could not be loaded: %s; will retry", name, e)

@@ -21,7 +21,8 @@ from kraft.controller.election import Resume
 from kraft.controller.replication_control import broker_leaving_changes, broker_returning_changes
 from kraft.controller.settings import ControllerSettings
 from kraft.errors import ErrorCode, KraftError
-from kraft.image import BrokerRegistration, MetadataImage
+from kraft.metadata.image import MetadataImage
+from kraft.metadata.registrations import BrokerRegistration
 from kraft.records import (
     FENCE,
     FENCE_UNCHANGED,

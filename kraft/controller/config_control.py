@@ -24,7 +24,7 @@ from kraft.controller.configs import (
 )
 from kraft.controller.settings import ControllerSettings
 from kraft.errors import ErrorCode, KraftError
-from kraft.image import MetadataImage
+from kraft.metadata.image import MetadataImage
 from kraft.records import RESOURCE_BROKER, RESOURCE_TOPIC, ConfigRecord
 
 OPS = ("SET", "DELETE", "APPEND", "SUBTRACT")

@@ -26,7 +26,8 @@ from operator import itemgetter
 from typing import NamedTuple
 
 from kraft.errors import ErrorCode
-from kraft.image import MetadataImage, PartitionRegistration, TopicImage
+from kraft.metadata.image import MetadataImage, TopicImage
+from kraft.metadata.registrations import PartitionRegistration
 from kraft.records import (
     LEADER_NONE,
     LEADER_UNCHANGED,

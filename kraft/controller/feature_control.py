@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from kraft.controller.commands import Command, ControllerResult, error_fields
 from kraft.controller.settings import ControllerSettings
-from kraft.image import MetadataImage
+from kraft.metadata.image import MetadataImage
 from kraft.records import FeatureLevelRecord, LeaderChangeRecord, NoOpRecord, Record
 
 METADATA_VERSION = "metadata.version"

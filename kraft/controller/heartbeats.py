@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kraft.errors import ErrorCode, KraftError
-from kraft.image import MetadataImage
+from kraft.metadata.image import MetadataImage
 
 __all__ = ["BrokerHeartbeatManager", "HeartbeatDecision"]
 

@@ -10,7 +10,7 @@ from kraft.controller.commands import error_fields
 from kraft.controller.config_control import describe_resource, resolve_resource
 from kraft.controller.settings import ControllerSettings
 from kraft.errors import ErrorCode, KraftError
-from kraft.image import MetadataImage, TopicImage
+from kraft.metadata.image import MetadataImage, TopicImage
 from kraft.records import RESOURCE_TOPIC
 
 

@@ -33,7 +33,8 @@ from kraft.controller.placement import place_replicas
 from kraft.controller.settings import ControllerSettings
 from kraft.controller.topic_names import collision_error, find_collision, validate_topic_name
 from kraft.errors import ErrorCode, KraftError
-from kraft.image import MetadataImage, PartitionRegistration, TopicImage
+from kraft.metadata.image import MetadataImage, TopicImage
+from kraft.metadata.registrations import PartitionRegistration
 from kraft.records import (
     LEADER_NONE,
     RECOVERED,

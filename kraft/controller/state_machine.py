@@ -32,7 +32,8 @@ from kraft.controller.election import Resume
 from kraft.controller.reads import READS
 from kraft.controller.settings import ControllerSettings
 from kraft.errors import ErrorCode, KraftError
-from kraft.image import MetadataDelta, MetadataImage
+from kraft.metadata.delta import MetadataDelta
+from kraft.metadata.image import MetadataImage
 from kraft.records import (
     Batch,
     PartitionRecord,

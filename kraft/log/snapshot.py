@@ -17,7 +17,7 @@ Reading verifies all CRCs, the footer checksum and the counts before handing out
 are decoded lazily, chunk by chunk, every value checked against the field kinds of
 :mod:`kraft.records` (column-wise for the plain kinds, so a chunk of 1000 PartitionRecords costs a
 few C-level passes). ``SnapshotRecords.iter_chunks`` hands out the checked rows without building
-record objects (``kraft.image.image_from_records`` uses it).
+record objects (``kraft.metadata.replay.image_from_records`` uses it).
 """
 
 from __future__ import annotations

@@ -27,18 +27,6 @@ class NodeStorage:
     directories: tuple[Path, ...]
 
 
-def node_storage(config_path: str) -> NodeStorage:
-    """Read a controller's or broker's config (a broker config has ``log.dirs``)."""
-    from kraft.config import BrokerConfig, ControllerConfig, load_properties
-
-    props = load_properties(config_path)
-    if "log.dirs" in props:
-        b = BrokerConfig.load(config_path)
-        return NodeStorage("broker", b.cluster_id, b.node_id, tuple(b.log_dirs))
-    c = ControllerConfig.load(config_path)
-    return NodeStorage("controller", c.cluster_id, c.node_id, (c.metadata_dir,))
-
-
 def check_cluster_id(cluster_id: str) -> None:
     if not cluster_id or any(ch.isspace() or ch in "=:#!" for ch in cluster_id):
         raise StorageIdentityError(

@@ -24,7 +24,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from kraft.image import MetadataDelta, MetadataImage, PartitionRegistration
+from kraft.metadata.delta import MetadataDelta
+from kraft.metadata.image import MetadataImage
+from kraft.metadata.registrations import PartitionRegistration
 from kraft.records import (
     RESOURCE_TOPIC,
     Batch,

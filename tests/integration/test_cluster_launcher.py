@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from kraft.config import BrokerConfig, ConfigError, ControllerConfig, load_properties
+from broker.config import BrokerConfig
+from kraft.config import ConfigError, ControllerConfig, load_properties
 from tools import cli
 from tools import cluster as launcher
 from tools.cluster import ClusterError, Readiness

@@ -24,7 +24,6 @@ from test_fuzz_kafka_listener import record_batch
 
 from broker.metadata.checkpoint import load_checkpoint, write_checkpoint
 from broker.replica.partition_log import HW_FILE, LEADER_EPOCH_FILE, PartitionLog
-from kraft.image import image_from_records
 from kraft.log import (
     CorruptLogError,
     CorruptSnapshotError,
@@ -33,6 +32,7 @@ from kraft.log import (
     segment_name,
 )
 from kraft.log.segment import HEADER_SIZE, iter_frames
+from kraft.metadata.replay import image_from_records
 from kraft.records import (
     ZERO_HASH,
     Batch,
@@ -330,13 +330,10 @@ def test_controller_refuses_a_corrupt_snapshot_it_needs(tmp_path: Path) -> None:
         snapper = Snapshotter(d, mlog, 1, 0)
         for b, enc in make_batches(24):
             mlog.append_encoded(enc, b)
-        from kraft.image import MetadataDelta, MetadataImage
+        from kraft.metadata.image import MetadataImage
+        from kraft.metadata.replay import replay
 
-        image = MetadataImage.EMPTY
-        for b in mlog.read_batches(0):
-            delta = MetadataDelta(image)
-            delta.replay_batch(b)
-            image = delta.apply()
+        image = replay(MetadataImage.EMPTY, mlog.read_batches(0))
         path = snapper.write(image)
         mlog.truncate_before(20)
     data = bytearray(path.read_bytes())

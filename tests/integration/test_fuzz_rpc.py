@@ -245,7 +245,8 @@ class Controller:
                 **(extra or {}),
             },
         )
-        from kraft.storage.format import format_storage, node_storage
+        from kraft.storage.format import format_storage
+        from tools.node_storage import node_storage
 
         format_storage(node_storage(str(config)), initial=True)
         self.log = open(directory / "node.log", "wb")  # noqa: SIM115 -- closed in stop()

@@ -33,7 +33,7 @@ from broker.protocol.kafka_codec import (
     response_class,
 )
 from kraft.errors import ErrorCode, KraftError
-from kraft.image import BrokerRegistration
+from kraft.metadata.registrations import BrokerRegistration
 from kraft.rpc.client import ControllerClient
 
 

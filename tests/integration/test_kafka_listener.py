@@ -17,7 +17,7 @@ import trio
 
 from broker.metadata.metadata_cache import MetadataCache
 from broker.protocol.kafka_listener import KafkaListener
-from kraft.image import image_from_records
+from kraft.metadata.replay import image_from_records
 from kraft.records import (
     LeaderChangeRecord,
     PartitionRecord,
@@ -367,7 +367,7 @@ class DataPlane:
 
     def __init__(self, tmp_path) -> None:
         from broker.replica.replica_manager import ReplicaManager
-        from kraft.image import MetadataImage
+        from kraft.metadata.image import MetadataImage
 
         self.image = MetadataImage.EMPTY
         self.rm = ReplicaManager(1, [tmp_path])
@@ -377,7 +377,7 @@ class DataPlane:
         self.corr = 0
 
     def step(self, *records) -> None:
-        from kraft.image import MetadataDelta
+        from kraft.metadata.delta import MetadataDelta
 
         delta = MetadataDelta(self.image)
         for r in records:

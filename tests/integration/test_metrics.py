@@ -16,7 +16,8 @@ from harness import LocalCluster, kraft, kraft_json, poll
 from prometheus_client.parser import text_string_to_metric_families
 
 from broker.metrics import replica_counts
-from kraft.image import MetadataDelta, MetadataImage
+from kraft.metadata.delta import MetadataDelta
+from kraft.metadata.image import MetadataImage
 from kraft.metrics import ImageCounts
 from kraft.records import LEADER_NONE, RECOVERED, PartitionRecord, RegisterBrokerRecord, TopicRecord
 

@@ -28,7 +28,7 @@ def _start_upgraded(cluster: LocalCluster) -> None:
 
 def _sim_brokers(cluster: LocalCluster, first_id: int, count: int) -> subprocess.Popen:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tools.sim_broker", "--cluster", str(cluster.dir)]
+        [sys.executable, "-m", "testsupport.sim_broker", "--cluster", str(cluster.dir)]
         + ["--count", str(count), "--first-id", str(first_id)],
         cwd=REPO,
         env=ENV,

@@ -599,7 +599,7 @@ def test_tools_log_in_to_a_cluster_with_auth(secured: LocalCluster) -> None:
         [
             sys.executable,
             "-m",
-            "tools.sim_broker",
+            "testsupport.sim_broker",
             "--cluster",
             str(secured.dir),
             "--count",

@@ -1,4 +1,4 @@
-"""The simulated brokers' shared replay (tools/sim_broker.py): one decode per batch for all of
+"""The simulated brokers' shared replay (testsupport/sim_broker.py): one decode per batch for all of
 them, every copy still checked against what was replayed."""
 
 from __future__ import annotations
@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-import tools.sim_broker as sim_broker
+import testsupport.sim_broker as sim_broker
 from kraft.controller.commands import Command
 from kraft.controller.settings import ControllerSettings
 from kraft.controller.state_machine import QuorumStateMachine
-from kraft.image import ReplayError
+from kraft.metadata.delta import ReplayError
 from kraft.records import RecordDecodeError, batch_hash, decode_batch
 from kraft.snapshotter import image_from_snapshot as sim_broker_image_from_snapshot
-from tools.sim_broker import SharedReplay
+from testsupport.sim_broker import SharedReplay
 
 LISTENER = {
     "name": "PLAINTEXT",
@@ -121,7 +121,7 @@ def test_simulated_brokers_told_to_load_a_snapshot_load_it_once_and_converge(tmp
     from kraft.log.snapshot import parse_snapshot_name
     from kraft.rpc.client import ControllerClient, call_sync
     from tests.harness import LocalCluster, poll
-    from tools.sim_broker import SimBroker, wait_unfenced
+    from testsupport.sim_broker import SimBroker, wait_unfenced
 
     c = LocalCluster(tmp_path / "cluster")
     try:

@@ -11,9 +11,10 @@ import pytest
 pytest.importorskip("pyarrow")
 pytest.importorskip("pyspark")
 
-from kraft.image import MetadataDelta, MetadataImage
 from kraft.log.metadata_log import MetadataLog
 from kraft.log.segment import iter_frames, list_segments
+from kraft.metadata.delta import MetadataDelta
+from kraft.metadata.image import MetadataImage
 from kraft.records import (
     FENCE,
     LEADER_UNCHANGED,

@@ -78,10 +78,10 @@ def test_the_new_rows_totals_read_on_the_driver_equal_sparks(spark, tmp_path):
     (``_meta_of_rows``); a whole-log run aggregates them in Spark (``_meta``): the same
     figures, a damaged frame and a torn tail included."""
     from kraft.log.segment import list_segments
+    from testsupport.sample_log import write_history
     from tools.audit import tables
     from tools.audit.mirror import Mirror
     from tools.audit.run import META_COLUMNS, _meta, _meta_of_rows
-    from tools.audit.sample_log import write_history
 
     log_dir = tmp_path / "log"
     write_history(log_dir, segment_bytes=1500)

@@ -40,6 +40,7 @@ from kraft.records import (
     batch_hash,
     decode_batch,
 )
+from testsupport.sample_log import write_history
 from tools.audit.columns import (
     ARROW_SCHEMA,
     COLUMNS,
@@ -48,7 +49,6 @@ from tools.audit.columns import (
     decode_segment,
 )
 from tools.audit.fastdecode import decode_segment_fast
-from tools.audit.sample_log import write_history
 from tools.audit.structs import decode_batch_fast, decode_canonical
 
 

@@ -11,9 +11,9 @@ import pytest
 
 from kraft.log.segment import list_segments
 from tests import tamper
+from testsupport.sample_log import write_history
 from tools.audit import witness
 from tools.audit.integrity import frames_resync, scan_log
-from tools.audit.sample_log import write_history
 
 
 @pytest.fixture(scope="module")

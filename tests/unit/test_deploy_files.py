@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kraft.config import BROKER_SETTINGS, CONTROLLER_SETTINGS, load_properties
+from broker.config import BROKER_SETTINGS
+from kraft.config import CONTROLLER_SETTINGS, load_properties
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from kraft.controller.commands import Command
 from kraft.controller.settings import ControllerSettings
 from kraft.controller.state_machine import QuorumStateMachine
-from kraft.image import MetadataImage, image_from_records
+from kraft.metadata.image import MetadataImage
+from kraft.metadata.replay import image_from_records
 from kraft.records import decode_batch
 
 SETTINGS = ControllerSettings("det-cluster", num_partitions=2, default_replication_factor=2)

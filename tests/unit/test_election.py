@@ -19,7 +19,9 @@ from kraft.controller.election import (
     elect_unclean_leader,
 )
 from kraft.errors import ErrorCode
-from kraft.image import MetadataDelta, MetadataImage, PartitionRegistration
+from kraft.metadata.delta import MetadataDelta
+from kraft.metadata.image import MetadataImage
+from kraft.metadata.registrations import PartitionRegistration
 from kraft.records import (
     LEADER_NONE,
     LEADER_UNCHANGED,

@@ -9,7 +9,8 @@ import pytest
 
 from kraft.controller.heartbeats import BrokerHeartbeatManager
 from kraft.errors import ErrorCode, KraftError
-from kraft.image import MetadataDelta, MetadataImage
+from kraft.metadata.delta import MetadataDelta
+from kraft.metadata.image import MetadataImage
 from kraft.records import (
     FENCE,
     FENCE_UNCHANGED,

@@ -9,14 +9,11 @@ import uuid
 import msgpack
 import pytest
 
-from kraft.image import (
-    MetadataDelta,
-    MetadataImage,
-    PartitionMap,
-    PartitionRegistration,
-    ReplayError,
-    image_from_records,
-)
+from kraft.metadata.delta import MetadataDelta, ReplayError
+from kraft.metadata.image import MetadataImage
+from kraft.metadata.partition_map import PartitionMap
+from kraft.metadata.registrations import PartitionRegistration
+from kraft.metadata.replay import image_from_records
 from kraft.records import (
     FENCE,
     FENCE_UNCHANGED,

@@ -10,7 +10,7 @@ import pytest
 
 from kraft.log.segment import list_segments
 from kraft.snapshotter import image_to_snapshot
-from tools.audit.sample_log import write_history
+from testsupport.sample_log import write_history
 from tools.cli import main
 from tools.log_history import Point, diff, iso_time, parse_point
 from tools.log_reader import History, LogReadError

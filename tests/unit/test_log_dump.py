@@ -13,7 +13,7 @@ import pytest
 from kraft.log.segment import encode_frame, list_segments
 from kraft.records import Batch, batch_hash, record_to_json
 from kraft.snapshotter import image_to_snapshot
-from tools.audit.sample_log import write_history
+from testsupport.sample_log import write_history
 from tools.cli import main
 
 

@@ -4,8 +4,9 @@ import logging
 
 import pytest
 
+from broker.config import BrokerConfig
 from kraft import logsetup
-from kraft.config import BrokerConfig, ConfigError
+from kraft.config import ConfigError
 
 
 def test_level_names_in_any_case() -> None:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from kraft.controller.placement import PlacementBroker, place_replicas
 from kraft.errors import ErrorCode, KraftError
-from kraft.image import BrokerRegistration
+from kraft.metadata.registrations import BrokerRegistration
 
 
 def brokers(n, racks=None, fenced=()):

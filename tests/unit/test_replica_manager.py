@@ -7,7 +7,8 @@ import uuid
 
 from broker.replica.partition_log import LEADER_EPOCH_FILE
 from broker.replica.replica_manager import ReplicaManager
-from kraft.image import MetadataDelta, MetadataImage
+from kraft.metadata.delta import MetadataDelta
+from kraft.metadata.image import MetadataImage
 from kraft.records import (
     LEADER_UNCHANGED,
     RECOVERY_UNCHANGED,

@@ -8,9 +8,10 @@ import ssl
 
 import pytest
 
+from broker.config import BrokerConfig
 from broker.protocol.kafka_client_security import client_security
 from broker.protocol.kafka_security import SecurityConfigError
-from kraft.config import BrokerConfig, ConfigError
+from kraft.config import ConfigError
 from kraft.rpc.auth import ClientCredentials
 
 BROKER = ClientCredentials("broker", "broker-password")

@@ -8,7 +8,7 @@ import io
 
 import pytest
 
-from tools.audit.sample_log import write_history
+from testsupport.sample_log import write_history
 from tools.cli import main
 from tools.log_reader import History
 from tools.metadata_shell import MetadataShell, split_commands

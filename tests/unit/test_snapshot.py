@@ -276,7 +276,7 @@ def _rewrite_partition_rows(path, edit):
 def test_ill_typed_partition_value_refused_naming_row_and_field(tmp_path, column, value, field):
     """The column-wise strict check refuses exactly what the per-value validators refuse, and
     names the chunk position, the row and the field, for records and for chunk readers alike."""
-    from kraft.image import image_from_records
+    from kraft.metadata.replay import image_from_records
 
     path, _ = written(tmp_path, partitions=1500)
 
@@ -323,8 +323,8 @@ def test_writing_runs_gives_the_same_bytes_as_writing_records(tmp_path):
     """``write_snapshot_runs(image.record_runs())`` == ``write_snapshot(image.iter_records())``,
     byte for byte: topics without partitions (adjacent TopicRecords), topics of more than
     CHUNK_RECORDS partitions, brokers, configs."""
-    from kraft.image import image_from_records
     from kraft.log.snapshot import write_snapshot_runs
+    from kraft.metadata.replay import image_from_records
 
     recs = sample_records(2500)
     recs[4:4] = [TopicRecord("empty-a", "t-a"), TopicRecord("empty-b", "t-b")]
@@ -345,7 +345,7 @@ def test_writing_runs_gives_the_same_bytes_as_writing_records(tmp_path):
 def _broker_snapshot(tmp_path, partitions=1500):
     """A snapshot as a broker checkpoint writes it (real image checksum in the header)."""
     from broker.metadata.checkpoint import write_checkpoint
-    from kraft.image import image_from_records
+    from kraft.metadata.replay import image_from_records
 
     recs = sample_records(partitions)
     image = image_from_records(recs, offset=len(recs) - 1, term=3)
@@ -354,7 +354,7 @@ def _broker_snapshot(tmp_path, partitions=1500):
 
 def test_broker_load_equals_the_strict_load(tmp_path):
     from broker.metadata.checkpoint import image_from_snapshot
-    from kraft.image import image_from_records
+    from kraft.metadata.replay import image_from_records
 
     path, image = _broker_snapshot(tmp_path)
     header, records = read_snapshot(path)

@@ -12,7 +12,8 @@ from kraft.controller.commands import Command, ControllerResult
 from kraft.controller.settings import ControllerSettings
 from kraft.controller.state_machine import QuorumStateMachine
 from kraft.errors import ErrorCode
-from kraft.image import MetadataImage, ReplayError
+from kraft.metadata.delta import ReplayError
+from kraft.metadata.image import MetadataImage
 from kraft.records import (
     RECOVERED,
     RECOVERING,

@@ -5,7 +5,8 @@ Scala and Hadoop classes. The JVM can map them from an archive written by an ear
 instead (``-XX:SharedArchiveFile``), which roughly halves session start (docs/performance.md).
 
 The archive is written once per JVM + Spark installation by ``python -m tools.audit.classdata``
-(``make venv`` runs it): a real audit of a small sample log in a JVM started with
+(``make jvm-archive`` runs it, from a source checkout): a real audit of a small sample log
+(``testsupport/classdata_train.py``) in a JVM started with
 ``-XX:ArchiveClassesAtExit``. It is keyed by everything the JVM checks (the java binary, the
 class path's jars, ``SPARK_CONF_DIR``), so a new JDK or pyspark gets a new archive; a JVM that
 still finds it unusable ignores it silently and starts the slow way. Writing one deletes the
@@ -119,17 +120,23 @@ def create(force: bool = False, timeout: float = CREATE_TIMEOUT_S) -> tuple[Path
     assert path is not None
     if path.is_file() and not force:
         return path, f"JVM class archive present: {path}"
+    checkout = Path(__file__).resolve().parents[2]
+    if not (checkout / "testsupport" / "classdata_train.py").is_file():
+        return None, (
+            "no JVM class archive: writing one runs testsupport/classdata_train.py, "
+            "which only a source checkout has"
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
     with tempfile.TemporaryDirectory(prefix="kraft-cds-") as work:
         env = {**os.environ, "KRAFT_AUDIT_CDS_DUMP": str(partial)}
         proc = subprocess.run(
-            [sys.executable, "-m", "tools.audit.classdata_train", work],
+            [sys.executable, "-m", "testsupport.classdata_train", work],
             env=env,
             capture_output=True,
             text=True,
             timeout=timeout,
-            cwd=Path(__file__).resolve().parents[2],
+            cwd=checkout,
         )
         if proc.returncode != 0 or not partial.is_file() or partial.stat().st_size == 0:
             partial.unlink(missing_ok=True)

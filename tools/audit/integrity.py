@@ -439,7 +439,7 @@ def _chain(out: Integrity, anchor: bytes | None) -> None:
 
 def _check_snapshot(out: Integrity, path: Path) -> dict[str, Any]:
     """Verify one snapshot; the checksum its records rebuild (None if they cannot)."""
-    from kraft.image import image_from_records
+    from kraft.metadata.replay import image_from_records
 
     info: dict[str, Any] = {"file": path.name, "records_checksum": None, "header": None}
     try:

@@ -1,5 +1,6 @@
 """State at a point in the log: rebuild the image at offset N (or time T) by replaying the log
-with the controller's own :class:`~kraft.image.MetadataDelta`, and compare it with snapshots.
+through ``kraft.metadata.replay`` (the replay every reader of the log uses), and compare it with
+snapshots.
 
 Read-only: segments are scanned, never opened as a :class:`MetadataLog` (whose recovery would
 truncate a torn tail), their batches decoded by :func:`tools.audit.structs.decode_batch_fast`
@@ -14,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kraft.image import MetadataDelta, MetadataImage, ReplayError, image_from_records
 from kraft.log.errors import CorruptSnapshotError
 from kraft.log.segment import list_segments, scan_segment
 from kraft.log.snapshot import (
@@ -23,6 +23,9 @@ from kraft.log.snapshot import (
     read_snapshot,
     read_snapshot_header,
 )
+from kraft.metadata.delta import MetadataDelta, ReplayError
+from kraft.metadata.image import MetadataImage
+from kraft.metadata.replay import image_from_records, replay_into
 from kraft.records import Batch
 from kraft.snapshotter import image_from_snapshot
 from tools.audit.structs import decode_batch_fast
@@ -56,6 +59,31 @@ def _batches(log_dir: Path, after: int = -1) -> Iterator[tuple[Batch, bytes]]:
                 )
             if entry.batch.last_offset > after:
                 yield entry.batch, entry.digest
+
+
+def _through(
+    batches: Iterator[tuple[Batch, bytes]], upto: int | None, upto_ms: int | None
+) -> Iterator[Batch]:
+    """Whole batches while their last offset <= ``upto`` and time <= ``upto_ms``."""
+    for batch, _ in batches:
+        if (upto is not None and batch.last_offset > upto) or (
+            upto_ms is not None and batch.timestamp_ms > upto_ms
+        ):
+            return
+        yield batch
+
+
+def _to_snapshot(
+    batches: Iterator[Batch], targets: dict[int, Path], reached: list[Path]
+) -> Iterator[Batch]:
+    """``batches`` up to and including the next one that ends where a snapshot in ``targets``
+    does (that snapshot is appended to ``reached`` once the batch has been replayed)."""
+    for batch in batches:
+        yield batch
+        snap = targets.get(batch.last_offset)
+        if snap is not None:
+            reached.append(snap)
+            return
 
 
 def _start(log_dir: Path) -> tuple[MetadataImage, Path | None]:
@@ -96,23 +124,19 @@ def replay(
     }
     result = Replay(image)
     delta = MetadataDelta(image)
-    dirty = False
+    batches = _through(_batches(log_dir, image.offset), upto, upto_ms)
     try:
-        for batch, digest in _batches(log_dir, image.offset):
-            if (upto is not None and batch.last_offset > upto) or (
-                upto_ms is not None and batch.timestamp_ms > upto_ms
-            ):
+        while True:  # one replay per stretch that ends at a snapshot to compare with
+            reached: list[Path] = []
+            replay_into(delta, _to_snapshot(batches, targets, reached))
+            if not reached:
                 break
-            delta.replay_batch(batch, digest)
-            dirty = True
-            snap = targets.get(batch.last_offset)
-            if snap is not None:
-                image, dirty = delta.apply(), False
-                delta = MetadataDelta(image)
-                result.comparisons.append(compare(image, snap))
+            image = delta.apply()
+            delta = MetadataDelta(image)
+            result.comparisons.append(compare(image, reached[0]))
     except (ReplayError, StateError) as e:
         result.error = str(e)
-    if dirty:
+    if delta.offset != image.offset:  # the batches replayed before a damaged one count
         image = delta.apply()
     result.image = image
     return result

@@ -18,8 +18,9 @@ from typing import Any
 from kraft.config import ConfigError
 from kraft.errors import KraftError
 from kraft.storage import meta_properties as mp
-from kraft.storage.format import format_storage, node_storage
+from kraft.storage.format import format_storage
 from tools.commands.common import ManualFormatter, UsageError, call_endpoints, print_json
+from tools.node_storage import node_storage
 
 
 def _storage(config: str) -> Any:

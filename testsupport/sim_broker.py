@@ -1,7 +1,8 @@
 """Lightweight simulated brokers for benchmarks and controller tests.
 
 A :class:`SimBroker` speaks the real controller RPC: it registers with a fresh incarnation id,
-long-polls ``FetchMetadata`` and replays what it fetched, and heartbeats with the offset it has
+follows the log with ``kraft.metadata.follower.LogFollower`` (FetchMetadata long polls, retried
+every 0.1 s) and replays what it fetched, and heartbeats with the offset it has
 replayed, so the controller unfences it exactly as it would a real broker. It keeps no partition
 logs. Many of them run in one trio process and share one :class:`SharedReplay`: every fetched
 batch is hashed and chained per broker (base offset and ``prev_hash`` must continue that broker's
@@ -25,9 +26,10 @@ import trio
 
 from kraft.errors import ErrorCode, KraftError
 from kraft.heap import HeapFreezer
-from kraft.image import MetadataDelta, MetadataImage, ReplayError
-from kraft.log.segment import FRAME_HEADER, HEADER_SIZE
 from kraft.log.snapshot import SnapshotHeader, read_snapshot_header
+from kraft.metadata.delta import MetadataDelta, ReplayError
+from kraft.metadata.follower import LogFollower
+from kraft.metadata.image import MetadataImage
 from kraft.records import ZERO_HASH, batch_hash, decode_batch
 from kraft.rpc.client import ControllerClient
 from kraft.snapshotter import image_from_snapshot
@@ -130,6 +132,7 @@ class SimBroker:
     last_heartbeat: float | None = (
         None  # time.monotonic() when the last heartbeat was sent and answered
     )
+    _follower: LogFollower = field(init=False, repr=False)  # set when the follow starts
 
     async def run(self, task_status: trio.TaskStatus[SimBroker] = trio.TASK_STATUS_IGNORED) -> None:
         """Register, then follow the log and heartbeat until cancelled or shut down."""
@@ -171,25 +174,20 @@ class SimBroker:
             client_id=f"sim-broker-{self.broker_id}-fetch",
             credentials=self.credentials,
         )
+        self._follower = LogFollower(client, max_wait_ms=500, timeout=10, retry=(0.1, 0.1))
         try:
-            while True:
-                try:
-                    result = await client.call(
-                        "FetchMetadata",
-                        {"from_offset": self.metadata_offset + 1, "max_wait_ms": 500},
-                        timeout=10,
-                    )
-                except KraftError:
-                    await trio.sleep(0.1)
-                    continue
-                if result.get("snapshot"):
-                    await self._load_snapshot(client, result["snapshot"])
-                    continue
-                self._replay(result.get("batches") or [])
+            await self._follower.follow(self)
         finally:
             await client.aclose()
 
-    async def _load_snapshot(self, client: ControllerClient, info: dict[str, Any]) -> None:
+    def next_offset(self) -> int:
+        return self.metadata_offset + 1
+
+    async def on_batches(self, batches: list[bytes], high_watermark: int) -> bool:
+        self._replay(batches)
+        return False
+
+    async def on_snapshot(self, info: dict[str, Any]) -> None:
         """Told to load a snapshot (lagging, or the log starts later): its header (via
         FetchSnapshot) is enough when this process already replayed up to its end: the header's
         last hash must be the hash of the batch ending there. Otherwise the whole snapshot is
@@ -199,10 +197,10 @@ class SimBroker:
         async with self.replay.loading:
             with tempfile.TemporaryDirectory(prefix="sim-broker-") as tmp:
                 path = Path(tmp) / Path(name).name
-                header = await _fetch_snapshot(client, name, path, whole=False)
+                header = await self._fetch_snapshot(name, path, whole=False)
                 known = self.replay.hash_at(end - 1)
                 if known is None:
-                    await _fetch_snapshot(client, name, path, whole=True)
+                    await self._fetch_snapshot(name, path, whole=True)
                     image = await trio.to_thread.run_sync(image_from_snapshot, path)
                     self.replay.adopt(image)
                     known = self.replay.hash_at(end - 1)
@@ -213,6 +211,13 @@ class SimBroker:
             )
         if end - 1 > self.metadata_offset:
             self.metadata_offset, self.last_hash = end - 1, header.last_hash
+
+    async def _fetch_snapshot(self, name: str, path: Path, whole: bool) -> SnapshotHeader:
+        """FetchSnapshot ``name`` into ``path``: all of it, or just enough for its header."""
+        await self._follower.fetch_snapshot(
+            name, path, max_bytes=1 << 20, timeout=30, header_only=not whole
+        )
+        return read_snapshot_header(path)
 
     def _replay(self, batches: list[bytes]) -> None:
         """Verify and replay fetched batches: each must continue this broker's own chain."""
@@ -266,33 +271,6 @@ class SimBroker:
             await trio.sleep(self.heartbeat_interval_s)
 
 
-async def _fetch_snapshot(
-    client: ControllerClient, name: str, path: Path, whole: bool
-) -> SnapshotHeader:
-    """FetchSnapshot ``name`` into ``path``: all of it, or just enough for its header."""
-    with open(path, "wb") as f:
-        position = 0
-        while True:
-            reply = await client.call(
-                "FetchSnapshot",
-                {"name": name, "position": position, "max_bytes": 1 << 20},
-                timeout=30,
-            )
-            data = reply.get("data") or b""
-            f.write(data)
-            position += len(data)
-            if reply.get("done") or not data:
-                break
-            if not whole and position >= HEADER_SIZE:
-                f.flush()
-                if (
-                    position
-                    >= HEADER_SIZE + FRAME_HEADER.unpack(path.read_bytes()[:HEADER_SIZE])[0]
-                ):
-                    break
-    return read_snapshot_header(path)
-
-
 async def wait_unfenced(brokers: list[SimBroker], timeout_s: float) -> None:
     """Wait until every broker is unfenced, or raise ``trio.TooSlowError``."""
     with trio.fail_after(timeout_s):
@@ -301,7 +279,7 @@ async def wait_unfenced(brokers: list[SimBroker], timeout_s: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m tools.sim_broker --cluster DIR --count N``: run N simulated brokers until killed."""
+    """``python -m testsupport.sim_broker --cluster DIR --count N``: run N simulated brokers until killed."""
     import argparse
     import json
     from pathlib import Path

@@ -13,8 +13,8 @@ from typing import Any
 from kraft.controller.commands import Command
 from kraft.controller.settings import ControllerSettings
 from kraft.controller.state_machine import QuorumStateMachine
-from kraft.image import MetadataImage
 from kraft.log.metadata_log import MetadataLog
+from kraft.metadata.image import MetadataImage
 from kraft.records import Batch
 
 CLUSTER = "synthetic"

@@ -1,4 +1,4 @@
-"""``python -m tools.audit.classdata_train WORK``: the run whose JVM writes the audit's class
+"""``python -m testsupport.classdata_train WORK``: the run whose JVM writes the audit's class
 archive (started by :func:`tools.audit.classdata.create` with ``-XX:ArchiveClassesAtExit``).
 
 Kept apart from :mod:`tools.audit.classdata` because it runs a whole audit: the session
@@ -12,9 +12,9 @@ from pathlib import Path
 
 from pyspark import SparkContext
 
+from testsupport.sample_log import write_history
 from tools.audit.classdata import CREATE_TIMEOUT_S
 from tools.audit.run import AuditOptions, run_audit
-from tools.audit.sample_log import write_history
 from tools.audit.session import build_session
 
 

@@ -1,0 +1,123 @@
+"""The partition map: a persistent ``Mapping[int, PartitionRegistration]`` (one topic's
+partitions) split into chunks of 1024 ids, so that changing one partition of a
+1,000,000-partition topic copies one chunk plus the chunk index."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from operator import itemgetter
+from typing import Any, ClassVar
+
+from kraft.metadata.registrations import PartitionRegistration
+
+__all__ = ["PartitionMap", "as_partition_map", "sorted_partition_items"]
+
+_first = itemgetter(0)
+
+_CHUNK_SHIFT = 10  # 1024 partition ids per chunk
+
+
+class PartitionMap(Mapping[int, PartitionRegistration]):
+    """An immutable ``Mapping[int, PartitionRegistration]`` stored as chunks of 1024 ids, so that
+    :meth:`updated` copies only the chunks it touches (plus the small chunk index)."""
+
+    __slots__ = ("_chunks", "_len")
+
+    EMPTY: ClassVar[PartitionMap]
+
+    def __init__(self, chunks: dict[int, dict[int, PartitionRegistration]], length: int) -> None:
+        self._chunks = chunks
+        self._len = length
+
+    @classmethod
+    def of(cls, partitions: Mapping[int, PartitionRegistration]) -> PartitionMap:
+        """A map holding ``partitions`` (copied)."""
+        return PartitionMap.EMPTY.updated(partitions)
+
+    def __getitem__(self, pid: int) -> PartitionRegistration:
+        chunk = self._chunks.get(pid >> _CHUNK_SHIFT)
+        if chunk is None:
+            raise KeyError(pid)
+        return chunk[pid]
+
+    def get(self, pid: int, default: Any = None) -> Any:
+        chunk = self._chunks.get(pid >> _CHUNK_SHIFT)
+        if chunk is None:
+            return default
+        return chunk.get(pid, default)
+
+    def __contains__(self, pid: object) -> bool:
+        if type(pid) is not int:
+            return False
+        chunk = self._chunks.get(pid >> _CHUNK_SHIFT)
+        return chunk is not None and pid in chunk
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> Iterator[int]:
+        for ci in sorted(self._chunks):
+            yield from self._chunks[ci]
+
+    def items(self) -> Iterator[tuple[int, PartitionRegistration]]:  # type: ignore[override]  # Mapping's items() is a view; ours yields in chunk order
+        for ci in sorted(self._chunks):
+            yield from self._chunks[ci].items()
+
+    def values(self) -> Iterator[PartitionRegistration]:  # type: ignore[override]  # Mapping's values() is a view; ours yields in chunk order
+        for ci in sorted(self._chunks):
+            yield from self._chunks[ci].values()
+
+    def sorted_items(self) -> list[tuple[int, PartitionRegistration]]:
+        """``(partition id, registration)`` pairs by id."""
+        out: list[tuple[int, PartitionRegistration]] = []
+        for ci in sorted(self._chunks):
+            chunk = self._chunks[ci]
+            out += sorted(chunk.items(), key=_first)
+        return out
+
+    def __repr__(self) -> str:
+        return f"PartitionMap({dict(self.items())!r})"
+
+    def updated(self, changes: Mapping[int, PartitionRegistration]) -> PartitionMap:
+        """A new map with ``changes`` set; this map is not modified."""
+        if not changes:
+            return self
+        chunks = dict(self._chunks)
+        length = self._len
+        lo, hi = min(changes) >> _CHUNK_SHIFT, max(changes) >> _CHUNK_SHIFT
+        if lo == hi:  # common case: every change in one chunk
+            old = chunks.get(lo)
+            chunk = dict(old) if old else {}
+            before = len(chunk)
+            chunk.update(changes)
+            chunks[lo] = chunk
+            return PartitionMap(chunks, length + len(chunk) - before)
+        touched: dict[int, dict[int, PartitionRegistration]] = {}
+        for pid, reg in changes.items():
+            ci = pid >> _CHUNK_SHIFT
+            target = touched.get(ci)
+            if target is None:
+                prev = chunks.get(ci)
+                target = touched[ci] = chunks[ci] = dict(prev) if prev else {}
+            target[pid] = reg
+        for ci, chunk in touched.items():
+            old = self._chunks.get(ci)
+            length += len(chunk) - (len(old) if old else 0)
+        return PartitionMap(chunks, length)
+
+
+PartitionMap.EMPTY = PartitionMap({}, 0)
+
+
+def sorted_partition_items(
+    partitions: Mapping[int, PartitionRegistration],
+) -> list[tuple[int, PartitionRegistration]]:
+    """``(partition id, registration)`` pairs by id, of a PartitionMap or a plain mapping."""
+    if isinstance(partitions, PartitionMap):
+        return partitions.sorted_items()
+    return sorted(partitions.items(), key=_first)
+
+
+def as_partition_map(partitions: Mapping[int, PartitionRegistration]) -> PartitionMap:
+    """``partitions`` as a PartitionMap (itself when it is one)."""
+    return partitions if isinstance(partitions, PartitionMap) else PartitionMap.of(partitions)

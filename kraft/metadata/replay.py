@@ -1,0 +1,109 @@
+"""Replay: the one way an image is rebuilt from the log, for every reader of it.
+
+:func:`replay` takes the image a snapshot gave (or ``MetadataImage.EMPTY``) and the log's batches
+after it, and returns the image they make; :func:`replay_into` does the same into a delta a
+caller keeps open (the broker publishes a delta, not just an image). :func:`image_from_records`
+rebuilds a snapshot's image from its records. All three are pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+
+from kraft.metadata.delta import MetadataDelta
+from kraft.metadata.image import MetadataImage
+from kraft.records import ZERO_HASH, Batch, PartitionRecord, Record
+
+__all__ = ["image_from_records", "replay", "replay_into"]
+
+
+def replay_into(delta: MetadataDelta, batches: Iterable[Batch]) -> int:
+    """Replay into ``delta`` every batch of ``batches`` it does not hold yet (one ending at or
+    before ``delta.offset`` is skipped: a snapshot or an earlier fetch covered it); returns how
+    many were replayed. Each batch must continue the chain (offset and hash) or
+    ``ReplayError`` is raised. A batch's ``digest`` (set by the decoders) is the hash adopted;
+    a batch without one is encoded to hash it."""
+    n = 0
+    replay_batch = delta.replay_batch
+    for batch in batches:
+        if batch.last_offset <= delta.offset:
+            continue
+        replay_batch(batch)
+        n += 1
+    return n
+
+
+def replay(snapshot: MetadataImage, batches: Iterable[Batch]) -> MetadataImage:
+    """The image ``snapshot`` (a loaded snapshot's image, or ``MetadataImage.EMPTY``) becomes
+    once ``batches`` (the log after it, in order) are replayed; see :func:`replay_into`. Raises
+    ``ReplayError`` on a batch that does not continue the log. ``snapshot`` itself when no batch
+    is new."""
+    delta = MetadataDelta(snapshot)
+    if not replay_into(delta, batches):
+        return snapshot
+    return delta.apply()
+
+
+@contextmanager
+def _gc_paused(freeze: bool = False) -> Iterator[None]:
+    """Pause the cyclic garbage collector: building an image allocates up to millions of acyclic
+    objects, and every collection on the way would rescan all of them (~20% of a load).
+    ``freeze``: on success, move every object alive to the collector's permanent generation
+    (``gc.freeze``) before collection resumes, so the new image is never scanned at all."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+        if freeze:
+            gc.freeze()
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def image_from_records(
+    records: Iterable[Record],
+    *,
+    offset: int,
+    term: int = 0,
+    raft_index: int = 0,
+    timestamp_ms: int = 0,
+    last_hash: bytes = ZERO_HASH,
+    freeze: bool = False,
+) -> MetadataImage:
+    """Build an image from a snapshot's records (as written by ``MetadataImage.iter_records``),
+    positioned at ``offset`` (the last offset the snapshot includes).
+
+    If ``records`` also offers ``iter_chunks()`` (as ``kraft.log.snapshot.read_snapshot``'s
+    records do), it is read as ``(record class, rows of checked field values)`` chunks and
+    PartitionRecord rows become registrations directly, without record objects.
+
+    ``freeze=True`` (for a process that keeps the image, e.g. a broker): ``gc.freeze()`` once
+    it is built. The image is acyclic and immutable, so the collector has nothing to find in
+    it, yet would otherwise walk its millions of objects on the first collection after the load
+    (~0.4 s per million partitions) and on every full collection after that (~0.3 s each, on
+    the event loop). Objects that die later are still freed by reference counting."""
+    delta = MetadataDelta(MetadataImage.EMPTY)
+    replay_record = delta.replay
+    iter_chunks = getattr(records, "iter_chunks", None)
+    with _gc_paused(freeze):
+        if iter_chunks is not None:
+            for cls, rows in iter_chunks():
+                if cls is PartitionRecord:
+                    delta.replay_partition_rows(rows)
+                else:
+                    for row in rows:
+                        replay_record(cls(*row))
+        else:
+            for record in records:
+                replay_record(record)
+        delta.set_provenance(
+            offset=offset,
+            term=term,
+            raft_index=raft_index,
+            timestamp_ms=timestamp_ms,
+            last_hash=last_hash,
+        )
+        return delta.apply()
