@@ -76,6 +76,31 @@ BROKER_SETTINGS = COMMON_SETTINGS + [
         "how long the first rebalance of an empty group waits for more members",
     ),
     Setting(
+        "group.consumer.session.timeout.ms",
+        parse_positive,
+        45000,
+        "a consumer-protocol (KIP-848) member not heard from this long is fenced",
+    ),
+    Setting(
+        "group.consumer.heartbeat.interval.ms",
+        parse_positive,
+        5000,
+        "the heartbeat interval the coordinator gives consumer-protocol members",
+    ),
+    Setting(
+        "group.consumer.assignors",
+        str,
+        "uniform,range",
+        "server-side assignors of consumer-protocol groups, the first the default (names or "
+        "Kafka's class names)",
+    ),
+    Setting(
+        "group.consumer.max.size",
+        parse_positive,
+        2147483647,
+        "most members of one consumer-protocol group (GROUP_MAX_SIZE_REACHED beyond)",
+    ),
+    Setting(
         "transaction.state.log.num.partitions",
         parse_positive,
         50,

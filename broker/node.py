@@ -341,7 +341,7 @@ def main(config_path: str) -> int:
         return 1
     try:
         node = BrokerNode(config)
-    except SecurityConfigError as e:
+    except (SecurityConfigError, ConfigError) as e:  # e.g. an unknown group.consumer.assignors
         log.error("bad broker config: %s", e)
         return 2
     try:

@@ -471,3 +471,40 @@ def test_clients_never_own_a_partition_twice_and_converge(steps):
         assert s.consumer.groups[G].state == STABLE
         owned_all = [(t, p) for _, mine in clients.values() for t, ps in mine.items() for p in ps]
         assert sorted(owned_all) == [(T1, p) for p in range(6)]
+
+
+def test_the_consumer_group_keys_are_broker_settings():
+    from broker.config import BrokerConfig
+
+    base = {
+        "node.id": "101",
+        "process.roles": "broker",
+        "cluster.id": "abc",
+        "controller.quorum.bootstrap.servers": "127.0.0.1:9093",
+        "listeners": "PLAINTEXT://127.0.0.1:9092",
+        "log.dirs": "/tmp/x",
+    }
+    cfg = consumer_group_config(BrokerConfig.from_properties(base))
+    assert (cfg.assignors, cfg.session_timeout_ms, cfg.heartbeat_interval_ms) == (
+        ("uniform", "range"),
+        45_000,
+        5_000,
+    )
+    set_ = BrokerConfig.from_properties(
+        {
+            **base,
+            "group.consumer.assignors": "range",
+            "group.consumer.session.timeout.ms": "30000",
+            "group.consumer.heartbeat.interval.ms": "1000",
+            "group.consumer.max.size": "10",
+        }
+    )
+    cfg = consumer_group_config(set_)
+    assert (cfg.assignors, cfg.session_timeout_ms, cfg.heartbeat_interval_ms, cfg.max_size) == (
+        ("range",),
+        30_000,
+        1_000,
+        10,
+    )
+    with pytest.raises(ConfigError):
+        BrokerConfig.from_properties({**base, "group.consumer.heartbeat.interval.ms": "0"})
