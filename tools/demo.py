@@ -242,6 +242,7 @@ def transactions() -> None:
     producer.commit_transaction(30)
     print("payments-writer committed paid-0..2, wrote refund-0..2 and aborted, then committed")
     print("a 'settled' record in each partition.")
+    kraft("transactions", "describe", "--transactional-id", "payments-writer", *CLUSTER)
     reader = Consumer(
         {
             "bootstrap.servers": servers,

@@ -86,6 +86,9 @@ def test_demo_tells_the_whole_story_and_cleans_up(tmp_path: Path) -> None:
         assert "both members assigned 3 partitions each: done" in out
         assert "app-1 owning all 6 partitions: done" in out and "LOG-END-OFFSET" in out
         assert "The read_committed consumer saw: paid-0, paid-1, paid-2" in out
+        assert re.search(r"payments-writer +\d+ +\d+ +(CompleteCommit|PrepareCommit)", out), out[
+            -4000:
+        ]
         assert "Demo finished in" in out
         assert processes_under(tmp_path) == []
     finally:
