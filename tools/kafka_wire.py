@@ -39,8 +39,9 @@ class KafkaWire:
     def close(self) -> None:
         self.sock.close()
 
-    def call(self, api_key: int, version: int, values: dict[str, Any]) -> Any:
-        """Send request ``api_key`` v``version`` filled from ``values``; the kio response."""
+    def call(self, api_key: int, version: int, values: dict[str, Any], response: Any = None) -> Any:
+        """Send request ``api_key`` v``version`` filled from ``values``; the kio response (read
+        as ``response``, a kio-style entity class, when given)."""
         cls = load_request_schema(api_key, version)
         self._correlation += 1
         buf = io.BytesIO()
@@ -61,7 +62,7 @@ class KafkaWire:
         data = buf.getvalue()
         self.sock.sendall(struct.pack(">i", len(data)) + data)
         frame = self._read_frame()
-        resp_cls = load_response_schema(api_key, version)
+        resp_cls = response or load_response_schema(api_key, version)
         header, used = entity_reader(resp_cls.__header_schema__)(frame, 0)
         if header.correlation_id != self._correlation:
             raise KafkaWireError(

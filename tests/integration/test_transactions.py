@@ -139,6 +139,9 @@ def test_open_transaction_holds_back_read_committed(cluster):
 
     create_topic(cluster, "txn-lso", partitions=1)
     p = producer(cluster, "lso")
+    where = ("--cluster", str(cluster.dir))
+    fresh = kraft_json("transactions", "describe", "--transactional-id", "lso", *where)
+    assert fresh["state"] == "Empty" and fresh["start_time"] is None, fresh  # Kafka's -1
     p.begin_transaction()
     for i in range(10):
         p.produce("txn-lso", f"x-{i}".encode(), partition=0)
@@ -161,7 +164,6 @@ def test_open_transaction_holds_back_read_committed(cluster):
     assert offsets("read_committed") == 0  # the LSO: the open transaction's first offset
 
     # kafka-transactions.sh's view (ListTransactions / DescribeTransactions) of the open one
-    where = ("--cluster", str(cluster.dir))
     listed = kraft_json("transactions", "list", "--state", "Ongoing", *where)
     assert [r["transactional_id"] for r in listed] == ["lso"], listed
     described = kraft_json("transactions", "describe", "--transactional-id", "lso", *where)

@@ -52,4 +52,6 @@ def test_described_groups_partitions_by_topic() -> None:
     assert d["transaction_start_time"] == datetime(1970, 1, 1, 0, 0, 1, tzinfo=UTC)
     e = not_described("nope", E.transactional_id_not_found)
     assert e["error_code"] == E.transactional_id_not_found and e["producer_id"] == -1
-    assert round(e["transaction_start_time"].timestamp() * 1000) == -1
+    assert e["transaction_start_time"].timestamp() == 0
+    never = described(txn("idle", 13, EMPTY))  # no transaction yet: Kafka's -1
+    assert round(never["transaction_start_time"].timestamp() * 1000) == -1

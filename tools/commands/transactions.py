@@ -79,15 +79,9 @@ def cmd_list(args: argparse.Namespace) -> int:
     return run_with_brokers(args, run)
 
 
-def _ms_since_epoch(value: Any) -> int:
-    if isinstance(value, datetime):
-        return round(value.timestamp() * 1000)
-    return int(value)
-
-
 def describe_row(node_id: int, t: Any, now_ms: int) -> dict[str, Any]:
     """One described transaction as ``--json`` shows it (times in ms, UTC ISO alongside)."""
-    start = _ms_since_epoch(t.transaction_start_time)
+    start = int(t.transaction_start_time_ms)
     open_ = start >= 0 and t.transaction_state not in ("Empty", "CompleteCommit", "CompleteAbort")
     return {
         "transactional_id": t.transactional_id,
@@ -114,8 +108,13 @@ def cmd_describe(args: argparse.Namespace) -> int:
         )
         c = found.coordinators[0]
         a._check(c.error_code, f"finding the coordinator of '{args.transactional_id}'")
+        from tools.txn_schema import DescribeTransactionsResponseV0
+
         resp = brokers.conn((c.host, c.port)).call(
-            API_DESCRIBE_TRANSACTIONS, 0, {"transactional_ids": [args.transactional_id]}
+            API_DESCRIBE_TRANSACTIONS,
+            0,
+            {"transactional_ids": [args.transactional_id]},
+            response=DescribeTransactionsResponseV0,
         )
         t = resp.transaction_states[0]
         a._check(t.error_code, f"describing transactional id '{args.transactional_id}'")

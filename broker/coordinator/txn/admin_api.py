@@ -89,7 +89,7 @@ def not_described(tid: str, code: E) -> dict[str, Any]:
         "transactional_id": tid,
         "transaction_state": "",
         "transaction_timeout": _ZERO,
-        "transaction_start_time": datetime.fromtimestamp(-0.001, UTC),
+        "transaction_start_time": datetime.fromtimestamp(0, UTC),  # Kafka's default: 0
         "producer_id": -1,
         "producer_epoch": -1,
         "topics": [],
