@@ -17,6 +17,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import trio
 
 from kraft.divergence_monitor import hashes_at, head_of
@@ -27,11 +28,14 @@ from kraft.rpc.bodies import (
     DescribeNodeRequest,
     DescribeNodeResponse,
     DescribeQuorumRequest,
+    DescribeQuorumResponse,
     FetchMetadataRequest,
     FetchMetadataResponse,
     FetchSnapshotRequest,
     LogHead,
+    ObserverStatus,
     SnapshotRef,
+    VoterStatus,
     decode_request,
     encode_response,
 )
@@ -58,9 +62,19 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _head(log: Any) -> LogHead | None:
+def _head(log: Any) -> LogHead:
     head = head_of(log)
-    return None if head is None else LogHead(offset=head["offset"], hash=head["hash"])
+    return LogHead(offset=head["offset"], hash=head["hash"])
+
+
+def _reported_head(raw: Any) -> LogHead | None:
+    """A log head another voter reported in DescribeNode (None: none, or not understood)."""
+    if not isinstance(raw, dict):
+        return None
+    try:
+        return msgspec.convert(raw, LogHead)
+    except msgspec.ValidationError:
+        return None
 
 
 class ControllerApis:
@@ -94,15 +108,17 @@ class ControllerApis:
             raise KraftError(ErrorCode.UNSUPPORTED_VERSION, f"unknown API {api!r}")
         request = decode_request(api, body)
         server = self.server
-        write = APIS[api].kind == "write"
-        if write and api not in CONTROLLER_ISSUED and not server.is_active:
-            raise server.not_controller()
-        started = time.monotonic()
-        try:
+        if APIS[api].kind != "write" or api in CONTROLLER_ISSUED:
             result = await handler(request, body, ctx)
-        finally:
-            if write and server.metrics is not None:
-                server.metrics.event_processing.observe((time.monotonic() - started) * 1000)
+        else:
+            if not server.is_active:
+                raise server.not_controller()
+            started = time.monotonic()
+            try:
+                result = await handler(request, body, ctx)
+            finally:
+                if server.metrics is not None:
+                    server.metrics.event_processing.observe((time.monotonic() - started) * 1000)
         return encode_response(result) if isinstance(result, Body) else result
 
     # ---- reads and writes -------------------------------------------------------------------
@@ -195,7 +211,7 @@ class ControllerApis:
 
     async def describe_quorum(
         self, req: DescribeQuorumRequest, wire: dict[str, Any], ctx: Any
-    ) -> dict[str, Any]:
+    ) -> dict[str, Any] | DescribeQuorumResponse:
         """The quorum as the leader sees it (a follower asks the leader, one hop), with each
         voter's applied offset and log head and the brokers following the log."""
         server = self.server
@@ -216,50 +232,50 @@ class ControllerApis:
                 await client.aclose()
         hw = server.log.next_offset
         described = await self._voter_nodes()
-        applied = {v: r.get("applied_offset") for v, r in described.items()}
-        heads = {v: r.get("log_head") for v, r in described.items()}
-        heads[server.node_id] = head_of(server.log)
         divergent = server.divergence.divergent
         voters = []
         for vid, (host, port) in sorted(server.config.rpc_voters.items()):
             v = status.get("voters", {}).get(vid, {})
+            reply = described.get(vid, {})
             voters.append(
-                {
-                    "node_id": vid,
-                    "host": host,
-                    "port": port,
-                    "raft_match_index": v.get("match_index"),
-                    "applied_offset": hw - 1 if vid == server.node_id else applied.get(vid),
-                    "lag": v.get("lag"),
-                    "last_contact_ms": v.get("last_contact_ms"),
+                VoterStatus(
+                    node_id=vid,
+                    host=host,
+                    port=port,
+                    raft_match_index=v.get("match_index"),
+                    applied_offset=hw - 1 if vid == server.node_id else reply.get("applied_offset"),
+                    lag=v.get("lag"),
+                    last_contact_ms=v.get("last_contact_ms"),
                     # a follower whose last answer acknowledged the whole log was caught up then
-                    "last_caught_up_ms": v.get("last_contact_ms") if v.get("lag") == 0 else None,
-                    "is_leader": vid == leader_id,
-                    "log_head": heads.get(vid),
-                    "divergent_from_offset": divergent.get(vid),
-                }
+                    last_caught_up_ms=v.get("last_contact_ms") if v.get("lag") == 0 else None,
+                    is_leader=vid == leader_id,
+                    log_head=_head(server.log)
+                    if vid == server.node_id
+                    else _reported_head(reply.get("log_head")),
+                    divergent_from_offset=divergent.get(vid),
+                )
             )
         now = now_ms()
         observers = [
-            {
-                "broker_id": b,
-                "metadata_offset": off,
-                "lag": max(hw - 1 - off, 0),
-                "last_contact_ms": now - seen,
-                "last_caught_up_ms": now - caught if caught >= 0 else None,
-            }
+            ObserverStatus(
+                broker_id=b,
+                metadata_offset=off,
+                lag=max(hw - 1 - off, 0),
+                last_contact_ms=now - seen,
+                last_caught_up_ms=now - caught if caught >= 0 else None,
+            )
             for b, (off, seen, caught) in sorted(dict(server.lifecycle.observers).items())
         ]
-        return {
-            "cluster_id": server.config.cluster_id,
-            "leader_id": leader_id if leader_id is not None else -1,
-            "term": status.get("term", 0),
-            "commit_index": status.get("commit_index", 0),
-            "high_watermark": hw,
-            "voters": voters,
-            "observers": observers,
-            "divergent_voters": sorted(divergent),
-        }
+        return DescribeQuorumResponse(
+            cluster_id=server.config.cluster_id,
+            leader_id=leader_id if leader_id is not None else -1,
+            term=status.get("term", 0),
+            commit_index=status.get("commit_index", 0),
+            high_watermark=hw,
+            voters=voters,
+            observers=observers,
+            divergent_voters=sorted(divergent),
+        )
 
     async def _voter_nodes(self) -> dict[int, dict[str, Any]]:
         """Ask every other voter to describe itself (1 s budget; silent ones are left out)."""

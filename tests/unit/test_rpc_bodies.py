@@ -172,3 +172,59 @@ def test_error_responses_keep_their_wire_shape() -> None:
         "body": {"leader_id": 2, "leader_host": "h", "leader_port": 9},
     }
     assert not_controller(None).body == {"leader_id": -1, "leader_host": "", "leader_port": 0}
+
+
+def test_the_state_machine_answers_fit_the_response_types() -> None:
+    """The response structs describe what the write and read handlers answer (success, per-item
+    errors and a duplicate), and every request the test sends fits its request struct."""
+    import msgspec
+
+    from tests.unit.test_state_machine import Harness
+
+    h = Harness(brokers=3)
+    answers: list[tuple[str, dict[str, Any]]] = []
+
+    def send(api: str, body: dict[str, Any], request_id: str | None = None) -> dict[str, Any]:
+        decode_request(api, body)
+        if APIS[api].kind == "read":
+            response = h.sm.read(api, body)
+        else:
+            response = h.write(api, body, request_id=request_id)[1]
+        answers.append((api, response))
+        return response
+
+    topics = [{"name": "t", "num_partitions": 2, "replication_factor": 2}, {"name": "bad/"}]
+    send("CreateTopics", {"topics": topics}, request_id="again")
+    send("CreateTopics", {"topics": topics}, request_id="again")  # a duplicate
+    send("CreatePartitions", {"topics": [{"name": "t", "count": 3}, {"name": "x", "count": 2}]})
+    ops = [{"name": "retention.ms", "op": "SET", "value": "5"}]
+    resources = [{"resource_type": "topic", "resource_name": "t", "ops": ops}]
+    send("IncrementalAlterConfigs", {"resources": resources})
+    send("AlterConfigs", {"resources": resources})
+    send("ElectLeaders", {"election_type": "preferred", "partitions": None})
+    part = h.part("t", 0)
+    leader = part.leader
+    change = {
+        "partition": 0,
+        "leader_epoch": part.leader_epoch,
+        "partition_epoch": part.partition_epoch,
+        "isr": [leader],
+    }
+    send(
+        "AlterPartition",
+        {
+            "broker_id": leader,
+            "broker_epoch": h.epoch(leader),
+            "topics": [{"topic_id": h.image.topic("t").topic_id, "partitions": [change]}],
+        },
+    )
+    send("AllocateProducerIds", {"broker_id": 0, "broker_epoch": h.epoch(0)})
+    send("DeleteTopics", {"names": ["t", "missing"]})
+    send("NoOp", {})
+    send("ListTopics", {})
+    send("DescribeTopics", {"names": ["missing"]})
+    send("DescribeConfigs", {"resources": [{"resource_type": "broker", "resource_name": ""}]})
+    send("DescribeCluster", {})
+    for api, response in answers:
+        msgspec.convert(response, RESPONSES[api])  # raises naming the field that does not fit
+    assert answers[1][1]["duplicate"] is True
