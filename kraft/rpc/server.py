@@ -2,9 +2,9 @@
 
 Per connection the server reads frames, checks the envelope ``{api, version, correlation_id,
 body}`` (+ optional ``client_id``, ``request_id``): a known API and a map body
-(:func:`kraft.rpc.apis.check_request`; the handler checks the body's fields), runs the handler — several requests of one
-connection concurrently — and writes ``{correlation_id, error_code, error_message, body}`` in
-request order. A garbage or oversized frame, a frame left incomplete or a response left unread
+(:func:`kraft.rpc.apis.check_request`; the handler's dispatch checks the body's fields), runs
+the handler — several requests of one connection concurrently — and writes ``{correlation_id,
+error_code, error_message, body}`` in request order. A garbage or oversized frame, a frame left incomplete or a response left unread
 for longer than ``io_timeout`` (slowloris), or ``idle_timeout`` without a request, closes that
 connection only; connections beyond ``max_connections``, or beyond ``max_connections_per_ip`` from
 one client address (so one host cannot lock every other client out), are closed at once, and a
