@@ -7,6 +7,7 @@ straight to Kafka clients.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import IntEnum
 from typing import Any
 
@@ -70,14 +71,19 @@ class ErrorCode(IntEnum):
 
 
 class KraftError(Exception):
-    """An error with a Kafka error name, raised inside and turned into a value at boundaries."""
+    """An error with a Kafka error name, raised inside and turned into a value at boundaries.
 
-    body: dict[str, Any]  # set only by the code that raises it with a response body
+    ``body`` is the error response's body: what a client needs beyond the code and message
+    (NOT_CONTROLLER: where the leader is; a write refused after validation: its response items).
+    Empty for most errors; on the wire it is the response's ``body``, unchanged in shape."""
 
-    def __init__(self, code: ErrorCode, message: str = "") -> None:
+    def __init__(
+        self, code: ErrorCode, message: str = "", body: Mapping[str, Any] | None = None
+    ) -> None:
         super().__init__(f"{code.name}: {message}" if message else code.name)
         self.code = code
         self.message = message
+        self.body: dict[str, Any] = dict(body) if body else {}
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -85,6 +91,10 @@ class KraftError(Exception):
             "error": self.code.name,
             "error_message": self.message,
         }
+
+    def to_response(self) -> dict[str, Any]:
+        """The error's part of an RPC response: ``{error_code, error_message, body}``."""
+        return {"error_code": int(self.code), "error_message": self.message, "body": self.body}
 
 
 def error_name(code: int) -> str:

@@ -89,7 +89,7 @@ def gauge(name: str, doc: str, value: float | None) -> GaugeMetricFamily | None:
 
 
 class ControllerCollector(Collector):
-    """Reads a running :class:`kraft.node.ControllerNode` on every scrape."""
+    """Reads a running :class:`kraft.controller_server.ControllerServer` on every scrape."""
 
     def __init__(self, node: Any) -> None:
         self.node = node

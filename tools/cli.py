@@ -81,7 +81,7 @@ def _version() -> str:
 
 
 def cmd_controller(args: argparse.Namespace) -> int:
-    from kraft.node import main as controller_main
+    from kraft.controller_server import main as controller_main
 
     return int(controller_main(args.config) or 0)
 

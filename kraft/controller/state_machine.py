@@ -10,9 +10,11 @@ through Raft; on commit every controller replays them verbatim (:meth:`replay_ba
 committed state machine. Nothing here is re-executed on a follower, so a changed handler on one
 controller (a rolling upgrade) cannot fork the log.
 
-User errors are response values and never become a batch. A window of recently written request
-ids answers a retried command with ``{"duplicate": true, ...}`` instead of writing it twice. Only
-requests that produced a batch are remembered, so the window is a function of the log: replaying
+Request bodies arrive with their types already checked (``kraft/rpc/bodies.py``, at the
+controller's dispatch); handlers check values. User errors are response values and never become
+a batch. A window of recently written request ids answers a retried command with
+``{"duplicate": true, ...}`` instead of writing it twice. Only requests that produced a batch
+are remembered, so the window is a function of the log: replaying
 a batch adds its id (``replay_batch`` or ``note_replayed_batch``), snapshots carry it
 (``snapshot_state()`` → the snapshot header; ``reset(image, request_ids)`` on install, ``seed``
 on start-up), and a new active controller starts its speculative state machine from a copy of
@@ -44,7 +46,7 @@ from kraft.records import (
     TopicRecord,
     batch_hash,
 )
-from kraft.rpc.apis import APIS, validate_request
+from kraft.rpc.apis import APIS
 
 Handler = Callable[[MetadataImage, Command, ControllerSettings], ControllerResult]
 
@@ -186,7 +188,6 @@ class QuorumStateMachine:
             if seen is not None and seen["api"] == command.api:
                 return None, dict(seen), None
         try:
-            validate_request(command.api, command.body)
             resumable = _RESUMABLE.get(command.api)
             if resumable is not None:
                 result = resumable(self.image, command, self.settings, pending=resume)
@@ -194,15 +195,6 @@ class QuorumStateMachine:
                 result = handler(self.image, command, self.settings)
         except KraftError as e:
             return None, error_response(e.code, e.message), None
-        except Exception as e:  # malformed nested input the handler did not anticipate
-            return (
-                None,
-                error_response(
-                    ErrorCode.INVALID_REQUEST,
-                    f"{command.api}: malformed request ({type(e).__name__}: {e})",
-                ),
-                None,
-            )
         if not result.records:
             return None, result.response, None
         image = self.image
@@ -297,14 +289,6 @@ class QuorumStateMachine:
                 ),
             }
         try:
-            validate_request(api, body)
             return handler(self.image, body, self.settings)
         except KraftError as e:
             return {"offset": self.image.offset, **error_response(e.code, e.message)}
-        except Exception as e:
-            return {
-                "offset": self.image.offset,
-                **error_response(
-                    ErrorCode.INVALID_REQUEST, f"{api}: malformed request ({type(e).__name__}: {e})"
-                ),
-            }

@@ -1,5 +1,5 @@
 """Every change pykraft makes to PySyncObj's module-level behaviour, in one place, applied
-explicitly by :func:`apply` at start-up (``kraft.node.main`` and ``RaftQuorum.start``; it is
+explicitly by :func:`apply` at start-up (``kraft.controller_server.main`` and ``RaftQuorum.start``; it is
 idempotent), never as a side effect of an import (except undoing PySyncObj's own import-time
 replacement of ``socket.inet_ntop``, below).
 

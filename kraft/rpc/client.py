@@ -510,10 +510,10 @@ def _error_from(response: dict[str, Any]) -> KraftError:
         err_code = ErrorCode(code)
     except ValueError:
         err_code = ErrorCode.UNKNOWN_SERVER_ERROR
-    err = KraftError(err_code, str(response.get("error_message") or ""))
     body = response.get("body")
-    err.body = body if isinstance(body, dict) else {}
-    return err
+    return KraftError(
+        err_code, str(response.get("error_message") or ""), body if isinstance(body, dict) else None
+    )
 
 
 def call_sync(

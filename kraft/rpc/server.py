@@ -1,10 +1,10 @@
 """Controller RPC server (trio): frames in, handler, frames out.
 
 Per connection the server reads frames, checks the envelope ``{api, version, correlation_id,
-body}`` (+ optional ``client_id``, ``request_id``) and the body
-(:func:`kraft.rpc.apis.validate_request`), runs the handler — several requests of one
-connection concurrently — and writes ``{correlation_id, error_code, error_message, body}`` in
-request order. A garbage or oversized frame, a frame left incomplete or a response left unread
+body}`` (+ optional ``client_id``, ``request_id``): a known API and a map body
+(:func:`kraft.rpc.apis.check_request`; the handler's dispatch checks the body's fields), runs
+the handler — several requests of one connection concurrently — and writes ``{correlation_id,
+error_code, error_message, body}`` in request order. A garbage or oversized frame, a frame left incomplete or a response left unread
 for longer than ``io_timeout`` (slowloris), or ``idle_timeout`` without a request, closes that
 connection only; connections beyond ``max_connections``, or beyond ``max_connections_per_ip`` from
 one client address (so one host cannot lock every other client out), are closed at once, and a
@@ -34,7 +34,7 @@ from typing import Any, cast
 import trio
 
 from kraft.errors import ErrorCode, KraftError
-from kraft.rpc.apis import validate_request
+from kraft.rpc.apis import check_request
 from kraft.rpc.auth import AUTH_API, MECHANISM, CredentialStore
 from kraft.rpc.authorize import DEFAULT_BROKER_PRINCIPALS, effective_principal
 from kraft.rpc.framing import (
@@ -359,13 +359,7 @@ class RpcServer:
                 "body": body,
             }
         except KraftError as err:
-            extra = getattr(err, "body", None)
-            response = {
-                "correlation_id": correlation_id,
-                "error_code": int(err.code),
-                "error_message": err.message,
-                "body": extra if isinstance(extra, dict) else {},
-            }
+            response = {"correlation_id": correlation_id, **err.to_response()}
         except Exception:
             logger.exception("handler failed for %s from %s", message.get("api"), peer)
             response = {
@@ -407,7 +401,7 @@ class RpcServer:
                 else "authentication is not enabled on this controller",
             )
         body = message.get("body")
-        validate_request(api, body)
+        check_request(api, body)
         client_id = message.get("client_id") or ""
         request_id = message.get("request_id")
         if not isinstance(client_id, str) or (

@@ -10,7 +10,7 @@ longer joining; then the new id is recorded. This holds even when the operator f
 wiped voter as a member of a new quorum by mistake.
 
 Pure bookkeeping plus one small file; the controller feeds it what its peers' ``DescribeNode``
-answers say (``kraft/node.py``).
+answers say (``kraft/controller_server.py``).
 """
 
 from __future__ import annotations

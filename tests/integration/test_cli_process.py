@@ -12,7 +12,7 @@ from harness import ENV
 pytestmark = pytest.mark.integration
 
 PROBE = (
-    "import sys, tools.cli, broker.node, kraft.node; "
+    "import sys, tools.cli, broker.node, kraft.controller_server; "
     "print(sorted(m for m in ('hypothesis', 'pytest', '_pytest') if sys.modules.get(m)))"
 )
 

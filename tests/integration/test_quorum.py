@@ -634,7 +634,7 @@ def test_group_committer_waits_briefly_for_the_writers_it_just_answered() -> Non
 
 def test_the_quorum_patches_keep_socket_inet_ntop_working():
     """PySyncObj replaces socket.inet_ntop with a Windows-only function on import; the patches
-    applied at start-up (RaftQuorum.start, kraft.node.main) put the C one back."""
+    applied at start-up (RaftQuorum.start, kraft.controller_server.main) put the C one back."""
     import socket
 
     import kraft.quorum.raft  # noqa: F401  (imported for its side effects)

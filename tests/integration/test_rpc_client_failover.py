@@ -42,7 +42,7 @@ class Follower:
             self.hints += 1
             err = KraftError(ErrorCode.NOT_CONTROLLER, "not the active controller")
             host, port = self.leader
-            err.body = {"leader_id": 1, "leader_host": host, "leader_port": port}  # type: ignore[attr-defined]  # KraftError's body is set by the server side
+            err.body = {"leader_id": 1, "leader_host": host, "leader_port": port}
             raise err
         return {"by": "new leader", "request_id": ctx.request_id}
 

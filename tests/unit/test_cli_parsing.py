@@ -653,7 +653,7 @@ def test_controller_and_broker_commands_run_the_node_mains(
     # cmd_broker hides hypothesis from kio (sys.modules["hypothesis"] = None); undone after
     # the test, so later tests in this process can still import it.
     monkeypatch.setitem(sys.modules, "hypothesis", sys.modules.get("hypothesis"))
-    for module, role in (("kraft.node", "controller"), ("broker.node", "broker")):
+    for module, role in (("kraft.controller_server", "controller"), ("broker.node", "broker")):
         fake = types.ModuleType(module)
         fake.main = lambda path, role=role: seen.append((role, path)) or 3  # type: ignore[attr-defined]  # a stand-in module
         monkeypatch.setitem(sys.modules, module, fake)

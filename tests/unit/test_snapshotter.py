@@ -210,13 +210,13 @@ def test_recent_batches_before_reads_backwards_across_segments(tmp_path):
 
 def test_a_controller_restarted_from_a_snapshot_still_knows_recent_request_ids(tmp_path):
     from kraft.config import ControllerConfig
-    from kraft.node import ControllerNode
+    from kraft.controller_server import ControllerServer
 
     log, sm = _build_log(tmp_path / "log", topics=20, segment_bytes=4096)
     snapshotter = Snapshotter(tmp_path / "log", log, 1 << 30, 0)
     snapshotter.write(sm.image)
     log.close()
-    node = ControllerNode(
+    node = ControllerServer(
         ControllerConfig.from_properties(
             {
                 "node.id": "1",

@@ -1,10 +1,10 @@
-"""``kraft controller --config FILE``: one controller node of the quorum.
+"""``kraft controller --config FILE``: one controller of the quorum, its wiring and its loops.
 
 Wires the pieces together: the metadata log (recovered on start), the committed state machine
 (rebuilt from the latest snapshot + the log), the PySyncObj member (:class:`RaftQuorum`), the
-controller RPC server, broker liveness (:class:`BrokerHeartbeatManager`, active controller only),
-the session timer that fences silent brokers one at a time, periodic snapshots, and long-polls
-for brokers that follow the log.
+controller RPC server with its dispatch (:class:`kraft.controller_apis.ControllerApis`), the
+broker-lifecycle supervisor (:class:`kraft.broker_lifecycle.BrokerLifecycle`: heartbeats,
+sessions, fencing), periodic snapshots, log flushes, idle no-ops, leadership and joining.
 
 Writes (controller v2): the active controller runs the request's handler against its speculative
 state machine (the committed one plus its own batches not yet committed), answers a request that
@@ -21,19 +21,20 @@ import signal
 import sys
 import time
 import uuid
-from typing import Any, cast
+from typing import Any
 
 import trio
 
 import kraft.quorum.pysyncobj_patches as pysyncobj_patches
 from kraft import logsetup, sdnotify
+from kraft.broker_lifecycle import BrokerLifecycle
 from kraft.config import ConfigError, ControllerConfig, is_loopback
-from kraft.controller.commands import Command, error_fields
+from kraft.controller.commands import Command
 from kraft.controller.election import Resume
-from kraft.controller.heartbeats import BrokerHeartbeatManager
 from kraft.controller.settings import ControllerSettings
 from kraft.controller.state_machine import QuorumStateMachine
-from kraft.divergence_monitor import DivergenceMonitor, hashes_at, head_of
+from kraft.controller_apis import ControllerApis
+from kraft.divergence_monitor import DivergenceMonitor
 from kraft.errors import ErrorCode, KraftError
 from kraft.log.errors import CorruptLogError, CorruptSnapshotError
 from kraft.log.metadata_log import MetadataLog
@@ -41,8 +42,8 @@ from kraft.metadata_applier import MetadataApplier
 from kraft.quorum.journal_file import JournalCorruptError
 from kraft.quorum.raft import RaftQuorum, RaftSettings
 from kraft.records import Batch
-from kraft.rpc.apis import APIS
 from kraft.rpc.authorize import parse_principals
+from kraft.rpc.client import ControllerClient
 from kraft.rpc.server import RpcServer
 from kraft.snapshotter import Snapshotter
 from kraft.storage import meta_properties
@@ -53,7 +54,6 @@ log = logging.getLogger("kraft.controller")
 
 WRITE_TIMEOUT_S = 10.0
 _STEPPED_APIS = ("FenceBroker", "UnfenceBroker", "BeginControlledShutdown", "UnregisterBroker")
-MAX_FETCH_BYTES = 4 * 1024 * 1024
 
 
 # A snapshot that falls due during a stepped broker transition waits for its end, at most this long.
@@ -64,17 +64,17 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _not_controller(leader: tuple[int, str, int] | None) -> KraftError:
-    err = KraftError(
+def not_controller(leader: tuple[int, str, int] | None) -> KraftError:
+    """NOT_CONTROLLER, with where the leader is (its id, host and port) when known."""
+    lid, host, port = leader if leader else (-1, "", 0)
+    return KraftError(
         ErrorCode.NOT_CONTROLLER,
         "this controller is not active" + ("" if leader else " and no leader is known yet"),
+        {"leader_id": lid, "leader_host": host, "leader_port": port},
     )
-    lid, host, port = leader if leader else (-1, "", 0)
-    err.body = {"leader_id": lid, "leader_host": host, "leader_port": port}
-    return err
 
 
-class ControllerNode:
+class ControllerServer:
     """One controller process: quorum member, RPC server, and (when active) broker supervisor."""
 
     def __init__(self, config: ControllerConfig) -> None:
@@ -125,12 +125,11 @@ class ControllerNode:
         self.speculative: QuorumStateMachine | None = None
         self._in_flight: dict[bytes, Batch] = {}
         self._transitions = 0  # stepped broker transitions in progress (the snapshot loop waits)
-        self.heartbeats = BrokerHeartbeatManager(config["broker.session.timeout.ms"])
+        self.lifecycle = BrokerLifecycle(self, config["broker.session.timeout.ms"])
+        self.apis = ControllerApis(self)
         self._new_data = trio.Event()
         self._applied = trio.Event()  # set on the trio thread after each applied Raft entry
         self._active_term = -1
-        # broker id → (metadata offset, last contact ms, last time it was caught up ms or -1)
-        self._observers: dict[int, tuple[int, int, int]] = {}
         self.metrics: Any = None  # kraft.metrics.ControllerMetrics when metrics.port is set
         self.divergence = DivergenceMonitor(
             self.node_id,
@@ -195,6 +194,10 @@ class ControllerNode:
         self._new_data.set()
         self._new_data = trio.Event()
 
+    def new_data_event(self) -> trio.Event:
+        """Set when the next round of applied entries is there for long-polling fetchers."""
+        return self._new_data
+
     # ---- running ------------------------------------------------------------------------------
 
     async def run(self, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -230,7 +233,7 @@ class ControllerNode:
         server = RpcServer(
             rpc_host,
             rpc_port,
-            self.handle,
+            self.apis.handle,
             max_frame_bytes=cfg["controller.rpc.max.frame.bytes"],
             credentials=cfg.rpc_credentials,
             max_connections=cfg["controller.rpc.max.connections"],
@@ -246,7 +249,7 @@ class ControllerNode:
                 await nursery.start(server.serve)
                 nursery.start_soon(self._leadership_loop)
                 nursery.start_soon(self._fetcher_wake_loop)
-                nursery.start_soon(self._session_timer_loop)
+                nursery.start_soon(self.lifecycle.session_timer_loop)
                 nursery.start_soon(self._snapshot_loop)
                 nursery.start_soon(self._log_flush_loop)
                 if len(cfg.rpc_voters) > 1:
@@ -292,19 +295,13 @@ class ControllerNode:
         caught up from a leader of *this* cluster: wait for the quorum to have applied what the
         first leader it heard from had committed, check that leader's cluster id, then let the
         quorum vote and remove the join marker."""
-        from kraft.rpc.client import ControllerClient
-
         assert self.quorum is not None
         while True:
             await trio.sleep(0.2)
-            hint = self._leader_hint()
+            hint = self.leader_hint()
             if not self.quorum.join_caught_up or hint is None:
                 continue
-            client = ControllerClient(
-                [(hint[1], hint[2])],
-                client_id=f"controller-{self.node_id}",
-                credentials=self.config.rpc_client_credentials,
-            )
+            client = self.peer_client(hint[1], hint[2])
             try:
                 with trio.fail_after(3):
                     reply = await client.call("DescribeQuorum", {"forwarded": True})
@@ -336,16 +333,10 @@ class ControllerNode:
     async def _voter_directory_loop(self) -> None:
         """Every second, ask the other voters for their directory id (see
         kraft/storage/voter_directories.py) and tell the quorum whose votes not to count."""
-        from kraft.rpc.client import ControllerClient
-
         vd = self.voter_directories
         assert vd is not None and self.quorum is not None
         clients = {
-            vid: ControllerClient(
-                [(host, port)],
-                client_id=f"controller-{self.node_id}",
-                credentials=self.config.rpc_client_credentials,
-            )
+            vid: self.peer_client(host, port)
             for vid, (host, port) in self.config.rpc_voters.items()
             if vid != self.node_id
         }
@@ -468,7 +459,7 @@ class ControllerNode:
         self.speculative = self.state_machine.fork()
         while self.quorum.is_leader and self.quorum.term == term and self._active_term != term:
             try:
-                await self._submit(
+                await self.submit(
                     "ActivateController",
                     {"leader_id": self.node_id, "term": term},
                     request_id=f"activate-{self.node_id}-{term}",
@@ -480,7 +471,7 @@ class ControllerNode:
                 await trio.sleep(0.1)
             else:
                 self._active_term = term
-                self.heartbeats.reset_all(now_ms(), self.state_machine.image)
+                self.lifecycle.reset()
                 log.info("node %d: active controller in term %d", self.node_id, term)
 
     @property
@@ -491,38 +482,25 @@ class ControllerNode:
             and self._active_term == self.quorum.term
         )
 
-    def _leader_hint(self) -> tuple[int, str, int] | None:
+    def leader_hint(self) -> tuple[int, str, int] | None:
+        """(id, RPC host, RPC port) of the leader this member knows of, or None."""
         lid = self.quorum.leader_id if self.quorum else None
         if lid is None or lid not in self.config.rpc_voters:
             return None
         host, port = self.config.rpc_voters[lid]
         return lid, host, port
 
-    async def _session_timer_loop(self) -> None:
-        """Fence one broker whose session expired at a time, so each fence is visible first."""
-        while True:
-            await trio.sleep(0.1)
-            if not self.is_active:
-                continue
-            broker_id = self.heartbeats.next_expired(now_ms())
-            if broker_id is None:
-                continue
-            reg = self.state_machine.image.brokers.get(broker_id)
-            if reg is None:
-                self.heartbeats.forget(broker_id)
-                continue
-            log.info("node %d: broker %d session expired; fencing it", self.node_id, broker_id)
-            try:
-                await self._submit(
-                    "FenceBroker",
-                    {
-                        "broker_id": broker_id,
-                        "broker_epoch": reg.epoch,
-                        "reason": "session-timeout",
-                    },
-                )
-            except KraftError as e:
-                log.warning("node %d: fencing broker %d failed: %s", self.node_id, broker_id, e)
+    def not_controller(self) -> KraftError:
+        """NOT_CONTROLLER pointing at the leader this member knows of."""
+        return not_controller(self.leader_hint())
+
+    def peer_client(self, host: str, port: int) -> ControllerClient:
+        """A client to another controller's RPC, as this controller (the caller closes it)."""
+        return ControllerClient(
+            [(host, port)],
+            client_id=f"controller-{self.node_id}",
+            credentials=self.config.rpc_client_credentials,
+        )
 
     async def _snapshot_loop(self) -> None:
         deferred_since: float | None = None
@@ -571,13 +549,13 @@ class ControllerNode:
             await trio.sleep(interval / 1000)
             if self.is_active and now_ms() - self.state_machine.image.timestamp_ms >= interval:
                 try:
-                    await self._submit("NoOp", {})
+                    await self.submit("NoOp", {})
                 except KraftError:
                     pass
 
     # ---- writes -------------------------------------------------------------------------------
 
-    async def _submit(
+    async def submit(
         self,
         api: str,
         body: dict[str, Any],
@@ -621,7 +599,7 @@ class ControllerNode:
         assert self.quorum is not None
         spec = self.speculative
         if spec is None or not self.quorum.is_leader:
-            raise _not_controller(self._leader_hint())
+            raise self.not_controller()
         command = Command(
             api=api,
             body=body,
@@ -636,9 +614,8 @@ class ControllerNode:
         at = resume[0] if resume and resume[1] == (image.offset, image.last_hash) else None
         batch, response, rest = spec.propose(command, self.quorum.term, at)
         if response.get("error_code"):
-            err = KraftError(ErrorCode(response["error_code"]), response.get("error_message", ""))
-            err.body = response
-            raise err
+            code = ErrorCode(response["error_code"])
+            raise KraftError(code, response.get("error_message", ""), response)
         if batch is None:
             return response, None
         raw = spec.last_encoded
@@ -661,321 +638,9 @@ class ControllerNode:
                 ErrorCode.UNKNOWN_SERVER_ERROR, "the batch was applied without a result"
             )
         if result.get("error_code"):
-            err = KraftError(ErrorCode(result["error_code"]), result.get("error_message", ""))
-            err.body = result
-            raise err
+            code = ErrorCode(result["error_code"])
+            raise KraftError(code, result.get("error_message", ""), result)
         return response, ((rest, after) if rest is not None else None)
-
-    # ---- RPC handling -------------------------------------------------------------------------
-
-    async def handle(self, api: str, body: dict[str, Any], ctx: Any) -> dict[str, Any]:
-        spec = APIS[api]
-        if spec.kind == "read":
-            return self.state_machine.read(api, body)
-        if spec.kind == "write":
-            if api in (
-                "FenceBroker",
-                "UnfenceBroker",
-                "BeginControlledShutdown",
-                "ActivateController",
-            ):
-                raise KraftError(
-                    ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
-                    f"{api} is issued by the controller itself",
-                )
-            if not self.is_active:
-                raise _not_controller(self._leader_hint())
-            started = time.monotonic()
-            try:
-                if api == "BrokerRegistration":
-                    return await self._register_broker(body, ctx)
-                return await self._submit(
-                    api,
-                    body,
-                    request_id=getattr(ctx, "request_id", None),
-                    principal=getattr(ctx, "principal", "ANONYMOUS") or "ANONYMOUS",
-                    client_id=getattr(ctx, "client_id", "") or "",
-                )
-            finally:
-                if self.metrics is not None:
-                    self.metrics.event_processing.observe((time.monotonic() - started) * 1000)
-        return cast(dict[str, Any], await getattr(self, f"_api_{api}")(body, ctx))
-
-    async def _register_broker(self, body: dict[str, Any], ctx: Any) -> dict[str, Any]:
-        broker_id = body["broker_id"]
-        spec = self.speculative
-        existing = spec.image.brokers.get(broker_id) if spec is not None else None
-        if (
-            existing is not None
-            and existing.incarnation_id != body["incarnation_id"]
-            and self.heartbeats.has_live_session(broker_id, now_ms())
-        ):  # liveness is known only here, so the active controller checks it itself
-            err = KraftError(
-                ErrorCode.DUPLICATE_BROKER_REGISTRATION,
-                f"Another broker {broker_id} (incarnation {existing.incarnation_id}) is "
-                "registered and alive; retry once its session has expired.",
-            )
-            err.body = {**error_fields(err), "broker_epoch": -1}
-            raise err
-        result = await self._submit(
-            "BrokerRegistration",
-            body,
-            request_id=getattr(ctx, "request_id", None),
-            principal=getattr(ctx, "principal", "ANONYMOUS") or "ANONYMOUS",
-            client_id=getattr(ctx, "client_id", "") or "",
-        )
-        self.heartbeats.register(broker_id, result["broker_epoch"], now_ms())
-        log.info(
-            "node %d: broker %d registered with epoch %d",
-            self.node_id,
-            broker_id,
-            result["broker_epoch"],
-        )
-        return result
-
-    async def _api_BrokerHeartbeat(self, body: dict[str, Any], ctx: Any) -> dict[str, Any]:
-        if not self.is_active:
-            raise _not_controller(self._leader_hint())
-        broker_id = body["broker_id"]
-        now = now_ms()
-        caught_up = body["metadata_offset"] >= self.log.next_offset - 1
-        previous = self._observers.get(broker_id)
-        self._observers[broker_id] = (
-            body["metadata_offset"],
-            now,
-            now if caught_up else previous[2] if previous else -1,
-        )
-        decision = self.heartbeats.heartbeat(
-            broker_id,
-            body["broker_epoch"],
-            body["metadata_offset"],
-            body["want_fence"],
-            body["want_shutdown"],
-            now,
-            self.state_machine.image,
-        )
-        if decision.command is not None:
-            api, cmd_body = decision.command
-            try:
-                await self._submit_keeping_session(broker_id, api, cmd_body)
-            except KraftError as e:
-                log.warning("node %d: %s for broker %d failed: %s", self.node_id, api, broker_id, e)
-            else:
-                if api == "BeginControlledShutdown":
-                    self.heartbeats.note_controlled_shutdown_offset(
-                        broker_id, self.state_machine.image.offset
-                    )
-                decision = self.heartbeats.heartbeat(
-                    broker_id,
-                    body["broker_epoch"],
-                    body["metadata_offset"],
-                    body["want_fence"],
-                    body["want_shutdown"],
-                    now,
-                    self.state_machine.image,
-                )
-        return {
-            "is_caught_up": decision.is_caught_up,
-            "is_fenced": decision.is_fenced,
-            "should_shut_down": decision.should_shut_down,
-        }
-
-    async def _submit_keeping_session(self, broker_id: int, api: str, body: dict[str, Any]) -> None:
-        """``_submit`` a command a broker's heartbeat asked for, refreshing that broker's session
-        meanwhile: it is alive while its transition is written, which for a stepped one over
-        tens of thousands of partitions can outlast the session timeout."""
-
-        async def keep() -> None:
-            while True:
-                self.heartbeats.touch(broker_id, now_ms())
-                await trio.sleep(1.0)
-
-        error: KraftError | None = None
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(keep)
-            try:
-                await self._submit(api, body)
-            except KraftError as e:
-                error = e
-            nursery.cancel_scope.cancel()
-        if error is not None:
-            raise error
-
-    async def _api_FetchMetadata(self, body: dict[str, Any], ctx: Any) -> dict[str, Any]:
-        from_offset = body["from_offset"]
-        max_wait = min(max(body.get("max_wait_ms") or 0, 0), 30_000) / 1000
-        max_bytes = min(body.get("max_bytes") or MAX_FETCH_BYTES, MAX_FETCH_BYTES)
-        snap = self._snapshot_for_fetch(from_offset)
-        if snap is not None:
-            return {
-                "batches": [],
-                "high_watermark": self.log.next_offset,
-                "snapshot": {
-                    "name": snap.name,
-                    "end_offset": self.snapshotter.end_offset(snap),
-                    "size": snap.stat().st_size,
-                },
-            }
-        if from_offset >= self.log.next_offset and max_wait > 0:
-            with trio.move_on_after(max_wait):
-                while from_offset >= self.log.next_offset:
-                    await self._new_data.wait()
-        batches = (
-            self.log.read_encoded(from_offset, max_bytes)
-            if from_offset < self.log.next_offset
-            else []
-        )
-        return {"batches": batches, "high_watermark": self.log.next_offset, "snapshot": None}
-
-    def _snapshot_for_fetch(self, from_offset: int) -> Any:
-        """The snapshot a fetcher at ``from_offset`` should load instead of reading the log: when
-        the log no longer holds that offset, or when the fetcher is at least
-        ``metadata.fetch.snapshot.min.lag.records`` before the newest snapshot's end (a new
-        broker on a big image loads the snapshot rather than replaying the whole history)."""
-        if from_offset < self.log.start_offset:
-            snap = self.snapshotter.latest()
-            if snap is None:
-                raise KraftError(
-                    ErrorCode.OFFSET_OUT_OF_RANGE, f"offset {from_offset} is before the log start"
-                )
-            return snap
-        min_lag = self.config["metadata.fetch.snapshot.min.lag.records"]
-        if min_lag < 0:
-            return None
-        min_lag = max(min_lag, 1)
-        if self.log.next_offset - from_offset < min_lag:
-            return None  # the common case (a fetcher near the end) costs no directory listing
-        snap = self.snapshotter.latest()
-        if snap is not None and self.snapshotter.end_offset(snap) - from_offset >= min_lag:
-            return snap
-        return None
-
-    async def _api_FetchSnapshot(self, body: dict[str, Any], ctx: Any) -> dict[str, Any]:
-        return self.snapshotter.read_chunk(
-            body["name"],
-            body["position"],
-            min(body.get("max_bytes") or MAX_FETCH_BYTES, MAX_FETCH_BYTES),
-        )
-
-    async def _api_DescribeQuorum(self, body: dict[str, Any], ctx: Any) -> dict[str, Any]:
-        assert self.quorum is not None
-        status = self.quorum.status()
-        leader_id = status.get("leader_id")
-        hint = self._leader_hint()
-        if not self.quorum.is_leader and hint is not None:
-            # Only the leader knows its followers' progress; ask it (one hop).
-            from kraft.rpc.client import ControllerClient
-
-            client = ControllerClient(
-                [(hint[1], hint[2])],
-                client_id=f"controller-{self.node_id}",
-                credentials=self.config.rpc_client_credentials,
-            )
-            try:
-                with trio.fail_after(3):
-                    return await client.call("DescribeQuorum", {"forwarded": True})
-            except (KraftError, trio.TooSlowError, OSError):
-                pass
-            finally:
-                await client.aclose()
-        commit_index = status.get("commit_index", 0)
-        hw = self.log.next_offset
-        described = await self._voter_nodes()
-        applied = {v: r.get("applied_offset") for v, r in described.items()}
-        heads = {v: r.get("log_head") for v, r in described.items()}
-        heads[self.node_id] = head_of(self.log)
-        divergent = self.divergence.divergent
-        voters = []
-        for vid, (host, port) in sorted(self.config.rpc_voters.items()):
-            v = status.get("voters", {}).get(vid, {})
-            voters.append(
-                {
-                    "node_id": vid,
-                    "host": host,
-                    "port": port,
-                    "raft_match_index": v.get("match_index"),
-                    "applied_offset": hw - 1 if vid == self.node_id else applied.get(vid),
-                    "lag": v.get("lag"),
-                    "last_contact_ms": v.get("last_contact_ms"),
-                    # a follower whose last answer acknowledged the whole log was caught up then
-                    "last_caught_up_ms": v.get("last_contact_ms") if v.get("lag") == 0 else None,
-                    "is_leader": vid == leader_id,
-                    "log_head": heads.get(vid),
-                    "divergent_from_offset": divergent.get(vid),
-                }
-            )
-        now = now_ms()
-        observers = [
-            {
-                "broker_id": b,
-                "metadata_offset": off,
-                "lag": max(hw - 1 - off, 0),
-                "last_contact_ms": now - seen,
-                "last_caught_up_ms": now - caught if caught >= 0 else None,
-            }
-            for b, (off, seen, caught) in sorted(dict(self._observers).items())
-        ]
-        return {
-            "cluster_id": self.config.cluster_id,
-            "leader_id": leader_id if leader_id is not None else -1,
-            "term": status.get("term", 0),
-            "commit_index": commit_index,
-            "high_watermark": hw,
-            "voters": voters,
-            "observers": observers,
-            "divergent_voters": sorted(divergent),
-        }
-
-    async def _voter_nodes(self) -> dict[int, dict[str, Any]]:
-        """Ask every other voter to describe itself (1 s budget; silent ones are left out)."""
-        from kraft.rpc.client import ControllerClient
-
-        replies: dict[int, dict[str, Any]] = {}
-
-        async def ask(vid: int, host: str, port: int) -> None:
-            client = ControllerClient(
-                [(host, port)],
-                client_id=f"controller-{self.node_id}",
-                credentials=self.config.rpc_client_credentials,
-            )
-            try:
-                with trio.move_on_after(1.0):
-                    replies[vid] = await client.call(
-                        "DescribeNode", {"checksum": False}, timeout=1.0
-                    )
-            except (KraftError, OSError):
-                pass
-            finally:
-                await client.aclose()
-
-        async with trio.open_nursery() as nursery:
-            for vid, (host, port) in self.config.rpc_voters.items():
-                if vid != self.node_id:
-                    nursery.start_soon(ask, vid, host, port)
-        return replies
-
-    async def _api_DescribeNode(self, body: dict[str, Any], ctx: Any) -> dict[str, Any]:
-        image = self.state_machine.image
-        checksum = (
-            await trio.to_thread.run_sync(image.checksum) if body.get("checksum", True) else None
-        )
-        return {
-            "node_id": self.node_id,
-            "is_active": self.is_active,
-            "applied_offset": image.offset,
-            "image_checksum": checksum,
-            "log_start_offset": self.log.start_offset,
-            "log_end_offset": self.log.next_offset,
-            "log_head": head_of(self.log),
-            "hashes": hashes_at(self.log, body.get("hash_at", [])),
-            "raft": self.quorum.status() if self.quorum else {},
-            "raft_stats": self.quorum.stats() if self.quorum else {},
-            "joining": bool(self.quorum and self.quorum.joining),
-            "directory_id": self.directory_id,
-            "unverified_voters": sorted(self.voter_directories.unverified)
-            if self.voter_directories
-            else [],
-        }
 
 
 def main(config_path: str) -> int:
@@ -997,7 +662,7 @@ def main(config_path: str) -> int:
         meta_properties.check_directory(
             config.metadata_dir, config.cluster_id, config.node_id, config_path
         )
-        node = ControllerNode(config)
+        node = ControllerServer(config)
     except Exception as e:  # corrupt log, unreadable snapshot, ...: refuse to start, say why
         return _refuse(e, config_path)
 
@@ -1043,7 +708,7 @@ def _refuse(error: BaseException, config_path: str) -> int:
     return 1
 
 
-async def _stop_on_signal(node: ControllerNode) -> None:
+async def _stop_on_signal(node: ControllerServer) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async for _ in signals:
             log.info("node %d: signal received, stopping", node.node_id)

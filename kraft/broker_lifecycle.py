@@ -1,0 +1,195 @@
+"""The broker-lifecycle supervisor of the active controller: registration, heartbeats, sessions
+and the fencing timer (Kafka's ``BrokerHeartbeatManager`` plus the parts of ``QuorumController``
+that drive it).
+
+The pure decisions are :class:`kraft.controller.heartbeats.BrokerHeartbeatManager`'s; this
+module feeds it the clock and the image, submits the transitions it asks for through the
+controller's write path, keeps a broker's session alive while its own transition is written,
+and remembers each broker's fetch progress for DescribeQuorum's observers. Sessions are soft
+state: a new active controller gives every registered broker a fresh one (:meth:`reset`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from kraft.controller.heartbeats import BrokerHeartbeatManager, HeartbeatDecision
+from kraft.errors import ErrorCode, KraftError
+from kraft.rpc.bodies import (
+    BrokerHeartbeatRequest,
+    BrokerHeartbeatResponse,
+    BrokerRegistrationRequest,
+)
+
+if TYPE_CHECKING:
+    from kraft.controller_server import ControllerServer
+
+log = logging.getLogger("kraft.controller")
+
+SESSION_TIMER_INTERVAL_S = 0.1
+# A broker's session is refreshed this often while a transition it asked for is written.
+KEEP_ALIVE_INTERVAL_S = 1.0
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class BrokerLifecycle:
+    """Registrations, heartbeats, sessions and session-expiry fencing on the active controller."""
+
+    def __init__(self, server: ControllerServer, session_timeout_ms: int) -> None:
+        self.server = server
+        self.heartbeats = BrokerHeartbeatManager(session_timeout_ms)
+        # broker id → (metadata offset, last contact ms, last time it was caught up ms or -1)
+        self.observers: dict[int, tuple[int, int, int]] = {}
+
+    def reset(self) -> None:
+        """This controller became active: every registered broker gets a fresh session."""
+        self.heartbeats.reset_all(now_ms(), self.server.state_machine.image)
+
+    # ---- registration -----------------------------------------------------------------------
+
+    async def register(
+        self, req: BrokerRegistrationRequest, wire: dict[str, Any], ctx: Any
+    ) -> dict[str, Any]:
+        """BrokerRegistration: refused while another incarnation of the broker still has a live
+        session (liveness is known only here), else written; the new epoch starts a session."""
+        server = self.server
+        spec = server.speculative
+        existing = spec.image.brokers.get(req.broker_id) if spec is not None else None
+        if (
+            existing is not None
+            and existing.incarnation_id != req.incarnation_id
+            and self.heartbeats.has_live_session(req.broker_id, now_ms())
+        ):
+            message = (
+                f"Another broker {req.broker_id} (incarnation {existing.incarnation_id}) is "
+                "registered and alive; retry once its session has expired."
+            )
+            code = ErrorCode.DUPLICATE_BROKER_REGISTRATION
+            raise KraftError(
+                code,
+                message,
+                {"error_code": int(code), "error_message": message, "broker_epoch": -1},
+            )
+        result = await server.submit(
+            "BrokerRegistration",
+            wire,
+            request_id=getattr(ctx, "request_id", None),
+            principal=getattr(ctx, "principal", "ANONYMOUS") or "ANONYMOUS",
+            client_id=getattr(ctx, "client_id", "") or "",
+        )
+        self.heartbeats.register(req.broker_id, result["broker_epoch"], now_ms())
+        log.info(
+            "node %d: broker %d registered with epoch %d",
+            server.node_id,
+            req.broker_id,
+            result["broker_epoch"],
+        )
+        return result
+
+    # ---- heartbeats -------------------------------------------------------------------------
+
+    async def heartbeat(
+        self, req: BrokerHeartbeatRequest, wire: dict[str, Any], ctx: Any
+    ) -> BrokerHeartbeatResponse:
+        """BrokerHeartbeat: refresh the session, record the broker's progress, and write the
+        transition (unfence, fence, controlled shutdown) the heartbeat manager decides on."""
+        server = self.server
+        if not server.is_active:
+            raise server.not_controller()
+        broker_id = req.broker_id
+        now = now_ms()
+        caught_up = req.metadata_offset >= server.log.next_offset - 1
+        previous = self.observers.get(broker_id)
+        self.observers[broker_id] = (
+            req.metadata_offset,
+            now,
+            now if caught_up else previous[2] if previous else -1,
+        )
+        decision = self._decide(req, now)
+        if decision.command is not None:
+            api, cmd_body = decision.command
+            try:
+                await self.submit_keeping_session(broker_id, api, cmd_body)
+            except KraftError as e:
+                log.warning(
+                    "node %d: %s for broker %d failed: %s", server.node_id, api, broker_id, e
+                )
+            else:
+                if api == "BeginControlledShutdown":
+                    self.heartbeats.note_controlled_shutdown_offset(
+                        broker_id, server.state_machine.image.offset
+                    )
+                decision = self._decide(req, now)
+        return BrokerHeartbeatResponse(
+            is_caught_up=decision.is_caught_up,
+            is_fenced=decision.is_fenced,
+            should_shut_down=decision.should_shut_down,
+        )
+
+    def _decide(self, req: BrokerHeartbeatRequest, now: int) -> HeartbeatDecision:
+        return self.heartbeats.heartbeat(
+            req.broker_id,
+            req.broker_epoch,
+            req.metadata_offset,
+            req.want_fence,
+            req.want_shutdown,
+            now,
+            self.server.state_machine.image,
+        )
+
+    async def submit_keeping_session(self, broker_id: int, api: str, body: dict[str, Any]) -> None:
+        """Submit a command a broker's heartbeat asked for, refreshing that broker's session
+        meanwhile: it is alive while its transition is written, which for a stepped one over
+        tens of thousands of partitions can outlast the session timeout."""
+
+        async def keep() -> None:
+            while True:
+                self.heartbeats.touch(broker_id, now_ms())
+                await trio.sleep(KEEP_ALIVE_INTERVAL_S)
+
+        error: KraftError | None = None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(keep)
+            try:
+                await self.server.submit(api, body)
+            except KraftError as e:
+                error = e
+            nursery.cancel_scope.cancel()
+        if error is not None:
+            raise error
+
+    # ---- session expiry ---------------------------------------------------------------------
+
+    async def session_timer_loop(self) -> None:
+        """Fence one broker whose session expired at a time, so each fence is visible first."""
+        server = self.server
+        while True:
+            await trio.sleep(SESSION_TIMER_INTERVAL_S)
+            if not server.is_active:
+                continue
+            broker_id = self.heartbeats.next_expired(now_ms())
+            if broker_id is None:
+                continue
+            reg = server.state_machine.image.brokers.get(broker_id)
+            if reg is None:
+                self.heartbeats.forget(broker_id)
+                continue
+            log.info("node %d: broker %d session expired; fencing it", server.node_id, broker_id)
+            try:
+                await server.submit(
+                    "FenceBroker",
+                    {
+                        "broker_id": broker_id,
+                        "broker_epoch": reg.epoch,
+                        "reason": "session-timeout",
+                    },
+                )
+            except KraftError as e:
+                log.warning("node %d: fencing broker %d failed: %s", server.node_id, broker_id, e)
