@@ -49,6 +49,7 @@ from kraft.snapshotter import Snapshotter
 from kraft.storage import meta_properties
 from kraft.storage.failure import node_failed, step_out, storage_failed
 from kraft.storage.voter_directories import VoterDirectories
+from kraft.wake_pacer import WakePacer
 
 log = logging.getLogger("kraft.controller")
 
@@ -175,20 +176,24 @@ class ControllerServer:
         self._applied.set()
 
     async def _fetcher_wake_loop(self) -> None:
-        """Wake the long-polling brokers after applied entries: ``metadata.fetch.linger.ms``
-        later, so one answer carries every entry applied meanwhile, and at least one scheduler
-        round after the writers whose commands they committed (their answers go out first).
-        A broker whose FetchMetadata finds new entries is answered at once; the linger only
-        gathers the answers to brokers already waiting: with the Raft ticks on the same trio
-        thread, each answer going out delays the next commit (``docs/performance.md``)."""
-        linger = self.config["metadata.fetch.linger.ms"] / 1000
+        """Wake the long-polling brokers after applied entries, paced by
+        ``metadata.fetch.linger.ms`` (:mod:`kraft.wake_pacer`: at once after a quiet spell, then
+        at most once per linger so that one answer carries every entry applied meanwhile), and
+        at least one scheduler round after the writers whose commands they committed (their
+        answers go out first). A broker whose FetchMetadata finds new entries is answered at
+        once; the pacing only gathers the answers to brokers already waiting: with the Raft
+        ticks on the same trio thread, each answer going out delays the next commit
+        (``docs/performance.md``)."""
+        pacer = WakePacer(self.config["metadata.fetch.linger.ms"] / 1000)
         while True:
             await self._applied.wait()
-            if linger:
-                await trio.sleep(linger)
+            wait = pacer.delay(trio.current_time())
+            if wait:
+                await trio.sleep(wait)
             self._applied = trio.Event()  # entries applied from here on: another round
             await trio.lowlevel.checkpoint()
             self._wake_fetchers()
+            pacer.woke(trio.current_time())
 
     def _wake_fetchers(self) -> None:
         self._new_data.set()
