@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -42,8 +43,8 @@ from broker.replica.replica_manager import ReplicaManager
 from broker.state import admin_host, serve_state, snapshot_state
 from kraft import logsetup, sdnotify
 from kraft.config import ConfigError
-from kraft.rpc.client import ControllerClient
-from kraft.storage import meta_properties
+from kraft.rpc.client import ControllerClient, call_sync
+from kraft.storage import failure, meta_properties
 
 log = logging.getLogger("broker.node")
 
@@ -197,7 +198,42 @@ class BrokerNode:
             self.metrics.close()
             self.metrics = None
 
+    def fence_before_exit(self, message: str) -> None:
+        """Last words before a storage failure stops this broker (``kraft.storage.failure``):
+        a heartbeat with ``want_fence`` asks the active controller to fence it now, so its
+        partitions get new leaders at once rather than after the session timeout. Sent from a
+        thread of its own (the trio loop is the one failing), 3 s at most."""
+        epoch = self.lifecycle.broker_epoch
+        if epoch < 0:
+            return
+        body = {
+            "broker_id": self.config.node_id,
+            "broker_epoch": epoch,
+            "metadata_offset": self.lifecycle.metadata_offset(),
+            "want_fence": True,
+            "want_shutdown": False,
+        }
+
+        def send() -> None:
+            try:
+                call_sync(
+                    self.config.bootstrap,
+                    "BrokerHeartbeat",
+                    body,
+                    timeout=2.0,
+                    client_id=f"broker-{self.config.node_id}",
+                    credentials=self.control_client.credentials,
+                )
+                log.error("broker %d: asked the controller to fence it", self.config.node_id)
+            except Exception as e:  # the controller is unreachable: the session timeout fences
+                log.error("broker %d: could not ask to be fenced: %s", self.config.node_id, e)
+
+        sender = threading.Thread(target=send, name="fence-before-exit", daemon=True)
+        sender.start()
+        sender.join(3.0)
+
     async def run(self) -> int:
+        failure.set_last_words(self.fence_before_exit)
         self.loader.load_local()
         if self.config["metrics.port"]:
             from broker.metrics import serve_broker_metrics

@@ -31,7 +31,22 @@ class StorageFailure(Exception):
     """Raised by a replaced failure handler (tests); the real one never returns."""
 
 
+_last_words: Callable[[str], None] | None = None
+
+
+def set_last_words(fn: Callable[[str], None] | None) -> None:
+    """Something the node does just before it exits on a failure (a broker asks the controller
+    to fence it at once); ``fn`` must bound its own time. None: nothing."""
+    global _last_words
+    _last_words = fn
+
+
 def _halt(message: str) -> NoReturn:
+    if _last_words is not None:
+        try:
+            _last_words(message)
+        except Exception:  # the exit must happen whatever the last words did
+            log.exception("before stopping")
     print(f"Error: {message}", file=sys.stderr, flush=True)
     for handler in logging.getLogger().handlers:
         try:

@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from kraft.quorum import journal_file as jf
@@ -341,3 +342,85 @@ def test_a_wiped_voter_formatted_as_a_new_member_is_unverified_until_caught_up(
         assert f"voter.3.directory.id={new_id}" in state[n].read_text()
     poll(lambda: converged(cluster, [1, 2, 3]), 60, what="one history")
     assert "x" in topic_names(cluster)
+
+
+def test_a_broker_whose_log_dir_fills_asks_to_be_fenced_and_exits(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """A partition-log write error stops the broker (exit 3), and before it goes it asks the
+    active controller to fence it (BrokerHeartbeat want_fence): the fence is in the log with
+    reason "requested", not left to the session timeout."""
+    from confluent_kafka import Producer
+
+    from kraft.log.metadata_log import MetadataLog
+
+    broker = cluster.meta["brokers"][0]
+    config = Path(broker["config"])
+    log_dir = Path(broker["log_dirs"].split(",")[0])
+    assert cluster.dir in log_dir.parents, log_dir  # it is about to be emptied and mounted over
+    cluster.kill(broker["id"], "TERM")
+    poll(lambda: not pid_alive(broker["pid"]), 60, what="the broker stopped")
+    saved = tmp_path / "saved-logs"
+    shutil.copytree(log_dir, saved)
+    shutil.rmtree(log_dir)
+    if not _mount_tmpfs(log_dir, "6m"):
+        pytest.skip("mounting a tmpfs needs root (the full disk is a real ENOSPC)")
+    proc = None
+    try:
+        shutil.copytree(saved, log_dir, dirs_exist_ok=True)
+        stderr = tmp_path / "broker.err"
+        with open(stderr, "wb") as err:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "tools.cli", "broker", "--config", str(config)],
+                cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=err,
+            )  # fmt: skip
+
+        def unfenced() -> bool:
+            brokers = call_sync(cluster_rpc(cluster), "DescribeCluster", {}, 5.0)["brokers"]
+            return not any(b["fenced"] for b in brokers)
+
+        poll(unfenced, 60, what="the broker registered and unfenced")
+        assert create_topic(cluster, "fills")
+        producer = Producer(
+            {"bootstrap.servers": f"{broker['host']}:{broker['port']}", "acks": "1"}
+        )
+        payload = bytes(100_000)
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline:
+            for _ in range(20):
+                try:
+                    producer.produce("fills", payload)
+                except BufferError:
+                    break
+            producer.poll(0.2)
+        assert proc.wait(30) == 3, "the broker kept running on a full log dir"
+        text = stderr.read_text(errors="replace")
+        assert "fatal storage error" in text and "No space left on device" in text, text
+        assert "asked the controller to fence it" in text, text
+        leader = cluster.active_controller()
+
+        def fenced_on_request() -> bool:
+            with MetadataLog.open(cluster.log_dir(leader), fsync="never") as mlog:
+                return any(
+                    b.provenance.api == "FenceBroker" and b.provenance.reason == "requested"
+                    for b in mlog.read_batches(mlog.start_offset)
+                )
+
+        poll(fenced_on_request, 30, what="a FenceBroker batch with reason 'requested'")
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        subprocess.run(["umount", "-l", str(log_dir)], capture_output=True, timeout=30)
+
+
+def cluster_rpc(cluster: LocalCluster) -> list[tuple[str, int]]:
+    return [(c["host"], c["rpc_port"]) for c in cluster.meta["controllers"]]
+
+
+def pid_alive(pid: int) -> bool:
+    """Running (a zombie nobody reaped yet has exited)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
