@@ -10,6 +10,7 @@ high-watermark moves set them all (:meth:`Partition.wake`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +37,9 @@ class Partition:
     replicas: tuple[int, ...] = field(default_factory=tuple)
     followers: dict[int, FollowerState] = field(default_factory=dict)  # leader only
     waiters: set[trio.Event] = field(default_factory=set)
+    # called (leader only) right after the high watermark moves: a coordinator releases the
+    # responses it covers from inside the follower fetch that moved it
+    hw_listeners: list[Callable[[], None]] = field(default_factory=list)
     isr_change_pending: bool = False
     isr_retry_at: float = 0.0  # monotonic time before which a refused ISR change is not re-proposed
 
@@ -104,6 +108,8 @@ class Partition:
         )
         if hw > self.log.high_watermark:
             self.log.advance_high_watermark(hw)
+            for listener in list(self.hw_listeners):
+                listener()
             self.wake()
             return True
         return False

@@ -92,7 +92,12 @@ class GroupCoordinator:
             for g in shard.groups.values():
                 groups[g.state] += 1
         loading = sum(1 for s in self.runtime.slots.values() if s.loading)
+        commits = self.runtime.meter("offset-commit")
         return {
             "groups_by_state": dict(groups),
             "partitions": {"loading": loading, "active": len(self.runtime.slots) - loading},
+            "offset_commit_count": commits.count,
+            "offset_commit_rate": commits.rate(),
+            "records_appended": self.runtime.counters["records_appended"],
+            "batches_appended": self.runtime.counters["batches_appended"],
         }
