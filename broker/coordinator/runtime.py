@@ -20,7 +20,10 @@ topic that this broker leads, the way Kafka 4's CoordinatorRuntime does.
 
 Nothing here is specific to groups: a shard needs ``replay``, ``on_loaded``, ``tick``,
 ``next_deadline``, ``pending_tokens`` and ``expire_offsets``, and the runtime is given the codec of
-its records, so a transaction coordinator can run on ``__transaction_state`` with it.
+its records, so a transaction coordinator can run on ``__transaction_state`` with it. A result
+with a ``producer`` (id, epoch) is appended as its own transactional batch; on load, records of
+transactional batches go to ``shard.replay_txn(producer_id, record)`` and transaction markers
+to ``shard.replay_marker(producer_id, commit)`` (shards without them ignore both).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ import trio
 from kio.schema.errors import ErrorCode
 
 from broker.coordinator.rate_meter import RateMeter
-from broker.coordinator.record_batch import encode_batch, read_records
+from broker.coordinator.record_batch import encode_batch, read_entries
 from broker.replica.partition import Partition
 from broker.replica.partition_log import parse_batches
 from broker.replica.replica_manager import ReplicaManager
@@ -241,6 +244,11 @@ class CoordinatorRuntime:
             for token, response in completions:
                 token.complete(response)
             return False
+        producer = getattr(result, "producer", None)
+        if producer is not None:
+            self._flush(slot)  # what was queued before goes first
+            self._append_txn(slot, [self.encode(r) for r in result.records], producer, completions)
+            return False
         for record in result.records:
             key, value = self.encode(record)
             slot.queued.append((key, value))
@@ -281,6 +289,28 @@ class CoordinatorRuntime:
         if batch:
             last = part.append_as_leader(encode_batch(batch, now)).last_offset
             self.counters["batches_appended"] += 1
+        self.counters["records_appended"] += len(records)
+        slot.uncommitted.append((last + 1, completions))
+        self._release(slot, part)
+
+    def _append_txn(
+        self,
+        slot: _Slot,
+        records: list[tuple[bytes, bytes | None]],
+        producer: tuple[int, int],
+        completions: list[tuple[Token, Any]],
+    ) -> None:
+        """Append ``records`` as one transactional batch of ``producer`` (id, epoch)."""
+        part = self.replicas.get_by_name(self.topic, slot.partition)
+        if part is None or not part.is_leader or part.leader_epoch != slot.leader_epoch:
+            for token, _ in completions:
+                token.fail(ErrorCode.not_coordinator)
+            if self.slots.get(slot.partition) is slot:
+                self._unload(slot, "lost leadership before appending")
+            return
+        self._listen(slot, part)
+        last = part.append_as_coordinator(encode_batch(records, self.now_ms(), producer))
+        self.counters["batches_appended"] += 1
         self.counters["records_appended"] += len(records)
         slot.uncommitted.append((last + 1, completions))
         self._release(slot, part)
@@ -356,12 +386,21 @@ class CoordinatorRuntime:
             data = part.log.read(offset, LOAD_CHUNK_BYTES, max_offset=end)
             if not data:
                 break
-            for rec_offset, key, value in read_records(data):
+            replay_txn = getattr(slot.shard, "replay_txn", None)
+            replay_marker = getattr(slot.shard, "replay_marker", None)
+            for rec_offset, key, value, producer_id, marker in read_entries(data):
                 offset = rec_offset + 1
+                if marker is not None:
+                    if replay_marker is not None:
+                        replay_marker(producer_id, marker)
+                    continue
                 if key is None:
                     continue
                 try:
-                    slot.shard.replay(self.decode(key, value))
+                    if producer_id >= 0 and replay_txn is not None:
+                        replay_txn(producer_id, self.decode(key, value))
+                    else:
+                        slot.shard.replay(self.decode(key, value))
                 except ValueError as e:
                     log.warning(
                         "coordinator %s-%d: skipping unreadable record at offset %d: %s",

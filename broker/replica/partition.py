@@ -77,6 +77,18 @@ class Partition:
             self.wake()
         return result
 
+    def append_as_coordinator(self, data: bytes) -> int:
+        """Append a coordinator's own batch in the current leader epoch, without the
+        idempotence checks of client batches (a transactional batch of TxnOffsetCommit records
+        carries sequence -1, as in Kafka); its last offset."""
+        try:
+            _, last = self.log.append(data, self.leader_epoch)
+        except OSError as e:  # the log dir failed: stop the broker (docs/design.md)
+            storage_failed("partition log write", self.log.dir, e)
+        self.maybe_advance_high_watermark()
+        self.wake()
+        return last
+
     def append_marker(
         self,
         producer_id: int,
