@@ -82,9 +82,11 @@ class FetchHandler:
         # Registered now, in the same step as the read above: the response task runs the
         # delayed fetch later, and an append in between must still wake it (else it sleeps
         # the whole max_wait_ms with data ready, and acks=all waits with it).
+        # A follower waits for bytes only: high-watermark moves do not wake it.
+        follower = req.replica_id >= 0
         event = trio.Event()
         for p in parts:
-            p.waiters.add(event)
+            (p.data_waiters if follower else p.waiters).add(event)
 
         async def delayed() -> bytes:
             nonlocal results, event
@@ -93,17 +95,17 @@ class FetchHandler:
                     with trio.move_on_at(deadline):
                         await event.wait()
                     for p in parts:
-                        p.waiters.discard(event)
+                        (p.data_waiters if follower else p.waiters).discard(event)
                     results, size, errors, _ = self._read(req)
                     now = trio.current_time()
                     if errors or size >= max(1, req.min_bytes) or now >= deadline:
                         return self._respond(header, results)
                     event = trio.Event()
                     for p in parts:
-                        p.waiters.add(event)
+                        (p.data_waiters if follower else p.waiters).add(event)
             finally:
                 for p in parts:
-                    p.waiters.discard(event)
+                    (p.data_waiters if follower else p.waiters).discard(event)
 
         return Deferred(delayed)
 

@@ -37,6 +37,9 @@ class Partition:
     replicas: tuple[int, ...] = field(default_factory=tuple)
     followers: dict[int, FollowerState] = field(default_factory=dict)  # leader only
     waiters: set[trio.Event] = field(default_factory=set)
+    # woken by appends and role changes but not by high-watermark moves alone: a follower's
+    # long-polling fetch waits for bytes, and an HW move brings none
+    data_waiters: set[trio.Event] = field(default_factory=set)
     # called (leader only) right after the high watermark moves: a coordinator releases the
     # responses it covers from inside the follower fetch that moved it
     hw_listeners: list[Callable[[], None]] = field(default_factory=list)
@@ -51,11 +54,16 @@ class Partition:
     def is_leader(self) -> bool:
         return self.role == "leader"
 
-    def wake(self) -> None:
-        """Tell everything waiting on this partition that something changed."""
+    def wake(self, data: bool = True) -> None:
+        """Tell everything waiting on this partition that something changed (``data`` False:
+        only the high watermark moved, so :attr:`data_waiters` keep waiting)."""
         for e in self.waiters:
             e.set()
         self.waiters.clear()
+        if data:
+            for e in self.data_waiters:
+                e.set()
+            self.data_waiters.clear()
 
     # ---- leader ------------------------------------------------------------------------------
     def reset_followers(self, broker_id: int, now_ms: float) -> None:
@@ -122,7 +130,7 @@ class Partition:
             self.log.advance_high_watermark(hw)
             for listener in list(self.hw_listeners):
                 listener()
-            self.wake()
+            self.wake(data=False)
             return True
         return False
 
