@@ -132,6 +132,14 @@ def group_coordinator_metrics(m: dict[str, Any]) -> Iterator[GaugeMetricFamily]:
     for state, count in m["partitions"].items():
         parts.add_metric([state], count)
     yield parts
+    for name, doc in (
+        ("offset_commit_count", "partition offsets committed (OffsetCommit) since start"),
+        ("offset_commit_rate", "partition offsets committed per second (last 30 s)"),
+        ("records_appended", "records the group coordinator appended to __consumer_offsets"),
+        ("batches_appended", "batches it appended (records_appended / this: group commit)"),
+    ):
+        if name in m:
+            yield GaugeMetricFamily(GCM + name, doc, value=m[name])
 
 
 class BrokerMetrics(MetricsEndpoint):

@@ -1,16 +1,33 @@
 """Writing and reading uncompressed magic-2 record batches of (key, value) records: what a
-coordinator appends to its internal partition and replays when it loads one. Control batches
-are skipped on read; compressed batches are refused (coordinators never write them)."""
+coordinator appends to its internal partition and replays when it loads one. A batch may be
+transactional (a producer id and epoch, sequence -1: the group coordinator's TxnOffsetCommit
+records, as Kafka writes them); :func:`read_entries` also gives each record's transactional
+producer and the transaction markers (control batches), :func:`read_records` skips markers.
+Compressed batches are refused (coordinators never write them)."""
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import crc32c
 
 _ATTR_COMPRESSION = 0x07
+_ATTR_TRANSACTIONAL = 0x10
 _ATTR_CONTROL = 0x20
+
+
+class Entry(NamedTuple):
+    """One record of a coordinator partition: data (``marker`` None) with the producer id of
+    its transaction (-1: not transactional), or a transaction marker (``marker``: True commit,
+    False abort) of ``producer_id``."""
+
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    producer_id: int = -1
+    marker: bool | None = None
 
 
 def _varint(n: int) -> bytes:
@@ -23,8 +40,13 @@ def _varint(n: int) -> bytes:
     return bytes(out)
 
 
-def encode_batch(records: list[tuple[bytes, bytes | None]], timestamp_ms: int) -> bytes:
-    """One batch holding ``records`` (base offset 0: the log assigns offsets)."""
+def encode_batch(
+    records: list[tuple[bytes, bytes | None]],
+    timestamp_ms: int,
+    producer: tuple[int, int] | None = None,
+) -> bytes:
+    """One batch holding ``records`` (base offset 0: the log assigns offsets); ``producer``
+    (id, epoch): a transactional batch of that producer (sequence -1)."""
     body = bytearray()
     for i, (key, value) in enumerate(records):
         rec = bytearray(b"\x00")  # attributes
@@ -33,9 +55,12 @@ def encode_batch(records: list[tuple[bytes, bytes | None]], timestamp_ms: int) -
         rec += _varint(-1) if value is None else _varint(len(value)) + value
         rec += _varint(0)  # headers
         body += _varint(len(rec)) + rec
+    attrs = 0 if producer is None else _ATTR_TRANSACTIONAL
+    pid, epoch = producer if producer is not None else (-1, -1)
     tail = struct.pack(
-        ">hiqqqhii", 0, len(records) - 1, timestamp_ms, timestamp_ms, -1, -1, -1, len(records)
-    ) + bytes(body)
+        ">hiqqqhii", attrs, len(records) - 1, timestamp_ms, timestamp_ms, pid, epoch, -1,
+        len(records),
+    ) + bytes(body)  # fmt: skip
     crc = crc32c.crc32c(tail)
     head = struct.pack(">qiibI", 0, 4 + 1 + 4 + len(tail), -1, 2, crc)
     return head + tail
@@ -66,15 +91,34 @@ class _Cursor:
 
 def read_records(data: bytes) -> Iterator[tuple[int, bytes | None, bytes | None]]:
     """(offset, key, value) of every data record in ``data`` (whole batches back to back)."""
+    for e in read_entries(data):
+        if e.marker is None:
+            yield e.offset, e.key, e.value
+
+
+def read_entries(data: bytes) -> Iterator[Entry]:
+    """Every data record and transaction marker in ``data`` (whole batches back to back)."""
     pos = 0
     while pos + 61 <= len(data):
         base, length = struct.unpack_from(">qi", data, pos)
         end = pos + 12 + length
         (attrs,) = struct.unpack_from(">h", data, pos + 21)
+        (producer_id,) = struct.unpack_from(">q", data, pos + 43)
         (count,) = struct.unpack_from(">i", data, pos + 57)
         if attrs & _ATTR_CONTROL:
+            c = _Cursor(data, pos + 61)
+            if count > 0:
+                c.varint()  # length
+                c.pos += 1  # attributes
+                c.varint()  # timestamp delta
+                delta = c.varint()
+                key = c.blob()
+                if key is not None and len(key) >= 4:
+                    (kind,) = struct.unpack_from(">h", key, 2)  # version, then 0 abort / 1 commit
+                    yield Entry(base + delta, None, None, producer_id, kind == 1)
             pos = end
             continue
+        txn_pid = producer_id if attrs & _ATTR_TRANSACTIONAL else -1
         if attrs & _ATTR_COMPRESSION:
             raise ValueError(f"compressed batch at offset {base} in a coordinator partition")
         c = _Cursor(data, pos + 61)
@@ -87,5 +131,5 @@ def read_records(data: bytes) -> Iterator[tuple[int, bytes | None, bytes | None]
             for _ in range(c.varint()):
                 c.blob()
                 c.blob()
-            yield base + delta, key, value
+            yield Entry(base + delta, key, value, txn_pid)
         pos = end

@@ -7,21 +7,30 @@ topic that this broker leads, the way Kafka 4's CoordinatorRuntime does.
   ``COORDINATOR_LOAD_IN_PROGRESS``. Partitions it no longer leads are *unloaded*: the shard is
   dropped, its waiting requests are answered ``NOT_COORDINATOR``.
 * **Writes.** :meth:`CoordinatorRuntime.write` runs ``fn(shard, token, now_ms)`` (pure, returns
-  records plus completed responses), appends the records as one batch to the partition as
-  leader, and releases the responses only once the high watermark covers that batch (acks=all);
-  the leader epoch changing first fails them with ``NOT_COORDINATOR``.
-* **Timers.** ``shard.tick(now)`` runs at ``shard.next_deadline()``; ``shard.expire_offsets``
-  every ``offsets.retention.check.interval.ms``.
+  records plus completed responses) at once, in arrival order, and queues its records. The
+  first writer of a partition yields once, so every write that arrives in the same scheduler
+  round joins the queue, then appends the whole queue as one batch (group commit). Responses
+  are released only once the high watermark covers their batch (acks=all): the partition calls
+  back when its high watermark moves, so the follower fetch that moves it also releases the
+  responses, with no extra task hop. The leader epoch changing first fails them with
+  ``NOT_COORDINATOR``.
+* **Timers.** ``shard.tick(now)`` runs at ``shard.next_deadline()`` and after a write to that
+  shard (only that shard: the deadline of each shard is cached); ``shard.expire_offsets`` every
+  ``offsets.retention.check.interval.ms``.
 
 Nothing here is specific to groups: a shard needs ``replay``, ``on_loaded``, ``tick``,
 ``next_deadline``, ``pending_tokens`` and ``expire_offsets``, and the runtime is given the codec of
-its records, so a transaction coordinator can run on ``__transaction_state`` with it.
+its records, so a transaction coordinator can run on ``__transaction_state`` with it. A result
+with a ``producer`` (id, epoch) is appended as its own transactional batch; on load, records of
+transactional batches go to ``shard.replay_txn(producer_id, record)`` and transaction markers
+to ``shard.replay_marker(producer_id, commit)`` (shards without them ignore both).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -29,7 +38,8 @@ from typing import Any, Protocol
 import trio
 from kio.schema.errors import ErrorCode
 
-from broker.coordinator.record_batch import encode_batch, read_records
+from broker.coordinator.rate_meter import RateMeter
+from broker.coordinator.record_batch import encode_batch, read_entries
 from broker.replica.partition import Partition
 from broker.replica.partition_log import parse_batches
 from broker.replica.replica_manager import ReplicaManager
@@ -37,6 +47,7 @@ from broker.replica.replica_manager import ReplicaManager
 log = logging.getLogger(__name__)
 LOAD_CHUNK_BYTES = 1 << 20
 COMMIT_TIMEOUT_S = 30.0
+BATCH_MAX_BYTES = 512 << 10  # queued records beyond this go into a further batch
 
 
 class CoordinatorError(Exception):
@@ -83,7 +94,15 @@ class _Slot:
     leader_epoch: int
     shard: Any
     loading: bool = True
-    uncommitted: list[tuple[int, list[tuple[Token, Any]]]] = field(default_factory=list)
+    # (offset after the batch, the responses it releases), oldest first
+    uncommitted: deque[tuple[int, list[tuple[Token, Any]]]] = field(default_factory=deque)
+    queued: list[tuple[bytes, bytes | None]] = field(default_factory=list)  # not appended yet
+    queued_bytes: int = 0
+    queued_completions: list[tuple[Token, Any]] = field(default_factory=list)
+    flush_pending: bool = False  # a writer will append the queue after yielding once
+    dirty: bool = True  # written since its deadline was computed: tick and recompute
+    deadline: int | None = None
+    listener: Callable[[], None] | None = None  # registered on the partition's HW moves
 
 
 class CoordinatorRuntime:
@@ -111,6 +130,16 @@ class CoordinatorRuntime:
         self._wakeup = trio.Event()
         self._loads: list[_Slot] = []
         self.loads_done = 0
+        # writes, records_appended, batches_appended
+        self.counters: Counter[str] = Counter()
+        self.meters: dict[str, RateMeter] = {}  # what the APIs count (offset-commit, ...)
+
+    def meter(self, name: str) -> RateMeter:
+        """The count-and-rate meter ``name`` (created on first use)."""
+        m = self.meters.get(name)
+        if m is None:
+            m = self.meters[name] = RateMeter()
+        return m
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)
@@ -142,13 +171,19 @@ class CoordinatorRuntime:
         self._wakeup.set()
 
     def _unload(self, slot: _Slot, why: str) -> None:
-        self.slots.pop(slot.partition, None)
+        if self.slots.get(slot.partition) is slot:
+            del self.slots[slot.partition]
+        self._unlisten(slot)
         for token in slot.shard.pending_tokens():
             token.fail(ErrorCode.not_coordinator)
         for _, completions in slot.uncommitted:
             for token, _ in completions:
                 token.fail(ErrorCode.not_coordinator)
+        for token, _ in slot.queued_completions:
+            token.fail(ErrorCode.not_coordinator)
         slot.uncommitted.clear()
+        slot.queued.clear()
+        slot.queued_completions.clear()
         log.info("coordinator %s-%d: unloaded (%s)", self.topic, slot.partition, why)
 
     def status(self, pid: int) -> ErrorCode:
@@ -176,38 +211,134 @@ class CoordinatorRuntime:
         slot_shard = self.shard(pid)
         slot = self.slots[pid]
         token = Token()
-        self._apply(slot, fn(slot_shard, token, self.now_ms()))
-        with trio.move_on_after(timeout_s):
-            await token.done.wait()
+        self.counters["writes"] += 1
+        queued = self._apply(slot, fn(slot_shard, token, self.now_ms()))
+        self._touch(slot)
+        if queued and not slot.flush_pending:
+            # Group commit: let the writes already runnable in this scheduler round queue
+            # their records too, then append them all as one batch.
+            slot.flush_pending = True
+            try:
+                await trio.lowlevel.cancel_shielded_checkpoint()
+            finally:
+                slot.flush_pending = False
+                self._flush(slot)
+        if not token.done.is_set():
+            with trio.move_on_after(timeout_s):
+                await token.done.wait()
         if not token.done.is_set():
             raise CoordinatorError(ErrorCode.request_timed_out)
         if token.error is not None:
             raise CoordinatorError(token.error)
         return token.response
 
-    def _apply(self, slot: _Slot, result: Any) -> None:
-        """Append ``result``'s records; complete its responses now or once committed."""
+    def _touch(self, slot: _Slot) -> None:
+        """A write changed ``slot``'s shard: the timer task ticks it and recomputes its deadline."""
+        slot.dirty = True
+        self._wakeup.set()
+
+    def _apply(self, slot: _Slot, result: Any) -> bool:
+        """Queue ``result``'s records (True) or, with none, complete its responses now."""
         completions = [(t, r) for t, r in result.completions if isinstance(t, Token)]
         if not result.records:
             for token, response in completions:
                 token.complete(response)
+            return False
+        producer = getattr(result, "producer", None)
+        if producer is not None:
+            self._flush(slot)  # what was queued before goes first
+            self._append_txn(slot, [self.encode(r) for r in result.records], producer, completions)
+            return False
+        for record in result.records:
+            key, value = self.encode(record)
+            slot.queued.append((key, value))
+            slot.queued_bytes += len(key) + (len(value) if value is not None else 0) + 16
+        slot.queued_completions.extend(completions)
+        return True
+
+    def _flush(self, slot: _Slot) -> None:
+        """Append the queued records as leader (batches of up to :data:`BATCH_MAX_BYTES`)."""
+        if not slot.queued:
             return
+        records, completions = slot.queued, slot.queued_completions
+        slot.queued, slot.queued_completions, slot.queued_bytes = [], [], 0
         part = self.replicas.get_by_name(self.topic, slot.partition)
-        if part is None or not part.is_leader or part.leader_epoch != slot.leader_epoch:
-            self._unload(slot, "lost leadership before appending")
+        if (
+            self.slots.get(slot.partition) is not slot
+            or part is None
+            or not part.is_leader
+            or part.leader_epoch != slot.leader_epoch
+        ):
             for token, _ in completions:
                 token.fail(ErrorCode.not_coordinator)
+            if self.slots.get(slot.partition) is slot:
+                self._unload(slot, "lost leadership before appending")
             return
-        batch = encode_batch([self.encode(r) for r in result.records], self.now_ms())
-        last = part.append_as_leader(batch).last_offset
+        self._listen(slot, part)
+        now = self.now_ms()
+        batch: list[tuple[bytes, bytes | None]] = []
+        size = 0
+        last = -1
+        for record in records:
+            batch.append(record)
+            size += len(record[0]) + (len(record[1]) if record[1] is not None else 0) + 16
+            if size >= BATCH_MAX_BYTES:
+                last = part.append_as_leader(encode_batch(batch, now)).last_offset
+                self.counters["batches_appended"] += 1
+                batch, size = [], 0
+        if batch:
+            last = part.append_as_leader(encode_batch(batch, now)).last_offset
+            self.counters["batches_appended"] += 1
+        self.counters["records_appended"] += len(records)
         slot.uncommitted.append((last + 1, completions))
         self._release(slot, part)
-        self._wakeup.set()
+
+    def _append_txn(
+        self,
+        slot: _Slot,
+        records: list[tuple[bytes, bytes | None]],
+        producer: tuple[int, int],
+        completions: list[tuple[Token, Any]],
+    ) -> None:
+        """Append ``records`` as one transactional batch of ``producer`` (id, epoch)."""
+        part = self.replicas.get_by_name(self.topic, slot.partition)
+        if part is None or not part.is_leader or part.leader_epoch != slot.leader_epoch:
+            for token, _ in completions:
+                token.fail(ErrorCode.not_coordinator)
+            if self.slots.get(slot.partition) is slot:
+                self._unload(slot, "lost leadership before appending")
+            return
+        self._listen(slot, part)
+        last = part.append_as_coordinator(encode_batch(records, self.now_ms(), producer))
+        self.counters["batches_appended"] += 1
+        self.counters["records_appended"] += len(records)
+        slot.uncommitted.append((last + 1, completions))
+        self._release(slot, part)
+
+    def _listen(self, slot: _Slot, part: Partition) -> None:
+        """Release ``slot``'s responses whenever ``part``'s high watermark moves."""
+        if slot.listener is not None:
+            return
+
+        def on_high_watermark() -> None:
+            if self.slots.get(slot.partition) is slot and part.leader_epoch == slot.leader_epoch:
+                self._release(slot, part)
+
+        slot.listener = on_high_watermark
+        part.hw_listeners.append(on_high_watermark)
+
+    def _unlisten(self, slot: _Slot) -> None:
+        if slot.listener is None:
+            return
+        part = self.replicas.get_by_name(self.topic, slot.partition)
+        if part is not None and slot.listener in part.hw_listeners:
+            part.hw_listeners.remove(slot.listener)
+        slot.listener = None
 
     def _release(self, slot: _Slot, part: Partition) -> None:
         hw = part.high_watermark
         while slot.uncommitted and slot.uncommitted[0][0] <= hw:
-            _, completions = slot.uncommitted.pop(0)
+            _, completions = slot.uncommitted.popleft()
             for token, response in completions:
                 token.complete(response)
 
@@ -219,34 +350,31 @@ class CoordinatorRuntime:
             while self._loads:
                 await self._load(self._loads.pop(0))
             now = self.now_ms()
+            expire = now >= next_expiry
             deadlines = []
             for slot in list(self.slots.values()):
                 if slot.loading:
                     continue
-                self._apply(slot, slot.shard.tick(now))
-                if now >= next_expiry:
-                    self._apply(slot, slot.shard.expire_offsets(now))
-                d = slot.shard.next_deadline()
-                if d is not None:
-                    deadlines.append(d)
-            if now >= next_expiry:
+                due = slot.deadline is not None and slot.deadline <= now
+                if slot.dirty or due or expire:
+                    slot.dirty = False
+                    self._apply(slot, slot.shard.tick(now))
+                    if expire:
+                        self._apply(slot, slot.shard.expire_offsets(now))
+                    self._flush(slot)
+                    slot.deadline = slot.shard.next_deadline()
+                if slot.deadline is not None:
+                    deadlines.append(slot.deadline)
+            if expire:
                 next_expiry = now + self.expiry_interval_ms
-            waiting = []
-            for slot in self.slots.values():
+            for slot in list(self.slots.values()):  # a safety net: the listeners release
                 part = self.replicas.get_by_name(self.topic, slot.partition)
-                if part is None or part.leader_epoch != slot.leader_epoch or not part.is_leader:
-                    continue
-                self._release(slot, part)
-                if slot.uncommitted:
-                    waiting.append(part)
+                if part is not None and part.leader_epoch == slot.leader_epoch and part.is_leader:
+                    self._release(slot, part)
             wake_at = min([*deadlines, next_expiry]) / 1000
             event = self._wakeup = trio.Event()
-            for part in waiting:
-                part.waiters.add(event)
             with trio.move_on_after(max(0.0, min(1.0, wake_at - self.clock()))):
                 await event.wait()
-            for part in waiting:
-                part.waiters.discard(event)
 
     async def _load(self, slot: _Slot) -> None:
         part = self.replicas.get_by_name(self.topic, slot.partition)
@@ -258,12 +386,21 @@ class CoordinatorRuntime:
             data = part.log.read(offset, LOAD_CHUNK_BYTES, max_offset=end)
             if not data:
                 break
-            for rec_offset, key, value in read_records(data):
+            replay_txn = getattr(slot.shard, "replay_txn", None)
+            replay_marker = getattr(slot.shard, "replay_marker", None)
+            for rec_offset, key, value, producer_id, marker in read_entries(data):
                 offset = rec_offset + 1
+                if marker is not None:
+                    if replay_marker is not None:
+                        replay_marker(producer_id, marker)
+                    continue
                 if key is None:
                     continue
                 try:
-                    slot.shard.replay(self.decode(key, value))
+                    if producer_id >= 0 and replay_txn is not None:
+                        replay_txn(producer_id, self.decode(key, value))
+                    else:
+                        slot.shard.replay(self.decode(key, value))
                 except ValueError as e:
                     log.warning(
                         "coordinator %s-%d: skipping unreadable record at offset %d: %s",
@@ -281,6 +418,7 @@ class CoordinatorRuntime:
                 return  # unloaded meanwhile
         slot.shard.on_loaded(self.now_ms())
         slot.loading = False
+        slot.dirty = True
         self.loads_done += 1
         log.info(
             "coordinator %s-%d: loaded %d records up to offset %d in %.0f ms",

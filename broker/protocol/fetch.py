@@ -8,7 +8,8 @@ is then proposed). Per partition errors: ``UNKNOWN_TOPIC_OR_PARTITION``,
 ``NOT_LEADER_OR_FOLLOWER``, ``FENCED_LEADER_EPOCH`` / ``UNKNOWN_LEADER_EPOCH`` (the request's
 current leader epoch is older / newer than ours), ``OFFSET_OUT_OF_RANGE`` (outside [log start,
 log end]). With fewer than ``min_bytes`` ready and no error, the fetch waits (DelayedFetch) up
-to ``max_wait_ms``, woken by appends and high-watermark moves on its partitions. Fetch sessions
+to ``max_wait_ms``, woken by appends and high-watermark moves on its partitions (registered
+before the request's handler returns, so no append is missed). Fetch sessions
 are not kept: every fetch is a full fetch (session id 0).
 
 **ListOffsets** — earliest (-2), latest (-1: the high watermark), max timestamp (-3), or the
@@ -78,20 +79,33 @@ class FetchHandler:
         if errors or size >= max(1, req.min_bytes) or req.max_wait_ms <= 0 or not parts:
             return self._respond(header, results)
         deadline = trio.current_time() + req.max_wait_ms / 1000
+        # Registered now, in the same step as the read above: the response task runs the
+        # delayed fetch later, and an append in between must still wake it (else it sleeps
+        # the whole max_wait_ms with data ready, and acks=all waits with it).
+        # A follower waits for bytes only: high-watermark moves do not wake it.
+        follower = req.replica_id >= 0
+        event = trio.Event()
+        for p in parts:
+            (p.data_waiters if follower else p.waiters).add(event)
 
         async def delayed() -> bytes:
-            nonlocal results
-            while True:
-                event = trio.Event()
+            nonlocal results, event
+            try:
+                while True:
+                    with trio.move_on_at(deadline):
+                        await event.wait()
+                    for p in parts:
+                        (p.data_waiters if follower else p.waiters).discard(event)
+                    results, size, errors, _ = self._read(req)
+                    now = trio.current_time()
+                    if errors or size >= max(1, req.min_bytes) or now >= deadline:
+                        return self._respond(header, results)
+                    event = trio.Event()
+                    for p in parts:
+                        (p.data_waiters if follower else p.waiters).add(event)
+            finally:
                 for p in parts:
-                    p.waiters.add(event)
-                with trio.move_on_at(deadline):
-                    await event.wait()
-                for p in parts:
-                    p.waiters.discard(event)
-                results, size, errors, _ = self._read(req)
-                if errors or size >= max(1, req.min_bytes) or trio.current_time() >= deadline:
-                    return self._respond(header, results)
+                    (p.data_waiters if follower else p.waiters).discard(event)
 
         return Deferred(delayed)
 

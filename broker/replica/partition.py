@@ -10,6 +10,7 @@ high-watermark moves set them all (:meth:`Partition.wake`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +37,12 @@ class Partition:
     replicas: tuple[int, ...] = field(default_factory=tuple)
     followers: dict[int, FollowerState] = field(default_factory=dict)  # leader only
     waiters: set[trio.Event] = field(default_factory=set)
+    # woken by appends and role changes but not by high-watermark moves alone: a follower's
+    # long-polling fetch waits for bytes, and an HW move brings none
+    data_waiters: set[trio.Event] = field(default_factory=set)
+    # called (leader only) right after the high watermark moves: a coordinator releases the
+    # responses it covers from inside the follower fetch that moved it
+    hw_listeners: list[Callable[[], None]] = field(default_factory=list)
     isr_change_pending: bool = False
     isr_retry_at: float = 0.0  # monotonic time before which a refused ISR change is not re-proposed
 
@@ -47,11 +54,16 @@ class Partition:
     def is_leader(self) -> bool:
         return self.role == "leader"
 
-    def wake(self) -> None:
-        """Tell everything waiting on this partition that something changed."""
+    def wake(self, data: bool = True) -> None:
+        """Tell everything waiting on this partition that something changed (``data`` False:
+        only the high watermark moved, so :attr:`data_waiters` keep waiting)."""
         for e in self.waiters:
             e.set()
         self.waiters.clear()
+        if data:
+            for e in self.data_waiters:
+                e.set()
+            self.data_waiters.clear()
 
     # ---- leader ------------------------------------------------------------------------------
     def reset_followers(self, broker_id: int, now_ms: float) -> None:
@@ -72,6 +84,18 @@ class Partition:
             self.maybe_advance_high_watermark()
             self.wake()
         return result
+
+    def append_as_coordinator(self, data: bytes) -> int:
+        """Append a coordinator's own batch in the current leader epoch, without the
+        idempotence checks of client batches (a transactional batch of TxnOffsetCommit records
+        carries sequence -1, as in Kafka); its last offset."""
+        try:
+            _, last = self.log.append(data, self.leader_epoch)
+        except OSError as e:  # the log dir failed: stop the broker (docs/design.md)
+            storage_failed("partition log write", self.log.dir, e)
+        self.maybe_advance_high_watermark()
+        self.wake()
+        return last
 
     def append_marker(
         self,
@@ -104,7 +128,9 @@ class Partition:
         )
         if hw > self.log.high_watermark:
             self.log.advance_high_watermark(hw)
-            self.wake()
+            for listener in list(self.hw_listeners):
+                listener()
+            self.wake(data=False)
             return True
         return False
 

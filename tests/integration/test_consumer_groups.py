@@ -424,6 +424,9 @@ def test_bad_input_gets_kafka_errors(cluster):
     empty = 'kafka_server_group_coordinator_metrics_classic_group_count{state="Empty"} '
     assert float(next(ln for ln in text.splitlines() if ln.startswith(empty)).split()[-1]) >= 1
     assert 'kafka_server_group_coordinator_metrics_num_partitions{state="active"}' in text
+    count = "kafka_server_group_coordinator_metrics_offset_commit_count "
+    assert float(next(ln for ln in text.splitlines() if ln.startswith(count)).split()[-1]) >= 1
+    assert "kafka_server_group_coordinator_metrics_offset_commit_rate " in text
 
 
 def test_cli_reset_offsets_and_delete(cluster, capsys):

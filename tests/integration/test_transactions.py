@@ -297,6 +297,46 @@ def test_exactly_once_across_coordinator_kill(cluster):
     poll(lambda: broker_state(b)["state"] == "RUNNING", 60, what="victim back")
 
 
+def test_txn_offsets_survive_a_kill_of_the_group_coordinator(cluster):
+    """TxnOffsetCommit's offsets are records of the transaction in __consumer_offsets: kill -9
+    the group coordinator between TxnOffsetCommit and EndTxn; the new one replays them as
+    pending and the commit marker makes them the group's committed offsets."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    create_topic(cluster, "dur-in", partitions=1)
+    tid = "durable-offsets"
+    p = producer(cluster, tid)
+    txn_node = coordinator_of(cluster, tid)
+    group = next(
+        g for g in (f"dur-{i}" for i in range(50)) if coordinator_of(cluster, g, 0) != txn_node
+    )
+    victim = coordinator_of(cluster, group, 0)
+    meta = Consumer({"bootstrap.servers": bootstrap(cluster), "group.id": group})
+    try:
+        p.begin_transaction()
+        p.produce("dur-in", b"x", partition=0)
+        p.send_offsets_to_transaction(
+            [TopicPartition("dur-in", 0, 5)], meta.consumer_group_metadata(), 30
+        )
+        cluster.kill(victim, "KILL")
+        p.commit_transaction(60)
+    finally:
+        meta.close()
+    poll(lambda: coordinator_of(cluster, group, 0) != victim, 60, what="a new group coordinator")
+    reader = Consumer({"bootstrap.servers": bootstrap(cluster), "group.id": group})
+    try:
+
+        def committed() -> int:
+            return int(reader.committed([TopicPartition("dur-in", 0)], timeout=10)[0].offset)
+
+        poll(lambda: committed() == 5, 60, what="the transaction's offset, committed")
+    finally:
+        reader.close()
+    cluster.start(victim)
+    b = next(b for b in cluster.meta["brokers"] if b["id"] == victim)
+    poll(lambda: broker_state(b)["state"] == "RUNNING", 60, what="victim back")
+
+
 def test_write_txn_markers_on_the_wire(cluster):
     """WriteTxnMarkers v1 as another coordinator would send it: the leader appends the marker
     and closes the producer's transaction; a follower answers NOT_LEADER_OR_FOLLOWER, an

@@ -98,3 +98,56 @@ def test_write_to_a_partition_not_led_here_is_not_coordinator(tmp_path):
     with pytest.raises(CoordinatorError) as err:
         trio.run(rt.write, 3, commit(1))
     assert err.value.code == E.not_coordinator
+
+
+def test_txn_offsets_are_durable_and_materialize_on_the_marker_after_a_reload(tmp_path):
+    """TxnOffsetCommit records go to the log as the producer's transactional batch; a new
+    leader replays them as pending and the commit marker makes them the group's offsets
+    (an aborted transaction's are dropped)."""
+    rm = ReplicaManager(ME, [tmp_path])
+    cluster = Cluster(rm)
+    tid = str(uuid.uuid4())
+    cluster.step(TopicRecord(OFFSETS_TOPIC, tid), partition(tid, 0, [ME], ME))
+    rt = runtime_for(rm)
+    rt.publish(None, cluster.image)
+
+    def txn_commit(pid: int, offset: int):
+        def fn(shard, token, now):
+            parts = [CommitPartition("t", pid, offset, -1, "")]
+            result, errors = shard.txn_commit("g", pid, 0, parts, now)
+            return result.answer(token, errors)
+
+        return fn
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(rt.run)
+            await wait_until(lambda: rt.status(0) == E.none)
+            assert await rt.write(0, txn_commit(7, 70)) == [E.none]
+            assert await rt.write(0, txn_commit(8, 80)) == [E.none]
+            part = rm.get_by_name(OFFSETS_TOPIC, 0)
+            assert part.log.txns.ongoing  # two open transactions in __consumer_offsets
+            part.append_marker(7, 0, True, 0, 0)  # 7 commits; 8 is still open
+            rt.shard(0).complete_txn(7, True, 0)
+
+            cluster.step(change(tid, 0, leader=ME))  # a new leader epoch: reload from the log
+            rt.publish(None, cluster.image)
+            await wait_until(lambda: rt.status(0) == E.none)
+            assert rt.loads_done == 2  # a fresh shard, rebuilt from the log
+            shard = rt.shard(0)
+            [(_, found)] = shard.fetch_offsets("g", [("t", [7, 8])])
+            assert [(p, v.offset if v else None) for p, v in found] == [(7, 70), (8, None)]
+            assert shard.unstable_offsets("g") == {("t", 8)}
+            part.append_marker(8, 0, False, 0, 0)  # 8 aborts
+
+            cluster.step(change(tid, 0, leader=ME))
+            rt.publish(None, cluster.image)
+            await wait_until(lambda: rt.status(0) == E.none)
+            assert rt.loads_done == 3
+            shard = rt.shard(0)
+            assert shard.unstable_offsets("g") == set()
+            [(_, found)] = shard.fetch_offsets("g", [("t", [7, 8])])
+            assert [(p, v.offset if v else None) for p, v in found] == [(7, 70), (8, None)]
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)

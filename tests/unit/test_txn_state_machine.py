@@ -189,14 +189,15 @@ def test_txn_offsets_wait_for_their_marker() -> None:
 
     groups = GroupShard()
     parts = [CommitPartition("in", 0, 42, -1, None), CommitPartition("in", 1, 7, -1, "m")]
-    assert groups.txn_commit("g", 100, parts, 5) == [E.none, E.none]
+    out, errors = groups.txn_commit("g", 100, 3, parts, 5)
+    assert errors == [E.none, E.none]
+    assert out.producer == (100, 3) and len(out.records) == 2  # a transactional batch
     assert groups.fetch_offsets("g", [("in", [0, 1])]) == [("in", [(0, None), (1, None)])]
     assert groups.unstable_offsets("g") == {("in", 0), ("in", 1)}
     assert groups.unstable_offsets("other") == set()
     assert not groups.complete_txn(100, False, 6).records  # aborted: dropped
     assert groups.unstable_offsets("g") == set()
-    groups.txn_commit("g", 100, parts, 7)
-    out = groups.complete_txn(100, True, 8)
-    assert len(out.records) == 2
+    groups.txn_commit("g", 100, 3, parts, 7)
+    assert not groups.complete_txn(100, True, 8).records  # the replicated marker is the record
     [(_, found)] = groups.fetch_offsets("g", [("in", [0, 1])])
     assert [(p, v.offset if v else None) for p, v in found] == [(0, 42), (1, 7)]

@@ -249,6 +249,9 @@ class GroupApis:
         if known:
             try:
                 await self._write(req.group_id, fn)
+                self.runtime.meter("offset-commit").record(
+                    sum(1 for p in known if codes.get((p.topic, p.partition)) == E.none)
+                )
             except CoordinatorError as e:
                 for p in known:
                     codes[(p.topic, p.partition)] = e.code

@@ -98,8 +98,13 @@ class GroupCoordinator:
             for cg in shard.consumer.groups.values():
                 consumer[cg.state] += 1
         loading = sum(1 for s in self.runtime.slots.values() if s.loading)
+        commits = self.runtime.meter("offset-commit")
         return {
             "groups_by_state": dict(groups),
             "consumer_groups_by_state": dict(consumer),
             "partitions": {"loading": loading, "active": len(self.runtime.slots) - loading},
+            "offset_commit_count": commits.count,
+            "offset_commit_rate": commits.rate(),
+            "records_appended": self.runtime.counters["records_appended"],
+            "batches_appended": self.runtime.counters["batches_appended"],
         }

@@ -95,6 +95,7 @@ class CommitPartition:
 class Result:
     records: list[Record] = field(default_factory=list)
     completions: list[tuple[Any, dict[str, Any]]] = field(default_factory=list)
+    producer: tuple[int, int] | None = None  # (id, epoch): append as that transaction's batch
 
     def answer(self, token: Any, response: dict[str, Any]) -> Result:
         self.completions.append((token, response))
@@ -671,22 +672,46 @@ class GroupShard:
         return out, None, errors
 
     def txn_commit(
-        self, group_id: str, producer_id: int, partitions: list[CommitPartition], now: int
-    ) -> list[E]:
-        """TxnOffsetCommit: hold the offsets until the transaction's marker (in memory only: a
-        coordinator failover in between loses them, and the commit then commits no offsets)."""
+        self,
+        group_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        partitions: list[CommitPartition],
+        now: int,
+    ) -> tuple[Result, list[E]]:
+        """TxnOffsetCommit: the offset records, to append as a transactional batch of the
+        producer (as Kafka does), and held as pending until the transaction's marker
+        (:meth:`replay_marker`); (result, error per partition)."""
+        out = Result(producer=(producer_id, producer_epoch))
         errors = []
-        pending = self.pending_txn.setdefault(producer_id, {})
         for p in partitions:
             meta = p.metadata or ""
             if len(meta.encode()) > self.config.offset_metadata_max_bytes:
                 errors.append(E.offset_metadata_too_large)
                 continue
-            pending[(group_id, p.topic, p.partition)] = OffsetValue(
-                p.offset, p.leader_epoch, meta, now
+            record = (
+                OffsetKey(group_id, p.topic, p.partition),
+                OffsetValue(p.offset, p.leader_epoch, meta, now),
             )
+            out.records.append(record)
+            self.replay_txn(producer_id, record)
             errors.append(E.none)
-        return errors
+        return out, errors
+
+    def replay_txn(self, producer_id: int, record: Record) -> None:
+        """An offset record of ``producer_id``'s open transaction: pending until its marker."""
+        key, value = record
+        if isinstance(key, OffsetKey) and isinstance(value, OffsetValue):
+            pending = self.pending_txn.setdefault(producer_id, {})
+            pending[(key.group, key.topic, key.partition)] = value
+
+    def replay_marker(self, producer_id: int, commit: bool) -> None:
+        """A transaction marker of ``producer_id``: its pending offsets become the group's
+        committed offsets (commit) or are dropped (abort)."""
+        offsets = self.pending_txn.pop(producer_id, {})
+        if commit:
+            for (group, topic, partition), value in sorted(offsets.items()):
+                self.replay((OffsetKey(group, topic, partition), value))
 
     def unstable_offsets(self, group_id: str) -> set[tuple[str, int]]:
         """(topic, partition) of ``group_id`` with a transactional commit awaiting its marker."""
@@ -695,13 +720,11 @@ class GroupShard:
         }
 
     def complete_txn(self, producer_id: int, commit: bool, now: int) -> Result:
-        """The transaction of ``producer_id`` ended: its offsets are committed, or dropped."""
-        out = Result()
-        offsets = self.pending_txn.pop(producer_id, {})
-        if commit:
-            for (group, topic, partition), value in sorted(offsets.items()):
-                self._emit(out, (OffsetKey(group, topic, partition), value))
-        return out
+        """The transaction of ``producer_id`` ended and its marker is replicated in this
+        partition: its offsets are committed, or dropped (nothing to write: a reload replays
+        the marker)."""
+        self.replay_marker(producer_id, commit)
+        return Result()
 
     def fetch_offsets(
         self, group_id: str, topics: list[tuple[str, list[int]]] | None

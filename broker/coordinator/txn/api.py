@@ -249,11 +249,17 @@ class TxnApis:
             for t in req.topics
             for p in t.partitions
         ]
-        try:
-            shard = self.groups.shard(self._partition_of(OFFSETS_TOPIC, req.group_id))
-            errors = shard.txn_commit(
-                req.group_id, int(req.producer_id), parts, self.groups.now_ms()
+        errors: list[E] = []
+
+        def fn(shard: Any, token: Any, now: int) -> Any:
+            nonlocal errors
+            result, errors = shard.txn_commit(
+                req.group_id, int(req.producer_id), int(req.producer_epoch), parts, now
             )
+            return result.answer(token, {})
+
+        try:  # answered once the records are replicated (acks=all), like OffsetCommit
+            await self.groups.write(self._partition_of(OFFSETS_TOPIC, req.group_id), fn)
         except CoordinatorError as e:
             errors = [e.code] * len(parts)
         codes = {(p.topic, p.partition): code for p, code in zip(parts, errors)}
