@@ -118,6 +118,13 @@ BROKER_SETTINGS = COMMON_SETTINGS + [
         900_000,
         "largest transaction.timeout.ms a producer may ask for",
     ),
+    Setting(
+        "transactional.id.expiration.ms",
+        parse_positive,
+        604_800_000,
+        "a transactional id with no transaction in progress and no update for this long is "
+        "forgotten (its producer id with it)",
+    ),
     Setting("group.min.session.timeout.ms", int, 6000, "smallest session.timeout.ms accepted"),
     Setting("group.max.session.timeout.ms", int, 1_800_000, "largest session.timeout.ms accepted"),
     Setting("group.max.size", parse_positive, 2**31 - 1, "most members a classic group may have"),

@@ -201,3 +201,24 @@ def test_txn_offsets_wait_for_their_marker() -> None:
     assert not groups.complete_txn(100, True, 8).records  # the replicated marker is the record
     [(_, found)] = groups.fetch_offsets("g", [("in", [0, 1])])
     assert [(p, v.offset if v else None) for p, v in found] == [(0, 42), (1, 7)]
+
+
+def test_idle_transactional_ids_expire_with_a_tombstone() -> None:
+    from broker.coordinator.txn.records import decode_record, encode_key, encode_value
+
+    shard = TxnShard(TxnConfig(id_expiration_ms=5_000))
+    shard.init_producer_id("idle", 60_000, -1, -1, 100, T, 0)  # Empty, updated at 0
+    shard.init_producer_id("busy", 60_000, -1, -1, 101, T, 0)
+    shard.add_partitions("busy", 101, 0, [("a", 0)], T, 1_000)  # Ongoing until 61_000
+    assert shard.next_deadline() == 5_000  # the idle id's expiry comes first
+    assert not shard.tick(4_999).records
+    res = shard.tick(5_000)
+    assert [(k.transactional_id, v) for k, v in res.records] == [("idle", None)]
+    key, value = res.records[0]
+    assert decode_record(encode_key(key), encode_value(value)) == (key, None)  # a tombstone
+    assert "idle" not in shard.txns and "busy" in shard.txns  # an open one never expires
+    assert shard.next_deadline() == 61_000
+    replayed = TxnShard(TxnConfig(id_expiration_ms=5_000))
+    for record in res.records:
+        replayed.replay(record)
+    assert "idle" not in replayed.txns

@@ -49,6 +49,7 @@ DONE = (ErrorCode.none, ErrorCode.unknown_topic_or_partition)
 # Kafka's defaults for settings the broker config does not declare (yet)
 TXN_DEFAULTS = {
     "transaction.max.timeout.ms": 900_000,
+    "transactional.id.expiration.ms": 604_800_000,
     "transaction.state.log.num.partitions": 50,
     "transaction.state.log.replication.factor": 3,
 }
@@ -119,7 +120,10 @@ class TxnCoordinator:
         clock: Callable[[], float] | None = None,
         security: ClientSecurity | None = None,
     ) -> None:
-        cfg = TxnConfig(max_timeout_ms=txn_setting(config, "transaction.max.timeout.ms"))
+        cfg = TxnConfig(
+            max_timeout_ms=txn_setting(config, "transaction.max.timeout.ms"),
+            id_expiration_ms=txn_setting(config, "transactional.id.expiration.ms"),
+        )
         kwargs: dict[str, Any] = {} if clock is None else {"clock": clock}
         self.runtime = CoordinatorRuntime(
             replicas,

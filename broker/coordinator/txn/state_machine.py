@@ -35,6 +35,7 @@ from broker.coordinator.txn.records import (
 )
 
 MAX_EPOCH = 32767 - 1  # epochs are int16; Short.MAX_VALUE is reserved, as in Kafka
+_IDLE = (EMPTY, COMPLETE_COMMIT, COMPLETE_ABORT)  # no transaction in progress: may expire
 NO_PRODUCER = -1
 
 
@@ -43,6 +44,7 @@ class TxnConfig:
     """Kafka's transaction coordinator settings (same names with dots)."""
 
     max_timeout_ms: int = 900_000  # transaction.max.timeout.ms
+    id_expiration_ms: int = 604_800_000  # transactional.id.expiration.ms (7 days)
 
 
 @dataclass
@@ -127,7 +129,7 @@ class TxnShard:
             value.start_ms,
         )
 
-    def _emit(self, out: Result, tid: str, value: TxnValue) -> None:
+    def _emit(self, out: Result, tid: str, value: TxnValue | None) -> None:
         record: TxnRecord = (TxnKey(tid), value)
         out.records.append(record)
         self.replay(record)
@@ -143,15 +145,25 @@ class TxnShard:
         return Result()
 
     def next_deadline(self) -> int | None:
-        """When the oldest open transaction times out."""
+        """When the oldest open transaction times out, or the longest idle transactional id
+        expires, whichever comes first."""
         return min(
-            (t.start_ms + t.timeout_ms for t in self.txns.values() if t.state == ONGOING),
+            (
+                t.start_ms + t.timeout_ms
+                if t.state == ONGOING
+                else t.last_update_ms + self.config.id_expiration_ms
+                for t in self.txns.values()
+                if t.state == ONGOING or t.state in _IDLE
+            ),
             default=None,
         )
 
     def tick(self, now: int) -> Result:
         """Abort every open transaction older than its timeout, bumping the epoch so that the
-        producer that let it expire is fenced (Kafka's abortTimedOutTransactions)."""
+        producer that let it expire is fenced (Kafka's abortTimedOutTransactions); forget every
+        transactional id with no transaction in progress and no update for
+        ``transactional.id.expiration.ms`` (a tombstone; Kafka's removeExpiredTransactionalIds).
+        """
         out = Result()
         for t in list(self.txns.values()):
             if t.state == ONGOING and now >= t.start_ms + t.timeout_ms:
@@ -161,6 +173,8 @@ class TxnShard:
                     t.transactional_id,
                     t.value(producer_epoch=epoch, state=PREPARE_ABORT, last_update_ms=now),
                 )
+            elif t.state in _IDLE and now >= t.last_update_ms + self.config.id_expiration_ms:
+                self._emit(out, t.transactional_id, None)
         return out
 
     # ---- lookups -------------------------------------------------------------------------------
