@@ -119,6 +119,19 @@ BROKER_SETTINGS = COMMON_SETTINGS + [
         "largest transaction.timeout.ms a producer may ask for",
     ),
     Setting(
+        "producer.id.expiration.ms",
+        parse_positive,
+        86_400_000,
+        "an idempotent producer id with no batch for this long is forgotten by a partition "
+        "(not while it has a transaction open there)",
+    ),
+    Setting(
+        "producer.id.expiration.check.interval.ms",
+        parse_positive,
+        600_000,
+        "how often partitions look for expired producer ids",
+    ),
+    Setting(
         "transactional.id.expiration.ms",
         parse_positive,
         604_800_000,

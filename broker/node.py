@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -288,6 +289,12 @@ class BrokerNode:
                 nursery.start_soon(self.txn.run_markers)
                 nursery.start_soon(self.isr_updater.run)
                 nursery.start_soon(self.replica_manager.run_checkpoints)
+                nursery.start_soon(
+                    self.replica_manager.run_producer_expiry,
+                    self.config["producer.id.expiration.check.interval.ms"] / 1000,
+                    self.config["producer.id.expiration.ms"],
+                    lambda: int(time.time() * 1000),
+                )
                 await nursery.start(
                     functools.partial(serve_state, users=self.admin_users),
                     admin_host(self.config["broker.admin.host"], host),

@@ -702,6 +702,11 @@ class PartitionLog:
     def _snapshot_path(self, offset: int) -> Path:
         return self.dir / f"{offset:020d}{SNAPSHOT_SUFFIX}"
 
+    def expire_producers(self, now_ms: int, expiration_ms: int) -> int:
+        """Forget idempotent producers idle for ``producer.id.expiration.ms`` (never one with a
+        transaction open in this partition); how many went."""
+        return self.producers.remove_expired(now_ms, expiration_ms, keep=self.txns.ongoing)
+
     def snapshot_producer_state(self) -> None:
         """Write the producer state as of the log end to ``<log end>.snapshot`` (nothing when no
         producer is known), keeping the newest :data:`SNAPSHOTS_KEPT` snapshots."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import struct
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import crc32c
@@ -156,6 +157,22 @@ class ProducerStateManager:
             if e.batches and e.last_offset < log_start_offset  # no batches: a marker epoch
         ]:
             del self.producers[pid]
+
+    def remove_expired(self, now_ms: int, expiration_ms: int, keep: Iterable[int] = ()) -> int:
+        """Forget producers whose newest batch timestamp is ``expiration_ms`` or more before
+        ``now_ms`` (Kafka's ``producer.id.expiration.ms``), except those in ``keep`` (with a
+        transaction in progress) and those without a timestamp; how many went."""
+        kept = set(keep)
+        expired = [
+            p
+            for p, e in self.producers.items()
+            if p not in kept
+            and e.last_timestamp >= 0
+            and now_ms - e.last_timestamp >= expiration_ms
+        ]
+        for pid in expired:
+            del self.producers[pid]
+        return len(expired)
 
 
 def encode_snapshot(state: ProducerStateManager) -> bytes:

@@ -27,6 +27,7 @@ import os
 import shutil
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -337,6 +338,21 @@ class ReplicaManager:
         while True:
             await trio.sleep(interval)
             self.checkpoint_high_watermarks()
+
+    async def run_producer_expiry(
+        self, interval_s: float, expiration_ms: int, clock_ms: Callable[[], int]
+    ) -> None:
+        """Every ``interval_s`` (``producer.id.expiration.check.interval.ms``), forget the
+        producers of every partition idle for ``expiration_ms`` (``producer.id.expiration.ms``)."""
+        while True:
+            await trio.sleep(interval_s)
+            now = clock_ms()
+            gone = sum(
+                part.log.expire_producers(now, expiration_ms)
+                for part in list(self.partitions.values())
+            )
+            if gone:
+                log.info("broker %d: %d idle producer id(s) expired", self.broker_id, gone)
 
     def describe(self) -> list[dict[str, Any]]:
         return [

@@ -202,3 +202,28 @@ def test_replay_keeps_only_the_newest_epoch_and_last_five(tmp_path):
     got = {pid: (e.epoch, list(e.batches)) for pid, e in reopened.producers.producers.items()}
     assert got == expected
     assert got[3][0] == 1 and len(got[3][1]) == 1 and len(got[4][1]) == 5
+
+
+def test_idle_producers_expire_but_not_with_an_open_transaction() -> None:
+    state = ProducerStateManager()
+    state.update(1, 0, 0, 1, 0, 1, timestamp=1_000)
+    state.update(2, 0, 0, 1, 2, 3, timestamp=5_000)
+    state.update_epoch(3, 0)  # a marker only: no timestamp, never expires
+    assert state.remove_expired(10_999, 10_000) == 0
+    assert state.remove_expired(11_000, 10_000, keep=[1]) == 0  # 1 has a transaction open
+    assert state.remove_expired(11_000, 10_000) == 1
+    assert sorted(state.producers) == [2, 3]
+    assert state.remove_expired(10**9, 10_000) == 1 and sorted(state.producers) == [3]
+
+
+def test_an_expired_producer_starts_over_in_its_partition(tmp_path) -> None:
+    plog = PartitionLog.open(tmp_path / "t-0")
+    plog.append_as_leader(idem_batch(7, 0, 0), leader_epoch=1)
+    plog.append_as_leader(idem_batch(7, 0, 2), leader_epoch=1)
+    now = max(e.last_timestamp for e in plog.producers.producers.values())
+    assert plog.expire_producers(now + 60_000, 86_400_000) == 0
+    assert plog.expire_producers(now + 86_400_000, 86_400_000) == 1
+    # forgotten: a batch at sequence 0 is new again, not a duplicate of the first
+    again = plog.append_as_leader(idem_batch(7, 0, 0), leader_epoch=1)
+    assert not again.duplicate and plog.log_end_offset == 6
+    plog.close()
