@@ -133,6 +133,52 @@ class _FetchState:
     retry_at: float = 0.0
 
 
+RECONNECT_S = 0.2  # between attempts to reach an unreachable leader
+OUTAGE_REPORT_S = 30.0  # while it stays unreachable, one line this often
+
+
+class _Outage:
+    """The log lines of a leader that cannot be reached: one WARNING when the outage starts,
+    one line every ``OUTAGE_REPORT_S`` while it lasts, one INFO when it ends (not one line per
+    attempt: attempts come every ``RECONNECT_S``)."""
+
+    def __init__(self, leader_id: int) -> None:
+        self.leader_id = leader_id
+        self.since: float | None = None
+        self.attempts = 0
+        self.reported = 0.0
+
+    def failed(self, now: float, why: str) -> None:
+        self.attempts += 1
+        if self.since is None:
+            self.since = self.reported = now
+            log.warning(
+                "fetcher for leader %d: %s; retrying every %.1f s",
+                self.leader_id,
+                why,
+                RECONNECT_S,
+            )
+        elif now - self.reported >= OUTAGE_REPORT_S:
+            self.reported = now
+            log.warning(
+                "fetcher for leader %d: still failing after %.0f s and %d attempts: %s",
+                self.leader_id,
+                now - self.since,
+                self.attempts,
+                why,
+            )
+
+    def ended(self, now: float) -> None:
+        if self.since is not None:
+            log.info(
+                "fetcher for leader %d: reached again after %.1f s and %d failed attempts",
+                self.leader_id,
+                now - self.since,
+                self.attempts,
+            )
+        self.since, self.attempts = None, 0
+
+
 class SourceFetcher:
     """Replicates the partitions this broker follows from one leader broker."""
 
@@ -165,6 +211,7 @@ class SourceFetcher:
     async def run(self) -> None:
         m = self.manager
         conn: KafkaConnection | None = None
+        outage = _Outage(self.leader_id)
         with self.scope:
             try:
                 while True:
@@ -177,18 +224,16 @@ class SourceFetcher:
                             conn = await KafkaConnection.open(
                                 *addr, f"replica-fetcher-{m.broker_id}", m.timeout, m.security
                             )
-                        if not await self._truncate(conn) and not await self._fetch(conn):
+                        worked = await self._truncate(conn) or await self._fetch(conn)
+                        outage.ended(time.monotonic())
+                        if not worked:
                             await self._idle(0.2)
                     except _ERRORS as e:
-                        log.info(
-                            "fetcher for leader %d: %s; reconnecting",
-                            self.leader_id,
-                            str(e) or type(e).__name__,
-                        )
+                        outage.failed(time.monotonic(), str(e) or type(e).__name__)
                         if conn is not None:
                             await conn.aclose()
                             conn = None
-                        await trio.sleep(0.2)
+                        await trio.sleep(RECONNECT_S)
             finally:
                 if conn is not None:
                     with trio.CancelScope(shield=True):
