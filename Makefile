@@ -28,18 +28,16 @@ system-deps:
 	  || echo "warning: could not install kcat; kcat tests will be skipped"; }
 
 # Two workers, one test module each (modules share their clusters): the integration tests
-# mostly wait on processes, so two of them fit on two cores. Modules go out in collection
-# order (--no-loadscope-reorder: xdist would start the modules with the most tests first),
-# which tests/conftest.py makes slowest first.
+# mostly wait on processes, so two of them fit on two cores.
 test: $(STAMP) system-deps jvm-archive
-	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder --durations=30 tests
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=30 tests
 
 # tests/unit is pure (no sockets, no processes: tests/unit/conftest.py refuses them).
 unit: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -n 2 tests/unit
 
 integration: $(STAMP) system-deps jvm-archive
-	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder tests/integration tests/spark
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile tests/integration tests/spark
 
 # The engineering gates CI runs before the tests.
 lint: $(STAMP)
