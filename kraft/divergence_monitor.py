@@ -127,10 +127,10 @@ class DivergenceMonitor:
         if head.offset <= mine:
             return judge(head, self.log.hash_at(head.offset))
         answers = {o: h for o, h in (reply or {}).get("hashes", [])}
-        theirs = answers.get(mine)
-        if theirs is None:
+        theirs, ours = answers.get(mine), self.log.hash_at(mine)
+        if theirs is None or not ours:  # our log may have moved on while we asked: by offset
             return Verdict.UNKNOWN
-        return judge(Head(mine, self.log.last_hash.hex()), bytes.fromhex(theirs) if theirs else b"")
+        return judge(Head(mine, ours.hex()), bytes.fromhex(theirs) if theirs else b"")
 
     async def _ask(self, vid: int, body: dict[str, Any]) -> dict[str, Any] | None:
         from kraft.rpc.client import ControllerClient
