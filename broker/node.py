@@ -368,12 +368,7 @@ def main(config_path: str) -> int:
     try:
         logsetup.configure(logsetup.level_from(os.environ))
         config = BrokerConfig.load(config_path)
-        logsetup.configure(
-            logsetup.level_from(os.environ, config["log.level"]),
-            config["log.file"] or None,
-            config["log.file.max.bytes"],
-            config["log.file.backup.count"],
-        )
+        logsetup.configure_from(config)
     except (ConfigError, logsetup.LogLevelError, OSError) as e:
         print(f"Error: invalid configuration: {e}", file=sys.stderr)
         return 2

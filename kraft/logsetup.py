@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import logging
 import logging.handlers
+import os
 import sys
 from collections.abc import Mapping
+from typing import Any
 
 LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG")
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -70,4 +72,15 @@ def configure(
         "logging at %s to stderr%s",
         logging.getLevelName(level),
         f" and {log_file}" if log_file else "",
+    )
+
+
+def configure_from(config: Any) -> None:
+    """Configure logging from a node's loaded config (``log.level``, ``log.file``,
+    ``log.file.max.bytes``, ``log.file.backup.count``; ``KRAFT_LOG_LEVEL`` wins)."""
+    configure(
+        level_from(os.environ, config["log.level"]),
+        config["log.file"] or None,
+        config["log.file.max.bytes"],
+        config["log.file.backup.count"],
     )
