@@ -1164,9 +1164,9 @@ def test_dedup_window_is_bounded_and_forgets_failures():
     assert r1 == r2 and r1["error_code"] == E.BROKER_ID_NOT_REGISTERED and "duplicate" not in r2
 
 
-def test_replay_rebuilds_the_same_image_and_window():
-    h = Harness(brokers=2)
-    batches = []
+def _record_batches(h: Harness) -> list:
+    """From now on, every batch ``h``'s state machine proposes, in order."""
+    batches: list = []
     original_propose = h.sm.propose
 
     def recording_propose(*a, **kw):
@@ -1176,6 +1176,12 @@ def test_replay_rebuilds_the_same_image_and_window():
         return batch, response, rest
 
     h.sm.propose = recording_propose
+    return batches
+
+
+def test_replay_rebuilds_the_same_image_and_window():
+    h = Harness(brokers=2)
+    batches = _record_batches(h)
     h.create("t", partitions=3, rf=2)
     h.fence(1)
     h.ok(
@@ -1201,16 +1207,7 @@ def test_start_up_replay_into_one_delta_gives_the_window_batch_by_batch_replay_g
     with note_before; the dedup window must say what replaying one batch at a time says,
     including the name of a topic a batch removed and a producer-id block's start."""
     h = Harness(brokers=2)
-    batches = []
-    original_propose = h.sm.propose
-
-    def recording_propose(*a, **kw):
-        batch, response, rest = original_propose(*a, **kw)
-        if batch is not None:
-            batches.append(batch)
-        return batch, response, rest
-
-    h.sm.propose = recording_propose
+    batches = _record_batches(h)
     h.create("gone", partitions=2)
     h.ok("AllocateProducerIds", {"broker_id": 0, "broker_epoch": h.epoch(0)}, request_id="pid-1")
     h.ok("DeleteTopics", {"names": ["gone"]}, request_id="del-gone")
