@@ -40,6 +40,7 @@ from broker.protocol.data_codec import (
 )
 from broker.protocol.kafka_client_security import ClientSecurity, sasl_login
 from broker.protocol.kafka_codec import API_FETCH, DecodeError, Reader
+from broker.replica.log_dirs import KafkaStorageError
 from broker.replica.partition import Partition
 from broker.replica.partition_log import InvalidBatchError, PartitionLog
 
@@ -351,6 +352,8 @@ class SourceFetcher:
                     e,
                 )
                 st.truncate = True
+            except KafkaStorageError:  # its log dir went offline: the manager drops it
+                self.manager.reconcile_soon()
             return
         if err == ErrorCode.offset_out_of_range.value:
             st.truncate = True
@@ -404,6 +407,10 @@ class ReplicaFetcherManager:
             (e for e in reg.endpoints if e.get("name") == self.listener_name), reg.endpoints[0]
         )
         return ep["host"], int(ep["port"])
+
+    def reconcile_soon(self) -> None:
+        """Re-plan the fetchers (a log dir went offline: its partitions are no longer ours)."""
+        self._reconcile()
 
     def _reconcile(self) -> None:
         if self._nursery is None:
