@@ -254,7 +254,8 @@ def unfence_broker(
     if not first and not incomplete_continuation(cmd):
         return ControllerResult([], error_fields(), reason)
     room = settings.step_records - len(first)
-    changes = broker_returning_changes(image, settings, reg.broker_id, limit=room)
+    offline = frozenset(_offline_replicas(cmd))
+    changes = broker_returning_changes(image, settings, reg.broker_id, limit=room, offline=offline)
     response = (
         error_fields()
         if not changes.remaining
@@ -290,6 +291,18 @@ def begin_controlled_shutdown(
     )
 
 
+def _offline_replicas(cmd: Command) -> list[tuple[str, int]]:
+    """A body's ``offline_replicas`` ([{topic_id, partition}]) as (topic id, partition) pairs."""
+    raw = cmd.body.get("offline_replicas")
+    return [
+        (r["topic_id"], r["partition"])
+        for r in (raw if isinstance(raw, (list, tuple)) else ())
+        if isinstance(r, dict)
+        and isinstance(r.get("topic_id"), str)
+        and type(r.get("partition")) is int
+    ]
+
+
 def log_dirs_offline(
     image: MetadataImage, cmd: Command, settings: ControllerSettings
 ) -> ControllerResult:
@@ -303,14 +316,7 @@ def log_dirs_offline(
         return reg
     if reg.fenced:
         return ControllerResult([], error_fields(), reason)
-    raw = cmd.body.get("offline_replicas") or []
-    replicas = [
-        (r["topic_id"], r["partition"])
-        for r in raw
-        if isinstance(r, dict)
-        and isinstance(r.get("topic_id"), str)
-        and type(r.get("partition")) is int
-    ]
+    replicas = _offline_replicas(cmd)
     changes = offline_replica_changes(
         image, settings, reg.broker_id, replicas, limit=settings.step_records
     )

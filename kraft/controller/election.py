@@ -433,10 +433,12 @@ def changes_for_unfenced_broker(
     broker_id: int,
     unclean_allowed: UncleanAllowed = _never,
     limit: int | None = None,
+    offline: frozenset[tuple[str, int]] = frozenset(),
 ) -> Changes:
     """Unfencing ``broker_id``: each leaderless partition it can lead gets a leader (cleanly when
     it is in the ISR, uncleanly where the topic allows it). The returning broker counts as
-    acceptable even though the image still shows it fenced."""
+    acceptable even though the image still shows it fenced, except for its replicas in
+    ``offline`` ((topic id, partition): on its offline log dirs), which it never leads."""
 
     acceptable = (_active_brokers_except(image, broker_id) | {broker_id}).__contains__
     allowed: dict[str, bool] = {}
@@ -447,6 +449,8 @@ def changes_for_unfenced_broker(
         if topic.topic_id not in allowed:
             allowed[topic.topic_id] = unclean_allowed(topic)
         if broker_id not in partition.isr and not allowed[topic.topic_id]:
+            return None
+        if (topic.topic_id, pid) in offline:
             return None
         return build_partition_change(
             topic.topic_id, pid, partition, acceptable, unclean_allowed=allowed[topic.topic_id]

@@ -9,7 +9,8 @@ Heartbeat transitions (the registration in the image says whether the broker is 
 controlled shutdown):
 
 * FENCED + want-shutdown → SHUTDOWN_NOW (nothing to write: it is already fenced);
-* FENCED + not want-fence + caught up → UNFENCED: ``UnfenceBroker``;
+* FENCED + not want-fence + caught up → UNFENCED: ``UnfenceBroker`` (with the replicas on its
+  offline log dirs, if any, which it must not lead);
 * UNFENCED + want-fence → FENCED (SHUTDOWN_NOW with want-shutdown): ``FenceBroker``;
 * UNFENCED + want-shutdown → CONTROLLED_SHUTDOWN when it leads a partition:
   ``BeginControlledShutdown``; when it leads nothing → SHUTDOWN_NOW: ``FenceBroker``;
@@ -248,7 +249,12 @@ class BrokerHeartbeatManager:
             if want_shutdown:
                 return decide(SHUTDOWN_NOW)
             if not want_fence and caught_up:
-                return decide(UNFENCED, ("UnfenceBroker", dict(ident)))
+                unfence: dict[str, Any] = dict(ident)
+                if offline_replicas:  # it must not lead these again (KIP-858)
+                    unfence["offline_replicas"] = [
+                        {"topic_id": t, "partition": p} for t, p in offline_replicas
+                    ]
+                return decide(UNFENCED, ("UnfenceBroker", unfence))
             return decide(FENCED)
         if not reg.in_controlled_shutdown:
             session.shutdown_offset = None

@@ -103,11 +103,16 @@ def broker_leaving_changes(
 
 
 def broker_returning_changes(
-    image: MetadataImage, settings: ControllerSettings, broker_id: int, limit: int | None = None
+    image: MetadataImage,
+    settings: ControllerSettings,
+    broker_id: int,
+    limit: int | None = None,
+    offline: frozenset[tuple[str, int]] = frozenset(),
 ) -> Changes:
-    """Unfencing ``broker_id``: leaderless partitions it can lead get it as leader."""
+    """Unfencing ``broker_id``: leaderless partitions it can lead get it as leader (except its
+    replicas in ``offline``, on failed log dirs)."""
     return changes_for_unfenced_broker(
-        image, broker_id, lambda topic: unclean_allowed(image, settings, topic.name), limit
+        image, broker_id, lambda topic: unclean_allowed(image, settings, topic.name), limit, offline
     )
 
 

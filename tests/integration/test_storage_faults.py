@@ -468,6 +468,7 @@ def test_a_broker_whose_second_log_dir_fills_keeps_serving_the_first_and_loses_n
         props["log.dirs"] = f"{data},{data2}"
         write_properties(a["config"], props)
         cluster.start(a["id"])
+        a = next(x for x in cluster.meta["brokers"] if x["id"] == a["id"])  # its new pid
 
         def brokers() -> dict[int, dict[str, Any]]:
             out = call_sync(rpc, "DescribeCluster", {}, 5.0)["brokers"]

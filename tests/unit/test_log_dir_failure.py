@@ -11,7 +11,7 @@ import pytest
 
 from broker.protocol.produce import ProduceHandler
 from broker.replica.replica_manager import ReplicaManager
-from kraft.controller.cluster_control import log_dirs_offline
+from kraft.controller.cluster_control import log_dirs_offline, unfence_broker
 from kraft.controller.commands import Command
 from kraft.controller.election import changes_for_offline_replicas
 from kraft.controller.heartbeats import BrokerHeartbeatManager
@@ -144,6 +144,28 @@ def test_log_dirs_offline_moves_one_step_at_a_time():
     image = apply(image, *first.records)
     second = log_dirs_offline(image, Command("LogDirsOffline", body), settings)
     assert len(second.records) == 2 and "incomplete" not in second.response
+
+
+def test_unfencing_never_makes_an_offline_replica_leader():
+    """A broker fenced (say, a lost session) while a log dir is offline comes back: the leaderless
+    partitions it is the last ISR member of get it as leader, except those on the offline dir."""
+    image = apply(
+        registered(1, 2, fenced=False),
+        TopicRecord("t", T),
+        partition(T, 0, [1, 2], LEADER_NONE, isr=[1]),
+        partition(T, 1, [1, 2], LEADER_NONE, isr=[1]),
+    )
+    epoch = image.brokers[1].epoch
+    image = apply(image, BrokerRegistrationChangeRecord(1, epoch, FENCE, 0))
+    m = BrokerHeartbeatManager(9000)
+    decision = m.heartbeat(
+        1, epoch, image.offset, False, False, 1000, image, offline_replicas=((T, 1),)
+    )
+    api, body = decision.command
+    assert api == "UnfenceBroker"
+    result = unfence_broker(image, Command(api, body), SETTINGS)
+    led = {r.partition_id: r.leader for r in result.records if hasattr(r, "partition_id")}
+    assert led == {0: 1}  # t-1 stays leaderless: its replica here is on the offline dir
 
 
 # ---- the broker --------------------------------------------------------------------------------
