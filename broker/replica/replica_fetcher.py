@@ -252,7 +252,7 @@ class SourceFetcher:
         asks: dict[str, list[tuple[int, int, int]]] = {}
         for p, st in todo:
             if p.log.latest_epoch < 0:  # nothing written in any epoch: keep only committed data
-                p.log.truncate_to(p.log.high_watermark)
+                self._truncate_log(p, p.log.high_watermark)
                 st.truncate = False
             else:
                 asks.setdefault(p.topic, []).append(
@@ -301,7 +301,16 @@ class SourceFetcher:
                 epoch,
                 end,
             )
-            plog.truncate_to(target)
+            self._truncate_log(p, target)
+
+    def _truncate_log(self, p: Partition, offset: int) -> None:
+        try:
+            p.log.truncate_to(offset)
+        except OSError as e:
+            try:
+                p.storage_error("partition log truncation", e)
+            except KafkaStorageError:  # its log dir went offline: the manager drops it
+                self.manager.reconcile_soon()
 
     async def _fetch(self, conn: KafkaConnection) -> bool:
         """One Fetch for every ready partition; True if a request was sent."""

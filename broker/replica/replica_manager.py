@@ -235,17 +235,17 @@ class ReplicaManager:
         part.isr, part.replicas = tuple(reg.isr), tuple(reg.replicas)
         plog = part.log
         if role == "leader":
-            if new_epoch:
-                plog.assign_epoch(reg.leader_epoch, plog.log_end_offset)
-                part.reset_followers(self.broker_id, time.monotonic() * 1000)
-                part.isr_change_pending = False
-            else:
-                part.followers = {b: f for b, f in part.followers.items() if b in part.replicas}
-            part.maybe_advance_high_watermark()
             try:
+                if new_epoch:
+                    plog.assign_epoch(reg.leader_epoch, plog.log_end_offset)
+                    part.reset_followers(self.broker_id, time.monotonic() * 1000)
+                    part.isr_change_pending = False
+                else:
+                    part.followers = {b: f for b, f in part.followers.items() if b in part.replicas}
+                part.maybe_advance_high_watermark()
                 plog.checkpoint_high_watermark()
             except OSError as e:
-                self._checkpoint_failed(part, e)
+                self._checkpoint_failed(part, "leader epoch or high watermark checkpoint", e)
                 return
         else:
             part.followers = {}
@@ -366,9 +366,10 @@ class ReplicaManager:
         home = part.log.dir.parent
         self.dirs.fail(home, what, exc, self._dir_counts[home])
 
-    def _checkpoint_failed(self, part: Partition, exc: OSError) -> None:
+    def _checkpoint_failed(self, part: Partition, what: str, exc: OSError) -> None:
+        """A checkpoint write failed outside any request: report it; nobody to answer."""
         try:
-            part.storage_error("high watermark checkpoint", exc)
+            part.storage_error(what, exc)
         except KafkaStorageError:
             pass  # the partition is offline now
 
@@ -439,7 +440,7 @@ class ReplicaManager:
             try:
                 part.log.checkpoint_high_watermark()
             except OSError as e:
-                self._checkpoint_failed(part, e)
+                self._checkpoint_failed(part, "high watermark checkpoint", e)
 
     async def run_checkpoints(self, interval: float = 5.0) -> None:
         """Checkpoint high watermarks every ``interval`` seconds until cancelled."""
