@@ -229,3 +229,22 @@ def test_a_write_error_in_the_metadata_log_dir_still_stops_the_broker(
         produce._append("t", 0, make_batch([b"x" * 5000]), acks=1)
     (message,) = failures
     assert "in the log dir holding the metadata log" in message
+
+
+def test_operators_see_the_offline_dir_in_metrics_and_cluster_describe(tmp_path: Path) -> None:
+    from broker.metrics import log_dir_metrics
+    from broker.replica.log_dirs import LogDirs
+    from tools.commands.cluster_cmd import render_describe
+
+    dirs = LogDirs([tmp_path / "a", tmp_path / "b"])
+    dirs.offline[tmp_path / "b"] = "partition log write failed: [Errno 28]"
+    count, per_dir = log_dir_metrics(dirs)
+    assert count.samples[0].value == 1
+    assert {s.labels["logDirectory"]: s.value for s in per_dir.samples} == {
+        str(tmp_path / "a"): 0,
+        str(tmp_path / "b"): 1,
+    }
+    broker = {"broker_id": 1, "epoch": 5, "state": "unfenced", "listeners": []}
+    text = render_describe({"brokers": [{**broker, "offline_log_dirs": ["/d/b"]}, broker]})
+    assert "unfenced, log dir(s) offline: /d/b" in text
+    assert render_describe({"brokers": [broker]}).count("offline") == 0
