@@ -98,8 +98,25 @@ class BrokerCollector(Collector):
         ]
         for name, doc, value in values:
             yield GaugeMetricFamily(name, doc, value=value)
+        yield from log_dir_metrics(b.replica_manager.dirs)
         yield from group_coordinator_metrics(b.groups.metrics())
         yield from transaction_coordinator_metrics(b.txn.metrics())
+
+
+LM = "kafka_log_logmanager_"
+
+
+def log_dir_metrics(dirs: Any) -> Iterator[GaugeMetricFamily]:
+    """Kafka's LogManager gauges: OfflineLogDirectoryCount and LogDirectoryOffline per dir."""
+    yield GaugeMetricFamily(
+        LM + "offlinelogdirectorycount", "log dirs offline after a failure", value=len(dirs.offline)
+    )
+    per_dir = GaugeMetricFamily(
+        LM + "logdirectoryoffline", "1 while the log dir is offline", labels=["logDirectory"]
+    )
+    for d in dirs.dirs:
+        per_dir.add_metric([str(d)], 1 if dirs.is_offline(d) else 0)
+    yield per_dir
 
 
 GCM = "kafka_server_group_coordinator_metrics_"

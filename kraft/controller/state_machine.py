@@ -63,6 +63,7 @@ WRITES: dict[str, Handler] = {
     "FenceBroker": cluster_control.fence_broker,
     "UnfenceBroker": cluster_control.unfence_broker,
     "BeginControlledShutdown": cluster_control.begin_controlled_shutdown,
+    "LogDirsOffline": cluster_control.log_dirs_offline,
     "AllocateProducerIds": cluster_control.allocate_producer_ids,
     "ActivateController": feature_control.activate_controller,
     "NoOp": feature_control.no_op,
