@@ -137,6 +137,9 @@ class BrokerNode:
                 self,
             ],
             self.metadata_dir,
+            image_check_interval_ms=config["metadata.image.check.interval.ms"],
+            broker_id=config.node_id,
+            on_image_check=lambda: self.lifecycle.poke(),
         )
         self.listeners = [
             {
@@ -157,6 +160,7 @@ class BrokerNode:
             heartbeat_interval=config["broker.heartbeat.interval.ms"] / 1000,
             session_timeout=config["broker.session.timeout.ms"] / 1000,
             registration_timeout=config["initial.broker.registration.timeout.ms"] / 1000,
+            image_mismatch=self.loader.image_mismatch,
         )
         self.isr_updater = IsrUpdater(
             self.control_client,

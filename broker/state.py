@@ -7,7 +7,9 @@ Protocol (plain TCP, independent of Kafka's): the client sends one line of JSON
      "last_applied_offset", "high_watermark", "image_checksum", "controller_id",
      "listener": "host:port", "partitions": [{"topic", "topic_id", "partition", "role",
      "leader", "leader_epoch", "partition_epoch", "isr", "replicas", "high_watermark",
-     "log_start_offset", "log_end_offset", "dir"}]}
+     "log_start_offset", "log_end_offset", "dir"}],
+     "image_mismatch": null | {"offset", "checksum", "controller_checksum", "controller_id",
+     "fenced"}}
 
 An unknown api gets ``{"error": "..."}``. :func:`describe` is the client (used by
 ``kraft broker-state``); :func:`snapshot_state` builds the dict inside the broker.
@@ -75,6 +77,7 @@ def snapshot_state(broker: Any) -> dict[str, Any]:
         "controller_id": image.controller_id,
         "listener": f"{broker.advertised_host}:{broker.kafka_port}",
         "partitions": broker.replica_manager.describe(),
+        "image_mismatch": broker.loader.image_mismatch(),
     }
 
 

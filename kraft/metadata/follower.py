@@ -108,7 +108,9 @@ class LogFollower:
     ``timeout``: a whole FetchMetadata call (all controllers); ``attempt_timeout``: how long one
     controller may take to answer (None: the client's default); ``retry``: (first, longest)
     delay after a failed call, or None to raise it; ``on_error(error, from_offset, delay)`` is
-    told of each failure before the delay."""
+    told of each failure before the delay. ``extra_fields()`` adds fields to each request (a
+    broker asking for the image checksum); ``on_answer(resp)`` sees each answer before the
+    target does."""
 
     def __init__(
         self,
@@ -120,6 +122,8 @@ class LogFollower:
         attempt_timeout: float | None = None,
         retry: tuple[float, float] | None = (0.05, 2.0),
         on_error: Callable[[KraftError, int, float], None] | None = None,
+        extra_fields: Callable[[], dict[str, Any]] | None = None,
+        on_answer: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.client = client
         self.max_wait_ms = max_wait_ms
@@ -128,16 +132,21 @@ class LogFollower:
         self.attempt_timeout = attempt_timeout
         self.retry = retry
         self.on_error = on_error
+        self.extra_fields = extra_fields
+        self.on_answer = on_answer
 
     async def follow(self, target: FollowTarget) -> None:
         """Fetch and hand over answers until the target says stop (or cancellation)."""
         backoff = Backoff(*self.retry) if self.retry is not None else None
         while True:
             from_offset = target.next_offset()
+            body = fetch_metadata_body(from_offset, self.max_wait_ms, self.max_bytes)
+            if self.extra_fields is not None:
+                body.update(self.extra_fields())
             try:
                 resp = await self.client.call(
                     "FetchMetadata",
-                    fetch_metadata_body(from_offset, self.max_wait_ms, self.max_bytes),
+                    body,
                     timeout=self.timeout,
                     attempt_timeout=self.attempt_timeout,
                 )
@@ -151,6 +160,8 @@ class LogFollower:
                 continue
             if backoff is not None:
                 backoff.reset()
+            if self.on_answer is not None:
+                self.on_answer(resp)
             snapshot = resp.get("snapshot")
             if snapshot:
                 await target.on_snapshot(snapshot)

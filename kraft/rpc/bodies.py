@@ -190,6 +190,7 @@ class BrokerDescription(Body):
     in_controlled_shutdown: bool
     listeners: list[Listener]
     state: str  # 'fenced' | 'unfenced' | 'controlled-shutdown'
+    image_mismatch: ImageMismatch | None = None  # known to the active controller only
 
 
 class SnapshotRef(Body):
@@ -215,6 +216,24 @@ class VoterStatus(Body):
     is_leader: bool
     log_head: LogHead | None
     divergent_from_offset: int | None
+
+
+class ImageChecksum(Body):
+    """A controller's image checksum at ``offset`` (FetchMetadata, when asked)."""
+
+    offset: int
+    checksum: str
+    node_id: int
+
+
+class ImageMismatch(Body):
+    """A broker's image differing from a controller's (BrokerHeartbeat, DescribeCluster)."""
+
+    offset: int
+    checksum: str  # the broker's
+    controller_checksum: str
+    controller_id: int
+    fenced: bool  # it differed again after a reload: the broker asks to be fenced
 
 
 class ObserverStatus(Body):
@@ -357,12 +376,14 @@ class DescribeClusterResponse(ReadResponse):
     cluster_id: str = ""
     controller_id: int = -1
     brokers: list[BrokerDescription] = []
+    divergent_brokers: list[int] | None = None  # None: not answered by the active controller
 
 
 class BrokerHeartbeatRequest(BrokerEpochRequest):
     metadata_offset: int
     want_fence: bool
     want_shutdown: bool
+    image_mismatch: ImageMismatch | None = None  # the broker's image differs from a controller's
 
 
 class BrokerHeartbeatResponse(Body):
@@ -375,12 +396,15 @@ class FetchMetadataRequest(Body):
     from_offset: int
     max_wait_ms: int | None = None
     max_bytes: int | None = None
+    image_checksum: bool | None = None  # true: state the image checksum where possible
 
 
 class FetchMetadataResponse(Body):
     batches: list[bytes]  # encoded batches, the first one holding ``from_offset``
     high_watermark: int
     snapshot: SnapshotRef | None  # set when the fetcher should load this snapshot instead
+    # asked for, and this controller's image is at the offset the fetcher reaches with this answer
+    image_checksum: ImageChecksum | None = None
 
 
 class FetchSnapshotRequest(Body):
@@ -393,6 +417,10 @@ class FetchSnapshotResponse(Body):
     data: bytes
     size: int
     done: bool
+
+
+class DescribeClusterRequest(Body):
+    active_only: bool | None = None  # a standby answers NOT_CONTROLLER (with the leader hint)
 
 
 class DescribeQuorumRequest(Body):
@@ -450,7 +478,7 @@ REQUESTS: dict[str, type[Body]] = {
     "ListTopics": Empty,
     "DescribeTopics": DescribeTopicsRequest,
     "DescribeConfigs": DescribeConfigsRequest,
-    "DescribeCluster": Empty,
+    "DescribeCluster": DescribeClusterRequest,
     "BrokerHeartbeat": BrokerHeartbeatRequest,
     "FetchMetadata": FetchMetadataRequest,
     "FetchSnapshot": FetchSnapshotRequest,
