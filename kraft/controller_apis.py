@@ -98,7 +98,7 @@ class ControllerApis:
             "DescribeNode": self.describe_node,
         }
         for name, api in APIS.items():
-            if api.kind == "read":
+            if api.kind == "read" and name not in self.handlers:
                 self.handlers[name] = partial(self.read, name)
             elif api.kind == "write" and name in CONTROLLER_ISSUED:
                 self.handlers[name] = partial(self.refuse_controller_issued, name)

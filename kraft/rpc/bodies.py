@@ -399,7 +399,7 @@ class FetchMetadataRequest(Body):
     image_checksum: bool | None = None  # true: state the image checksum where possible
 
 
-class FetchMetadataResponse(Body):
+class FetchMetadataResponse(Body, omit_defaults=True):  # no image_checksum key unless stated
     batches: list[bytes]  # encoded batches, the first one holding ``from_offset``
     high_watermark: int
     snapshot: SnapshotRef | None  # set when the fetcher should load this snapshot instead

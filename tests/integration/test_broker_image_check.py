@@ -43,6 +43,18 @@ def broker_state(b: dict[str, Any]) -> dict[str, Any] | None:
         return None
 
 
+def create_topic(cluster: LocalCluster, name: str) -> None:
+    resp = cluster.call(
+        "CreateTopics", {"topics": [{"name": name, "num_partitions": 1, "replication_factor": 1}]}
+    )
+    assert resp["topics"][0]["error_code"] == 0, resp
+
+
+def describe_cluster(cluster: LocalCluster) -> dict[str, Any]:
+    """DescribeCluster as the active controller answers it (it alone knows the divergence)."""
+    return cluster.call("DescribeCluster", {"active_only": True})
+
+
 def test_a_broker_image_that_differs_is_reloaded_then_fenced(cluster: LocalCluster) -> None:
     cluster.up(1, 1, "--no-auth", "--metrics")
     d = str(cluster.dir)
@@ -72,7 +84,7 @@ def test_a_broker_image_that_differs_is_reloaded_then_fenced(cluster: LocalClust
 
         # 1. corrupted once: reloaded, agrees again
         trigger.write_text("once")
-        kraft("topics", "create", "t1", "--replication-factor", "1", "--cluster", d)
+        create_topic(cluster, "t1")
         poll(lambda: not trigger.exists(), 30, what="the image corrupted")
 
         def text() -> str:
@@ -102,14 +114,14 @@ def test_a_broker_image_that_differs_is_reloaded_then_fenced(cluster: LocalClust
         bm = metrics(b["host"], b["metrics_port"])
         assert "pykraft_broker_metadata_image_mismatch_count 1.0" in bm
         assert "pykraft_broker_metadata_image_divergent 0.0" in bm
-        assert kraft_json("cluster", "describe", "--cluster", d)["divergent_brokers"] == []
+        assert describe_cluster(cluster)["divergent_brokers"] == []
 
         # 2. corrupted on every publish: a reload does not help, the broker asks to be fenced
         trigger.write_text("always")
-        kraft("topics", "create", "t2", "--replication-factor", "1", "--cluster", d)
+        create_topic(cluster, "t2")
 
         def fenced_and_named() -> dict[str, Any] | None:
-            doc = kraft_json("cluster", "describe", "--cluster", d)
+            doc = describe_cluster(cluster)
             (row,) = doc["brokers"]
             ok = doc["divergent_brokers"] == [BROKER] and row["state"] == "fenced"
             return row if ok and (row["image_mismatch"] or {}).get("fenced") else None
@@ -123,6 +135,8 @@ def test_a_broker_image_that_differs_is_reloaded_then_fenced(cluster: LocalClust
         )
         table = kraft("cluster", "describe", "--cluster", d).stdout
         assert f"Broker {BROKER}: metadata image differs" in table
+        described = kraft_json("cluster", "describe", "--cluster", d)
+        assert described["divergent_brokers"] == [BROKER]
         assert "still differs from controller 1's after a reload" in text()
         assert "asking to be fenced" in text()
         assert "it asks to be fenced" in controller_log.read_text(errors="replace")
@@ -134,7 +148,7 @@ def test_a_broker_image_that_differs_is_reloaded_then_fenced(cluster: LocalClust
         cluster.start(BROKER)
 
         def clean() -> bool:
-            doc = kraft_json("cluster", "describe", "--cluster", d)
+            doc = describe_cluster(cluster)
             return doc["divergent_brokers"] == [] and doc["brokers"][0]["state"] == "unfenced"
 
         poll(clean, 60, interval=0.3, what="the restarted broker clean and unfenced")
