@@ -158,6 +158,8 @@ class ControllerApis:
         """Batches from ``from_offset`` (long-polling up to ``max_wait_ms`` when there are none
         yet), or the snapshot to load instead."""
         server = self.server
+        if req.leader_only and not server.is_active:
+            raise server.not_controller()
         log = server.log
         from_offset = req.from_offset
         max_wait = min(max(req.max_wait_ms or 0, 0), MAX_FETCH_WAIT_MS) / 1000

@@ -396,6 +396,9 @@ class FetchMetadataRequest(Body):
     from_offset: int
     max_wait_ms: int | None = None
     max_bytes: int | None = None
+    # only the active controller answers (others: NOT_CONTROLLER with the leader): a follower
+    # learns a commit with the leader's next append round, ~20 ms later (brokers set it)
+    leader_only: bool = False
     image_checksum: bool | None = None  # true: state the image checksum where possible
 
 
