@@ -29,6 +29,15 @@ from kraft.rpc.auth import ClientCredentials
 
 __all__ = ["BROKER_SETTINGS", "BrokerConfig"]
 
+
+def parse_non_negative(v: str) -> int:
+    """An integer >= 0."""
+    n = int(v)
+    if n < 0:
+        raise ValueError("expected an integer >= 0")
+    return n
+
+
 BROKER_SETTINGS = COMMON_SETTINGS + [
     Setting("broker.rack", str, "", "rack of this broker (rack-aware placement)"),
     Setting(
@@ -58,6 +67,12 @@ BROKER_SETTINGS = COMMON_SETTINGS + [
     ),
     Setting(
         "initial.broker.registration.timeout.ms", int, 60000, "give up if not registered by then"
+    ),
+    Setting(
+        "metadata.image.check.interval.ms",
+        parse_non_negative,
+        10000,
+        "how often the metadata image's checksum is compared with a controller's (0 = never)",
     ),
     Setting("replica.lag.time.max.ms", int, 30000, "a follower lagging this long leaves the ISR"),
     Setting("replica.fetch.wait.max.ms", int, 500, "follower fetch long-poll"),

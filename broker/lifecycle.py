@@ -22,6 +22,9 @@ PENDING_CONTROLLED_SHUTDOWN → SHUTTING_DOWN.
   ``should_shut_down`` or the deadline passes.
 * Offline log dirs (KIP-858): every heartbeat carries ``offline_report()`` (the offline dirs'
   ids and paths and the replicas on them) once a log dir has failed, until the broker restarts.
+* Image checks: while ``image_mismatch()`` reports a divergence, every heartbeat carries it,
+  and ``want_fence`` is true again once it says ``fenced`` (the image still differed after a
+  reload), until a check agrees.
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ class BrokerLifecycle:
         registration_timeout: float = 60.0,
         features: list[dict[str, Any]] | None = None,
         offline_report: Callable[[], dict[str, Any]] | None = None,
+        image_mismatch: Callable[[], dict[str, Any] | None] | None = None,
     ) -> None:
         self.client = client
         self.broker_id = broker_id
@@ -97,6 +101,7 @@ class BrokerLifecycle:
         self.last_heartbeat: dict[str, Any] | None = None
         self.registrations = 0
         self.attempt_timeout = min(3.0, max(0.5, session_timeout / 4))
+        self.image_mismatch = image_mismatch or (lambda: None)
 
     def _set_state(self, state: BrokerState, why: str) -> None:
         if state != self.state:
@@ -167,15 +172,19 @@ class BrokerLifecycle:
         await self.register()
         while True:
             want_shutdown = self._want_shutdown
-            body = {
+            mismatch = self.image_mismatch()
+            diverged = mismatch is not None and bool(mismatch.get("fenced"))
+            body: dict[str, Any] = {
                 "broker_id": self.broker_id,
                 "broker_epoch": self.broker_epoch,
                 "metadata_offset": self.metadata_offset(),
-                "want_fence": not self.ready.is_set() and not want_shutdown,
+                "want_fence": (not self.ready.is_set() or diverged) and not want_shutdown,
                 "want_shutdown": want_shutdown,
             }
             if self.offline_report is not None:
                 body.update(self.offline_report())
+            if mismatch is not None:
+                body["image_mismatch"] = mismatch
             try:
                 resp = await self.client.call(
                     "BrokerHeartbeat",

@@ -48,6 +48,7 @@ class BrokerCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         b = self.broker
         image = b.loader.image
+        check = b.loader.image_check
         now_ms = int(time.time() * 1000)
         hosted, led, under = replica_counts(
             b.config.node_id, list(b.replica_manager.partitions.values())
@@ -89,6 +90,22 @@ class BrokerCollector(Collector):
                 "kafka_server_kafkaserver_brokerstate",
                 "Kafka's broker state number (3 = RUNNING)",
                 BROKER_STATE_VALUES.get(b.lifecycle.state.value, 0),
+            ),
+            (
+                "pykraft_broker_metadata_image_divergent",
+                "1 while this broker's image differs from the controllers' (2: it asks to be "
+                "fenced)",
+                0 if check.mismatch is None else 2 if check.mismatch.fenced else 1,
+            ),
+            (
+                "pykraft_broker_metadata_image_mismatch_count",
+                "image checks that found the image differing from the controllers'",
+                check.mismatches,
+            ),
+            (
+                "pykraft_broker_metadata_image_check_count",
+                "image checksum comparisons with a controller's",
+                check.checks,
             ),
             (
                 "pykraft_broker_fenced",

@@ -137,6 +137,9 @@ class BrokerNode:
                 self,
             ],
             self.metadata_dir,
+            image_check_interval_ms=config["metadata.image.check.interval.ms"],
+            broker_id=config.node_id,
+            on_image_check=lambda: self.lifecycle.poke(),
         )
         self.listeners = [
             {
@@ -158,6 +161,7 @@ class BrokerNode:
             session_timeout=config["broker.session.timeout.ms"] / 1000,
             registration_timeout=config["initial.broker.registration.timeout.ms"] / 1000,
             offline_report=self.replica_manager.offline_report,
+            image_mismatch=self.loader.image_mismatch,
         )
         # a log dir went offline: stop fetching its partitions, tell the controller now
         self.replica_manager.dirs.listeners.append(self._log_dir_offline)

@@ -7,7 +7,9 @@ Protocol (plain TCP, independent of Kafka's): the client sends one line of JSON
      "last_applied_offset", "high_watermark", "image_checksum", "controller_id",
      "listener": "host:port", "partitions": [{"topic", "topic_id", "partition", "role",
      "leader", "leader_epoch", "partition_epoch", "isr", "replicas", "high_watermark",
-     "log_start_offset", "log_end_offset", "dir"}]}
+     "log_start_offset", "log_end_offset", "dir"}],
+     "image_mismatch": null | {"offset", "checksum", "controller_checksum", "controller_id",
+     "fenced"}}
 
 An unknown api gets ``{"error": "..."}``. :func:`describe` is the client (used by
 ``kraft broker-state``); :func:`snapshot_state` builds the dict inside the broker.
@@ -77,6 +79,7 @@ def snapshot_state(broker: Any) -> dict[str, Any]:
         "partitions": broker.replica_manager.describe(),
         "log_dirs": broker.replica_manager.dirs.describe(),
         "offline_partitions": len(broker.replica_manager.offline),
+        "image_mismatch": broker.loader.image_mismatch(),
     }
 
 

@@ -19,6 +19,7 @@ import trio
 
 from kraft.controller.heartbeats import BrokerHeartbeatManager, HeartbeatDecision
 from kraft.errors import ErrorCode, KraftError
+from kraft.metadata.image_check import BrokerImageTracker, Mismatch, TrackerEvent
 from kraft.rpc.bodies import (
     BrokerHeartbeatRequest,
     BrokerHeartbeatResponse,
@@ -47,10 +48,13 @@ class BrokerLifecycle:
         self.heartbeats = BrokerHeartbeatManager(session_timeout_ms)
         # broker id → (metadata offset, last contact ms, last time it was caught up ms or -1)
         self.observers: dict[int, tuple[int, int, int]] = {}
+        # brokers whose heartbeats report an image that differs from the controllers'
+        self.images = BrokerImageTracker()
 
     def reset(self) -> None:
         """This controller became active: every registered broker gets a fresh session."""
         self.heartbeats.reset_all(now_ms(), self.server.state_machine.image)
+        self.images.forget_all()
 
     # ---- registration -----------------------------------------------------------------------
 
@@ -85,6 +89,7 @@ class BrokerLifecycle:
             client_id=getattr(ctx, "client_id", "") or "",
         )
         self.heartbeats.register(req.broker_id, result["broker_epoch"], now_ms())
+        self.images.forget(req.broker_id)
         log.info(
             "node %d: broker %d registered with epoch %d",
             server.node_id,
@@ -112,6 +117,7 @@ class BrokerLifecycle:
             now,
             now if caught_up else previous[2] if previous else -1,
         )
+        self._note_image(req)
         decision = self._decide(req, now)
         if decision.command is not None:
             api, cmd_body = decision.command
@@ -141,6 +147,37 @@ class BrokerLifecycle:
             is_fenced=decision.is_fenced,
             should_shut_down=decision.should_shut_down,
         )
+
+    def _note_image(self, req: BrokerHeartbeatRequest) -> None:
+        """Track the image divergence a heartbeat reports; log each change once."""
+        m = req.image_mismatch
+        mismatch = (
+            None
+            if m is None
+            else Mismatch(m.offset, m.checksum, m.controller_checksum, m.controller_id, m.fenced)
+        )
+        event = self.images.note(req.broker_id, mismatch)
+        node_id = self.server.node_id
+        if event is TrackerEvent.CLEARED:
+            log.info(
+                "node %d: broker %d's metadata image agrees with the controllers' again",
+                node_id,
+                req.broker_id,
+            )
+        elif event is not None and mismatch is not None:
+            log.error(
+                "node %d: broker %d's metadata image differs from the controllers' at offset "
+                "%d: checksum %s, controller %d's %s; %s",
+                node_id,
+                req.broker_id,
+                mismatch.offset,
+                mismatch.checksum,
+                mismatch.controller_id,
+                mismatch.controller_checksum,
+                "it still differs after reloading its image: it asks to be fenced"
+                if event is TrackerEvent.FENCED
+                else "it reloads its image from the controllers",
+            )
 
     def _decide(self, req: BrokerHeartbeatRequest, now: int) -> HeartbeatDecision:
         return self.heartbeats.heartbeat(

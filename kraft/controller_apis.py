@@ -11,6 +11,7 @@ broker-lifecycle ones by :class:`kraft.broker_lifecycle.BrokerLifecycle`.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -22,9 +23,12 @@ import trio
 
 from kraft.divergence_monitor import hashes_at, head_of
 from kraft.errors import ErrorCode, KraftError
+from kraft.metadata.image_check import can_state, reached_offset
+from kraft.records import RecordDecodeError, decode_batch_envelope
 from kraft.rpc.apis import APIS
 from kraft.rpc.bodies import (
     Body,
+    DescribeClusterRequest,
     DescribeNodeRequest,
     DescribeNodeResponse,
     DescribeQuorumRequest,
@@ -32,6 +36,7 @@ from kraft.rpc.bodies import (
     FetchMetadataRequest,
     FetchMetadataResponse,
     FetchSnapshotRequest,
+    ImageChecksum,
     LogHead,
     ObserverStatus,
     SnapshotRef,
@@ -94,11 +99,12 @@ class ControllerApis:
             "BrokerHeartbeat": lifecycle.heartbeat,
             "FetchMetadata": self.fetch_metadata,
             "FetchSnapshot": self.fetch_snapshot,
+            "DescribeCluster": self.describe_cluster,
             "DescribeQuorum": self.describe_quorum,
             "DescribeNode": self.describe_node,
         }
         for name, api in APIS.items():
-            if api.kind == "read":
+            if api.kind == "read" and name not in self.handlers:
                 self.handlers[name] = partial(self.read, name)
             elif api.kind == "write" and name in CONTROLLER_ISSUED:
                 self.handlers[name] = partial(self.refuse_controller_issued, name)
@@ -187,7 +193,33 @@ class ControllerApis:
                 while from_offset >= log.next_offset:
                     await server.new_data_event().wait()
         batches = log.read_encoded(from_offset, max_bytes) if from_offset < log.next_offset else []
-        return FetchMetadataResponse(batches=batches, high_watermark=log.next_offset, snapshot=None)
+        high_watermark = log.next_offset
+        stated = None
+        if req.image_checksum:
+            stated = await self._stated_checksum(from_offset, batches)
+        return FetchMetadataResponse(
+            batches=batches, high_watermark=high_watermark, snapshot=None, image_checksum=stated
+        )
+
+    async def _stated_checksum(
+        self, from_offset: int, batches: list[bytes]
+    ) -> ImageChecksum | None:
+        """Our image's checksum, when our image is at the offset a fetcher reaches by applying
+        ``batches`` (read just now, from ``from_offset``): the last one's end, or
+        ``from_offset - 1`` when there are none. Otherwise None: we cannot state it there."""
+        server = self.server
+        image = server.state_machine.image  # read with the batches: no await in between
+        last_end = None
+        if batches:
+            try:
+                last_end = decode_batch_envelope(batches[-1]).last_offset
+            except RecordDecodeError:
+                return None
+        reached = reached_offset(from_offset, last_end)
+        if not can_state(image.offset, server.log.next_offset, reached):
+            return None
+        checksum = await trio.to_thread.run_sync(image.checksum)  # cached per image and topic
+        return ImageChecksum(offset=image.offset, checksum=checksum, node_id=server.node_id)
 
     def _snapshot_for_fetch(self, from_offset: int) -> Path | None:
         """The snapshot a fetcher at ``from_offset`` should load instead of reading the log: when
@@ -223,6 +255,27 @@ class ControllerApis:
         )
 
     # ---- describing the quorum and the node -------------------------------------------------
+
+    async def describe_cluster(
+        self, req: DescribeClusterRequest, wire: dict[str, Any], ctx: Any
+    ) -> dict[str, Any]:
+        """The brokers as our committed image has them. Which brokers' images diverge is known
+        to the active controller only (their heartbeats report it): it adds ``image_mismatch``
+        per broker and ``divergent_brokers``; a standby leaves them out, or with
+        ``active_only`` answers NOT_CONTROLLER so that the client asks the active one."""
+        server = self.server
+        if req.active_only and not server.is_active:
+            raise server.not_controller()
+        resp = server.state_machine.read("DescribeCluster", wire)
+        if server.is_active:
+            divergent = server.lifecycle.images.divergent
+            for broker in resp.get("brokers", []):
+                mismatch = divergent.get(broker.get("broker_id"))
+                broker["image_mismatch"] = (
+                    None if mismatch is None else dataclasses.asdict(mismatch)
+                )
+            resp["divergent_brokers"] = sorted(divergent)
+        return resp
 
     async def describe_quorum(
         self, req: DescribeQuorumRequest, wire: dict[str, Any], ctx: Any

@@ -186,6 +186,11 @@ class ControllerCollector(Collector):
                 "voters whose metadata log differs from the active controller's (0 elsewhere)",
                 len(node.divergence.divergent) if node.is_active else 0,
             ),
+            gauge(
+                "kraft_controller_divergent_brokers",
+                "brokers whose metadata image differs from the controllers' (active only)",
+                len(node.lifecycle.images.divergent) if node.is_active else 0,
+            ),
         ]
         yield from (m for m in metrics if m is not None)
 

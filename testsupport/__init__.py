@@ -7,4 +7,6 @@ Importable with the repository root on ``sys.path`` (``tests/conftest.py`` puts 
 * ``sim_broker`` — simulated brokers: ``python -m testsupport.sim_broker --cluster DIR --count N``.
 * ``sample_log`` — a small, realistic metadata log written by the real state machine.
 * ``classdata_train`` — the audit run whose JVM writes the audit's class archive.
+* ``image_corrupter`` — a real broker whose metadata image a test corrupts on demand
+  (``python -m testsupport.image_corrupter --trigger FILE CONFIG``; broker image checks).
 """

@@ -15,24 +15,37 @@ install order:
 A batch that does not replay (a broken hash chain or an impossible record, i.e. our local
 history diverged from the controllers') is logged at ERROR and the loader restarts from offset 0.
 The last published image is checkpointed every ``checkpoint_records`` records (and on stop).
+
+Image checks (``kraft.metadata.image_check``): at most every ``image_check_interval_ms`` a fetch
+asks for the controller's image checksum, and once the answer is applied the published image's
+checksum is compared with it. The first mismatch is logged at ERROR, the local checkpoints are
+deleted and the metadata is reloaded from offset 0 (a snapshot when the controllers offer one);
+a mismatch again after that marks the broker fenced (its heartbeats ask for it) until a check
+agrees. No checkpoint is written while the image is known to differ.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
+import msgspec
 import trio
 
 from broker.metadata.checkpoint import image_from_snapshot, load_checkpoint, write_checkpoint
 from kraft.errors import KraftError
+from kraft.log.snapshot import list_snapshots
 from kraft.metadata.delta import MetadataDelta, ReplayError
 from kraft.metadata.follower import LogFollower, SnapshotFetchError, check_snapshot_name
 from kraft.metadata.image import MetadataImage
+from kraft.metadata.image_check import Action, ImageCheck, Stated
 from kraft.metadata.replay import replay_into
 from kraft.records import RecordDecodeError, decode_batch
+from kraft.rpc.bodies import ImageChecksum
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +75,9 @@ class MetadataLoader:
         max_bytes: int = 8 << 20,
         checkpoint_records: int = 1000,
         request_timeout: float = 10.0,
+        image_check_interval_ms: int = 10_000,
+        broker_id: int = -1,
+        on_image_check: Callable[[], None] | None = None,
     ) -> None:
         self.client = client
         self.publishers = publishers
@@ -76,6 +92,10 @@ class MetadataLoader:
         self._checkpointed_offset = -1
         self._checkpoint_lock = trio.Lock()
         self.errors = 0
+        self.broker_id = broker_id
+        self.image_check = ImageCheck(image_check_interval_ms)
+        # told when the image check's verdict changes (the node heartbeats at once)
+        self.on_image_check = on_image_check or (lambda: None)
         # the delta being replayed into and whether its publish is a full one (set by run)
         self._delta, self._full = MetadataDelta.full(self.image), True
         self._follower = LogFollower(
@@ -88,6 +108,8 @@ class MetadataLoader:
             retry=(0.05, 2.0),
             on_error=self._fetch_failed,
             leader_only=True,  # as Kafka's brokers: the leader knows of a commit first
+            extra_fields=self._check_fields,
+            on_answer=self._note_answer,
         )
 
     @property
@@ -113,6 +135,78 @@ class MetadataLoader:
         log.warning(
             "FetchMetadata from offset %d failed: %s; retrying in %.2fs", from_offset, error, delay
         )
+
+    # ---- image checks ------------------------------------------------------------------------
+
+    def _check_fields(self) -> dict[str, Any]:
+        due = self.image_check.due(int(time.monotonic() * 1000))
+        return {"image_checksum": True} if due else {}
+
+    def _note_answer(self, resp: dict[str, Any]) -> None:
+        raw = resp.get("image_checksum")
+        if raw is None:
+            return
+        try:
+            c = msgspec.convert(raw, ImageChecksum)
+        except msgspec.ValidationError:
+            return
+        self.image_check.stated(Stated(c.offset, c.checksum, c.node_id))
+
+    def image_mismatch(self) -> dict[str, Any] | None:
+        """The current divergence as a heartbeat reports it (None: none known)."""
+        m = self.image_check.mismatch
+        return None if m is None else dataclasses.asdict(m)
+
+    async def _check_image(self) -> None:
+        """Compare the published image with the checksum the last answer stated, if any."""
+        stated = self.image_check.take(self.image.offset)
+        if stated is None or self._full:  # a reload is under way: the image is the old one
+            return
+        image = self.image
+        ours = await trio.to_thread.run_sync(image.checksum)  # cached per image and topic
+        action = self.image_check.judge(stated, ours, int(time.monotonic() * 1000))
+        if action is Action.AGREE:
+            return
+        who = f"broker {self.broker_id}"
+        if action is Action.RECOVERED:
+            log.info(
+                "%s: metadata image agrees with controller %d's at offset %d again",
+                who,
+                stated.node_id,
+                stated.offset,
+            )
+        elif action is Action.RELOAD:
+            log.error(
+                "%s: metadata image differs from controller %d's at offset %d: checksum %s "
+                "here, %s there; discarding it and reloading the metadata from the controllers",
+                who,
+                stated.node_id,
+                stated.offset,
+                ours,
+                stated.checksum,
+            )
+            await self._discard_checkpoints()
+            self._delta, self._full = MetadataDelta.full(MetadataImage.EMPTY), True
+        elif action is Action.FENCE:
+            log.error(
+                "%s: metadata image still differs from controller %d's after a reload, at "
+                "offset %d: checksum %s here, %s there; asking to be fenced until it agrees "
+                "(restart the broker to reload again)",
+                who,
+                stated.node_id,
+                stated.offset,
+                ours,
+                stated.checksum,
+            )
+        if action is not Action.STAY_FENCED:
+            self.on_image_check()
+
+    async def _discard_checkpoints(self) -> None:
+        """Delete the local checkpoints: they may hold the image that differs."""
+        async with self._checkpoint_lock:
+            for path in list_snapshots(self.metadata_dir):
+                path.unlink(missing_ok=True)
+            self._checkpointed_offset = -1
 
     async def on_snapshot(self, info: dict[str, Any]) -> None:
         image = await self._fetch_snapshot(info)
@@ -140,6 +234,7 @@ class MetadataLoader:
             self._publish(self._delta, self._full)
             self._delta, self._full = MetadataDelta(self.image), False
             await self._maybe_checkpoint()
+        await self._check_image()
         return False
 
     def _publish(self, delta: MetadataDelta, full: bool) -> None:
@@ -163,6 +258,8 @@ class MetadataLoader:
             image = self.image
             if image.offset < 0 or image.offset == self._checkpointed_offset:
                 return
+            if self.image_check.mismatch is not None:
+                return  # the image is known to differ from the controllers'
             if not force and image.offset - self._checkpointed_offset < self.checkpoint_records:
                 return
             path = await trio.to_thread.run_sync(write_checkpoint, self.metadata_dir, image)

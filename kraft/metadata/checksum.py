@@ -52,12 +52,10 @@ def image_checksum(image: MetadataImage, version: int) -> str:
         raise ValueError(f"unknown image checksum version {version}")
     head: list[dict[str, Any]] = []
     tail: list[dict[str, Any]] = []
-    for record in image.iter_records(with_partitions=False):
-        if type(record) is TopicRecord:
-            continue
+    for record in image.iter_records(with_partitions=False, with_topics=False):
         (head if type(record) in _HEAD_TYPES else tail).append(record.to_dict())
-    topics = image.topics_by_id
-    digests = [topics[image.topics_by_name[name]].digest() for name in image.topic_names()]
+    by_id, by_name = image.topics_by_id, image.topics_by_name
+    digests = [by_id[by_name[name]].digest() for name in image.topic_names()]
     payload = msgpack.packb([2, image.offset, head, digests, tail], use_bin_type=True)
     return hashlib.sha256(payload).hexdigest()
 

@@ -113,7 +113,9 @@ class LogFollower:
     delay after a failed call, or None to raise it; ``on_error(error, from_offset, delay)`` is
     told of each failure before the delay. ``leader_only``: fetch from the active controller only
     (brokers, as Kafka's brokers do: a follower controller learns of each commit one Raft append
-    round later, so its long-polls answer ~20 ms after the leader's)."""
+    round later, so its long-polls answer ~20 ms after the leader's). ``extra_fields()`` adds
+    fields to each request (a broker asking for the image checksum); ``on_answer(resp)`` sees
+    each answer before the target does."""
 
     def __init__(
         self,
@@ -126,6 +128,8 @@ class LogFollower:
         retry: tuple[float, float] | None = (0.05, 2.0),
         on_error: Callable[[KraftError, int, float], None] | None = None,
         leader_only: bool = False,
+        extra_fields: Callable[[], dict[str, Any]] | None = None,
+        on_answer: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.client = client
         self.leader_only = leader_only
@@ -135,18 +139,23 @@ class LogFollower:
         self.attempt_timeout = attempt_timeout
         self.retry = retry
         self.on_error = on_error
+        self.extra_fields = extra_fields
+        self.on_answer = on_answer
 
     async def follow(self, target: FollowTarget) -> None:
         """Fetch and hand over answers until the target says stop (or cancellation)."""
         backoff = Backoff(*self.retry) if self.retry is not None else None
         while True:
             from_offset = target.next_offset()
+            body = fetch_metadata_body(
+                from_offset, self.max_wait_ms, self.max_bytes, self.leader_only
+            )
+            if self.extra_fields is not None:
+                body.update(self.extra_fields())
             try:
                 resp = await self.client.call(
                     "FetchMetadata",
-                    fetch_metadata_body(
-                        from_offset, self.max_wait_ms, self.max_bytes, self.leader_only
-                    ),
+                    body,
                     timeout=self.timeout,
                     attempt_timeout=self.attempt_timeout,
                 )
@@ -160,6 +169,8 @@ class LogFollower:
                 continue
             if backoff is not None:
                 backoff.reset()
+            if self.on_answer is not None:
+                self.on_answer(resp)
             snapshot = resp.get("snapshot")
             if snapshot:
                 await target.on_snapshot(snapshot)

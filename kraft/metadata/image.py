@@ -123,16 +123,19 @@ class MetadataImage:
 
     # ---- snapshots and checksums ------------------------------------------------------------
 
-    def iter_records(self, with_partitions: bool = True) -> Iterator[Record]:
+    def iter_records(
+        self, with_partitions: bool = True, with_topics: bool = True
+    ) -> Iterator[Record]:
         """The image as records in canonical order: FeatureLevel (by name), RegisterBroker (by id),
         per topic by name: Topic then Partition (by id), Config (by type, name, key), ProducerIds
         (if any were allocated), LeaderChange (if a controller was ever active).
-        ``with_partitions=False`` leaves out the PartitionRecords."""
+        ``with_partitions=False`` leaves out the PartitionRecords, ``with_topics=False`` the
+        TopicRecords too (the checksum digests topics apart)."""
         for name in sorted(self.features):
             yield FeatureLevelRecord(name, self.features[name])
         for broker_id in sorted(self.brokers):
             yield self.brokers[broker_id].to_record()
-        for name in self.topic_names():
+        for name in self.topic_names() if with_topics else ():
             topic_id = self.topics_by_name[name]
             yield TopicRecord(name, topic_id)
             if with_partitions:

@@ -193,6 +193,7 @@ class BrokerDescription(Body):
     # what the broker's heartbeats report offline (known to the active controller only)
     offline_log_dirs: list[str] = []  # paths, else directory ids
     offline_replicas: int = 0
+    image_mismatch: ImageMismatch | None = None  # known to the active controller only
 
 
 class SnapshotRef(Body):
@@ -218,6 +219,24 @@ class VoterStatus(Body):
     is_leader: bool
     log_head: LogHead | None
     divergent_from_offset: int | None
+
+
+class ImageChecksum(Body):
+    """A controller's image checksum at ``offset`` (FetchMetadata, when asked)."""
+
+    offset: int
+    checksum: str
+    node_id: int
+
+
+class ImageMismatch(Body):
+    """A broker's image differing from a controller's (BrokerHeartbeat, DescribeCluster)."""
+
+    offset: int
+    checksum: str  # the broker's
+    controller_checksum: str
+    controller_id: int
+    fenced: bool  # it differed again after a reload: the broker asks to be fenced
 
 
 class ObserverStatus(Body):
@@ -360,6 +379,7 @@ class DescribeClusterResponse(ReadResponse):
     cluster_id: str = ""
     controller_id: int = -1
     brokers: list[BrokerDescription] = []
+    divergent_brokers: list[int] | None = None  # None: not answered by the active controller
 
 
 class OfflineReplica(Body):
@@ -379,6 +399,7 @@ class BrokerHeartbeatRequest(BrokerEpochRequest):
     offline_log_dirs: list[str] = []
     offline_log_dir_paths: list[str] = []
     offline_replicas: list[OfflineReplica] = []
+    image_mismatch: ImageMismatch | None = None  # the broker's image differs from a controller's
 
 
 class LogDirsOfflineRequest(BrokerEpochRequest):
@@ -400,12 +421,15 @@ class FetchMetadataRequest(Body):
     # only the active controller answers (others: NOT_CONTROLLER with the leader): a follower
     # learns a commit with the leader's next append round, ~20 ms later (brokers set it)
     leader_only: bool = False
+    image_checksum: bool | None = None  # true: state the image checksum where possible
 
 
-class FetchMetadataResponse(Body):
+class FetchMetadataResponse(Body, omit_defaults=True):  # no image_checksum key unless stated
     batches: list[bytes]  # encoded batches, the first one holding ``from_offset``
     high_watermark: int
     snapshot: SnapshotRef | None  # set when the fetcher should load this snapshot instead
+    # asked for, and this controller's image is at the offset the fetcher reaches with this answer
+    image_checksum: ImageChecksum | None = None
 
 
 class FetchSnapshotRequest(Body):
@@ -418,6 +442,10 @@ class FetchSnapshotResponse(Body):
     data: bytes
     size: int
     done: bool
+
+
+class DescribeClusterRequest(Body):
+    active_only: bool | None = None  # a standby answers NOT_CONTROLLER (with the leader hint)
 
 
 class DescribeQuorumRequest(Body):
@@ -476,7 +504,7 @@ REQUESTS: dict[str, type[Body]] = {
     "ListTopics": Empty,
     "DescribeTopics": DescribeTopicsRequest,
     "DescribeConfigs": DescribeConfigsRequest,
-    "DescribeCluster": Empty,
+    "DescribeCluster": DescribeClusterRequest,
     "BrokerHeartbeat": BrokerHeartbeatRequest,
     "FetchMetadata": FetchMetadataRequest,
     "FetchSnapshot": FetchSnapshotRequest,

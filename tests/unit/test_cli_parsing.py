@@ -643,6 +643,31 @@ def test_cluster_describe(capsys: pytest.CaptureFixture, rpc: FakeRpc) -> None:
     assert json.loads(out)["brokers"][0]["broker_id"] == 102
 
 
+def test_cluster_describe_asks_the_active_controller_for_divergent_images(
+    capsys: pytest.CaptureFixture, rpc: FakeRpc
+) -> None:
+    broker = {"broker_id": 101, "epoch": 8, "rack": None, "state": "fenced", "listeners": []}
+    rpc.responses["DescribeCluster"] = {
+        "offset": 7,
+        "cluster_id": "cid",
+        "controller_id": 1,
+        "brokers": [{**broker, "image_mismatch": {"offset": 6, "checksum": "b", "fenced": True}}],
+        "divergent_brokers": [101],
+    }
+    code, out, _ = run(capsys, "cluster", "describe", *BOOT)
+    assert code == 0 and len(rpc.calls) == 1  # the active controller answered
+    assert "Broker 101: metadata image differs from the controllers' at offset 6" in out
+    rpc.responses["DescribeCluster"] = {
+        "offset": 7,
+        "cluster_id": "cid",
+        "controller_id": 1,
+        "brokers": [broker],
+    }
+    code, out, _ = run(capsys, "cluster", "describe", *BOOT)
+    assert code == 0  # a standby answered: asked again, of the active controller only
+    assert [c[2] for c in rpc.calls[1:]] == [{}, {"active_only": True}]
+
+
 # ---- node commands -------------------------------------------------------------------------------------
 
 

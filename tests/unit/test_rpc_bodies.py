@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 import trio
 
@@ -228,3 +229,28 @@ def test_the_state_machine_answers_fit_the_response_types() -> None:
     for api, response in answers:
         msgspec.convert(response, RESPONSES[api])  # raises naming the field that does not fit
     assert answers[1][1]["duplicate"] is True
+
+
+def test_describe_cluster_names_divergent_brokers_on_the_active_controller_only(
+    server: ControllerServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kraft.metadata.image_check import Mismatch
+
+    standby = trio.run(server.apis.handle, "DescribeCluster", {}, CTX)
+    assert "divergent_brokers" not in standby and standby["brokers"] == []
+    with pytest.raises(KraftError) as e:
+        trio.run(server.apis.handle, "DescribeCluster", {"active_only": True}, CTX)
+    assert e.value.code == ErrorCode.NOT_CONTROLLER
+    monkeypatch.setattr(ControllerServer, "is_active", property(lambda self: True))
+    server.lifecycle.images.note(101, Mismatch(4, "b" * 64, "a" * 64, 1, fenced=True))
+    active = trio.run(server.apis.handle, "DescribeCluster", {"active_only": True}, CTX)
+    assert active["divergent_brokers"] == [101]
+    msgspec.convert(active, RESPONSES["DescribeCluster"])
+
+
+def test_fetch_metadata_states_no_checksum_where_the_fetcher_will_not_be(
+    server: ControllerServer,
+) -> None:
+    body = {"from_offset": 0, "image_checksum": True}
+    fetched = trio.run(server.apis.handle, "FetchMetadata", body, CTX)
+    assert fetched == {"batches": [], "high_watermark": 0, "snapshot": None}  # empty log

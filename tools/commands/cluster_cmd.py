@@ -13,9 +13,11 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
+from kraft.errors import KraftError
 from tools import cluster as launcher
 from tools import output
 from tools.cluster import ClusterError, ClusterLayout, Readiness
+from tools.commands import common
 from tools.commands.common import (
     ManualFormatter,
     UsageError,
@@ -510,13 +512,43 @@ def render_describe(resp: dict[str, Any]) -> str:
         )
         for b in brokers
     ]
-    return (
-        head + "\n\n" + output.render_table(("BROKER", "EPOCH", "RACK", "STATE", "LISTENERS"), rows)
-    )
+    table = output.render_table(("BROKER", "EPOCH", "RACK", "STATE", "LISTENERS"), rows)
+    return head + "\n\n" + table + _image_mismatches(brokers)
+
+
+def _image_mismatches(brokers: list[dict[str, Any]]) -> str:
+    """Lines naming the brokers whose metadata image differs from the controllers' (if any)."""
+    lines = []
+    for b in brokers:
+        m = b.get("image_mismatch")
+        if isinstance(m, dict):
+            lines.append(
+                f"Broker {b['broker_id']}: metadata image differs from the controllers' at "
+                f"offset {m.get('offset')}"
+                + (" (still after a reload: it asks to be fenced)" if m.get("fenced") else "")
+            )
+    return "".join("\n" + line for line in lines)
+
+
+ACTIVE_RETRY_TIMEOUT_S = 3.0
 
 
 def cmd_describe(args: argparse.Namespace) -> int:
-    return show(args, call(args, "DescribeCluster", {}), render_describe)
+    resp = call(args, "DescribeCluster", {})
+    active = resp.get("controller_id")
+    if resp.get("divergent_brokers") is None and isinstance(active, int) and active >= 0:
+        # a standby answered: only the active controller knows whose images diverge
+        try:
+            resp = common.call_endpoints(
+                common.resolve_bootstrap(args),
+                "DescribeCluster",
+                {"active_only": True},
+                min(args.timeout, ACTIVE_RETRY_TIMEOUT_S),
+                common.resolve_credentials(args),
+            )
+        except KraftError:
+            pass  # no active controller within the budget: the standby's answer stands
+    return show(args, resp, render_describe)
 
 
 # ---- parser ---------------------------------------------------------------------------------
