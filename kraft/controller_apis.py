@@ -136,15 +136,8 @@ class ControllerApis:
     # ---- reads and writes -------------------------------------------------------------------
 
     async def read(self, api: str, req: Body, wire: dict[str, Any], ctx: Any) -> dict[str, Any]:
-        """A read, answered from this controller's committed image. DescribeCluster from the
-        active controller also names each broker's offline log dirs (heartbeat soft state)."""
-        result = self.server.state_machine.read(api, wire)
-        if api == "DescribeCluster" and self.server.is_active:
-            heartbeats = self.server.lifecycle.heartbeats
-            for broker in result.get("brokers", []):
-                dirs, replicas = heartbeats.offline(broker["broker_id"])
-                broker["offline_log_dirs"], broker["offline_replicas"] = list(dirs), replicas
-        return result
+        """A read, answered from this controller's committed image."""
+        return self.server.state_machine.read(api, wire)
 
     async def write(self, api: str, req: Body, wire: dict[str, Any], ctx: Any) -> dict[str, Any]:
         """A write, through the active controller's write path."""
@@ -259,21 +252,26 @@ class ControllerApis:
     async def describe_cluster(
         self, req: DescribeClusterRequest, wire: dict[str, Any], ctx: Any
     ) -> dict[str, Any]:
-        """The brokers as our committed image has them. Which brokers' images diverge is known
-        to the active controller only (their heartbeats report it): it adds ``image_mismatch``
-        per broker and ``divergent_brokers``; a standby leaves them out, or with
-        ``active_only`` answers NOT_CONTROLLER so that the client asks the active one."""
+        """The brokers as our committed image has them. Which brokers' images diverge, and
+        which log dirs they have offline, is known to the active controller only (their
+        heartbeats report it): it adds ``image_mismatch``, ``offline_log_dirs`` and
+        ``offline_replicas`` per broker and ``divergent_brokers``; a standby leaves them out,
+        or with ``active_only`` answers NOT_CONTROLLER so that the client asks the active
+        one."""
         server = self.server
         if req.active_only and not server.is_active:
             raise server.not_controller()
         resp = server.state_machine.read("DescribeCluster", wire)
         if server.is_active:
             divergent = server.lifecycle.images.divergent
+            heartbeats = server.lifecycle.heartbeats
             for broker in resp.get("brokers", []):
                 mismatch = divergent.get(broker.get("broker_id"))
                 broker["image_mismatch"] = (
                     None if mismatch is None else dataclasses.asdict(mismatch)
                 )
+                dirs, replicas = heartbeats.offline(broker["broker_id"])
+                broker["offline_log_dirs"], broker["offline_replicas"] = list(dirs), replicas
             resp["divergent_brokers"] = sorted(divergent)
         return resp
 
