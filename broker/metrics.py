@@ -99,6 +99,34 @@ class BrokerCollector(Collector):
         for name, doc, value in values:
             yield GaugeMetricFamily(name, doc, value=value)
         yield from group_coordinator_metrics(b.groups.metrics())
+        yield from log_cleaner_metrics(b.cleaner)
+
+
+LC = "kafka_log_logcleaner_"
+
+
+def log_cleaner_metrics(cleaner: Any) -> Iterator[GaugeMetricFamily]:
+    """Kafka's kafka.log:type=LogCleaner gauges, plus the cleaner's totals since start."""
+    c = cleaner.counters
+    for name, doc, value in (
+        (
+            "cleaner_recopy_percent",
+            "bytes written / bytes read by the last pass, %",
+            cleaner.last_recopy,
+        ),
+        ("max_clean_time_secs", "duration of the longest pass (s)", cleaner.max_seconds),
+        ("max_dirty_percent", "dirty ratio of the last log cleaned, %", cleaner.last_ratio * 100),
+        ("passes", "logs cleaned since start", c["passes"]),
+        ("bytes_read", "segment bytes the cleaner read since start", c["bytes_read"]),
+        ("bytes_written", "segment bytes the cleaner wrote since start", c["bytes_written"]),
+        (
+            "records_removed",
+            "records (and markers) compaction removed since start",
+            c["records_removed"],
+        ),
+        ("batches_removed", "whole batches compaction removed since start", c["batches_removed"]),
+    ):
+        yield GaugeMetricFamily(LC + name, doc, value=value)
 
 
 GCM = "kafka_server_group_coordinator_metrics_"

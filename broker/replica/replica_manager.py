@@ -295,7 +295,7 @@ class ReplicaManager:
             counts = self._dir_counts
             directory = min(self.log_dirs, key=lambda d: counts[d]) / partition_dir_name(topic, pid)
         self._dir_counts[directory.parent] += 1
-        plog = PartitionLog.open(directory, self.segment_bytes, self.fsync)
+        plog = PartitionLog.open(directory, self._segment_bytes(topic), self.fsync)
         self._dirs_listing().setdefault(directory.parent, set()).add(directory.name)
         if on_disk is None:  # a new directory, or one whose metadata file is missing
             write_small_file(
@@ -323,6 +323,13 @@ class ReplicaManager:
             else None
         )
         return int(value) if value is not None else self.default_min_insync_replicas
+
+    def _segment_bytes(self, topic: str) -> int:
+        """The topic's ``segment.bytes`` (else the broker's; the log cleaner applies changes)."""
+        value = (
+            self.image.config(RESOURCE_TOPIC, topic).get("segment.bytes") if self.image else None
+        )
+        return int(value) if value is not None else self.segment_bytes
 
     def propose_isr(self, part: Partition, isr: tuple[int, ...], reason: str) -> None:
         """Ask the controller (through the ISR updater, if any) to change a led partition's ISR."""
