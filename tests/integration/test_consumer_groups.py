@@ -643,11 +643,11 @@ def test_compaction_latest_values_and_offsets_survive_a_reload(cluster):
 
     group = "compacted-offsets"
     pid = partition_for(group, 10)
+    node = coordinator_of(cluster, group)  # creates __consumer_offsets if need be
     kraft(
         "configs", "alter", "--topic", "__consumer_offsets", "--set", "segment.bytes=2048",
         "--set", "min.cleanable.dirty.ratio=0.01", "--cluster", str(cluster.dir),
     )  # fmt: skip
-    node = coordinator_of(cluster, group)
 
     def commit_all(w: KafkaWire, round_: int) -> None:
         body = {"group_id": group, "generation_id_or_member_epoch": -1, "member_id": "",
@@ -691,8 +691,15 @@ def test_compaction_latest_values_and_offsets_survive_a_reload(cluster):
             "--delete", "min.cleanable.dirty.ratio", "--cluster", str(cluster.dir),
         )  # fmt: skip
         cluster.start(node)
-        poll(lambda: replica_state(cluster, node, "__consumer_offsets", pid)["role"]
-             in ("leader", "follower"), 60, what="the stopped broker back")  # fmt: skip
+
+        def back_in_isr() -> bool:
+            for n in nodes:
+                state = replica_state(cluster, n, "__consumer_offsets", pid)
+                if state["role"] == "leader":
+                    return node in state["isr"]
+            return False
+
+        poll(back_in_isr, 60, what="the stopped broker back in the ISR")
 
 
 def test_kill_coordinator_moves_group_with_offsets(cluster):
