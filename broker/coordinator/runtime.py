@@ -29,6 +29,7 @@ to ``shard.replay_marker(producer_id, commit)`` (shards without them ignore both
 from __future__ import annotations
 
 import logging
+import struct
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
@@ -39,7 +40,7 @@ import trio
 from kio.schema.errors import ErrorCode
 
 from broker.coordinator.rate_meter import RateMeter
-from broker.coordinator.record_batch import encode_batch, last_offset, read_entries
+from broker.coordinator.record_batch import encode_batch, last_offset, read_entries, scan_plain
 from broker.replica.partition import Partition
 from broker.replica.replica_manager import ReplicaManager
 
@@ -437,25 +438,25 @@ class LogReplayer:
 
     def feed(self, data: bytes) -> None:
         """Whole batches, in offset order."""
-        pending = self._pending
-        for rec_offset, key, value, producer_id, marker in read_entries(data):
-            if marker is None and producer_id < 0:
-                if key is None:
-                    continue
-                self.records += 1
-                if key in pending:
-                    del pending[key]  # re-inserted last: replay order is last occurrence
-                pending[key] = (rec_offset, value)
-                continue
-            self.flush()
-            if marker is not None:
-                if self._replay_marker is not None:
-                    self._replay_marker(producer_id, marker)
-                continue
-            if key is None:
-                continue
-            self.records += 1
-            self._apply(rec_offset, key, value, producer_id)
+        if not isinstance(data, bytes):
+            data = bytes(data)
+        pos, n = 0, len(data)
+        while pos + 61 <= n:
+            pos, folded = scan_plain(data, pos, self._pending)
+            self.records += folded
+            if pos + 61 > n:
+                break
+            (length,) = struct.unpack_from(">i", data, pos + 8)
+            end = pos + 12 + length
+            self.flush()  # a transactional batch or marker: what came before goes first
+            for rec_offset, key, value, producer_id, marker in read_entries(data[pos:end]):
+                if marker is not None:
+                    if self._replay_marker is not None:
+                        self._replay_marker(producer_id, marker)
+                elif key is not None:
+                    self.records += 1
+                    self._apply(rec_offset, key, value, producer_id)
+            pos = end
 
     def flush(self) -> None:
         """Replay the pending records (each key's latest), in the order they last came."""
