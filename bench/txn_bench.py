@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -68,13 +69,20 @@ def plain(bs: str, topic: str, messages: int) -> dict[str, Any]:
     return _row("idempotent, no transactions", messages, elapsed, 0)
 
 
-def transactional(bs: str, topic: str, messages: int, txn_size: int) -> dict[str, Any]:
+def transactional(
+    bs: str, topic: str, messages: int, txn_size: int, split: bool = False
+) -> dict[str, Any]:
+    """Transactions of ``txn_size`` messages; with ``split``, each one is flushed before its
+    commit and the time of each phase is kept (what commit_transaction does anyway: it
+    flushes first, then sends EndTxn)."""
     p = _producer(bs, **{"transactional.id": f"bench-{time.time_ns()}"})
     p.init_transactions(60)
     payload = b"x" * MSG_BYTES
     sent = txns = 0
+    phases: dict[str, list[float]] = {"produce": [], "flush": [], "commit": []}
     started = time.perf_counter()
     while sent < messages:
+        t0 = time.perf_counter()
         p.begin_transaction()
         for _ in range(min(txn_size, messages - sent)):
             while True:
@@ -84,10 +92,32 @@ def transactional(bs: str, topic: str, messages: int, txn_size: int) -> dict[str
                 except BufferError:
                     p.poll(0.01)
             sent += 1
+        t1 = time.perf_counter()
+        if split:
+            left = p.flush(120)
+            assert left == 0, f"{left} messages not delivered"
+        t2 = time.perf_counter()
         p.commit_transaction(120)
+        t3 = time.perf_counter()
+        for name, ms in (("produce", t1 - t0), ("flush", t2 - t1), ("commit", t3 - t2)):
+            phases[name].append(ms * 1000)
         txns += 1
     elapsed = time.perf_counter() - started
-    return _row(f"transactional, {txn_size} msgs/txn", messages, elapsed, txns)
+    row = _row(f"transactional, {txn_size} msgs/txn", messages, elapsed, txns)
+    if split:
+        row["phases_ms"] = {name: _summary(v) for name, v in phases.items()}
+    return row
+
+
+def _summary(values: list[float]) -> dict[str, float]:
+    """Mean, p50, p90 and max of ``values`` (ms), rounded to 0.1."""
+    s = sorted(values)
+    return {
+        "mean": round(sum(s) / len(s), 1),
+        "p50": round(s[len(s) // 2], 1),
+        "p90": round(s[min(len(s) - 1, int(len(s) * 0.9))], 1),
+        "max": round(s[-1], 1),
+    }
 
 
 def _row(mode: str, messages: int, elapsed: float, txns: int) -> dict[str, Any]:
@@ -126,7 +156,7 @@ def count_committed(bs: str, topic: str, partitions: int) -> int:
     return n
 
 
-def run(messages: int, txn_size: int) -> list[dict[str, Any]]:
+def run(messages: int, txn_size: int, split: bool = False) -> list[dict[str, Any]]:
     workdir = Path(tempfile.mkdtemp(prefix="txn-bench-"))
     cdir = workdir / "cluster"
     rows: list[dict[str, Any]] = []
@@ -143,7 +173,7 @@ def run(messages: int, txn_size: int) -> list[dict[str, Any]]:
         rows.append(plain(bs, "bench-plain", messages))
         log(f"  {rows[-1]}")
         log(f"transactional produce, {messages} x {MSG_BYTES} B, {txn_size} per transaction")
-        rows.append(transactional(bs, "bench-txn", messages, txn_size))
+        rows.append(transactional(bs, "bench-txn", messages, txn_size, split))
         log(f"  {rows[-1]}")
         rows[-1]["read_committed_count"] = count_committed(bs, "bench-txn", 3)
     finally:
@@ -171,8 +201,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--messages", type=int, default=20_000, help="messages per mode (20000)")
     ap.add_argument("--txn-size", type=int, default=100, help="messages per transaction (100)")
+    ap.add_argument(
+        "--split",
+        action="store_true",
+        help="flush each transaction before its commit and report the time of each phase",
+    )
     args = ap.parse_args(argv)
-    rows = run(args.messages, args.txn_size)
+    load_before = os.getloadavg()[0]
+    rows = run(args.messages, args.txn_size, args.split)
+    load_after = os.getloadavg()[0]
     ratio = round(rows[1]["msgs_s"] / rows[0]["msgs_s"], 3)
     target = {
         "target": f"transactional >= {TARGET_RATIO}x idempotent, {args.txn_size} msgs/txn",
@@ -182,11 +219,15 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(f"## pykraft transactions (3 brokers, RF 3, 3 partitions, {MSG_BYTES} B messages)\n")
     print(table(rows))
+    if "phases_ms" in rows[1]:
+        print("\nper transaction (ms): " + json.dumps(rows[1]["phases_ms"]))
     print(
         f"\nratio {ratio} ({'met' if target['met'] else 'NOT met'}); read_committed read back "
-        f"{rows[1]['read_committed_count']} of {args.messages}\n"
+        f"{rows[1]['read_committed_count']} of {args.messages}; load average (1 min) "
+        f"{load_before:.1f} before, {load_after:.1f} after\n"
     )
-    print(json.dumps({"system": "pykraft", "results": rows, "targets": [target]}))
+    load = [round(load_before, 1), round(load_after, 1)]
+    print(json.dumps({"system": "pykraft", "results": rows, "targets": [target], "load_1m": load}))
     return 0
 
 

@@ -20,6 +20,8 @@ PENDING_CONTROLLED_SHUTDOWN → SHUTTING_DOWN.
   manager (``ready`` event), then the controller unfences us and we are RUNNING.
 * Controlled shutdown: heartbeat ``want_shutdown`` until the controller answers
   ``should_shut_down`` or the deadline passes.
+* Offline log dirs (KIP-858): every heartbeat carries ``offline_report()`` (the offline dirs'
+  ids and paths and the replicas on them) once a log dir has failed, until the broker restarts.
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ class BrokerLifecycle:
         session_timeout: float = 9.0,
         registration_timeout: float = 60.0,
         features: list[dict[str, Any]] | None = None,
+        offline_report: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self.client = client
         self.broker_id = broker_id
@@ -82,6 +85,7 @@ class BrokerLifecycle:
         self.features = features or [
             {"name": "metadata.version", "min_version": 1, "max_version": 1000}
         ]
+        self.offline_report = offline_report
         self.incarnation_id = str(uuid.uuid4())
         self.broker_epoch = -1
         self.state = BrokerState.NOT_RUNNING
@@ -170,6 +174,8 @@ class BrokerLifecycle:
                 "want_fence": not self.ready.is_set() and not want_shutdown,
                 "want_shutdown": want_shutdown,
             }
+            if self.offline_report is not None:
+                body.update(self.offline_report())
             try:
                 resp = await self.client.call(
                     "BrokerHeartbeat",

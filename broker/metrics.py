@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, Metric, SummaryMetricFamily
 from prometheus_client.registry import Collector
 
 from kraft.metrics import MetricsEndpoint
@@ -45,7 +45,7 @@ class BrokerCollector(Collector):
     def __init__(self, broker: Any) -> None:
         self.broker = broker
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         b = self.broker
         image = b.loader.image
         now_ms = int(time.time() * 1000)
@@ -98,8 +98,26 @@ class BrokerCollector(Collector):
         ]
         for name, doc, value in values:
             yield GaugeMetricFamily(name, doc, value=value)
+        yield from log_dir_metrics(b.replica_manager.dirs)
         yield from group_coordinator_metrics(b.groups.metrics())
+        yield from transaction_coordinator_metrics(b.txn.metrics())
         yield from log_cleaner_metrics(b.cleaner)
+
+
+LM = "kafka_log_logmanager_"
+
+
+def log_dir_metrics(dirs: Any) -> Iterator[GaugeMetricFamily]:
+    """Kafka's LogManager gauges: OfflineLogDirectoryCount and LogDirectoryOffline per dir."""
+    yield GaugeMetricFamily(
+        LM + "offlinelogdirectorycount", "log dirs offline after a failure", value=len(dirs.offline)
+    )
+    per_dir = GaugeMetricFamily(
+        LM + "logdirectoryoffline", "1 while the log dir is offline", labels=["logDirectory"]
+    )
+    for d in dirs.dirs:
+        per_dir.add_metric([str(d)], 1 if dirs.is_offline(d) else 0)
+    yield per_dir
 
 
 LC = "kafka_log_logcleaner_"
@@ -168,6 +186,51 @@ def group_coordinator_metrics(m: dict[str, Any]) -> Iterator[GaugeMetricFamily]:
     ):
         if name in m:
             yield GaugeMetricFamily(GCM + name, doc, value=m[name])
+
+
+TCM = "pykraft_transaction_coordinator_"
+TXN_STATES = (
+    "Empty",
+    "Ongoing",
+    "PrepareCommit",
+    "PrepareAbort",
+    "CompleteCommit",
+    "CompleteAbort",
+)
+
+
+def transaction_coordinator_metrics(m: dict[str, Any]) -> Iterator[Metric]:
+    """The transaction coordinator: transactional ids by state, ``__transaction_state``
+    partitions, transactions begun / committed / aborted here, and the time from EndTxn (the
+    Prepare record) to the Complete record, i.e. writing the markers (a summary in ms)."""
+    states = GaugeMetricFamily(
+        TCM + "transactional_ids", "transactional ids coordinated here by state", labels=["state"]
+    )
+    for state in TXN_STATES:
+        states.add_metric([state], m["txns_by_state"].get(state, 0))
+    yield states
+    parts = GaugeMetricFamily(
+        TCM + "num_partitions", "__transaction_state partitions led here", labels=["state"]
+    )
+    for state, count in m["partitions"].items():
+        parts.add_metric([state], count)
+    yield parts
+    for name, doc in (
+        ("started", "transactions begun here (AddPartitionsToTxn / AddOffsetsToTxn) since start"),
+        ("committed", "transactions committed here (CompleteCommit written) since start"),
+        ("aborted", "transactions aborted here (CompleteAbort written) since start"),
+    ):
+        yield GaugeMetricFamily(TCM + name + "_count", doc, value=m[name])
+    for name, doc in (
+        ("commit", "PrepareCommit to CompleteCommit (the markers), ms"),
+        ("abort", "PrepareAbort to CompleteAbort (the markers), ms"),
+    ):
+        yield SummaryMetricFamily(
+            TCM + name + "_completion_time_ms",
+            doc,
+            count_value=m["committed" if name == "commit" else "aborted"],
+            sum_value=m[name + "_ms_sum"],
+        )
 
 
 class BrokerMetrics(MetricsEndpoint):

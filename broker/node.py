@@ -170,7 +170,10 @@ class BrokerNode:
             heartbeat_interval=config["broker.heartbeat.interval.ms"] / 1000,
             session_timeout=config["broker.session.timeout.ms"] / 1000,
             registration_timeout=config["initial.broker.registration.timeout.ms"] / 1000,
+            offline_report=self.replica_manager.offline_report,
         )
+        # a log dir went offline: stop fetching its partitions, tell the controller now
+        self.replica_manager.dirs.listeners.append(self._log_dir_offline)
         self.isr_updater = IsrUpdater(
             self.control_client,
             self.replica_manager,
@@ -197,6 +200,10 @@ class BrokerNode:
             )
             self.lifecycle.ready.set()
             self.lifecycle.poke()
+
+    def _log_dir_offline(self, directory: object) -> None:
+        self.fetchers.reconcile_soon()
+        self.lifecycle.poke()
 
     def image_checksum(self) -> str:
         image = self.loader.image

@@ -75,6 +75,8 @@ def snapshot_state(broker: Any) -> dict[str, Any]:
         "controller_id": image.controller_id,
         "listener": f"{broker.advertised_host}:{broker.kafka_port}",
         "partitions": broker.replica_manager.describe(),
+        "log_dirs": broker.replica_manager.dirs.describe(),
+        "offline_partitions": len(broker.replica_manager.offline),
     }
 
 

@@ -115,6 +115,15 @@ class BrokerLifecycle:
         decision = self._decide(req, now)
         if decision.command is not None:
             api, cmd_body = decision.command
+            if api == "LogDirsOffline":
+                log.warning(
+                    "node %d: broker %d reports log dir(s) %s offline; moving %d of its "
+                    "replicas there out of ISRs and leadership",
+                    server.node_id,
+                    broker_id,
+                    ", ".join(req.offline_log_dir_paths or req.offline_log_dirs),
+                    len(cmd_body["offline_replicas"]),
+                )
             try:
                 await self.submit_keeping_session(broker_id, api, cmd_body)
             except KraftError as e:
@@ -142,6 +151,8 @@ class BrokerLifecycle:
             req.want_shutdown,
             now,
             self.server.state_machine.image,
+            offline_log_dirs=tuple(req.offline_log_dir_paths or req.offline_log_dirs),
+            offline_replicas=tuple((r.topic_id, r.partition) for r in req.offline_replicas),
         )
 
     async def submit_keeping_session(self, broker_id: int, api: str, body: dict[str, Any]) -> None:

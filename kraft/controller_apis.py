@@ -54,7 +54,13 @@ ApiHandler = Callable[[Any, dict[str, Any], Any], Awaitable[dict[str, Any] | Bod
 
 # Writes only the active controller itself issues (its session timer, heartbeats, activation).
 CONTROLLER_ISSUED = frozenset(
-    {"FenceBroker", "UnfenceBroker", "BeginControlledShutdown", "ActivateController"}
+    {
+        "FenceBroker",
+        "UnfenceBroker",
+        "BeginControlledShutdown",
+        "LogDirsOffline",
+        "ActivateController",
+    }
 )
 
 
@@ -124,8 +130,15 @@ class ControllerApis:
     # ---- reads and writes -------------------------------------------------------------------
 
     async def read(self, api: str, req: Body, wire: dict[str, Any], ctx: Any) -> dict[str, Any]:
-        """A read, answered from this controller's committed image."""
-        return self.server.state_machine.read(api, wire)
+        """A read, answered from this controller's committed image. DescribeCluster from the
+        active controller also names each broker's offline log dirs (heartbeat soft state)."""
+        result = self.server.state_machine.read(api, wire)
+        if api == "DescribeCluster" and self.server.is_active:
+            heartbeats = self.server.lifecycle.heartbeats
+            for broker in result.get("brokers", []):
+                dirs, replicas = heartbeats.offline(broker["broker_id"])
+                broker["offline_log_dirs"], broker["offline_replicas"] = list(dirs), replicas
+        return result
 
     async def write(self, api: str, req: Body, wire: dict[str, Any], ctx: Any) -> dict[str, Any]:
         """A write, through the active controller's write path."""
@@ -152,6 +165,8 @@ class ControllerApis:
         """Batches from ``from_offset`` (long-polling up to ``max_wait_ms`` when there are none
         yet), or the snapshot to load instead."""
         server = self.server
+        if req.leader_only and not server.is_active:
+            raise server.not_controller()
         log = server.log
         from_offset = req.from_offset
         max_wait = min(max(req.max_wait_ms or 0, 0), MAX_FETCH_WAIT_MS) / 1000

@@ -38,6 +38,8 @@ from kraft.divergence_monitor import DivergenceMonitor
 from kraft.errors import ErrorCode, KraftError
 from kraft.log.errors import CorruptLogError, CorruptSnapshotError
 from kraft.log.metadata_log import MetadataLog
+from kraft.metadata.delta import MetadataDelta
+from kraft.metadata.replay import replay
 from kraft.metadata_applier import MetadataApplier
 from kraft.quorum.journal_file import JournalCorruptError
 from kraft.quorum.raft import RaftQuorum, RaftSettings
@@ -104,11 +106,14 @@ class ControllerServer:
         self.state_machine = QuorumStateMachine(self.settings, image)
         self._seed_dedup_window(image.offset)
         replayed = 0
-        for batch in self.log.read_batches(image.offset + 1):
-            if batch.last_offset <= image.offset:
-                continue
-            self.state_machine.replay_batch(batch)
+
+        def before_batch(batch: Batch, delta: MetadataDelta) -> None:
+            nonlocal replayed
             replayed += 1
+            self.state_machine.note_before(batch, delta)
+
+        image = replay(image, self.log.read_batches(image.offset + 1), before_batch)
+        self.state_machine.start_at(image)
         log.info(
             "node %d: metadata log %s..%s recovered; image at offset %d (%d batches replayed)",
             self.node_id,

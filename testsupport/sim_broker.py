@@ -174,7 +174,9 @@ class SimBroker:
             client_id=f"sim-broker-{self.broker_id}-fetch",
             credentials=self.credentials,
         )
-        self._follower = LogFollower(client, max_wait_ms=500, timeout=10, retry=(0.1, 0.1))
+        self._follower = LogFollower(
+            client, max_wait_ms=500, timeout=10, retry=(0.1, 0.1), leader_only=True
+        )
         try:
             await self._follower.follow(self)
         finally:

@@ -41,6 +41,7 @@ from kio.schema.errors import ErrorCode
 
 from broker.coordinator.rate_meter import RateMeter
 from broker.coordinator.record_batch import encode_batch, last_offset, read_entries, scan_plain
+from broker.replica.log_dirs import KafkaStorageError
 from broker.replica.partition import Partition
 from broker.replica.replica_manager import ReplicaManager
 
@@ -280,16 +281,20 @@ class CoordinatorRuntime:
         batch: list[tuple[bytes, bytes | None]] = []
         size = 0
         last = -1
-        for record in records:
-            batch.append(record)
-            size += len(record[0]) + (len(record[1]) if record[1] is not None else 0) + 16
-            if size >= BATCH_MAX_BYTES:
+        try:
+            for record in records:
+                batch.append(record)
+                size += len(record[0]) + (len(record[1]) if record[1] is not None else 0) + 16
+                if size >= BATCH_MAX_BYTES:
+                    last = part.append_as_leader(encode_batch(batch, now)).last_offset
+                    self.counters["batches_appended"] += 1
+                    batch, size = [], 0
+            if batch:
                 last = part.append_as_leader(encode_batch(batch, now)).last_offset
                 self.counters["batches_appended"] += 1
-                batch, size = [], 0
-        if batch:
-            last = part.append_as_leader(encode_batch(batch, now)).last_offset
-            self.counters["batches_appended"] += 1
+        except KafkaStorageError:
+            self._storage_failed(slot, completions)
+            return
         self.counters["records_appended"] += len(records)
         slot.uncommitted.append((last + 1, completions))
         self._release(slot, part)
@@ -310,11 +315,22 @@ class CoordinatorRuntime:
                 self._unload(slot, "lost leadership before appending")
             return
         self._listen(slot, part)
-        last = part.append_as_coordinator(encode_batch(records, self.now_ms(), producer))
+        try:
+            last = part.append_as_coordinator(encode_batch(records, self.now_ms(), producer))
+        except KafkaStorageError:
+            self._storage_failed(slot, completions)
+            return
         self.counters["batches_appended"] += 1
         self.counters["records_appended"] += len(records)
         slot.uncommitted.append((last + 1, completions))
         self._release(slot, part)
+
+    def _storage_failed(self, slot: _Slot, completions: list[tuple[Token, Any]]) -> None:
+        """The coordinator partition's log dir went offline: fail what waits, unload it."""
+        for token, _ in completions:
+            token.fail(ErrorCode.not_coordinator)
+        if self.slots.get(slot.partition) is slot:
+            self._unload(slot, "its log dir went offline")
 
     def _listen(self, slot: _Slot, part: Partition) -> None:
         """Release ``slot``'s responses whenever ``part``'s high watermark moves."""

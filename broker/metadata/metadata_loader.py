@@ -87,6 +87,7 @@ class MetadataLoader:
             attempt_timeout=max_wait_ms / 1000 + 2.0,
             retry=(0.05, 2.0),
             on_error=self._fetch_failed,
+            leader_only=True,  # as Kafka's brokers: the leader knows of a commit first
         )
 
     @property

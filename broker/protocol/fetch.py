@@ -5,7 +5,7 @@ followers (``replica_id`` = their broker id) read up to the log end, and their f
 their log end offset: the leader records it (:meth:`Partition.on_follower_fetch`), which may
 advance the high watermark or make the follower eligible to rejoin the ISR (an AlterPartition
 is then proposed). Per partition errors: ``UNKNOWN_TOPIC_OR_PARTITION``,
-``NOT_LEADER_OR_FOLLOWER``, ``FENCED_LEADER_EPOCH`` / ``UNKNOWN_LEADER_EPOCH`` (the request's
+``NOT_LEADER_OR_FOLLOWER``, ``KAFKA_STORAGE_ERROR`` (its log dir is offline here), ``FENCED_LEADER_EPOCH`` / ``UNKNOWN_LEADER_EPOCH`` (the request's
 current leader epoch is older / newer than ours), ``OFFSET_OUT_OF_RANGE`` (outside [log start,
 log end]). With fewer than ``min_bytes`` ready and no error, the fetch waits (DelayedFetch) up
 to ``max_wait_ms``, woken by appends and high-watermark moves on its partitions (registered
@@ -42,6 +42,7 @@ from broker.protocol.data_codec import (
     write_offset_for_leader_epoch_response,
 )
 from broker.protocol.kafka_codec import API_FETCH, Deferred, Reader, RequestHeader
+from broker.replica.log_dirs import KafkaStorageError
 from broker.replica.partition import Partition
 from broker.replica.replica_manager import ReplicaManager
 
@@ -60,6 +61,8 @@ class FetchHandler:
         """The partition if we lead it and the caller's epoch matches; else (None, error code)."""
         part = self.replicas.get_by_name(topic, pid)
         if part is None:
+            if self.replicas.is_offline(topic, pid):
+                return None, ErrorCode.kafka_storage_error.value
             known = self.replicas.has_partition(topic, pid)
             return None, (
                 ErrorCode.not_leader_or_follower if known else ErrorCode.unknown_topic_or_partition
@@ -172,9 +175,17 @@ class FetchHandler:
         limit = plog.log_end_offset if follower else lso if read_committed else plog.high_watermark
         records = b""
         if fp.fetch_offset < limit and budget > 0:
-            records = plog.read(
-                fp.fetch_offset, min(max(1, fp.max_bytes), budget), max_offset=limit
-            )
+            try:
+                records = plog.read(
+                    fp.fetch_offset, min(max(1, fp.max_bytes), budget), max_offset=limit
+                )
+            except OSError as e:  # the log dir failed under a read (EIO)
+                try:
+                    part.storage_error("partition log read", e)
+                except KafkaStorageError:
+                    return FetchPartitionResult(
+                        fp.partition, ErrorCode.kafka_storage_error.value
+                    ), None
         aborted = None
         if read_committed and records:
             found = plog.aborted_transactions(fp.fetch_offset, limit)

@@ -326,11 +326,11 @@ class KafkaListener:
         except DecodeError as e:
             log.warning("Kafka connection from %s: undecodable request (%s); closing", peer, e)
             scope.cancel()
+        except (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError):
+            log.debug("Kafka connection from %s lost", peer)  # the client went away: not a bug
+            scope.cancel()
         except Exception:  # a bug in a deferred answer closes this connection only
             log.exception("Kafka connection from %s: answering a request failed; closing", peer)
-            scope.cancel()
-        except (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError):
-            log.debug("Kafka connection from %s lost", peer)
             scope.cancel()
 
     async def _receive(

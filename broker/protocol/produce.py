@@ -1,7 +1,8 @@
 """Produce (v3–9): validate and append client record batches on the partition leader.
 
 Per partition, in order: unknown topic/partition → ``UNKNOWN_TOPIC_OR_PARTITION``; not the
-leader here → ``NOT_LEADER_OR_FOLLOWER``; ``acks`` not 0/1/-1 → ``INVALID_REQUIRED_ACKS``;
+leader here → ``NOT_LEADER_OR_FOLLOWER``; its log dir offline here (or failing this write) →
+``KAFKA_STORAGE_ERROR``; ``acks`` not 0/1/-1 → ``INVALID_REQUIRED_ACKS``;
 ``acks=-1`` with fewer in-sync replicas than ``min.insync.replicas`` → ``NOT_ENOUGH_REPLICAS``;
 bytes that are not whole magic-2 batches with good CRC32C → ``CORRUPT_MESSAGE``; a batch
 larger than the topic's ``max.message.bytes`` (else the broker's ``message.max.bytes``) →
@@ -34,6 +35,7 @@ from broker.protocol.data_codec import (
     write_produce_response,
 )
 from broker.protocol.kafka_codec import API_PRODUCE, Deferred, Reader, RequestHeader
+from broker.replica.log_dirs import KafkaStorageError
 from broker.replica.partition import Partition
 from broker.replica.partition_log import InvalidBatchError, RecordTooLargeError
 from broker.replica.producer_state import ProducerStateError
@@ -106,7 +108,9 @@ class ProduceHandler:
         part = self.replicas.get_by_name(topic, pid)
         if part is None:
             code = (
-                ErrorCode.not_leader_or_follower
+                ErrorCode.kafka_storage_error
+                if self.replicas.is_offline(topic, pid)
+                else ErrorCode.not_leader_or_follower
                 if self.replicas.has_partition(topic, pid)
                 else ErrorCode.unknown_topic_or_partition
             )
@@ -144,6 +148,8 @@ class ProduceHandler:
         except ProducerStateError as e:
             log.info("produce to %s-%d refused: %s", topic, pid, e)
             return _failed(pid, ErrorCode[e.error], str(e)), None, -1
+        except KafkaStorageError as e:
+            return _failed(pid, ErrorCode.kafka_storage_error, str(e)), None, -1
         return (
             PartitionProduceResult(pid, 0, result.first_offset, part.log.log_start_offset),
             part,
@@ -158,7 +164,9 @@ class ProduceHandler:
             still = []
             for item in pending:
                 res, part, epoch, needed = item
-                if part.role != "leader" or part.leader_epoch != epoch:
+                if part.role == "offline":
+                    res.error_code = ErrorCode.kafka_storage_error.value
+                elif part.role != "leader" or part.leader_epoch != epoch:
                     res.error_code = ErrorCode.not_leader_or_follower.value
                 elif part.high_watermark >= needed:
                     if len(part.isr) < self.replicas.min_insync_replicas(part.topic):

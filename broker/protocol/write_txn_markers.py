@@ -29,6 +29,7 @@ from broker.protocol.kafka_codec import (
     frame_response,
     response_class,
 )
+from broker.replica.log_dirs import KafkaStorageError
 from broker.replica.producer_state import ProducerStateError
 from broker.replica.replica_manager import ReplicaManager
 
@@ -66,7 +67,9 @@ class MarkerWriter:
             if part is None:
                 known = self.replicas.has_partition(topic, pid)
                 codes[(topic, pid)] = (
-                    ErrorCode.not_leader_or_follower
+                    ErrorCode.kafka_storage_error
+                    if self.replicas.is_offline(topic, pid)
+                    else ErrorCode.not_leader_or_follower
                     if known
                     else ErrorCode.unknown_topic_or_partition
                 )
@@ -81,6 +84,9 @@ class MarkerWriter:
             except ProducerStateError as e:
                 log.info("marker for %s-%d refused: %s", topic, pid, e)
                 codes[(topic, pid)] = ErrorCode[e.error]
+                continue
+            except KafkaStorageError:
+                codes[(topic, pid)] = ErrorCode.kafka_storage_error
                 continue
             waiting.append(((topic, pid), part, part.leader_epoch, offset + 1))
         with trio.move_on_after(timeout_s):

@@ -31,6 +31,7 @@ from typing import Any
 import trio
 
 from broker.replica.log_cleaner import DROP, KEEP, Batch, filter_batch, parse_batch, plan
+from broker.replica.log_dirs import KafkaStorageError
 from broker.replica.partition_log import (
     CLEANED_SUFFIX,
     CleanedGroup,
@@ -39,7 +40,6 @@ from broker.replica.partition_log import (
     sync_dir,
 )
 from kraft.records import RESOURCE_TOPIC
-from kraft.storage.failure import storage_failed
 
 log = logging.getLogger(__name__)
 
@@ -252,8 +252,11 @@ class LogCleaner:
         current = self.replicas.partitions.get((part.topic_id, part.partition))
         try:
             swapped = current is part and plog.swap_cleaned(result.groups, version, end)
-        except OSError as e:
-            storage_failed("compacted segment swap", plog.dir, e)
+        except OSError as e:  # the log dir goes offline (JBOD) or the broker stops
+            try:
+                part.storage_error("compacted segment swap", e)
+            except KafkaStorageError:
+                return False
         if not swapped:
             for g in result.groups:
                 g.path.unlink(missing_ok=True)

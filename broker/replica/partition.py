@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import trio
 
 from broker.replica.isr_tracker import FollowerState, high_watermark, may_join, out_of_sync
+from broker.replica.log_dirs import KafkaStorageError
 from broker.replica.partition_log import LeaderAppend, PartitionLog
 from kraft.storage.failure import storage_failed
 
@@ -45,6 +46,17 @@ class Partition:
     hw_listeners: list[Callable[[], None]] = field(default_factory=list)
     isr_change_pending: bool = False
     isr_retry_at: float = 0.0  # monotonic time before which a refused ISR change is not re-proposed
+    # told of a write error in this partition's log (the replica manager takes its log dir
+    # offline, or stops the broker); None: stop the broker (docs/design.md, Failure model)
+    on_storage_error: Callable[[Partition, str, OSError], None] | None = None
+
+    def storage_error(self, what: str, exc: OSError) -> NoReturn:
+        """``what`` failed on this partition's log: report it, then raise KafkaStorageError
+        (the caller answers KAFKA_STORAGE_ERROR) unless the report stopped the broker."""
+        if self.on_storage_error is None:
+            storage_failed(what, self.log.dir, exc)
+        self.on_storage_error(self, what, exc)
+        raise KafkaStorageError(f"{self.topic}-{self.partition}: {what} failed: {exc}") from exc
 
     @property
     def high_watermark(self) -> int:
@@ -78,8 +90,8 @@ class Partition:
         :meth:`PartitionLog.append_as_leader`: a retried idempotent batch is not appended)."""
         try:
             result = self.log.append_as_leader(data, self.leader_epoch, max_batch_bytes)
-        except OSError as e:  # the log dir failed: stop the broker (docs/design.md)
-            storage_failed("partition log write", self.log.dir, e)
+        except OSError as e:  # the log dir failed (docs/design.md, Failure model)
+            self.storage_error("partition log write", e)
         if not result.duplicate:
             self.maybe_advance_high_watermark()
             self.wake()
@@ -91,8 +103,8 @@ class Partition:
         carries sequence -1, as in Kafka); its last offset."""
         try:
             _, last = self.log.append(data, self.leader_epoch)
-        except OSError as e:  # the log dir failed: stop the broker (docs/design.md)
-            storage_failed("partition log write", self.log.dir, e)
+        except OSError as e:  # the log dir failed (docs/design.md, Failure model)
+            self.storage_error("partition log write", e)
         self.maybe_advance_high_watermark()
         self.wake()
         return last
@@ -117,7 +129,7 @@ class Partition:
                 timestamp_ms,
             )
         except OSError as e:
-            storage_failed("partition log write", self.log.dir, e)
+            self.storage_error("partition log write", e)
         self.maybe_advance_high_watermark()
         self.wake()
         return offset
@@ -170,7 +182,7 @@ class Partition:
             try:
                 self.log.append_as_follower(data)
             except OSError as e:
-                storage_failed("partition log write", self.log.dir, e)
+                self.storage_error("partition log write", e)
         if leader_log_start > self.log.log_start_offset:
             self.log.delete_records_before(leader_log_start)
         hw = min(leader_high_watermark, self.log.log_end_offset)

@@ -968,3 +968,11 @@ class PartitionLog:
         self.snapshot_producer_state()
         for seg in self._segments:
             seg.close()
+
+    def abandon(self) -> None:
+        """Close the segment files without writing anything (its log dir went offline)."""
+        for seg in self._segments:
+            try:
+                seg.close()
+            except OSError:  # buffered bytes the failed disk refuses: they are lost anyway
+                pass

@@ -40,6 +40,7 @@ from broker.protocol.data_codec import (
 )
 from broker.protocol.kafka_client_security import ClientSecurity, sasl_login
 from broker.protocol.kafka_codec import API_FETCH, DecodeError, Reader
+from broker.replica.log_dirs import KafkaStorageError
 from broker.replica.partition import Partition
 from broker.replica.partition_log import InvalidBatchError, PartitionLog
 
@@ -251,7 +252,7 @@ class SourceFetcher:
         asks: dict[str, list[tuple[int, int, int]]] = {}
         for p, st in todo:
             if p.log.latest_epoch < 0:  # nothing written in any epoch: keep only committed data
-                p.log.truncate_to(p.log.high_watermark)
+                self._truncate_log(p, p.log.high_watermark)
                 st.truncate = False
             else:
                 asks.setdefault(p.topic, []).append(
@@ -300,7 +301,16 @@ class SourceFetcher:
                 epoch,
                 end,
             )
-            plog.truncate_to(target)
+            self._truncate_log(p, target)
+
+    def _truncate_log(self, p: Partition, offset: int) -> None:
+        try:
+            p.log.truncate_to(offset)
+        except OSError as e:
+            try:
+                p.storage_error("partition log truncation", e)
+            except KafkaStorageError:  # its log dir went offline: the manager drops it
+                self.manager.reconcile_soon()
 
     async def _fetch(self, conn: KafkaConnection) -> bool:
         """One Fetch for every ready partition; True if a request was sent."""
@@ -351,6 +361,8 @@ class SourceFetcher:
                     e,
                 )
                 st.truncate = True
+            except KafkaStorageError:  # its log dir went offline: the manager drops it
+                self.manager.reconcile_soon()
             return
         if err == ErrorCode.offset_out_of_range.value:
             st.truncate = True
@@ -404,6 +416,10 @@ class ReplicaFetcherManager:
             (e for e in reg.endpoints if e.get("name") == self.listener_name), reg.endpoints[0]
         )
         return ep["host"], int(ep["port"])
+
+    def reconcile_soon(self) -> None:
+        """Re-plan the fetchers (a log dir went offline: its partitions are no longer ours)."""
+        self._reconcile()
 
     def _reconcile(self) -> None:
         if self._nursery is None:

@@ -18,6 +18,11 @@ High watermarks move in memory and are checkpointed every few seconds and on clo
 A registration whose leader epoch is older than the one this broker already acts on is ignored
 with a state-change log line. Each partition directory holds ``partition.metadata`` with its
 topic id, so a directory left by a deleted topic of the same name is recognised as stray.
+
+With several log dirs, a write, sync or open error in one takes that directory offline
+(:mod:`broker.replica.log_dirs`): its partitions leave :attr:`ReplicaManager.partitions` for
+:attr:`ReplicaManager.offline` (answered ``KAFKA_STORAGE_ERROR``, no longer fetched, reported in
+every heartbeat), later metadata for them is ignored, and new partitions go to healthy dirs.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from typing import Any, cast
 
 import trio
 
+from broker.replica.log_dirs import KafkaStorageError, LogDirs
 from broker.replica.partition import Partition
 from broker.replica.partition_log import PartitionLog, batched_syncs, write_small_file
 from kraft.records import RESOURCE_TOPIC
@@ -88,6 +94,11 @@ class ReplicaManager:
         self._dir_counts: Counter[Path] = Counter()  # our partitions per log dir
         self.by_name: dict[tuple[str, int], Partition] = {}  # (topic name, partition)
         self.isr_updater: Any = None  # broker.replica.isr_updater.IsrUpdater, set by the node
+        self.dirs = LogDirs(self.log_dirs)
+        self.dirs.listeners.append(self._take_offline)
+        # replicas in offline log dirs: (topic id, partition) → (topic name, log dir)
+        self.offline: dict[tuple[str, int], tuple[str, Path]] = {}
+        self._offline_names: set[tuple[str, int]] = set()
         for d in self.log_dirs:
             d.mkdir(parents=True, exist_ok=True)
         # Names of the directories in each log dir, listed once and kept up to date here (the
@@ -147,7 +158,7 @@ class ReplicaManager:
             if reg is None or self.broker_id not in reg.replicas:
                 removed.append(part.log.dir)
                 self._delete(part.topic, tid, pid, reason="not in the loaded metadata")
-        for d in self.log_dirs:
+        for d in self.dirs.healthy():
             with os.scandir(d) as entries:
                 names = sorted(e.name for e in entries if e.is_dir())
             for name in names:
@@ -179,6 +190,20 @@ class ReplicaManager:
     def _become(
         self, topic: str, topic_id: str, pid: int, reg: Any, role: str, offset: int
     ) -> None:
+        if (topic_id, pid) in self.offline:
+            log.log(
+                self._detail_level,
+                "broker %d: %s-%d (topic id %s) stays offline (its log dir %s failed); not "
+                "becoming %s (metadata offset %d)",
+                self.broker_id,
+                topic,
+                pid,
+                topic_id,
+                self.offline[(topic_id, pid)][1],
+                role,
+                offset,
+            )
+            return
         part = self.partitions.get((topic_id, pid))
         if part is not None and reg.leader_epoch < part.leader_epoch:
             log.info(
@@ -195,7 +220,11 @@ class ReplicaManager:
             )
             return
         if part is None:
-            part = Partition(topic, topic_id, pid, self._open_log(topic, topic_id, pid))
+            try:
+                plog = self._open_log(topic, topic_id, pid)
+            except KafkaStorageError:
+                return  # its log dir is offline (reported there)
+            part = Partition(topic, topic_id, pid, plog, on_storage_error=self._storage_error)
             self.partitions[(topic_id, pid)] = part
             self.by_name[(topic, pid)] = part
         new_epoch = reg.leader_epoch != part.leader_epoch or part.role != role
@@ -206,14 +235,18 @@ class ReplicaManager:
         part.isr, part.replicas = tuple(reg.isr), tuple(reg.replicas)
         plog = part.log
         if role == "leader":
-            if new_epoch:
-                plog.assign_epoch(reg.leader_epoch, plog.log_end_offset)
-                part.reset_followers(self.broker_id, time.monotonic() * 1000)
-                part.isr_change_pending = False
-            else:
-                part.followers = {b: f for b, f in part.followers.items() if b in part.replicas}
-            part.maybe_advance_high_watermark()
-            plog.checkpoint_high_watermark()
+            try:
+                if new_epoch:
+                    plog.assign_epoch(reg.leader_epoch, plog.log_end_offset)
+                    part.reset_followers(self.broker_id, time.monotonic() * 1000)
+                    part.isr_change_pending = False
+                else:
+                    part.followers = {b: f for b, f in part.followers.items() if b in part.replicas}
+                part.maybe_advance_high_watermark()
+                plog.checkpoint_high_watermark()
+            except OSError as e:
+                self._checkpoint_failed(part, "leader epoch or high watermark checkpoint", e)
+                return
         else:
             part.followers = {}
         part.wake()
@@ -236,6 +269,20 @@ class ReplicaManager:
         )
 
     def _delete(self, topic: str, topic_id: str, pid: int, reason: str) -> None:
+        gone = self.offline.pop((topic_id, pid), None)
+        if gone is not None:  # nothing to remove from a failed directory
+            self._offline_names.discard((gone[0], pid))
+            log.log(
+                self._detail_level,
+                "broker %d: forgot offline replica %s-%d (topic id %s, log dir %s): %s",
+                self.broker_id,
+                gone[0],
+                pid,
+                topic_id,
+                gone[1],
+                reason,
+            )
+            return
         part = self.partitions.pop((topic_id, pid), None)
         directory: Path | None
         if part is not None:
@@ -291,17 +338,74 @@ class ReplicaManager:
             )
             self._remove_dir(cast(Path, directory))  # on_disk was read from it
             directory = None
-        if directory is None:  # the log dir holding the fewest of our partitions
+        if directory is None:  # the healthy log dir holding the fewest of our partitions
             counts = self._dir_counts
-            directory = min(self.log_dirs, key=lambda d: counts[d]) / partition_dir_name(topic, pid)
-        self._dir_counts[directory.parent] += 1
-        plog = PartitionLog.open(directory, self._segment_bytes(topic), self.fsync)
-        self._dirs_listing().setdefault(directory.parent, set()).add(directory.name)
-        if on_disk is None:  # a new directory, or one whose metadata file is missing
-            write_small_file(
-                directory / PARTITION_METADATA, f"version: 0\ntopic_id: {topic_id}\n".encode()
-            )
+            healthy = self.dirs.healthy()
+            directory = min(healthy, key=lambda d: counts[d]) / partition_dir_name(topic, pid)
+        home = directory.parent
+        if self.dirs.is_offline(home):
+            self._mark_offline(topic, topic_id, pid, home)
+            raise KafkaStorageError(f"{topic}-{pid}: log dir {home} is offline")
+        try:
+            plog = PartitionLog.open(directory, self._segment_bytes(topic), self.fsync)
+            if on_disk is None:  # a new directory, or one whose metadata file is missing
+                write_small_file(
+                    directory / PARTITION_METADATA, f"version: 0\ntopic_id: {topic_id}\n".encode()
+                )
+        except OSError as e:
+            self._mark_offline(topic, topic_id, pid, home)
+            self.dirs.fail(home, "partition log open", e, self._dir_counts[home] + 1)
+            raise KafkaStorageError(f"{topic}-{pid}: opening its log failed: {e}") from e
+        self._dir_counts[home] += 1
+        self._dirs_listing().setdefault(home, set()).add(directory.name)
         return plog
+
+    # ---- offline log dirs ------------------------------------------------------------------
+    def _storage_error(self, part: Partition, what: str, exc: OSError) -> None:
+        """A partition's log failed: take its log dir offline (or stop the broker)."""
+        home = part.log.dir.parent
+        self.dirs.fail(home, what, exc, self._dir_counts[home])
+
+    def _checkpoint_failed(self, part: Partition, what: str, exc: OSError) -> None:
+        """A checkpoint write failed outside any request: report it; nobody to answer."""
+        try:
+            part.storage_error(what, exc)
+        except KafkaStorageError:
+            pass  # the partition is offline now
+
+    def _mark_offline(self, topic: str, topic_id: str, pid: int, home: Path) -> None:
+        self.offline[(topic_id, pid)] = (topic, home)
+        self._offline_names.add((topic, pid))
+
+    def _take_offline(self, directory: Path) -> None:
+        """Log dir ``directory`` went offline: its partitions stop here (waiters wake and see
+        them gone) and their files are closed without another write."""
+        for key, part in list(self.partitions.items()):
+            if part.log.dir.parent != directory:
+                continue
+            del self.partitions[key]
+            self.by_name.pop((part.topic, part.partition), None)
+            self._mark_offline(part.topic, part.topic_id, part.partition, directory)
+            part.role = "offline"
+            part.wake()
+            part.log.abandon()
+
+    def is_offline(self, topic: str, pid: int) -> bool:
+        """Whether ``topic``-``pid`` is hosted here in an offline log dir."""
+        return (topic, pid) in self._offline_names
+
+    def offline_report(self) -> dict[str, Any]:
+        """What the heartbeats say about offline log dirs (empty when there are none)."""
+        if not self.dirs.offline:
+            return {}
+        dirs = [d for d in self.dirs.dirs if d in self.dirs.offline]
+        return {
+            "offline_log_dirs": [self.dirs.directory_id(d) or str(d) for d in dirs],
+            "offline_log_dir_paths": [str(d) for d in dirs],
+            "offline_replicas": [
+                {"topic_id": tid, "partition": pid} for tid, pid in sorted(self.offline)
+            ],
+        }
 
     # ---- queries ---------------------------------------------------------------------------
     def get(self, topic_id: str, pid: int) -> Partition | None:
@@ -338,7 +442,12 @@ class ReplicaManager:
 
     def checkpoint_high_watermarks(self) -> None:
         for part in list(self.partitions.values()):
-            part.log.checkpoint_high_watermark()
+            if part.role == "offline":  # its log dir failed during this loop
+                continue
+            try:
+                part.log.checkpoint_high_watermark()
+            except OSError as e:
+                self._checkpoint_failed(part, "high watermark checkpoint", e)
 
     async def run_checkpoints(self, interval: float = 5.0) -> None:
         """Checkpoint high watermarks every ``interval`` seconds until cancelled."""
@@ -369,4 +478,7 @@ class ReplicaManager:
 
     def close(self) -> None:
         for part in self.partitions.values():
-            part.log.close()
+            try:
+                part.log.close()
+            except OSError as e:  # a log dir failing at shutdown: what it lost is lost
+                log.error("broker %d: closing %s failed: %s", self.broker_id, part.log.dir, e)

@@ -18,7 +18,11 @@ from typing import Any
 
 from kraft.controller.commands import Command, ControllerResult, error_fields
 from kraft.controller.election import Resume
-from kraft.controller.replication_control import broker_leaving_changes, broker_returning_changes
+from kraft.controller.replication_control import (
+    broker_leaving_changes,
+    broker_returning_changes,
+    offline_replica_changes,
+)
 from kraft.controller.settings import ControllerSettings
 from kraft.errors import ErrorCode, KraftError
 from kraft.metadata.image import MetadataImage
@@ -250,7 +254,8 @@ def unfence_broker(
     if not first and not incomplete_continuation(cmd):
         return ControllerResult([], error_fields(), reason)
     room = settings.step_records - len(first)
-    changes = broker_returning_changes(image, settings, reg.broker_id, limit=room)
+    offline = frozenset(_offline_replicas(cmd))
+    changes = broker_returning_changes(image, settings, reg.broker_id, limit=room, offline=offline)
     response = (
         error_fields()
         if not changes.remaining
@@ -284,6 +289,43 @@ def begin_controlled_shutdown(
     return _leave(
         image, settings, reg.broker_id, first, [], reason, pending=pending if not first else None
     )
+
+
+def _offline_replicas(cmd: Command) -> list[tuple[str, int]]:
+    """A body's ``offline_replicas`` ([{topic_id, partition}]) as (topic id, partition) pairs."""
+    raw = cmd.body.get("offline_replicas")
+    return [
+        (r["topic_id"], r["partition"])
+        for r in (raw if isinstance(raw, (list, tuple)) else ())
+        if isinstance(r, dict)
+        and isinstance(r.get("topic_id"), str)
+        and type(r.get("partition")) is int
+    ]
+
+
+def log_dirs_offline(
+    image: MetadataImage, cmd: Command, settings: ControllerSettings
+) -> ControllerResult:
+    """LogDirsOffline (issued by the active controller from a heartbeat's offline log dirs,
+    KIP-858): the listed replicas of the broker leave ISRs and leadership, at most one step of
+    records; the next heartbeat repeats it for whatever is left. A fenced broker has left
+    everything already: nothing to write."""
+    reason = "log-dir-offline"
+    reg = _transition(image, cmd, reason)
+    if isinstance(reg, ControllerResult):
+        return reg
+    if reg.fenced:
+        return ControllerResult([], error_fields(), reason)
+    replicas = _offline_replicas(cmd)
+    changes = offline_replica_changes(
+        image, settings, reg.broker_id, replicas, limit=settings.step_records
+    )
+    response = (
+        error_fields()
+        if not changes.remaining
+        else {**error_fields(), "incomplete": True, "remaining": changes.remaining}
+    )
+    return ControllerResult(list(changes), response, reason)
 
 
 def allocate_producer_ids(

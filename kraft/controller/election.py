@@ -45,12 +45,14 @@ __all__ = [
     "build_partition_change",
     "changes_for_controlled_shutdown",
     "changes_for_fenced_broker",
+    "changes_for_offline_replicas",
     "changes_for_unfenced_broker",
     "complete_reassignment",
     "elect_preferred_leader",
     "elect_unclean_leader",
     "leaving_change",
     "leaving_changes",
+    "needs_offline_change",
 ]
 
 ONLINE, PREFERRED, UNCLEAN = "online", "preferred", "unclean"
@@ -431,10 +433,12 @@ def changes_for_unfenced_broker(
     broker_id: int,
     unclean_allowed: UncleanAllowed = _never,
     limit: int | None = None,
+    offline: frozenset[tuple[str, int]] = frozenset(),
 ) -> Changes:
     """Unfencing ``broker_id``: each leaderless partition it can lead gets a leader (cleanly when
     it is in the ISR, uncleanly where the topic allows it). The returning broker counts as
-    acceptable even though the image still shows it fenced."""
+    acceptable even though the image still shows it fenced, except for its replicas in
+    ``offline`` ((topic id, partition): on its offline log dirs), which it never leads."""
 
     acceptable = (_active_brokers_except(image, broker_id) | {broker_id}).__contains__
     allowed: dict[str, bool] = {}
@@ -445,6 +449,8 @@ def changes_for_unfenced_broker(
         if topic.topic_id not in allowed:
             allowed[topic.topic_id] = unclean_allowed(topic)
         if broker_id not in partition.isr and not allowed[topic.topic_id]:
+            return None
+        if (topic.topic_id, pid) in offline:
             return None
         return build_partition_change(
             topic.topic_id, pid, partition, acceptable, unclean_allowed=allowed[topic.topic_id]
@@ -466,3 +472,51 @@ def _leaderless_with_replica(
             affected.sort()
             for pid in affected:
                 yield topic, pid, parts[pid]
+
+
+def needs_offline_change(partition: PartitionRegistration, broker_id: int) -> bool:
+    """Whether ``broker_id``'s offline replica of ``partition`` still leads it or sits in its
+    ISR beside others (the last ISR member stays: the ISR is never emptied)."""
+    return partition.leader == broker_id or (broker_id in partition.isr and len(partition.isr) > 1)
+
+
+def changes_for_offline_replicas(
+    image: MetadataImage,
+    broker_id: int,
+    replicas: Sequence[tuple[str, int]],
+    unclean_allowed: UncleanAllowed = _never,
+    limit: int | None = None,
+) -> Changes:
+    """Replicas of ``broker_id`` whose log dir went offline (KIP-858): each leaves the ISR and
+    leadership as if its broker were fenced, but only for that partition; the broker itself
+    stays acceptable elsewhere. ``replicas``: (topic id, partition) pairs; unknown ones, and
+    ones already moved off, yield nothing. Sorted by topic name then partition."""
+    acceptable = _active_brokers_except(image, broker_id).__contains__
+    found: list[tuple[str, int, TopicImage, PartitionRegistration]] = []
+    for topic_id, pid in set(replicas):
+        topic = image.topics_by_id.get(topic_id)
+        partition = topic.partitions.get(pid) if topic is not None else None
+        if (
+            topic is not None
+            and partition is not None
+            and needs_offline_change(partition, broker_id)
+        ):
+            found.append((topic.name, pid, topic, partition))
+    found.sort(key=lambda item: (item[0], item[1]))
+    allowed: dict[str, bool] = {}
+
+    def build(
+        topic: TopicImage, pid: int, partition: PartitionRegistration
+    ) -> PartitionChangeRecord | None:
+        if topic.topic_id not in allowed:
+            allowed[topic.topic_id] = unclean_allowed(topic)
+        return build_partition_change(
+            topic.topic_id,
+            pid,
+            partition,
+            acceptable,
+            target_isr=[b for b in partition.isr if b != broker_id],
+            unclean_allowed=allowed[topic.topic_id],
+        )
+
+    return _collect(((t, pid, p) for _, pid, t, p in found), build, limit)

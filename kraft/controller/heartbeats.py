@@ -9,7 +9,8 @@ Heartbeat transitions (the registration in the image says whether the broker is 
 controlled shutdown):
 
 * FENCED + want-shutdown → SHUTDOWN_NOW (nothing to write: it is already fenced);
-* FENCED + not want-fence + caught up → UNFENCED: ``UnfenceBroker``;
+* FENCED + not want-fence + caught up → UNFENCED: ``UnfenceBroker`` (with the replicas on its
+  offline log dirs, if any, which it must not lead);
 * UNFENCED + want-fence → FENCED (SHUTDOWN_NOW with want-shutdown): ``FenceBroker``;
 * UNFENCED + want-shutdown → CONTROLLED_SHUTDOWN when it leads a partition:
   ``BeginControlledShutdown``; when it leads nothing → SHUTDOWN_NOW: ``FenceBroker``;
@@ -18,6 +19,10 @@ controlled shutdown):
   steps may have been cut short by a failover; one with nothing left to move writes nothing);
 * CONTROLLED_SHUTDOWN → SHUTDOWN_NOW once it leads nothing and the lowest metadata offset among
   active brokers has reached the offset where its shutdown records were written: ``FenceBroker``.
+* UNFENCED with offline log dirs (KIP-858; the heartbeat lists the replicas on them) while one of
+  those replicas still leads or shares an ISR: ``LogDirsOffline`` for those replicas. The list is
+  remembered for the session (a new epoch, i.e. a restart, forgets it) and every heartbeat
+  repeats it, so a new active controller relearns it and finishes what a failover cut short.
 
 Session expiry: :meth:`BrokerHeartbeatManager.next_expired` names one broker (not known to be
 fenced) whose session expired, oldest contact first, so each fence is visible before the next.
@@ -28,6 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from kraft.controller.election import needs_offline_change
 from kraft.errors import ErrorCode, KraftError
 from kraft.metadata.image import MetadataImage
 
@@ -67,6 +73,8 @@ class _Session:
         "fenced",
         "last_contact_ms",
         "metadata_offset",
+        "offline_log_dirs",
+        "offline_replicas",
         "shutdown_offset",
     )
 
@@ -77,6 +85,8 @@ class _Session:
         self.fenced = fenced  # None: not known yet (learned from the image on a heartbeat)
         self.shutdown_offset: int | None = None
         self.ended = False  # the broker was told to shut down: its session is over
+        self.offline_log_dirs: tuple[str, ...] = ()  # as its last heartbeat reported them
+        self.offline_replicas: tuple[tuple[str, int], ...] = ()
 
 
 class BrokerHeartbeatManager:
@@ -161,6 +171,14 @@ class BrokerHeartbeatManager:
         if session is not None:
             session.shutdown_offset = offset
 
+    def offline(self, broker_id: int) -> tuple[tuple[str, ...], int]:
+        """(the offline log dirs, the number of replicas on them) the broker's heartbeats report
+        in its current session; ((), 0) when none or unknown."""
+        session = self._sessions.get(broker_id)
+        if session is None:
+            return (), 0
+        return session.offline_log_dirs, len(session.offline_replicas)
+
     def metadata_offset(self, broker_id: int) -> int:
         """The broker's last reported metadata offset (-1 if never heard)."""
         session = self._sessions.get(broker_id)
@@ -189,9 +207,14 @@ class BrokerHeartbeatManager:
         want_shutdown: bool,
         now_ms: int,
         image: MetadataImage,
+        *,
+        offline_log_dirs: tuple[str, ...] = (),
+        offline_replicas: tuple[tuple[str, int], ...] = (),
     ) -> HeartbeatDecision:
         """Process one heartbeat against ``image``. Raises BROKER_ID_NOT_REGISTERED for a broker
-        the image does not know and STALE_BROKER_EPOCH for a wrong epoch."""
+        the image does not know and STALE_BROKER_EPOCH for a wrong epoch. ``offline_log_dirs``
+        (for display) and ``offline_replicas`` ((topic id, partition) pairs): the broker's
+        offline log dirs and the replicas on them."""
         reg = image.brokers.get(broker_id)
         if reg is None:
             self._sessions.pop(broker_id, None)
@@ -210,6 +233,8 @@ class BrokerHeartbeatManager:
         session.last_contact_ms = max(session.last_contact_ms, now_ms)
         session.metadata_offset = max(session.metadata_offset, metadata_offset)
         session.fenced = reg.fenced
+        session.offline_log_dirs = offline_log_dirs
+        session.offline_replicas = offline_replicas
         caught_up = metadata_offset >= reg.epoch
         ident = {"broker_id": broker_id, "broker_epoch": reg.epoch}
 
@@ -224,7 +249,12 @@ class BrokerHeartbeatManager:
             if want_shutdown:
                 return decide(SHUTDOWN_NOW)
             if not want_fence and caught_up:
-                return decide(UNFENCED, ("UnfenceBroker", dict(ident)))
+                unfence: dict[str, Any] = dict(ident)
+                if offline_replicas:  # it must not lead these again (KIP-858)
+                    unfence["offline_replicas"] = [
+                        {"topic_id": t, "partition": p} for t, p in offline_replicas
+                    ]
+                return decide(UNFENCED, ("UnfenceBroker", unfence))
             return decide(FENCED)
         if not reg.in_controlled_shutdown:
             session.shutdown_offset = None
@@ -236,6 +266,10 @@ class BrokerHeartbeatManager:
                 return decide(
                     SHUTDOWN_NOW, ("FenceBroker", {**ident, "reason": "controlled-shutdown"})
                 )
+            moving = self.offline_to_move(image, broker_id, offline_replicas)
+            if moving:
+                offline = [{"topic_id": t, "partition": p} for t, p in moving]
+                return decide(UNFENCED, ("LogDirsOffline", {**ident, "offline_replicas": offline}))
             return decide(UNFENCED)
         # in controlled shutdown
         if want_fence:
@@ -249,6 +283,19 @@ class BrokerHeartbeatManager:
         if self.lowest_active_offset(image) >= session.shutdown_offset:
             return decide(SHUTDOWN_NOW, ("FenceBroker", {**ident, "reason": "controlled-shutdown"}))
         return decide(CONTROLLED_SHUTDOWN)
+
+    @staticmethod
+    def offline_to_move(
+        image: MetadataImage, broker_id: int, replicas: tuple[tuple[str, int], ...]
+    ) -> list[tuple[str, int]]:
+        """The offline replicas of ``broker_id`` that still lead or share an ISR in ``image``."""
+        out: list[tuple[str, int]] = []
+        for topic_id, pid in replicas:
+            topic = image.topics_by_id.get(topic_id)
+            partition = topic.partitions.get(pid) if topic is not None else None
+            if partition is not None and needs_offline_change(partition, broker_id):
+                out.append((topic_id, pid))
+        return out
 
     def leads_any_partition(self, image: MetadataImage, broker_id: int) -> bool:
         """Whether ``broker_id`` leads a partition in ``image`` (cached per image)."""

@@ -24,6 +24,7 @@ from kraft.controller.election import (
     Changes,
     Resume,
     build_partition_change,
+    changes_for_offline_replicas,
     changes_for_unfenced_broker,
     elect_preferred_leader,
     elect_unclean_leader,
@@ -102,11 +103,33 @@ def broker_leaving_changes(
 
 
 def broker_returning_changes(
-    image: MetadataImage, settings: ControllerSettings, broker_id: int, limit: int | None = None
+    image: MetadataImage,
+    settings: ControllerSettings,
+    broker_id: int,
+    limit: int | None = None,
+    offline: frozenset[tuple[str, int]] = frozenset(),
 ) -> Changes:
-    """Unfencing ``broker_id``: leaderless partitions it can lead get it as leader."""
+    """Unfencing ``broker_id``: leaderless partitions it can lead get it as leader (except its
+    replicas in ``offline``, on failed log dirs)."""
     return changes_for_unfenced_broker(
-        image, broker_id, lambda topic: unclean_allowed(image, settings, topic.name), limit
+        image, broker_id, lambda topic: unclean_allowed(image, settings, topic.name), limit, offline
+    )
+
+
+def offline_replica_changes(
+    image: MetadataImage,
+    settings: ControllerSettings,
+    broker_id: int,
+    replicas: list[tuple[str, int]],
+    limit: int | None = None,
+) -> Changes:
+    """Replicas of ``broker_id`` on an offline log dir: out of the ISR and leadership."""
+    return changes_for_offline_replicas(
+        image,
+        broker_id,
+        replicas,
+        lambda topic: unclean_allowed(image, settings, topic.name),
+        limit,
     )
 
 

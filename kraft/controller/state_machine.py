@@ -63,6 +63,7 @@ WRITES: dict[str, Handler] = {
     "FenceBroker": cluster_control.fence_broker,
     "UnfenceBroker": cluster_control.unfence_broker,
     "BeginControlledShutdown": cluster_control.begin_controlled_shutdown,
+    "LogDirsOffline": cluster_control.log_dirs_offline,
     "AllocateProducerIds": cluster_control.allocate_producer_ids,
     "ActivateController": feature_control.activate_controller,
     "NoOp": feature_control.no_op,
@@ -96,10 +97,13 @@ _SUMMARIZED = frozenset(
 )
 
 
-def batch_summary(batch: Batch, image: MetadataImage) -> dict[str, Any]:
+def batch_summary(
+    batch: Batch, topic_name: Callable[[str], str | None], next_producer_id: int
+) -> dict[str, Any]:
     """What a retried request is told about the batch its first attempt wrote: the offsets and
     what the records say (topics created or removed, a broker epoch, a producer-id block).
-    ``image`` is the image the batch was applied to (to name removed topics)."""
+    ``topic_name`` and ``next_producer_id`` describe the state just before the batch (to name
+    removed topics and give a producer-id block's start)."""
     summary: dict[str, Any] = {
         "duplicate": True,
         "request_id": batch.provenance.request_id,
@@ -129,10 +133,9 @@ def batch_summary(batch: Batch, image: MetadataImage) -> dict[str, Any]:
                 created[record.topic_id]["num_partitions"] += 1
                 created[record.topic_id]["replication_factor"] = len(record.replicas)
         elif isinstance(record, RemoveTopicRecord):
-            old = image.topics_by_id.get(record.topic_id)
             topics.append(
                 {
-                    "name": old.name if old else "",
+                    "name": topic_name(record.topic_id) or "",
                     "topic_id": record.topic_id,
                     "error_code": 0,
                     "error_message": "",
@@ -141,7 +144,7 @@ def batch_summary(batch: Batch, image: MetadataImage) -> dict[str, Any]:
         elif isinstance(record, RegisterBrokerRecord):
             summary["broker_epoch"] = record.broker_epoch
         elif isinstance(record, ProducerIdsRecord):
-            start = image.next_producer_id
+            start = next_producer_id
             summary["producer_id_start"] = start
             summary["producer_id_len"] = record.next_producer_id - start
     if topics:
@@ -240,13 +243,34 @@ class QuorumStateMachine:
     def note_replayed_batch(self, batch: Batch) -> None:
         """Remember the batch's request id in the dedup window (bounded, oldest out first).
         Call before the image moves past the batch, so removed topics can still be named."""
+        image = self.image
+
+        def topic_name(topic_id: str) -> str | None:
+            topic = image.topic_by_id(topic_id)
+            return None if topic is None else topic.name
+
+        self._note(batch, topic_name, image.next_producer_id)
+
+    def note_before(self, batch: Batch, delta: MetadataDelta) -> None:
+        """:meth:`note_replayed_batch` for a batch about to be replayed into ``delta`` (start-up
+        replays the whole log into one delta: ``kraft.metadata.replay``'s ``before_batch``)."""
+        self._note(batch, delta.current_topic_name, delta.next_producer_id)
+
+    def _note(
+        self, batch: Batch, topic_name: Callable[[str], str | None], next_producer_id: int
+    ) -> None:
         request_id = batch.provenance.request_id
         if not request_id or self.settings.dedup_window == 0:
             return
         self._recent.pop(request_id, None)
-        self._recent[request_id] = batch_summary(batch, self.image)
+        self._recent[request_id] = batch_summary(batch, topic_name, next_producer_id)
         while len(self._recent) > self.settings.dedup_window:
             self._recent.popitem(last=False)
+
+    def start_at(self, image: MetadataImage) -> None:
+        """Adopt ``image``, the log replayed at start-up (its batches already noted)."""
+        with self._state_lock:
+            self.image = image
 
     def reset(
         self, image: MetadataImage, request_ids: Iterable[tuple[str, dict[str, Any]]]

@@ -245,6 +245,21 @@ class MetadataDelta:
             return None
         return topic_id
 
+    def current_topic_name(self, topic_id: str) -> str | None:
+        """The name of topic ``topic_id`` as replayed so far, or None if it does not exist."""
+        change = self._topic_changes.get(topic_id)
+        if change is not None:
+            return change.name
+        if topic_id in self._deleted_topics:
+            return None
+        base = self.image.topics_by_id.get(topic_id)
+        return None if base is None else base.name
+
+    @property
+    def next_producer_id(self) -> int:
+        """The next unallocated producer id as replayed so far."""
+        return self._next_producer_id
+
     def _topic_exists(self, topic_id: str) -> bool:
         return topic_id in self._topic_changes or (
             topic_id in self.image.topics_by_id and topic_id not in self._deleted_topics

@@ -9,7 +9,7 @@ rebuilds a snapshot's image from its records. All three are pure: no I/O, no clo
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
 from kraft.metadata.delta import MetadataDelta
@@ -19,29 +19,40 @@ from kraft.records import ZERO_HASH, Batch, PartitionRecord, Record
 __all__ = ["image_from_records", "replay", "replay_into"]
 
 
-def replay_into(delta: MetadataDelta, batches: Iterable[Batch]) -> int:
+BeforeBatch = Callable[[Batch, MetadataDelta], None]
+
+
+def replay_into(
+    delta: MetadataDelta, batches: Iterable[Batch], before_batch: BeforeBatch | None = None
+) -> int:
     """Replay into ``delta`` every batch of ``batches`` it does not hold yet (one ending at or
     before ``delta.offset`` is skipped: a snapshot or an earlier fetch covered it); returns how
     many were replayed. Each batch must continue the chain (offset and hash) or
     ``ReplayError`` is raised. A batch's ``digest`` (set by the decoders) is the hash adopted;
-    a batch without one is encoded to hash it."""
+    a batch without one is encoded to hash it. ``before_batch(batch, delta)``, if given, sees
+    each new batch with the delta still just before it (the controller's dedup window names
+    what a batch removed)."""
     n = 0
     replay_batch = delta.replay_batch
     for batch in batches:
         if batch.last_offset <= delta.offset:
             continue
+        if before_batch is not None:
+            before_batch(batch, delta)
         replay_batch(batch)
         n += 1
     return n
 
 
-def replay(snapshot: MetadataImage, batches: Iterable[Batch]) -> MetadataImage:
+def replay(
+    snapshot: MetadataImage, batches: Iterable[Batch], before_batch: BeforeBatch | None = None
+) -> MetadataImage:
     """The image ``snapshot`` (a loaded snapshot's image, or ``MetadataImage.EMPTY``) becomes
     once ``batches`` (the log after it, in order) are replayed; see :func:`replay_into`. Raises
     ``ReplayError`` on a batch that does not continue the log. ``snapshot`` itself when no batch
     is new."""
     delta = MetadataDelta(snapshot)
-    if not replay_into(delta, batches):
+    if not replay_into(delta, batches, before_batch):
         return snapshot
     return delta.apply()
 

@@ -38,6 +38,7 @@ _APIS = [
     Api("FenceBroker", "write", "issued by the session timer or a heartbeat (want_fence)"),
     Api("UnfenceBroker", "write", "issued by the heartbeat manager once the broker caught up"),
     Api("BeginControlledShutdown", "write", "issued when an unfenced broker asks to stop"),
+    Api("LogDirsOffline", "write", "issued when a heartbeat reports replicas on offline log dirs"),
     Api("AlterPartition", "write"),
     Api("AllocateProducerIds", "write"),
     Api("ActivateController", "write", "first write of a newly active controller"),

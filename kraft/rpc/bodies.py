@@ -190,6 +190,9 @@ class BrokerDescription(Body):
     in_controlled_shutdown: bool
     listeners: list[Listener]
     state: str  # 'fenced' | 'unfenced' | 'controlled-shutdown'
+    # what the broker's heartbeats report offline (known to the active controller only)
+    offline_log_dirs: list[str] = []  # paths, else directory ids
+    offline_replicas: int = 0
 
 
 class SnapshotRef(Body):
@@ -359,10 +362,29 @@ class DescribeClusterResponse(ReadResponse):
     brokers: list[BrokerDescription] = []
 
 
+class OfflineReplica(Body):
+    """A replica on one of the broker's offline log dirs (pykraft's extension of KIP-858's
+    OfflineLogDirs: there are no per-replica directory assignments in pykraft's records)."""
+
+    topic_id: str
+    partition: int
+
+
 class BrokerHeartbeatRequest(BrokerEpochRequest):
     metadata_offset: int
     want_fence: bool
     want_shutdown: bool
+    # KIP-858 (JBOD): the directory ids of the broker's offline log dirs, their paths (same
+    # order), and the replicas on them; sent in every heartbeat until the broker restarts
+    offline_log_dirs: list[str] = []
+    offline_log_dir_paths: list[str] = []
+    offline_replicas: list[OfflineReplica] = []
+
+
+class LogDirsOfflineRequest(BrokerEpochRequest):
+    """Issued by the active controller from a heartbeat: these replicas leave ISR and leadership."""
+
+    offline_replicas: list[OfflineReplica] = []
 
 
 class BrokerHeartbeatResponse(Body):
@@ -375,6 +397,9 @@ class FetchMetadataRequest(Body):
     from_offset: int
     max_wait_ms: int | None = None
     max_bytes: int | None = None
+    # only the active controller answers (others: NOT_CONTROLLER with the leader): a follower
+    # learns a commit with the leader's next append round, ~20 ms later (brokers set it)
+    leader_only: bool = False
 
 
 class FetchMetadataResponse(Body):
@@ -443,6 +468,7 @@ REQUESTS: dict[str, type[Body]] = {
     "FenceBroker": FenceBrokerRequest,
     "UnfenceBroker": BrokerEpochRequest,
     "BeginControlledShutdown": BrokerEpochRequest,
+    "LogDirsOffline": LogDirsOfflineRequest,
     "AlterPartition": AlterPartitionRequest,
     "AllocateProducerIds": BrokerEpochRequest,
     "ActivateController": ActivateControllerRequest,
@@ -470,6 +496,7 @@ RESPONSES: dict[str, type[Body]] = {
     "FenceBroker": WriteResponse,
     "UnfenceBroker": WriteResponse,
     "BeginControlledShutdown": WriteResponse,
+    "LogDirsOffline": WriteResponse,
     "AlterPartition": AlterPartitionResponse,
     "AllocateProducerIds": AllocateProducerIdsResponse,
     "ActivateController": WriteResponse,

@@ -50,6 +50,28 @@ def test_three_controllers_elect_exactly_one_active(cluster):
     assert [v["node_id"] for v in views[0]["voters"] if v["is_leader"]] == [leader]
     assert {v["term"] for v in views} == {views[0]["term"]}
 
+    # brokers fetch metadata with leader_only: a follower sends them on to the leader
+    follower = next(i for i in ids if i != leader)
+    body = {"from_offset": 0, "max_wait_ms": 0}
+    from_follower = cluster.call("FetchMetadata", body, node_id=follower)
+    assert from_follower["batches"], from_follower
+
+    async def leader_only() -> tuple[dict, tuple[str, int] | None]:
+        c = cluster.controller(follower)
+        client = ControllerClient(
+            [(c["host"], c["rpc_port"])], client_id="t", credentials=cluster.credentials()
+        )
+        try:
+            resp = await client.call("FetchMetadata", dict(body, leader_only=True), timeout=10)
+            return resp, client.connected_to
+        finally:
+            await client.aclose()
+
+    resp, answered_by = trio.run(leader_only)
+    active = cluster.controller(leader)
+    assert answered_by == (active["host"], active["rpc_port"])
+    assert resp["batches"][0] == from_follower["batches"][0]
+
 
 def test_topics_created_and_deleted_on_every_controller(cluster):
     cluster.up(controllers=3)

@@ -29,9 +29,12 @@ BROKER_OVERRIDES = {"replica.lag.time.max.ms": "3000", "replica.fetch.wait.max.m
 # ---- helpers shared with test_replication -------------------------------------------------------
 
 
-def start_cluster(directory: Path, overrides: dict[str, str] = BROKER_OVERRIDES) -> LocalCluster:
-    """3 controllers + 3 brokers; the brokers are restarted once with ``overrides`` added."""
-    c = LocalCluster(directory).up(3, 3, "--fsync", "never")
+def start_cluster(
+    directory: Path, overrides: dict[str, str] = BROKER_OVERRIDES, *extra: str
+) -> LocalCluster:
+    """3 controllers + 3 brokers (``extra``: more ``kraft cluster up`` flags); the brokers are
+    restarted once with ``overrides`` added."""
+    c = LocalCluster(directory).up(3, 3, "--fsync", "never", *extra)
     for b in c.meta["brokers"]:
         c.kill(b["id"], "TERM")
         with open(b["config"], "a") as f:

@@ -424,3 +424,169 @@ def pid_alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+# ---- one of several log dirs fails (JBOD) -----------------------------------------------------
+
+
+@pytest.fixture()
+def jbod_cluster(tmp_path: Path):
+    c = LocalCluster(tmp_path / "j")
+    try:
+        yield c.up(1, 2, "--no-auth")  # one controller: leadership moves between two brokers
+    finally:
+        c.down()
+
+
+def test_a_broker_whose_second_log_dir_fills_keeps_serving_the_first_and_loses_no_acked_write(
+    jbod_cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """Broker A gets a second log dir on a small tmpfs and leads four partitions, two in each
+    dir (replicas [A, B]). Filling the tmpfs makes a produce fail there: A takes only that dir
+    offline (it keeps running and leading the other two), its heartbeat reports it, and the
+    controller moves the two partitions' leadership to B and A out of their ISRs. Every
+    acks=all write acknowledged before and after is read back. Freed and restarted, A serves
+    the directory again and rejoins those ISRs."""
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    from broker.state import describe as describe_broker
+    from kraft.config import load_properties, write_properties
+
+    cluster = jbod_cluster
+    a, b = cluster.meta["brokers"]
+    rpc = cluster_rpc(cluster)
+    data = Path(a["log_dirs"])
+    data2 = data.parent / "data2"
+    cluster.kill(a["id"], "TERM")
+    poll(lambda: not pid_alive(a["pid"]), 60, what="broker A stopped")
+    if not _mount_tmpfs(data2, "4m"):
+        pytest.skip("mounting a tmpfs needs root (the full disk is a real ENOSPC)")
+    try:
+        own = mp.read(data)
+        assert own is not None
+        mp.write(data2, mp.MetaProperties(own.cluster_id, own.node_id, mp.random_uuid()))
+        props = load_properties(a["config"])
+        props["log.dirs"] = f"{data},{data2}"
+        write_properties(a["config"], props)
+        cluster.start(a["id"])
+        a = next(x for x in cluster.meta["brokers"] if x["id"] == a["id"])  # its new pid
+
+        def brokers() -> dict[int, dict[str, Any]]:
+            out = call_sync(rpc, "DescribeCluster", {}, 5.0)["brokers"]
+            return {x["broker_id"]: x for x in out}
+
+        poll(lambda: not any(x["fenced"] for x in brokers().values()), 60, what="both unfenced")
+        assignments = {p: [a["id"], b["id"]] for p in range(4)}
+        created = call_sync(
+            rpc, "CreateTopics", {"topics": [{"name": "jbod", "assignments": assignments}]}, 10.0
+        )
+        assert created["topics"][0]["error_code"] == 0, created
+
+        def partitions() -> dict[int, dict[str, Any]]:
+            (topic,) = call_sync(rpc, "DescribeTopics", {"names": ["jbod"]}, 5.0)["topics"]
+            return {p["partition"]: p for p in topic["partitions"]}
+
+        def a_state() -> dict[str, Any]:
+            return describe_broker(a["host"], a["admin_port"])
+
+        def dirs_of_a() -> dict[int, str]:
+            return {
+                p["partition"]: str(Path(p["dir"]).parent)
+                for p in a_state()["partitions"]
+                if p["topic"] == "jbod"
+            }
+
+        poll(lambda: len(dirs_of_a()) == 4, 30, what="A opened the four partitions")
+        homes = dirs_of_a()
+        on_tmpfs = sorted(p for p, d in homes.items() if d == str(data2))
+        on_disk = sorted(p for p, d in homes.items() if d == str(data))
+        assert len(on_tmpfs) == 2 and len(on_disk) == 2, homes
+        poll(lambda: all(p["isr"] == [a["id"], b["id"]] for p in partitions().values()), 30,
+             what="B in every ISR")  # fmt: skip
+
+        acked: set[tuple[int, bytes]] = set()
+
+        def delivered(err: Any, msg: Any) -> None:
+            if err is None:
+                acked.add((msg.partition(), msg.value()))
+
+        producer = Producer(
+            {
+                "bootstrap.servers": f"{a['host']}:{a['port']},{b['host']}:{b['port']}",
+                "acks": "all",
+                "linger.ms": 5,
+                "message.timeout.ms": 30000,
+            }
+        )
+
+        def produce(tag: str, count: int, size: int = 100) -> None:
+            for i in range(count):
+                for p in range(4):
+                    producer.produce("jbod", f"{tag}-{p}-{i}".encode().ljust(size, b"."),
+                                     partition=p, on_delivery=delivered)  # fmt: skip
+            producer.flush(30)
+
+        produce("before", 5)
+        assert len(acked) == 20, sorted(acked)
+        _fill(data2)
+        sent = 0
+        deadline = time.monotonic() + 30
+        log_file = Path(a["log_file"])
+        while f"log dir {data2} is offline" not in log_file.read_text(errors="replace"):
+            assert time.monotonic() < deadline, "the full log dir was never taken offline"
+            for p in on_tmpfs:
+                producer.produce("jbod", bytes(20_000), partition=p, on_delivery=delivered)
+                sent += 1
+            producer.poll(0.1)
+        assert pid_alive(a["pid"]), "broker A stopped instead of taking one log dir offline"
+
+        def moved() -> bool:
+            parts = partitions()
+            return all(
+                parts[p]["leader"] == b["id"] and a["id"] not in parts[p]["isr"] for p in on_tmpfs
+            ) and all(parts[p]["leader"] == a["id"] for p in on_disk)
+
+        poll(moved, 30, what="the full dir's partitions led by B, the others still by A")
+        poll(lambda: brokers()[a["id"]]["offline_log_dirs"] == [str(data2)], 30,
+             what="the controller shows A's dir offline")  # fmt: skip
+        assert brokers()[a["id"]]["offline_replicas"] == 2 and not brokers()[a["id"]]["fenced"]
+        state = a_state()
+        assert [d["offline"] for d in state["log_dirs"]] == [False, True], state["log_dirs"]
+        assert state["offline_partitions"] == 2
+
+        produce("after", 5)
+        producer.flush(30)
+        expected_after = {(p, f"after-{p}-{i}".encode().ljust(100, b".")) for p in range(4)
+                          for i in range(5)}  # fmt: skip
+        assert expected_after <= acked, sorted(expected_after - acked)
+        assert "Traceback" not in log_file.read_text(errors="replace")
+
+        consumer = Consumer(
+            {
+                "bootstrap.servers": f"{b['host']}:{b['port']}",
+                "group.id": "jbod-check",
+                "enable.auto.commit": False,
+            }
+        )
+        try:
+            consumer.assign([TopicPartition("jbod", p, 0) for p in range(4)])
+            read: set[tuple[int, bytes]] = set()
+            deadline = time.monotonic() + 30
+            while not acked <= read and time.monotonic() < deadline:
+                msg = consumer.poll(0.5)
+                if msg is not None and msg.error() is None:
+                    read.add((msg.partition(), msg.value()))
+            assert acked <= read, f"{len(acked - read)} acknowledged writes lost"
+        finally:
+            consumer.close()
+        # freed and restarted, the directory serves again: A fetches back into the ISRs it left
+        (data2 / "filler").unlink()
+        cluster.kill(a["id"], "TERM")
+        poll(lambda: not pid_alive(a["pid"]), 60, what="broker A stopped again")
+        cluster.start(a["id"])
+        poll(lambda: all(a["id"] in p["isr"] for p in partitions().values()), 60,
+             what="A back in every ISR")  # fmt: skip
+        assert brokers()[a["id"]]["offline_log_dirs"] == []
+    finally:
+        cluster.down()
+        subprocess.run(["umount", "-l", str(data2)], capture_output=True, timeout=30)

@@ -342,6 +342,7 @@ json_like = st.recursive(
             "FenceBroker",
             "UnfenceBroker",
             "BeginControlledShutdown",
+            "LogDirsOffline",
             "AlterPartition",
             "AllocateProducerIds",
             "ActivateController",
@@ -364,6 +365,7 @@ json_like = st.recursive(
                 "listeners",
                 "leader_id",
                 "term",
+                "offline_replicas",
             ]
         ),
         json_like,

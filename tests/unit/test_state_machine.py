@@ -14,6 +14,7 @@ from kraft.controller.state_machine import QuorumStateMachine
 from kraft.errors import ErrorCode
 from kraft.metadata.delta import ReplayError
 from kraft.metadata.image import MetadataImage
+from kraft.metadata.replay import replay
 from kraft.records import (
     RECOVERED,
     RECOVERING,
@@ -1163,9 +1164,9 @@ def test_dedup_window_is_bounded_and_forgets_failures():
     assert r1 == r2 and r1["error_code"] == E.BROKER_ID_NOT_REGISTERED and "duplicate" not in r2
 
 
-def test_replay_rebuilds_the_same_image_and_window():
-    h = Harness(brokers=2)
-    batches = []
+def _record_batches(h: Harness) -> list:
+    """From now on, every batch ``h``'s state machine proposes, in order."""
+    batches: list = []
     original_propose = h.sm.propose
 
     def recording_propose(*a, **kw):
@@ -1175,6 +1176,12 @@ def test_replay_rebuilds_the_same_image_and_window():
         return batch, response, rest
 
     h.sm.propose = recording_propose
+    return batches
+
+
+def test_replay_rebuilds_the_same_image_and_window():
+    h = Harness(brokers=2)
+    batches = _record_batches(h)
     h.create("t", partitions=3, rf=2)
     h.fence(1)
     h.ok(
@@ -1193,6 +1200,35 @@ def test_replay_rebuilds_the_same_image_and_window():
     assert rebuilt.image.checksum() == h.image.checksum()
     dup = rebuilt.propose(Command("BrokerRegistration", {}, "reg-7"), 1)[1]
     assert dup["duplicate"] and dup["broker_epoch"] == h.epoch(7)
+
+
+def test_start_up_replay_into_one_delta_gives_the_window_batch_by_batch_replay_gives():
+    """The controller's start-up replays the whole log into one delta (kraft.metadata.replay)
+    with note_before; the dedup window must say what replaying one batch at a time says,
+    including the name of a topic a batch removed and a producer-id block's start."""
+    h = Harness(brokers=2)
+    batches = _record_batches(h)
+    h.create("gone", partitions=2)
+    h.ok("AllocateProducerIds", {"broker_id": 0, "broker_epoch": h.epoch(0)}, request_id="pid-1")
+    h.ok("DeleteTopics", {"names": ["gone"]}, request_id="del-gone")
+    h.create("kept")
+    h.ok("AllocateProducerIds", {"broker_id": 0, "broker_epoch": h.epoch(0)}, request_id="pid-2")
+    start = _prefix_image(h, batches)
+
+    one_by_one = QuorumStateMachine(h.sm.settings, image=start)
+    for b in batches:
+        one_by_one.replay_batch(b)
+    at_once = QuorumStateMachine(h.sm.settings, image=start)
+    at_once.start_at(replay(start, batches, at_once.note_before))
+
+    assert at_once.image.checksum() == one_by_one.image.checksum() == h.image.checksum()
+    assert at_once.snapshot_state()[1] == one_by_one.snapshot_state()[1]
+    window = dict(at_once.snapshot_state()[1])
+    assert window["del-gone"]["topics"][0]["name"] == "gone"
+    assert (
+        window["pid-2"]["producer_id_start"]
+        == window["pid-1"]["producer_id_start"] + (window["pid-1"]["producer_id_len"])
+    )
 
 
 def _prefix_image(h: Harness, batches: list) -> MetadataImage:

@@ -475,6 +475,15 @@ def _listeners(listeners: Any) -> list[str]:
     return out
 
 
+def _state(broker: dict[str, Any]) -> str | None:
+    """The broker's state, with its offline log dirs when the active controller knows of any."""
+    state: str | None = broker.get("state")
+    offline = broker.get("offline_log_dirs")
+    if offline:
+        return f"{state}, log dir(s) offline: {', '.join(map(str, offline))}"
+    return state
+
+
 def render_describe(resp: dict[str, Any]) -> str:
     """Cluster id, active controller and a broker table."""
     controller = resp.get("controller_id", -1)
@@ -496,7 +505,7 @@ def render_describe(resp: dict[str, Any]) -> str:
             b["broker_id"],
             b.get("epoch"),
             b.get("rack") or None,
-            b.get("state"),
+            _state(b),
             _listeners(b.get("listeners")),
         )
         for b in brokers

@@ -26,6 +26,7 @@ from broker.coordinator.placement import OFFSETS_TOPIC, TXN_TOPIC, partition_for
 from broker.coordinator.producer_id_manager import ProducerIdManager
 from broker.coordinator.runtime import CoordinatorError, CoordinatorRuntime
 from broker.coordinator.txn.admin_api import ADMIN_RANGES, TxnAdminApis
+from broker.coordinator.txn.records import ONGOING
 from broker.coordinator.txn.service import TxnCoordinator
 from broker.metadata.metadata_cache import MetadataCache
 from broker.protocol.admin_decode import decode_request
@@ -60,6 +61,13 @@ RANGES: dict[int, tuple[int, int]] = {
 }
 _ZERO = timedelta(0)
 END_TXN_WAIT_S = 5.0  # EndTxn waits this long at most for the markers (see wait_completed)
+
+
+def _begins(shard: Any, tid: str) -> bool:
+    """Whether a successful AddPartitionsToTxn / AddOffsetsToTxn for ``tid`` now begins a
+    transaction (none is open), for the metrics."""
+    t = shard.describe(tid)
+    return t is not None and t.state != ONGOING
 
 
 def _ms(value: Any) -> int:
@@ -171,14 +179,18 @@ class TxnApis:
             }
         else:
             code = E.none
+            began = False
 
             def fn(s: Any, t: Any, now: int) -> Any:
-                nonlocal code
+                nonlocal code, began
+                began = _begins(s, tid)
                 result, code = s.add_partitions(tid, pid, epoch, asked, t, now)
+                began = began and code == E.none
                 return result
 
             try:
                 await self._txn_write(tid, fn)
+                self.txn.started += began
             except CoordinatorError as e:
                 code = e.code
             if code == E.producer_fenced and header.api_version < 2:
@@ -201,15 +213,19 @@ class TxnApis:
         code = E.none
         try:
             offsets_part = self._partition_of(OFFSETS_TOPIC, req.group_id)
+            began = False
 
             def fn(s: Any, t: Any, now: int) -> Any:
-                nonlocal code
+                nonlocal code, began
+                began = _begins(s, tid)
                 result, code = s.add_partitions(
                     tid, pid, epoch, [(OFFSETS_TOPIC, offsets_part)], t, now
                 )
+                began = began and code == E.none
                 return result
 
             await self._txn_write(tid, fn)
+            self.txn.started += began
         except CoordinatorError as e:
             code = e.code
         if code == E.producer_fenced and header.api_version < 2:

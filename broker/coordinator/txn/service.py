@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import struct
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -143,6 +144,28 @@ class TxnCoordinator:
         self._links: dict[int, _BrokerLink] = {}
         self._completion = trio.Event()  # set (and replaced) whenever a transaction completes
         self.completed = 0
+        # for the metrics: transactions begun here (counted by the APIs), ended here, and the
+        # time from Prepare to Complete (the markers) of those ended, in ms
+        self.started = 0
+        self.ended = {True: 0, False: 0}  # commit -> count
+        self.completion_ms = {True: 0, False: 0}  # commit -> summed ms
+
+    def metrics(self) -> dict[str, Any]:
+        """Transactional ids by state and the counters above, for the broker's metrics."""
+        states: Counter[str] = Counter()
+        for shard in self.runtime.loaded_shards():
+            for t in shard.txns.values():
+                states[t.state_name] += 1
+        loading = sum(1 for s in self.runtime.slots.values() if s.loading)
+        return {
+            "txns_by_state": dict(states),
+            "partitions": {"loading": loading, "active": len(self.runtime.slots) - loading},
+            "started": self.started,
+            "committed": self.ended[True],
+            "aborted": self.ended[False],
+            "commit_ms_sum": self.completion_ms[True],
+            "abort_ms_sum": self.completion_ms[False],
+        }
 
     def poke(self) -> None:
         """A transaction may have entered a Prepare state: look for markers to write now."""
@@ -191,10 +214,16 @@ class TxnCoordinator:
                 if remaining:
                     await trio.sleep(RETRY_S)
 
+            took = -1  # ms from Prepare to Complete; -1: nothing to complete any more
+
             def complete(shard: Any, token: Any, now: int) -> Any:
+                nonlocal took
+                t = shard.describe(pm.transactional_id)
                 result = shard.complete(
                     pm.transactional_id, pm.producer_id, pm.producer_epoch, now
                 ).answer(token, {})
+                if result.records and t is not None:
+                    took = max(0, now - t.last_update_ms)
                 # Every marker is replicated, so the outcome is decided: a waiting EndTxn may
                 # answer now (if the Complete record is lost, the next coordinator redoes the
                 # markers and completes it).
@@ -204,6 +233,9 @@ class TxnCoordinator:
 
             await self.runtime.write(part_id, complete)
             self.completed += 1
+            if took >= 0:
+                self.ended[pm.commit] += 1
+                self.completion_ms[pm.commit] += took
         except CoordinatorError as e:
             log.info("transaction %r: not completed here (%s)", pm.transactional_id, e.code.name)
         finally:
