@@ -262,3 +262,15 @@ def test_coordinator_state_is_the_same_after_compaction(tmp_path):
     assert result.bytes_after * 5 < result.bytes_before
     assert state() == before
     assert ("t", 1) not in before["g0"]
+
+
+def test_follower_replicates_a_compacted_leader_gaps_and_all(tmp_path):
+    leader = fill(tmp_path)
+    follower = PartitionLog.open(tmp_path / "f-0", segment_bytes=400)
+    follower.append_as_follower(leader.read(0, 300))  # the first batches, before compaction
+    _, end, result = clean(leader)
+    assert leader.swap_cleaned(result.groups, leader.layout_version, end)
+    while follower.log_end_offset < leader.log_end_offset:  # fetches land in gaps now
+        follower.append_as_follower(leader.read(follower.log_end_offset, 300))
+    assert latest(follower) == latest(leader)
+    assert follower.log_end_offset == leader.log_end_offset
