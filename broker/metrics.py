@@ -183,6 +183,8 @@ def group_coordinator_metrics(m: dict[str, Any]) -> Iterator[GaugeMetricFamily]:
         ("offset_commit_rate", "partition offsets committed per second (last 30 s)"),
         ("records_appended", "records the group coordinator appended to __consumer_offsets"),
         ("batches_appended", "batches it appended (records_appended / this: group commit)"),
+        ("partition_load_time_last", "ms the last __consumer_offsets partition load took"),
+        ("partition_load_time_max", "ms the longest __consumer_offsets partition load took"),
     ):
         if name in m:
             yield GaugeMetricFamily(GCM + name, doc, value=m[name])

@@ -132,6 +132,7 @@ class CoordinatorRuntime:
         self._loads: list[_Slot] = []
         self.loads_done = 0
         self.last_load_seconds = 0.0
+        self.max_load_seconds = 0.0
         # writes, records_appended, batches_appended
         self.counters: Counter[str] = Counter()
         self.meters: dict[str, RateMeter] = {}  # what the APIs count (offset-commit, ...)
@@ -410,6 +411,7 @@ class CoordinatorRuntime:
         self.loads_done += 1
         seconds = time.monotonic() - started
         self.last_load_seconds = seconds
+        self.max_load_seconds = max(self.max_load_seconds, seconds)
         log.info(
             "coordinator %s-%d: loaded %d records (%d replayed) up to offset %d in %.0f ms",
             self.topic,

@@ -427,6 +427,8 @@ def test_bad_input_gets_kafka_errors(cluster):
     count = "kafka_server_group_coordinator_metrics_offset_commit_count "
     assert float(next(ln for ln in text.splitlines() if ln.startswith(count)).split()[-1]) >= 1
     assert "kafka_server_group_coordinator_metrics_offset_commit_rate " in text
+    assert "kafka_server_group_coordinator_metrics_partition_load_time_max " in text
+    assert "kafka_log_logcleaner_passes " in text
 
 
 def test_cli_reset_offsets_and_delete(cluster, capsys):
