@@ -38,6 +38,14 @@ def parse_non_negative(v: str) -> int:
     return n
 
 
+def _parse_ratio(v: str) -> float:
+    """A number in [0, 1]."""
+    x = float(v)
+    if not 0 <= x <= 1:
+        raise ValueError(f"{v} is not between 0 and 1")
+    return x
+
+
 BROKER_SETTINGS = COMMON_SETTINGS + [
     Setting("broker.rack", str, "", "rack of this broker (rack-aware placement)"),
     Setting(
@@ -165,6 +173,40 @@ BROKER_SETTINGS = COMMON_SETTINGS + [
     ),
     Setting(
         "offsets.retention.check.interval.ms", parse_positive, 600_000, "how often offsets expire"
+    ),
+    Setting(
+        "offsets.topic.segment.bytes",
+        parse_positive,
+        104_857_600,
+        "segment size of __consumer_offsets when the topic sets no segment.bytes (small "
+        "segments let the log cleaner compact it sooner)",
+    ),
+    Setting("log.cleaner.enable", parse_bool, True, "compact cleanup.policy=compact topics"),
+    Setting(
+        "log.cleaner.backoff.ms",
+        parse_positive,
+        15_000,
+        "how long the log cleaner sleeps when no log needs cleaning",
+    ),
+    Setting(
+        "log.cleaner.min.cleanable.ratio",
+        _parse_ratio,
+        0.5,
+        "default min.cleanable.dirty.ratio: a log is cleaned once this share of its cleanable "
+        "bytes is not yet compacted",
+    ),
+    Setting(
+        "log.cleaner.delete.retention.ms",
+        parse_non_negative,
+        86_400_000,
+        "default delete.retention.ms: how long a compacted topic keeps tombstones and "
+        "finished transaction markers",
+    ),
+    Setting(
+        "log.segment.bytes",
+        parse_positive,
+        1 << 30,
+        "default segment.bytes: a partition log rolls a new segment at this size",
     ),
     Setting(
         "connections.max.idle.ms",

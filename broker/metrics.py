@@ -118,6 +118,7 @@ class BrokerCollector(Collector):
         yield from log_dir_metrics(b.replica_manager.dirs)
         yield from group_coordinator_metrics(b.groups.metrics())
         yield from transaction_coordinator_metrics(b.txn.metrics())
+        yield from log_cleaner_metrics(b.cleaner)
 
 
 LM = "kafka_log_logmanager_"
@@ -134,6 +135,33 @@ def log_dir_metrics(dirs: Any) -> Iterator[GaugeMetricFamily]:
     for d in dirs.dirs:
         per_dir.add_metric([str(d)], 1 if dirs.is_offline(d) else 0)
     yield per_dir
+
+
+LC = "kafka_log_logcleaner_"
+
+
+def log_cleaner_metrics(cleaner: Any) -> Iterator[GaugeMetricFamily]:
+    """Kafka's kafka.log:type=LogCleaner gauges, plus the cleaner's totals since start."""
+    c = cleaner.counters
+    for name, doc, value in (
+        (
+            "cleaner_recopy_percent",
+            "bytes written / bytes read by the last pass, %",
+            cleaner.last_recopy,
+        ),
+        ("max_clean_time_secs", "duration of the longest pass (s)", cleaner.max_seconds),
+        ("max_dirty_percent", "dirty ratio of the last log cleaned, %", cleaner.last_ratio * 100),
+        ("passes", "logs cleaned since start", c["passes"]),
+        ("bytes_read", "segment bytes the cleaner read since start", c["bytes_read"]),
+        ("bytes_written", "segment bytes the cleaner wrote since start", c["bytes_written"]),
+        (
+            "records_removed",
+            "records (and markers) compaction removed since start",
+            c["records_removed"],
+        ),
+        ("batches_removed", "whole batches compaction removed since start", c["batches_removed"]),
+    ):
+        yield GaugeMetricFamily(LC + name, doc, value=value)
 
 
 GCM = "kafka_server_group_coordinator_metrics_"
@@ -172,6 +200,8 @@ def group_coordinator_metrics(m: dict[str, Any]) -> Iterator[GaugeMetricFamily]:
         ("offset_commit_rate", "partition offsets committed per second (last 30 s)"),
         ("records_appended", "records the group coordinator appended to __consumer_offsets"),
         ("batches_appended", "batches it appended (records_appended / this: group commit)"),
+        ("partition_load_time_last", "ms the last __consumer_offsets partition load took"),
+        ("partition_load_time_max", "ms the longest __consumer_offsets partition load took"),
     ):
         if name in m:
             yield GaugeMetricFamily(GCM + name, doc, value=m[name])

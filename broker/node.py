@@ -38,6 +38,7 @@ from broker.protocol.kafka_security import (
     protocol_of,
 )
 from broker.protocol.write_txn_markers import MarkerWriter
+from broker.replica.cleaner import CleanerConfig, LogCleaner
 from broker.replica.isr_updater import IsrUpdater
 from broker.replica.replica_fetcher import ReplicaFetcherManager
 from broker.replica.replica_manager import ReplicaManager
@@ -77,8 +78,20 @@ class BrokerNode:
         self.replica_manager = ReplicaManager(
             config.node_id,
             config.log_dirs,
+            config["log.segment.bytes"],
             replica_lag_time_max_ms=config["replica.lag.time.max.ms"],
             min_insync_replicas=config["min.insync.replicas"],
+        )
+        self.cleaner = LogCleaner(
+            self.replica_manager,
+            CleanerConfig(
+                config["log.cleaner.enable"],
+                config["log.cleaner.backoff.ms"],
+                config["log.cleaner.min.cleanable.ratio"],
+                config["log.cleaner.delete.retention.ms"],
+                config["log.segment.bytes"],
+            ),
+            topic_segment_bytes={"__consumer_offsets": config["offsets.topic.segment.bytes"]},
         )
         client_id = f"broker-{config.node_id}"
         creds = config.rpc_client_credentials
@@ -300,6 +313,7 @@ class BrokerNode:
                 nursery.start_soon(self.txn.run_markers)
                 nursery.start_soon(self.isr_updater.run)
                 nursery.start_soon(self.replica_manager.run_checkpoints)
+                nursery.start_soon(self.cleaner.run)
                 nursery.start_soon(
                     self.replica_manager.run_producer_expiry,
                     self.config["producer.id.expiration.check.interval.ms"] / 1000,

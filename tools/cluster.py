@@ -297,6 +297,7 @@ def broker_properties(layout: ClusterLayout, node: BrokerNode) -> dict[str, str]
         "group.initial.rebalance.delay.ms": "0",
         "offsets.topic.num.partitions": "10",
         "transaction.state.log.num.partitions": "10",
+        "log.cleaner.backoff.ms": "1000",  # Kafka: 15000; a dev cluster compacts promptly
     }
     if node.admin_port:
         props["broker.admin.port"] = str(node.admin_port)

@@ -29,9 +29,10 @@ to ``shard.replay_marker(producer_id, commit)`` (shards without them ignore both
 from __future__ import annotations
 
 import logging
+import struct
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -39,10 +40,9 @@ import trio
 from kio.schema.errors import ErrorCode
 
 from broker.coordinator.rate_meter import RateMeter
-from broker.coordinator.record_batch import encode_batch, read_entries
+from broker.coordinator.record_batch import encode_batch, last_offset, read_entries, scan_plain
 from broker.replica.log_dirs import KafkaStorageError
 from broker.replica.partition import Partition
-from broker.replica.partition_log import parse_batches
 from broker.replica.replica_manager import ReplicaManager
 
 log = logging.getLogger(__name__)
@@ -131,6 +131,8 @@ class CoordinatorRuntime:
         self._wakeup = trio.Event()
         self._loads: list[_Slot] = []
         self.loads_done = 0
+        self.last_load_seconds = 0.0
+        self.max_load_seconds = 0.0
         # writes, records_appended, batches_appended
         self.counters: Counter[str] = Counter()
         self.meters: dict[str, RateMeter] = {}  # what the APIs count (offset-commit, ...)
@@ -397,38 +399,9 @@ class CoordinatorRuntime:
         if part is None or self.slots.get(slot.partition) is not slot:
             return
         started = time.monotonic()
-        offset, end, count = part.log.log_start_offset, part.log.log_end_offset, 0
-        while offset < end:
-            data = part.log.read(offset, LOAD_CHUNK_BYTES, max_offset=end)
-            if not data:
-                break
-            replay_txn = getattr(slot.shard, "replay_txn", None)
-            replay_marker = getattr(slot.shard, "replay_marker", None)
-            for rec_offset, key, value, producer_id, marker in read_entries(data):
-                offset = rec_offset + 1
-                if marker is not None:
-                    if replay_marker is not None:
-                        replay_marker(producer_id, marker)
-                    continue
-                if key is None:
-                    continue
-                try:
-                    if producer_id >= 0 and replay_txn is not None:
-                        replay_txn(producer_id, self.decode(key, value))
-                    else:
-                        slot.shard.replay(self.decode(key, value))
-                except ValueError as e:
-                    log.warning(
-                        "coordinator %s-%d: skipping unreadable record at offset %d: %s",
-                        self.topic,
-                        slot.partition,
-                        rec_offset,
-                        e,
-                    )
-                count += 1
-            batches, _ = parse_batches(data, check_crc=False)
-            if batches:
-                offset = max(offset, batches[-1].last_offset + 1)
+        end = part.log.log_end_offset
+        replayer = LogReplayer(slot.shard, self.decode, f"{self.topic}-{slot.partition}")
+        for _ in replayer.chunks(part.log, end):
             await trio.sleep(0)
             if self.slots.get(slot.partition) is not slot:
                 return  # unloaded meanwhile
@@ -436,11 +409,90 @@ class CoordinatorRuntime:
         slot.loading = False
         slot.dirty = True
         self.loads_done += 1
+        seconds = time.monotonic() - started
+        self.last_load_seconds = seconds
+        self.max_load_seconds = max(self.max_load_seconds, seconds)
         log.info(
-            "coordinator %s-%d: loaded %d records up to offset %d in %.0f ms",
+            "coordinator %s-%d: loaded %d records (%d replayed) up to offset %d in %.0f ms",
             self.topic,
             slot.partition,
-            count,
+            replayer.records,
+            replayer.replayed,
             end,
-            (time.monotonic() - started) * 1000,
+            seconds * 1000,
         )
+
+
+class LogReplayer:
+    """Replays a coordinator partition's records into a shard, as a load does. Records outside
+    transactions are replayed latest-per-key: a record whose key comes again before the next
+    transactional record or marker is skipped (what compaction would leave; every record's
+    value is the whole state of its key), so a long uncompacted log costs a parse per record
+    but a decode and a replay per key."""
+
+    def __init__(self, shard: Any, decode: Callable[[bytes, bytes | None], Any], name: str) -> None:
+        self.shard = shard
+        self.decode = decode
+        self.name = name
+        self.records = 0  # records read
+        self.replayed = 0  # records decoded and replayed
+        self._pending: dict[bytes, tuple[int, bytes | None]] = {}  # key -> (offset, value)
+        self._replay_txn = getattr(shard, "replay_txn", None)
+        self._replay_marker = getattr(shard, "replay_marker", None)
+
+    def chunks(self, plog: Any, end: int, chunk_bytes: int = LOAD_CHUNK_BYTES) -> Iterator[int]:
+        """Read and replay ``plog`` from its start to ``end``, yielding after each chunk (the
+        offset reached); the last pending records are replayed before the end."""
+        offset = plog.log_start_offset
+        while offset < end:
+            data = plog.read(offset, chunk_bytes, max_offset=end)
+            if not data:
+                break
+            self.feed(data)
+            last = last_offset(data)
+            offset = last + 1 if last >= 0 else end
+            yield offset
+        self.flush()
+
+    def feed(self, data: bytes) -> None:
+        """Whole batches, in offset order."""
+        if not isinstance(data, bytes):
+            data = bytes(data)
+        pos, n = 0, len(data)
+        while pos + 61 <= n:
+            pos, folded = scan_plain(data, pos, self._pending)
+            self.records += folded
+            if pos + 61 > n:
+                break
+            (length,) = struct.unpack_from(">i", data, pos + 8)
+            end = pos + 12 + length
+            self.flush()  # a transactional batch or marker: what came before goes first
+            for rec_offset, key, value, producer_id, marker in read_entries(data[pos:end]):
+                if marker is not None:
+                    if self._replay_marker is not None:
+                        self._replay_marker(producer_id, marker)
+                elif key is not None:
+                    self.records += 1
+                    self._apply(rec_offset, key, value, producer_id)
+            pos = end
+
+    def flush(self) -> None:
+        """Replay the pending records (each key's latest), in the order they last came."""
+        pending, self._pending = self._pending, {}
+        for key, (rec_offset, value) in pending.items():
+            self._apply(rec_offset, key, value, -1)
+
+    def _apply(self, rec_offset: int, key: bytes, value: bytes | None, producer_id: int) -> None:
+        self.replayed += 1
+        try:
+            if producer_id >= 0 and self._replay_txn is not None:
+                self._replay_txn(producer_id, self.decode(key, value))
+            else:
+                self.shard.replay(self.decode(key, value))
+        except ValueError as e:
+            log.warning(
+                "coordinator %s: skipping unreadable record at offset %d: %s",
+                self.name,
+                rec_offset,
+                e,
+            )

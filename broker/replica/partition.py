@@ -207,6 +207,7 @@ class Partition:
             "producers": len(self.log.producers),
             "last_stable_offset": self.log.last_stable_offset,
             "open_transactions": len(self.log.txns.ongoing),
+            "cleaner_checkpoint": self.log.first_dirty_offset,
             "aborted_transactions": len(self.log.txns.aborted),
             "dir": str(self.log.dir),
         }

@@ -56,6 +56,20 @@ HW_FILE = "high-watermark-checkpoint"
 LOG_START_FILE = "log-start-offset-checkpoint"  # DeleteRecords: "0", "1", the log start offset
 SNAPSHOT_SUFFIX = ".snapshot"  # %020d.snapshot: producer state of every batch below that offset
 SNAPSHOTS_KEPT = 2
+CLEANER_FILE = "cleaner-offset-checkpoint"  # "0", "1", the first offset not yet compacted
+CLEANED_SUFFIX = ".log.cleaned"  # a compacted segment being written (deleted on open)
+SWAP_SUFFIX = ".log.swap"  # a compacted segment written and synced: replaces its sources on open
+
+
+@dataclass(frozen=True, slots=True)
+class CleanedGroup:
+    """A compacted ``<base>.log.cleaned`` file replacing the segments at ``bases``, with the
+    index of its batches (so the swap reads nothing)."""
+
+    path: Path
+    bases: list[int]
+    batches: list[BatchInfo]
+    size: int
 
 
 class InvalidBatchError(ValueError):
@@ -239,6 +253,52 @@ def _load_syncfs() -> Any:
 _libc_syncfs = _load_syncfs()
 
 
+def _read_offset_file(path: Path) -> int:
+    """The offset in a ``0``/``1``/offset checkpoint file (0 if unreadable)."""
+    try:
+        lines = path.read_text().split("\n")
+        if lines[0].strip() != "0" or lines[1].strip() != "1":
+            raise ValueError(f"header {lines[:2]!r}")
+        return max(0, int(lines[2]))
+    except (OSError, ValueError, IndexError):
+        log.warning("partition log %s: unreadable %s; using 0", path.parent, path.name)
+        return 0
+
+
+def sync_dir(d: Path) -> None:
+    """fsync a directory (its entries: renames, creations, deletions)."""
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _finish_swaps(d: Path, files: set[str]) -> set[str]:
+    """Crash recovery of the log cleaner (Kafka's ``.cleaned``/``.swap``): a ``.cleaned`` file
+    was never complete and goes; a ``.swap`` file was complete and synced, so the segments it
+    replaces (those starting from its base offset up to its last offset) go and it takes the
+    name of the first. Returns the directory's names afterwards."""
+    for name in sorted(files):
+        if name.endswith(CLEANED_SUFFIX):
+            (d / name).unlink(missing_ok=True)
+            log.warning("partition log %s: removed unfinished compacted segment %s", d, name)
+    for name in sorted(f for f in files if f.endswith(SWAP_SUFFIX)):
+        base_text = name[: -len(SWAP_SUFFIX)]
+        if not base_text.isdigit():
+            continue
+        base = int(base_text)
+        infos, _ = parse_batches((d / name).read_bytes())
+        last = infos[-1].last_offset if infos else base
+        for f in os.listdir(d):
+            if f.endswith(".log") and f[:-4].isdigit() and base < int(f[:-4]) <= last:
+                (d / f).unlink()
+        os.replace(d / name, d / f"{base:020d}.log")
+        log.warning("partition log %s: completed the swap of compacted segment %s", d, name)
+    sync_dir(d)
+    return set(os.listdir(d))
+
+
 class _Segment:
     """One ``%020d.log`` file and the in-memory index of its batches."""
 
@@ -337,6 +397,8 @@ class PartitionLog:
         self.txns = TxnIndex()  # open transactions, LSO, aborted index (rebuilt on open)
         self._deleted_below = 0  # DeleteRecords' log start offset (may fall inside a segment)
         self.producer_rebuild = (0, 0.0)  # (batches replayed, seconds) of the last rebuild
+        self.first_dirty_offset = 0  # the log cleaner's checkpoint: offsets below are compacted
+        self.layout_version = 0  # bumped whenever closed segments change (truncation, deletion)
 
     # ---- opening ------------------------------------------------------------------------
     @classmethod
@@ -351,6 +413,8 @@ class PartitionLog:
         except FileExistsError:
             files = set(os.listdir(d))
         plog = cls(d, segment_bytes, fsync)
+        if any(f.endswith((CLEANED_SUFFIX, SWAP_SUFFIX)) for f in files):
+            files = _finish_swaps(d, files)
         names = sorted(d / f for f in files if f.endswith(".log") and f[:-4].isdigit())
         for i, p in enumerate(names):
             seg = _Segment(p, int(p.stem))
@@ -366,6 +430,8 @@ class PartitionLog:
         if not plog._segments:
             plog._segments.append(_Segment(d / f"{0:020d}.log", 0))
         plog._load_checkpoints(files)
+        if CLEANER_FILE in files:
+            plog.first_dirty_offset = _read_offset_file(d / CLEANER_FILE)
         plog.rebuild_producer_state(files)
         plog.rebuild_txn_index()
         return plog
@@ -436,6 +502,7 @@ class PartitionLog:
         if offset <= self.log_start_offset:
             return self.log_start_offset
         self._deleted_below = offset
+        self.layout_version += 1
         _write_atomic(self.dir / LOG_START_FILE, f"0\n1\n{offset}\n")
         self.producers.remove_before(offset)
         self.txns.remove_before(offset)
@@ -533,14 +600,17 @@ class PartitionLog:
         keep = [b for b in infos if b.last_offset >= end]
         if not keep:
             return end
-        if keep[0].base_offset != end:
+        # A compacted leader log has gaps (the cleaner keeps offsets): past the first batch, or
+        # above a log end that is not empty, batches need only go up.
+        empty = not any(seg.batches for seg in self._segments)
+        if keep[0].base_offset < end or (empty and keep[0].base_offset != end):
             raise InvalidBatchError(
                 f"fetched batch starts at {keep[0].base_offset}, log ends at {end}"
             )
         for prev, b in zip(keep, keep[1:]):
-            if b.base_offset != prev.last_offset + 1:
+            if b.base_offset <= prev.last_offset:
                 raise InvalidBatchError(
-                    f"offset gap between {prev.last_offset} and {b.base_offset}"
+                    f"offsets go back between {prev.last_offset} and {b.base_offset}"
                 )
         for b in keep:
             if b.leader_epoch > self.latest_epoch:
@@ -627,6 +697,7 @@ class PartitionLog:
         """Remove every batch containing an offset >= ``offset`` (whole batches, as Kafka)."""
         if offset >= self.log_end_offset:
             return
+        self.layout_version += 1
         while len(self._segments) > 1 and self._segments[-1].base_offset >= offset:
             seg = self._segments.pop()
             seg.close()
@@ -645,6 +716,61 @@ class PartitionLog:
         self.rebuild_producer_state()
         self.rebuild_txn_index()
         log.info("partition log %s: truncated to offset %d (log end %d)", self.dir, offset, end)
+
+    # ---- compaction (broker/replica/cleaner.py drives it) ----------------------------------
+    def cleanable_segments(self) -> list[tuple[Path, int, int]]:
+        """(path, base offset, size) of the closed segments wholly below the last stable offset:
+        what the log cleaner may rewrite (never the active segment)."""
+        lso = self.last_stable_offset
+        out = []
+        for seg, nxt in zip(self._segments, self._segments[1:]):
+            if nxt.base_offset > lso:
+                break
+            out.append((seg.path, seg.base_offset, seg.size))
+        return out
+
+    def segment_end(self, base_offset: int) -> int:
+        """The base offset of the segment after the one at ``base_offset`` (the log end if last)."""
+        bases = [s.base_offset for s in self._segments]
+        i = bases.index(base_offset)
+        return bases[i + 1] if i + 1 < len(bases) else self.log_end_offset
+
+    def swap_cleaned(
+        self, groups: list[CleanedGroup], layout_version: int, first_dirty: int
+    ) -> bool:
+        """Replace each group of segments by its compacted file, written and synced as
+        ``<base>.log.cleaned`` by the cleaner: renamed to ``.swap`` (from then on a crash
+        completes the swap on open), the other sources deleted, then renamed over the first
+        source. Refused (False, the files removed) when truncation or DeleteRecords changed the
+        segments meanwhile. Reads in flight hold whole ``bytes``, never a segment's file."""
+        if layout_version != self.layout_version:
+            for g in groups:
+                g.path.unlink(missing_ok=True)
+            return False
+        position = {seg.base_offset: i for i, seg in enumerate(self._segments)}
+        gone: set[int] = set()
+        for g in groups:
+            swap = g.path.with_name(g.path.name[: -len(CLEANED_SUFFIX)] + SWAP_SUFFIX)
+            os.replace(g.path, swap)
+            sync_dir(self.dir)
+            olds = [self._segments[position[b]] for b in g.bases]
+            for seg in olds:
+                seg.close()
+            for seg in olds[1:]:
+                seg.path.unlink()
+            os.replace(swap, olds[0].path)
+            new = _Segment(olds[0].path, olds[0].base_offset)
+            new.batches, new.size = g.batches, g.size
+            new.lasts = [b.last_offset for b in g.batches]
+            self._segments[position[g.bases[0]]] = new
+            gone.update(id(seg) for seg in olds[1:])
+        sync_dir(self.dir)
+        self._segments = [seg for seg in self._segments if id(seg) not in gone]
+        self.layout_version += 1
+        self.first_dirty_offset = first_dirty
+        _write_atomic(self.dir / CLEANER_FILE, f"0\n1\n{first_dirty}\n")
+        self.rebuild_txn_index()
+        return True
 
     # ---- transactions ---------------------------------------------------------------------
     def rebuild_txn_index(self) -> None:

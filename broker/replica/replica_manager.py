@@ -347,7 +347,7 @@ class ReplicaManager:
             self._mark_offline(topic, topic_id, pid, home)
             raise KafkaStorageError(f"{topic}-{pid}: log dir {home} is offline")
         try:
-            plog = PartitionLog.open(directory, self.segment_bytes, self.fsync)
+            plog = PartitionLog.open(directory, self._segment_bytes(topic), self.fsync)
             if on_disk is None:  # a new directory, or one whose metadata file is missing
                 write_small_file(
                     directory / PARTITION_METADATA, f"version: 0\ntopic_id: {topic_id}\n".encode()
@@ -427,6 +427,13 @@ class ReplicaManager:
             else None
         )
         return int(value) if value is not None else self.default_min_insync_replicas
+
+    def _segment_bytes(self, topic: str) -> int:
+        """The topic's ``segment.bytes`` (else the broker's; the log cleaner applies changes)."""
+        value = (
+            self.image.config(RESOURCE_TOPIC, topic).get("segment.bytes") if self.image else None
+        )
+        return int(value) if value is not None else self.segment_bytes
 
     def propose_isr(self, part: Partition, isr: tuple[int, ...], reason: str) -> None:
         """Ask the controller (through the ISR updater, if any) to change a led partition's ISR."""

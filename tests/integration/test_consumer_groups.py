@@ -427,6 +427,8 @@ def test_bad_input_gets_kafka_errors(cluster):
     count = "kafka_server_group_coordinator_metrics_offset_commit_count "
     assert float(next(ln for ln in text.splitlines() if ln.startswith(count)).split()[-1]) >= 1
     assert "kafka_server_group_coordinator_metrics_offset_commit_rate " in text
+    assert "kafka_server_group_coordinator_metrics_partition_load_time_max " in text
+    assert "kafka_log_logcleaner_passes " in text
 
 
 def test_cli_reset_offsets_and_delete(cluster, capsys):
@@ -592,6 +594,114 @@ def test_kip848_consumer_protocol_split_rebalance_commit_resume(cluster, capsys)
         for t in (a, b, c, d):
             if t is not None and t.is_alive():
                 t.stop()
+
+
+def replica_state(cluster: LocalCluster, node_id: int, topic: str, pid: int) -> dict[str, Any]:
+    from broker.state import describe as broker_state
+
+    b = next(b for b in cluster.meta["brokers"] if b["id"] == node_id)
+    parts = broker_state(b["host"], b["admin_port"])["partitions"]
+    return next(p for p in parts if p["topic"] == topic and p["partition"] == pid)
+
+
+def test_compaction_latest_values_and_offsets_survive_a_reload(cluster):
+    """Before the kill test (it restarts a broker). The log cleaner compacts a topic with small
+    segments on every replica: kafka-python reads the latest value of every key from it. Then
+    __consumer_offsets gets small segments; after its cleaner ran on every replica, the group's
+    coordinator is stopped and the new one, loading the compacted log, has the same offsets."""
+    kraft(
+        "topics", "create", "compacted", "--partitions", "1", "--replication-factor", "3",
+        "--config", "cleanup.policy=compact", "--config", "segment.bytes=1024",
+        "--config", "min.cleanable.dirty.ratio=0.01", "--cluster", str(cluster.dir),
+    )  # fmt: skip
+    p = confluent.Producer({"bootstrap.servers": servers(cluster), "acks": "all"})
+    nodes = [b["id"] for b in cluster.meta["brokers"]]
+    rounds = []
+
+    def produce_round() -> bool:
+        rounds.append(len(rounds))
+        for k in range(10):
+            p.produce("compacted", f"r{rounds[-1]}".encode(), key=f"k{k}".encode())
+        assert p.flush(30) == 0
+        return all(replica_state(cluster, n, "compacted", 0)["cleaner_checkpoint"] > 0
+                   for n in nodes)  # fmt: skip
+
+    poll(produce_round, 60, 0.3, what="every replica of 'compacted' cleaned")
+    p.produce("compacted", None, key=b"k0")  # a tombstone: kept (delete.retention.ms 1 day)
+    assert p.flush(30) == 0
+    total = 10 * len(rounds) + 1
+    c = kafka.KafkaConsumer(
+        bootstrap_servers=servers(cluster), auto_offset_reset="earliest",
+        consumer_timeout_ms=3000, enable_auto_commit=False,
+    )  # fmt: skip
+    tp = kafka.TopicPartition("compacted", 0)
+    c.assign([tp])
+    seen = [(m.offset, m.key, m.value) for m in c]
+    c.close()
+    latest = {k: v for _, k, v in seen}
+    last = f"r{rounds[-1]}".encode()
+    assert latest == {b"k0": None, **{f"k{k}".encode(): last for k in range(1, 10)}}
+    assert len(seen) < total and seen[-1][0] == total - 1  # compacted, offsets kept
+
+    group = "compacted-offsets"
+    pid = partition_for(group, 10)
+    node = coordinator_of(cluster, group)  # creates __consumer_offsets if need be
+    kraft(
+        "configs", "alter", "--topic", "__consumer_offsets", "--set", "segment.bytes=2048",
+        "--set", "min.cleanable.dirty.ratio=0.01", "--cluster", str(cluster.dir),
+    )  # fmt: skip
+
+    def commit_all(w: KafkaWire, round_: int) -> None:
+        body = {"group_id": group, "generation_id_or_member_epoch": -1, "member_id": "",
+                "group_instance_id": None, "topics": [{"name": "compacted", "partitions": [
+                    {"partition_index": 0, "committed_offset": round_,
+                     "committed_leader_epoch": -1, "committed_metadata": f"m{round_}"}]}]}  # fmt: skip
+        assert w.call(8, 8, body).topics[0].partitions[0].error_code == E.none
+
+    committed: list[int] = []
+
+    def commit_rounds() -> bool:
+        with KafkaWire(*broker_addr(cluster, node)) as w:
+            for _ in range(20):
+                committed.append(len(committed))
+                commit_all(w, committed[-1])
+        return all(
+            replica_state(cluster, n, "__consumer_offsets", pid)["cleaner_checkpoint"] > 0
+            for n in nodes
+        )
+
+    poll(commit_rounds, 60, 0.3, what="every replica of the group's partition cleaned")
+    try:
+        cluster.kill(node, "TERM")
+        moved = poll(lambda: (nid := coordinator_of(cluster, group)) != node and nid, 60,
+                     what="a new coordinator")  # fmt: skip
+        fetch = {"groups": [{"group_id": group, "topics": None}], "require_stable": False}
+
+        def fetched() -> Any:
+            with KafkaWire(*broker_addr(cluster, moved)) as w:
+                g = w.call(9, 8, fetch).groups[0]
+            return g if g.error_code == E.none else None
+
+        g = poll(fetched, 30, 0.2, what="OffsetFetch from the new coordinator")
+        parts = [(t.name, p.partition_index, p.committed_offset, p.metadata)
+                 for t in g.topics for p in t.partitions]  # fmt: skip
+        n = committed[-1]
+        assert parts == [("compacted", 0, n, f"m{n}")]
+    finally:
+        kraft(
+            "configs", "alter", "--topic", "__consumer_offsets", "--delete", "segment.bytes",
+            "--delete", "min.cleanable.dirty.ratio", "--cluster", str(cluster.dir),
+        )  # fmt: skip
+        cluster.start(node)
+
+        def back_in_isr() -> bool:
+            for n in nodes:
+                state = replica_state(cluster, n, "__consumer_offsets", pid)
+                if state["role"] == "leader":
+                    return node in state["isr"]
+            return False
+
+        poll(back_in_isr, 60, what="the stopped broker back in the ISR")
 
 
 def test_kill_coordinator_moves_group_with_offsets(cluster):

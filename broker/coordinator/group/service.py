@@ -107,4 +107,6 @@ class GroupCoordinator:
             "offset_commit_rate": commits.rate(),
             "records_appended": self.runtime.counters["records_appended"],
             "batches_appended": self.runtime.counters["batches_appended"],
+            "partition_load_time_last": self.runtime.last_load_seconds * 1000,
+            "partition_load_time_max": self.runtime.max_load_seconds * 1000,
         }
