@@ -84,6 +84,12 @@ BROKER_SETTINGS = COMMON_SETTINGS + [
     ),
     Setting("replica.lag.time.max.ms", int, 30000, "a follower lagging this long leaves the ISR"),
     Setting("replica.fetch.wait.max.ms", int, 500, "follower fetch long-poll"),
+    Setting(
+        "max.incremental.fetch.session.cache.slots",
+        parse_non_negative,
+        1000,
+        "incremental fetch sessions (KIP-227) a broker keeps (0 = none: every fetch is full)",
+    ),
     Setting("min.insync.replicas", int, 1, "default min.insync.replicas for topics without one"),
     Setting("offsets.topic.num.partitions", parse_positive, 50, "partitions of __consumer_offsets"),
     Setting(

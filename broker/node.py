@@ -28,6 +28,7 @@ from broker.coordinator.txn.service import TxnCoordinator
 from broker.lifecycle import BrokerLifecycle, BrokerState, FatalBrokerError
 from broker.metadata.metadata_cache import MetadataCache
 from broker.metadata.metadata_loader import MetadataLoader
+from broker.protocol.fetch_session import FetchSessionCache
 from broker.protocol.kafka_admin import KafkaAdmin
 from broker.protocol.kafka_client_security import client_security
 from broker.protocol.kafka_listener import KafkaListener
@@ -267,6 +268,7 @@ class BrokerNode:
                 self, self.config["metrics.host"], self.config["metrics.port"]
             )
         _, host, port = self.config.listener
+        fetch_sessions = FetchSessionCache(self.config["max.incremental.fetch.session.cache.slots"])
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as nursery:
                 for n, lhost, lport in self.config.listeners:
@@ -294,6 +296,7 @@ class BrokerNode:
                         self.replica_manager,
                         message_max_bytes=self.config["message.max.bytes"],
                         producer_ids=self.producer_ids,
+                        fetch_sessions=fetch_sessions,
                     )
                     listener.serve_groups(self.groups.apis[n])
                     listener.serve_txn(

@@ -11,7 +11,7 @@ Record batches travel as opaque ``bytes``.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from broker.protocol.kafka_codec import DecodeError, Reader
 
@@ -178,14 +178,16 @@ class FetchRequest:
     max_bytes: int
     isolation_level: int
     topics: list[tuple[str, list[FetchPartition]]]
+    session_id: int = 0
+    session_epoch: int = -1  # -1: no session (FINAL_EPOCH); 0: full fetch opening one
+    forgotten: list[tuple[str, list[int]]] = field(default_factory=list)
 
 
 def read_fetch(version: int, r: Reader) -> FetchRequest:
     fx = version >= FLEXIBLE_FROM[1]
     replica_id, max_wait, min_bytes, max_bytes = r.int32(), r.int32(), r.int32(), r.int32()
     isolation = r.int8()
-    if version >= 7:
-        r.int32(), r.int32()  # session id / epoch: sessions are not kept, every fetch is full
+    session_id, session_epoch = (r.int32(), r.int32()) if version >= 7 else (0, -1)
     topics = []
     for _ in range(max(0, r.array_len(fx))):
         name = _str(r, fx)
@@ -201,8 +203,24 @@ def read_fetch(version: int, r: Reader) -> FetchRequest:
             _tags(r, fx)
         _tags(r, fx)
         topics.append((name, parts))
-    # forgotten topics, rack id and tags are not needed: without sessions nothing is remembered
-    return FetchRequest(replica_id, max_wait, min_bytes, max_bytes, isolation, topics)
+    forgotten = []
+    if version >= 7:
+        for _ in range(max(0, r.array_len(fx))):
+            name = _str(r, fx)
+            forgotten.append((name, [r.int32() for _ in range(max(0, r.array_len(fx)))]))
+            _tags(r, fx)
+    # rack id and tags are not needed: this broker has no preferred read replicas
+    return FetchRequest(
+        replica_id,
+        max_wait,
+        min_bytes,
+        max_bytes,
+        isolation,
+        topics,
+        session_id,
+        session_epoch,
+        forgotten,
+    )
 
 
 @dataclass(slots=True)
@@ -217,14 +235,17 @@ class FetchPartitionResult:
 
 
 def write_fetch_response(
-    version: int, error_code: int, results: list[tuple[str, list[FetchPartitionResult]]]
+    version: int,
+    error_code: int,
+    results: list[tuple[str, list[FetchPartitionResult]]],
+    session_id: int = 0,
 ) -> bytes:
     fx = version >= FLEXIBLE_FROM[1]
     w = Writer(fx)
     w.int32(0)  # throttle_time_ms
     if version >= 7:
         w.int16(error_code)
-        w.int32(0)  # session id: no session
+        w.int32(session_id)
     w.array(len(results))
     for name, parts in results:
         w.string(name)
@@ -261,8 +282,8 @@ def write_fetch_request(req: FetchRequest, version: int = FOLLOWER_FETCH_VERSION
     for v in (req.replica_id, req.max_wait_ms, req.min_bytes, req.max_bytes):
         w.int32(v)
     w.int8(req.isolation_level)
-    w.int32(0)
-    w.int32(-1)  # no fetch session
+    w.int32(req.session_id)
+    w.int32(req.session_epoch)
     w.array(len(req.topics))
     for name, parts in req.topics:
         w.string(name)
@@ -273,7 +294,12 @@ def write_fetch_request(req: FetchRequest, version: int = FOLLOWER_FETCH_VERSION
             w.int64(p.fetch_offset)
             w.int64(p.log_start_offset)
             w.int32(p.max_bytes)
-    w.array(0)  # forgotten topics
+    w.array(len(req.forgotten))
+    for name, pids in req.forgotten:
+        w.string(name)
+        w.array(len(pids))
+        for pid in pids:
+            w.int32(pid)
     if version >= 11:
         w.string("")  # rack id
     return bytes(w.buf)
@@ -283,9 +309,18 @@ def read_fetch_response(
     version: int, r: Reader
 ) -> tuple[int, list[tuple[str, list[FetchPartitionResult]]]]:
     """Decode a (non-flexible, v7+) Fetch response body: (top-level error, per-topic results)."""
+    error, _, out = read_fetch_session_response(version, r)
+    return error, out
+
+
+def read_fetch_session_response(
+    version: int, r: Reader
+) -> tuple[int, int, list[tuple[str, list[FetchPartitionResult]]]]:
+    """Decode a (non-flexible, v7+) Fetch response body: (top-level error, session id,
+    per-topic results)."""
     r.int32()
     error = r.int16()
-    r.int32()
+    session_id = r.int32()
     out = []
     for _ in range(max(0, r.array_len(False))):
         name = _str(r, False)
@@ -299,7 +334,7 @@ def read_fetch_response(
                 r.int32()
             parts.append(FetchPartitionResult(pid, err, hw, lso, lstart, _nbytes(r, False)))
         out.append((name, parts))
-    return error, out
+    return error, session_id, out
 
 
 # ---- ListOffsets -------------------------------------------------------------------------------

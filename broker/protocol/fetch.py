@@ -9,8 +9,9 @@ is then proposed). Per partition errors: ``UNKNOWN_TOPIC_OR_PARTITION``,
 current leader epoch is older / newer than ours), ``OFFSET_OUT_OF_RANGE`` (outside [log start,
 log end]). With fewer than ``min_bytes`` ready and no error, the fetch waits (DelayedFetch) up
 to ``max_wait_ms``, woken by appends and high-watermark moves on its partitions (registered
-before the request's handler returns, so no append is missed). Fetch sessions
-are not kept: every fetch is a full fetch (session id 0).
+before the request's handler returns, so no append is missed). Fetch v7+ may use incremental
+fetch sessions (KIP-227, :mod:`broker.protocol.fetch_session`): an incremental fetch reads every
+partition of its session and answers only those with something new.
 
 **ListOffsets** — earliest (-2), latest (-1: the high watermark), max timestamp (-3), or the
 first batch with a timestamp at or after the one given (batch granularity).
@@ -41,6 +42,10 @@ from broker.protocol.data_codec import (
     write_list_offsets_response,
     write_offset_for_leader_epoch_response,
 )
+from broker.protocol.fetch_session import (
+    FetchContext,
+    FetchSessionCache,
+)
 from broker.protocol.kafka_codec import API_FETCH, Deferred, Reader, RequestHeader
 from broker.replica.log_dirs import KafkaStorageError
 from broker.replica.partition import Partition
@@ -53,8 +58,9 @@ READ_COMMITTED = 1  # isolation.level: 0 read_uncommitted, 1 read_committed
 class FetchHandler:
     """Answers the read-side data-plane APIs from a :class:`ReplicaManager`."""
 
-    def __init__(self, replicas: ReplicaManager) -> None:
+    def __init__(self, replicas: ReplicaManager, sessions: FetchSessionCache | None = None) -> None:
         self.replicas = replicas
+        self.sessions = sessions if sessions is not None else FetchSessionCache()
 
     # ---- lookups -------------------------------------------------------------------------------
     def _leader(self, topic: str, pid: int, current_epoch: int) -> tuple[Partition | None, int]:
@@ -78,9 +84,12 @@ class FetchHandler:
     # ---- Fetch ---------------------------------------------------------------------------------
     async def fetch(self, header: RequestHeader, reader: Reader) -> bytes | Deferred:
         req = read_fetch(header.api_version, reader)
-        results, size, errors, parts = self._read(req)
+        ctx = self.sessions.context(req, time.monotonic() * 1000)
+        if ctx.error:
+            return self._respond(header, ctx, [])
+        results, size, errors, parts = self._read(req, ctx.topics)
         if errors or size >= max(1, req.min_bytes) or req.max_wait_ms <= 0 or not parts:
-            return self._respond(header, results)
+            return self._respond(header, ctx, results)
         deadline = trio.current_time() + req.max_wait_ms / 1000
         # Registered now, in the same step as the read above: the response task runs the
         # delayed fetch later, and an append in between must still wake it (else it sleeps
@@ -99,10 +108,10 @@ class FetchHandler:
                         await event.wait()
                     for p in parts:
                         (p.data_waiters if follower else p.waiters).discard(event)
-                    results, size, errors, _ = self._read(req)
+                    results, size, errors, _ = self._read(req, ctx.topics)
                     now = trio.current_time()
                     if errors or size >= max(1, req.min_bytes) or now >= deadline:
-                        return self._respond(header, results)
+                        return self._respond(header, ctx, results)
                     event = trio.Event()
                     for p in parts:
                         (p.data_waiters if follower else p.waiters).add(event)
@@ -113,16 +122,17 @@ class FetchHandler:
         return Deferred(delayed)
 
     def _read(
-        self, req: FetchRequest
+        self, req: FetchRequest, topics: list[tuple[str, list[FetchPartition]]]
     ) -> tuple[list[tuple[str, list[FetchPartitionResult]]], int, bool, list[Partition]]:
-        """One pass over the request: (results per topic, bytes read, any error, partitions)."""
+        """One pass over ``topics`` (the request's, or its session's): (results per topic,
+        bytes read, any error, partitions)."""
         follower = req.replica_id >= 0
         now_ms = time.monotonic() * 1000
         budget = req.max_bytes if req.max_bytes > 0 else 1 << 30
         parts: list[Partition]
         size, errors, parts = 0, False, []
         results: list[tuple[str, list[FetchPartitionResult]]] = []
-        for name, fparts in req.topics:
+        for name, fparts in topics:
             out: list[FetchPartitionResult] = []
             for fp in fparts:
                 res, part = self._read_partition(
@@ -197,9 +207,12 @@ class FetchHandler:
 
     @staticmethod
     def _respond(
-        header: RequestHeader, results: list[tuple[str, list[FetchPartitionResult]]]
+        header: RequestHeader,
+        ctx: FetchContext,
+        results: list[tuple[str, list[FetchPartitionResult]]],
     ) -> bytes:
-        body = write_fetch_response(header.api_version, 0, results)
+        error, session_id, out = ctx.respond(results, time.monotonic() * 1000)
+        body = write_fetch_response(header.api_version, error, out, session_id)
         return frame_raw_response(
             header.correlation_id, body, header.api_version >= FLEXIBLE_FROM[API_FETCH]
         )

@@ -56,6 +56,7 @@ from broker.protocol.delete_records import (
     DeleteRecordsHandler,
 )
 from broker.protocol.fetch import FetchHandler
+from broker.protocol.fetch_session import FetchSessionCache
 from broker.protocol.init_producer_id import (
     API_INIT_PRODUCER_ID,
     INIT_PRODUCER_ID_VERSIONS,
@@ -198,10 +199,13 @@ class KafkaListener:
         *,
         message_max_bytes: int = MESSAGE_MAX_BYTES,
         producer_ids: ProducerIdManager | None = None,
+        fetch_sessions: FetchSessionCache | None = None,
     ) -> None:
         """Also serve Produce, Fetch, ListOffsets and OffsetForLeaderEpoch from ``replicas``,
-        and InitProducerId given ``producer_ids``."""
-        produce, fetch = ProduceHandler(replicas, message_max_bytes), FetchHandler(replicas)
+        and InitProducerId given ``producer_ids``; fetch sessions live in ``fetch_sessions``
+        (one cache for all of a broker's listeners)."""
+        produce = ProduceHandler(replicas, message_max_bytes)
+        fetch = FetchHandler(replicas, fetch_sessions)
         self._ranges[API_DELETE_RECORDS] = DELETE_RECORDS_VERSIONS
         self._handlers[API_DELETE_RECORDS] = DeleteRecordsHandler(replicas).delete_records
         if producer_ids is not None:

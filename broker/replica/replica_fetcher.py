@@ -8,7 +8,9 @@ the log at min(leader's end offset for that epoch, our own end offset for the ep
 answered) — Kafka's KIP-101/279 rule, so a follower never keeps records the leader does not have
 and never drops committed ones. Then it **fetches** (Fetch v11, ``replica_id`` = our broker id,
 from our log end), appends what comes back with the leader's offsets and epochs, and takes the
-leader's high watermark. Epoch errors back off until the metadata brings the new epoch;
+leader's high watermark. Fetches use an incremental fetch session (KIP-227,
+:mod:`broker.replica.fetch_session_builder`): after a full fetch, only the partitions whose fetch
+offset moved are sent, and the leader answers only those with news. Epoch errors back off until the metadata brings the new epoch;
 connection errors reconnect with a short backoff. The connection speaks the security protocol of
 the leader's inter-broker listener (TLS, SASL/PLAIN as the broker's own user:
 :mod:`broker.protocol.kafka_client_security`).
@@ -33,13 +35,14 @@ from broker.protocol.data_codec import (
     FetchPartition,
     FetchRequest,
     frame_request,
-    read_fetch_response,
+    read_fetch_session_response,
     read_offset_for_leader_epoch_response,
     write_fetch_request,
     write_offset_for_leader_epoch_request,
 )
 from broker.protocol.kafka_client_security import ClientSecurity, sasl_login
 from broker.protocol.kafka_codec import API_FETCH, DecodeError, Reader
+from broker.replica.fetch_session_builder import FetchSessionBuilder
 from broker.replica.log_dirs import KafkaStorageError
 from broker.replica.partition import Partition
 from broker.replica.partition_log import InvalidBatchError, PartitionLog
@@ -187,6 +190,7 @@ class SourceFetcher:
         self.manager = manager
         self.leader_id = leader_id
         self.states: dict[Partition, _FetchState] = {}
+        self.session = FetchSessionBuilder()
         self.scope = trio.CancelScope()
         self._changed = trio.Event()
 
@@ -198,6 +202,10 @@ class SourceFetcher:
             if st is None or st.leader_epoch != p.leader_epoch:
                 st = _FetchState(p.leader_epoch)
             states[p] = st
+        if [(p, st.leader_epoch) for p, st in states.items()] != [
+            (p, st.leader_epoch) for p, st in self.states.items()
+        ]:
+            self.session.reset()  # a new partition set: start over with a full fetch
         self.states = states
         self._changed.set()
 
@@ -231,6 +239,7 @@ class SourceFetcher:
                             await self._idle(0.2)
                     except _ERRORS as e:
                         outage.failed(time.monotonic(), str(e) or type(e).__name__)
+                        self.session.reset()
                         if conn is not None:
                             await conn.aclose()
                             conn = None
@@ -319,25 +328,43 @@ class SourceFetcher:
         ready = [(p, st) for p, st in self.states.items() if not st.truncate and st.retry_at <= now]
         if not ready:
             return False
-        topics: dict[str, list[FetchPartition]] = {}
-        for p, st in ready:
-            topics.setdefault(p.topic, []).append(
-                FetchPartition(
-                    p.partition,
-                    st.leader_epoch,
-                    p.log.log_end_offset,
-                    p.log.log_start_offset,
-                    m.partition_max_bytes,
-                )
+        wanted = {
+            (p.topic, p.partition): FetchPartition(
+                p.partition,
+                st.leader_epoch,
+                p.log.log_end_offset,
+                p.log.log_start_offset,
+                m.partition_max_bytes,
             )
-        req = FetchRequest(m.broker_id, m.max_wait_ms, 1, m.max_bytes, 0, list(topics.items()))
-        r = await conn.request(
-            API_FETCH,
-            FOLLOWER_FETCH_VERSION,
-            write_fetch_request(req),
-            m.timeout + m.max_wait_ms / 1000,
+            for p, st in ready
+        }
+        sreq = self.session.build(wanted)
+        req = FetchRequest(
+            m.broker_id,
+            m.max_wait_ms,
+            1,
+            m.max_bytes,
+            0,
+            sreq.topics,
+            sreq.session_id,
+            sreq.epoch,
+            sreq.forgotten,
         )
-        error, results = read_fetch_response(FOLLOWER_FETCH_VERSION, r)
+        try:
+            r = await conn.request(
+                API_FETCH,
+                FOLLOWER_FETCH_VERSION,
+                write_fetch_request(req),
+                m.timeout + m.max_wait_ms / 1000,
+            )
+            error, session_id, results = read_fetch_session_response(FOLLOWER_FETCH_VERSION, r)
+        except BaseException:
+            self.session.reset()
+            raise
+        self.session.on_response(error, session_id)
+        if error:
+            log.info("fetch from leader %d: error %d; next fetch is full", self.leader_id, error)
+            return True
         by_key = {(p.topic, p.partition): (p, st) for p, st in ready}
         for name, parts in results:
             for res in parts:
