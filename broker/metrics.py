@@ -119,6 +119,37 @@ class BrokerCollector(Collector):
         yield from group_coordinator_metrics(b.groups.metrics())
         yield from transaction_coordinator_metrics(b.txn.metrics())
         yield from log_cleaner_metrics(b.cleaner)
+        yield from fetch_session_metrics(b.fetch_sessions)
+
+
+FSC = "kafka_server_fetchsessioncache_"
+
+
+def fetch_session_metrics(cache: Any) -> Iterator[GaugeMetricFamily]:
+    """Kafka's FetchSessionCache gauges, and the incremental fetches served (pykraft's)."""
+    for name, doc, value in (
+        (
+            FSC + "numincrementalfetchsessions",
+            "incremental fetch sessions cached",
+            len(cache.sessions),
+        ),
+        (
+            FSC + "numincrementalfetchpartitionscached",
+            "partitions in them",
+            cache.partitions_cached(),
+        ),
+        (
+            FSC + "incrementalfetchsessionevictions",
+            "sessions evicted for a new one",
+            cache.evictions,
+        ),
+        (
+            "pykraft_broker_incremental_fetch_count",
+            "fetches answered in a session",
+            cache.incremental_fetches,
+        ),
+    ):
+        yield GaugeMetricFamily(name, doc, value=value)
 
 
 LM = "kafka_log_logmanager_"

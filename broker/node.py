@@ -83,6 +83,7 @@ class BrokerNode:
             replica_lag_time_max_ms=config["replica.lag.time.max.ms"],
             min_insync_replicas=config["min.insync.replicas"],
         )
+        self.fetch_sessions = FetchSessionCache(config["max.incremental.fetch.session.cache.slots"])
         self.cleaner = LogCleaner(
             self.replica_manager,
             CleanerConfig(
@@ -268,7 +269,6 @@ class BrokerNode:
                 self, self.config["metrics.host"], self.config["metrics.port"]
             )
         _, host, port = self.config.listener
-        fetch_sessions = FetchSessionCache(self.config["max.incremental.fetch.session.cache.slots"])
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as nursery:
                 for n, lhost, lport in self.config.listeners:
@@ -296,7 +296,7 @@ class BrokerNode:
                         self.replica_manager,
                         message_max_bytes=self.config["message.max.bytes"],
                         producer_ids=self.producer_ids,
-                        fetch_sessions=fetch_sessions,
+                        fetch_sessions=self.fetch_sessions,
                     )
                     listener.serve_groups(self.groups.apis[n])
                     listener.serve_txn(

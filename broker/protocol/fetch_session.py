@@ -123,6 +123,10 @@ class FetchSessionCache:
     rng: random.Random = field(default_factory=random.Random)
     sessions: dict[int, FetchSession] = field(default_factory=dict)
     evictions: int = 0
+    incremental_fetches: int = 0  # answered in a session (for the metrics)
+
+    def partitions_cached(self) -> int:
+        return sum(len(s.partitions) for s in self.sessions.values())
 
     def context(self, req: FetchRequest, now_ms: float) -> FetchContext:
         """Interpret a Fetch request's session fields; apply an incremental one to its session."""
@@ -151,6 +155,7 @@ class FetchSessionCache:
                     cached.request = fp
         s.epoch = next_epoch(s.epoch)
         s.last_used_ms = now_ms
+        self.incremental_fetches += 1
         topics: dict[str, list[FetchPartition]] = {}
         for (name, _), cached in s.partitions.items():
             topics.setdefault(name, []).append(cached.request)

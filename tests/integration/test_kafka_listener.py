@@ -617,6 +617,45 @@ def test_fetch_epoch_and_range_errors_and_list_offsets(data):
     assert (p.error_code.value, p.leader_epoch, p.end_offset) == (0, 5, 3)
 
 
+def test_fetch_session_over_the_wire(data):
+    """KIP-227 against the listener: a full fetch opens a session, incremental fetches answer
+    only partitions with news (an error always), a wrong epoch is 71, an unknown session 70."""
+    from broker.protocol.data_codec import (
+        FetchPartition,
+        FetchRequest,
+        frame_request,
+        read_fetch_session_response,
+        write_fetch_request,
+    )
+    from broker.protocol.kafka_codec import Reader
+    from tests.unit.test_partition_log import make_batch, values_in
+
+    def session_fetch(s, sid, epoch, parts):
+        data.corr += 1
+        topics = (
+            [("orders", [FetchPartition(p, -1, 0, 0, 1 << 20) for p in parts])] if parts else []
+        )
+        req = FetchRequest(-1, 0, 1, 1 << 20, 0, topics, sid, epoch)
+        s.sendall(frame_request(1, 11, data.corr, "t", write_fetch_request(req)))
+        r = Reader(recv_frame(s))
+        r.int32()
+        err, got, results = read_fetch_session_response(11, r)
+        return err, got, {p.partition: p for _, ps in results for p in ps}
+
+    with connect(data.port) as s:
+        s.settimeout(15)
+        err, sid, parts = session_fetch(s, 0, 0, [0, 2])
+        assert err == 0 and sid > 0 and sorted(parts) == [0, 2] and parts[2].error_code == 6
+        err, got, parts = session_fetch(s, sid, 1, [])
+        assert (err, got, sorted(parts)) == (0, sid, [2])  # orders-0 has nothing new
+        data.produce("orders", 0, make_batch([b"n"]), acks=1)
+        data.fetch(2, "orders", 0, 1)  # follower 2 caught up: HW 1
+        err, got, parts = session_fetch(s, sid, 2, [])
+        assert (err, got) == (0, sid) and values_in(parts[0].records) == [(0, b"n")]
+        assert session_fetch(s, sid, 2, [])[:2] == (71, 0)  # INVALID_FETCH_SESSION_EPOCH
+        assert session_fetch(s, sid + 1, 3, [])[:2] == (70, 0)  # FETCH_SESSION_ID_NOT_FOUND
+
+
 @pytest.mark.parametrize("version", [0, 1, 3, 4])
 def test_find_coordinator_says_not_available(listener, version):
     from kio.index import load_response_schema

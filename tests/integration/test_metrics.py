@@ -49,6 +49,9 @@ def _image() -> MetadataImage:
     return delta.apply()
 
 
+FSC = "kafka_server_fetchsessioncache_"
+
+
 def test_image_counts() -> None:
     assert ImageCounts.of(_image()) == ImageCounts(
         topics=2,
@@ -211,6 +214,19 @@ def test_metrics_and_replication_across_a_failover(tmp_path: Path) -> None:
             assert b["kafka_server_kafkaserver_brokerstate"] == 3  # RUNNING
             assert b["kafka_server_replicamanager_underreplicatedpartitions"] == 0
             assert b["kafka_server_broker_metadata_metrics_metadata_load_error_count"] >= 0
+
+        def followers_in_sessions() -> bool:
+            """Each broker leads one partition the other follows: its follower fetches come in
+            an incremental fetch session (KIP-227)."""
+            b = [scrape(ports[i]) for i in (101, 102)]
+            return all(
+                x[FSC + "numincrementalfetchsessions"] >= 1
+                and x[FSC + "numincrementalfetchpartitionscached"] >= 1
+                and x["pykraft_broker_incremental_fetch_count"] >= 1
+                for x in b
+            )
+
+        poll(followers_in_sessions, 30, interval=0.3, what="incremental follower fetch sessions")
 
         before = check_replication_settled(cluster)
         assert before["leader_id"] == old
