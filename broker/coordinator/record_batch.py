@@ -13,6 +13,8 @@ from typing import NamedTuple
 
 import crc32c
 
+from broker.replica.control_batch import varint_at
+
 _ATTR_COMPRESSION = 0x07
 _ATTR_TRANSACTIONAL = 0x10
 _ATTR_CONTROL = 0x20
@@ -99,17 +101,6 @@ def read_records(data: bytes) -> Iterator[tuple[int, bytes | None, bytes | None]
 _HEAD = struct.Struct(">qi9xh20xq6xi")  # base offset, length, attributes, producer id, count
 
 
-def _varint_at(data: bytes, pos: int) -> tuple[int, int]:
-    shift = n = 0
-    while True:
-        b = data[pos]
-        pos += 1
-        n |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return (n >> 1) ^ -(n & 1), pos
-        shift += 7
-
-
 def read_entries(data: bytes) -> Iterator[Entry]:
     """Every data record and transaction marker in ``data`` (whole batches back to back).
     The hot loop of a coordinator's load: one-byte varints are decoded inline and a record's
@@ -143,23 +134,23 @@ def read_entries(data: bytes) -> Iterator[Entry]:
             if b < 0x80:
                 size, p = (b >> 1) ^ -(b & 1), p + 1
             else:
-                size, p = _varint_at(data, p)
+                size, p = varint_at(data, p)
             record_end = p + size
             p += 1  # attributes
             if data[p] < 0x80:  # timestamp delta
                 p += 1
             else:
-                _, p = _varint_at(data, p)
+                _, p = varint_at(data, p)
             b = data[p]
             if b < 0x80:
                 delta, p = (b >> 1) ^ -(b & 1), p + 1
             else:
-                delta, p = _varint_at(data, p)
+                delta, p = varint_at(data, p)
             b = data[p]
             if b < 0x80:
                 klen, p = (b >> 1) ^ -(b & 1), p + 1
             else:
-                klen, p = _varint_at(data, p)
+                klen, p = varint_at(data, p)
             key = None
             if klen >= 0:
                 key, p = data[p : p + klen], p + klen
@@ -167,7 +158,7 @@ def read_entries(data: bytes) -> Iterator[Entry]:
             if b < 0x80:
                 vlen, p = (b >> 1) ^ -(b & 1), p + 1
             else:
-                vlen, p = _varint_at(data, p)
+                vlen, p = varint_at(data, p)
             value = None if vlen < 0 else data[p : p + vlen]
             yield Entry(base + delta, key, value, txn_pid)
             p = record_end
@@ -196,23 +187,23 @@ def scan_plain(
             if b < 0x80:
                 size, p = (b >> 1) ^ -(b & 1), p + 1
             else:
-                size, p = _varint_at(data, p)
+                size, p = varint_at(data, p)
             record_end = p + size
             p += 1  # attributes
             if data[p] < 0x80:  # timestamp delta
                 p += 1
             else:
-                _, p = _varint_at(data, p)
+                _, p = varint_at(data, p)
             b = data[p]
             if b < 0x80:
                 delta, p = (b >> 1) ^ -(b & 1), p + 1
             else:
-                delta, p = _varint_at(data, p)
+                delta, p = varint_at(data, p)
             b = data[p]
             if b < 0x80:
                 klen, p = (b >> 1) ^ -(b & 1), p + 1
             else:
-                klen, p = _varint_at(data, p)
+                klen, p = varint_at(data, p)
             if klen >= 0:
                 key = data[p : p + klen]
                 p += klen
@@ -220,7 +211,7 @@ def scan_plain(
                 if b < 0x80:
                     vlen, p = (b >> 1) ^ -(b & 1), p + 1
                 else:
-                    vlen, p = _varint_at(data, p)
+                    vlen, p = varint_at(data, p)
                 latest.pop(key, None)
                 latest[key] = (base + delta, None if vlen < 0 else data[p : p + vlen])
                 folded += 1

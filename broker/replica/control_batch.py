@@ -70,6 +70,18 @@ def marker_type(batch: bytes | memoryview, pos: int, end: int) -> int:
         return -1
 
 
+def varint_at(data: bytes | memoryview, pos: int) -> tuple[int, int]:
+    """The zigzag varint of a v2 record at byte ``pos``, and the position after it."""
+    shift = n = 0
+    while True:
+        b = data[pos]
+        pos += 1
+        n |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return (n >> 1) ^ -(n & 1), pos
+        shift += 7
+
+
 def _skip_varint(data: bytes | memoryview, p: int) -> int:
     while data[p] & 0x80:
         p += 1

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 
 import crc32c
 
+from broker.replica.control_batch import varint_at
+
 HEADER_BYTES = 61
 ATTR_COMPRESSION = 0x07
 ATTR_TRANSACTIONAL = 0x10
@@ -84,17 +86,6 @@ class Plan:
     batches_removed: int
 
 
-def _varint(data: bytes | memoryview, pos: int) -> tuple[int, int]:
-    shift = n = 0
-    while True:
-        b = data[pos]
-        pos += 1
-        n |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return (n >> 1) ^ -(n & 1), pos
-        shift += 7
-
-
 def parse_batch(data: bytes | memoryview) -> Batch:
     """The planner's view of one whole v2 batch (``data`` holds exactly that batch)."""
     base, _length = struct.unpack_from(">qi", data, 0)
@@ -111,15 +102,15 @@ def parse_batch(data: bytes | memoryview) -> Batch:
         pos = HEADER_BYTES
         for _ in range(count):
             start = pos
-            length, pos = _varint(data, pos)
+            length, pos = varint_at(data, pos)
             end = pos + length
             pos += 1  # attributes
-            _, pos = _varint(data, pos)  # timestamp delta
-            delta, pos = _varint(data, pos)
-            klen, pos = _varint(data, pos)
+            _, pos = varint_at(data, pos)  # timestamp delta
+            delta, pos = varint_at(data, pos)
+            klen, pos = varint_at(data, pos)
             key = None if klen < 0 else bytes(data[pos : pos + klen])
             pos += max(klen, 0)
-            vlen, pos = _varint(data, pos)
+            vlen, pos = varint_at(data, pos)
             records.append(Record(base + delta, key, vlen < 0, start, end))
             pos = end
     return Batch(
@@ -139,11 +130,11 @@ def _marker_type(data: bytes | memoryview, count: int) -> int:
     if count < 1:
         return -1
     pos = HEADER_BYTES
-    _, pos = _varint(data, pos)  # length
+    _, pos = varint_at(data, pos)  # length
     pos += 1
-    _, pos = _varint(data, pos)  # timestamp delta
-    _, pos = _varint(data, pos)  # offset delta
-    klen, pos = _varint(data, pos)
+    _, pos = varint_at(data, pos)  # timestamp delta
+    _, pos = varint_at(data, pos)  # offset delta
+    klen, pos = varint_at(data, pos)
     if klen < 4:
         return -1
     (kind,) = struct.unpack_from(">h", data, pos + 2)
