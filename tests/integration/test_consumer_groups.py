@@ -51,10 +51,32 @@ def broker_addr(cluster: LocalCluster, node_id: int) -> tuple[str, int]:
 
 
 def create_topic(cluster: LocalCluster, name: str, partitions: int) -> None:
+    """Create ``name`` and wait until every broker's Metadata serves it with a leader for each
+    partition: a consumer subscribing earlier may read a broker that has not replayed the topic
+    yet (kafka-python's leader then assigns nothing until its next metadata refresh)."""
     kraft(
         "topics", "create", name, "--partitions", str(partitions), "--replication-factor", "3",
         "--cluster", str(cluster.dir),
     )  # fmt: skip
+
+    def served_everywhere() -> bool:
+        for b in cluster.meta["brokers"]:
+            with KafkaWire(b["host"], b["port"], timeout=5) as w:
+                topics = w.call(
+                    3,
+                    12,
+                    {
+                        "topics": [{"topic_id": None, "name": name}],
+                        "allow_auto_topic_creation": False,
+                        "include_topic_authorized_operations": False,
+                    },
+                ).topics
+            ready = [p for p in topics[0].partitions if p.error_code == E.none and p.leader_id >= 0]
+            if topics[0].error_code != E.none or len(ready) != partitions:
+                return False
+        return True
+
+    poll(served_everywhere, 30, what=f"every broker serving {name}")
 
 
 def produce(cluster: LocalCluster, topic: str, values: list[str]) -> None:
@@ -267,7 +289,11 @@ def test_static_member_restart_without_rebalance(cluster):
     conf = {"group.instance.id": "ck-static-1", "session.timeout.ms": 30000}
     b = ConsumerThread("ck", cluster, "static", "statics", **conf)
     try:
-        poll(lambda: split([a, b], 4), 90, what="two members splitting 4")
+        try:
+            poll(lambda: split([a, b], 4), 90, what="two members splitting 4")
+        except AssertionError as e:  # say what the group and the clients looked like
+            state = (describe(cluster, "statics"), a.assigned, b.assigned, a.error, b.error)
+            raise AssertionError(f"{e}; group, assignments, errors: {state!r}") from None
         before = describe(cluster, "statics")
         owned, a_events = set(b.assigned), a.assign_events
         b.stop(leave=False)  # a static member sends no LeaveGroup
