@@ -1,17 +1,22 @@
-"""Scale benchmark (issue 8, ``make bench-scale``): a metadata image of ``topics`` x ``partitions``
-partitions (default 10,000 x 100 = 1M, RF 3) on a real 3-controller quorum with ``brokers``
-simulated brokers (``testsupport/sim_broker.py``: real registration, heartbeats and FetchMetadata, no
-partition logs), then:
+"""Scale benchmark (issues 8 and 24, ``make bench-scale``): a metadata image of ``topics`` x
+``partitions`` partitions (default 20,000 x 100 = 2M, RF 3, the scale Kafka's KRaft was publicly
+shown at) on a real 3-controller quorum with ``brokers`` (default 60) simulated brokers
+(``testsupport/sim_broker.py``: real registration, heartbeats and FetchMetadata, no partition
+logs), then:
 
 * bulk: the first 1,000 topics x 100 partitions created and applied on every controller and every
   (simulated) broker — seconds;
 * the full image: creation rate, every controller's RSS;
 * snapshot write: the controller's own "wrote snapshot" timing for the largest snapshot;
-* failover: kill -9 the active controller → next write committed (seconds);
+* failover: kill -9 the active controller → next write committed (seconds), ``failovers`` times
+  (median and max), the killed controller restarted each time;
 * cold start: the killed controller restarted → applied offset equal to the leader's (seconds);
 * broker kill: a simulated broker stops heartbeating → from its session expiry to the last
   partition change for it and its fence record (timestamps in the leader's log) — seconds;
 * controlled shutdown of a simulated broker: request → told to shut down (seconds);
+* whole-cluster restart: every controller and simulated broker killed (-9), then all started
+  again → every broker unfenced and every partition with a leader in the brokers' image
+  (seconds);
 * catch-up: a new **real** broker process replays the full image and reports RUNNING (seconds);
 * real brokers: 3 real brokers with ``real_topics`` x ``partitions`` partitions each (10,000 by
   default) are restarted together → all RUNNING again (seconds).
@@ -42,6 +47,7 @@ import trio
 from bench.broker_bench import table
 from bench.common import ENV, REPO, cluster_up, controller_addresses, logger
 from kraft.errors import KraftError
+from kraft.metrics import ImageCounts
 from kraft.rpc.client import ControllerClient, call_sync
 from testsupport.sim_broker import SharedReplay, SimBroker, wait_unfenced
 
@@ -72,8 +78,10 @@ class Scale:
         brokers: int,
         per_request: int,
         inflight: int,
+        failovers: int = 5,
     ) -> None:
         self.dir = directory
+        self.failovers = failovers
         self.topics = topics
         self.partitions = partitions
         self.n_brokers = brokers
@@ -118,7 +126,7 @@ class Scale:
         with trio.fail_after(60):
             while True:
                 leader = await self.leader(client)
-                if leader is not None:
+                if leader is not None and leader >= 0:
                     return leader
                 await trio.sleep(0.1)
 
@@ -264,6 +272,7 @@ class Scale:
                 await self.phase("failover_cold_start", self.phase_failover, pool[0])
                 await self.phase("broker_kill", self.phase_broker_kill, pool[0])
                 await self.phase("controlled_shutdown", self.phase_controlled_shutdown, pool[0])
+                await self.phase("whole_restart", self.phase_whole_restart, nursery, pool[0])
             finally:
                 for c in pool:
                     await c.aclose()
@@ -324,8 +333,32 @@ class Scale:
         )
 
     async def phase_failover(self, client: ControllerClient) -> None:
+        """``failovers`` rounds: kill -9 the active controller, time the next committed write,
+        restart the killed controller and time until it has applied what the leader has."""
+        failovers: list[float] = []
+        colds: list[float] = []
+        cold_cpu = None
+        for i in range(self.failovers):
+            failover, cold, cpu = await self.one_failover(client, i)
+            failovers.append(failover)
+            colds.append(cold)
+            cold_cpu = cold_cpu if cold_cpu is not None else cpu
+        ordered = sorted(failovers)
+        self.row(
+            "failover_cold_start",
+            failover_s=round(ordered[len(ordered) // 2], 2),  # the median
+            failover_max_s=round(ordered[-1], 2),
+            failovers_s=[round(f, 2) for f in failovers],
+            cold_start_s=round(sorted(colds)[len(colds) // 2], 2),
+            cold_start_max_s=round(max(colds), 2),
+            cold_start_cpu_s=cold_cpu,
+        )
+
+    async def one_failover(
+        self, client: ControllerClient, round_no: int
+    ) -> tuple[float, float, Any]:
         leader = await self.known_leader(client)
-        log(f"failover: kill -9 active controller {leader}")
+        log(f"failover {round_no + 1}/{self.failovers}: kill -9 active controller {leader}")
         os.kill(self.controller(leader)["pid"], signal.SIGKILL)
         t0 = time.perf_counter()
         body = {
@@ -333,7 +366,7 @@ class Scale:
                 {
                     "resource_type": "topic",
                     "resource_name": "s-000000",
-                    "ops": [{"name": "retention.ms", "op": "SET", "value": "123456"}],
+                    "ops": [{"name": "retention.ms", "op": "SET", "value": str(123456 + round_no)}],
                 }
             ]
         }
@@ -342,7 +375,7 @@ class Scale:
                 await client.call("IncrementalAlterConfigs", body, timeout=2)
                 break
             except (KraftError, trio.TooSlowError, OSError):
-                await trio.sleep(0.05)
+                await trio.sleep(0.02)
         failover = time.perf_counter() - t0
         log(f"restarting controller {leader} (cold start from snapshot + log)")
         t1 = time.perf_counter()
@@ -363,15 +396,11 @@ class Scale:
         cold = time.perf_counter() - t1
         try:
             t = psutil.Process(self.controller(leader)["pid"]).cpu_times()
-            cold_cpu = round(t.user + t.system, 1)
+            cold_cpu: Any = round(t.user + t.system, 1)
         except psutil.Error:
             cold_cpu = None
-        self.row(
-            "failover_cold_start",
-            failover_s=round(failover, 2),
-            cold_start_s=round(cold, 2),
-            cold_start_cpu_s=cold_cpu,
-        )
+        log(f"  failover {failover:.2f} s, cold start {cold:.2f} s")
+        return failover, cold, cold_cpu
 
     def session_timeout_s(self) -> float:
         """``broker.session.timeout.ms`` of the controllers (their properties, else the default)."""
@@ -495,6 +524,69 @@ class Scale:
             batches=batches,
             terms=terms,
             **where,
+        )
+
+    async def phase_whole_restart(self, nursery: trio.Nursery, client: ControllerClient) -> None:
+        """Every controller and simulated broker killed at once (-9 / cancelled), then all
+        started again: seconds until every broker is unfenced and every partition has a leader
+        in the image the brokers replayed (``offline`` partitions counted there)."""
+        log("whole-cluster restart: cancel every simulated broker, kill -9 every controller")
+        for scope in list(self.sim_scopes.values()):
+            scope.cancel()
+        with trio.fail_after(30):
+            while self.sim_scopes:
+                await trio.sleep(0.02)
+        pids = [c["pid"] for c in self.meta["controllers"]]
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        with trio.fail_after(30):
+            while any(
+                psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in pids
+            ):
+                await trio.sleep(0.02)
+        t0 = time.perf_counter()
+        await trio.to_thread.run_sync(lambda: cli("cluster", "start", "--dir", str(self.dir)))
+        self.load_meta()
+        leader = await self.known_leader(client)
+        elected = time.perf_counter() - t0
+        replay = SharedReplay()
+        self.sims = [
+            SimBroker(
+                b.broker_id, self.boot, b.cluster_id, rack=b.rack, heartbeat_interval_s=1.0,
+                replay=replay,
+            )
+            for b in self.sims
+        ]  # fmt: skip
+        for b in self.sims:
+            await nursery.start(self.run_sim, b)
+        registered = None
+        with trio.fail_after(900):
+            while any(b.fenced for b in self.sims):
+                if registered is None and all(b.epoch >= 0 for b in self.sims):
+                    registered = time.perf_counter() - t0
+                log(
+                    f"  {sum(b.epoch >= 0 for b in self.sims)} registered, "
+                    f"{sum(not b.fenced for b in self.sims)} unfenced, image offset "
+                    f"{replay.image.offset}"
+                )
+                await trio.sleep(1)
+        unfenced = time.perf_counter() - t0
+        with trio.fail_after(600):
+            while (counts := ImageCounts.of(replay.image)).offline_partitions > 0:
+                log(f"  {counts.offline_partitions} partitions without a leader")
+                await trio.sleep(0.5)
+        online = time.perf_counter() - t0
+        self.row(
+            "whole_restart",
+            leader=leader,
+            leader_s=round(elected, 2),
+            brokers_registered_s=registered and round(registered, 2),
+            brokers_unfenced_s=round(unfenced, 2),
+            all_online_s=round(online, 2),
+            partitions=counts.partitions,
         )
 
     def catch_up(self) -> None:
@@ -676,22 +768,28 @@ def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         r = next((r for r in rows if r["metric"] == metric), None)
         return None if r is None else r.get(key)
 
-    spec = [
+    spec = [  # issue 8's targets, and issue 24's at 2M partitions where it set tighter ones
         (
             "1,000 topics x 100 partitions applied everywhere <= 10 s",
             get("bulk_create", "applied_everywhere_s"),
             10,
         ),
         ("controller RSS <= 2 GiB (MiB)", get("controller_memory_snapshot", "max_rss_mib"), 2048),
-        ("snapshot write <= 10 s", get("controller_memory_snapshot", "snapshot_write_s"), 10),
-        ("cold start from snapshot + log <= 20 s", get("failover_cold_start", "cold_start_s"), 20),
-        ("failover -> next write <= 3 s", get("failover_cold_start", "failover_s"), 3),
+        ("snapshot write <= 5 s", get("controller_memory_snapshot", "snapshot_write_s"), 5),
+        ("cold start from snapshot + log <= 10 s", get("failover_cold_start", "cold_start_s"), 10),
+        ("failover -> next write, median <= 0.5 s", get("failover_cold_start", "failover_s"), 0.5),
+        ("failover -> next write, max <= 1 s", get("failover_cold_start", "failover_max_s"), 1),
         (
-            "killed broker's partitions re-elected <= 5 s after fence",
+            "killed broker's partitions re-elected <= 3 s after fence",
             get("broker_kill", "reelect_s"),
-            5,
+            3,
         ),
-        ("controlled shutdown <= 10 s", get("controlled_shutdown", "seconds"), 10),
+        ("controlled shutdown <= 5 s", get("controlled_shutdown", "seconds"), 5),
+        (
+            "whole-cluster restart -> every partition online <= 60 s",
+            get("whole_restart", "all_online_s"),
+            60,
+        ),
         (
             "new broker catches up on the full image <= 15 s",
             get("new_broker_catch_up", "seconds"),
@@ -724,12 +822,13 @@ def run(
     real_topics: int = 100,
     keep: bool = False,
     catch_up: bool = True,
+    failovers: int = 5,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """All phases; the cluster is always stopped. Its directory (node logs) is kept when a phase
     failed or ``keep`` is set."""
     work = Path(tempfile.mkdtemp(prefix="kraft-bench-scale-"))
     cdir = work / "c"
-    bench = Scale(cdir, topics, partitions, brokers, per_request, inflight)
+    bench = Scale(cdir, topics, partitions, brokers, per_request, inflight, failovers)
     try:
         log("starting 3 controllers")
         cli("cluster", "up", "--dir", str(cdir), "--controllers", "3", "--detach", "--no-auth")
@@ -754,9 +853,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--topics", type=int, default=10_000)
+    ap.add_argument("--topics", type=int, default=20_000)
     ap.add_argument("--partitions", type=int, default=100)
-    ap.add_argument("--brokers", type=int, default=33)
+    ap.add_argument("--brokers", type=int, default=60)
+    ap.add_argument("--failovers", type=int, default=5, help="kill -9 rounds of the leader")
     ap.add_argument("--per-request", type=int, default=10, help="topics per CreateTopics request")
     ap.add_argument("--inflight", type=int, default=8)
     ap.add_argument(
@@ -786,6 +886,7 @@ def main(argv: list[str] | None = None) -> int:
         a.real_topics,
         a.keep,
         a.catch_up,
+        a.failovers,
     )
     print(table(rows, tg))
     print(json.dumps({"system": "pykraft", "bench": "scale", "results": rows, "targets": tg}))

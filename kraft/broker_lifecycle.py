@@ -17,8 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from kraft.controller.election import leaderless_isr_brokers
 from kraft.controller.heartbeats import BrokerHeartbeatManager, HeartbeatDecision
 from kraft.errors import ErrorCode, KraftError
+from kraft.metadata.image import MetadataImage
 from kraft.metadata.image_check import BrokerImageTracker, Mismatch, TrackerEvent
 from kraft.rpc.bodies import (
     BrokerHeartbeatRequest,
@@ -34,6 +36,10 @@ log = logging.getLogger("kraft.controller")
 SESSION_TIMER_INTERVAL_S = 0.1
 # A broker's session is refreshed this often while a transition it asked for is written.
 KEEP_ALIVE_INTERVAL_S = 1.0
+# Topics per slice of the search for unfinished unfences (a yield to the event loop between).
+SCAN_SLICE_TOPICS = 500
+# A resumed unfence failing with these is tried again on the broker's next heartbeat.
+RETRIED_RESUME_ERRORS = (ErrorCode.NOT_CONTROLLER, ErrorCode.REQUEST_TIMED_OUT)
 
 
 def now_ms() -> int:
@@ -50,11 +56,21 @@ class BrokerLifecycle:
         self.observers: dict[int, tuple[int, int, int]] = {}
         # brokers whose heartbeats report an image that differs from the controllers'
         self.images = BrokerImageTracker()
+        # Unfenced brokers with leaderless partitions they can lead left: an UnfenceBroker cut
+        # off between its steps (its first step unfences, so no heartbeat asks for it again).
+        # Their next heartbeat resumes it (``continue``).
+        self.unfinished_unfence: set[int] = set()
+        self._scan_image: MetadataImage | None = None  # to search for those, once active
 
     def reset(self) -> None:
-        """This controller became active: every registered broker gets a fresh session."""
-        self.heartbeats.reset_all(now_ms(), self.server.state_machine.image)
+        """This controller became active: every registered broker gets a fresh session, and
+        the image is searched (by the session timer, in slices) for unfences the previous
+        active controller did not finish."""
+        image = self.server.state_machine.image
+        self.heartbeats.reset_all(now_ms(), image)
         self.images.forget_all()
+        self.unfinished_unfence.clear()
+        self._scan_image = image
 
     # ---- registration -----------------------------------------------------------------------
 
@@ -136,17 +152,71 @@ class BrokerLifecycle:
                 log.warning(
                     "node %d: %s for broker %d failed: %s", server.node_id, api, broker_id, e
                 )
+                if api == "UnfenceBroker":
+                    self.unfinished_unfence.add(broker_id)
             else:
                 if api == "BeginControlledShutdown":
                     self.heartbeats.note_controlled_shutdown_offset(
                         broker_id, server.state_machine.image.offset
                     )
+                elif api == "UnfenceBroker":
+                    self.unfinished_unfence.discard(broker_id)
                 decision = self._decide(req, now)
+        elif broker_id in self.unfinished_unfence and not decision.is_fenced:
+            reg = server.state_machine.image.brokers.get(broker_id)
+            if reg is None or reg.in_controlled_shutdown:
+                self.unfinished_unfence.discard(broker_id)  # leaving: nothing to lead
+            else:
+                await self._resume_unfence(broker_id, req.broker_epoch)
         return BrokerHeartbeatResponse(
             is_caught_up=decision.is_caught_up,
             is_fenced=decision.is_fenced,
             should_shut_down=decision.should_shut_down,
         )
+
+    async def _resume_unfence(self, broker_id: int, broker_epoch: int) -> None:
+        """Finish an unfence cut off between its steps: leaderless partitions the broker can
+        lead get it (kept for its next heartbeat if this fails too)."""
+        log.info(
+            "node %d: resuming broker %d's unfence: leaderless partitions it can lead",
+            self.server.node_id,
+            broker_id,
+        )
+        body = {"broker_id": broker_id, "broker_epoch": broker_epoch, "continue": True}
+        try:
+            await self.submit_keeping_session(broker_id, "UnfenceBroker", body)
+        except KraftError as e:
+            log.warning(
+                "node %d: resuming broker %d's unfence failed: %s",
+                self.server.node_id,
+                broker_id,
+                e,
+            )
+            if e.code not in RETRIED_RESUME_ERRORS:
+                self.unfinished_unfence.discard(broker_id)
+        else:
+            self.unfinished_unfence.discard(broker_id)
+
+    async def _scan_for_unfinished_unfences(self, image: MetadataImage) -> None:
+        """Add to :attr:`unfinished_unfence` the active brokers in the ISR of a leaderless
+        partition of ``image``, a slice of topics at a time (a 2M-partition image takes ~0.5 s
+        of CPU, which must not hold up the first writes of a new active controller)."""
+        active = frozenset(
+            b for b, r in image.brokers.items() if not r.fenced and not r.in_controlled_shutdown
+        )
+        topics = list(image.topics_by_id.values())
+        found: set[int] = set()
+        for start in range(0, len(topics), SCAN_SLICE_TOPICS):
+            found |= leaderless_isr_brokers(topics[start : start + SCAN_SLICE_TOPICS], active)
+            await trio.sleep(0)
+        if found and self.server.is_active:
+            log.info(
+                "node %d: brokers %s are unfenced with leaderless partitions they can lead; "
+                "their next heartbeats finish those elections",
+                self.server.node_id,
+                sorted(found),
+            )
+            self.unfinished_unfence |= found
 
     def _note_image(self, req: BrokerHeartbeatRequest) -> None:
         """Track the image divergence a heartbeat reports; log each change once."""
@@ -222,6 +292,9 @@ class BrokerLifecycle:
             await trio.sleep(SESSION_TIMER_INTERVAL_S)
             if not server.is_active:
                 continue
+            if self._scan_image is not None:
+                image, self._scan_image = self._scan_image, None
+                await self._scan_for_unfinished_unfences(image)
             broker_id = self.heartbeats.next_expired(now_ms())
             if broker_id is None:
                 continue

@@ -165,7 +165,15 @@ class SimBroker:
             "rack": self.rack,
             "features": [{"name": "metadata.version", "min_version": 1, "max_version": 1000}],
         }
-        result = await client.call("BrokerRegistration", body, timeout=30)
+        with trio.fail_after(120):
+            while True:
+                try:
+                    result = await client.call("BrokerRegistration", body, timeout=30)
+                    break
+                except KraftError as e:  # as a real broker: wait out our old process's session
+                    if e.code != ErrorCode.DUPLICATE_BROKER_REGISTRATION:
+                        raise
+                    await trio.sleep(0.5)
         self.epoch = result["broker_epoch"]
 
     async def _follow_log(self) -> None:

@@ -21,7 +21,7 @@ is (its last member stays, so it can lead cleanly when it returns).
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from operator import itemgetter
 from typing import NamedTuple
 
@@ -457,6 +457,19 @@ def changes_for_unfenced_broker(
         )
 
     return _collect(_leaderless_with_replica(image, broker_id), build, limit)
+
+
+def leaderless_isr_brokers(topics: Iterable[TopicImage], active: frozenset[int]) -> set[int]:
+    """The brokers of ``active`` in the ISR of a leaderless partition of ``topics``: each could
+    lead it now. Normally none: unfencing a broker elects it wherever it can lead. An unfence
+    interrupted between its steps (a failover) leaves some, and whoever resumes it needs them."""
+    found: set[int] = set()
+    none = LEADER_NONE
+    for topic in topics:
+        for partition in topic.partitions.values():
+            if partition.leader == none:
+                found.update(b for b in partition.isr if b in active)
+    return found
 
 
 def _leaderless_with_replica(

@@ -17,6 +17,7 @@ from kraft.controller.election import (
     complete_reassignment,
     elect_preferred_leader,
     elect_unclean_leader,
+    leaderless_isr_brokers,
 )
 from kraft.errors import ErrorCode
 from kraft.metadata.delta import MetadataDelta
@@ -250,6 +251,19 @@ def test_unfencing_gives_leaderless_partitions_a_leader():
     assert [(r.partition_id, r.leader, r.election) for r in records] == [(0, 1, "clean")]
     records = changes_for_unfenced_broker(image, 1, unclean_allowed=lambda topic: True)
     assert [(r.partition_id, r.leader, r.isr) for r in records] == [(0, 1, None), (1, 1, (1,))]
+
+
+def test_leaderless_isr_brokers_names_who_could_lead_now():
+    image = cluster(
+        ([1, 2], [1], LEADER_NONE),  # 1 could lead it
+        ([2, 3], [2, 3], LEADER_NONE),  # 3 could, 2 is fenced
+        ([3, 1], [3], 3),  # has a leader
+        fenced=(2,),
+    )
+    active = frozenset(b for b, r in image.brokers.items() if not r.fenced)
+    assert leaderless_isr_brokers(image.topics_by_id.values(), active) == {1, 3}
+    assert leaderless_isr_brokers(image.topics_by_id.values(), frozenset({2})) == {2}
+    assert leaderless_isr_brokers([], active) == set()
 
 
 def test_records_apply_cleanly():
