@@ -5,6 +5,8 @@ In the same run: a plain idempotent producer (``enable.idempotence=true``, the b
 transactional producer committing every ``--txn-size`` messages (begin, produce, commit), each
 sending ``--messages`` messages; msgs/s from the first produce to the last delivery / commit.
 Then a read_committed consumer reads the transactional topic back and the count is checked.
+Each row also gives the brokers' CPU (user + system of the three broker processes, idle
+background included) per 100 idempotent messages / per transaction.
 Target: transactional >= 0.5x the non-transactional rate with 100-message transactions.
 
 ``main()`` prints a markdown table and, as the last stdout line, ``{"system": "pykraft", ...}``.
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import cluster_down, cluster_up, kraft, logger
+from bench.group_bench import cpu_seconds
 from bench.produce_bench import MSG_BYTES
 
 log = logger("txn_bench")
@@ -169,11 +172,20 @@ def run(messages: int, txn_size: int, split: bool = False) -> list[dict[str, Any
         time.sleep(1.0)  # brokers take their roles
         log(f"warm-up: the transaction coordinator topic and one {txn_size}-message transaction")
         transactional(bs, "bench-plain", txn_size, txn_size)
+        pids = [b["pid"] for b in meta["brokers"]]
         log(f"idempotent produce, {messages} x {MSG_BYTES} B")
+        cpu0 = cpu_seconds(pids)
         rows.append(plain(bs, "bench-plain", messages))
+        rows[-1]["broker_cpu_ms_per_100_msgs"] = round(
+            (cpu_seconds(pids) - cpu0) * 1000 * 100 / messages, 2
+        )
         log(f"  {rows[-1]}")
         log(f"transactional produce, {messages} x {MSG_BYTES} B, {txn_size} per transaction")
+        cpu0 = cpu_seconds(pids)
         rows.append(transactional(bs, "bench-txn", messages, txn_size, split))
+        rows[-1]["broker_cpu_ms_per_txn"] = round(
+            (cpu_seconds(pids) - cpu0) * 1000 / rows[-1]["transactions"], 2
+        )
         log(f"  {rows[-1]}")
         rows[-1]["read_committed_count"] = count_committed(bs, "bench-txn", 3)
     finally:
@@ -184,13 +196,18 @@ def run(messages: int, txn_size: int, split: bool = False) -> list[dict[str, Any
 
 def table(rows: list[dict[str, Any]]) -> str:
     out = [
-        "| mode | messages | transactions | seconds | msgs/s | MB/s |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| mode | messages | transactions | seconds | msgs/s | MB/s | broker CPU |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
+        cpu = (
+            f"{r['broker_cpu_ms_per_txn']} ms/txn"
+            if "broker_cpu_ms_per_txn" in r
+            else f"{r.get('broker_cpu_ms_per_100_msgs', '?')} ms/100 msgs"
+        )
         out.append(
             f"| {r['mode']} | {r['messages']} | {r['transactions']} | {r['seconds']} "
-            f"| {r['msgs_s']} | {r['mb_s']} |"
+            f"| {r['msgs_s']} | {r['mb_s']} | {cpu} |"
         )
     return "\n".join(out)
 

@@ -4,11 +4,14 @@ Java's String.hashCode (over UTF-16 code units, wrapped to signed 32 bits) and K
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 OFFSETS_TOPIC = "__consumer_offsets"
 TXN_TOPIC = "__transaction_state"
 INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC, TXN_TOPIC})
 
 
+@lru_cache(maxsize=65536)  # every group request hashes its group id; most ids come back
 def java_string_hash(text: str) -> int:
     """Java's ``String.hashCode()`` of ``text``."""
     data = text.encode("utf-16-be")

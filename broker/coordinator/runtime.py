@@ -28,7 +28,10 @@ to ``shard.replay_marker(producer_id, commit)`` (shards without them ignore both
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
+import math
 import struct
 import time
 from collections import Counter, deque
@@ -135,6 +138,10 @@ class CoordinatorRuntime:
         self.max_load_seconds = 0.0
         # writes, records_appended, batches_appended
         self.counters: Counter[str] = Counter()
+        # (trio deadline, seq, token) of the writes waiting for their response
+        self._timeouts: list[tuple[float, int, Token]] = []
+        self._timeout_seq = itertools.count()
+        self._wake_by = -math.inf  # trio time the run task sleeps until (-inf: awake)
         self.meters: dict[str, RateMeter] = {}  # what the APIs count (offset-commit, ...)
 
     def meter(self, name: str) -> RateMeter:
@@ -210,7 +217,8 @@ class CoordinatorRuntime:
     async def write(
         self, pid: int, fn: Callable[[Any, Token, int], Any], timeout_s: float = COMMIT_TIMEOUT_S
     ) -> Any:
-        """Run ``fn(shard, token, now)`` and wait for the response to ``token``."""
+        """Run ``fn(shard, token, now)`` and wait for the response to ``token``; after
+        ``timeout_s`` the run task (:meth:`run`) fails it with ``REQUEST_TIMED_OUT``."""
         slot_shard = self.shard(pid)
         slot = self.slots[pid]
         token = Token()
@@ -227,10 +235,13 @@ class CoordinatorRuntime:
                 slot.flush_pending = False
                 self._flush(slot)
         if not token.done.is_set():
-            with trio.move_on_after(timeout_s):
-                await token.done.wait()
-        if not token.done.is_set():
-            raise CoordinatorError(ErrorCode.request_timed_out)
+            # The run task fails it at the deadline: a heap entry per write costs far less than
+            # a cancel scope per write.
+            deadline = trio.current_time() + timeout_s
+            heapq.heappush(self._timeouts, (deadline, next(self._timeout_seq), token))
+            if deadline < self._wake_by:
+                self._wakeup.set()
+            await token.done.wait()
         if token.error is not None:
             raise CoordinatorError(token.error)
         return token.response
@@ -390,9 +401,22 @@ class CoordinatorRuntime:
                 if part is not None and part.leader_epoch == slot.leader_epoch and part.is_leader:
                     self._release(slot, part)
             wake_at = min([*deadlines, next_expiry]) / 1000
+            delay = max(0.0, min(1.0, wake_at - self.clock()))
+            first_timeout = self._expire_writes()
             event = self._wakeup = trio.Event()
-            with trio.move_on_after(max(0.0, min(1.0, wake_at - self.clock()))):
+            self._wake_by = min(trio.current_time() + delay, first_timeout)
+            with trio.move_on_at(self._wake_by):
                 await event.wait()
+            self._wake_by = -math.inf
+
+    def _expire_writes(self) -> float:
+        """Fail the writes past their timeout (``REQUEST_TIMED_OUT``); the next deadline."""
+        now = trio.current_time()
+        heap = self._timeouts
+        while heap and (heap[0][2].done.is_set() or heap[0][0] <= now):
+            _, _, token = heapq.heappop(heap)
+            token.fail(ErrorCode.request_timed_out)  # no-op once answered
+        return heap[0][0] if heap else math.inf
 
     async def _load(self, slot: _Slot) -> None:
         part = self.replicas.get_by_name(self.topic, slot.partition)

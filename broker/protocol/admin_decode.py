@@ -15,10 +15,9 @@ import typing
 from functools import cache
 from typing import Any
 
-from kio.index import load_request_schema
 from kio.serial import entity_reader
 
-from broker.protocol.kafka_codec import DecodeError, Reader, RequestHeader
+from broker.protocol.kafka_codec import DecodeError, Reader, RequestHeader, request_class
 
 _FIXED = {"bool": 1, "int8": 1, "int16": 2, "int32": 4, "timedelta_i32": 4, "int64": 8, "uuid": 16}
 
@@ -92,13 +91,19 @@ def strip_tagged_fields(cls: type, data: bytes, pos: int) -> bytes:
     return bytes(copier.out)
 
 
+@cache
+def _schema(api_key: int, version: int) -> tuple[Any, Any]:
+    """The request class of (API, version) and its kio reader."""
+    cls = request_class(api_key, version)
+    return cls, entity_reader(cls)
+
+
 def decode_request(header: RequestHeader, reader: Reader) -> Any:
     """The kio request entity for this header's API and version, read like Kafka reads it."""
     try:
-        cls = load_request_schema(header.api_key, header.api_version)
+        cls, read = _schema(header.api_key, header.api_version)
     except Exception as e:
         raise DecodeError(f"API {header.api_key} v{header.api_version}: no schema ({e})") from None
-    read = entity_reader(cls)
     try:
         return read(reader.data, reader.pos)[0]
     except Exception as e:  # kio raises several types (KeyError, ValueError, ...) on bad input

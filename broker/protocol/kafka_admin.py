@@ -103,11 +103,16 @@ def _nested(cls: type) -> dict[str, type]:
     return out
 
 
+@cache
+def _names(cls: type) -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(cls))
+
+
 def build_entity(cls: type, values: dict[str, Any]) -> Any:
     """A kio entity from ``values`` for any version: keys the version lacks are dropped, lists
     of dicts become tuples of the item entity, None stays None."""
     nested = _nested(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
+    names = _names(cls)
     kwargs: dict[str, Any] = {}
     for key, value in values.items():
         if key not in names:

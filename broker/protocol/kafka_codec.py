@@ -189,6 +189,13 @@ def response_class(api_key: int, version: int) -> type:
     return load_response_schema(api_key, version)
 
 
+@cache
+def request_class(api_key: int, version: int) -> type:
+    """kio's request class (cached: kio resolves it by name on every lookup, a few percent of
+    a broker's CPU when done per request)."""
+    return load_request_schema(api_key, version)
+
+
 def _nested_classes(cls: type) -> dict[str, type]:
     """Field name -> nested entity class for tuple-of-entity fields of ``cls``."""
     import sys
@@ -232,10 +239,20 @@ def encode_body(entity: Any) -> bytes:
     return buf.getvalue()
 
 
+@cache
+def _flexible_header(cls: type) -> bool:
+    """Whether ``cls`` answers with response header v1 (correlation id, empty tagged fields)
+    rather than v0 (correlation id only); kio's header class for the version decides (ApiVersions
+    keeps v0 in its flexible versions)."""
+    header_cls = cls.__header_schema__  # type: ignore[attr-defined]  # kio adds it untyped
+    names = [f.name for f in dataclasses.fields(header_cls)]
+    if names != ["correlation_id"]:
+        raise TypeError(f"{header_cls.__name__}: unexpected response header fields {names}")
+    return bool(header_cls.__flexible__)
+
+
 def frame_response(cls: type, correlation_id: int, body: bytes) -> bytes:
     """Size-prefixed response: the version's response header, then the encoded body."""
-    header_cls = cls.__header_schema__  # type: ignore[attr-defined]  # kio adds it untyped
-    buf = io.BytesIO()
-    entity_writer(header_cls)(buf, header_cls(correlation_id=correlation_id))
-    head = buf.getvalue()
-    return struct.pack(">i", len(head) + len(body)) + head + body
+    if _flexible_header(cls):
+        return struct.pack(">iib", len(body) + 5, correlation_id, 0) + body
+    return struct.pack(">ii", len(body) + 4, correlation_id) + body

@@ -26,6 +26,7 @@ from __future__ import annotations
 import collections
 import functools
 import logging
+import math
 import struct
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
@@ -100,6 +101,21 @@ class _CloseConnection(Exception):
     """Internal: stop serving this connection."""
 
 
+class _ReadWatch:
+    """A connection's read deadline, enforced by the listener's reaper task: a cancel scope per
+    socket read costs more than the rest of reading a request (trio registers and unregisters
+    its deadline each time), so a read only stores its deadline and the reaper cancels
+    ``scope`` once it has passed. ``deadline`` is finite only while the connection's reader
+    waits in a read, so the reaper never interrupts a request being handled."""
+
+    __slots__ = ("deadline", "scope", "why")
+
+    def __init__(self, scope: trio.CancelScope) -> None:
+        self.scope = scope
+        self.deadline = math.inf
+        self.why = ""
+
+
 Handler = Callable[[RequestHeader, Reader], Awaitable[bytes | Deferred | None]]
 AutoCreate = Callable[[RequestHeader, list[str]], Awaitable[None]]
 
@@ -171,6 +187,8 @@ class KafkaListener:
         self.port = port
         self.max_request_bytes = max_request_bytes
         self.bound_port: int | None = None
+        self._watches: set[_ReadWatch] = set()  # connections' read deadlines (see _reap)
+        self._reaping = False
         self._handlers: dict[int, Handler] = {
             API_API_VERSIONS: self._api_versions,
             API_METADATA: self._metadata,
@@ -250,7 +268,29 @@ class KafkaListener:
             ]
         log.info("Kafka listener on %s:%d (%s)", self.host, self.bound_port, self.security.protocol)
         task_status.started(self.bound_port)
-        await trio.serve_listeners(self._connection, listeners)
+        async with trio.open_nursery() as nursery:
+            self._reaping = True
+            nursery.start_soon(self._reap)
+            await trio.serve_listeners(self._connection, listeners)
+
+    def _reap_interval(self) -> float:
+        """How often :meth:`_reap` looks: a tenth of the shortest read timeout, within
+        [10 ms, 1 s] (so a timeout fires at most that late)."""
+        shortest = min(self.idle_timeout_s, self.read_timeout_s, self.preauth_timeout_s)
+        return min(1.0, max(0.01, shortest / 10))
+
+    async def _reap(self) -> None:
+        """Close the connections whose reader waits past its deadline (idle, a request coming
+        too slowly, no login in time), until cancelled."""
+        try:
+            while True:
+                await trio.sleep(self._reap_interval())
+                now = trio.current_time()
+                for watch in list(self._watches):
+                    if watch.deadline <= now:
+                        watch.scope.cancel()
+        finally:
+            self._reaping = False
 
     async def _connection(self, stream: trio.SocketStream) -> None:
         host = _peer(stream).rpartition(":")[0]
@@ -294,14 +334,24 @@ class KafkaListener:
             nursery.start_soon(self._write_responses, stream, receive, peer, nursery.cancel_scope)
             async with send:
                 try:
-                    while True:
-                        preauth = session is not None and not session.authenticated
-                        frame = await self._read_frame(
-                            stream, buf, peer, login_by if preauth else None
-                        )
-                        if frame is None:
-                            return  # earlier requests are still answered, then the connection closes
-                        await send.send(await self._handle(frame, peer, session, stream))
+                    with trio.CancelScope() as reading:
+                        watch = _ReadWatch(reading) if self._reaping else None
+                        if watch is not None:
+                            self._watches.add(watch)
+                        try:
+                            while True:
+                                preauth = session is not None and not session.authenticated
+                                frame = await self._read_frame(
+                                    stream, buf, peer, login_by if preauth else None, watch
+                                )
+                                if frame is None:
+                                    return  # earlier requests are still answered, then it closes
+                                await send.send(await self._handle(frame, peer, session, stream))
+                        finally:
+                            if watch is not None:
+                                self._watches.discard(watch)
+                    if reading.cancelled_caught and watch is not None:
+                        log.warning("Kafka connection from %s: %s; closing", peer, watch.why)
                 except _CloseConnection:
                     pass
                 except SaslClose as e:  # answer (e.g. SASL_AUTHENTICATION_FAILED), then close
@@ -338,15 +388,36 @@ class KafkaListener:
             scope.cancel()
 
     async def _receive(
-        self, stream: trio.SocketStream, max_bytes: int, deadline: float, peer: str, why: str
+        self,
+        stream: trio.SocketStream,
+        max_bytes: int,
+        deadline: float,
+        peer: str,
+        why: str,
+        watch: _ReadWatch | None = None,
     ) -> bytes:
+        if watch is not None:  # the reaper enforces the deadline
+            watch.deadline, watch.why = deadline, why
+            try:
+                chunk = await stream.receive_some(max_bytes)
+            finally:
+                watch.deadline = math.inf
+            if watch.scope.cancel_called:  # reaped as the bytes came: close before any handling
+                log.warning("Kafka connection from %s: %s; closing", peer, why)
+                raise _CloseConnection
+            return chunk
         with trio.move_on_at(deadline):
             return await stream.receive_some(max_bytes)
         log.warning("Kafka connection from %s: %s; closing", peer, why)
         raise _CloseConnection
 
     async def _read_frame(
-        self, stream: trio.SocketStream, buf: bytearray, peer: str, login_by: float | None = None
+        self,
+        stream: trio.SocketStream,
+        buf: bytearray,
+        peer: str,
+        login_by: float | None = None,
+        watch: _ReadWatch | None = None,
     ) -> bytes | None:
         """The next request frame; ``login_by``: the connection has not authenticated yet, so it
         must by then, and its frames may announce at most ``max_preauth_bytes``."""
@@ -367,6 +438,7 @@ class KafkaListener:
                 else "not authenticated in time"
                 if login_by is not None
                 else "idle too long",
+                watch,
             )
             deadline = min(deadline, trio.current_time() + self.read_timeout_s)
             if not chunk:
@@ -392,6 +464,7 @@ class KafkaListener:
                 deadline,
                 peer,
                 "request incomplete too long",
+                watch,
             )
             if not chunk:
                 log.warning(

@@ -19,6 +19,7 @@ the leader's inter-broker listener (TLS, SASL/PLAIN as the broker's own user:
 from __future__ import annotations
 
 import logging
+import math
 import struct
 import time
 from dataclasses import dataclass
@@ -79,6 +80,9 @@ class KafkaConnection:
         self.client_id = client_id
         self._buf = bytearray()
         self._correlation = 0
+        # an entered scope around every use of the connection (see SourceFetcher.run): a
+        # request then moves its deadline instead of entering a cancel scope of its own
+        self.scope: trio.CancelScope | None = None
 
     @classmethod
     async def open(
@@ -103,21 +107,34 @@ class KafkaConnection:
             return conn
 
     async def request(self, api_key: int, version: int, body: bytes, timeout: float) -> Reader:
-        """Send one request; a reader positioned at the response body."""
+        """Send one request; a reader positioned at the response body. Past ``timeout``:
+        ``trio.TooSlowError``, or with :attr:`scope` set, that scope is cancelled (its owner
+        drops the connection)."""
         self._correlation += 1
-        with trio.fail_after(timeout):
-            await self.stream.send_all(
-                frame_request(api_key, version, self._correlation, self.client_id, body)
-            )
-            await self._fill(4)
-            (size,) = struct.unpack_from(">i", self._buf)
-            await self._fill(4 + size)
+        frame = frame_request(api_key, version, self._correlation, self.client_id, body)
+        if self.scope is not None:
+            self.scope.deadline = trio.current_time() + timeout
+            try:
+                size = await self._exchange(frame)
+            finally:
+                self.scope.deadline = math.inf
+        else:
+            with trio.fail_after(timeout):
+                size = await self._exchange(frame)
         frame = bytes(self._buf[4 : 4 + size])
         del self._buf[: 4 + size]
         r = Reader(frame)
         if r.int32() != self._correlation:
             raise DecodeError("response correlation id does not match")
         return r
+
+    async def _exchange(self, frame: bytes) -> int:
+        """Send ``frame``, read the whole response into the buffer; its size."""
+        await self.stream.send_all(frame)
+        await self._fill(4)
+        (size,) = struct.unpack_from(">i", self._buf)
+        await self._fill(4 + size)
+        return int(size)
 
     async def _fill(self, n: int) -> None:
         while len(self._buf) < n:
@@ -233,10 +250,7 @@ class SourceFetcher:
                             conn = await KafkaConnection.open(
                                 *addr, f"replica-fetcher-{m.broker_id}", m.timeout, m.security
                             )
-                        worked = await self._truncate(conn) or await self._fetch(conn)
-                        outage.ended(time.monotonic())
-                        if not worked:
-                            await self._idle(0.2)
+                        await self._serve(conn, outage)
                     except _ERRORS as e:
                         outage.failed(time.monotonic(), str(e) or type(e).__name__)
                         self.session.reset()
@@ -248,6 +262,21 @@ class SourceFetcher:
                 if conn is not None:
                     with trio.CancelScope(shield=True):
                         await conn.aclose()
+
+    async def _serve(self, conn: KafkaConnection, outage: _Outage) -> None:
+        """Truncate and fetch over ``conn`` until a request on it times out
+        (``trio.TooSlowError``) or fails."""
+        with trio.CancelScope() as scope:
+            conn.scope = scope
+            try:
+                while True:
+                    worked = await self._truncate(conn) or await self._fetch(conn)
+                    outage.ended(time.monotonic())
+                    if not worked:
+                        await self._idle(0.2)
+            finally:
+                conn.scope = None
+        raise trio.TooSlowError("no answer from the leader in time")
 
     async def _idle(self, seconds: float) -> None:
         with trio.move_on_after(seconds):

@@ -57,6 +57,8 @@ class TxnIndex:
 
     def first_unstable_offset(self, high_watermark: int) -> int | None:
         """The first offset of the oldest transaction not yet stable at ``high_watermark``."""
+        if not self.completing:  # read on every fetch of every partition: keep it cheap
+            return min(self.ongoing.values()) if self.ongoing else None
         self.completing = [(f, m) for f, m in self.completing if m >= high_watermark]
         firsts = [*self.ongoing.values(), *(f for f, _ in self.completing)]
         return min(firsts, default=None)

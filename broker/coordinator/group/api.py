@@ -17,6 +17,7 @@ from typing import Any
 from kio.schema.errors import ErrorCode as E
 
 from broker.coordinator.find_coordinator import FindCoordinator
+from broker.coordinator.group.commit_codec import encode_offset_commit_response
 from broker.coordinator.group.consumer_api import CONSUMER_RANGES, ConsumerProtocolApis
 from broker.coordinator.group.state_machine import (
     CommitPartition,
@@ -81,7 +82,6 @@ class GroupApis:
             API_SYNC_GROUP: self._sync,
             API_HEARTBEAT: self._heartbeat,
             API_LEAVE_GROUP: self._leave,
-            API_OFFSET_COMMIT: self._commit,
             API_OFFSET_FETCH: self._fetch,
             API_LIST_GROUPS: self._list,
             API_DESCRIBE_GROUPS: self._describe,
@@ -96,6 +96,10 @@ class GroupApis:
     async def handle(self, header: RequestHeader, reader: Reader) -> bytes:
         req = decode_request(header, reader)
         try:
+            if header.api_key == API_OFFSET_COMMIT:  # the hot one: encoded by hand
+                return encode_offset_commit_response(
+                    header.api_version, header.correlation_id, await self._commit(header, req)
+                )
             values = await self._apis[header.api_key](header, req)
             cls = response_class(header.api_key, header.api_version)
             return frame_response(
@@ -210,7 +214,10 @@ class GroupApis:
             ],
         }
 
-    async def _commit(self, header: RequestHeader, req: Any) -> dict[str, Any]:
+    async def _commit(
+        self, header: RequestHeader, req: Any
+    ) -> list[tuple[str, list[tuple[int, int]]]]:
+        """Per topic of the request, (partition index, error code) of each partition."""
         image = self.cache.image
         known: list[CommitPartition] = []
         unknown: set[tuple[str, int]] = set()
@@ -255,22 +262,16 @@ class GroupApis:
             except CoordinatorError as e:
                 for p in known:
                     codes[(p.topic, p.partition)] = e.code
-        return {
-            "throttle_time": _ZERO,
-            "topics": [
-                {
-                    "name": t.name,
-                    "partitions": [
-                        {
-                            "partition_index": p.partition_index,
-                            "error_code": codes.get((t.name, p.partition_index), E.none),
-                        }
-                        for p in t.partitions
-                    ],
-                }
-                for t in req.topics
-            ],
-        }
+        return [
+            (
+                t.name,
+                [
+                    (p.partition_index, codes.get((t.name, p.partition_index), E.none).value)
+                    for p in t.partitions
+                ],
+            )
+            for t in req.topics
+        ]
 
     def _fetch_group(
         self, group_id: str, topics: Any, require_stable: bool = False, member: Any = None

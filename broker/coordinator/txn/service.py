@@ -19,7 +19,6 @@ from collections.abc import Callable
 from typing import Any
 
 import trio
-from kio.index import load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader
 
@@ -36,7 +35,7 @@ from broker.coordinator.txn.state_machine import PendingMarkers, TxnConfig, TxnS
 from broker.metadata.metadata_cache import MetadataCache
 from broker.protocol.kafka_admin import build_entity
 from broker.protocol.kafka_client_security import ClientSecurity
-from broker.protocol.kafka_codec import encode_body
+from broker.protocol.kafka_codec import encode_body, request_class, response_class
 from broker.protocol.write_txn_markers import API_WRITE_TXN_MARKERS, MarkerWriter
 from broker.replica.replica_fetcher import KafkaConnection
 from broker.replica.replica_manager import ReplicaManager
@@ -79,7 +78,7 @@ class _BrokerLink:
         self.buf = bytearray()
 
     async def write_markers(self, markers: list[dict[str, Any]]) -> Any:
-        cls = load_request_schema(API_WRITE_TXN_MARKERS, 1)
+        cls = request_class(API_WRITE_TXN_MARKERS, 1)
         body = encode_body(build_entity(cls, {"markers": markers}))
         async with self.lock:
             self.correlation += 1
@@ -96,7 +95,7 @@ class _BrokerLink:
         (correlation,) = struct.unpack_from(">i", frame)
         if correlation != self.correlation:
             raise ConnectionError("WriteTxnMarkers: correlation id mismatch")
-        resp, _ = entity_reader(load_response_schema(API_WRITE_TXN_MARKERS, 1))(frame, 5)
+        resp: Any = entity_reader(response_class(API_WRITE_TXN_MARKERS, 1))(frame, 5)[0]
         return resp
 
     async def _fill(self, n: int) -> None:
