@@ -100,8 +100,9 @@ class ControllerServer:
             self.log,
             config["metadata.log.max.record.bytes.between.snapshots"],
             config["metadata.log.max.snapshot.interval.ms"],
-            phase=(self.node_id % 3) / 3,
-        )  # controllers snapshot in turn
+            phase=(self.node_id % 3) / 3,  # controllers snapshot in turn
+            fork=hasattr(os, "fork"),  # off the GIL of the Raft ticks (docs/performance.md)
+        )
         image = self.snapshotter.load_image()
         self.state_machine = QuorumStateMachine(self.settings, image)
         self._seed_dedup_window(image.offset)

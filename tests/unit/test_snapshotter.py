@@ -11,7 +11,12 @@ from kraft.controller.settings import ControllerSettings
 from kraft.controller.state_machine import QuorumStateMachine
 from kraft.log.metadata_log import MetadataLog
 from kraft.log.snapshot import CorruptSnapshotError
-from kraft.snapshotter import Snapshotter, image_from_snapshot, image_to_snapshot
+from kraft.snapshotter import (
+    Snapshotter,
+    image_from_snapshot,
+    image_to_snapshot,
+    image_to_snapshot_in_child,
+)
 
 LISTENER = {
     "name": "PLAINTEXT",
@@ -83,6 +88,26 @@ def test_image_round_trips_through_a_snapshot_file(tmp_path):
         sm.image.raft_index,
         sm.image.last_hash,
     )
+    log.close()
+
+
+def test_a_forked_writer_writes_the_same_bytes_and_reports_its_errors(tmp_path):
+    log, sm = _build_log(tmp_path / "log", topics=5)
+    window = (("r1", {"error_code": 0}),)
+    path, cpu_s = image_to_snapshot_in_child(tmp_path / "forked", sm.image, window)
+    assert path == tmp_path / "forked" / path.name and cpu_s >= 0
+    assert (
+        path.read_bytes() == image_to_snapshot(tmp_path / "inline", sm.image, window).read_bytes()
+    )
+    (tmp_path / "a-file").write_bytes(b"")
+    with pytest.raises(OSError) as failed:  # the child's errno, as a thread's write would raise
+        image_to_snapshot_in_child(tmp_path / "a-file" / "snaps", sm.image)
+    assert failed.value.errno == 17 or failed.value.errno == 20  # EEXIST / ENOTDIR
+    assert not list((tmp_path / "forked").glob("*.part"))
+    snapshotter = Snapshotter(tmp_path / "log", log, 1 << 30, 0, fork=True)
+    written = snapshotter.write(sm.image)
+    assert written.read_bytes() == image_to_snapshot(tmp_path / "again", sm.image).read_bytes()
+    assert snapshotter.latest() == written
     log.close()
 
 
