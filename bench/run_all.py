@@ -8,7 +8,8 @@ the group coordinator and the Spark audit, once each, with the issues' targets.
 
 Prints progress on stderr, markdown tables on stdout and, as the LAST stdout line, one JSON line
 ``{"system": "pykraft", "results": [...], "interleaved": {...}, "targets": [...]}``.
-``--scale`` runs bench/scale_bench.py (1M partitions, 33 simulated brokers; long).
+``--scale`` runs bench/scale_bench.py (2M partitions, 60 simulated brokers; long), then
+bench/cost_curves_bench.py (per-commit and per-record CPU at 10k-2M partitions).
 """
 
 from __future__ import annotations
@@ -65,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--scale",
         action="store_true",
-        help="run the 1M-partition scale benchmark (bench/scale_bench.py) instead",
+        help="run the 2M-partition scale benchmark (bench/scale_bench.py) and the cost curves "
+        "(bench/cost_curves_bench.py) instead",
     )
     ap.add_argument(
         "--no-peers", action="store_true", help="measure pykraft only (no etcd, no PySyncObj)"
@@ -100,9 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     if args.scale:
-        from bench import scale_bench
+        from bench import cost_curves_bench, scale_bench
 
-        return scale_bench.main([])
+        scale_rc = scale_bench.main([])
+        return cost_curves_bench.main([]) or scale_rc
     started = time.perf_counter()
     notes: list[str] = []
     # the commit path: every system in each round, one after another (bench/interleave.py)
