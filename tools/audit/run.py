@@ -443,6 +443,10 @@ def _run(
     if prior is not None:
         new_meta.pop("head")
         meta = _merge_meta(prior["meta"], new_meta)
+    elif not cached:  # a big log's totals alone first, as before (not measured beside the
+        # first tables on a big log); a small one's run beside them
+        meta = _meta(records)
+        meta.pop("head")
     steps.done("read_s")
     progress(
         f"    re-audit: {new_meta['records']:,} new records after offset "
@@ -510,7 +514,7 @@ def _run(
     ]
     if from_offset is None:
         first.append(lambda: cf.append("volume", tables.volume(records)))
-    if meta is None:  # a whole-log run's totals: one more job beside the first tables
+    if meta is None:  # a small whole-log run's totals: one more job beside the first tables
         first.append(lambda: _meta(records))
     done = _together(*first)
     history = done[0]
