@@ -29,6 +29,10 @@ from pyspark.sql import DataFrame, SparkSession
 from tools.audit.columns import ARROW_SCHEMA, NAMES, SPARK_DDL
 from tools.audit.datasource import segment_ranges
 
+#: A log up to this size (~170,000 records of a typical mix) is audited by small jobs only:
+#: C1-only compilation costs less CPU than C2's compiles save (docs/performance.md).
+SMALL_LOG_BYTES = 32 << 20
+
 
 def _stamp(path: Path) -> list[int]:
     st = path.stat()
@@ -74,6 +78,12 @@ class Mirror:
                 del self.manifest[name]
         self.stale = [name for name in self.wanted if name not in self.manifest]
         self._decoding: list[Future[None]] | None = None
+
+    def small(self) -> bool:
+        """Whether the audited segments hold at most :data:`SMALL_LOG_BYTES`: then every
+        Spark job is small and the session compiles with C1 only
+        (:func:`tools.audit.session.build_session`'s ``short``)."""
+        return sum(size for size, _ in self.wanted.values()) <= SMALL_LOG_BYTES
 
     def _items(self) -> list[tuple[str, str]]:
         return [

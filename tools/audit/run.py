@@ -408,7 +408,7 @@ def _run(
             f"starting Spark ({opts.master or 'spark-submit master'}; its log: {out / 'spark.log'})"
         )
         spark = build_session(
-            opts.master, out / "spark.log", short=prior is not None, source=False
+            opts.master, out / "spark.log", short=prior is not None or mirror.small(), source=False
         )  # (the audit reads its mirror, not the source)
         steps.done("spark_start_s")
     else:
@@ -417,8 +417,13 @@ def _run(
     raw, mirror_info = mirror.load(spark)
     if opts.to_ms is not None:
         raw = raw.filter(F.col("timestamp_ms").isNull() | (F.col("timestamp_ms") <= opts.to_ms))
-    # not cached: every query reads the Parquet mirror, pruned to the columns it needs
+    # a big log is not cached: every query reads the Parquet mirror, pruned to the columns it
+    # needs; a small one is read once into memory (each query's file listing, Hadoop
+    # configuration broadcast and Parquet reader set-up cost more than its rows)
     every = tables.prepare(raw.drop("record_json"))
+    cached = mirror.small()
+    if cached:
+        every = every.persist()
     records = every
     carry_dir = out / "carry"
     if prior is not None:
@@ -434,15 +439,15 @@ def _run(
         if why:
             prior, records = None, every
             replaying = pool.submit(_replay, opts, None, True)  # runs after the first
-    if prior is None:
-        new_meta = _meta(records)
-    new_meta.pop("head")
-    meta = _merge_meta(prior["meta"], new_meta) if prior is not None else new_meta
+    meta: dict[str, Any] | None = None
+    if prior is not None:
+        new_meta.pop("head")
+        meta = _merge_meta(prior["meta"], new_meta)
+    elif not cached:  # a big log's totals alone first, as before (not measured beside the
+        # first tables on a big log); a small one's run beside them
+        meta = _meta(records)
+        meta.pop("head")
     steps.done("read_s")
-    progress(
-        f"    {meta['records']:,} records in {meta['batches']:,} batches; segments decoded "
-        f"{len(mirror_info['decoded'])}, from the Parquet mirror {len(mirror_info['reused'])}"
-    )
     progress(
         f"    re-audit: {new_meta['records']:,} new records after offset "
         f"{prior['watermark']['last_offset']}"
@@ -464,7 +469,6 @@ def _run(
         spark, out / ("tables" if from_offset is None else "work"), run_no, schemas.get("tables")
     )
     cf = carry.TableFiles(spark, carry_dir, run_no, schemas.get("carry"))
-    log_end = F.timestamp_millis(F.lit(meta["last_ms"] or 0))
     after = prior["watermark"]["last_offset"] if prior is not None else None
 
     created, removed = tables.topic_created(records), tables.topic_removed(records)
@@ -477,9 +481,8 @@ def _run(
     old_brokers = tf.read("broker_history") if prior is not None else None
     tails = tf.read("replication_intervals", "tail") if prior is not None else None
     old_who = tf.read("who_changed_what") if prior is not None else None
-    # one row per batch, scanned from the mirror once (the batch rules and the carry read it
-    # eight times)
-    batches_new = tables.batches(records).persist()
+    # one row per batch (the carry's; not cached: read once)
+    batches_new = tables.batches(records)
     everything = (
         batches_new.select(*BATCH_CARRY).unionByName(cf.read("batches"))
         if prior is not None
@@ -503,10 +506,6 @@ def _run(
                 records, tables.broker_seeds(old_brokers) if old_brokers is not None else None
             ),
         ),
-        lambda: tf.append(
-            "findings",
-            checks.log_findings(records, batches_new, topics_df, newest, everything, bounds),
-        ),
         lambda: tf.replace("topics", topics_df),
         lambda: tf.append(
             "topic_lifecycle", tables.topic_lifecycle(records, created, configs, after)
@@ -515,7 +514,18 @@ def _run(
     ]
     if from_offset is None:
         first.append(lambda: cf.append("volume", tables.volume(records)))
-    history = _together(*first)[0]
+    if meta is None:  # a small whole-log run's totals: one more job beside the first tables
+        first.append(lambda: _meta(records))
+    done = _together(*first)
+    history = done[0]
+    if meta is None:
+        meta = done[-1]
+        meta.pop("head")
+    progress(
+        f"    {meta['records']:,} records in {meta['batches']:,} batches; segments decoded "
+        f"{len(mirror_info['decoded'])}, from the Parquet mirror {len(mirror_info['reused'])}"
+    )
+    log_end = F.timestamp_millis(F.lit(meta["last_ms"] or 0))
     brokers = tf.read("broker_history").persist()
 
     def intervals() -> None:
@@ -526,7 +536,13 @@ def _run(
 
     # then what needs the histories, and the next run's carried inputs
     jobs: list[Callable[[], Any]] = [
-        lambda: tf.append("findings", checks.history_findings(history, brokers, configs)),
+        # the rules on the records and on the histories: one job
+        lambda: tf.append(
+            "findings",
+            checks.log_findings(
+                records, batches_new, topics_df, newest, everything, bounds
+            ).unionByName(checks.history_findings(history, brokers, configs)),
+        ),
         intervals,
         lambda: tf.append("findings", checks.whole_log_findings(brokers), prefix="whole"),
         lambda: tf.replace("broker_intervals", tables.broker_intervals(brokers, log_end)),
@@ -622,7 +638,8 @@ def _run(
     steps.done("report_s")
     topics_df.unpersist()
     brokers.unpersist()
-    batches_new.unpersist()
+    if cached:
+        every.unpersist()
     shutil.rmtree(out / "work", ignore_errors=True)
     steps("done")
     _summary(progress, findings, report_path)
