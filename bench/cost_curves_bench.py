@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bench.common import logger
-from bench.hotpaths_bench import build_image, change_batches
+from bench.hotpaths_bench import build_image, change_batches, replay_one_delta_per_batch
 
 log = logger("cost curves")
 
@@ -48,8 +48,6 @@ def measure(topics: int, commits: int, batches: int) -> dict[str, Any]:
     from kraft.controller.commands import Command
     from kraft.controller.settings import ControllerSettings
     from kraft.controller.state_machine import QuorumStateMachine
-    from kraft.metadata.delta import MetadataDelta
-    from kraft.records import batch_hash, decode_batch
 
     log(f"building an image of {topics} x 100 partitions")
     image = build_image(topics, 100, 60)
@@ -80,14 +78,7 @@ def measure(topics: int, commits: int, batches: int) -> dict[str, Any]:
     alter_s = _cpu(alters)
     encoded = change_batches(image, batches)
 
-    def replay() -> None:
-        img = image
-        for enc in encoded:
-            delta = MetadataDelta(img)
-            delta.replay_batch(decode_batch(enc), batch_hash(enc))
-            img = delta.apply()
-
-    replay_s = _cpu(replay)
+    replay_s = _cpu(lambda: replay_one_delta_per_batch(image, encoded))
     row = {
         "partitions": topics * 100,
         "create_topic_us": round(create_s / commits * 1e6, 1),

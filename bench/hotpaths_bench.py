@@ -115,6 +115,18 @@ def change_batches(image: Any, count: int, per_batch: int = 100) -> list[bytes]:
     return out
 
 
+def replay_one_delta_per_batch(image: Any, encoded: list[bytes]) -> Any:
+    """A broker following the log: decode, hash check, replay and apply, one delta per batch."""
+    from kraft.metadata.delta import MetadataDelta
+    from kraft.records import batch_hash, decode_batch
+
+    for enc in encoded:
+        delta = MetadataDelta(image)
+        delta.replay_batch(decode_batch(enc), batch_hash(enc))
+        image = delta.apply()
+    return image
+
+
 def run(topics: int, partitions: int, brokers: int, log_batches: int) -> dict[str, Any]:
     from broker.metadata.checkpoint import image_from_snapshot
     from broker.metadata.metadata_loader import replay_encoded
@@ -122,7 +134,7 @@ def run(topics: int, partitions: int, brokers: int, log_batches: int) -> dict[st
     from kraft.metadata.delta import MetadataDelta
     from kraft.metadata.replay import image_from_records
     from kraft.metadata.replay import replay as replay_log
-    from kraft.records import batch_hash, decode_batch
+    from kraft.records import decode_batch
     from kraft.snapshotter import image_to_snapshot
 
     log(f"building an image of {topics} x {partitions} partitions")
@@ -174,15 +186,7 @@ def run(topics: int, partitions: int, brokers: int, log_batches: int) -> dict[st
 
     encoded = change_batches(image, log_batches)
 
-    def replay() -> Any:
-        img = image
-        for enc in encoded:
-            delta = MetadataDelta(img)
-            delta.replay_batch(decode_batch(enc), batch_hash(enc))
-            img = delta.apply()
-        return img
-
-    after, s = _cpu(replay)
+    after, s = _cpu(lambda: replay_one_delta_per_batch(image, encoded))
     row("delta_replay", s, 100 * log_batches)
 
     def broker_replay() -> Any:  # as the broker's loader: a backlog into one delta, one publish

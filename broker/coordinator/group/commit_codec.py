@@ -7,17 +7,10 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable
 
+from broker.coordinator.group.consumer_records import uvarint
+
 FLEXIBLE_FROM = 8  # compact arrays and strings, tagged fields, response header v1
 THROTTLE_FROM = 3  # throttle_time_ms leads the body
-
-
-def _uvarint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 def encode_offset_commit_response(
@@ -32,12 +25,12 @@ def encode_offset_commit_response(
     parts: list[bytes] = []
     if version >= THROTTLE_FROM:
         parts.append(b"\x00\x00\x00\x00")
-    parts.append(_uvarint(len(topics) + 1) if flexible else struct.pack(">i", len(topics)))
+    parts.append(uvarint(len(topics) + 1) if flexible else struct.pack(">i", len(topics)))
     for name, partitions in topics:
         raw = name.encode()
         rows = list(partitions)
         if flexible:
-            parts.append(_uvarint(len(raw) + 1) + raw + _uvarint(len(rows) + 1))
+            parts.append(uvarint(len(raw) + 1) + raw + uvarint(len(rows) + 1))
             parts.extend(struct.pack(">ihb", pid, code, 0) for pid, code in rows)
             parts.append(b"\x00")  # the topic's tagged fields
         else:

@@ -150,7 +150,8 @@ def is_consumer_key(key: object) -> bool:
 # ---- writing ------------------------------------------------------------------------------------
 
 
-def _uvarint(n: int) -> bytes:
+def uvarint(n: int) -> bytes:
+    """An unsigned varint (Kafka's compact lengths and tagged-field counts)."""
     out = bytearray()
     while n >= 0x80:
         out.append((n & 0x7F) | 0x80)
@@ -163,13 +164,13 @@ def _cstr(s: str | None) -> bytes:
     if s is None:
         return b"\x00"
     b = s.encode()
-    return _uvarint(len(b) + 1) + b
+    return uvarint(len(b) + 1) + b
 
 
 def _cparts(parts: Partitions) -> bytes:
-    out = [_uvarint(len(parts) + 1)]
+    out = [uvarint(len(parts) + 1)]
     for tid, ps in parts:
-        out += [tid.bytes, _uvarint(len(ps) + 1), struct.pack(f">{len(ps)}i", *ps), b"\x00"]
+        out += [tid.bytes, uvarint(len(ps) + 1), struct.pack(f">{len(ps)}i", *ps), b"\x00"]
     return b"".join(out)
 
 
@@ -190,7 +191,7 @@ def encode_consumer_value(value: ConsumerValue) -> bytes:
     if isinstance(value, CGTargetMetadataValue):
         return head + struct.pack(">i", value.assignment_epoch) + _NO_TAGS
     if isinstance(value, CGPartitionMetadataValue):
-        out = [head, _uvarint(len(value.topics) + 1)]
+        out = [head, uvarint(len(value.topics) + 1)]
         for t in value.topics:
             # PartitionMetadata (racks per partition): empty, as Kafka writes without racks
             out += [t.topic_id.bytes, _cstr(t.name), struct.pack(">i", t.partitions), b"\x01"]
@@ -199,7 +200,7 @@ def encode_consumer_value(value: ConsumerValue) -> bytes:
     if isinstance(value, CGMemberValue):
         out = [head, _cstr(value.instance_id), _cstr(value.rack_id)]
         out += [_cstr(value.client_id), _cstr(value.client_host)]
-        out.append(_uvarint(len(value.topics) + 1))
+        out.append(uvarint(len(value.topics) + 1))
         out += [_cstr(t) for t in value.topics]
         out += [_cstr(value.regex), struct.pack(">i", value.rebalance_timeout_ms)]
         out += [_cstr(value.server_assignor), _NO_TAGS]
