@@ -9,7 +9,11 @@ derives them). All clusters run at the same time so that every setting sees the 
      to the next committed write (IncrementalAlterConfigs SET of the cluster-wide
      log.retention.ms, retried every 10 ms); restart the
      killed node and wait until every voter has caught up. Rounds alternate between the clusters
-     (A, B, B, A, ...), so both settings see the same load; median / p90 / max.
+     (A, B, B, A, ...), so both settings see the same load; median / p90 / max. The writer's
+     retry back-off is capped at ``--client-backoff-max-ms`` (50; ControllerClient's own cap,
+     1 s, would add up to its back-off to the figure). Two survivors are polled (DescribeNode,
+     every 20 ms) for the split: kill -> a survivor leads a new Raft term -> it is the active
+     controller (ActivateController committed) -> the write committed.
   2. false elections (``--minutes M``, default 10; 0 skips): ``--burners`` CPU burner processes
      (``python -c 'while True: pass'``, niceness ``--burner-nice``, default 0 = not niced) keep
      both cores at 100% while one client per cluster writes ``--rate`` SETs per second. Nothing
@@ -66,6 +70,10 @@ def median(vals: list[float]) -> float | None:
         return None
     m = len(s)
     return (s[(m - 1) // 2] + s[m // 2]) / 2
+
+
+def _rounded(v: float | None) -> float | None:
+    return None if v is None else round(v, 3)
 
 
 def set_body(value: int) -> dict[str, Any]:
@@ -125,6 +133,8 @@ class Cluster:
         self.counter = 0
         self.failovers: list[float] = []
         self.failover_errors = 0
+        self.leader_elected: list[float] = []  # per round: kill -> a survivor leads a new term
+        self.activated: list[float] = []  # kill -> that survivor is the active controller
 
     def up(self) -> None:
         """Bring the cluster up, then restart it with the setting under test."""
@@ -190,24 +200,39 @@ class Cluster:
             backoff_max=self.backoff_max,
         )
         committed = None
+        marks: dict[str, float] = {}
+        survivors = [
+            ControllerClient([(c["host"], c["rpc_port"])], client_id=f"eb-watch-{round_no}")
+            for c in self.meta["controllers"]
+            if c["id"] != leader
+        ]
+        term0 = None if resp is None else resp.get("term")
         try:
             await writer.call("IncrementalAlterConfigs", set_body(self.next_value()), timeout=5)
-            os.kill(node["pid"], signal.SIGKILL)
-            t0 = time.perf_counter()
-            with trio.move_on_after(30):
-                while True:
-                    try:
-                        r = await writer.call(
-                            "IncrementalAlterConfigs", set_body(self.next_value()), timeout=1.0
-                        )
-                        if not _errors_in(r):
-                            committed = time.perf_counter() - t0
-                            break
-                    except (KraftError, trio.TooSlowError, OSError):
-                        pass
-                    await trio.sleep(0.01)
+            async with trio.open_nursery() as watchers:
+                os.kill(node["pid"], signal.SIGKILL)
+                t0 = time.perf_counter()
+                for sc in survivors:
+                    watchers.start_soon(self._watch_survivor, sc, term0, t0, marks)
+                with trio.move_on_after(30):
+                    while True:
+                        try:
+                            r = await writer.call(
+                                "IncrementalAlterConfigs", set_body(self.next_value()), timeout=1.0
+                            )
+                            if not _errors_in(r):
+                                committed = time.perf_counter() - t0
+                                break
+                        except (KraftError, trio.TooSlowError, OSError):
+                            pass
+                        await trio.sleep(0.01)
+                watchers.cancel_scope.cancel()
         finally:
             await writer.aclose()
+            for sc in survivors:
+                await sc.aclose()
+        self.leader_elected.append(marks.get("leader", float("nan")))
+        self.activated.append(marks.get("active", float("nan")))
         if committed is None:
             self.failover_errors += 1
             log(f"  {self.label} round {round_no}: killed {leader}, no commit within 30 s")
@@ -222,6 +247,24 @@ class Cluster:
             )
         )
         self.load_meta()
+
+    async def _watch_survivor(
+        self, client: ControllerClient, term0: int | None, t0: float, marks: dict[str, float]
+    ) -> None:
+        """Poll a surviving controller's own view (DescribeNode, answered locally) every 20 ms:
+        when it first leads a newer term ("leader") and first is the active controller."""
+        while True:
+            try:
+                d = await client.call("DescribeNode", {"checksum": False}, timeout=0.5)
+                at = time.perf_counter() - t0
+                raft = d.get("raft") or {}
+                if raft.get("state") == "leader" and (raft.get("term") or 0) > (term0 or 0):
+                    marks.setdefault("leader", at)
+                if d.get("is_active"):
+                    marks.setdefault("active", at)
+            except (KraftError, trio.TooSlowError, OSError):
+                pass
+            await trio.sleep(0.02)
 
     def failover_row(self) -> dict[str, Any]:
         s = sorted(self.failovers)
@@ -238,6 +281,10 @@ class Cluster:
             "p90_s": None if p90 is None else round(p90, 3),
             "max_s": round(s[-1], 3) if s else None,
             "seconds": [round(t, 3) for t in self.failovers],
+            "leader_median_s": _rounded(median([t for t in self.leader_elected if t == t])),
+            "active_median_s": _rounded(median([t for t in self.activated if t == t])),
+            "leader_s": [round(t, 3) for t in self.leader_elected],
+            "active_s": [round(t, 3) for t in self.activated],
         }
 
     async def steady(self, seconds: float, rate: float) -> dict[str, Any]:
@@ -486,7 +533,11 @@ def table(results: list[dict[str, Any]]) -> str:
         st = f"{r['raft_min_timeout_s']}-{r['raft_max_timeout_s']}"
         if r["metric"] == "failover":
             res = f"median {r['median_s']} / p90 {r['p90_s']} / max {r['max_s']} s"
-            det = f"n={r['count']}, errors {r['errors']}, load1 {r['loadavg1_end']}"
+            det = (
+                f"n={r['count']}, errors {r['errors']}; median kill->new raft leader "
+                f"{r['leader_median_s']} s, ->active controller {r['active_median_s']} s; "
+                f"load1 {r['loadavg1_end']}"
+            )
         else:
             res = (
                 f"{r['false_elections']} false elections ({r['leader_changes']} leader changes) "
