@@ -352,18 +352,7 @@ class Cluster:
             await admin.aclose()
         if term0 is None and terms:
             term0, leader0 = terms[0][1], terms[0][2]
-        term_end = max((t for _, t, _ in terms), default=term0)
-        changes: list[dict[str, Any]] = []
-        prev_term, prev_leader = term0, leader0
-        for at, term, leader in terms:
-            if prev_term is not None and term > prev_term:
-                changes.append(
-                    {"at_s": round(at, 1), "term": term, "from": prev_leader, "to": leader}
-                )
-            if prev_term is None or term >= prev_term:
-                prev_term, prev_leader = term, leader
-        leader_changes = sum(1 for c in changes if c["from"] != c["to"])
-        false_elections = (term_end or 0) - (term0 or 0)
+        false_elections, leader_changes, changes = term_changes(term0, leader0, terms)
         lat = sorted(latencies)
         return {
             "system": "pykraft",
@@ -371,7 +360,7 @@ class Cluster:
             **settings_of(self.election_ms),
             "minutes": round(seconds / 60, 2),
             "term_start": term0,
-            "term_end": term_end,
+            "term_end": max((t for _, t, _ in terms), default=term0),
             "false_elections": false_elections,
             "leader_changes": leader_changes,
             "per_hour": round(false_elections * 3600 / seconds, 1),
@@ -383,6 +372,24 @@ class Cluster:
             "p99_ms": None if not lat else round((pct(lat, 99) or 0) * 1000, 1),
             "max_ms": None if not lat else round(lat[-1] * 1000, 1),
         }
+
+
+def term_changes(
+    term0: int | None, leader0: int | None, samples: list[tuple[float, int, int]]
+) -> tuple[int, int, list[dict[str, Any]]]:
+    """From a start (term, leader) and polled ``(t, term, leader)`` samples: the elections
+    (term increase over the run: a term can rise by more than one between two polls), the
+    samples where the leader differs after a term increase, and those samples."""
+    changes: list[dict[str, Any]] = []
+    prev_term, prev_leader = term0, leader0
+    for at, term, leader in samples:
+        if prev_term is not None and term > prev_term:
+            changes.append({"at_s": round(at, 1), "term": term, "from": prev_leader, "to": leader})
+        if prev_term is None or term >= prev_term:
+            prev_term, prev_leader = term, leader
+    term_end = max((t for _, t, _ in samples), default=term0)
+    elections = (term_end or 0) - (term0 or 0) if term0 is not None else 0
+    return elections, sum(1 for c in changes if c["from"] != c["to"]), changes
 
 
 def cpu_busy_sampler() -> tuple[float, float]:
