@@ -8,7 +8,8 @@ derives them). All clusters run at the same time so that every setting sees the 
   1. failover (``--failovers N``, default 10): kill -9 the active controller, time from the kill
      to the next committed write (IncrementalAlterConfigs SET of the cluster-wide
      log.retention.ms, retried every 10 ms); restart the
-     killed node and wait until every voter has caught up. Rounds alternate between the clusters
+     killed node and wait until every voter has caught up before the next round (of any
+     cluster: a starting node's CPU would slow the next failover). Rounds alternate between the clusters
      (A, B, B, A, ...), so both settings see the same load; median / p90 / max. The writer's
      retry back-off is capped at ``--client-backoff-max-ms`` (50; ControllerClient's own cap,
      1 s, would add up to its back-off to the figure). Two survivors are polled (DescribeNode,
@@ -247,6 +248,14 @@ class Cluster:
             )
         )
         self.load_meta()
+        # the restarted node's start-up (imports, log replay) must not overlap the next round,
+        # of this cluster or of another one
+        admin = ControllerClient(self.bootstrap, client_id=f"eb-admin-after-{round_no}")
+        try:
+            if not await self.wait_caught_up(admin, 60):
+                raise RuntimeError(f"{self.label}: node {leader} not caught up within 60 s")
+        finally:
+            await admin.aclose()
 
     async def _watch_survivor(
         self, client: ControllerClient, term0: int | None, t0: float, marks: dict[str, float]
