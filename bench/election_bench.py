@@ -427,10 +427,11 @@ def stop_burners(procs: list[subprocess.Popen[bytes]]) -> None:
             p.wait(timeout=10)
 
 
-async def run_failovers(clusters: list[Cluster], rounds: int) -> None:
+async def run_failovers(clusters: list[Cluster], rounds: int, gap_s: float = 0.0) -> None:
     for r in range(1, rounds + 1):
         order = clusters if r % 2 else list(reversed(clusters))
         for c in order:
+            await trio.sleep(gap_s)
             await c.failover_round(r)
     for c in clusters:
         admin = ControllerClient(c.bootstrap, client_id="eb-admin-final")
@@ -485,6 +486,7 @@ def run(
     nice: int = 0,
     keep: bool = False,
     backoff_max: float = 0.05,
+    gap_s: float = 0.0,
 ) -> list[dict[str, Any]]:
     """Bring up one cluster per setting, run both phases, tear everything down."""
     base = Path(tempfile.mkdtemp(prefix="pykraft-election-bench-"))
@@ -497,7 +499,7 @@ def run(
 
         if failovers:
             log(f"failover: {failovers} rounds per setting, interleaved; load {os.getloadavg()}")
-            trio.run(run_failovers, clusters, failovers)
+            trio.run(run_failovers, clusters, failovers, gap_s)
             for c in clusters:
                 row = c.failover_row()
                 row["loadavg1_end"] = round(os.getloadavg()[0], 2)
@@ -588,6 +590,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=50.0,
         help="the failover writer's longest retry back-off (50; ControllerClient's default 1000)",
     )
+    ap.add_argument(
+        "--gap-s",
+        type=float,
+        default=0.0,
+        help="idle seconds before each failover round, nothing written (0)",
+    )
     ap.add_argument("--keep", action="store_true", help="keep the cluster directories")
     return ap
 
@@ -611,6 +619,7 @@ def main(argv: list[str] | None = None) -> int:
         args.burner_nice,
         args.keep,
         args.client_backoff_max_ms / 1000,
+        args.gap_s,
     )
     print(table(results))
     print(json.dumps({"system": "pykraft", "results": results}))
