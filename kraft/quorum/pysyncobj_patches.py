@@ -18,6 +18,8 @@ The patches:
 * ``TcpConnection.send`` / ``__processParseMessage`` / ``__processRead`` / ``disconnect``:
   bounded frames before and after authentication, no zlib for small messages, a bytearray
   read buffer, stall bookkeeping (see each function).
+* ``TcpConnection.__processConnectionTimeout``: a link that was only quiet is not dropped with
+  the message about to be sent (the first vote request between two followers).
 * ``Serializer.setTransmissionData``: a snapshot received from the leader is written to disk in
   chunks. PySyncObj logs a failed open or write and returns "not done", so the leader sends it
   again and again while the follower never catches up (a failed close or rename even raised
@@ -182,6 +184,35 @@ def _bounded_read(conn: Any) -> bool:
     return more
 
 
+def _idle_is_not_dead(conn: Any) -> None:
+    """``TcpConnection.__processConnectionTimeout``, run before every send: PySyncObj drops a
+    connection that has read nothing for ``connectionTimeout``, and with it the message about to
+    be sent. The two followers' link carries nothing while a leader is alive, so the first vote
+    request of an election went down with that link, and the candidate waited for a reconnect
+    and another election timeout (failover ~0.3-0.9 s slower after 2 s of quiet,
+    ``bench/election_bench.py --gap-s``). A link silent that long is dropped only if the kernel
+    says it is closed or broken (a peek: EOF or an error); else the send goes ahead and the
+    silence counts from now. A hung peer is still found by Raft's own timeouts."""
+    if _monotonic() - conn._TcpConnection__lastReadTime <= conn._TcpConnection__timeout:
+        return
+    sock = conn._TcpConnection__socket
+    if sock is not None and _open_per_kernel(sock):
+        conn._TcpConnection__lastReadTime = _monotonic()
+        return
+    conn.disconnect()
+
+
+def _open_per_kernel(sock: socket.socket) -> bool:
+    """Whether a connected socket is still open as far as the kernel knows: nothing to read
+    (EAGAIN) or data waiting; False on end of stream or a socket error (a reset peer)."""
+    try:
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
+    except (BlockingIOError, InterruptedError):
+        return True
+    except OSError:
+        return False
+
+
 def _disconnect_and_forget(conn: Any) -> None:
     """``TcpConnection.disconnect``; an outgoing connection object is reused for the next
     attempt, which must authenticate again before its frames may be large."""
@@ -230,6 +261,7 @@ PATCHES: tuple[tuple[Any, str, Any], ...] = (
     (TcpConnection, "_TcpConnection__processParseMessage", _parse_frame),
     (TcpConnection, "_TcpConnection__processRead", _bounded_read),
     (TcpConnection, "disconnect", _disconnect_and_forget),
+    (TcpConnection, "_TcpConnection__processConnectionTimeout", _idle_is_not_dead),
     (Serializer, "setTransmissionData", _receive_snapshot_chunk),
 )
 

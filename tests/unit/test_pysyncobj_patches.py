@@ -94,3 +94,37 @@ def test_a_received_snapshot_that_cannot_be_written_stops_the_node(tmp_path):
             missing.setTransmissionData((b"x", True, True))
     finally:
         set_failure_handler(None)
+
+
+def test_a_quiet_link_is_kept_and_a_closed_one_dropped_before_a_send():
+    from types import SimpleNamespace
+
+    def conn(sock, last_read):
+        c = SimpleNamespace(
+            _TcpConnection__lastReadTime=last_read,
+            _TcpConnection__timeout=2.0,
+            _TcpConnection__socket=sock,
+            dropped=False,
+        )
+        c.disconnect = lambda: setattr(c, "dropped", True)
+        return c
+
+    a, b = socket.socketpair()
+    try:
+        assert patches._open_per_kernel(a)  # open, nothing to read
+        quiet = conn(a, patches._monotonic() - 10)
+        patches._idle_is_not_dead(quiet)  # silent for 10 s, but open: kept, silence restarts
+        assert not quiet.dropped and patches._monotonic() - quiet._TcpConnection__lastReadTime < 1
+        b.sendall(b"x")
+        assert patches._open_per_kernel(a)  # data waiting, not consumed by the peek
+        assert a.recv(1) == b"x"
+        b.close()
+        assert not patches._open_per_kernel(a)  # end of stream
+        closed = conn(a, patches._monotonic() - 10)
+        patches._idle_is_not_dead(closed)
+        assert closed.dropped
+        recent = conn(a, patches._monotonic())
+        patches._idle_is_not_dead(recent)  # within the timeout: not even looked at
+        assert not recent.dropped
+    finally:
+        a.close()
