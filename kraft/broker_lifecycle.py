@@ -199,8 +199,8 @@ class BrokerLifecycle:
 
     async def _scan_for_unfinished_unfences(self, image: MetadataImage) -> None:
         """Add to :attr:`unfinished_unfence` the active brokers in the ISR of a leaderless
-        partition of ``image``, a slice of topics at a time (a 2M-partition image takes ~0.5 s
-        of CPU, which must not hold up the first writes of a new active controller)."""
+        partition of ``image``, a slice of topics at a time: a pass over a big image must not
+        hold up the first writes of a new active controller."""
         active = frozenset(
             b for b, r in image.brokers.items() if not r.fenced and not r.in_controlled_shutdown
         )

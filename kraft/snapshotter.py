@@ -98,10 +98,10 @@ def image_to_snapshot_in_child(
 ) -> tuple[Path, float]:
     """:func:`image_to_snapshot` in a forked child process: (its path, the child's CPU seconds).
 
-    Written on a thread of the controller, the seconds of CPU a big image costs hold the GIL in
-    5 ms slices against the trio thread, whose Raft ticks and RPC then wait for it at every
-    system call: followers missed heartbeats and elected new leaders during the snapshots of a
-    ~1.5M-partition image. The child has a copy-on-write view of the immutable image and its
+    Written on a thread of the controller, the CPU a big image costs holds the GIL against the
+    trio thread, whose Raft ticks and RPC then wait for it at every system call: followers
+    missed heartbeats and elected new leaders during the snapshots of big images
+    (docs/performance.md). The child has a copy-on-write view of the immutable image and its
     own interpreter lock; the calling thread waits for it without holding the GIL. The child
     writes no log line and takes no lock another thread could have held at the fork; it dies
     with the calling thread (``PR_SET_PDEATHSIG``). An OSError in the child (a full disk) is

@@ -189,8 +189,7 @@ def _idle_is_not_dead(conn: Any) -> None:
     connection that has read nothing for ``connectionTimeout``, and with it the message about to
     be sent. The two followers' link carries nothing while a leader is alive, so the first vote
     request of an election went down with that link, and the candidate waited for a reconnect
-    and another election timeout (failover ~0.3-0.9 s slower after 2 s of quiet,
-    ``bench/election_bench.py --gap-s``). A link silent that long is dropped only if the kernel
+    and another election timeout (docs/performance.md, "Other settings"). A link silent that long is dropped only if the kernel
     says it is closed or broken (a peek: EOF or an error); else the send goes ahead and the
     silence counts from now. A hung peer is still found by Raft's own timeouts."""
     if _monotonic() - conn._TcpConnection__lastReadTime <= conn._TcpConnection__timeout:
