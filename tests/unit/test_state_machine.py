@@ -16,6 +16,7 @@ from kraft.metadata.delta import ReplayError
 from kraft.metadata.image import MetadataImage
 from kraft.metadata.replay import replay
 from kraft.records import (
+    LEADER_UNCHANGED,
     RECOVERED,
     RECOVERING,
     ZERO_HASH,
@@ -1420,13 +1421,47 @@ def test_broker_transition_steps_are_capped_by_transition_step_records(monkeypat
         batch, r = h.ok("FenceBroker", body)
         sizes.append(len(batch.records))
     # 9 changes, 3 per step (one record of room kept for the fence record, written with the last)
-    assert sizes == [3, 3, 4] and resumed == [None, ("b", 0), ("c", 0)]
+    assert sizes == [3, 3, 4] and resumed == [None, (0, "b", 0, ()), (0, "c", 0, ())]
     assert h.image.brokers[0].fenced
     assert all(
         p.leader == 1 and p.isr == (1,) for t in "abc" for p in h.image.topic(t).partitions.values()
     )
     with pytest.raises(ValueError):
         ControllerSettings(CLUSTER, transition_step_records=1)
+
+
+def test_a_stepped_fence_moves_every_leadership_before_any_isr_only_change():
+    """A broker leading some partitions and only following others: the steps move the
+    leaderships first (those partitions are unavailable until then), in every topic, and only
+    then take it out of the other ISRs; the resumed scan and a scan from the start agree."""
+
+    def run(forget: bool) -> list[list[tuple[str, int, bool]]]:
+        h = Harness(brokers=3, transition_step_records=3)
+        for t in ("a", "b", "c"):
+            layout = {0: [0, 1], 1: [1, 0], 2: [0, 2], 3: [2, 0]}  # 0 leads two, follows two
+            h.ok("CreateTopics", {"topics": [{"name": t, "assignments": layout}]})
+        names = {h.image.topics_by_name[t]: t for t in "abc"}
+        body = {"broker_id": 0, "broker_epoch": h.epoch(0), "reason": "session-timeout"}
+        h.forget_resume = forget
+        steps, r = [], {"incomplete": True}
+        while r.get("incomplete"):
+            batch, r = h.ok("FenceBroker", body)
+            steps.append(
+                [
+                    (names[rec.topic_id], rec.partition_id, rec.leader != LEADER_UNCHANGED)
+                    for rec in batch.records
+                    if isinstance(rec, PartitionChangeRecord)
+                ]
+            )
+        assert h.image.brokers[0].fenced
+        return steps
+
+    steps = run(forget=False)
+    flat = [change for step in steps for change in step]
+    assert flat == [(t, p, True) for t in "abc" for p in (0, 2)] + [
+        (t, p, False) for t in "abc" for p in (1, 3)
+    ]
+    assert len(steps) == 6 and run(forget=True) == steps  # 2 changes + room for the fence
 
 
 def test_a_stepped_fence_hands_on_where_to_resume_while_steps_are_left():
