@@ -734,7 +734,19 @@ def real_brokers(topics: int = 100, partitions: int = 100) -> dict[str, Any]:
         created = time.perf_counter() - t0
         log(f"real brokers: created and replicas made in {created:.1f}s; restarting all brokers")
         for b in meta["brokers"]:
-            cli("cluster", "kill", "--dir", str(cdir), "--node", str(b["id"]), "--signal", "TERM")
+            try:
+                cli(
+                    "cluster",
+                    "kill",
+                    "--dir",
+                    str(cdir),
+                    "--node",
+                    str(b["id"]),
+                    "--signal",
+                    "TERM",
+                )
+            except subprocess.CalledProcessError as e:  # e.g. it is not running: say so, go on
+                log(f"  kill broker {b['id']}: {(e.stderr or e.stdout or '').strip()}")
         for b in meta["brokers"]:
             pid = b.get("pid")
             while pid and psutil.pid_exists(pid) and time.monotonic() < deadline:

@@ -263,11 +263,13 @@ def _topics_in_name_order(image: MetadataImage) -> Iterator[TopicImage]:
         yield by_id[by_name[name]]
 
 
-def _active_brokers_except(image: MetadataImage, broker_id: int) -> frozenset[int]:
+def _active_brokers_except(
+    image: MetadataImage, broker_id: int, also: frozenset[int] = frozenset()
+) -> frozenset[int]:
     return frozenset(
         b
         for b, reg in image.brokers.items()
-        if b != broker_id and not reg.fenced and not reg.in_controlled_shutdown
+        if b != broker_id and b not in also and not reg.fenced and not reg.in_controlled_shutdown
     )
 
 
@@ -309,6 +311,7 @@ def leaving_changes(
     unclean_allowed: UncleanAllowed = _never,
     limit: int | None = None,
     resume: Resume | None = None,
+    also: frozenset[int] = frozenset(),
 ) -> tuple[Changes, Resume | None]:
     """The partition changes of ``broker_id`` leaving (fencing, controlled shutdown,
     unregistration), in two passes: first the partitions it leads (they have no usable leader
@@ -323,8 +326,12 @@ def leaving_changes(
     (or need no change) and yield nothing when examined again, and the first pass's changes take
     the broker out of those partitions' ISRs too, so a controller that scans from the start
     instead gets the same records, provided nothing else was written in between (the state
-    machine only hands ``resume`` over then)."""
-    acceptable = _active_brokers_except(image, broker_id)
+    machine only hands ``resume`` over then).
+
+    ``also``: more brokers leaving at the same time (fenced together after their sessions
+    expired at once); each partition then changes once for all of them."""
+    acceptable = _active_brokers_except(image, broker_id, also)
+    gone = frozenset({broker_id}) | also
     out = Changes()
     by_id, by_name = image.topics_by_id, image.topics_by_name
     names = image.topic_names()
@@ -336,11 +343,18 @@ def leaving_changes(
             topic = by_id[by_name[name]]
             led = []
             isr_only = False
-            for pid, p in topic.partitions.items():  # p[1]: isr, p[4]: leader
-                if p[4] == broker_id:
-                    led.append((pid, p))
-                elif broker_id in p[1]:
-                    isr_only = True
+            if also:
+                for pid, p in topic.partitions.items():  # p[1]: isr, p[4]: leader
+                    if p[4] in gone:
+                        led.append((pid, p))
+                    elif not gone.isdisjoint(p[1]):
+                        isr_only = True
+            else:
+                for pid, p in topic.partitions.items():  # p[1]: isr, p[4]: leader
+                    if p[4] == broker_id:
+                        led.append((pid, p))
+                    elif broker_id in p[1]:
+                        isr_only = True
             if isr_only and not (found and found[-1] == name):  # a resumed topic: noted already
                 found.append(name)
             if not led:
@@ -348,7 +362,7 @@ def leaving_changes(
             if resume is not None and name == at_name:
                 led = [item for item in led if item[0] >= at_pid]
             led.sort(key=_first)
-            step = _leaving_step(out, topic, led, broker_id, acceptable, unclean_allowed, limit)
+            step = _leaving_step(out, topic, led, gone, acceptable, unclean_allowed, limit)
             if step is not None:
                 return out, (_LEADS, name, step, tuple(found))
         at_name, at_pid = "", 0
@@ -361,12 +375,12 @@ def leaving_changes(
         affected = [
             (pid, p)
             for pid, p in topic.partitions.items()
-            if p[4] != broker_id and broker_id in p[1]
+            if p[4] not in gone and not gone.isdisjoint(p[1])
         ]
         if at_name and name == at_name:
             affected = [item for item in affected if item[0] >= at_pid]
         affected.sort(key=_first)
-        step = _leaving_step(out, topic, affected, broker_id, acceptable, unclean_allowed, limit)
+        step = _leaving_step(out, topic, affected, gone, acceptable, unclean_allowed, limit)
         if step is not None:
             return out, (_IN_ISR, name, step, tuple(found))
     return out, None
@@ -376,7 +390,7 @@ def _leaving_step(
     out: Changes,
     topic: TopicImage,
     affected: list[tuple[int, PartitionRegistration]],
-    broker_id: int,
+    gone: frozenset[int],
     acceptable: frozenset[int],
     unclean_allowed: UncleanAllowed,
     limit: int | None,
@@ -388,7 +402,7 @@ def _leaving_step(
     for pid, partition in affected:
         if limit is not None and len(out) >= limit:
             return pid
-        record = leaving_change(topic_id, pid, partition, broker_id, acceptable, allowed)
+        record = leaving_change(topic_id, pid, partition, gone, acceptable, allowed)
         if record is not None:
             out.append(record)
     return None
@@ -398,18 +412,21 @@ def leaving_change(
     topic_id: str,
     partition_id: int,
     partition: PartitionRegistration,
-    broker_id: int,
+    broker_id: int | frozenset[int],
     acceptable: frozenset[int],
     unclean_allowed: bool,
 ) -> PartitionChangeRecord | None:
-    """The record of one partition when ``broker_id`` leaves (None: nothing changes), given
-    the ids of the brokers that may lead (``acceptable``, never negative): the same as
-    ``build_partition_change(..., acceptable.__contains__, target_isr=<the ISR without
-    broker_id>, unclean_allowed=...)``, with that builder's rules spelt out for a partition
-    without a reassignment in progress (the hot loop of fencing and controlled shutdown; a test
-    holds the two equal)."""
+    """The record of one partition when ``broker_id`` (or each of a set of them) leaves (None:
+    nothing changes), given the ids of the brokers that may lead (``acceptable``, never
+    negative): the same as ``build_partition_change(..., acceptable.__contains__,
+    target_isr=<the ISR without the leaving brokers>, unclean_allowed=...)``, with that
+    builder's rules spelt out for a partition without a reassignment in progress (the hot loop
+    of fencing and controlled shutdown; a test holds the two equal)."""
     replicas, isr, removing, adding, leader, recovery = partition[:6]
-    new_isr = tuple([b for b in isr if b != broker_id])
+    if isinstance(broker_id, frozenset):
+        new_isr = tuple([b for b in isr if b not in broker_id])
+    else:
+        new_isr = tuple([b for b in isr if b != broker_id])
     if removing or adding:
         return build_partition_change(
             topic_id,

@@ -317,3 +317,18 @@ def test_leaving_change_is_the_builder_spelt_out():
             leaving,
             acceptable,
         )
+        several = frozenset(rng.sample(brokers, rng.randint(1, 3)))  # fenced together
+        acceptable = frozenset(b for b in brokers if b not in several and rng.random() < 0.7)
+        expected = build_partition_change(
+            T,
+            4,
+            part,
+            acceptable.__contains__,
+            target_isr=[b for b in isr if b not in several],
+            unclean_allowed=unclean,
+        )
+        assert leaving_change(T, 4, part, several, acceptable, unclean) == expected, (
+            part,
+            several,
+            acceptable,
+        )
