@@ -744,6 +744,8 @@ def real_brokers(topics: int = 100, partitions: int = 100) -> dict[str, Any]:
                     str(b["id"]),
                     "--signal",
                     "TERM",
+                    "--timeout",
+                    "120",
                 )
             except subprocess.CalledProcessError as e:  # e.g. it is not running: say so, go on
                 log(f"  kill broker {b['id']}: {(e.stderr or e.stdout or '').strip()}")
