@@ -116,6 +116,14 @@ def majority_contact_age(now: float, response_times: list[float], members: int) 
     return now - latest[needed - 1]
 
 
+COUNTERS = ("kraft_pre_vote_rounds", "kraft_pre_votes_refused", "kraft_sticky_refusals")
+
+
+def counters(so: Any) -> dict[str, int]:
+    """Pre-vote rounds started, pre-votes refused, vote requests ignored by stickiness."""
+    return {name.removeprefix("kraft_"): int(getattr(so, name, 0)) for name in COUNTERS}
+
+
 # ---- inside PySyncObj (name-mangled private members of pysyncobj 0.3.17) ----------------------
 
 

@@ -98,6 +98,7 @@ from kraft.errors import ErrorCode, KraftError
 from kraft.quorum.durable_journal import DurableJournal, register_journal, unregister_journal
 from kraft.quorum.group_commit import GroupCommitter
 from kraft.quorum.prevote import PRE_VOTE_REQUEST, PRE_VOTE_RESPONSE
+from kraft.quorum.prevote import counters as prevote_counters
 from kraft.quorum.pysyncobj_patches import (  # noqa: F401 -- re-exported (tests, docs)
     COMPRESS_MIN_BYTES,
     EPOLL_POLLER,
@@ -620,9 +621,11 @@ class RaftQuorum:
         }
 
     def stats(self) -> dict[str, int]:
-        """Counters: group commit, journal syncs, applied/skipped/rejected entries, dumps."""
+        """Counters: group commit, journal syncs, applied/skipped/rejected entries, dumps,
+        pre-votes."""
         c = self._committer
         j = self._journal
+        so = self._so
         return {
             "groups_sent": c.groups_sent,
             "commands_sent": c.commands_sent,
@@ -637,6 +640,7 @@ class RaftQuorum:
             "journal_meta_syncs": j.meta_syncs if j else 0,
             "raft_ticks": self._ticks.ticks if self._ticks else 0,
             **self._counters,
+            **(prevote_counters(so) if so is not None else {}),
         }
 
     def force_compaction(self) -> None:

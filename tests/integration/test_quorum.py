@@ -767,11 +767,6 @@ async def test_long_applies_on_the_leader_do_not_cost_an_election(tmp_path: Path
         cluster.close()
 
 
-def _so_counter(member: Member, name: str) -> int:
-    """A pre-vote counter kept on the member's PySyncObj object (kraft.quorum.prevote)."""
-    return int(member.call(lambda: getattr(member.quorum._so, name, 0)))
-
-
 @trio_test
 async def test_a_follower_cut_off_from_the_leader_does_not_depose_it(tmp_path: Path) -> None:
     """A follower that stops receiving the leader's appends (dropped on arrival: one-way link
@@ -802,7 +797,7 @@ async def test_a_follower_cut_off_from_the_leader_does_not_depose_it(tmp_path: P
 
         follower.call(cut_off)
         await wait_for(
-            lambda: sum(_so_counter(q, "kraft_pre_votes_refused") for q in others) >= 2,
+            lambda: sum(q.stats()["pre_votes_refused"] for q in others) >= 2,
             15,
             "the cut-off follower's pre-votes to be refused by both others",
         )
@@ -813,7 +808,7 @@ async def test_a_follower_cut_off_from_the_leader_does_not_depose_it(tmp_path: P
             15,
             "the follower to apply a new entry",
         )
-        assert _so_counter(follower, "kraft_pre_vote_rounds") >= 1
+        assert follower.stats()["pre_vote_rounds"] >= 1
         assert leader.is_leader
         assert [q.term for q in cluster.members.values()] == [term] * 3
     finally:
