@@ -365,18 +365,21 @@ class Cluster:
 
         async def write_loop() -> None:
             # open loop: a write is started every 1/rate s whatever the earlier ones' latency
-            # (at most MAX_INFLIGHT outstanding), so slow commits do not lower the rate
+            # (at most MAX_INFLIGHT outstanding), so slow commits do not lower the rate; it
+            # stops at the wall-clock end even if a starved client is behind (it once ran on
+            # for 10 minutes catching up, burners still on, after the terms' polling ended)
             nonlocal skipped
             period = 1 / rate
             due = time.monotonic()
             async with trio.open_nursery() as writes:
-                while due < end:
+                while due < end and time.monotonic() < end:
                     if inflight < MAX_INFLIGHT:
                         writes.start_soon(write_one)
                     else:
                         skipped += 1
                     due += period
                     await trio.sleep(max(0.0, due - time.monotonic()))
+                skipped += max(0, round((end - due) / period))  # not started: client behind
 
         async def poll_loop() -> None:
             while time.monotonic() < end:
