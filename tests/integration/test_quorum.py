@@ -843,3 +843,41 @@ async def test_a_quorum_mixing_members_with_and_without_pre_vote_elects(tmp_path
         assert cluster.targets[1].snapshot() == cluster.targets[3].snapshot()
     finally:
         cluster.close()
+
+
+@trio_test
+async def test_a_follower_stuck_in_a_higher_term_is_brought_back(tmp_path: Path) -> None:
+    """A follower in a term above the leader's (as after winning a pre-vote and then losing the
+    election to stickiness) ignores the leader's lower-term appends and its own pre-votes are
+    refused while the leader is live; the leader, asked for a pre-vote by a member in a higher
+    term, steps down to it, so a new election brings the follower back instead of leaving it
+    out for good."""
+    cluster = Cluster(tmp_path, fsync="never")
+    try:
+        for nid in cluster.addrs:
+            cluster.start(nid)
+        leader = await cluster.leader()
+        term = leader.term
+        follower = next(q for q in cluster.members.values() if q is not leader)
+
+        def bump() -> None:
+            so = follower.quorum._so
+            assert so is not None
+            so._SyncObj__setCurrentTerm(term + 5, None)
+
+        follower.call(bump)
+        await wait_for(
+            lambda: any(q.is_leader and q.term > term + 5 for q in cluster.members.values()),
+            20,
+            "a leader in a term above the stuck follower's",
+        )
+        new_leader = await cluster.leader(timeout=20)
+        assert new_leader.term > term + 5
+        await new_leader.submit(b"back", timeout=10)
+        await wait_for(
+            lambda: b"back" in cluster.targets[follower.node_id].snapshot(),
+            15,
+            "the formerly stuck follower to apply a new entry",
+        )
+    finally:
+        cluster.close()
