@@ -22,6 +22,7 @@ import msgpack
 import pytest
 import trio
 import trio.testing
+from pysyncobj import FAIL_REASON
 
 from kraft.errors import ErrorCode, KraftError
 from kraft.quorum import RaftQuorum, RaftSettings
@@ -879,5 +880,34 @@ async def test_a_follower_stuck_in_a_higher_term_is_brought_back(tmp_path: Path)
             15,
             "the formerly stuck follower to apply a new entry",
         )
+    finally:
+        cluster.close()
+
+
+@trio_test
+async def test_a_leadership_transfer_passes_stickiness(tmp_path: Path) -> None:
+    """PySyncObj's leadership transfer (timeout_now; pykraft does not use it) skips pre-vote: a
+    pre-vote would be refused, as the others still hear from the old leader. Its vote requests
+    are flagged past stickiness (with three members the old leader's vote alone suffices)."""
+    cluster = Cluster(tmp_path, fsync="never")
+    try:
+        for nid in cluster.addrs:
+            cluster.start(nid)
+        leader = await cluster.leader()
+        term = leader.term
+        await leader.submit(b"before-transfer", timeout=10)
+        target = next(q for q in cluster.members.values() if q is not leader)
+        answers: list[Any] = []
+
+        def transfer() -> None:
+            so = leader.quorum._so
+            assert so is not None
+            so.transferLeadership(cluster.addrs[target.node_id], lambda r, e: answers.append(e))
+
+        leader.call(transfer)
+        assert answers == [FAIL_REASON.SUCCESS]
+        await wait_for(lambda: target.is_leader, 20, "the transfer target to lead")
+        assert target.term > term
+        await target.submit(b"after-transfer", timeout=10)
     finally:
         cluster.close()
