@@ -27,12 +27,13 @@ def logger(name: str = "") -> Callable[[str], None]:
     return log
 
 
-def kraft(*args: str, timeout: float = 120) -> str:
-    """Run ``kraft ARGS`` from the repository; its stdout, or RuntimeError with stderr's tail."""
+def kraft(*args: str, timeout: float = 120, src: Path | None = None) -> str:
+    """Run ``kraft ARGS`` from the repository (or the source tree ``src``: the processes it
+    starts run that code); its stdout, or RuntimeError with stderr's tail."""
     proc = subprocess.run(
         [sys.executable, "-m", "tools.cli", *args],
-        cwd=REPO,
-        env=ENV,
+        cwd=src or REPO,
+        env=ENV if src is None else dict(os.environ, PYTHONPATH=str(src)),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -48,9 +49,10 @@ def cluster_up(
     brokers: int = 3,
     *extra: str,
     timeout: float = 300,
+    src: Path | None = None,
 ) -> dict[str, Any]:
     """``kraft cluster up`` (detached, RPC auth off so the bench's own calls need no
-    credentials) and the cluster's ``cluster.json``."""
+    credentials; from the source tree ``src`` if given) and the cluster's ``cluster.json``."""
     kraft(
         "cluster",
         "up",
@@ -64,6 +66,7 @@ def cluster_up(
         "--no-auth",
         *extra,
         timeout=timeout,
+        src=src,
     )
     meta: dict[str, Any] = json.loads((directory / "cluster.json").read_text())
     return meta

@@ -19,8 +19,12 @@ derives them). All clusters run at the same time so that every setting sees the 
      (``python -c 'while True: pass'``, niceness ``--burner-nice``, default 0 = not niced) keep
      both cores at 100% while one client per cluster writes ``--rate`` SETs per second. Nothing
      is killed, so every Raft term increase (DescribeQuorum polled every second) is a false
-     election; leader changes are counted too. Also: write latency p50/p99/max and the load
-     average during the run.
+     election; leader changes are counted too. Also: write latency p50/p99/max, the load
+     average during the run, and the voters' pre-vote counters over it (rounds started,
+     pre-votes refused, vote requests ignored by stickiness: kraft/quorum/prevote.py).
+
+``--baseline-src DIR --baseline-ms A,...`` adds one cluster per value running another source
+tree (e.g. ``git archive`` of the commit before a change), measured alongside in both phases.
 
 Progress on stderr; stdout gets a markdown table and, as the last line,
 ``{"system": "pykraft", "results": [...]}``.
@@ -52,6 +56,8 @@ KEY = "controller.quorum.election.timeout.ms"
 #: the controller's derivation of the minimum (controller_server) and the heartbeat (raft.py)
 MIN_RATIO = 0.4
 MAX_HEARTBEAT_S = 0.1
+#: RaftQuorum.stats() keys of kraft.quorum.prevote (summed over the voters, loaded run only)
+PRE_VOTE_COUNTERS = ("pre_vote_rounds", "pre_votes_refused", "sticky_refusals")
 #: the loaded run's writes outstanding at most (a start beyond it is counted as skipped)
 MAX_INFLIGHT = 64
 
@@ -124,11 +130,15 @@ def set_property(path: Path, key: str, value: str) -> None:
 class Cluster:
     """One 3-controller cluster running with one election-timeout setting."""
 
-    def __init__(self, directory: Path, election_ms: int, backoff_max: float) -> None:
+    def __init__(
+        self, directory: Path, election_ms: int, backoff_max: float, src: Path | None = None
+    ) -> None:
         self.dir = directory
         self.backoff_max = backoff_max
         self.election_ms = election_ms
-        self.label = f"{election_ms} ms"
+        self.src = src  # another source tree to run (--baseline-src), else this one
+        self.code = "this tree" if src is None else f"baseline {src}"
+        self.label = f"{election_ms} ms" + ("" if src is None else " baseline")
         self.meta: dict[str, Any] = {}
         self.bootstrap: list[tuple[str, int]] = []
         self.counter = 0
@@ -139,12 +149,14 @@ class Cluster:
 
     def up(self) -> None:
         """Bring the cluster up, then restart it with the setting under test."""
-        cluster_up(self.dir, 3, 0, "--fsync", "always")
-        kraft("cluster", "down", "--dir", str(self.dir), "--timeout", "20", timeout=90)
+        cluster_up(self.dir, 3, 0, "--fsync", "always", src=self.src)
+        kraft(
+            "cluster", "down", "--dir", str(self.dir), "--timeout", "20", timeout=90, src=self.src
+        )
         meta = json.loads((self.dir / "cluster.json").read_text())
         for c in meta["controllers"]:
             set_property(Path(c["config"]), KEY, str(self.election_ms))
-        kraft("cluster", "start", "--dir", str(self.dir), "--wait", timeout=120)
+        kraft("cluster", "start", "--dir", str(self.dir), "--wait", timeout=120, src=self.src)
         self.load_meta()
 
     def load_meta(self) -> None:
@@ -244,7 +256,15 @@ class Cluster:
             )
         await trio.to_thread.run_sync(
             functools.partial(
-                kraft, "cluster", "start", "--dir", str(self.dir), "--node", str(leader), timeout=60
+                kraft,
+                "cluster",
+                "start",
+                "--dir",
+                str(self.dir),
+                "--node",
+                str(leader),
+                timeout=60,
+                src=self.src,
             )
         )
         self.load_meta()
@@ -282,6 +302,7 @@ class Cluster:
         return {
             "system": "pykraft",
             "metric": "failover",
+            "code": self.code,
             **settings_of(self.election_ms),
             "count": len(s),
             "errors": self.failover_errors,
@@ -295,6 +316,23 @@ class Cluster:
             "leader_s": [round(t, 3) for t in self.leader_elected],
             "active_s": [round(t, 3) for t in self.activated],
         }
+
+    async def pre_vote_counters(self) -> dict[str, int]:
+        """The voters' pre-vote counters summed (RaftQuorum.stats via DescribeNode; 0 for
+        code without pre-vote, or a voter that did not answer)."""
+        total = dict.fromkeys(PRE_VOTE_COUNTERS, 0)
+        for host, port in self.bootstrap:
+            client = ControllerClient([(host, port)], client_id="eb-prevote-stats")
+            try:
+                d = await client.call("DescribeNode", {"checksum": False}, timeout=3)
+                stats = d.get("raft_stats") or {}
+                for k in PRE_VOTE_COUNTERS:
+                    total[k] += int(stats.get(k) or 0)
+            except (KraftError, trio.TooSlowError, OSError):
+                pass
+            finally:
+                await client.aclose()
+        return total
 
     async def steady(self, seconds: float, rate: float) -> dict[str, Any]:
         """Write ``rate``/s for ``seconds`` with nothing killed; count term/leader changes."""
@@ -327,18 +365,21 @@ class Cluster:
 
         async def write_loop() -> None:
             # open loop: a write is started every 1/rate s whatever the earlier ones' latency
-            # (at most MAX_INFLIGHT outstanding), so slow commits do not lower the rate
+            # (at most MAX_INFLIGHT outstanding), so slow commits do not lower the rate; it
+            # stops at the wall-clock end even if a starved client is behind (it once ran on
+            # for 10 minutes catching up, burners still on, after the terms' polling ended)
             nonlocal skipped
             period = 1 / rate
             due = time.monotonic()
             async with trio.open_nursery() as writes:
-                while due < end:
+                while due < end and time.monotonic() < end:
                     if inflight < MAX_INFLIGHT:
                         writes.start_soon(write_one)
                     else:
                         skipped += 1
                     due += period
                     await trio.sleep(max(0.0, due - time.monotonic()))
+                skipped += max(0, round((end - due) / period))  # not started: client behind
 
         async def poll_loop() -> None:
             while time.monotonic() < end:
@@ -349,6 +390,7 @@ class Cluster:
                     )
                 await trio.sleep(1.0)
 
+        counters0 = await self.pre_vote_counters()
         try:
             resp = await self.describe(admin)
             term0 = int(resp["term"]) if resp else None
@@ -359,6 +401,7 @@ class Cluster:
         finally:
             await writer.aclose()
             await admin.aclose()
+        counters1 = await self.pre_vote_counters()
         if term0 is None and terms:
             term0, leader0 = terms[0][1], terms[0][2]
         false_elections, leader_changes, changes = term_changes(term0, leader0, terms)
@@ -366,6 +409,7 @@ class Cluster:
         return {
             "system": "pykraft",
             "metric": "false_elections",
+            "code": self.code,
             **settings_of(self.election_ms),
             "minutes": round(seconds / 60, 2),
             "term_start": term0,
@@ -380,6 +424,7 @@ class Cluster:
             "p50_ms": None if not lat else round((pct(lat, 50) or 0) * 1000, 1),
             "p99_ms": None if not lat else round((pct(lat, 99) or 0) * 1000, 1),
             "max_ms": None if not lat else round(lat[-1] * 1000, 1),
+            **{k: counters1[k] - counters0[k] for k in PRE_VOTE_COUNTERS},
         }
 
 
@@ -487,14 +532,21 @@ def run(
     keep: bool = False,
     backoff_max: float = 0.05,
     gap_s: float = 0.0,
+    baseline_src: Path | None = None,
+    baseline_ms: list[int] | None = None,
 ) -> list[dict[str, Any]]:
-    """Bring up one cluster per setting, run both phases, tear everything down."""
+    """Bring up one cluster per setting (and per ``baseline_ms`` setting one running the source
+    tree ``baseline_src``), run both phases, tear everything down."""
+    baseline_ms = (baseline_ms or []) if baseline_src is not None else []
     base = Path(tempfile.mkdtemp(prefix="pykraft-election-bench-"))
     clusters = [Cluster(base / f"c{ms}", ms, backoff_max) for ms in election_ms]
+    clusters += [
+        Cluster(base / f"c{ms}-baseline", ms, backoff_max, baseline_src) for ms in baseline_ms
+    ]
     results: list[dict[str, Any]] = []
     try:
         for c in clusters:
-            log(f"starting 3-controller cluster, {KEY}={c.election_ms}, in {c.dir}")
+            log(f"starting 3-controller cluster ({c.code}), {KEY}={c.election_ms}, in {c.dir}")
             c.up()
 
         if failovers:
@@ -513,7 +565,8 @@ def run(
             results.extend(rows)
             for r in rows:
                 log(
-                    f"  -> {r['election_timeout_ms']} ms: {r['false_elections']} false elections, "
+                    f"  -> {r['election_timeout_ms']} ms ({r['code']}): "
+                    f"{r['false_elections']} false elections, "
                     f"{r['leader_changes']} leader changes; load {load}"
                 )
     finally:
@@ -549,6 +602,8 @@ def table(results: list[dict[str, Any]]) -> str:
     ]
     for r in results:
         st = f"{r['raft_min_timeout_s']}-{r['raft_max_timeout_s']}"
+        if r.get("code", "this tree") != "this tree":
+            st += " (baseline)"
         if r["metric"] == "failover":
             res = f"median {r['median_s']} / p90 {r['p90_s']} / max {r['max_s']} s"
             det = (
@@ -564,7 +619,9 @@ def table(results: list[dict[str, Any]]) -> str:
             det = (
                 f"writes p50/p99/max {r['p50_ms']}/{r['p99_ms']}/{r['max_ms']} ms, "
                 f"{r['write_errors']} errors; CPU {r['cpu_busy_pct']}%, "
-                f"load1 mean {r['loadavg1_mean']} max {r['loadavg1_max']}"
+                f"load1 mean {r['loadavg1_mean']} max {r['loadavg1_max']}; pre-vote rounds "
+                f"{r.get('pre_vote_rounds')}, refused {r.get('pre_votes_refused')}, sticky "
+                f"{r.get('sticky_refusals')}"
             )
         lines.append(f"| {r['metric']} | {st} | {r['heartbeat_s']} | {res} | {det} |")
     return "\n".join(lines)
@@ -597,6 +654,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="idle seconds before each failover round, nothing written (0)",
     )
     ap.add_argument("--keep", action="store_true", help="keep the cluster directories")
+    ap.add_argument(
+        "--baseline-src",
+        type=Path,
+        help="another pykraft source tree (e.g. `git archive` of an older commit) to compare",
+    )
+    ap.add_argument(
+        "--baseline-ms",
+        default="",
+        help="comma-separated election timeouts for extra clusters running --baseline-src",
+    )
     return ap
 
 
@@ -604,10 +671,14 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         ms = [int(x) for x in args.election_timeout_ms.split(",") if x.strip()]
+        base_ms = [int(x) for x in args.baseline_ms.split(",") if x.strip()]
     except ValueError:
         print("--election-timeout-ms: expected integers like 1000,500", file=sys.stderr)
         return 2
-    if not ms or any(m <= 0 for m in ms) or args.rate <= 0:
+    if base_ms and (args.baseline_src is None or not (args.baseline_src / "kraft").is_dir()):
+        print("--baseline-ms needs --baseline-src: a pykraft source tree", file=sys.stderr)
+        return 2
+    if not ms or any(m <= 0 for m in ms + base_ms) or args.rate <= 0:
         print("--election-timeout-ms and --rate must be positive", file=sys.stderr)
         return 2
     results = run(
@@ -620,6 +691,8 @@ def main(argv: list[str] | None = None) -> int:
         args.keep,
         args.client_backoff_max_ms / 1000,
         args.gap_s,
+        args.baseline_src,
+        base_ms,
     )
     print(table(results))
     print(json.dumps({"system": "pykraft", "results": results}))

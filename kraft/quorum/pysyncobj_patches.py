@@ -24,6 +24,8 @@ The patches:
   chunks. PySyncObj logs a failed open or write and returns "not done", so the leader sends it
   again and again while the follower never catches up (a failed close or rename even raised
   into the tick). Here any such error is a storage failure: the node stops (exit 3).
+* ``SyncObj._onTick`` / ``__onMessageReceived``: Raft pre-vote and leader stickiness
+  (``kraft.quorum.prevote``): a starved follower that wakes up does not depose a live leader.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from pysyncobj.serializer import Serializer
 from pysyncobj.syncobj import SyncObj
 from pysyncobj.tcp_connection import TcpConnection
 
+from kraft.quorum import prevote
 from kraft.quorum.secret import report_unreadable
 from kraft.quorum.trio_ticker import EpollPoller
 from kraft.storage.failure import storage_failed
@@ -262,6 +265,7 @@ PATCHES: tuple[tuple[Any, str, Any], ...] = (
     (TcpConnection, "disconnect", _disconnect_and_forget),
     (TcpConnection, "_TcpConnection__processConnectionTimeout", _idle_is_not_dead),
     (Serializer, "setTransmissionData", _receive_snapshot_chunk),
+    *prevote.PATCHES,
 )
 
 # PySyncObj members pykraft relies on without replacing them: TcpConnection's buffers are set per
@@ -279,6 +283,7 @@ USED_CLASS_MEMBERS: tuple[tuple[Any, str], ...] = (
     (SyncObj, "addOnTickCallback"),
     (SyncObj, "forceLogCompaction"),
     (SyncObj, "getStatus"),
+    *prevote.USED_CLASS_MEMBERS,
 )
 USED_INSTANCE_ATTRIBUTES = (
     "_SyncObj__raftCommitIndex",
@@ -292,6 +297,7 @@ USED_INSTANCE_ATTRIBUTES = (
     "_poller",
     "raftLastApplied",
     "raftCurrentTerm",
+    *prevote.USED_INSTANCE_ATTRIBUTES,
 )
 
 _applied = False

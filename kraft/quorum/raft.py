@@ -97,6 +97,8 @@ import kraft.quorum.pysyncobj_patches as pysyncobj_patches
 from kraft.errors import ErrorCode, KraftError
 from kraft.quorum.durable_journal import DurableJournal, register_journal, unregister_journal
 from kraft.quorum.group_commit import GroupCommitter
+from kraft.quorum.prevote import PRE_VOTE_REQUEST, PRE_VOTE_RESPONSE
+from kraft.quorum.prevote import counters as prevote_counters
 from kraft.quorum.pysyncobj_patches import (  # noqa: F401 -- re-exported (tests, docs)
     COMPRESS_MIN_BYTES,
     EPOLL_POLLER,
@@ -155,6 +157,7 @@ class RaftSettings:
     commit_notice_delay: float = 0.01
     follower_apply_batch: int = 8
     follower_apply_delay: float = 0.005
+    prevote: bool = True  # False only in tests of a quorum mixing members with and without
 
     def validate(self) -> None:
         if self.fsync not in ("always", "never"):
@@ -172,6 +175,13 @@ def _host_of(addr: str) -> str:
     if not host or not port.isdigit():
         raise ValueError(f"Raft address {addr!r} is not host:port")
     return host.strip("[]")
+
+
+# Vote traffic a wiped, not yet caught-up voter may not take part in (refuses_vote_message)
+VOTE_MESSAGES = ("request_vote", "response_vote", PRE_VOTE_REQUEST, PRE_VOTE_RESPONSE)
+# Sent without syncing the journal first: the leader's append_entries (synced after the round,
+# see _sync_before_send) and pre-votes (they promise nothing)
+NO_SYNC_MESSAGES = ("append_entries", PRE_VOTE_REQUEST, PRE_VOTE_RESPONSE)
 
 
 class _SyncingTransport(TCPTransport):  # type: ignore[misc]  # pysyncobj ships no type hints
@@ -251,6 +261,7 @@ class _KraftSyncObj(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type h
         transport_class: Any,
     ) -> None:
         self._kraft = quorum
+        self.kraft_prevote = quorum.settings.prevote  # read by kraft.quorum.prevote
         quorum._so = self  # before SyncObj.__init__ (it may call back into the quorum)
         super().__init__(self_addr, partners, conf=conf, transportClass=transport_class)
 
@@ -610,9 +621,11 @@ class RaftQuorum:
         }
 
     def stats(self) -> dict[str, int]:
-        """Counters: group commit, journal syncs, applied/skipped/rejected entries, dumps."""
+        """Counters: group commit, journal syncs, applied/skipped/rejected entries, dumps,
+        pre-votes."""
         c = self._committer
         j = self._journal
+        so = self._so
         return {
             "groups_sent": c.groups_sent,
             "commands_sent": c.commands_sent,
@@ -627,6 +640,7 @@ class RaftQuorum:
             "journal_meta_syncs": j.meta_syncs if j else 0,
             "raft_ticks": self._ticks.ticks if self._ticks else 0,
             **self._counters,
+            **(prevote_counters(so) if so is not None else {}),
         }
 
     def force_compaction(self) -> None:
@@ -738,7 +752,10 @@ class RaftQuorum:
             return True
         if kind == "timeout_now":
             return False
-        if kind == "request_vote" and int(message.get("last_log_term") or 0) <= 0:
+        if (
+            kind in ("request_vote", PRE_VOTE_REQUEST)
+            and int(message.get("last_log_term") or 0) <= 0
+        ):
             self._join_refused_votes += 1
             if self._join_refused_votes in (1, 10, 100) or self._join_refused_votes % 1000 == 0:
                 logger.warning(
@@ -756,7 +773,7 @@ class RaftQuorum:
         not caught up since: a wiped voter must not take part in an election as the old one."""
         if sender is None or sender not in self.unverified_voters or not isinstance(message, dict):
             return False
-        if message.get("type") not in ("request_vote", "response_vote"):
+        if message.get("type") not in VOTE_MESSAGES:
             return False
         self._unverified_dropped += 1
         if self._unverified_dropped in (1, 10, 100) or self._unverified_dropped % 1000 == 0:
@@ -840,8 +857,8 @@ class RaftQuorum:
         followers' receive-write-sync-ack instead of preceding it. The leader also syncs before handling
         any follower's ack (``_on_peer_message``): a commit needs acks, so every committed
         entry is on the leader's disk and on the acking followers' disks (they sync before
-        their ack)."""
-        if isinstance(message, dict) and message.get("type") == "append_entries":
+        their ack). Pre-vote messages promise nothing and change no state: no sync either."""
+        if isinstance(message, dict) and message.get("type") in NO_SYNC_MESSAGES:
             return
         self._sync_journal()
 

@@ -7,6 +7,7 @@ stall each other (a long apply on the leader would hold back the followers' tick
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import functools
 import logging
 import os
@@ -21,6 +22,7 @@ import msgpack
 import pytest
 import trio
 import trio.testing
+from pysyncobj import FAIL_REASON
 
 from kraft.errors import ErrorCode, KraftError
 from kraft.quorum import RaftQuorum, RaftSettings
@@ -221,14 +223,14 @@ class Cluster:
         self.targets = {i: ListTarget() for i in self.addrs}
         self.members: dict[int, Member] = {}
 
-    def start(self, nid: int) -> Member:
+    def start(self, nid: int, **overrides: Any) -> Member:
         q = Member(
             nid,
             self.addrs[nid],
             {i: a for i, a in self.addrs.items() if i != nid},
             self.tmp / f"n{nid}",
             self.targets[nid],
-            self.settings,
+            dataclasses.replace(self.settings, **overrides),
         )
         self.members[nid] = q
         return q
@@ -762,5 +764,150 @@ async def test_long_applies_on_the_leader_do_not_cost_an_election(tmp_path: Path
         )
         assert leader.is_leader and leader.term == term
         assert all(q.term == term for q in cluster.members.values())
+    finally:
+        cluster.close()
+
+
+@trio_test
+async def test_a_follower_cut_off_from_the_leader_does_not_depose_it(tmp_path: Path) -> None:
+    """A follower that stops receiving the leader's appends (dropped on arrival: one-way link
+    loss, or a member too starved to read them) times out and asks for pre-votes; the others
+    still hear from the leader and refuse, so no member changes term. When the appends flow
+    again it simply follows. (Stock PySyncObj would start an election and depose the leader.)"""
+    cluster = Cluster(tmp_path, fsync="never")
+    try:
+        for nid in cluster.addrs:
+            cluster.start(nid)
+        leader = await cluster.leader()
+        term = leader.term
+        follower = next(q for q in cluster.members.values() if q is not leader)
+        others = [q for q in cluster.members.values() if q is not follower]
+        dropping = threading.Event()
+        dropping.set()
+
+        def cut_off() -> None:
+            transport = follower.quorum._so._SyncObj__transport  # type: ignore[union-attr]  # a started member
+            passing = transport._on_message
+
+            def filtered(node: Any, message: Any, deliver: Callable[[Any, Any], None]) -> None:
+                if dropping.is_set() and message.get("type") == "append_entries":
+                    return
+                passing(node, message, deliver)
+
+            transport._on_message = filtered
+
+        follower.call(cut_off)
+        await wait_for(
+            lambda: sum(q.stats()["pre_votes_refused"] for q in others) >= 2,
+            15,
+            "the cut-off follower's pre-votes to be refused by both others",
+        )
+        dropping.clear()
+        await leader.submit(b"after", timeout=10)
+        await wait_for(
+            lambda: b"after" in cluster.targets[follower.node_id].snapshot(),
+            15,
+            "the follower to apply a new entry",
+        )
+        assert follower.stats()["pre_vote_rounds"] >= 1
+        assert leader.is_leader
+        assert [q.term for q in cluster.members.values()] == [term] * 3
+    finally:
+        cluster.close()
+
+
+@trio_test
+async def test_a_quorum_mixing_members_with_and_without_pre_vote_elects(tmp_path: Path) -> None:
+    """Member 3 runs stock PySyncObj elections (no pre-vote), 1 and 2 pre-vote. With only 1 and
+    3 up, 1's pre-vote requests go unanswered (3 ignores the unknown type), so 3 must win by a
+    real election that 1 grants; after 3 is stopped, 1 and 2 elect each other by pre-vote."""
+    cluster = Cluster(tmp_path, fsync="never")
+    try:
+        cluster.start(1)
+        cluster.start(3, prevote=False)
+        first = await cluster.leader(timeout=20)
+        assert first.node_id == 3
+        first_term = first.term
+        await first.submit(b"mixed-1", timeout=10)
+        cluster.start(2)
+        await wait_for(
+            lambda: b"mixed-1" in cluster.targets[2].snapshot(), 15, "member 2 to catch up"
+        )
+        cluster.stop(3)
+        second = await cluster.leader(timeout=20)
+        assert second.node_id in (1, 2) and second.term > first_term
+        await second.submit(b"mixed-2", timeout=10)
+        cluster.start(3, prevote=False)
+        await wait_for(
+            lambda: b"mixed-2" in cluster.targets[3].snapshot(), 15, "member 3 to catch up"
+        )
+        assert cluster.targets[1].snapshot() == cluster.targets[3].snapshot()
+    finally:
+        cluster.close()
+
+
+@trio_test
+async def test_a_follower_stuck_in_a_higher_term_is_brought_back(tmp_path: Path) -> None:
+    """A follower in a term above the leader's (as after winning a pre-vote and then losing the
+    election to stickiness) ignores the leader's lower-term appends and its own pre-votes are
+    refused while the leader is live; the leader, asked for a pre-vote by a member in a higher
+    term, steps down to it, so a new election brings the follower back instead of leaving it
+    out for good."""
+    cluster = Cluster(tmp_path, fsync="never")
+    try:
+        for nid in cluster.addrs:
+            cluster.start(nid)
+        leader = await cluster.leader()
+        term = leader.term
+        follower = next(q for q in cluster.members.values() if q is not leader)
+
+        def bump() -> None:
+            so = follower.quorum._so
+            assert so is not None
+            so._SyncObj__setCurrentTerm(term + 5, None)
+
+        follower.call(bump)
+        await wait_for(
+            lambda: any(q.is_leader and q.term > term + 5 for q in cluster.members.values()),
+            20,
+            "a leader in a term above the stuck follower's",
+        )
+        new_leader = await cluster.leader(timeout=20)
+        assert new_leader.term > term + 5
+        await new_leader.submit(b"back", timeout=10)
+        await wait_for(
+            lambda: b"back" in cluster.targets[follower.node_id].snapshot(),
+            15,
+            "the formerly stuck follower to apply a new entry",
+        )
+    finally:
+        cluster.close()
+
+
+@trio_test
+async def test_a_leadership_transfer_passes_stickiness(tmp_path: Path) -> None:
+    """PySyncObj's leadership transfer (timeout_now; pykraft does not use it) skips pre-vote: a
+    pre-vote would be refused, as the others still hear from the old leader. Its vote requests
+    are flagged past stickiness (with three members the old leader's vote alone suffices)."""
+    cluster = Cluster(tmp_path, fsync="never")
+    try:
+        for nid in cluster.addrs:
+            cluster.start(nid)
+        leader = await cluster.leader()
+        term = leader.term
+        await leader.submit(b"before-transfer", timeout=10)
+        target = next(q for q in cluster.members.values() if q is not leader)
+        answers: list[Any] = []
+
+        def transfer() -> None:
+            so = leader.quorum._so
+            assert so is not None
+            so.transferLeadership(cluster.addrs[target.node_id], lambda r, e: answers.append(e))
+
+        leader.call(transfer)
+        assert answers == [FAIL_REASON.SUCCESS]
+        await wait_for(lambda: target.is_leader, 20, "the transfer target to lead")
+        assert target.term > term
+        await target.submit(b"after-transfer", timeout=10)
     finally:
         cluster.close()
