@@ -18,7 +18,9 @@ intact snapshot passed after a break makes the replay exact again.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,10 +42,11 @@ from tools.audit.integrity import frames_resync
 from tools.audit.structs import decode_batch_fast
 
 SAMPLES = 5  # unfit batches named per gap
-# Batches per image (the delta is applied and the batches replayed into it dropped): a batch
-# that does not fit re-replays those since the last image; after a break such batches are
-# common, so images are made more often there.
-FLUSH_EXACT, FLUSH_APPROXIMATE = 4096, 256
+# Batches per image at most (the delta applied, the batches kept for it dropped). Each image
+# costs O(topics changed since the last); a batch that does not fit re-replays the batches
+# since the last image, and is itself followed by a new image, so every batch is replayed at
+# most twice whatever the interval.
+FLUSH_EXACT, FLUSH_APPROXIMATE = 16384, 4096
 
 
 class StateError(Exception):
@@ -201,12 +204,16 @@ def _moved(image: MetadataImage, batch: Batch, last: bool) -> MetadataImage:
 
 class _Replayer:
     """Replays batches one by one, through breaks (see the module's docstring). The image is
-    ``base`` plus ``delta``, which holds ``pending`` (batches that fitted): a batch that does
-    not fit leaves the delta unusable, so it is rebuilt from ``base`` and ``pending``."""
+    ``base`` plus ``delta`` (``count`` batches). A batch that does not fit leaves the delta
+    unusable, so it is rebuilt from ``base`` and those batches: kept in ``pending`` after a
+    break (where such batches are common), else read again from the log (keeping every batch
+    alive costs the collector more than the rare second read)."""
 
-    def __init__(self, image: MetadataImage, snapshots: dict[int, Path]) -> None:
+    def __init__(self, log_dir: Path, image: MetadataImage, snapshots: dict[int, Path]) -> None:
+        self.log_dir = log_dir
         self.base = image
         self.delta = MetadataDelta(image)
+        self.count = 0
         self.pending: list[Batch] = []
         self.last_hash = image.last_hash
         self.snapshots = snapshots  # last offset -> snapshot
@@ -219,14 +226,27 @@ class _Replayer:
 
     def flush(self) -> MetadataImage:
         """The image so far, made the new base."""
-        if self.pending:
+        if self.count:
             self.base = self.delta.apply()
-            self.delta, self.pending = MetadataDelta(self.base), []
+            self.delta, self.count, self.pending = MetadataDelta(self.base), 0, []
         return self.base
 
     def rebase(self, image: MetadataImage) -> None:
-        self.base, self.delta, self.pending = image, MetadataDelta(image), []
+        self.base, self.delta, self.count, self.pending = image, MetadataDelta(image), 0, []
         self.last_hash = image.last_hash
+
+    def restore(self, upto: int) -> None:
+        """Rebuild the delta from ``base`` and the batches since it, up to offset ``upto``."""
+        self.delta = MetadataDelta(self.base)
+        if self.count and not self.pending:
+            batches: Iterator[Batch | Damage] = _entries(self.log_dir, self.base.offset)
+        else:
+            batches = iter(self.pending)
+        for b in batches:  # they fitted before: they fit again
+            if isinstance(b, Batch) and b.last_offset > self.delta.offset:
+                if b.last_offset > upto:
+                    break
+                self.delta.replay_batch(b)
 
     def feed(self, entry: Batch | Damage) -> None:
         if isinstance(entry, Damage):
@@ -245,19 +265,18 @@ class _Replayer:
         try:
             self.delta.replay_batch(batch)
         except ReplayError as e:
-            self.delta = MetadataDelta(self.base)
-            for b in self.pending:  # they fitted before: they fit again
-                self.delta.replay_batch(b)
+            self.restore(batch.base_offset - 1)
             self.unfit(batch, str(e))
             return
-        self.pending.append(batch)
+        self.count += 1
+        approximate = self.result.approximate_after is not None
+        if approximate:
+            self.pending.append(batch)
         self.last_hash = batch.digest or b""
         snap = self.snapshots.get(batch.last_offset)
         if snap is not None:
             self.at_snapshot(snap)
-        elif len(self.pending) >= (
-            FLUSH_EXACT if self.result.approximate_after is None else FLUSH_APPROXIMATE
-        ):
+        elif self.count >= (FLUSH_APPROXIMATE if approximate else FLUSH_EXACT):
             self.flush()
 
     def gap(self, batch: Batch) -> None:
@@ -364,11 +383,25 @@ def replay(
         for p in list_snapshots(log_dir)
         if p != anchor and parse_snapshot_name(p)[0] - 1 > image.offset
     }
-    r = _Replayer(image, snapshots)
-    for entry in _through(_entries(log_dir, image.offset), upto, upto_ms):
-        r.feed(entry)
-    r.result.image = r.flush()
+    r = _Replayer(log_dir, image, snapshots)
+    with _gc_paused():
+        for entry in _through(_entries(log_dir, image.offset), upto, upto_ms):
+            r.feed(entry)
+        r.result.image = r.flush()
     return r.result
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """The cyclic collector paused: replay builds millions of acyclic objects (and keeps the
+    batches since the last image after a break), each collection would scan them again."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def records_checksum(snapshot: Path, version: int) -> tuple[str | None, str | None]:
