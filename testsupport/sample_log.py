@@ -6,6 +6,7 @@ unfence, a preferred election, a delete) and ``MetadataLog`` writes them to disk
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,10 +72,8 @@ class _Writer:
         self.out.images[step] = self.sm.image
 
 
-def write_history(directory: Path, segment_bytes: int = 1 << 20) -> Written:
-    """Write the scenario into ``directory``; returns the batches and the image after each step:
-    ``brokers``, ``created``, ``configured``, ``fenced``, ``unfenced``, ``deleted``."""
-    w = _Writer(directory, segment_bytes)
+def _brokers(w: _Writer) -> None:
+    """The controller activated and every broker of :data:`BROKERS` registered and unfenced."""
     w.write("ActivateController", {"leader_id": 1, "term": 1}, principal="controller", client_id="")
     for b in BROKERS:
         r = w.write(
@@ -101,6 +100,13 @@ def write_history(directory: Path, segment_bytes: int = 1 << 20) -> Written:
             principal="controller",
             client_id="",
         )
+
+
+def write_history(directory: Path, segment_bytes: int = 1 << 20) -> Written:
+    """Write the scenario into ``directory``; returns the batches and the image after each step:
+    ``brokers``, ``created``, ``configured``, ``fenced``, ``unfenced``, ``deleted``."""
+    w = _Writer(directory, segment_bytes)
+    _brokers(w)
     w.mark("brokers")
     w.write(
         "CreateTopics",
@@ -158,5 +164,31 @@ def write_history(directory: Path, segment_bytes: int = 1 << 20) -> Written:
     w.mark("unfenced")
     w.write("DeleteTopics", {"names": ["scratch"]})
     w.mark("deleted")
+    w.log.close()
+    return w.out
+
+
+def write_topics(
+    directory: Path,
+    names: Sequence[str],
+    delete: Sequence[str] = (),
+    segment_bytes: int = 1200,
+) -> Written:
+    """The brokers registered (step ``brokers``), then one CreateTopics batch per name in
+    ``names`` (step ``created:<name>``, 2 partitions of 3 replicas), then one DeleteTopics
+    batch per name in ``delete`` (step ``deleted:<name>``): a log whose every topic's
+    creation is a batch of its own, to damage one and see what follows."""
+    w = _Writer(directory, segment_bytes)
+    _brokers(w)
+    w.mark("brokers")
+    for name in names:
+        w.write(
+            "CreateTopics",
+            {"topics": [{"name": name, "num_partitions": 2, "replication_factor": 3}]},
+        )
+        w.mark(f"created:{name}")
+    for name in delete:
+        w.write("DeleteTopics", {"names": [name]})
+        w.mark(f"deleted:{name}")
     w.log.close()
     return w.out

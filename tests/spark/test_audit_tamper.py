@@ -18,18 +18,21 @@ pyspark = pytest.importorskip("pyspark")
 from kraft.log.segment import list_segments
 from tests import tamper
 from tests.spark_fixture import module_spark
+from testsupport.sample_log import write_topics
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.spark]
 
 spark = module_spark("local[2]", "kraft-audit-tamper-test")
 
 
-def _audit(spark, log: Path, out: Path, witnesses=()):
+def _audit(spark, log: Path, out: Path, witnesses=(), state_at: int | None = None):
     from tools.audit.run import AuditOptions, run_audit
 
     lines: list[str] = []
     result = run_audit(
-        AuditOptions(log, out, witnesses=list(witnesses)), spark=spark, progress=lines.append
+        AuditOptions(log, out, witnesses=list(witnesses), state_at_offset=state_at),
+        spark=spark,
+        progress=lines.append,
     )
     doc = json.loads((out / "findings.json").read_text())
     assert (out / "report.html").exists()
@@ -67,13 +70,55 @@ def test_many_damages_in_one_log_each_a_finding(spark, tmp_path):
     assert ("hash-chain", segs[0].name, edited_pos, edited, "error") in got
     assert ("frames-decodable", segs[2].name, length_pos, length_off, "error") in got
     assert ("segment-intact", segs[-1].name, torn_pos, torn_off, "warning") in got
-    # the replay stops at the first damage (the edited batch's chain), and says so
-    assert "offset" in doc["replay_error"], doc["replay_error"]
+    # the replay goes on past every break, the first the edited batch's chain, and says so
+    assert doc["replay_error"] is None
+    gaps = doc["replay"]["gaps"]
+    assert gaps[0]["why"] == f"the hash chain breaks at offset {gaps[0]['offsets'][0]}", gaps
+    assert doc["end_state"]["approximate"] == doc["replay"]["approximate"] is not None
     # damaged frames are not records: the damaged length and the torn tail lost one batch each
     assert doc["records"] == 23 - 2
     assert doc["head"]["offset"] == torn_off - 1
     assert doc["verified_head"] is None  # a damaged log verifies no head
     assert "Root causes" in (tmp_path / "out" / "report.html").read_text()
+
+
+def test_after_a_damaged_length_field_the_end_state_holds_what_came_after(spark, tmp_path):
+    """A damaged length field in the middle of a segment: the root cause names the check, the
+    bytes and the offsets lost; the replay goes on, so the end state (and --state-at) holds
+    the topics created after the damage and says it is approximate after the gap."""
+    names = ("a", "b", "c", "d", "e", "f")
+    w = write_topics(tmp_path / "log", names, delete=("c",), segment_bytes=1 << 20)
+    lost, lost_to = w.offset("created:b") + 1, w.offset("created:c")
+    seg = next(
+        s
+        for s in list_segments(w.directory)
+        if any(tamper.base_of(s, p) == lost for p, _ in tamper.frames(s))
+    )
+    frame_no = [tamper.base_of(seg, p) for p, _ in tamper.frames(seg)].index(lost)
+    assert frame_no + 1 < len(tamper.frames(seg))  # a frame follows it in the segment
+    pos, _ = tamper.damage_length(seg, frame_no)
+    end = w.offset("deleted:c")
+    result, doc, text = _audit(spark, w.directory, tmp_path / "out", state_at=end)
+    assert result.exit_code == 1 and doc["status"] == "failed", text
+    (cause,) = _causes(doc, "frames-decodable")
+    assert (cause["file"], cause["position"], cause["offset"]) == (seg.name, pos, lost)
+    assert cause["offsets"] == [lost, lost_to]
+    assert (
+        f"offsets {lost}..{lost_to} lost" in cause["detail"] and f"bytes {pos}.." in cause["detail"]
+    )
+    # deleting c (created in the lost batch) does not fit: a consequence, not a root cause
+    assert cause["consequences"].get("state-replays") == 1
+    (gap,) = cause["replay"]
+    assert gap["offsets"] == [lost, lost_to] and gap["unfit_batches"] == 1
+    rule = next(r for r in doc["rules"] if r["rule"] == "state-replays")
+    assert (rule["count"], rule["root_causes"]) == (1, 0)
+    assert doc["end_state"]["offset"] == end
+    assert f"a gap at offsets {lost}..{lost_to}" in doc["end_state"]["approximate"]
+    at = json.loads((tmp_path / "out" / "state.json").read_text())
+    assert [t["name"] for t in at["topics"]] == ["a", "b", "d", "e", "f"]  # d..f: after it
+    assert at["approximate"] == doc["end_state"]["approximate"]
+    assert "STATE   the end state is approximate" in text
+    assert "Not exact: approximate after a gap" in (tmp_path / "out" / "report.html").read_text()
 
 
 @pytest.fixture(scope="module")

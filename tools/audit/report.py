@@ -248,7 +248,10 @@ def _root_causes(causes: Sequence[dict[str, Any]]) -> list[str]:
         if c.get("position") is not None:
             where += f" byte {c['position']}"
         then = ", ".join(f"{rule}: {n}" for rule, n in (c.get("consequences") or {}).items())
-        rows.append((c["severity"], c["rule"], where, c.get("offset"), c["detail"], then))
+        detail = c["detail"] + "".join(
+            f"; the replay went on {g['resumed']}" for g in c.get("replay") or ()
+        )
+        rows.append((c["severity"], c["rule"], where, c.get("offset"), detail, then))
     return [
         "<h2>Root causes</h2><p>Damage, gaps and forgeries found in the log's files, first. "
         "The safety findings after a damaged or missing stretch were checked on a state that "
@@ -267,6 +270,8 @@ def _end_state(end: dict[str, Any] | None) -> list[str]:
         f"under-replicated, fenced brokers: {', '.join(map(str, end['fenced_brokers'])) or 'none'}"
         f" (of {end['brokers']}).</p>",
     ]
+    if end.get("approximate"):
+        parts.append(f"<p class='error'>Not exact: {_e(end['approximate'])}.</p>")
     for key, title in (("offline", "Offline"), ("under_replicated", "Under-replicated")):
         rows = end[key]
         if rows:

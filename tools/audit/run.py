@@ -30,6 +30,7 @@ from kraft.log.segment import list_segments
 from kraft.log.snapshot import list_snapshots
 from kraft.snapshotter import image_from_snapshot, image_to_snapshot
 from tools.audit import (
+    breaks,
     carry,
     checks,
     integrity,
@@ -234,6 +235,8 @@ class _Replayed:
     image: str | None = None
     offset: int | None = None
     end_state: dict[str, Any] | None = None
+    gaps: list[dict[str, Any]] = field(default_factory=list)
+    approximate: str | None = None
 
 
 def _replay(opts: AuditOptions, image: Path | None, keep: bool) -> _Replayed:
@@ -248,17 +251,26 @@ def _replay(opts: AuditOptions, image: Path | None, keep: bool) -> _Replayed:
         state_doc = {
             **state.summary(at.image),
             "replay_error": at.error,
+            "approximate": at.approximate,
+            "gaps": [g.as_dict() for g in at.gaps],
             "snapshot": next((c for c in at.comparisons if c["offset"] == at.image.offset), None),
         }
     written = None
-    end = state.end_state(replayed.image)
-    if keep and replayed.error is None:
+    end = state.end_state(replayed.image, approximate=replayed.approximate)
+    if keep and replayed.error is None and not replayed.gaps:
         staging = opts.out / ".replayed-image"
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
         written = str(image_to_snapshot(staging, replayed.image))
     return _Replayed(
-        replayed.comparisons, replayed.error, state_doc, written, replayed.image.offset, end
+        replayed.comparisons,
+        replayed.error,
+        state_doc,
+        written,
+        replayed.image.offset,
+        end,
+        [g.as_dict() for g in replayed.gaps],
+        replayed.approximate,
     )
 
 
@@ -595,7 +607,7 @@ def _run(
             + (f" ({c['error']})" if c.get("error") else ""),
         }
         for c in replayed.comparisons
-        if not c["match"]
+        if c["match"] is False  # (None: not compared, the replay before it is approximate)
     ]
     if state_doc is not None:
         (out / "state.json").write_text(json.dumps(state_doc, indent=1))
@@ -606,6 +618,7 @@ def _run(
         opts, meta, counts, samples, structure + snapshot_rows, replayed, table_paths, out
     )
     _root_causes(findings, scan, consequences, found, snapshot_rows)
+    breaks.attach(findings, scan.regions, replayed.gaps, replayed.approximate)
     witness.record(findings, scan, others, scans.previous)
     findings["end_state"] = replayed.end_state
     findings["controller_changes"] = scan.controller_changes()
@@ -837,7 +850,11 @@ def _findings_doc(
         )
         counts[(row["rule"], row["severity"])] = counts.get((row["rule"], row["severity"]), 0) + 1
     rules = []
-    for rule, (severity, description) in {**integrity.RULES, **checks.RULES}.items():
+    for rule, (severity, description) in {
+        **integrity.RULES,
+        **checks.RULES,
+        **breaks.RULES,
+    }.items():
         errors = counts.get((rule, "error"), 0)
         warnings = counts.get((rule, "warning"), 0)
         rules.append(
@@ -1109,6 +1126,9 @@ def _summary(progress: Callable[[str], None], findings: dict[str, Any], report_p
             progress(
                 f"  {r['severity'].upper():7} {r['rule']}: {r['count']}{then} (offsets {offs})"
             )
+    approximate = (findings.get("replay") or {}).get("approximate")
+    if approximate:
+        progress(f"  STATE   the end state is {approximate}")
     passed = sum(1 for r in findings["rules"] if r["passed"])
     progress(
         f"  {passed} of {len(findings['rules'])} rules passed; "

@@ -160,7 +160,7 @@ def record(
 def _structure_rules() -> frozenset[str]:
     from tools.audit.integrity import RULES
 
-    return frozenset(RULES) | {"snapshot-matches-log"}
+    return frozenset(RULES) | {"snapshot-matches-log", "state-replays"}
 
 
 _STRUCTURE_RULES = _structure_rules()

@@ -144,7 +144,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--state-at",
         metavar="OFFSET|TIME",
-        help="also write OUT/state.json: the image rebuilt at this point",
+        help="also write OUT/state.json: the image rebuilt at this point "
+        "(its 'approximate' says so when a gap before it could not be replayed exactly)",
     )
     p.add_argument(
         "--master",
