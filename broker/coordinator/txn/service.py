@@ -205,6 +205,10 @@ class TxnCoordinator:
     ) -> None:
         epoch = int(slot.leader_epoch)
         try:
+            # No marker before the Prepare record is replicated: the scan also runs on a timer
+            # and on other transactions' writes, and a Prepare lost in a failover, then aborted
+            # by the next coordinator, would leave some partitions committed.
+            await self.runtime.replicated(part_id)
             remaining = set(pm.partitions)
             while remaining:
                 if self.runtime.slots.get(part_id) is not slot:
