@@ -216,6 +216,7 @@ def test_open_transaction_holds_back_read_committed(cluster):
 
     p.commit_transaction(30)
     poll(lambda: offsets("read_committed") == 11, 30, what="LSO past the commit marker")
+    settled(cluster, "lso")
     done = kraft_json("transactions", "describe", "--transactional-id", "lso", *where)
     assert done["state"] == "CompleteCommit" and done["duration_ms"] is None, done
     assert "lso" not in [
