@@ -54,6 +54,9 @@ from testsupport.sim_broker import SharedReplay, SimBroker, wait_unfenced
 SNAPSHOT_LINE = re.compile(
     r"wrote snapshot \S+ \((\d+) partitions\) in ([\d.]+)s(?: \(([\d.]+)s CPU\))?"
 )
+# The whole-cluster restart is measured up to this long; past it the row says so (target missed).
+WHOLE_RESTART_GIVE_UP_S = 600.0
+
 log = logger("scale bench")
 
 
@@ -241,7 +244,10 @@ class Scale:
         with trio.CancelScope() as scope:
             self.sim_scopes[b.broker_id] = scope
             task_status.started()
-            await b.run()
+            try:
+                await b.run()
+            except trio.TooSlowError:  # its registration never got through: the row says so
+                log(f"  simulated broker {b.broker_id} could not register")
         self.sim_scopes.pop(b.broker_id, None)
 
     async def main(self) -> None:
@@ -411,8 +417,10 @@ class Scale:
 
     async def phase_broker_kill(self, client: ControllerClient) -> None:
         """A simulated broker stops heartbeating: from its session expiry (its last answered
-        heartbeat + the session timeout) until a controller shows it fenced — the fence record is
-        written after all its partition changes, so that is "re-elected and committed"."""
+        heartbeat + the session timeout) until the last of its leaderships moved (committed:
+        ``leaders_moved_s``, the target; moved first, see ``election.leaving_changes``) and until
+        a controller shows it fenced — the fence record is written after all its partition
+        changes, so that is "left every ISR and committed" (``reelect_s``)."""
         victim = self.sims[0]
         leader = await self.leader(client)
         before = (
@@ -435,7 +443,8 @@ class Scale:
                 except (KraftError, trio.TooSlowError, OSError):
                     pass
                 await trio.sleep(0.05)
-        first, last, _, changes, fence, batches, terms = await self.scan_log(
+        expiry_wall_ms = (time.time() - (time.monotonic() - expiry)) * 1000
+        first, last, _, changes, fence, batches, terms, moved = await self.scan_log(
             client, before, "session-timeout"
         )
         self.row(
@@ -445,6 +454,11 @@ class Scale:
             fence_records=fence,
             steps=batches,
             terms=terms,
+            leaders_moved_s=(
+                round((moved - expiry_wall_ms) / 1000, 2)
+                if moved is not None
+                else round(fenced_at - expiry, 2)
+            ),
             reelect_s=round(fenced_at - expiry, 2),
             log_span_s=(
                 round((last - first) / 1000, 2) if first is not None and last is not None else None
@@ -453,24 +467,30 @@ class Scale:
 
     async def scan_log(
         self, client: ControllerClient, after: int, reason: str
-    ) -> tuple[int | None, int | None, int | None, int, int, int, int]:
+    ) -> tuple[int | None, int | None, int | None, int, int, int, int, int | None]:
         """The leader's batches after offset ``after`` written for ``reason``: (timestamps ms of
         the first, the last, the last with partition changes; partition changes, broker
         registration changes, batches, Raft terms they span — more than one: an election
-        happened meanwhile)."""
+        happened meanwhile; the timestamp ms of the batch after the last one that moved a
+        leadership, i.e. about when that one had committed — None when that one is the last)."""
         from kraft.log.metadata_log import MetadataLog
+        from kraft.records import LEADER_UNCHANGED, PartitionChangeRecord
 
         leader = await self.known_leader(client)
         log_dir = Path(self.controller(leader)["metadata_dir"]) / "log"
+        Scan = tuple[int | None, int | None, int | None, int, int, int, int, int | None]
 
-        def scan() -> tuple[int | None, int | None, int | None, int, int, int, int]:
-            first = last = last_change = None
+        def scan() -> Scan:
+            first = last = last_change = moved = None
+            moved_pending = False
             terms = set()
             changes = registrations = batches = 0
             with MetadataLog.open(log_dir, fsync="never") as mlog:
                 for b in mlog.read_batches(max(after + 1, mlog.start_offset)):
                     if b.provenance.reason != reason:
                         continue
+                    if moved_pending:  # a step is proposed once the previous one committed
+                        moved, moved_pending = b.timestamp_ms, False
                     first = b.timestamp_ms if first is None else first
                     last = b.timestamp_ms
                     batches += 1
@@ -479,9 +499,16 @@ class Scale:
                         name = type(rec).__name__
                         changes += name == "PartitionChangeRecord"
                         registrations += name == "BrokerRegistrationChangeRecord"
+                    if any(
+                        type(r) is PartitionChangeRecord and r.leader != LEADER_UNCHANGED
+                        for r in b.records
+                    ):
+                        moved, moved_pending = b.timestamp_ms, True
                     if len(b.records) > 1:  # not the lone final fence record
                         last_change = b.timestamp_ms
-            return first, last, last_change, changes, registrations, batches, len(terms)
+            if moved_pending:  # the transition's last batch: its commit is the fence seen
+                moved = None
+            return first, last, last_change, changes, registrations, batches, len(terms), moved
 
         return await trio.to_thread.run_sync(scan)
 
@@ -504,7 +531,7 @@ class Scale:
             while not b.shut_down:
                 await trio.sleep(0.02)
         seconds, done = time.perf_counter() - t0, time.time()
-        first, last, last_change, changes, _, batches, terms = await self.scan_log(
+        first, last, last_change, changes, _, batches, terms, _ = await self.scan_log(
             client, before, "controlled-shutdown"
         )
         where = {}
@@ -556,14 +583,15 @@ class Scale:
         self.sims = [
             SimBroker(
                 b.broker_id, self.boot, b.cluster_id, rack=b.rack, heartbeat_interval_s=1.0,
-                replay=replay,
+                replay=replay, register_timeout_s=WHOLE_RESTART_GIVE_UP_S,
             )
             for b in self.sims
         ]  # fmt: skip
         for b in self.sims:
             await nursery.start(self.run_sim, b)
-        registered = None
-        with trio.fail_after(900):
+        registered = unfenced = online = None
+        counts = None
+        with trio.move_on_after(WHOLE_RESTART_GIVE_UP_S):
             while any(b.fenced for b in self.sims):
                 if registered is None and all(b.epoch >= 0 for b in self.sims):
                     registered = time.perf_counter() - t0
@@ -573,20 +601,23 @@ class Scale:
                     f"{replay.image.offset}"
                 )
                 await trio.sleep(1)
-        unfenced = time.perf_counter() - t0
-        with trio.fail_after(600):
+            unfenced = time.perf_counter() - t0
             while (counts := ImageCounts.of(replay.image)).offline_partitions > 0:
                 log(f"  {counts.offline_partitions} partitions without a leader")
                 await trio.sleep(0.5)
-        online = time.perf_counter() - t0
+            online = time.perf_counter() - t0
+        if online is None:
+            log(f"  whole restart: gave up after {WHOLE_RESTART_GIVE_UP_S:.0f} s")
         self.row(
             "whole_restart",
             leader=leader,
             leader_s=round(elected, 2),
             brokers_registered_s=registered and round(registered, 2),
-            brokers_unfenced_s=round(unfenced, 2),
-            all_online_s=round(online, 2),
-            partitions=counts.partitions,
+            brokers_registered=sum(b.epoch >= 0 for b in self.sims),
+            brokers_unfenced_s=unfenced and round(unfenced, 2),
+            all_online_s=online and round(online, 2),
+            gave_up_after_s=None if online is not None else WHOLE_RESTART_GIVE_UP_S,
+            partitions=counts.partitions if counts is not None else None,
         )
 
     def catch_up(self) -> None:
@@ -703,7 +734,21 @@ def real_brokers(topics: int = 100, partitions: int = 100) -> dict[str, Any]:
         created = time.perf_counter() - t0
         log(f"real brokers: created and replicas made in {created:.1f}s; restarting all brokers")
         for b in meta["brokers"]:
-            cli("cluster", "kill", "--dir", str(cdir), "--node", str(b["id"]), "--signal", "TERM")
+            try:
+                cli(
+                    "cluster",
+                    "kill",
+                    "--dir",
+                    str(cdir),
+                    "--node",
+                    str(b["id"]),
+                    "--signal",
+                    "TERM",
+                    "--timeout",
+                    "120",
+                )
+            except subprocess.CalledProcessError as e:  # e.g. it is not running: say so, go on
+                log(f"  kill broker {b['id']}: {(e.stderr or e.stdout or '').strip()}")
         for b in meta["brokers"]:
             pid = b.get("pid")
             while pid and psutil.pid_exists(pid) and time.monotonic() < deadline:
@@ -781,7 +826,7 @@ def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         ("failover -> next write, max <= 1 s", get("failover_cold_start", "failover_max_s"), 1),
         (
             "killed broker's partitions re-elected <= 3 s after fence",
-            get("broker_kill", "reelect_s"),
+            get("broker_kill", "leaders_moved_s"),
             3,
         ),
         ("controlled shutdown <= 5 s", get("controlled_shutdown", "seconds"), 5),

@@ -286,7 +286,10 @@ class BrokerLifecycle:
     # ---- session expiry ---------------------------------------------------------------------
 
     async def session_timer_loop(self) -> None:
-        """Fence one broker whose session expired at a time, so each fence is visible first."""
+        """Fence the brokers whose sessions have expired, all those found at one tick in one
+        (stepped) FenceBroker (``also``): when many leave at once (a whole-cluster restart, a
+        rack lost) each partition changes once, not once per replica, and none waits for the
+        others' fences before its own."""
         server = self.server
         while True:
             await trio.sleep(SESSION_TIMER_INTERVAL_S)
@@ -295,22 +298,33 @@ class BrokerLifecycle:
             if self._scan_image is not None:
                 image, self._scan_image = self._scan_image, None
                 await self._scan_for_unfinished_unfences(image)
-            broker_id = self.heartbeats.next_expired(now_ms())
-            if broker_id is None:
+            now = now_ms()
+            expired = []  # every broker whose session has expired by now, fenced together
+            while (broker_id := self.heartbeats.next_expired(now)) is not None:
+                reg = server.state_machine.image.brokers.get(broker_id)
+                if reg is None:
+                    self.heartbeats.forget(broker_id)
+                    continue
+                expired.append(reg)
+            if not expired:
                 continue
-            reg = server.state_machine.image.brokers.get(broker_id)
-            if reg is None:
-                self.heartbeats.forget(broker_id)
-                continue
-            log.info("node %d: broker %d session expired; fencing it", server.node_id, broker_id)
+            first, *others = expired
+            ids = ", ".join(str(r.broker_id) for r in expired)
+            log.info(
+                "node %d: broker%s %s session expired; fencing %s",
+                server.node_id,
+                "s" if others else "",
+                ids,
+                "them" if others else "it",
+            )
+            body: dict[str, Any] = {
+                "broker_id": first.broker_id,
+                "broker_epoch": first.epoch,
+                "reason": "session-timeout",
+            }
+            if others:
+                body["also"] = [{"broker_id": r.broker_id, "broker_epoch": r.epoch} for r in others]
             try:
-                await server.submit(
-                    "FenceBroker",
-                    {
-                        "broker_id": broker_id,
-                        "broker_epoch": reg.epoch,
-                        "reason": "session-timeout",
-                    },
-                )
+                await server.submit("FenceBroker", body)
             except KraftError as e:
-                log.warning("node %d: fencing broker %d failed: %s", server.node_id, broker_id, e)
+                log.warning("node %d: fencing broker(s) %s failed: %s", server.node_id, ids, e)

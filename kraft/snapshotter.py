@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgpack
+
 from kraft.errors import ErrorCode, KraftError
 from kraft.log.errors import CorruptSnapshotError
 from kraft.log.metadata_log import MetadataLog
@@ -104,8 +106,9 @@ def image_to_snapshot_in_child(
     (docs/performance.md). The child has a copy-on-write view of the immutable image and its
     own interpreter lock; the calling thread waits for it without holding the GIL. The child
     writes no log line and takes no lock another thread could have held at the fork; it dies
-    with the calling thread (``PR_SET_PDEATHSIG``). An OSError in the child (a full disk) is
-    raised here with its errno; anything else as RuntimeError."""
+    with the calling thread (``PR_SET_PDEATHSIG``). It hands back the topic digests it computed
+    for the image checksum, which the parent keeps (``_adopt_digests``). An OSError in the child
+    (a full disk) is raised here with its errno; anything else as RuntimeError."""
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: only this thread exists here
@@ -115,7 +118,10 @@ def image_to_snapshot_in_child(
             _die_with_parent()
             gc.disable()  # no collection walking (and copying) the parent's whole heap
             path = image_to_snapshot(directory, image, request_ids)
-            os.write(write_end, b"ok " + os.fsencode(path))
+            digests = msgpack.packb(
+                [(tid, t._digest) for tid, t in image.topics_by_id.items()], use_bin_type=True
+            )
+            _write_all(write_end, b"ok " + os.fsencode(path) + b"\n" + digests)
         except BaseException as e:  # reported to the parent, never raised past here
             code = 1
             errno = getattr(e, "errno", None) or 0
@@ -136,13 +142,39 @@ def image_to_snapshot_in_child(
         _, status, usage = os.wait4(pid, 0)
     answer = b"".join(chunks)
     if os.waitstatus_to_exitcode(status) == 0 and answer.startswith(b"ok "):
-        return Path(os.fsdecode(answer[3:])), usage.ru_utime + usage.ru_stime
+        written, _, digests = answer[3:].partition(b"\n")
+        _adopt_digests(image, digests)
+        return Path(os.fsdecode(written)), usage.ru_utime + usage.ru_stime
     if answer.startswith(b"err "):
         _, errno, message = answer.decode(errors="replace").split(" ", 2)
         if int(errno):
             raise OSError(int(errno), f"snapshot writer: {message}")
         raise RuntimeError(f"snapshot writer: {message}")
     raise RuntimeError(f"snapshot writer exited with status {os.waitstatus_to_exitcode(status)}")
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _adopt_digests(image: MetadataImage, packed: bytes) -> None:
+    """Keep the topic digests the child computed for the image's checksum on the parent's
+    (shared, immutable) TopicImages, so the next snapshot hashes only the topics changed since
+    instead of every topic again. Anything unreadable is ignored: digests are only a cache."""
+    try:
+        pairs = msgpack.unpackb(packed, use_list=False) if packed else ()
+    except Exception:  # a cache: never worth failing a snapshot over
+        return
+    topics = image.topics_by_id
+    for item in pairs:
+        if not (isinstance(item, tuple) and len(item) == 2):
+            continue
+        topic_id, digest = item
+        topic = topics.get(topic_id) if isinstance(topic_id, str) else None
+        if topic is not None and isinstance(digest, bytes) and topic._digest is None:
+            object.__setattr__(topic, "_digest", digest)
 
 
 def _die_with_parent() -> None:

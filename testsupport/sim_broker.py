@@ -127,6 +127,7 @@ class SimBroker:
     want_shutdown: bool = False
     shut_down: bool = False
     credentials: Any = None  # kraft.rpc.auth.ClientCredentials for clusters with RPC auth
+    register_timeout_s: float = 120.0  # how long DUPLICATE_BROKER_REGISTRATION is waited out
     replay: SharedReplay = field(default_factory=SharedReplay)
     last_hash: bytes = ZERO_HASH
     last_heartbeat: float | None = (
@@ -165,7 +166,7 @@ class SimBroker:
             "rack": self.rack,
             "features": [{"name": "metadata.version", "min_version": 1, "max_version": 1000}],
         }
-        with trio.fail_after(120):
+        with trio.fail_after(self.register_timeout_s):
             while True:
                 try:
                     result = await client.call("BrokerRegistration", body, timeout=30)

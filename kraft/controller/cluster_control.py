@@ -202,8 +202,10 @@ def _leave(
     last: list[Record],
     reason: str,
     pending: Resume | None = None,
+    also: frozenset[int] = frozenset(),
 ) -> ControllerResult:
-    """``first`` + the partition changes of ``broker_id`` leaving + ``last``, split if needed:
+    """``first`` + the partition changes of ``broker_id`` (and ``also``) leaving + ``last``,
+    split if needed:
     a step holds at most ``settings.step_records`` records, so a broker with more partitions
     moves them over several commands. A step that filled up omits ``last``, answers
     ``{"incomplete": true}`` and returns where the next step resumes as ``pending``; repeating
@@ -211,7 +213,9 @@ def _leave(
     else was written since) saves rescanning the partitions before it (see
     ``election.leaving_changes``), so every step costs O(its records)."""
     room = settings.step_records - len(first)
-    changes, resume = broker_leaving_changes(image, settings, broker_id, pending, room - len(last))
+    changes, resume = broker_leaving_changes(
+        image, settings, broker_id, pending, room - len(last), also
+    )
     if resume is None:
         return ControllerResult([*first, *changes, *last], error_fields(), reason)
     return ControllerResult(
@@ -223,15 +227,46 @@ def fence_broker(
     image: MetadataImage, cmd: Command, settings: ControllerSettings, pending: Resume | None = None
 ) -> ControllerResult:
     """FenceBroker (session timeout or want_fence): leave ISRs and leadership, then fenced=1
-    (written last, so a fenced broker has left everything). Already fenced: nothing to write."""
+    (written last, so a fenced broker has left everything). Already fenced: nothing to write.
+    ``also`` in the body (``[{broker_id, broker_epoch}]``, the session timer's other brokers
+    whose sessions expired at the same time) are fenced with it: each partition changes once
+    for all of them. Those no longer registered with that epoch, or already fenced, are left
+    out."""
     reason = cmd.body.get("reason") or "session-timeout"
     reg = _transition(image, cmd, reason)
     if isinstance(reg, ControllerResult):
         return reg
     if reg.fenced:
         return ControllerResult([], error_fields(), reason)
-    fence = BrokerRegistrationChangeRecord(reg.broker_id, reg.epoch, FENCE, 0)
-    return _leave(image, settings, reg.broker_id, [], [fence], reason, pending=pending)
+    others = _also_fenced(image, cmd.body.get("also"), reg.broker_id)
+    fences: list[Record] = [
+        BrokerRegistrationChangeRecord(r.broker_id, r.epoch, FENCE, 0) for r in (reg, *others)
+    ]
+    return _leave(
+        image,
+        settings,
+        reg.broker_id,
+        [],
+        fences,
+        reason,
+        pending=pending,
+        also=frozenset(r.broker_id for r in others),
+    )
+
+
+def _also_fenced(image: MetadataImage, raw: Any, broker_id: int) -> list[BrokerRegistration]:
+    """The registrations named by a FenceBroker's ``also`` that are current and unfenced, by id."""
+    found: dict[int, BrokerRegistration] = {}
+    for item in raw if isinstance(raw, (list, tuple)) else ():
+        if not isinstance(item, dict):
+            continue
+        b, epoch = item.get("broker_id"), item.get("broker_epoch")
+        if type(b) is not int or type(epoch) is not int or b == broker_id:
+            continue
+        other = image.broker(b)
+        if other is not None and other.epoch == epoch and not other.fenced:
+            found[b] = other
+    return [found[b] for b in sorted(found)]
 
 
 def unfence_broker(

@@ -55,9 +55,10 @@ class ControllerResult:
     records: list[Record] = field(default_factory=list)
     response: dict[str, Any] = field(default_factory=dict)
     reason: str = "user-request"
-    # Where a stepped broker transition resumes: (topic name, partition id) of the next partition
-    # to examine (the active controller hands it to the next step if nothing was written since).
-    pending: tuple[str, int] | None = None
+    # Where a stepped broker transition resumes (``election.Resume``: pass, topic name, partition
+    # id of the next partition to examine, topics left for the second pass); the active
+    # controller hands it to the next step if nothing was written since.
+    pending: tuple[int, str, int, tuple[str, ...]] | None = None
 
 
 def error_fields(error: KraftError | None = None) -> dict[str, Any]:

@@ -263,11 +263,13 @@ def _topics_in_name_order(image: MetadataImage) -> Iterator[TopicImage]:
         yield by_id[by_name[name]]
 
 
-def _active_brokers_except(image: MetadataImage, broker_id: int) -> frozenset[int]:
+def _active_brokers_except(
+    image: MetadataImage, broker_id: int, also: frozenset[int] = frozenset()
+) -> frozenset[int]:
     return frozenset(
         b
         for b, reg in image.brokers.items()
-        if b != broker_id and not reg.fenced and not reg.in_controlled_shutdown
+        if b != broker_id and b not in also and not reg.fenced and not reg.in_controlled_shutdown
     )
 
 
@@ -296,7 +298,11 @@ def _collect(
     return out
 
 
-Resume = tuple[str, int]  # (topic name, partition id): where a stepped transition continues
+Resume = tuple[int, str, int, tuple[str, ...]]
+"""Where a stepped transition continues: (pass: 0 = partitions the broker leads, 1 = those whose
+ISR it is only in; topic name; partition id; the topics with pass-1 partitions found so far)."""
+
+_LEADS, _IN_ISR = 0, 1
 
 
 def leaving_changes(
@@ -305,61 +311,122 @@ def leaving_changes(
     unclean_allowed: UncleanAllowed = _never,
     limit: int | None = None,
     resume: Resume | None = None,
+    also: frozenset[int] = frozenset(),
 ) -> tuple[Changes, Resume | None]:
     """The partition changes of ``broker_id`` leaving (fencing, controlled shutdown,
-    unregistration): the partitions it is in the ISR of or leads, topics by name, partitions by
-    id, from ``resume`` on (inclusive), until ``limit`` records exist. Returns the records and
-    where the next step resumes — the next partition not examined — or None when the scan is
-    done. Scanning stops with the step, so a step costs O(its records), not O(image).
+    unregistration), in two passes: first the partitions it leads (they have no usable leader
+    until their record commits, so a big transition makes them available again first), then
+    those whose ISR it is only in. Each pass goes by topic name, then partition id, from
+    ``resume`` on (inclusive), until ``limit`` records exist. Returns the records and where the
+    next step resumes — the next partition not examined — or None when both passes are done.
+    The first pass notes the topics the second must visit, so a whole transition scans the image
+    once and every step costs O(its records), not O(image).
 
     Resuming is only an optimisation: partitions before ``resume`` were changed by earlier steps
-    (or need no change) and yield nothing when examined again, so a controller that scans from
-    the start instead gets the same records, provided nothing else was written in between (the
-    state machine only hands ``resume`` over then)."""
-    acceptable = _active_brokers_except(image, broker_id)
+    (or need no change) and yield nothing when examined again, and the first pass's changes take
+    the broker out of those partitions' ISRs too, so a controller that scans from the start
+    instead gets the same records, provided nothing else was written in between (the state
+    machine only hands ``resume`` over then).
+
+    ``also``: more brokers leaving at the same time (fenced together after their sessions
+    expired at once); each partition then changes once for all of them."""
+    acceptable = _active_brokers_except(image, broker_id, also)
+    gone = frozenset({broker_id}) | also
     out = Changes()
     by_id, by_name = image.topics_by_id, image.topics_by_name
     names = image.topic_names()
-    first = bisect_left(names, resume[0]) if resume is not None else 0
-    for name in names[first:]:
-        topic = by_id[by_name[name]]
+    phase, at_name, at_pid, in_isr = resume if resume is not None else (_LEADS, "", 0, ())
+    found = list(in_isr)
+    if phase == _LEADS:
+        first = bisect_left(names, at_name) if resume is not None else 0
+        for name in names[first:]:
+            topic = by_id[by_name[name]]
+            led = []
+            isr_only = False
+            if also:
+                for pid, p in topic.partitions.items():  # p[1]: isr, p[4]: leader
+                    if p[4] in gone:
+                        led.append((pid, p))
+                    elif not gone.isdisjoint(p[1]):
+                        isr_only = True
+            else:
+                for pid, p in topic.partitions.items():  # p[1]: isr, p[4]: leader
+                    if p[4] == broker_id:
+                        led.append((pid, p))
+                    elif broker_id in p[1]:
+                        isr_only = True
+            if isr_only and not (found and found[-1] == name):  # a resumed topic: noted already
+                found.append(name)
+            if not led:
+                continue
+            if resume is not None and name == at_name:
+                led = [item for item in led if item[0] >= at_pid]
+            led.sort(key=_first)
+            step = _leaving_step(out, topic, led, gone, acceptable, unclean_allowed, limit)
+            if step is not None:
+                return out, (_LEADS, name, step, tuple(found))
+        at_name, at_pid = "", 0
+    todo = found[bisect_left(found, at_name) :] if at_name else found
+    for name in todo:
+        topic_id = by_name.get(name)
+        if topic_id is None:
+            continue
+        topic = by_id[topic_id]
         affected = [
             (pid, p)
-            for pid, p in topic.partitions.items()  # p[1]: isr, p[4]: leader
-            if broker_id in p[1] or p[4] == broker_id
+            for pid, p in topic.partitions.items()
+            if p[4] not in gone and not gone.isdisjoint(p[1])
         ]
-        if not affected:
-            continue
-        if resume is not None and name == resume[0]:
-            affected = [item for item in affected if item[0] >= resume[1]]
+        if at_name and name == at_name:
+            affected = [item for item in affected if item[0] >= at_pid]
         affected.sort(key=_first)
-        topic_id = topic.topic_id
-        allowed = unclean_allowed(topic)
-        for pid, partition in affected:
-            if limit is not None and len(out) >= limit:
-                return out, (name, pid)
-            record = leaving_change(topic_id, pid, partition, broker_id, acceptable, allowed)
-            if record is not None:
-                out.append(record)
+        step = _leaving_step(out, topic, affected, gone, acceptable, unclean_allowed, limit)
+        if step is not None:
+            return out, (_IN_ISR, name, step, tuple(found))
     return out, None
+
+
+def _leaving_step(
+    out: Changes,
+    topic: TopicImage,
+    affected: list[tuple[int, PartitionRegistration]],
+    gone: frozenset[int],
+    acceptable: frozenset[int],
+    unclean_allowed: UncleanAllowed,
+    limit: int | None,
+) -> int | None:
+    """Append the records of ``affected`` (one topic's partitions, by id) to ``out`` until it
+    holds ``limit``; returns the first partition id left for the next step, or None."""
+    topic_id = topic.topic_id
+    allowed = unclean_allowed(topic)
+    for pid, partition in affected:
+        if limit is not None and len(out) >= limit:
+            return pid
+        record = leaving_change(topic_id, pid, partition, gone, acceptable, allowed)
+        if record is not None:
+            out.append(record)
+    return None
 
 
 def leaving_change(
     topic_id: str,
     partition_id: int,
     partition: PartitionRegistration,
-    broker_id: int,
+    broker_id: int | frozenset[int],
     acceptable: frozenset[int],
     unclean_allowed: bool,
 ) -> PartitionChangeRecord | None:
-    """The record of one partition when ``broker_id`` leaves (None: nothing changes), given
-    the ids of the brokers that may lead (``acceptable``, never negative): the same as
-    ``build_partition_change(..., acceptable.__contains__, target_isr=<the ISR without
-    broker_id>, unclean_allowed=...)``, with that builder's rules spelt out for a partition
-    without a reassignment in progress (the hot loop of fencing and controlled shutdown; a test
-    holds the two equal)."""
+    """The record of one partition when ``broker_id`` (or each of a set of them) leaves (None:
+    nothing changes), given the ids of the brokers that may lead (``acceptable``, never
+    negative): the same as ``build_partition_change(..., acceptable.__contains__,
+    target_isr=<the ISR without the leaving brokers>, unclean_allowed=...)``, with that
+    builder's rules spelt out for a partition without a reassignment in progress (the hot loop
+    of fencing and controlled shutdown; a test holds the two equal)."""
     replicas, isr, removing, adding, leader, recovery = partition[:6]
-    new_isr = tuple([b for b in isr if b != broker_id])
+    if isinstance(broker_id, frozenset):
+        new_isr = tuple([b for b in isr if b not in broker_id])
+    else:
+        new_isr = tuple([b for b in isr if b != broker_id])
     if removing or adding:
         return build_partition_change(
             topic_id,

@@ -93,12 +93,19 @@ def broker_leaving_changes(
     broker_id: int,
     resume: Resume | None = None,
     limit: int | None = None,
+    also: frozenset[int] = frozenset(),
 ) -> tuple[Changes, Resume | None]:
-    """Fencing, controlled shutdown or unregistration of ``broker_id``: drop it from every ISR
-    (the last member stays) and move leadership away (kraft.controller.election), at most
-    ``limit`` records from ``resume`` on; returns them and where the next step resumes."""
+    """Fencing, controlled shutdown or unregistration of ``broker_id`` (and of ``also``, fenced
+    with it): drop them from every ISR (the last member stays) and move leadership away
+    (kraft.controller.election), at most ``limit`` records from ``resume`` on; returns them and
+    where the next step resumes."""
     return leaving_changes(
-        image, broker_id, lambda topic: unclean_allowed(image, settings, topic.name), limit, resume
+        image,
+        broker_id,
+        lambda topic: unclean_allowed(image, settings, topic.name),
+        limit,
+        resume,
+        also,
     )
 
 

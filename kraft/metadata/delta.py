@@ -17,6 +17,7 @@ from typing import Any
 
 from kraft.metadata.image import EMPTY_MAP, MetadataImage, TopicImage
 from kraft.metadata.partition_map import PartitionMap, as_partition_map
+from kraft.metadata.persistent_map import as_persistent_map
 from kraft.metadata.registrations import (
     BrokerRegistration,
     PartitionRegistration,
@@ -504,17 +505,16 @@ class MetadataDelta:
 
         topics_by_id, topics_by_name = image.topics_by_id, image.topics_by_name
         if self._deleted_topics or self._topic_changes:
-            by_id = dict(topics_by_id)
-            # Names change only with deletions or creations: else every name keeps its id.
-            renamed = bool(self._deleted_topics or self._created_names)
-            by_name = dict(topics_by_name) if renamed else {}
-            for topic_id, old in self._deleted_topics.items():
-                del by_id[topic_id]
-                if by_name.get(old.name) == topic_id:
-                    del by_name[old.name]
+            id_sets: dict[str, TopicImage] = {}
+            name_sets: dict[str, str] = {}
+            name_deletes = [
+                old.name
+                for topic_id, old in self._deleted_topics.items()
+                if topics_by_name.get(old.name) == topic_id
+            ]
             for topic_id, change in self._topic_changes.items():
-                if change.created:  # then its name is in _created_names: by_name is the copy
-                    by_name[change.name] = topic_id
+                if change.created:
+                    name_sets[change.name] = topic_id
                 base = change.base
                 if base is None:
                     topic = TopicImage(change.name, topic_id, PartitionMap.of(change.partitions))
@@ -528,19 +528,19 @@ class MetadataDelta:
                     topic = base
                 else:
                     continue
-                by_id[topic_id] = topic
-            topics_by_id = by_id
-            if renamed:
-                topics_by_name = by_name
+                id_sets[topic_id] = topic
+            # Persistent maps: O(changed topics) each, however many topics the image holds.
+            topics_by_id = as_persistent_map(topics_by_id).updated(id_sets, self._deleted_topics)
+            # Names change only with deletions or creations: else every name keeps its id.
+            if name_sets or name_deletes:
+                topics_by_name = as_persistent_map(topics_by_name).updated(name_sets, name_deletes)
 
         configs = image.configs
         if self._config_changes:
-            configs = dict(configs)
-            for key, entries in self._config_changes.items():
-                if entries:
-                    configs[key] = dict(entries)
-                else:
-                    configs.pop(key, None)
+            config_sets = {key: dict(e) for key, e in self._config_changes.items() if e}
+            config_deletes = [k for k, e in self._config_changes.items() if not e and k in configs]
+            if config_sets or config_deletes:
+                configs = as_persistent_map(configs).updated(config_sets, config_deletes)
 
         after = MetadataImage(  # positional (field order): an image per applied command
             self._offset,

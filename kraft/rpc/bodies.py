@@ -327,6 +327,7 @@ class BrokerEpochRequest(Body):
 
 class FenceBrokerRequest(BrokerEpochRequest):
     reason: str
+    also: list[BrokerEpochRequest] | None = None  # fenced with it (sessions expired together)
 
 
 class AlterPartitionRequest(BrokerEpochRequest):

@@ -228,7 +228,7 @@ def test_fencing_removes_the_broker_from_isrs_and_moves_leadership():
     assert (by_pid[0].isr, by_pid[0].leader) == ((2, 3), 2)
     assert (by_pid[1].isr, by_pid[1].leader) == ((2,), LEADER_UNCHANGED)
     assert (by_pid[2].isr, by_pid[2].leader) == (None, LEADER_NONE)  # last ISR member stays
-    assert [r.partition_id for r in records] == sorted(by_pid)
+    assert [r.partition_id for r in records] == [0, 2, 1]  # the partitions it led first
 
 
 def test_fencing_with_unclean_allowed_elects_outside_the_isr():
@@ -315,5 +315,20 @@ def test_leaving_change_is_the_builder_spelt_out():
         assert leaving_change(T, 4, part, leaving, acceptable, unclean) == expected, (
             part,
             leaving,
+            acceptable,
+        )
+        several = frozenset(rng.sample(brokers, rng.randint(1, 3)))  # fenced together
+        acceptable = frozenset(b for b in brokers if b not in several and rng.random() < 0.7)
+        expected = build_partition_change(
+            T,
+            4,
+            part,
+            acceptable.__contains__,
+            target_isr=[b for b in isr if b not in several],
+            unclean_allowed=unclean,
+        )
+        assert leaving_change(T, 4, part, several, acceptable, unclean) == expected, (
+            part,
+            several,
             acceptable,
         )

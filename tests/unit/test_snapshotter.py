@@ -11,6 +11,7 @@ from kraft.controller.settings import ControllerSettings
 from kraft.controller.state_machine import QuorumStateMachine
 from kraft.log.metadata_log import MetadataLog
 from kraft.log.snapshot import CorruptSnapshotError
+from kraft.metadata.checksum import topic_digest
 from kraft.snapshotter import (
     Snapshotter,
     image_from_snapshot,
@@ -94,8 +95,12 @@ def test_image_round_trips_through_a_snapshot_file(tmp_path):
 def test_a_forked_writer_writes_the_same_bytes_and_reports_its_errors(tmp_path):
     log, sm = _build_log(tmp_path / "log", topics=5)
     window = (("r1", {"error_code": 0}),)
+    topics = list(sm.image.topics_by_id.values())
+    assert all(t._digest is None for t in topics)  # never checksummed in this process
     path, cpu_s = image_to_snapshot_in_child(tmp_path / "forked", sm.image, window)
     assert path == tmp_path / "forked" / path.name and cpu_s >= 0
+    # the digests the child computed are kept here, and are the right ones
+    assert all(t._digest == topic_digest(t.name, t.topic_id, t.partitions) for t in topics)
     assert (
         path.read_bytes() == image_to_snapshot(tmp_path / "inline", sm.image, window).read_bytes()
     )

@@ -16,6 +16,7 @@ from kraft.metadata.delta import ReplayError
 from kraft.metadata.image import MetadataImage
 from kraft.metadata.replay import replay
 from kraft.records import (
+    LEADER_UNCHANGED,
     RECOVERED,
     RECOVERING,
     ZERO_HASH,
@@ -1409,9 +1410,9 @@ def test_broker_transition_steps_are_capped_by_transition_step_records(monkeypat
     resumed = []
     original = election.leaving_changes
 
-    def spy(image, broker_id, unclean_allowed, limit=None, resume=None):
+    def spy(image, broker_id, unclean_allowed, limit=None, resume=None, also=frozenset()):
         resumed.append(resume)
-        return original(image, broker_id, unclean_allowed, limit, resume)
+        return original(image, broker_id, unclean_allowed, limit, resume, also)
 
     sizes = []
     monkeypatch.setattr("kraft.controller.replication_control.leaving_changes", spy)
@@ -1420,13 +1421,94 @@ def test_broker_transition_steps_are_capped_by_transition_step_records(monkeypat
         batch, r = h.ok("FenceBroker", body)
         sizes.append(len(batch.records))
     # 9 changes, 3 per step (one record of room kept for the fence record, written with the last)
-    assert sizes == [3, 3, 4] and resumed == [None, ("b", 0), ("c", 0)]
+    assert sizes == [3, 3, 4] and resumed == [None, (0, "b", 0, ()), (0, "c", 0, ())]
     assert h.image.brokers[0].fenced
     assert all(
         p.leader == 1 and p.isr == (1,) for t in "abc" for p in h.image.topic(t).partitions.values()
     )
     with pytest.raises(ValueError):
         ControllerSettings(CLUSTER, transition_step_records=1)
+
+
+def test_a_stepped_fence_moves_every_leadership_before_any_isr_only_change():
+    """A broker leading some partitions and only following others: the steps move the
+    leaderships first (those partitions are unavailable until then), in every topic, and only
+    then take it out of the other ISRs; the resumed scan and a scan from the start agree."""
+
+    def run(forget: bool) -> list[list[tuple[str, int, bool]]]:
+        h = Harness(brokers=3, transition_step_records=3)
+        for t in ("a", "b", "c"):
+            layout = {0: [0, 1], 1: [1, 0], 2: [0, 2], 3: [2, 0]}  # 0 leads two, follows two
+            h.ok("CreateTopics", {"topics": [{"name": t, "assignments": layout}]})
+        names = {h.image.topics_by_name[t]: t for t in "abc"}
+        body = {"broker_id": 0, "broker_epoch": h.epoch(0), "reason": "session-timeout"}
+        h.forget_resume = forget
+        steps, r = [], {"incomplete": True}
+        while r.get("incomplete"):
+            batch, r = h.ok("FenceBroker", body)
+            steps.append(
+                [
+                    (names[rec.topic_id], rec.partition_id, rec.leader != LEADER_UNCHANGED)
+                    for rec in batch.records
+                    if isinstance(rec, PartitionChangeRecord)
+                ]
+            )
+        assert h.image.brokers[0].fenced
+        return steps
+
+    steps = run(forget=False)
+    flat = [change for step in steps for change in step]
+    assert flat == [(t, p, True) for t in "abc" for p in (0, 2)] + [
+        (t, p, False) for t in "abc" for p in (1, 3)
+    ]
+    assert len(steps) == 6 and run(forget=True) == steps  # 2 changes + room for the fence
+
+
+def test_brokers_whose_sessions_expired_together_are_fenced_together():
+    """FenceBroker with ``also``: one change per partition for all the leaving brokers (not one
+    per replica), every fence record last, in steps that resume or rescan alike; a stale or
+    already fenced ``also`` entry is left out."""
+
+    def run(forget: bool) -> tuple[list[bytes], Harness]:
+        h = Harness(brokers=4, transition_step_records=4)
+        layout = {0: [0, 1, 2], 1: [1, 2, 3], 2: [2, 0, 3], 3: [3, 2, 1], 4: [1, 0, 2]}
+        for t in ("a", "b"):
+            h.ok("CreateTopics", {"topics": [{"name": t, "assignments": layout}]})
+        h.forget_resume = forget
+        body = {
+            "broker_id": 0,
+            "broker_epoch": h.epoch(0),
+            "reason": "session-timeout",
+            "also": [
+                {"broker_id": 1, "broker_epoch": h.epoch(1)},
+                {"broker_id": 3, "broker_epoch": h.epoch(3) + 7},  # stale: left out
+                {"broker_id": 0, "broker_epoch": h.epoch(0)},  # itself: left out
+            ],
+        }
+        out, r = [], {"incomplete": True}
+        while r.get("incomplete"):
+            batch, r = h.ok("FenceBroker", body)
+            out.append(batch.encode())
+        return out, h
+
+    encoded, h = run(forget=False)
+    assert run(forget=True)[0] == encoded
+    batches = [decode_batch(e) for e in encoded]
+    changes = [r for b in batches for r in b.records if isinstance(r, PartitionChangeRecord)]
+    fences = [r for r in batches[-1].records if isinstance(r, BrokerRegistrationChangeRecord)]
+    assert [(f.broker_id, f.fenced) for f in fences] == [(0, 1), (1, 1)]
+    assert batches[-1].records[-2:] == tuple(fences)  # written last
+    touched = [(r.topic_id, r.partition_id) for r in changes]
+    assert len(touched) == len(set(touched)) == 10  # each partition once: 0 or 1 in every ISR
+    assert h.image.brokers[0].fenced and h.image.brokers[1].fenced
+    assert not h.image.brokers[3].fenced
+    for t in ("a", "b"):
+        for p in h.image.topic(t).partitions.values():
+            assert p.leader in (2, 3) and not {0, 1} & set(p.isr)
+    for i, rec in enumerate(changes):  # leaderships first
+        if rec.leader == LEADER_UNCHANGED:
+            assert all(r.leader == LEADER_UNCHANGED for r in changes[i:])
+            break
 
 
 def test_a_stepped_fence_hands_on_where_to_resume_while_steps_are_left():
