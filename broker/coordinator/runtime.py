@@ -246,6 +246,29 @@ class CoordinatorRuntime:
             raise CoordinatorError(token.error)
         return token.response
 
+    async def replicated(self, pid: int, timeout_s: float = COMMIT_TIMEOUT_S) -> None:
+        """Wait until every record of partition ``pid`` appended (or loaded) so far is
+        replicated: the shard's state as of now is then durable, whoever wrote it."""
+        self.shard(pid)
+        slot = self.slots[pid]
+        self._flush(slot)
+        part = self.replicas.get_by_name(self.topic, slot.partition)
+        if part is None or not part.is_leader or part.leader_epoch != slot.leader_epoch:
+            raise CoordinatorError(ErrorCode.not_coordinator)
+        end = part.log.log_end_offset
+        if part.high_watermark >= end:
+            return
+        token = Token()
+        self._listen(slot, part)
+        slot.uncommitted.append((end, [(token, None)]))  # every entry ends at or before ``end``
+        heapq.heappush(
+            self._timeouts, (trio.current_time() + timeout_s, next(self._timeout_seq), token)
+        )
+        self._wakeup.set()
+        await token.done.wait()
+        if token.error is not None:
+            raise CoordinatorError(token.error)
+
     def _touch(self, slot: _Slot) -> None:
         """A write changed ``slot``'s shard: the timer task ticks it and recomputes its deadline."""
         slot.dirty = True

@@ -102,6 +102,21 @@ def coordinator_of(cluster, key: str, key_type: int = 1) -> int:
     return poll(ask, 60, 0.2, what=f"a transaction coordinator for {key}")
 
 
+def settled(cluster, *tids: str) -> None:
+    """Wait until no transaction of ``tids`` is in PrepareCommit / PrepareAbort: EndTxn answers
+    once the Prepare record is replicated and the markers follow (as in Kafka), so a
+    read_committed reader right after ``commit_transaction`` may not see it yet."""
+
+    def done(tid: str) -> bool:
+        b = next(b for b in cluster.meta["brokers"] if b["id"] == coordinator_of(cluster, tid))
+        with KafkaWire(b["host"], b["port"], timeout=10) as w:
+            (st,) = w.call(65, 0, {"transactional_ids": [tid]}).transaction_states
+        return st.error_code == E.none and not st.transaction_state.startswith("Prepare")
+
+    for tid in tids:
+        poll(lambda: done(tid), 30, 0.05, what=f"transaction {tid} past its markers")
+
+
 def test_committed_show_once_aborted_never(cluster):
     create_topic(cluster, "txn-basic", partitions=2)
     p = producer(cluster, "basic")
@@ -118,6 +133,7 @@ def test_committed_show_once_aborted_never(cluster):
     for i in range(50):
         p.produce("txn-basic", f"c2-{i}".encode(), partition=i % 2)
     p.commit_transaction(30)
+    settled(cluster, "basic")
     committed = read_all(cluster, "txn-basic", 2, "read_committed")
     want = sorted([f"c1-{i}".encode() for i in range(50)] + [f"c2-{i}".encode() for i in range(50)])
     assert sorted(committed) == want
@@ -200,6 +216,7 @@ def test_open_transaction_holds_back_read_committed(cluster):
 
     p.commit_transaction(30)
     poll(lambda: offsets("read_committed") == 11, 30, what="LSO past the commit marker")
+    settled(cluster, "lso")
     done = kraft_json("transactions", "describe", "--transactional-id", "lso", *where)
     assert done["state"] == "CompleteCommit" and done["duration_ms"] is None, done
     assert "lso" not in [
@@ -228,6 +245,7 @@ def test_zombie_producer_is_fenced(cluster):
         old.produce("txn-zombie", b"zombie-2", partition=0)
         old.commit_transaction(30)
     assert err.value.args[0].fatal() or "fenced" in str(err.value).lower(), err.value
+    settled(cluster, "zombie")
     assert read_all(cluster, "txn-zombie", 1, "read_committed") == [b"fresh"]
 
 
@@ -290,6 +308,7 @@ def test_consume_transform_produce_exactly_once(cluster):
     _copy_loop(cluster, "ctp", "ctp-in", "ctp-out", "ctp-group", 300)
     # a second run of the same group resumes from the committed offsets: no record twice
     _copy_loop(cluster, "ctp", "ctp-in", "ctp-out", "ctp-group", 300)
+    settled(cluster, "ctp")
     out = read_all(cluster, "ctp-out", 2, "read_committed")
     assert sorted(out) == values, (len(out), len(set(out)))
 
@@ -323,6 +342,7 @@ def test_exactly_once_across_coordinator_kill(cluster):
 
     _copy_loop(cluster, tid, "kill-in", "kill-out", group, 600, after=after)
     assert killed, "the coordinator was never killed"
+    settled(cluster, tid)
     out = read_all(cluster, "kill-out", 2, "read_committed")
     assert sorted(out) == values, (len(out), len(set(out)))
     cluster.start(victim)

@@ -151,3 +151,43 @@ def test_txn_offsets_are_durable_and_materialize_on_the_marker_after_a_reload(tm
             nursery.cancel_scope.cancel()
 
     trio.run(main)
+
+
+def test_replicated_waits_until_the_high_watermark_covers_the_log(tmp_path):
+    """``replicated`` returns only once every record appended so far is replicated (the
+    transaction coordinator writes no marker before its Prepare record is durable)."""
+    rm = ReplicaManager(ME, [tmp_path])
+    cluster = Cluster(rm)
+    tid = str(uuid.uuid4())
+    cluster.step(TopicRecord(OFFSETS_TOPIC, tid), partition(tid, 0, [ME, 2], ME))
+    rt = runtime_for(rm)
+    rt.publish(None, cluster.image)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(rt.run)
+            await wait_until(lambda: rt.status(0) == E.none)
+            await rt.replicated(0)  # nothing written: at once
+            done: list[str] = []
+
+            async def write_then(what: str) -> None:
+                if what == "write":
+                    await rt.write(0, commit(7))
+                else:
+                    await rt.replicated(0)
+                done.append(what)
+
+            nursery.start_soon(write_then, "write")
+            part = rm.get_by_name(OFFSETS_TOPIC, 0)
+            await wait_until(lambda: part.log.log_end_offset == 1)
+            nursery.start_soon(write_then, "replicated")
+            await trio.sleep(0.2)
+            assert done == []  # follower 2 has not fetched the record
+            part.on_follower_fetch(2, part.log.log_end_offset, trio.current_time() * 1000)
+            await wait_until(lambda: len(done) == 2)
+            with pytest.raises(CoordinatorError) as err:
+                await rt.replicated(1)  # not led here
+            assert err.value.code == E.not_coordinator
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)

@@ -1,7 +1,8 @@
 """The transaction coordinator's metrics, over a real replica manager, coordinator runtime
 and marker task (no sockets): transactions begun, committed and aborted are counted once their
-records are replicated (EndTxn answering once the markers are), ids are counted by state, and
-the Prometheus families carry them."""
+records are replicated (EndTxn answers once the Prepare record is; the next AddPartitionsToTxn
+is held until the markers are), ids are counted by state, and the Prometheus families carry
+them."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from kio.schema.errors import ErrorCode as E
 
 from broker.coordinator.placement import TXN_TOPIC
 from broker.coordinator.txn.api import TxnApis
-from broker.coordinator.txn.records import COMPLETE_COMMIT, ONGOING
+from broker.coordinator.txn.records import ONGOING, PREPARE_ABORT, PREPARE_COMMIT
 from broker.coordinator.txn.service import TxnCoordinator
 from broker.metadata.metadata_cache import MetadataCache
 from broker.metrics import transaction_coordinator_metrics
@@ -87,29 +88,40 @@ def test_transactions_begun_committed_and_aborted_are_counted(tmp_path):
     rm, txn, apis = setup(tmp_path)
 
     async def end(commit: bool) -> dict[str, Any]:
-        """EndTxn, answered once the markers are replicated (the follower catches up here)."""
-        answers: list[dict[str, Any]] = []
+        """EndTxn: answered once the Prepare record is replicated, before the markers (the
+        follower of ``d`` has not fetched them)."""
+        resp = await apis._end_txn(V3, end_txn(commit))
+        state = txn.runtime.shard(0).describe(TID).state
+        assert state == (PREPARE_COMMIT if commit else PREPARE_ABORT)
+        return resp
+
+    def replicate_markers() -> None:
+        follower_catches_up(rm)  # again and again: the marker may not be appended yet
+
+    async def held_add_partitions() -> E:
+        """AddPartitionsToTxn meeting the Prepare state is held until the markers are
+        replicated, then answered (no CONCURRENT_TRANSACTIONS)."""
+        answers: list[E] = []
 
         async def send() -> None:
-            answers.append(await apis._end_txn(V3, end_txn(commit)))
+            answers.append(add_code(await apis._add_partitions(V3, add_partitions())))
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(send)
-            await wait_until(lambda: txn.runtime.shard(0).describe(TID).state != ONGOING)
             await trio.sleep(0.2)
-            assert answers == []  # the marker is not replicated yet
-            follower_catches_up(rm)
+            assert answers == []  # held: the marker is not replicated yet
+            await wait_until(lambda: (replicate_markers(), answers)[1])
         return answers[0]
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             await start(nursery, txn, apis)  # begins the first transaction
             assert (await end(True))["error_code"] == E.none
-            assert txn.runtime.shard(0).describe(TID).state == COMPLETE_COMMIT
-            assert add_code(await apis._add_partitions(V3, add_partitions())) == E.none
+            assert await held_add_partitions() == E.none
+            assert txn.runtime.shard(0).describe(TID).state == ONGOING
             assert add_code(await apis._add_partitions(V3, add_partitions())) == E.none  # again
             assert (await end(False))["error_code"] == E.none
-            await wait_until(lambda: txn.metrics()["aborted"] == 1)  # Complete replicated
+            await wait_until(lambda: (replicate_markers(), txn.metrics()["aborted"] == 1)[1])
             m = txn.metrics()
             assert (m["started"], m["committed"], m["aborted"]) == (2, 1, 1)
             assert m["commit_ms_sum"] >= 0 and m["abort_ms_sum"] >= 0

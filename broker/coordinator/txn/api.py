@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
+import trio
 from kio.schema.errors import ErrorCode as E
 
 from broker.coordinator.group.state_machine import CommitPartition
@@ -60,7 +61,7 @@ RANGES: dict[int, tuple[int, int]] = {
     **ADMIN_RANGES,  # DescribeTransactions, ListTransactions
 }
 _ZERO = timedelta(0)
-END_TXN_WAIT_S = 5.0  # EndTxn waits this long at most for the markers (see wait_completed)
+HOLD_S = 5.0  # a request meeting a transaction that writes its markers waits this long at most
 
 
 def _begins(shard: Any, tid: str) -> bool:
@@ -134,6 +135,21 @@ class TxnApis:
         self.txn.poke()
         return response
 
+    async def _held(self, tid: str, attempt: Callable[[], Awaitable[E]]) -> E:
+        """Run ``attempt`` (one request on ``tid``'s coordinator shard, its error code); while it
+        meets the previous transaction in PrepareCommit / PrepareAbort
+        (``CONCURRENT_TRANSACTIONS``), wait for that one's markers and run it again, for
+        ``HOLD_S`` at most: EndTxn answers before the markers, and holding the client's next
+        request spares it a retry with backoff. The bound expired, the client gets the error.
+        """
+        deadline = trio.current_time() + HOLD_S
+        while True:
+            code = await attempt()
+            left = deadline - trio.current_time()
+            if code != E.concurrent_transactions or left <= 0:
+                return code
+            await self.txn.wait_completed(self._partition_of(TXN_TOPIC, tid), tid, left)
+
     # ---- APIs --------------------------------------------------------------------------------
     async def _init_producer_id(self, header: RequestHeader, req: Any) -> dict[str, Any]:
         out: dict[str, Any] = {"throttle_time": _ZERO, "producer_id": -1, "producer_epoch": -1}
@@ -144,18 +160,25 @@ class TxnApis:
                     out, error_code=E.none, producer_id=await self.ids.next_id(), producer_epoch=0
                 )
             part = self._partition_of(TXN_TOPIC, tid)
-            new_pid = None
-            if self.runtime.shard(part).needs_new_producer_id(tid):
-                new_pid = await self.ids.next_id()
             timeout = _ms(req.transaction_timeout)
             req_pid = int(getattr(req, "producer_id", -1))
             req_epoch = int(getattr(req, "producer_epoch", -1))
-            resp = await self._txn_write(
-                tid,
-                lambda s, t, now: s.init_producer_id(
-                    tid, timeout, req_pid, req_epoch, new_pid, t, now
-                ),
-            )
+            resp: dict[str, Any] = {}
+
+            async def attempt() -> E:
+                nonlocal resp
+                new_pid = None
+                if self.runtime.shard(part).needs_new_producer_id(tid):
+                    new_pid = await self.ids.next_id()
+                resp = await self._txn_write(
+                    tid,
+                    lambda s, t, now: s.init_producer_id(
+                        tid, timeout, req_pid, req_epoch, new_pid, t, now
+                    ),
+                )
+                return E(resp["error_code"])
+
+            await self._held(tid, attempt)
         except CoordinatorError as e:
             return dict(out, error_code=e.code)
         except KraftError as e:
@@ -188,8 +211,12 @@ class TxnApis:
                 began = began and code == E.none
                 return result
 
-            try:
+            async def attempt() -> E:
                 await self._txn_write(tid, fn)
+                return code
+
+            try:
+                await self._held(tid, attempt)
                 self.txn.started += began
             except CoordinatorError as e:
                 code = e.code
@@ -224,7 +251,11 @@ class TxnApis:
                 began = began and code == E.none
                 return result
 
-            await self._txn_write(tid, fn)
+            async def attempt() -> E:
+                await self._txn_write(tid, fn)
+                return code
+
+            await self._held(tid, attempt)
             self.txn.started += began
         except CoordinatorError as e:
             code = e.code
@@ -242,11 +273,12 @@ class TxnApis:
             result, code = s.end_txn(tid, pid, epoch, commit, t, now)
             return result
 
-        try:
+        async def attempt() -> E:
             await self._txn_write(tid, fn)
-            if code == E.none:
-                part = self._partition_of(TXN_TOPIC, tid)
-                await self.txn.wait_completed(part, tid, END_TXN_WAIT_S)
+            return code
+
+        try:  # answered once the Prepare record is replicated; the markers follow (service.py)
+            await self._held(tid, attempt)
         except CoordinatorError as e:
             code = e.code
         if code == E.producer_fenced and header.api_version < 2:

@@ -171,9 +171,9 @@ class TxnCoordinator:
         self._wake.set()
 
     async def wait_completed(self, part_id: int, tid: str, timeout_s: float) -> None:
-        """Wait (at most ``timeout_s``) until ``tid`` has left PrepareCommit / PrepareAbort, so
-        EndTxn answers once the markers are written when that is quick: the client's next
-        AddPartitionsToTxn then needs no CONCURRENT_TRANSACTIONS retry (and its backoff)."""
+        """Wait (at most ``timeout_s``) until ``tid`` has left PrepareCommit / PrepareAbort: a
+        request meeting a transaction whose markers are being written is held until then
+        rather than answered CONCURRENT_TRANSACTIONS (the client would back off)."""
         with trio.move_on_after(timeout_s):
             while True:
                 try:
@@ -205,6 +205,10 @@ class TxnCoordinator:
     ) -> None:
         epoch = int(slot.leader_epoch)
         try:
+            # No marker before the Prepare record is replicated: the scan also runs on a timer
+            # and on other transactions' writes, and a Prepare lost in a failover, then aborted
+            # by the next coordinator, would leave some partitions committed.
+            await self.runtime.replicated(part_id)
             remaining = set(pm.partitions)
             while remaining:
                 if self.runtime.slots.get(part_id) is not slot:
