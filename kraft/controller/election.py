@@ -343,17 +343,31 @@ def leaving_changes(
             topic = by_id[by_name[name]]
             led = []
             isr_only = False
+            allowed = unclean_allowed(topic)
+            # p[1]: isr, p[2]/p[3]: removing/adding replicas, p[4]: leader. A partition they only
+            # follow in changes unless they are its whole ISR (the last members stay) with no
+            # reassignment and no unclean election: after the leaderships moved, such no-ops are
+            # most of a whole cluster's partitions, and examining each made one step scan 2M
+            # partitions for no record, past the election timeout.
             if also:
-                for pid, p in topic.partitions.items():  # p[1]: isr, p[4]: leader
+                for pid, p in topic.partitions.items():
                     if p[4] in gone:
                         led.append((pid, p))
-                    elif not gone.isdisjoint(p[1]):
+                    elif (
+                        not isr_only
+                        and not gone.isdisjoint(p[1])
+                        and (allowed or p[2] or p[3] or not gone.issuperset(p[1]))
+                    ):
                         isr_only = True
             else:
-                for pid, p in topic.partitions.items():  # p[1]: isr, p[4]: leader
+                for pid, p in topic.partitions.items():
                     if p[4] == broker_id:
                         led.append((pid, p))
-                    elif broker_id in p[1]:
+                    elif (
+                        not isr_only
+                        and broker_id in p[1]
+                        and (allowed or p[2] or p[3] or len(p[1]) > 1)
+                    ):
                         isr_only = True
             if isr_only and not (found and found[-1] == name):  # a resumed topic: noted already
                 found.append(name)
@@ -372,10 +386,13 @@ def leaving_changes(
         if topic_id is None:
             continue
         topic = by_id[topic_id]
+        allowed = unclean_allowed(topic)
         affected = [
             (pid, p)
             for pid, p in topic.partitions.items()
-            if p[4] not in gone and not gone.isdisjoint(p[1])
+            if p[4] not in gone
+            and not gone.isdisjoint(p[1])
+            and (allowed or p[2] or p[3] or not gone.issuperset(p[1]))
         ]
         if at_name and name == at_name:
             affected = [item for item in affected if item[0] >= at_pid]

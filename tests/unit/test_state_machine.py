@@ -16,6 +16,7 @@ from kraft.metadata.delta import ReplayError
 from kraft.metadata.image import MetadataImage
 from kraft.metadata.replay import replay
 from kraft.records import (
+    LEADER_NONE,
     LEADER_UNCHANGED,
     RECOVERED,
     RECOVERING,
@@ -1509,6 +1510,38 @@ def test_brokers_whose_sessions_expired_together_are_fenced_together():
         if rec.leader == LEADER_UNCHANGED:
             assert all(r.leader == LEADER_UNCHANGED for r in changes[i:])
             break
+
+
+def test_a_fence_does_not_examine_partitions_it_cannot_change(monkeypatch):
+    """After the leaderships moved, a partition whose whole ISR is leaving (its last members
+    stay, no unclean election) cannot change: the second pass skips it instead of building a
+    no-op for each, which at 2M partitions made one step scan the image past the election
+    timeout."""
+    from kraft.controller import election
+
+    h = Harness(brokers=3, transition_step_records=4)
+    layout = {i: [0, 1] for i in range(6)}  # only brokers 0 and 1 hold these
+    h.ok("CreateTopics", {"topics": [{"name": "t", "assignments": layout}]})
+    calls = []
+    original = election.leaving_change
+
+    def spy(*args):
+        calls.append(args[1])
+        return original(*args)
+
+    monkeypatch.setattr(election, "leaving_change", spy)
+    body = {
+        "broker_id": 0,
+        "broker_epoch": h.epoch(0),
+        "reason": "session-timeout",
+        "also": [{"broker_id": 1, "broker_epoch": h.epoch(1)}],
+    }
+    records, r = 0, {"incomplete": True}
+    while r.get("incomplete"):
+        batch, r = h.ok("FenceBroker", body)
+        records += sum(isinstance(x, PartitionChangeRecord) for x in batch.records)
+    assert records == 6 and sorted(calls) == list(range(6))  # each leadership once, nothing else
+    assert all(p.leader == LEADER_NONE for p in h.image.topic("t").partitions.values())
 
 
 def test_a_stepped_fence_hands_on_where_to_resume_while_steps_are_left():
