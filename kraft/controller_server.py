@@ -29,8 +29,10 @@ import kraft.quorum.pysyncobj_patches as pysyncobj_patches
 from kraft import logsetup, sdnotify
 from kraft.broker_lifecycle import BrokerLifecycle
 from kraft.config import ConfigError, ControllerConfig, is_loopback
+from kraft.controller.cluster_control import also_fenced
 from kraft.controller.commands import Command
-from kraft.controller.election import Resume
+from kraft.controller.election import Resume, leaving_start
+from kraft.controller.replication_control import unclean_allowed_in
 from kraft.controller.settings import ControllerSettings
 from kraft.controller.state_machine import QuorumStateMachine
 from kraft.controller_apis import ControllerApis
@@ -57,6 +59,8 @@ log = logging.getLogger("kraft.controller")
 
 WRITE_TIMEOUT_S = 10.0
 _STEPPED_APIS = ("FenceBroker", "UnfenceBroker", "BeginControlledShutdown", "UnregisterBroker")
+# Tries at finding where a fence starts before its first step scans the image itself.
+FENCE_START_ATTEMPTS = 3
 
 
 # A snapshot that falls due during a stepped broker transition waits for its end, at most this long.
@@ -583,6 +587,8 @@ class ControllerServer:
         self._transitions += stepped
         try:
             resume: tuple[Resume, tuple[int, bytes]] | None = None
+            if api == "FenceBroker":
+                resume = await self._fence_start(body)
             while True:
                 result, resume = await self._write_once(
                     api, body, request_id, principal, client_id, resume
@@ -594,6 +600,36 @@ class ControllerServer:
                     body = dict(body, **{"continue": True})
         finally:
             self._transitions -= stepped
+
+    async def _fence_start(self, body: dict[str, Any]) -> tuple[Resume, tuple[int, bytes]] | None:
+        """Where a FenceBroker's first change is, searched in slices of topics with the event
+        loop running between them, so that its first step costs O(its records): a new active
+        controller has no resume point from its predecessor, and scanning a 2M-partition image
+        in one step held the trio thread past the election timeout (each new leader lost the
+        leadership inside that step, again and again). None (the step scans from the start)
+        when the image keeps changing under the search or the body is not a valid fence."""
+        broker_id, epoch = body.get("broker_id"), body.get("broker_epoch")
+        if type(broker_id) is not int or type(epoch) is not int:
+            return None
+        for _ in range(FENCE_START_ATTEMPTS):
+            spec = self.speculative
+            if spec is None:
+                return None
+            image = spec.image
+            reg = image.broker(broker_id)
+            if reg is None or reg.epoch != epoch or reg.fenced:
+                return None
+            also = frozenset(r.broker_id for r in also_fenced(image, body.get("also"), broker_id))
+            unclean = unclean_allowed_in(image, self.settings)
+            point: Resume | None = None
+            while True:
+                point, over = leaving_start(image, broker_id, unclean, point, also)
+                if over:
+                    return point, (image.offset, image.last_hash)
+                await trio.sleep(0)
+                if self.speculative is not spec or spec.image is not image:
+                    break  # written meanwhile: the points found may no longer hold
+        return None
 
     async def _write_once(
         self,

@@ -238,7 +238,7 @@ def fence_broker(
         return reg
     if reg.fenced:
         return ControllerResult([], error_fields(), reason)
-    others = _also_fenced(image, cmd.body.get("also"), reg.broker_id)
+    others = also_fenced(image, cmd.body.get("also"), reg.broker_id)
     fences: list[Record] = [
         BrokerRegistrationChangeRecord(r.broker_id, r.epoch, FENCE, 0) for r in (reg, *others)
     ]
@@ -254,7 +254,7 @@ def fence_broker(
     )
 
 
-def _also_fenced(image: MetadataImage, raw: Any, broker_id: int) -> list[BrokerRegistration]:
+def also_fenced(image: MetadataImage, raw: Any, broker_id: int) -> list[BrokerRegistration]:
     """The registrations named by a FenceBroker's ``also`` that are current and unfenced, by id."""
     found: dict[int, BrokerRegistration] = {}
     for item in raw if isinstance(raw, (list, tuple)) else ():

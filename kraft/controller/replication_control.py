@@ -100,13 +100,15 @@ def broker_leaving_changes(
     (kraft.controller.election), at most ``limit`` records from ``resume`` on; returns them and
     where the next step resumes."""
     return leaving_changes(
-        image,
-        broker_id,
-        lambda topic: unclean_allowed(image, settings, topic.name),
-        limit,
-        resume,
-        also,
+        image, broker_id, unclean_allowed_in(image, settings), limit, resume, also
     )
+
+
+def unclean_allowed_in(
+    image: MetadataImage, settings: ControllerSettings
+) -> Callable[[TopicImage], bool]:
+    """:func:`unclean_allowed` of ``image`` as the per-topic predicate the election rules take."""
+    return lambda topic: unclean_allowed(image, settings, topic.name)
 
 
 def broker_returning_changes(

@@ -1544,6 +1544,75 @@ def test_a_fence_does_not_examine_partitions_it_cannot_change(monkeypatch):
     assert all(p.leader == LEADER_NONE for p in h.image.topic("t").partitions.values())
 
 
+def test_a_fence_start_found_in_slices_gives_the_same_steps():
+    """``leaving_start`` finds, a few topics per call, where a leaving transition's first change
+    is; a step resumed there writes what a step scanning from the start writes, at every stage
+    of a transition, for one broker and for several fenced together, and for nothing to do."""
+    from kraft.controller.election import leaving_changes, leaving_start
+
+    h = Harness(brokers=4, transition_step_records=4)
+    layouts = [{0: [1, 2], 1: [2, 3]}, {0: [0, 1], 1: [1, 0], 2: [3, 0]}, {0: [2, 3]}]
+    for i, layout in enumerate(layouts * 2):
+        h.ok("CreateTopics", {"topics": [{"name": f"t{i}", "assignments": layout}]})
+
+    def found_in_slices(image, broker_id, also):
+        point, over, calls = None, False, 0
+        while not over:
+            point, over = leaving_start(image, broker_id, resume=point, also=also, max_topics=1)
+            calls += 1
+        return point, calls
+
+    for broker_id, also in ((0, frozenset()), (0, frozenset({1})), (3, frozenset({2}))):
+        image = h.image
+        while True:
+            expected = leaving_changes(image, broker_id, limit=3, also=also)
+            point, calls = found_in_slices(image, broker_id, also)
+            assert leaving_changes(image, broker_id, limit=3, resume=point, also=also) == expected
+            assert calls >= 2  # it did go a topic at a time
+            if expected[1] is None:
+                break
+            image = image_after(image, expected[0])
+    nobody = frozenset()
+    point, _ = found_in_slices(h.image, 99, nobody)  # not a replica anywhere
+    assert leaving_changes(h.image, 99, limit=3, resume=point) == ([], None)
+
+
+def test_the_server_finds_a_fence_start_and_its_first_step_uses_it():
+    """``ControllerServer._fence_start`` (run here on a stand-in with the server's two
+    attributes it reads): the point it hands the first FenceBroker step is valid at the image's
+    position, and the step it leads to is the one a scan from the start gives."""
+    from types import SimpleNamespace
+
+    import trio
+
+    from kraft.controller_server import ControllerServer
+
+    h = Harness(brokers=3, transition_step_records=4)
+    for i in range(5):
+        h.ok("CreateTopics", {"topics": [{"name": f"t{i}", "assignments": {0: [1, 2], 1: [0, 2]}}]})
+    body = {"broker_id": 0, "broker_epoch": h.epoch(0), "reason": "session-timeout"}
+    server = SimpleNamespace(speculative=h.sm, settings=h.sm.settings)
+    found = trio.run(ControllerServer._fence_start, server, body)
+    assert found is not None and found[1] == (h.image.offset, h.image.last_hash)
+    assert found[0][:3] == (0, "t0", 1)  # broker 0 leads partition 1 of every topic
+    command = Command(api="FenceBroker", body=body, request_id="f", timestamp_ms=1, seed=1)
+    with_start = QuorumStateMachine(h.sm.settings, h.image).propose(command, 1, found[0])[0]
+    from_scratch = QuorumStateMachine(h.sm.settings, h.image).propose(command, 1)[0]
+    assert with_start.encode() == from_scratch.encode()
+    stale = dict(body, broker_epoch=h.epoch(0) + 1)
+    assert trio.run(ControllerServer._fence_start, server, stale) is None
+
+
+def image_after(image, records):
+    """``image`` with ``records`` replayed (a step's changes, outside any state machine)."""
+    from kraft.metadata.delta import MetadataDelta
+
+    delta = MetadataDelta(image)
+    for record in records:
+        delta.replay(record)
+    return delta.apply()
+
+
 def test_a_stepped_fence_hands_on_where_to_resume_while_steps_are_left():
     """Each step but the last returns where the next one resumes (the node passes it on)."""
     h = Harness(brokers=3, max_records_per_batch=4)
