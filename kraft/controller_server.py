@@ -21,6 +21,7 @@ import signal
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -29,9 +30,9 @@ import kraft.quorum.pysyncobj_patches as pysyncobj_patches
 from kraft import logsetup, sdnotify
 from kraft.broker_lifecycle import BrokerLifecycle
 from kraft.config import ConfigError, ControllerConfig, is_loopback
-from kraft.controller.cluster_control import also_fenced
+from kraft.controller.cluster_control import also_fenced, offline_replicas_of
 from kraft.controller.commands import Command
-from kraft.controller.election import Resume, leaving_start
+from kraft.controller.election import Resume, leaving_start, returning_start
 from kraft.controller.replication_control import unclean_allowed_in
 from kraft.controller.settings import ControllerSettings
 from kraft.controller.state_machine import QuorumStateMachine
@@ -41,6 +42,7 @@ from kraft.errors import ErrorCode, KraftError
 from kraft.log.errors import CorruptLogError, CorruptSnapshotError
 from kraft.log.metadata_log import MetadataLog
 from kraft.metadata.delta import MetadataDelta
+from kraft.metadata.image import MetadataImage
 from kraft.metadata.replay import replay
 from kraft.metadata_applier import MetadataApplier
 from kraft.quorum.journal_file import JournalCorruptError
@@ -59,8 +61,8 @@ log = logging.getLogger("kraft.controller")
 
 WRITE_TIMEOUT_S = 10.0
 _STEPPED_APIS = ("FenceBroker", "UnfenceBroker", "BeginControlledShutdown", "UnregisterBroker")
-# Tries at finding where a fence starts before its first step scans the image itself.
-FENCE_START_ATTEMPTS = 3
+# Tries at finding where a broker transition starts before its first step scans the image.
+TRANSITION_START_ATTEMPTS = 3
 
 
 # A snapshot that falls due during a stepped broker transition waits for its end, at most this long.
@@ -587,8 +589,8 @@ class ControllerServer:
         self._transitions += stepped
         try:
             resume: tuple[Resume, tuple[int, bytes]] | None = None
-            if api == "FenceBroker":
-                resume = await self._fence_start(body)
+            if stepped:
+                resume = await self._transition_start(api, body)
             while True:
                 result, resume = await self._write_once(
                     api, body, request_id, principal, client_id, resume
@@ -601,35 +603,59 @@ class ControllerServer:
         finally:
             self._transitions -= stepped
 
-    async def _fence_start(self, body: dict[str, Any]) -> tuple[Resume, tuple[int, bytes]] | None:
-        """Where a FenceBroker's first change is, searched in slices of topics with the event
-        loop running between them, so that its first step costs O(its records): a new active
-        controller has no resume point from its predecessor, and scanning a 2M-partition image
-        in one step held the trio thread past the election timeout (each new leader lost the
-        leadership inside that step, again and again). None (the step scans from the start)
-        when the image keeps changing under the search or the body is not a valid fence."""
-        broker_id, epoch = body.get("broker_id"), body.get("broker_epoch")
-        if type(broker_id) is not int or type(epoch) is not int:
+    async def _transition_start(
+        self, api: str, body: dict[str, Any]
+    ) -> tuple[Resume, tuple[int, bytes]] | None:
+        """Where a broker transition's first change is (a fence, a controlled shutdown, an
+        unregistration, an unfence), searched in slices of topics with the event loop running
+        between them, so that its first step costs O(its records): a new active controller has
+        no resume point from its predecessor, and scanning a 2M-partition image in one step held
+        the trio thread past the election timeout (each new leader lost the leadership inside
+        that step, again and again). None (the step scans from the start) when the image keeps
+        changing under the search or the body names no registered broker."""
+        broker_id = body.get("broker_id")
+        if type(broker_id) is not int:
             return None
-        for _ in range(FENCE_START_ATTEMPTS):
+        for _ in range(TRANSITION_START_ATTEMPTS):
             spec = self.speculative
             if spec is None:
                 return None
             image = spec.image
-            reg = image.broker(broker_id)
-            if reg is None or reg.epoch != epoch or reg.fenced:
+            search = self._start_search(api, body, image, broker_id)
+            if search is None:
                 return None
-            also = frozenset(r.broker_id for r in also_fenced(image, body.get("also"), broker_id))
-            unclean = unclean_allowed_in(image, self.settings)
             point: Resume | None = None
             while True:
-                point, over = leaving_start(image, broker_id, unclean, point, also)
+                point, over = search(point)
                 if over:
                     return point, (image.offset, image.last_hash)
                 await trio.sleep(0)
                 if self.speculative is not spec or spec.image is not image:
                     break  # written meanwhile: the points found may no longer hold
         return None
+
+    def _start_search(
+        self, api: str, body: dict[str, Any], image: MetadataImage, broker_id: int
+    ) -> Callable[[Resume | None], tuple[Resume, bool]] | None:
+        """One slice of the search for ``api``'s first change in ``image`` (see
+        :meth:`_transition_start`), or None when the broker is not registered as ``body`` says."""
+        reg = image.broker(broker_id)
+        if reg is None:
+            return None
+        unclean = unclean_allowed_in(image, self.settings)
+        if api == "UnregisterBroker":
+            return lambda point: leaving_start(image, broker_id, unclean, point)
+        if reg.epoch != body.get("broker_epoch"):
+            return None
+        if api == "UnfenceBroker":
+            offline = frozenset(offline_replicas_of(body))
+            return lambda point: returning_start(image, broker_id, unclean, point, offline)
+        if reg.fenced:
+            return None
+        if api == "FenceBroker":
+            also = frozenset(r.broker_id for r in also_fenced(image, body.get("also"), broker_id))
+            return lambda point: leaving_start(image, broker_id, unclean, point, also)
+        return lambda point: leaving_start(image, broker_id, unclean, point)
 
     async def _write_once(
         self,

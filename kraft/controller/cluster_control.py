@@ -270,9 +270,12 @@ def also_fenced(image: MetadataImage, raw: Any, broker_id: int) -> list[BrokerRe
 
 
 def unfence_broker(
-    image: MetadataImage, cmd: Command, settings: ControllerSettings
+    image: MetadataImage, cmd: Command, settings: ControllerSettings, pending: Resume | None = None
 ) -> ControllerResult:
-    """UnfenceBroker (caught up): fenced=-1, then leaderless partitions it can lead get it."""
+    """UnfenceBroker (caught up): fenced=-1, then leaderless partitions it can lead get it, a
+    step at a time (``{"incomplete": true}`` while some are left; the node repeats the command
+    with ``continue``). ``pending``: where the previous step stopped, or where a search in
+    slices found the first change (see ``election.returning_changes``)."""
     reason = "broker-unfenced"
     reg = _transition(image, cmd, reason)
     if isinstance(reg, ControllerResult):
@@ -289,14 +292,15 @@ def unfence_broker(
     if not first and not incomplete_continuation(cmd):
         return ControllerResult([], error_fields(), reason)
     room = settings.step_records - len(first)
-    offline = frozenset(_offline_replicas(cmd))
-    changes = broker_returning_changes(image, settings, reg.broker_id, limit=room, offline=offline)
-    response = (
-        error_fields()
-        if not changes.remaining
-        else {**error_fields(), "incomplete": True, "remaining": changes.remaining}
+    offline = frozenset(offline_replicas_of(cmd.body))
+    changes, resume = broker_returning_changes(
+        image, settings, reg.broker_id, room, offline, pending
     )
-    return ControllerResult([*first, *changes], response, reason)
+    if resume is None:
+        return ControllerResult([*first, *changes], error_fields(), reason)
+    return ControllerResult(
+        [*first, *changes], {**error_fields(), "incomplete": True}, reason, pending=resume
+    )
 
 
 def incomplete_continuation(cmd: Command) -> bool:
@@ -321,14 +325,12 @@ def begin_controlled_shutdown(
         if reg.in_controlled_shutdown
         else [BrokerRegistrationChangeRecord(reg.broker_id, reg.epoch, FENCE_UNCHANGED, 1)]
     )
-    return _leave(
-        image, settings, reg.broker_id, first, [], reason, pending=pending if not first else None
-    )
+    return _leave(image, settings, reg.broker_id, first, [], reason, pending=pending)
 
 
-def _offline_replicas(cmd: Command) -> list[tuple[str, int]]:
+def offline_replicas_of(body: dict[str, Any]) -> list[tuple[str, int]]:
     """A body's ``offline_replicas`` ([{topic_id, partition}]) as (topic id, partition) pairs."""
-    raw = cmd.body.get("offline_replicas")
+    raw = body.get("offline_replicas")
     return [
         (r["topic_id"], r["partition"])
         for r in (raw if isinstance(raw, (list, tuple)) else ())
@@ -351,7 +353,7 @@ def log_dirs_offline(
         return reg
     if reg.fenced:
         return ControllerResult([], error_fields(), reason)
-    replicas = _offline_replicas(cmd)
+    replicas = offline_replicas_of(cmd.body)
     changes = offline_replica_changes(
         image, settings, reg.broker_id, replicas, limit=settings.step_records
     )

@@ -25,10 +25,10 @@ from kraft.controller.election import (
     Resume,
     build_partition_change,
     changes_for_offline_replicas,
-    changes_for_unfenced_broker,
     elect_preferred_leader,
     elect_unclean_leader,
     leaving_changes,
+    returning_changes,
 )
 from kraft.controller.placement import place_replicas
 from kraft.controller.settings import ControllerSettings
@@ -117,11 +117,13 @@ def broker_returning_changes(
     broker_id: int,
     limit: int | None = None,
     offline: frozenset[tuple[str, int]] = frozenset(),
-) -> Changes:
+    resume: Resume | None = None,
+) -> tuple[Changes, Resume | None]:
     """Unfencing ``broker_id``: leaderless partitions it can lead get it as leader (except its
-    replicas in ``offline``, on failed log dirs)."""
-    return changes_for_unfenced_broker(
-        image, broker_id, lambda topic: unclean_allowed(image, settings, topic.name), limit, offline
+    replicas in ``offline``, on failed log dirs), at most ``limit`` records from ``resume`` on;
+    returns them and where the next step resumes (kraft.controller.election)."""
+    return returning_changes(
+        image, broker_id, unclean_allowed_in(image, settings), limit, resume, offline
     )
 
 

@@ -88,6 +88,7 @@ _RESUMABLE: dict[str, ResumableHandler] = {
     "FenceBroker": cluster_control.fence_broker,
     "BeginControlledShutdown": cluster_control.begin_controlled_shutdown,
     "UnregisterBroker": cluster_control.unregister_broker,
+    "UnfenceBroker": cluster_control.unfence_broker,
 }
 
 

@@ -1300,7 +1300,7 @@ def test_broker_transitions_beyond_one_batch_continue_over_several_commands():
     h.unfence(0)
     body = {"broker_id": 1, "broker_epoch": h.epoch(1)}
     batch, r = h.ok("UnfenceBroker", body)
-    assert r["incomplete"] and r["remaining"] == 3 and len(batch.records) == 3
+    assert r["incomplete"] and len(batch.records) == 3
     while r.get("incomplete"):
         batch, r = h.ok("UnfenceBroker", {**body, "continue": True})
     assert all(h.part(f"t{i}").leader == 1 for i in range(5))
@@ -1577,10 +1577,13 @@ def test_a_fence_start_found_in_slices_gives_the_same_steps():
     assert leaving_changes(h.image, 99, limit=3, resume=point) == ([], None)
 
 
-def test_the_server_finds_a_fence_start_and_its_first_step_uses_it():
-    """``ControllerServer._fence_start`` (run here on a stand-in with the server's two
-    attributes it reads): the point it hands the first FenceBroker step is valid at the image's
-    position, and the step it leads to is the one a scan from the start gives."""
+@pytest.mark.parametrize(
+    "api", ["FenceBroker", "BeginControlledShutdown", "UnregisterBroker", "UnfenceBroker"]
+)
+def test_the_server_finds_a_transition_start_and_its_first_step_uses_it(api):
+    """``ControllerServer._transition_start`` (run here on a stand-in with the server's
+    attributes it reads): the point it hands the first step of each stepped transition is valid
+    at the image's position, and the step it leads to is the one a scan from the start gives."""
     from types import SimpleNamespace
 
     import trio
@@ -1590,17 +1593,119 @@ def test_the_server_finds_a_fence_start_and_its_first_step_uses_it():
     h = Harness(brokers=3, transition_step_records=4)
     for i in range(5):
         h.ok("CreateTopics", {"topics": [{"name": f"t{i}", "assignments": {0: [1, 2], 1: [0, 2]}}]})
+    if api == "UnfenceBroker":  # every partition leaderless, broker 0 the last in t*-1's ISR
+        for b in (2, 1, 0):
+            while h.fence(b)[1].get("incomplete"):
+                pass
     body = {"broker_id": 0, "broker_epoch": h.epoch(0), "reason": "session-timeout"}
     server = SimpleNamespace(speculative=h.sm, settings=h.sm.settings)
-    found = trio.run(ControllerServer._fence_start, server, body)
+    server._start_search = lambda *a: ControllerServer._start_search(server, *a)
+    found = trio.run(ControllerServer._transition_start, server, api, body)
     assert found is not None and found[1] == (h.image.offset, h.image.last_hash)
-    assert found[0][:3] == (0, "t0", 1)  # broker 0 leads partition 1 of every topic
-    command = Command(api="FenceBroker", body=body, request_id="f", timestamp_ms=1, seed=1)
-    with_start = QuorumStateMachine(h.sm.settings, h.image).propose(command, 1, found[0])[0]
-    from_scratch = QuorumStateMachine(h.sm.settings, h.image).propose(command, 1)[0]
-    assert with_start.encode() == from_scratch.encode()
+    assert found[0][:3] == (0, "t0", 1)  # broker 0 leads, or can lead, partition 1 of each
+    command = Command(api=api, body=body, request_id="f", timestamp_ms=1, seed=1)
+    with_start = QuorumStateMachine(h.sm.settings, h.image).propose(command, 1, found[0])
+    from_scratch = QuorumStateMachine(h.sm.settings, h.image).propose(command, 1)
+    assert with_start[0].encode() == from_scratch[0].encode()
+    assert with_start[2] == from_scratch[2] is not None  # both go on at the same point
     stale = dict(body, broker_epoch=h.epoch(0) + 1)
-    assert trio.run(ControllerServer._fence_start, server, stale) is None
+    if api != "UnregisterBroker":  # it takes no epoch
+        assert trio.run(ControllerServer._transition_start, server, api, stale) is None
+    gone = dict(body, broker_id=99)
+    assert trio.run(ControllerServer._transition_start, server, api, gone) is None
+
+
+def test_an_unfence_start_found_in_slices_gives_the_same_steps():
+    """``returning_start`` finds, a few topics per call, where an unfence's first change is;
+    a step resumed there writes what a step scanning from the start writes, at every stage,
+    with and without offline replicas, unclean elections allowed or not, and for nothing to
+    do."""
+    from kraft.controller.election import returning_changes, returning_start
+
+    h = Harness(brokers=3, transition_step_records=4)
+    layouts = [{0: [1, 2], 1: [2, 0]}, {0: [0, 1], 1: [1, 0], 2: [2, 0]}, {0: [2, 1]}]
+    for i, layout in enumerate(layouts * 2):
+        h.ok("CreateTopics", {"topics": [{"name": f"t{i}", "assignments": layout}]})
+    for b in (2, 1, 0):
+        while h.fence(b)[1].get("incomplete"):
+            pass
+    offline_t1 = frozenset({(h.image.topics_by_name["t1"], 1)})
+
+    def found_in_slices(image, broker_id, unclean, offline):
+        point, over, calls = None, False, 0
+        while not over:
+            point, over = returning_start(image, broker_id, unclean, point, offline, max_topics=1)
+            calls += 1
+        return point, calls
+
+    for broker_id in (0, 1, 2):
+        for unclean in (lambda t: False, lambda t: t.name in ("t2", "t5")):
+            for offline in (frozenset(), offline_t1):
+                image = h.image
+                while True:
+                    expected = returning_changes(image, broker_id, unclean, 3, None, offline)
+                    point, calls = found_in_slices(image, broker_id, unclean, offline)
+                    assert calls >= 2
+                    got = returning_changes(image, broker_id, unclean, 3, point, offline)
+                    assert got == expected
+                    if expected[1] is None:
+                        break
+                    image = image_after(image, expected[0])
+    point, _ = found_in_slices(h.image, 99, lambda t: False, frozenset())
+    assert returning_changes(h.image, 99, limit=3, resume=point) == ([], None)
+
+
+def test_stepped_unfences_write_the_same_batches_with_or_without_the_pending_rest():
+    """An unfence moving more leaderships than one step holds hands its resume point to the
+    next step; a controller without it (restarted, or something else written in between)
+    scans from the start and writes byte-identical batches."""
+    hits = []
+
+    def run(forget: bool, interleave: bool) -> list[bytes]:
+        h = Harness(brokers=3, max_records_per_batch=4)
+        for i in range(6):
+            h.ok(
+                "CreateTopics",
+                {"topics": [{"name": f"t{i}", "num_partitions": 2, "replication_factor": 3}]},
+            )
+        for b in (1, 2, 0):
+            while h.fence(b)[1].get("incomplete"):
+                pass
+        out = []
+        body = {"broker_id": 0, "broker_epoch": h.epoch(0)}
+        h.forget_resume = forget
+        r = {"incomplete": True}
+        steps = 0
+        while r.get("incomplete"):
+            if interleave and steps == 1:
+                batch, _ = h.ok(
+                    "IncrementalAlterConfigs",
+                    {
+                        "resources": [
+                            {
+                                "resource_type": "topic",
+                                "resource_name": "t0",
+                                "ops": [{"name": "retention.ms", "op": "SET", "value": "7"}],
+                            }
+                        ]
+                    },
+                )
+                out.append(batch.encode())
+            batch, r = h.ok("UnfenceBroker", {**body, "continue": True} if steps else body)
+            hits.append(h.resumed[-1])
+            out.append(batch.encode())
+            steps += 1
+        assert steps > 2
+        assert not h.image.brokers[0].fenced
+        assert all(
+            p.leader == 0 for t in h.image.topics_by_id.values() for p in t.partitions.values()
+        )
+        return out
+
+    assert run(forget=False, interleave=False) == run(forget=True, interleave=False)
+    assert any(hits) and not any(hits[len(hits) // 2 :])
+    hits.clear()
+    assert run(forget=False, interleave=True) == run(forget=True, interleave=True)
 
 
 def image_after(image, records):
