@@ -584,6 +584,7 @@ class Scale:
             SimBroker(
                 b.broker_id, self.boot, b.cluster_id, rack=b.rack, heartbeat_interval_s=1.0,
                 replay=replay, register_timeout_s=WHOLE_RESTART_GIVE_UP_S,
+                previous_epoch=b.epoch,  # their disks are intact: as a real broker's epoch file
             )
             for b in self.sims
         ]  # fmt: skip

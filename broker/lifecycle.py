@@ -76,6 +76,8 @@ class BrokerLifecycle:
         features: list[dict[str, Any]] | None = None,
         offline_report: Callable[[], dict[str, Any]] | None = None,
         image_mismatch: Callable[[], dict[str, Any] | None] | None = None,
+        previous_epoch: Callable[[], int] | None = None,
+        record_epoch: Callable[[int], object] | None = None,
     ) -> None:
         self.client = client
         self.broker_id = broker_id
@@ -102,6 +104,10 @@ class BrokerLifecycle:
         self.registrations = 0
         self.attempt_timeout = min(3.0, max(0.5, session_timeout / 4))
         self.image_mismatch = image_mismatch or (lambda: None)
+        # the epoch this broker's disks were last registered with (-1: none proven), and where a
+        # new one is recorded (broker.broker_epoch)
+        self.previous_epoch = previous_epoch or (lambda: -1)
+        self.record_epoch = record_epoch
 
     def _set_state(self, state: BrokerState, why: str) -> None:
         if state != self.state:
@@ -129,6 +135,7 @@ class BrokerLifecycle:
             "listeners": self.listeners,
             "rack": self.rack,
             "features": self.features,
+            "previous_broker_epoch": await trio.to_thread.run_sync(self.previous_epoch),
         }
         while True:
             try:
@@ -157,6 +164,8 @@ class BrokerLifecycle:
                 continue
             self.broker_epoch = int(resp["broker_epoch"])
             self.registrations += 1
+            if self.record_epoch is not None:
+                await trio.to_thread.run_sync(self.record_epoch, self.broker_epoch)
             log.info(
                 "broker %d registered: incarnation %s, broker epoch %d",
                 self.broker_id,

@@ -20,6 +20,7 @@ from typing import Any
 
 import trio
 
+from broker.broker_epoch import read_previous_epoch, write_epoch
 from broker.config import BrokerConfig
 from broker.coordinator.group.service import GroupCoordinator
 from broker.coordinator.producer_id_manager import ProducerIdManager
@@ -177,6 +178,8 @@ class BrokerNode:
             registration_timeout=config["initial.broker.registration.timeout.ms"] / 1000,
             offline_report=self.replica_manager.offline_report,
             image_mismatch=self.loader.image_mismatch,
+            previous_epoch=self._previous_epoch,
+            record_epoch=lambda epoch: write_epoch(self.replica_manager.dirs.healthy(), epoch),
         )
         # a log dir went offline: stop fetching its partitions, tell the controller now
         self.replica_manager.dirs.listeners.append(self._log_dir_offline)
@@ -206,6 +209,13 @@ class BrokerNode:
             )
             self.lifecycle.ready.set()
             self.lifecycle.poke()
+
+    def _previous_epoch(self) -> int:
+        """The epoch all of this broker's log dirs were last registered with, or -1 (one of them
+        is offline, or they prove nothing: see broker.broker_epoch)."""
+        if self.replica_manager.dirs.offline:
+            return -1
+        return read_previous_epoch(self.config.log_dirs)
 
     def _log_dir_offline(self, directory: object) -> None:
         self.fetchers.reconcile_soon()

@@ -17,11 +17,13 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from kraft.controller.cluster_control import returning_disks
 from kraft.controller.election import leaderless_isr_brokers
 from kraft.controller.heartbeats import BrokerHeartbeatManager, HeartbeatDecision
 from kraft.errors import ErrorCode, KraftError
 from kraft.metadata.image import MetadataImage
 from kraft.metadata.image_check import BrokerImageTracker, Mismatch, TrackerEvent
+from kraft.metadata.registrations import BrokerRegistration
 from kraft.rpc.bodies import (
     BrokerHeartbeatRequest,
     BrokerHeartbeatResponse,
@@ -38,6 +40,8 @@ SESSION_TIMER_INTERVAL_S = 0.1
 KEEP_ALIVE_INTERVAL_S = 1.0
 # Topics per slice of the search for unfinished unfences (a yield to the event loop between).
 SCAN_SLICE_TOPICS = 500
+# A returning broker's expired session is left unfenced while it asked to register within this.
+RETURNING_GRACE_S = 5.0
 # A resumed unfence failing with these is tried again on the broker's next heartbeat.
 RETRIED_RESUME_ERRORS = (ErrorCode.NOT_CONTROLLER, ErrorCode.REQUEST_TIMED_OUT)
 
@@ -61,6 +65,13 @@ class BrokerLifecycle:
         # Their next heartbeat resumes it (``continue``).
         self.unfinished_unfence: set[int] = set()
         self._scan_image: MetadataImage | None = None  # to search for those, once active
+        # A new process of a broker whose disks prove the registration (previous_broker_epoch),
+        # refused while the old session lives: broker id → when it last asked (monotonic s).
+        # Its expired session is not fenced while it keeps asking (RETURNING_GRACE_S): it will
+        # replace the registration and keep its partitions instead (cluster_control).
+        self.returning: dict[int, float] = {}
+        # brokers whose expired sessions were left unfenced for that: broker id → old epoch
+        self.deferred_fences: dict[int, int] = {}
 
     def reset(self) -> None:
         """This controller became active: every registered broker gets a fresh session, and
@@ -70,6 +81,8 @@ class BrokerLifecycle:
         self.heartbeats.reset_all(now_ms(), image)
         self.images.forget_all()
         self.unfinished_unfence.clear()
+        self.returning.clear()
+        self.deferred_fences.clear()
         self._scan_image = image
 
     # ---- registration -----------------------------------------------------------------------
@@ -87,6 +100,8 @@ class BrokerLifecycle:
             and existing.incarnation_id != req.incarnation_id
             and self.heartbeats.has_live_session(req.broker_id, now_ms())
         ):
+            if not existing.fenced and returning_disks(existing, wire):
+                self.returning[req.broker_id] = time.monotonic()
             message = (
                 f"Another broker {req.broker_id} (incarnation {existing.incarnation_id}) is "
                 "registered and alive; retry once its session has expired."
@@ -105,6 +120,8 @@ class BrokerLifecycle:
             client_id=getattr(ctx, "client_id", "") or "",
         )
         self.heartbeats.register(req.broker_id, result["broker_epoch"], now_ms())
+        self.returning.pop(req.broker_id, None)
+        self.deferred_fences.pop(req.broker_id, None)
         self.images.forget(req.broker_id)
         log.info(
             "node %d: broker %d registered with epoch %d",
@@ -285,6 +302,32 @@ class BrokerLifecycle:
 
     # ---- session expiry ---------------------------------------------------------------------
 
+    def _defer_returning(
+        self, expired: list[BrokerRegistration], now: float
+    ) -> list[BrokerRegistration]:
+        """``expired`` without the brokers whose next process is asking to replace their
+        registration with its disks' proof (it registers at its next try and keeps its
+        partitions: at 2M partitions a whole-cluster restart then moves nothing), plus the
+        brokers deferred so earlier that stopped asking (fenced after all)."""
+        image = self.server.state_machine.image
+        fence = []
+        for reg in expired:
+            asked = self.returning.get(reg.broker_id)
+            if asked is not None and now - asked < RETURNING_GRACE_S:
+                self.deferred_fences[reg.broker_id] = reg.epoch
+            else:
+                fence.append(reg)
+        for broker_id, epoch in list(self.deferred_fences.items()):
+            current = image.brokers.get(broker_id)
+            if current is None or current.epoch != epoch or current.fenced:
+                del self.deferred_fences[broker_id]  # registered again, or gone
+            elif now - self.returning.get(broker_id, 0.0) >= RETURNING_GRACE_S:
+                del self.deferred_fences[broker_id]
+                self.returning.pop(broker_id, None)
+                if all(r.broker_id != broker_id for r in fence):
+                    fence.append(current)
+        return fence
+
     async def session_timer_loop(self) -> None:
         """Fence the brokers whose sessions have expired, all those found at one tick in one
         (stepped) FenceBroker (``also``): when many leave at once (a whole-cluster restart, a
@@ -306,6 +349,7 @@ class BrokerLifecycle:
                     self.heartbeats.forget(broker_id)
                     continue
                 expired.append(reg)
+            expired = self._defer_returning(expired, time.monotonic())
             if not expired:
                 continue
             first, *others = expired

@@ -29,7 +29,6 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from kraft.metadata.image import MetadataImage
-from kraft.records import LEADER_NONE
 
 KC = "kafka_controller_kafkacontroller_"
 RAFT = "kafka_server_raft_metrics_"
@@ -51,10 +50,13 @@ class ImageCounts:
     @classmethod
     def of(cls, image: MetadataImage) -> ImageCounts:
         partitions = offline = imbalance = 0
+        # a leader that is fenced serves nothing either: after its disks' proof a restarted
+        # broker keeps its leaderships while fenced, until it has caught up (cluster_control)
+        serving = {b for b, reg in image.brokers.items() if not reg.fenced}
         for topic in image.topics_by_id.values():
             for reg in topic.partitions.values():
                 partitions += 1
-                if reg.leader == LEADER_NONE:
+                if reg.leader not in serving:
                     offline += 1
                 elif reg.replicas and reg.leader != reg.replicas[0]:
                     imbalance += 1
@@ -116,7 +118,7 @@ class ControllerCollector(Collector):
             ),
             gauge(
                 KC + "offlinepartitionscount",
-                "partitions without a leader",
+                "partitions without a leader, or whose leader is fenced",
                 counts.offline_partitions,
             ),
             gauge(

@@ -128,6 +128,7 @@ class SimBroker:
     shut_down: bool = False
     credentials: Any = None  # kraft.rpc.auth.ClientCredentials for clusters with RPC auth
     register_timeout_s: float = 120.0  # how long DUPLICATE_BROKER_REGISTRATION is waited out
+    previous_epoch: int = -1  # a restarted broker's disks' epoch (broker.broker_epoch)
     replay: SharedReplay = field(default_factory=SharedReplay)
     last_hash: bytes = ZERO_HASH
     last_heartbeat: float | None = (
@@ -165,6 +166,7 @@ class SimBroker:
             ],
             "rack": self.rack,
             "features": [{"name": "metadata.version", "min_version": 1, "max_version": 1000}],
+            "previous_broker_epoch": self.previous_epoch,
         }
         with trio.fail_after(self.register_timeout_s):
             while True:

@@ -97,7 +97,9 @@ def register_broker(
     image: MetadataImage, cmd: Command, settings: ControllerSettings
 ) -> ControllerResult:
     """BrokerRegistration (docs/kraft-notes.md, Broker registration): RegisterBrokerRecord, fenced. A new incarnation's epoch is the
-    record's offset; the same incarnation amends its registration and keeps epoch and state."""
+    record's offset; the same incarnation amends its registration and keeps epoch and state. A
+    new incarnation may replace an unfenced registration only with its disks' proof
+    (:func:`returning_disks`); the active controller has checked that the old session expired."""
     body = cmd.body
     broker_id = body["broker_id"]
     try:
@@ -126,7 +128,12 @@ def register_broker(
         if rack is not None and not isinstance(rack, str):
             raise KraftError(ErrorCode.INVALID_REQUEST, "rack must be a string.")
         existing = image.broker(broker_id)
-        if existing is not None and existing.incarnation_id != incarnation and not existing.fenced:
+        if (
+            existing is not None
+            and existing.incarnation_id != incarnation
+            and not existing.fenced
+            and not returning_disks(existing, body)
+        ):
             raise KraftError(
                 ErrorCode.DUPLICATE_BROKER_REGISTRATION,
                 f"Another broker {broker_id} (incarnation {existing.incarnation_id}) is registered "
@@ -154,6 +161,16 @@ def register_broker(
     return ControllerResult(
         [record], {**error_fields(), "broker_epoch": epoch}, "broker-registration"
     )
+
+
+def returning_disks(existing: BrokerRegistration, body: dict[str, Any]) -> bool:
+    """Whether a new incarnation's ``previous_broker_epoch`` is ``existing``'s epoch: its disks are
+    the ones that registration served from (``broker.broker_epoch``), so replacing it keeps the
+    broker's leaderships and ISR places, as Kafka does after a clean shutdown (KIP-966). The
+    new registration is fenced until the broker has caught up; a broker without that proof (a
+    wiped disk, an offline dir) may only replace a fenced registration."""
+    previous = body.get("previous_broker_epoch")
+    return type(previous) is int and previous >= 0 and previous == existing.epoch
 
 
 def unregister_broker(

@@ -310,6 +310,8 @@ class BrokerRegistrationRequest(Body):
     listeners: list[Listener]
     rack: str | None = None
     features: list[SupportedFeature] | None = None
+    # KIP-966's PreviousBrokerEpoch: the epoch the broker's disks were last registered with
+    previous_broker_epoch: int = -1
 
 
 class BrokerRegistrationResponse(WriteResponse):

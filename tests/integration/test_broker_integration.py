@@ -199,6 +199,52 @@ def test_killed_broker_is_fenced_and_comes_back_as_follower(cluster):
     )
 
 
+def test_a_broker_restarted_on_its_own_disks_keeps_its_leaderships(cluster):
+    """kill -9 and an immediate restart: the new process proves its log dirs (broker.epoch), so
+    once the old session expires it replaces the registration instead of being fenced first:
+    no leadership moves, no leader epoch is bumped, and it leads again once unfenced."""
+    kraft(
+        "topics",
+        "create",
+        "comeback",
+        "--partitions",
+        "3",
+        "--replication-factor",
+        "3",
+        "--cluster",
+        str(cluster.dir),
+    )
+    poll(lambda: converged(cluster, "comeback"), 30, what="initial roles")
+    before = {
+        p["partition"]: (p["leader"], p["leader_epoch"]) for p in partitions_of(cluster, "comeback")
+    }
+    victim = before[0][0]
+    epoch_before = next(
+        b["epoch"]
+        for b in kraft_json("cluster", "describe", "--cluster", str(cluster.dir))["brokers"]
+        if b["broker_id"] == victim
+    )
+    cluster.kill(victim)
+    cluster.start(victim)
+
+    def registered_again() -> bool:
+        desc = kraft_json("cluster", "describe", "--cluster", str(cluster.dir))["brokers"]
+        b = next(b for b in desc if b["broker_id"] == victim)
+        return b["epoch"] != epoch_before and b["state"] == "unfenced"
+
+    poll(registered_again, 60, what="the restarted broker registered again and unfenced")
+    after = {
+        p["partition"]: (p["leader"], p["leader_epoch"]) for p in partitions_of(cluster, "comeback")
+    }
+    assert after == before
+    poll(lambda: converged(cluster, "comeback"), 30, what="the broker to lead again")
+    poll(
+        lambda: all(victim in p["isr"] for p in partitions_of(cluster, "comeback")),
+        60,
+        what="the restarted broker back in every ISR",
+    )
+
+
 def test_sigterm_moves_leadership_before_exit(cluster):
     kraft(
         "topics",

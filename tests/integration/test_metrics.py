@@ -44,6 +44,7 @@ def _image() -> MetadataImage:
         part(t1, 2, (2,), LEADER_NONE),
         TopicRecord("b", t2),
         part(t2, 0, (3, 1), 3),
+        part(t2, 1, (2, 1), 2),  # led by a fenced broker (kept after its disks' proof): offline
     ):
         delta.replay(r)
     return delta.apply()
@@ -55,8 +56,8 @@ FSC = "kafka_server_fetchsessioncache_"
 def test_image_counts() -> None:
     assert ImageCounts.of(_image()) == ImageCounts(
         topics=2,
-        partitions=4,
-        offline_partitions=1,
+        partitions=5,
+        offline_partitions=2,
         preferred_replica_imbalance=1,
         fenced_brokers=1,
         active_brokers=2,

@@ -775,6 +775,37 @@ def test_reregistration_rules():
     assert r["broker_epoch"] == batch.base_offset > epoch and h.image.brokers[0].fenced
 
 
+def test_a_new_incarnation_with_its_disks_proof_keeps_the_partitions():
+    """``previous_broker_epoch`` equal to the unfenced registration's epoch (the broker's log dirs
+    were last registered with it) replaces the registration, fenced, without moving a
+    leadership or an ISR place; anything else is refused while the old one is unfenced."""
+    h = Harness(brokers=2)
+    h.ok("CreateTopics", {"topics": [{"name": "t", "assignments": {0: [0, 1], 1: [1, 0]}}]})
+    before = {pid: p for pid, p in h.image.topic("t").partitions.items()}
+    epoch = h.epoch(0)
+    for proof in (-1, epoch - 1, epoch + 1, str(epoch), None, True):
+        r = register(h, incarnation=7, previous_broker_epoch=proof)[1]
+        assert r["error_code"] == E.DUPLICATE_BROKER_REGISTRATION, proof
+    batch, r = register(h, incarnation=7, previous_broker_epoch=epoch)
+    assert r["error_code"] == 0 and r["broker_epoch"] == batch.base_offset > epoch
+    (record,) = batch.records  # the registration alone: no partition change
+    assert isinstance(record, RegisterBrokerRecord) and record.fenced
+    reg = h.image.brokers[0]
+    assert (
+        reg.fenced
+        and reg.epoch == r["broker_epoch"]
+        and reg.incarnation_id == record.incarnation_id
+    )
+    assert dict(h.image.topic("t").partitions) == before  # still leads 0, still in both ISRs
+    batch, r = h.unfence(0)  # caught up: unfenced; it leads what it led, nothing to elect
+    assert [type(x).__name__ for x in batch.records] == ["BrokerRegistrationChangeRecord"]
+    assert h.part("t", 0).leader == 0 and h.part("t", 0).leader_epoch == before[0].leader_epoch
+    # the proof names the registration it replaces, not any older one
+    assert register(h, incarnation=8, previous_broker_epoch=epoch)[1]["error_code"] == (
+        E.DUPLICATE_BROKER_REGISTRATION
+    )
+
+
 def test_fence_moves_leadership_and_shrinks_isr():
     h = Harness(brokers=3)
     h.ok(
