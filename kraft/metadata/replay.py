@@ -14,7 +14,19 @@ from contextlib import contextmanager
 
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage
-from kraft.records import ZERO_HASH, Batch, PartitionRecord, Record
+from kraft.metadata.registrations import PartitionRegistration, new_registration
+from kraft.records import (
+    ZERO_HASH,
+    Batch,
+    ConfigRecord,
+    FeatureLevelRecord,
+    LeaderChangeRecord,
+    PartitionRecord,
+    ProducerIdsRecord,
+    Record,
+    RegisterBrokerRecord,
+    TopicRecord,
+)
 
 __all__ = ["image_from_records", "replay", "replay_into"]
 
@@ -74,6 +86,19 @@ def _gc_paused(freeze: bool = False) -> Iterator[None]:
             gc.enable()
 
 
+def _created_partitions(delta: MetadataDelta, topic_id: str) -> dict[int, PartitionRegistration]:
+    """The (so far empty) partitions of the topic ``delta`` just created: a topic frame's
+    partitions go there in one C-level update, as ``replay_partition_rows`` would put them."""
+    return delta._topic_changes[topic_id].partitions
+
+
+# Record types a snapshot holds besides its topics: none of them can change a topic, so topic
+# digests taken from a snapshot's topic frames still describe the topics once these replayed.
+_TOPIC_NEUTRAL = frozenset(
+    {FeatureLevelRecord, RegisterBrokerRecord, ConfigRecord, ProducerIdsRecord, LeaderChangeRecord}
+)
+
+
 def image_from_records(
     records: Iterable[Record],
     *,
@@ -83,13 +108,24 @@ def image_from_records(
     timestamp_ms: int = 0,
     last_hash: bytes = ZERO_HASH,
     freeze: bool = False,
+    adopt_digests: bool = False,
 ) -> MetadataImage:
     """Build an image from a snapshot's records (as written by ``MetadataImage.iter_records``),
     positioned at ``offset`` (the last offset the snapshot includes).
 
-    If ``records`` also offers ``iter_chunks()`` (as ``kraft.log.snapshot.read_snapshot``'s
-    records do), it is read as ``(record class, rows of checked field values)`` chunks and
-    PartitionRecord rows become registrations directly, without record objects.
+    If ``records`` also offers ``iter_items()`` or ``iter_chunks()`` (as
+    ``kraft.log.snapshot.read_snapshot``'s records do), it is read as chunks ``(record class,
+    rows of checked field values)`` and topic frames (``name, topic_id, partition_ids,
+    registrations, digest``), whose partitions become registrations directly, without record
+    objects.
+
+    ``adopt_digests=True`` (for a caller that then compares the image's checksum with the
+    snapshot header's, as ``kraft.snapshotter.snapshot_state`` does): each topic read from a
+    topic frame keeps that frame's SHA-256 as its cached digest, so the checksum costs
+    O(topics) instead of packing every partition again. That check is still complete: the
+    header's checksum holds the digests of the image written, and a frame hashes to one only
+    if it is byte for byte that topic's canonical encoding, so it decodes to that very topic. A
+    snapshot holding any other record that could change a topic adopts none.
 
     ``freeze=True`` (for a process that keeps the image, e.g. a broker): ``gc.freeze()`` once
     it is built. The image is acyclic and immutable, so the collector has nothing to find in
@@ -98,10 +134,22 @@ def image_from_records(
     the event loop). Objects that die later are still freed by reference counting."""
     delta = MetadataDelta(MetadataImage.EMPTY)
     replay_record = delta.replay
-    iter_chunks = getattr(records, "iter_chunks", None)
+    iter_items = getattr(records, "iter_items", None) or getattr(records, "iter_chunks", None)
+    digests: dict[str, bytes] = {}
+    neutral = True
     with _gc_paused(freeze):
-        if iter_chunks is not None:
-            for cls, rows in iter_chunks():
+        if iter_items is not None:
+            for item in iter_items():
+                if type(item) is not tuple:  # a topic frame
+                    name, topic_id, ids, regs, digest = item
+                    replay_record(TopicRecord(name, topic_id))
+                    _created_partitions(delta, topic_id).update(
+                        zip(ids, map(new_registration, regs))
+                    )
+                    digests[topic_id] = digest
+                    continue
+                cls, rows = item
+                neutral = neutral and cls in _TOPIC_NEUTRAL
                 if cls is PartitionRecord:
                     delta.replay_partition_rows(rows)
                 else:
@@ -117,4 +165,9 @@ def image_from_records(
             timestamp_ms=timestamp_ms,
             last_hash=last_hash,
         )
-        return delta.apply()
+        image = delta.apply()
+        if adopt_digests and neutral:
+            topics = image.topics_by_id
+            for topic_id, digest in digests.items():
+                object.__setattr__(topics[topic_id], "_digest", digest)
+        return image
