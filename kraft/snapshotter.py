@@ -246,10 +246,13 @@ class Snapshotter:
         """The image to start from: the newest snapshot the log continues from, else empty.
 
         An empty log next to a snapshot is a node that installed a snapshot and wrote nothing
-        after it: the log continues from that snapshot."""
+        after it: the log continues from that snapshot. The image leaves the cyclic GC's reach
+        as it is built (``freeze``): the controller keeps it, and freezes its heap once started
+        anyway (``kraft/heap.py``), but the collections before that would each walk every
+        object of it (~1.5 s at 2M partitions)."""
         snapshots = list_snapshots(self.directory)
         if snapshots and self.log.next_offset == self.log.start_offset:
-            image, request_ids = snapshot_state(snapshots[-1])
+            image, request_ids = snapshot_state(snapshots[-1], freeze=True)
             if image.offset + 1 > self.log.next_offset:
                 self.request_ids = request_ids
                 self._continue_log_from(image)
@@ -260,7 +263,7 @@ class Snapshotter:
         for path in reversed(snapshots):
             end = parse_snapshot_name(path)[0]
             if self.log.start_offset <= end <= self.log.next_offset:
-                image, self.request_ids = snapshot_state(path)
+                image, self.request_ids = snapshot_state(path, freeze=True)
                 log.info("loaded snapshot %s (offset %d)", path.name, image.offset)
                 return image
         if self.log.start_offset > 0:
@@ -351,7 +354,9 @@ class Snapshotter:
                     f.write(data)
                     f.flush()
                     os.fsync(f.fileno())
-                image, request_ids = snapshot_state(Path(tmp))  # verifies CRCs, SHA-256, count
+                image, request_ids = snapshot_state(
+                    Path(tmp), freeze=True
+                )  # verifies, as load_image
                 if image.offset <= current.offset:
                     os.unlink(tmp)
                     return None

@@ -73,9 +73,12 @@ def replay(
 def _gc_paused(freeze: bool = False) -> Iterator[None]:
     """Pause the cyclic garbage collector: building an image allocates up to millions of acyclic
     objects, and every collection on the way would rescan all of them (~20% of a load).
-    ``freeze``: on success, move every object alive to the collector's permanent generation
+    ``freeze``: collect what is garbage first (so no garbage cycle alive now becomes permanent),
+    and on success move every object alive to the collector's permanent generation
     (``gc.freeze``) before collection resumes, so the new image is never scanned at all."""
     enabled = gc.isenabled()
+    if freeze:
+        gc.collect()
     gc.disable()
     try:
         yield
