@@ -33,7 +33,7 @@ from kraft.metadata.image import MetadataImage
 from kraft.metadata.partition_map import sorted_partition_items
 from kraft.records import FeatureLevelRecord, RegisterBrokerRecord
 
-__all__ = ["FrameIndex", "write_image_snapshot"]
+__all__ = ["FrameIndex", "file_identity", "write_image_snapshot"]
 
 RequestIds = tuple[tuple[str, dict[str, Any]], ...]
 Identity = tuple[int, int, int, int]  # st_dev, st_ino, st_size, st_mtime_ns
@@ -72,6 +72,11 @@ class FrameIndex:
         ):
             raise ValueError("not a frame index")
         return cls(Path(os.fsdecode(path)), ident, entries)
+
+
+def file_identity(path: Path) -> Identity:
+    """What a :class:`FrameIndex` knows its file by (the file must not change after)."""
+    return _identity(os.stat(path))
 
 
 def _identity(st: os.stat_result) -> Identity:

@@ -35,7 +35,7 @@ from kraft.log.snapshot import (
 from kraft.metadata.image import MetadataImage
 from kraft.metadata.replay import image_from_records
 from kraft.retention import SegmentInfo, retention_cut
-from kraft.snapshot_image import FrameIndex, write_image_snapshot
+from kraft.snapshot_image import FrameIndex, file_identity, write_image_snapshot
 
 log = logging.getLogger(__name__)
 
@@ -54,9 +54,19 @@ def snapshot_state(path: Path, freeze: bool = False) -> tuple[MetadataImage, Req
     """Read a snapshot file back into an image and its dedup window, verified: frame CRCs, the
     footer's SHA-256 and count, and the rebuilt image's checksum against the header's. Partition
     values are not type-checked one by one (most of a big snapshot, ~20% of a load): the image
-    checksum covers their exact encoding. When it does not match (or the records do not replay),
-    the file is read again strictly, which names a badly typed value; either way it raises
-    CorruptSnapshotError. ``freeze``: the built image leaves the cyclic GC's reach (kept long)."""
+    checksum covers their exact encoding (in format 3 each topic frame's hash is the topic's
+    digest the checksum holds: nothing is packed again). When it does not match (or the records
+    do not replay), the file is read again strictly, which names a badly typed value; either way
+    it raises CorruptSnapshotError. ``freeze``: the built image leaves the cyclic GC's reach
+    (kept long)."""
+    image, request_ids, _ = _load_snapshot(path, freeze)
+    return image, request_ids
+
+
+def _load_snapshot(path: Path, freeze: bool) -> tuple[MetadataImage, RequestIds, FrameIndex | None]:
+    """:func:`snapshot_state`, and where the file holds each topic's frame (format 3), for the
+    next snapshot to copy from."""
+    identity = file_identity(path)
     header, records = read_snapshot(path, unchecked_partitions=True)
     try:
         image = image_from_records(
@@ -79,7 +89,9 @@ def snapshot_state(path: Path, freeze: bool = False) -> tuple[MetadataImage, Req
     except Exception as e:  # a ReplayError, or an unchecked value of the wrong type
         problem = f"records do not replay: {e}"
     if problem is None:
-        return image, header.request_ids
+        frames = records.topic_frames
+        index = FrameIndex(path, identity, frames) if frames else None
+        return image, header.request_ids, index
     for _ in read_snapshot(path)[1].iter_chunks():  # strictly: raises naming a bad value
         pass
     raise CorruptSnapshotError(path, 0, problem)
@@ -252,9 +264,10 @@ class Snapshotter:
         object of it (~1.5 s at 2M partitions)."""
         snapshots = list_snapshots(self.directory)
         if snapshots and self.log.next_offset == self.log.start_offset:
-            image, request_ids = snapshot_state(snapshots[-1], freeze=True)
+            image, request_ids, index = _load_snapshot(snapshots[-1], freeze=True)
             if image.offset + 1 > self.log.next_offset:
                 self.request_ids = request_ids
+                self._frames = index
                 self._continue_log_from(image)
                 log.info(
                     "log continues from snapshot %s (offset %d)", snapshots[-1].name, image.offset
@@ -263,7 +276,7 @@ class Snapshotter:
         for path in reversed(snapshots):
             end = parse_snapshot_name(path)[0]
             if self.log.start_offset <= end <= self.log.next_offset:
-                image, self.request_ids = snapshot_state(path, freeze=True)
+                image, self.request_ids, self._frames = _load_snapshot(path, freeze=True)
                 log.info("loaded snapshot %s (offset %d)", path.name, image.offset)
                 return image
         if self.log.start_offset > 0:
@@ -354,13 +367,16 @@ class Snapshotter:
                     f.write(data)
                     f.flush()
                     os.fsync(f.fileno())
-                image, request_ids = snapshot_state(
-                    Path(tmp), freeze=True
-                )  # verifies, as load_image
+                image, request_ids, index = _load_snapshot(Path(tmp), freeze=True)  # verifies
                 if image.offset <= current.offset:
                     os.unlink(tmp)
                     return None
                 os.replace(tmp, self.directory / _name_for(image))
+                if index is not None:  # a rename keeps what the index knows the file by
+                    index = FrameIndex(
+                        self.directory / _name_for(image), index.identity, index.topics
+                    )
+                self._frames = index
                 self._adopt_latest(self.directory / _name_for(image))
             except BaseException:
                 if os.path.exists(tmp):

@@ -578,6 +578,8 @@ class SnapshotRecords(Iterator[Record]):
         self._footer_pos, self._strict, self._unchecked = footer_pos, strict, unchecked_types
         self._topic_frames = topic_frames
         self._records: Iterator[Record] | None = None
+        # Per topic frame read so far: topic id -> (its payload's SHA-256, position, length).
+        self.topic_frames: dict[str, tuple[bytes, int, int]] = {}
 
     def iter_chunks(self) -> Iterator[tuple[type[Record], tuple[Row, ...]]]:
         """``(record class, rows)`` per chunk, each row the values of ``cls.FIELDS`` in order
@@ -603,17 +605,23 @@ class SnapshotRecords(Iterator[Record]):
         whose rows are not built: ``kraft.metadata.replay.image_from_records`` builds the
         partitions from it directly and takes its digest."""
         count = 0
-        unchecked_partitions = not self._strict or PartitionRecord.TYPE in self._unchecked
+        shapes = PartitionRecord.TYPE not in self._unchecked  # else proven by the checksum
+        values = self._strict and shapes
         for position, payload in self._body:
             if self._topic_frames and payload[:1] == _TOPIC_FRAME_START:
                 frame = _unpack(self._path, position, payload, use_list=False)
                 try:
-                    topic = _decode_topic(frame, not unchecked_partitions, payload)
+                    topic = _decode_topic(frame, shapes, values, payload)
                 except (RecordDecodeError, TypeError) as e:
                     raise CorruptSnapshotError(
                         self._path, position, f"bad topic frame: {e}"
                     ) from None
                 count += 1 + len(topic.partition_ids)
+                self.topic_frames[topic.topic_id] = (
+                    topic.digest,
+                    position + HEADER_SIZE,
+                    len(payload),
+                )
                 yield topic
                 continue
             chunk = _unpack(self._path, position, payload, use_list=False)
@@ -644,9 +652,9 @@ _REGISTRATION_KINDS = tuple(kind for _, kind in PartitionRecord.FIELDS[2:])
 _REGISTRATION_NAMES = tuple(name for name, _ in PartitionRecord.FIELDS[2:])
 
 
-def _decode_topic(frame: Any, strict: bool, payload: memoryview) -> TopicFrame:
-    """Check a topic frame (its outline only unless ``strict``: then every registration's shape
-    and value too) and hash its payload."""
+def _decode_topic(frame: Any, shapes: bool, values: bool, payload: memoryview) -> TopicFrame:
+    """Check a topic frame's outline, and when asked every registration's shape (8 values) and
+    every value's type, and hash its payload."""
     if type(frame) is not tuple or len(frame) != 4:
         raise RecordDecodeError("not a topic frame [name, topic_id, ids, registrations]")
     name, topic_id, ids, regs = frame
@@ -654,11 +662,11 @@ def _decode_topic(frame: Any, strict: bool, payload: memoryview) -> TopicFrame:
         raise RecordDecodeError(f"topic name and id must be strings, got {name!r}, {topic_id!r}")
     if type(ids) is not tuple or type(regs) is not tuple or len(ids) != len(regs):
         raise RecordDecodeError(f"topic {name!r}: partition ids and registrations do not pair")
-    if not strict:  # the caller compares the image checksum, which proves the rest
-        return TopicFrame(name, topic_id, ids, regs, hashlib.sha256(payload).digest())
-    if set(map(type, regs)) - {tuple} or set(map(len, regs)) - {len(_REGISTRATION_KINDS)}:
+    if shapes and (
+        set(map(type, regs)) - {tuple} or set(map(len, regs)) - {len(_REGISTRATION_KINDS)}
+    ):
         raise RecordDecodeError(f"topic {name!r}: a registration does not have 8 values")
-    if ids:
+    if values and ids:
         if not set(map(type, ids)) <= _INT_ONLY:
             i = next(i for i, v in enumerate(ids) if type(v) is not int)
             raise RecordDecodeError(

@@ -134,3 +134,24 @@ def test_a_frame_index_round_trips_and_refuses_garbage():
         except ValueError:
             continue
         raise AssertionError(f"accepted {bad!r}")
+
+
+def test_a_loaded_snapshot_serves_the_next_write(tmp_path):
+    """A controller starting from a snapshot copies from it at its first write: the load keeps
+    where the file holds each topic, and the topics' digests (taken from the frames)."""
+    from kraft.snapshotter import _load_snapshot
+
+    first = _image()
+    path, _, _ = write_image_snapshot(tmp_path / "log", first)
+    loaded, _, index = _load_snapshot(path, freeze=False)
+    assert index is not None and len(index.topics) == 30 and index.path == path
+    second = _changed(loaded, [1])
+    out, _, copied = write_image_snapshot(tmp_path / "b", second, (), index)
+    assert copied == 29 and out.read_bytes() == _scratch(tmp_path, second, "scratch")
+
+    log = MetadataLog.open(tmp_path / "log", segment_bytes=1 << 20, fsync="never")
+    snapshotter = Snapshotter(tmp_path / "log", log, 1 << 30, 0, fork=True)
+    start = snapshotter.load_image()  # an empty log next to the snapshot continues from it
+    assert start == first and snapshotter._frames is not None
+    assert snapshotter.write(_changed(start, [1])).read_bytes() == out.read_bytes()
+    log.close()
