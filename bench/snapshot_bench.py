@@ -10,7 +10,8 @@ in this process, then times, in wall and CPU seconds, what a controller does wit
   changes trickle in between periodic snapshots;
 * ``load``: a controller's start from the second snapshot: ``Snapshotter.load_image`` (decode,
   build, verify against the header's image checksum) then ``kraft.heap.freeze_heap`` (what the
-  metadata applier does next): the snapshot half of a cold start.
+  metadata applier does next): the snapshot half of a cold start;
+* ``write_after_start``: that controller's first snapshot, after another 1% changed.
 
 Runs against whatever ``kraft`` is on ``PYTHONPATH`` (so the same file measures two branches).
 ``python -m bench.snapshot_bench`` prints a table and, as the last line, a JSON document.
@@ -136,13 +137,19 @@ def run(partitions: int, brokers: int, changed: float) -> dict[str, Any]:
         gc.unfreeze()
         gc.collect()
 
+        restarted = Snapshotter(start_dir, start_log, 1 << 40, 0, fork=True)
+
         def cold_start() -> Any:
-            loaded = Snapshotter(start_dir, start_log, 1 << 40, 0).load_image()
+            loaded = restarted.load_image()
             freeze_heap()
             return loaded
 
         loaded, load = _timed(cold_start)
         log(f"  load {load}")
+        image3, _ = change_some(loaded, count, seed=8)
+        _, write3 = _timed(lambda: restarted.write(image3))
+        log(f"  write after the start {write3}")
+        image3 = None
         image2 = snapshot_state(second)[0]
         if loaded != image2:
             raise RuntimeError("the loaded image differs from the one written")
@@ -156,6 +163,7 @@ def run(partitions: int, brokers: int, changed: float) -> dict[str, Any]:
             "write_first": write1,
             "write_incremental": write2,
             "load": load,
+            "write_after_start": write3,
             "loadavg": [round(x, 2) for x in os.getloadavg()],
         }
     finally:
@@ -170,7 +178,7 @@ def table(row: dict[str, Any]) -> str:
         "| step | wall s | CPU s (this process) | CPU s (writer child) |",
         "| --- | --- | --- | --- |",
     ]
-    for step in ("write_first", "write_incremental", "load"):
+    for step in ("write_first", "write_incremental", "load", "write_after_start"):
         m = row[step]
         lines.append(f"| {step} | {m['wall_s']} | {m['cpu_s']} | {m['child_cpu_s']} |")
     return "\n".join(lines)
