@@ -30,7 +30,7 @@ from kraft.log.snapshot import (
     write_snapshot_items,
 )
 from kraft.metadata.image import MetadataImage
-from kraft.metadata.partition_map import sorted_partition_items
+from kraft.metadata.partition_map import sorted_partition_columns
 from kraft.records import FeatureLevelRecord, RegisterBrokerRecord
 
 __all__ = ["FrameIndex", "file_identity", "write_image_snapshot"]
@@ -139,10 +139,7 @@ def write_image_snapshot(
             if source is not None and digest is not None:
                 payload = source.payload(topic_id, digest)
             if payload is None:
-                items = sorted_partition_items(topic.partitions)
-                payload = topic_payload(
-                    name, topic_id, [pid for pid, _ in items], [reg for _, reg in items]
-                )
+                payload = topic_payload(name, topic_id, *sorted_partition_columns(topic.partitions))
                 digest = hashlib.sha256(payload).digest()
                 if topic._digest is None:
                     object.__setattr__(topic, "_digest", digest)

@@ -182,11 +182,15 @@ def _adopt_digests(image: MetadataImage, wire: bytes) -> FrameIndex | None:
     except Exception:  # a cache: never worth failing a snapshot over
         return None
     topics = image.topics_by_id
-    for topic_id, (digest, _, _) in index.topics.items():
+    kept: dict[str, tuple[bytes, int, int]] = {}
+    for topic_id, entry in index.topics.items():
         topic = topics.get(topic_id)
-        if topic is not None and topic._digest is None:
-            object.__setattr__(topic, "_digest", digest)
-    return index
+        if topic is None:
+            continue
+        if topic._digest is None:
+            object.__setattr__(topic, "_digest", entry[0])
+        kept[topic.topic_id] = entry  # the image's own id string, not a decoded copy
+    return FrameIndex(index.path, index.identity, kept)
 
 
 def _die_with_parent() -> None:

@@ -16,7 +16,7 @@ File ``<dir>/%020d-%010d.checkpoint`` (end offset = last included offset + 1, te
      exactly as the topic's checksum-version-2 digest packs them, so that the SHA-256 of the
      frame's payload *is* the topic's digest (``kraft.metadata.checksum.topic_digest``): a
      reader verifies the image checksum without packing anything again, and a writer copies an
-     unchanged topic's frame from the previous snapshot (``kraft.snapshotter``). Formats 1 and
+     unchanged topic's frame from the previous snapshot (``kraft.snapshot_image``). Formats 1 and
      2 hold record chunks only (a topic's partitions as rows ``[pid, topic_id, ...]``).
 3. footer map ``{kind: "footer", record_count, sha256}``; ``sha256`` covers every preceding
    frame payload in order.
@@ -25,7 +25,8 @@ Reading verifies all CRCs, the footer checksum and the counts before handing out
 are decoded lazily, chunk by chunk, every value checked against the field kinds of
 :mod:`kraft.records` (column-wise for the plain kinds, so a chunk of 1000 PartitionRecords costs a
 few C-level passes). ``SnapshotRecords.iter_chunks`` hands out the checked rows without building
-record objects (``kraft.metadata.replay.image_from_records`` uses it).
+record objects; ``iter_items`` hands out topic frames whole, with their hash
+(``kraft.metadata.replay.image_from_records`` uses them).
 """
 
 from __future__ import annotations

@@ -11,9 +11,12 @@ from __future__ import annotations
 import gc
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
-from kraft.metadata.delta import MetadataDelta
-from kraft.metadata.image import MetadataImage
+from kraft.metadata.delta import MetadataDelta, ReplayError
+from kraft.metadata.image import MetadataImage, TopicImage
+from kraft.metadata.partition_map import PartitionMap
+from kraft.metadata.persistent_map import as_persistent_map
 from kraft.metadata.registrations import PartitionRegistration, new_registration
 from kraft.records import (
     ZERO_HASH,
@@ -128,7 +131,8 @@ def image_from_records(
     O(topics) instead of packing every partition again. That check is still complete: the
     header's checksum holds the digests of the image written, and a frame hashes to one only
     if it is byte for byte that topic's canonical encoding, so it decodes to that very topic. A
-    snapshot holding any other record that could change a topic adopts none.
+    snapshot holding any record that could change a topic besides its topic frames (any type
+    but those of ``_TOPIC_NEUTRAL``) adopts none.
 
     ``freeze=True`` (for a process that keeps the image, e.g. a broker): ``gc.freeze()`` once
     it is built. The image is acyclic and immutable, so the collector has nothing to find in
@@ -138,21 +142,26 @@ def image_from_records(
     delta = MetadataDelta(MetadataImage.EMPTY)
     replay_record = delta.replay
     iter_items = getattr(records, "iter_items", None) or getattr(records, "iter_chunks", None)
-    digests: dict[str, bytes] = {}
-    neutral = True
+    # Topic frames are built straight into TopicImages at the end, unless a record that could
+    # touch a topic comes along: then those so far are replayed into the delta, in file order,
+    # and so is everything after (the same image either way, the delta's checks included).
+    frames: list[Any] = []
+    direct = True
     with _gc_paused(freeze):
         if iter_items is not None:
             for item in iter_items():
                 if type(item) is not tuple:  # a topic frame
-                    name, topic_id, ids, regs, digest = item
-                    replay_record(TopicRecord(name, topic_id))
-                    _created_partitions(delta, topic_id).update(
-                        zip(ids, map(new_registration, regs))
-                    )
-                    digests[topic_id] = digest
+                    if direct:
+                        frames.append(item)
+                    else:
+                        _replay_frame(delta, item)
                     continue
                 cls, rows = item
-                neutral = neutral and cls in _TOPIC_NEUTRAL
+                if direct and cls not in _TOPIC_NEUTRAL:
+                    direct = False
+                    for frame in frames:
+                        _replay_frame(delta, frame)
+                    frames = []
                 if cls is PartitionRecord:
                     delta.replay_partition_rows(rows)
                 else:
@@ -169,8 +178,46 @@ def image_from_records(
             last_hash=last_hash,
         )
         image = delta.apply()
-        if adopt_digests and neutral:
-            topics = image.topics_by_id
-            for topic_id, digest in digests.items():
-                object.__setattr__(topics[topic_id], "_digest", digest)
+        if frames:
+            image = _with_topics(image, frames, adopt_digests)
         return image
+
+
+def _replay_frame(delta: MetadataDelta, frame: Any) -> None:
+    """A topic frame as its TopicRecord and PartitionRecords, replayed into ``delta``."""
+    name, topic_id, ids, regs, _ = frame
+    delta.replay(TopicRecord(name, topic_id))
+    _created_partitions(delta, topic_id).update(zip(ids, map(new_registration, regs)))
+
+
+def _with_topics(image: MetadataImage, frames: list[Any], adopt_digests: bool) -> MetadataImage:
+    """``image`` (no topics: only records that cannot touch one were replayed) with the topics
+    of ``frames``, built directly; the same checks as replaying their TopicRecords."""
+    by_id: dict[str, TopicImage] = {}
+    by_name: dict[str, str] = {}
+    for name, topic_id, ids, regs, digest in frames:
+        if topic_id in by_id:
+            raise ReplayError(f"TopicRecord: topic id {topic_id} already exists")
+        if name in by_name:
+            raise ReplayError(f"TopicRecord: topic name {name!r} already exists")
+        topic = TopicImage(
+            name, topic_id, PartitionMap.of_columns(ids, map(new_registration, regs))
+        )
+        if adopt_digests:
+            object.__setattr__(topic, "_digest", digest)
+        by_id[topic_id] = topic
+        by_name[name] = topic_id
+    return MetadataImage(
+        image.offset,
+        image.term,
+        image.raft_index,
+        image.timestamp_ms,
+        image.last_hash,
+        image.features,
+        image.brokers,
+        as_persistent_map(by_id),
+        as_persistent_map(by_name),
+        image.configs,
+        image.next_producer_id,
+        image.controller_id,
+    )

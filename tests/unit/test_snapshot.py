@@ -609,3 +609,41 @@ def test_topic_frames_are_refused_in_a_format_2_file(tmp_path):
     path.write_bytes(b"".join(encode_frame(p) for p in frames))
     with pytest.raises(CorruptSnapshotError, match="not a record chunk map"):
         list(read_snapshot(path)[1])
+
+
+def test_topic_frames_load_directly_or_through_the_delta_alike(tmp_path):
+    """A format-3 file whose topic frames are followed only by records that cannot touch a topic
+    builds its topics directly; one holding other records after them (here a PartitionRecord
+    run the writer could not put in a frame: ids not ascending) replays the frames into the
+    delta in file order. Either way the image is that of replaying the records."""
+    from kraft.metadata.replay import image_from_records
+
+    recs = [r for r in sample_records(30) if type(r) is not NoOpRecord]
+    direct = write_snapshot(tmp_path / "direct", header_for(recs), recs)
+    image = image_from_records(read_snapshot(direct)[1], offset=9, adopt_digests=True)
+    assert image == image_from_records(recs, offset=9)
+    assert image.topics_by_id[TID]._digest is not None  # built directly, digest adopted
+    mixed = [*recs[:4], *reversed(recs[4:34]), *recs[34:]]
+    path = write_snapshot(tmp_path / "mixed", header_for(mixed), mixed)
+    frames = [p for p in payloads(path)[1:-1] if p[:1] == b"\x94"]
+    assert [msgpack.unpackb(p)[2] for p in frames] == [[]]  # the topic, without partitions
+    image = image_from_records(read_snapshot(path)[1], offset=9, adopt_digests=True)
+    assert image == image_from_records(mixed, offset=9)
+    assert image.topics_by_id[TID]._digest is None  # through the delta: nothing adopted
+
+
+@pytest.mark.parametrize("same", ["name", "id"])
+def test_two_topic_frames_of_one_topic_refused(tmp_path, same):
+    from kraft.metadata.delta import ReplayError
+    from kraft.metadata.replay import image_from_records
+    from kraft.snapshotter import snapshot_state
+
+    second = TopicRecord("orders", "t-2") if same == "name" else TopicRecord("other", TID)
+    recs = [*sample_records(5), second]
+    path = write_snapshot(tmp_path, header_for(recs), recs)
+    with pytest.raises(ReplayError, match=f"topic {same}.*already exists"):
+        image_from_records(read_snapshot(path)[1], offset=9)
+    with pytest.raises(ReplayError, match=f"topic {same}.*already exists"):
+        image_from_records(recs, offset=9)
+    with pytest.raises(CorruptSnapshotError, match="records do not replay"):
+        snapshot_state(path)
