@@ -56,7 +56,7 @@ from kraft.records import (
 )
 
 REPO = Path(__file__).resolve().parent.parent
-FEATURES = ({"name": "metadata.version", "min_version": 1, "max_version": 1},)
+FEATURES = ({"name": "metadata.version", "min_version": 1, "max_version": 2},)
 #: the columns of the bench's narrow read (a leadership timeline's)
 NARROW_COLUMNS = (
     "offset",

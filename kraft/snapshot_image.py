@@ -23,11 +23,15 @@ from crc32c import crc32c
 
 from kraft.log.segment import FRAME_HEADER, HEADER_SIZE
 from kraft.log.snapshot import (
+    SNAPSHOT_FORMAT,
+    TOPIC_FRAMES_SINCE,
     Item,
     SnapshotHeader,
     record_chunks,
+    snapshot_format_for,
     topic_payload,
     write_snapshot_items,
+    write_snapshot_runs,
 )
 from kraft.metadata.image import MetadataImage
 from kraft.metadata.partition_map import sorted_partition_columns
@@ -125,7 +129,13 @@ def write_image_snapshot(
     """Write ``image`` (and the dedup window at its offset) as a snapshot in ``directory``,
     copying from ``previous`` the frames of topics whose cached digest it holds; returns the
     path, the new file's frame index and how many topic frames were copied. Topic digests
-    computed on the way are cached on the image's topics (as ``TopicImage.digest`` does)."""
+    computed on the way are cached on the image's topics (as ``TopicImage.digest`` does).
+    A cluster whose ``metadata.version`` predates format 3 gets a format-2 file (no frames to
+    copy, an empty index): its older nodes could not read format 3."""
+    if snapshot_format_for(image.features) < TOPIC_FRAMES_SINCE:
+        header = _header(image, request_ids, snapshot_format_for(image.features))
+        path = write_snapshot_runs(directory, header, image.record_runs())
+        return path, FrameIndex(path, file_identity(path), {}), 0
     source = _Previous(previous) if previous is not None else None
     try:
         topics: list[tuple[str, bytes, bytes, int]] = []  # (id, digest, payload, records)
@@ -146,16 +156,7 @@ def write_image_snapshot(
             else:
                 copied += 1
             topics.append((topic_id, digest, payload, 1 + len(topic.partitions)))  # type: ignore[arg-type]  # digest is set on both paths
-        header = SnapshotHeader(
-            end_offset=image.offset + 1,
-            term=image.term,
-            raft_index=image.raft_index,
-            timestamp_ms=image.timestamp_ms,
-            last_hash=image.last_hash,
-            record_count=image.record_count(),
-            image_checksum=image.checksum(),
-            request_ids=tuple(request_ids),
-        )
+        header = _header(image, request_ids, SNAPSHOT_FORMAT)
         path, positions = write_snapshot_items(directory, header, _items(image, topics))
     finally:
         if source is not None:
@@ -169,6 +170,20 @@ def write_image_snapshot(
         },
     )
     return path, index, copied
+
+
+def _header(image: MetadataImage, request_ids: RequestIds, fmt: int) -> SnapshotHeader:
+    return SnapshotHeader(
+        end_offset=image.offset + 1,
+        term=image.term,
+        raft_index=image.raft_index,
+        timestamp_ms=image.timestamp_ms,
+        last_hash=image.last_hash,
+        record_count=image.record_count(),
+        image_checksum=image.checksum(),
+        request_ids=tuple(request_ids),
+        format=fmt,
+    )
 
 
 def _items(image: MetadataImage, topics: list[tuple[str, bytes, bytes, int]]) -> Iterator[Item]:

@@ -18,7 +18,7 @@ LISTENER = {
     "port": 9092,
     "security_protocol": "PLAINTEXT",
 }
-FEATURES = [{"name": "metadata.version", "min_version": 1, "max_version": 1}]
+FEATURES = [{"name": "metadata.version", "min_version": 1, "max_version": 2}]
 
 
 class StateMachineServer:

@@ -14,7 +14,12 @@ import os
 from pathlib import Path
 
 from kraft.log.errors import CorruptSnapshotError
-from kraft.log.snapshot import SnapshotHeader, list_snapshots, write_snapshot_runs
+from kraft.log.snapshot import (
+    SnapshotHeader,
+    list_snapshots,
+    snapshot_format_for,
+    write_snapshot_runs,
+)
 from kraft.metadata.image import MetadataImage
 from kraft.snapshotter import snapshot_state
 
@@ -32,6 +37,7 @@ def write_checkpoint(directory: Path, image: MetadataImage) -> Path:
         last_hash=image.last_hash,
         record_count=image.record_count(),
         image_checksum=image.checksum(),
+        format=snapshot_format_for(image.features),
     )
     path = write_snapshot_runs(directory, header, image.record_runs())
     for old in list_snapshots(directory)[:-KEEP]:

@@ -28,7 +28,9 @@ class ControllerSettings:
     cluster_id: str
     num_partitions: int = 1
     default_replication_factor: int = 1
-    metadata_version: int = 1
+    # The metadata.version a new cluster is bootstrapped at: 1 = pykraft before snapshot format
+    # 3; 2 = controllers write format-3 snapshots (kraft.log.snapshot.snapshot_format_for).
+    metadata_version: int = 2
     unclean_leader_election_enable: bool = False
     max_records_per_batch: int = MAX_RECORDS_PER_BATCH
     producer_id_block_size: int = PRODUCER_ID_BLOCK_SIZE

@@ -35,7 +35,7 @@ import hashlib
 import logging
 import os
 import re
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from itertools import chain, islice
 from operator import attrgetter, itemgetter, lt
@@ -67,6 +67,17 @@ SNAPSHOT_FORMAT = 3
 READABLE_FORMATS = (1, 2, 3)
 CHECKSUM_VERSIONS = {1: 1, 2: 2, 3: 2}  # snapshot format -> the image checksum version it holds
 TOPIC_FRAMES_SINCE = 3  # the first format with topic frames
+# The finalized metadata.version from which snapshots are written in format 3: a cluster
+# bootstrapped at an older level (its nodes may not read format 3) keeps writing format 2.
+TOPIC_FRAMES_METADATA_VERSION = 2
+
+
+def snapshot_format_for(features: Mapping[str, int]) -> int:
+    """The format to write an image in, from its finalized features (``metadata.version``)."""
+    level = features.get("metadata.version", 0)
+    return SNAPSHOT_FORMAT if level >= TOPIC_FRAMES_METADATA_VERSION else 2
+
+
 CHUNK_RECORDS = 1000
 Row = tuple[Any, ...]  # one record's field values, in ``FIELDS`` order
 SUFFIX = ".checkpoint"

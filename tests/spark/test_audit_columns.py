@@ -39,7 +39,7 @@ from tools.commands.audit_cmd import parse_point
 from tools.commands.common import UsageError
 
 TID = "3f0c6b7e-1c9a-4d2e-9a35-0d1e2f3a4b5c"
-FEATURES = ({"name": "metadata.version", "min_version": 1, "max_version": 1},)
+FEATURES = ({"name": "metadata.version", "min_version": 1, "max_version": 2},)
 
 
 def _register(b: int) -> RegisterBrokerRecord:

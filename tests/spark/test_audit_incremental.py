@@ -49,7 +49,7 @@ from tools.audit.run import TABLES, AuditOptions, run_audit
 
 pytestmark = pytest.mark.timeout(1200)  # eight audits of small logs on real Spark
 
-FEATURES = ({"name": "metadata.version", "min_version": 1, "max_version": 1},)
+FEATURES = ({"name": "metadata.version", "min_version": 1, "max_version": 2},)
 BROKERS = list(range(1, 7))
 
 

@@ -55,7 +55,7 @@ class Log:
                         }
                     ],
                     "rack": None,
-                    "features": [{"name": "metadata.version", "min_version": 1, "max_version": 1}],
+                    "features": [{"name": "metadata.version", "min_version": 1, "max_version": 2}],
                 },
                 f"reg-{b}",
             )

@@ -55,7 +55,7 @@ def test_tree_layout_and_values(written, history):
     assert "isr:                   " + ",".join(map(str, p0.isr)) in lines
     assert run(s, "cat /topics/orders/0/leader_epoch") == [str(p0.leader_epoch)]
     assert run(s, "cat /configs/topics/orders/retention.ms") == ["5000"]
-    assert run(s, "cat /features/metadata.version") == ["1"]
+    assert run(s, "cat /features/metadata.version") == ["2"]
     assert run(s, "cat /brokers/102/state /brokers/102/rack") == ["unfenced", "r0"]
     assert f"checksum:         {image.checksum()}" in run(s, "cat /image")
     assert f"offset:           {image.offset}" in run(s, "cat /image")

@@ -21,8 +21,8 @@ from kraft.snapshot_image import FrameIndex, write_image_snapshot
 from kraft.snapshotter import Snapshotter, image_from_snapshot, write_in_child
 
 
-def _image(topics=30, partitions=40):
-    recs = [FeatureLevelRecord("metadata.version", 1)]
+def _image(topics=30, partitions=40, level=2):
+    recs = [FeatureLevelRecord("metadata.version", level)]
     recs += [RegisterBrokerRecord(b, f"inc-{b}", b, (), (), None, False, False) for b in (1, 2, 3)]
     for t in range(topics):
         tid = f"00000000-0000-0000-0000-{t:012d}"
@@ -155,3 +155,20 @@ def test_a_loaded_snapshot_serves_the_next_write(tmp_path):
     assert start == first and snapshotter._frames is not None
     assert snapshotter.write(_changed(start, [1])).read_bytes() == out.read_bytes()
     log.close()
+
+
+def test_a_cluster_at_metadata_version_1_keeps_writing_format_2(tmp_path):
+    """Format 3 only once the cluster's finalized metadata.version allows it: a cluster
+    bootstrapped before (its other nodes may not read format 3) gets format 2, read back to the
+    same image; at level 2 the same topics give format 3."""
+    from kraft.log.snapshot import read_snapshot_header
+
+    old = _image(topics=5, level=1)
+    path, index, copied = write_image_snapshot(tmp_path / "old", old)
+    assert read_snapshot_header(path).format == 2 and index.topics == {} and copied == 0
+    assert image_from_snapshot(path).checksum() == old.checksum()
+    again, _, copied = write_image_snapshot(tmp_path / "old2", old, previous=index)
+    assert copied == 0 and again.read_bytes() == path.read_bytes()
+    new = _image(topics=5, level=2)
+    path, index, _ = write_image_snapshot(tmp_path / "new", new)
+    assert read_snapshot_header(path).format == 3 and len(index.topics) == 5

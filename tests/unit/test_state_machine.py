@@ -169,7 +169,7 @@ def test_activation_bootstraps_metadata_version_once():
     h = Harness()
     first = h.sm.image
     assert (
-        first.features == {"metadata.version": 1} and first.controller_id == 1 and first.offset == 1
+        first.features == {"metadata.version": 2} and first.controller_id == 1 and first.offset == 1
     )
     batch, _ = h.ok("ActivateController", {"leader_id": 2, "term": 2})
     assert [type(r) for r in batch.records] == [LeaderChangeRecord]
