@@ -207,3 +207,43 @@ def test_a_batch_moved_under_its_index_is_refused_when_read(tmp_path: Path) -> N
     with pytest.raises(CorruptRecordError, match="header says offset 1"):
         again.read(0)
     again.close()
+
+
+def test_a_fetch_of_a_damaged_batch_answers_corrupt_message(tmp_path: Path) -> None:
+    """The broker side: a replica manager closed cleanly, a byte flipped, reopened (from the
+    index, no scan): the fetch of that partition answers CORRUPT_MESSAGE and no bytes; a fetch
+    above the damage still reads."""
+    import uuid
+
+    from broker.protocol.data_codec import FetchPartition
+    from broker.protocol.fetch import FetchHandler
+    from broker.replica.replica_manager import ReplicaManager
+    from kraft.errors import ErrorCode
+    from kraft.records import TopicRecord
+    from tests.unit.test_replica_manager import Cluster, partition
+
+    topic_id = str(uuid.UUID(int=7))
+    records = (TopicRecord("t", topic_id), partition(topic_id, 0, [1], 1))
+    rm = ReplicaManager(1, [tmp_path / "a"])
+    Cluster(rm).step(*records)
+    plog = rm.get(topic_id, 0).log
+    for v in (b"a", b"b"):
+        plog.append(make_batch([v]), leader_epoch=0)
+    plog.set_high_watermark(2)
+    rm.close()
+    segment = plog.segment_files()[0]
+    raw = bytearray(segment.read_bytes())
+    raw[parse_batches(bytes(raw))[0][0].size - 1] ^= 0xFF  # the first batch's last byte
+    segment.write_bytes(bytes(raw))
+
+    rm = ReplicaManager(1, [tmp_path / "a"])
+    Cluster(rm).step(*records)
+    assert rm.get(topic_id, 0).log.opened == (1, 0)
+    handler = FetchHandler(rm)
+    for offset, error, got in ((0, ErrorCode.CORRUPT_MESSAGE, b""), (1, 0, b"b")):
+        result, _ = handler._read_partition(
+            "t", FetchPartition(0, -1, offset, 0, 1 << 20), False, -1, 0, 1 << 20
+        )
+        assert result.error_code == error
+        assert [v for _, v in values_in(result.records or b"")] == ([got] if got else [])
+    rm.close()
