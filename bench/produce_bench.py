@@ -9,10 +9,15 @@ Measures (progress on stderr):
   3. end-to-end latency (produce with acks=all → consumer receives), one message at a time at
      a modest rate, p50/p99;
   4. idempotent produce (``enable.idempotence=true``, acks=all) in the same run as the plain
-     acks=all produce, to show what the producer-state checks cost;
-  5. producer-state rebuild when a partition log with many idempotent batches is opened: from
-     the snapshot written on close, and without one (after a kill -9 before any segment roll:
-     every batch replayed). No cluster: a log in a temporary directory.
+     acks=all produce; ``--idempotence-rounds N`` runs only this, N interleaved rounds (ABBA) of
+     warm plain and idempotent producers (confluent-kafka, plus a plain one capped at 5 in
+     flight; kafka-python with ``--kafka-python-messages``), each round's ratio and load, the
+     median ratio and its spread;
+  5. producer-state rebuild and the whole ``PartitionLog.open`` of a partition log of
+     ``--rebuild-batches`` (1M) idempotent batches, after a kill -9 (its writer SIGKILLs itself:
+     no snapshot, no recovery point at the log end) and after a clean close, each open in a
+     fresh process; ``--rebuild-compare TREE`` opens its own copy with another source tree's
+     code in turns (e.g. ``/work/main``, before a change). No cluster.
 
 ``run(messages) -> list[dict]`` returns result rows; ``main()`` prints a markdown table and, as the
 last stdout line, ``{"system": "pykraft", "results": [...]}``. Target: >= 20 MB/s acks=all RF 3.
