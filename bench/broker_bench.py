@@ -2,11 +2,12 @@
 snapshot + log.
 
 1. **Propagation** — a real cluster (3 controllers, 3 brokers). A writer commits config changes
-   at ~``rate`` records/s (``batch`` records per request); an observer polls every broker's state
-   endpoint. For each committed batch, latency = the first moment every broker reported an applied
-   offset ≥ the batch's last offset, minus the batch's timestamp (set by the active controller when
-   it submitted the command, so commit time is included). Resolution ≈ the observer's poll period
-   (~2–5 ms; reported).
+   at ~``rate`` records/s (``batch`` records per request). Each broker records when it
+   publishes each metadata image (its admin endpoint's ``DescribePublishes``); for each
+   committed batch, latency = the moment the last broker published an image at or past the
+   batch's last offset, minus the batch's timestamp (set by the active controller when it
+   proposed the command, so the Raft commit is included). No polling: the resolution is the
+   clock's.
 2. **Replay** — a snapshot of ``topics`` × ``partitions`` partitions (RF 3 over ``brokers``
    brokers) plus ``log_batches`` batches of partition changes, loaded in a fresh process by the
    broker's own code (``broker.metadata.checkpoint.image_from_snapshot`` verifying CRCs and checksums, then
@@ -25,11 +26,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Any
+
+import trio
 
 from bench.common import (
     ENV,
@@ -58,39 +60,63 @@ def pct(values: list[float], p: float) -> float | None:
 # ---- 1. propagation --------------------------------------------------------------------------
 
 
-class _Observer(threading.Thread):
-    """Polls brokers' applied offsets; remembers when each broker first reached each offset."""
+def _publishes(broker: dict[str, Any]) -> list[tuple[int, float]]:
+    """(image offset, unix s) of the broker's latest metadata publishes (its admin endpoint's
+    DescribePublishes: recorded by the broker as it publishes, so no polling error)."""
+    from broker.state import describe
 
-    def __init__(self, brokers: list[dict[str, Any]]) -> None:
-        super().__init__(daemon=True)
-        self.brokers = brokers
-        self.samples: dict[int, list[tuple[int, float]]] = {b["id"]: [] for b in brokers}
-        self.polls = 0
-        self.stop = threading.Event()
+    answer = describe(broker["host"], broker["admin_port"], timeout=10.0, api="DescribePublishes")
+    return [(int(offset), float(t)) for offset, t in answer["publishes"]]
 
-    def run(self) -> None:
-        from broker.state import describe
 
-        last = {b["id"]: -2 for b in self.brokers}
-        while not self.stop.is_set():
-            for b in self.brokers:
-                try:
-                    offset = describe(b["host"], b["admin_port"], timeout=2.0)[
-                        "last_applied_offset"
-                    ]
-                except (OSError, ValueError, KeyError):
-                    continue
-                now = time.time()
-                self.polls += 1
-                if offset != last[b["id"]]:
-                    last[b["id"]] = offset
-                    self.samples[b["id"]].append((offset, now))
+def _first_reached(publishes: list[tuple[int, float]], offset: int) -> float | None:
+    """When a broker first published an image at or past ``offset``."""
+    return next((t for applied, t in publishes if applied >= offset), None)
 
-    def first_reached(self, broker_id: int, offset: int) -> float | None:
-        for applied, t in self.samples[broker_id]:
-            if applied >= offset:
-                return t
-        return None
+
+async def _offer(
+    boot: list[tuple[str, int]], topics: list[str], requests: int, seconds: float
+) -> tuple[int, int]:
+    """``requests`` IncrementalAlterConfigs per second for ``seconds``, each sent on schedule
+    over one connection whether or not the previous one was answered (at most 64 in flight),
+    so the offered rate holds; returns (sent, failed)."""
+    from kraft.rpc.client import ControllerClient
+
+    client = ControllerClient(boot, client_id="propagation")
+    failed = 0
+    slots = trio.Semaphore(64)
+
+    async def one(n: int) -> None:
+        nonlocal failed
+        body = {
+            "resources": [
+                {
+                    "resource_type": "topic",
+                    "resource_name": t,
+                    "ops": [{"name": "retention.ms", "op": "SET", "value": str(1000 + n)}],
+                }
+                for t in topics
+            ]
+        }
+        try:
+            await client.call("IncrementalAlterConfigs", body, timeout=10)
+        except Exception:
+            failed += 1
+        finally:
+            slots.release()
+
+    sent = 0
+    try:
+        async with trio.open_nursery() as nursery:
+            start = trio.current_time()
+            while trio.current_time() - start < seconds:
+                await slots.acquire()
+                nursery.start_soon(one, sent)
+                sent += 1
+                await trio.sleep_until(start + sent / requests)
+    finally:
+        await client.aclose()
+    return sent, failed
 
 
 def propagation(seconds: float, rate: int, batch: int) -> dict[str, Any]:
@@ -111,38 +137,13 @@ def propagation(seconds: float, rate: int, batch: int) -> dict[str, Any]:
             timeout=30,
         )
         assert not any(t["error_code"] for t in r["topics"]), r
-        observer = _Observer(meta["brokers"])
-        observer.start()
         requests = max(1, rate // batch)
-        period = 1.0 / requests
         log(f"writing {rate} records/s ({requests} requests/s x {batch}) for {seconds:.0f} s")
         started = time.time()
-        sent = errors = 0
-        next_at = time.monotonic()
-        while time.time() - started < seconds:
-            body = {
-                "resources": [
-                    {
-                        "resource_type": "topic",
-                        "resource_name": t,
-                        "ops": [{"name": "retention.ms", "op": "SET", "value": str(1000 + sent)}],
-                    }
-                    for t in topics
-                ]
-            }
-            try:
-                call_sync(boot, "IncrementalAlterConfigs", body, timeout=10)
-            except Exception:
-                errors += 1
-            sent += 1
-            next_at += period
-            delay = next_at - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
+        sent, errors = trio.run(_offer, boot, topics, requests, seconds)
         ended = time.time()
-        time.sleep(1.0)  # let the last batches reach every broker before the observer stops
-        observer.stop.set()
-        observer.join(10)
+        time.sleep(1.0)  # let the last batches reach every broker
+        publishes = {b["id"]: _publishes(b) for b in meta["brokers"]}
         leader = call_sync(boot, "DescribeQuorum", {}, timeout=10)["leader_id"]
         log_dir = (
             Path(next(c for c in meta["controllers"] if c["id"] == leader)["metadata_dir"]) / "log"
@@ -153,13 +154,14 @@ def propagation(seconds: float, rate: int, batch: int) -> dict[str, Any]:
             for b in mlog.read_batches(0):
                 if b.provenance.api != "IncrementalAlterConfigs" or b.timestamp_ms / 1000 < started:
                     continue
-                reached = [observer.first_reached(x["id"], b.last_offset) for x in meta["brokers"]]
+                reached = [
+                    _first_reached(publishes[x["id"]], b.last_offset) for x in meta["brokers"]
+                ]
                 times = [t for t in reached if t is not None]
                 if len(times) < len(reached):
                     missed += 1
                     continue
                 latencies.append(max(times) - b.timestamp_ms / 1000)
-        poll_ms = 1000 * (ended - started) / max(1, observer.polls / len(meta["brokers"]))
         row = {
             "metric": "propagation",
             "records_s": round(sent * batch / (ended - started), 1),
@@ -169,7 +171,6 @@ def propagation(seconds: float, rate: int, batch: int) -> dict[str, Any]:
             "p50_ms": _ms(pct(latencies, 50)),
             "p99_ms": _ms(pct(latencies, 99)),
             "max_ms": round(1000 * max(latencies), 2) if latencies else None,
-            "poll_period_ms": round(poll_ms, 2),
         }
         log(f"propagation: {row}")
         return row

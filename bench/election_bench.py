@@ -57,7 +57,12 @@ KEY = "controller.quorum.election.timeout.ms"
 MIN_RATIO = 0.4
 MAX_HEARTBEAT_S = 0.1
 #: RaftQuorum.stats() keys of kraft.quorum.prevote (summed over the voters, loaded run only)
-PRE_VOTE_COUNTERS = ("pre_vote_rounds", "pre_votes_refused", "sticky_refusals")
+PRE_VOTE_COUNTERS = (
+    "pre_vote_rounds",
+    "pre_votes_refused",
+    "sticky_refusals",
+    "leader_disconnects",
+)
 #: the loaded run's writes outstanding at most (a start beyond it is counted as skipped)
 MAX_INFLIGHT = 64
 

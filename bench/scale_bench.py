@@ -343,6 +343,7 @@ class Scale:
         restart the killed controller and time until it has applied what the leader has."""
         failovers: list[float] = []
         colds: list[float] = []
+        self.cold_from_exec: list[float] = []
         cold_cpu = None
         for i in range(self.failovers):
             failover, cold, cpu = await self.one_failover(client, i)
@@ -358,6 +359,7 @@ class Scale:
             cold_start_s=round(sorted(colds)[len(colds) // 2], 2),
             cold_start_max_s=round(max(colds), 2),
             cold_start_cpu_s=cold_cpu,
+            cold_start_from_exec_s=self.cold_from_exec,
         )
 
     async def one_failover(
@@ -400,9 +402,13 @@ class Scale:
                     break
                 await trio.sleep(0.1)
         cold = time.perf_counter() - t1
+        caught_up = time.time()
         try:
-            t = psutil.Process(self.controller(leader)["pid"]).cpu_times()
+            proc = psutil.Process(self.controller(leader)["pid"])
+            t = proc.cpu_times()
             cold_cpu: Any = round(t.user + t.system, 1)
+            # from the node process's own start, without the CLI that launched it
+            self.cold_from_exec.append(round(caught_up - proc.create_time(), 2))
         except psutil.Error:
             cold_cpu = None
         log(f"  failover {failover:.2f} s, cold start {cold:.2f} s")

@@ -334,7 +334,11 @@ class BrokerNode:
                     lambda: int(time.time() * 1000),
                 )
                 await nursery.start(
-                    functools.partial(serve_state, users=self.admin_users),
+                    functools.partial(
+                        serve_state,
+                        users=self.admin_users,
+                        publishes=lambda: [list(p) for p in self.loader.publish_times],
+                    ),
                     admin_host(self.config["broker.admin.host"], host),
                     self.admin_port,
                     self.state,

@@ -11,7 +11,10 @@ Protocol (plain TCP, independent of Kafka's): the client sends one line of JSON
      "image_mismatch": null | {"offset", "checksum", "controller_checksum", "controller_id",
      "fenced"}}
 
-An unknown api gets ``{"error": "..."}``. :func:`describe` is the client (used by
+``{"api": "DescribePublishes"}`` answers ``{"publishes": [[offset, unix_s], ...]}``: when each of
+the latest 4,096 metadata publishes happened (the image offset it reached), so a bench measures
+commit -> applied from the batches' timestamps without polling. An unknown api gets
+``{"error": "..."}``. :func:`describe` is the client (used by
 ``kraft broker-state``); :func:`snapshot_state` builds the dict inside the broker.
 
 The endpoint binds to loopback (:func:`admin_host`: ``broker.admin.host``, else the first
@@ -89,9 +92,11 @@ async def serve_state(
     state: Callable[[], dict[str, Any]],
     *,
     users: CredentialStore | None = None,
+    publishes: Callable[[], list[list[float]]] | None = None,
     task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve the JSON-line endpoint until cancelled; ``task_status`` gets the bound port."""
+    """Serve the JSON-line endpoint until cancelled; ``task_status`` gets the bound port.
+    ``publishes``: the answer to ``DescribePublishes``."""
     listeners = await trio.open_tcp_listeners(port, host=host)
     bound = listeners[0].socket.getsockname()[1]
     log.info(
@@ -116,11 +121,14 @@ async def serve_state(
                 api = req.get("api", "DescribeBroker") if isinstance(req, dict) else None
             except ValueError:
                 req, api = {}, None
-            refusal = _refusal(req, users) if api == "DescribeBroker" else ""
+            refusal = _refusal(req, users) if api in ("DescribeBroker", "DescribePublishes") else ""
+            out: dict[str, Any]
             if refusal:
                 out = {"error": refusal}
             elif api == "DescribeBroker":
                 out = state()
+            elif api == "DescribePublishes" and publishes is not None:
+                out = {"publishes": publishes()}
             else:
                 out = {
                     "error": f'unsupported request {buf[:100]!r}; send {{"api": "DescribeBroker"}}'
@@ -134,10 +142,15 @@ async def serve_state(
 
 
 def describe(
-    host: str, port: int, timeout: float = 5.0, credentials: ClientCredentials | None = None
+    host: str,
+    port: int,
+    timeout: float = 5.0,
+    credentials: ClientCredentials | None = None,
+    api: str = "DescribeBroker",
 ) -> dict[str, Any]:
-    """Ask a broker's admin endpoint for its state (blocking). Raises OSError/ValueError."""
-    req: dict[str, str] = {"api": "DescribeBroker"}
+    """Ask a broker's admin endpoint for its state (or ``api``'s answer; blocking). Raises
+    OSError/ValueError."""
+    req: dict[str, str] = {"api": api}
     if credentials is not None:
         req.update(username=credentials.username, password=credentials.password)
     with socket.create_connection((host, port), timeout=timeout) as s:

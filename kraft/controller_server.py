@@ -63,6 +63,8 @@ WRITE_TIMEOUT_S = 10.0
 _STEPPED_APIS = ("FenceBroker", "UnfenceBroker", "BeginControlledShutdown", "UnregisterBroker")
 # Tries at finding where a broker transition starts before its first step scans the image.
 TRANSITION_START_ATTEMPTS = 3
+# Steps of one broker transition in flight at once (built while the previous one replicates).
+STEP_PIPELINE_DEPTH = 2
 
 
 # A snapshot that falls due during a stepped broker transition waits for its end, at most this long.
@@ -588,20 +590,67 @@ class ControllerServer:
         stepped = api in _STEPPED_APIS
         self._transitions += stepped
         try:
-            resume: tuple[Resume, tuple[int, bytes]] | None = None
             if stepped:
-                resume = await self._transition_start(api, body)
-            while True:
-                result, resume = await self._write_once(
-                    api, body, request_id, principal, client_id, resume
-                )
-                if not (result.get("incomplete") and stepped):
-                    return result
+                return await self._submit_steps(api, body, request_id, principal, client_id)
+            response, raw, _ = self._propose_once(api, body, request_id, principal, client_id)
+            if raw is not None:
+                await self._await_commit(raw)
+            return response
+        finally:
+            self._transitions -= stepped
+
+    async def _submit_steps(
+        self,
+        api: str,
+        body: dict[str, Any],
+        request_id: str | None,
+        principal: str,
+        client_id: str,
+    ) -> dict[str, Any]:
+        """A stepped broker transition: the command repeated while it answers ``incomplete``,
+        with up to ``STEP_PIPELINE_DEPTH`` steps in flight. Each step is built on the speculative
+        image, which already holds the steps before it, so the next one is built while the last
+        one replicates; the answer is the last step's, once every step has committed, and the
+        first failure is raised (a step chained on a failed one fails too)."""
+        resume = await self._transition_start(api, body)
+        failures: list[KraftError] = []
+        slots = trio.Semaphore(STEP_PIPELINE_DEPTH)
+
+        async def commit(raw: bytes) -> None:
+            try:
+                await self._await_commit(raw)
+            except KraftError as e:
+                failures.append(e)
+            finally:
+                slots.release()
+
+        response: dict[str, Any] = {}
+        async with trio.open_nursery() as nursery:
+            while not failures:
+                await slots.acquire()
+                if failures:
+                    slots.release()
+                    break
+                try:
+                    response, raw, resume = self._propose_once(
+                        api, body, request_id, principal, client_id, resume
+                    )
+                except KraftError as e:
+                    slots.release()
+                    failures.append(e)
+                    break
+                if raw is None:
+                    slots.release()
+                else:
+                    nursery.start_soon(commit, raw)
+                if not response.get("incomplete"):
+                    break
                 request_id = None
                 if api == "UnfenceBroker":
                     body = dict(body, **{"continue": True})
-        finally:
-            self._transitions -= stepped
+        if failures:
+            raise failures[0]
+        return response
 
     async def _transition_start(
         self, api: str, body: dict[str, Any]
@@ -657,18 +706,20 @@ class ControllerServer:
             return lambda point: leaving_start(image, broker_id, unclean, point, also)
         return lambda point: leaving_start(image, broker_id, unclean, point)
 
-    async def _write_once(
+    def _propose_once(
         self,
         api: str,
         body: dict[str, Any],
         request_id: str | None,
         principal: str,
         client_id: str,
-        resume: tuple[Resume, tuple[int, bytes]] | None,
-    ) -> tuple[dict[str, Any], tuple[Resume, tuple[int, bytes]] | None]:
-        """One proposal: handler on the speculative image, then its batch through Raft.
-        ``resume``: where the previous step of a stepped transition stopped, and the image
-        position it is valid at (nothing written since)."""
+        resume: tuple[Resume, tuple[int, bytes]] | None = None,
+    ) -> tuple[dict[str, Any], bytes | None, tuple[Resume, tuple[int, bytes]] | None]:
+        """One proposal: the handler on the speculative image, its batch handed to the applier
+        (not yet to Raft: :meth:`_await_commit`). Returns the response, the batch's bytes (None:
+        nothing to write) and where a stepped transition's next step resumes with the image
+        position that point is valid at. ``resume``: the previous step's such point. A response
+        error raises KraftError."""
         assert self.quorum is not None
         spec = self.speculative
         if spec is None or not self.quorum.is_leader:
@@ -690,12 +741,18 @@ class ControllerServer:
             code = ErrorCode(response["error_code"])
             raise KraftError(code, response.get("error_message", ""), response)
         if batch is None:
-            return response, None
+            return response, None, None
         raw = spec.last_encoded
         assert raw is not None  # propose() sets it with every batch it returns
         self._in_flight[raw] = batch
         self.applier.own_batches[raw] = (batch, image, spec.image)
         after = (spec.image.offset, spec.image.last_hash)
+        return response, raw, ((rest, after) if rest is not None else None)
+
+    async def _await_commit(self, raw: bytes) -> None:
+        """Put a proposed batch through Raft and wait until it has committed and applied; its
+        failure raises KraftError."""
+        assert self.quorum is not None
         started = time.monotonic()
         try:
             result = await self.quorum.submit(raw, timeout=WRITE_TIMEOUT_S)
@@ -713,7 +770,6 @@ class ControllerServer:
         if result.get("error_code"):
             code = ErrorCode(result["error_code"])
             raise KraftError(code, result.get("error_message", ""), result)
-        return response, ((rest, after) if rest is not None else None)
 
 
 def main(config_path: str) -> int:

@@ -26,17 +26,16 @@ from kraft.errors import ErrorCode, KraftError
 from kraft.log.errors import CorruptSnapshotError
 from kraft.log.metadata_log import MetadataLog
 from kraft.log.snapshot import (
-    SnapshotHeader,
     delete_snapshots_before,
     latest_snapshot,
     list_snapshots,
     parse_snapshot_name,
     read_snapshot,
-    write_snapshot_runs,
 )
 from kraft.metadata.image import MetadataImage
 from kraft.metadata.replay import image_from_records
 from kraft.retention import SegmentInfo, retention_cut
+from kraft.snapshot_image import FrameIndex, file_identity, write_image_snapshot
 
 log = logging.getLogger(__name__)
 
@@ -48,26 +47,26 @@ PR_SET_PDEATHSIG = 1  # linux/prctl.h
 def image_to_snapshot(directory: Path, image: MetadataImage, request_ids: RequestIds = ()) -> Path:
     """Write ``image`` (and the dedup window at its offset) as a snapshot file in
     ``directory``; returns its path."""
-    header = SnapshotHeader(
-        end_offset=image.offset + 1,
-        term=image.term,
-        raft_index=image.raft_index,
-        timestamp_ms=image.timestamp_ms,
-        last_hash=image.last_hash,
-        record_count=image.record_count(),
-        image_checksum=image.checksum(),
-        request_ids=tuple(request_ids),
-    )
-    return write_snapshot_runs(directory, header, image.record_runs())
+    return write_image_snapshot(directory, image, request_ids)[0]
 
 
 def snapshot_state(path: Path, freeze: bool = False) -> tuple[MetadataImage, RequestIds]:
     """Read a snapshot file back into an image and its dedup window, verified: frame CRCs, the
     footer's SHA-256 and count, and the rebuilt image's checksum against the header's. Partition
     values are not type-checked one by one (most of a big snapshot, ~20% of a load): the image
-    checksum covers their exact encoding. When it does not match (or the records do not replay),
-    the file is read again strictly, which names a badly typed value; either way it raises
-    CorruptSnapshotError. ``freeze``: the built image leaves the cyclic GC's reach (kept long)."""
+    checksum covers their exact encoding (in format 3 each topic frame's hash is the topic's
+    digest the checksum holds: nothing is packed again). When it does not match (or the records
+    do not replay), the file is read again strictly, which names a badly typed value; either way
+    it raises CorruptSnapshotError. ``freeze``: the built image leaves the cyclic GC's reach
+    (kept long)."""
+    image, request_ids, _ = _load_snapshot(path, freeze)
+    return image, request_ids
+
+
+def _load_snapshot(path: Path, freeze: bool) -> tuple[MetadataImage, RequestIds, FrameIndex | None]:
+    """:func:`snapshot_state`, and where the file holds each topic's frame (format 3), for the
+    next snapshot to copy from."""
+    identity = file_identity(path)
     header, records = read_snapshot(path, unchecked_partitions=True)
     try:
         image = image_from_records(
@@ -78,6 +77,7 @@ def snapshot_state(path: Path, freeze: bool = False) -> tuple[MetadataImage, Req
             timestamp_ms=header.timestamp_ms,
             last_hash=header.last_hash,
             freeze=freeze,
+            adopt_digests=True,
         )
         problem = (
             None
@@ -89,7 +89,9 @@ def snapshot_state(path: Path, freeze: bool = False) -> tuple[MetadataImage, Req
     except Exception as e:  # a ReplayError, or an unchecked value of the wrong type
         problem = f"records do not replay: {e}"
     if problem is None:
-        return image, header.request_ids
+        frames = records.topic_frames
+        index = FrameIndex(path, identity, frames) if frames else None
+        return image, header.request_ids, index
     for _ in read_snapshot(path)[1].iter_chunks():  # strictly: raises naming a bad value
         pass
     raise CorruptSnapshotError(path, 0, problem)
@@ -98,7 +100,19 @@ def snapshot_state(path: Path, freeze: bool = False) -> tuple[MetadataImage, Req
 def image_to_snapshot_in_child(
     directory: Path, image: MetadataImage, request_ids: RequestIds = ()
 ) -> tuple[Path, float]:
-    """:func:`image_to_snapshot` in a forked child process: (its path, the child's CPU seconds).
+    """:func:`write_in_child` without a previous snapshot: (its path, the child's CPU seconds)."""
+    path, cpu_s, _ = write_in_child(directory, image, request_ids)
+    return path, cpu_s
+
+
+def write_in_child(
+    directory: Path,
+    image: MetadataImage,
+    request_ids: RequestIds = (),
+    previous: FrameIndex | None = None,
+) -> tuple[Path, float, FrameIndex | None]:
+    """``write_image_snapshot`` in a forked child process: (its path, the child's CPU seconds,
+    the new file's frame index, None if the child's was unreadable).
 
     Written on a thread of the controller, the CPU a big image costs holds the GIL against the
     trio thread, whose Raft ticks and RPC then wait for it at every system call: followers
@@ -106,9 +120,10 @@ def image_to_snapshot_in_child(
     (docs/performance.md). The child has a copy-on-write view of the immutable image and its
     own interpreter lock; the calling thread waits for it without holding the GIL. The child
     writes no log line and takes no lock another thread could have held at the fork; it dies
-    with the calling thread (``PR_SET_PDEATHSIG``). It hands back the topic digests it computed
-    for the image checksum, which the parent keeps (``_adopt_digests``). An OSError in the child
-    (a full disk) is raised here with its errno; anything else as RuntimeError."""
+    with the calling thread (``PR_SET_PDEATHSIG``). It hands back the new file's frame index,
+    whose topic digests the parent keeps on its topics (``_adopt_digests``): the next snapshot
+    then neither hashes nor packs the topics unchanged since. An OSError in the child (a full
+    disk) is raised here with its errno; anything else as RuntimeError."""
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: only this thread exists here
@@ -117,11 +132,9 @@ def image_to_snapshot_in_child(
             os.close(read_end)
             _die_with_parent()
             gc.disable()  # no collection walking (and copying) the parent's whole heap
-            path = image_to_snapshot(directory, image, request_ids)
-            digests = msgpack.packb(
-                [(tid, t._digest) for tid, t in image.topics_by_id.items()], use_bin_type=True
-            )
-            _write_all(write_end, b"ok " + os.fsencode(path) + b"\n" + digests)
+            path, written_index, _ = write_image_snapshot(directory, image, request_ids, previous)
+            wire = msgpack.packb(written_index.to_wire(), use_bin_type=True)
+            _write_all(write_end, b"ok " + os.fsencode(path) + b"\n" + wire)
         except BaseException as e:  # reported to the parent, never raised past here
             code = 1
             errno = getattr(e, "errno", None) or 0
@@ -142,9 +155,9 @@ def image_to_snapshot_in_child(
         _, status, usage = os.wait4(pid, 0)
     answer = b"".join(chunks)
     if os.waitstatus_to_exitcode(status) == 0 and answer.startswith(b"ok "):
-        written, _, digests = answer[3:].partition(b"\n")
-        _adopt_digests(image, digests)
-        return Path(os.fsdecode(written)), usage.ru_utime + usage.ru_stime
+        written, _, wire = answer[3:].partition(b"\n")
+        index = _adopt_digests(image, wire)
+        return Path(os.fsdecode(written)), usage.ru_utime + usage.ru_stime, index
     if answer.startswith(b"err "):
         _, errno, message = answer.decode(errors="replace").split(" ", 2)
         if int(errno):
@@ -159,22 +172,25 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-def _adopt_digests(image: MetadataImage, packed: bytes) -> None:
+def _adopt_digests(image: MetadataImage, wire: bytes) -> FrameIndex | None:
     """Keep the topic digests the child computed for the image's checksum on the parent's
     (shared, immutable) TopicImages, so the next snapshot hashes only the topics changed since
-    instead of every topic again. Anything unreadable is ignored: digests are only a cache."""
+    instead of every topic again; returns the child's frame index. Anything unreadable is
+    ignored (None): digests and the index are only caches."""
     try:
-        pairs = msgpack.unpackb(packed, use_list=False) if packed else ()
+        index = FrameIndex.from_wire(msgpack.unpackb(wire, use_list=False))
     except Exception:  # a cache: never worth failing a snapshot over
-        return
+        return None
     topics = image.topics_by_id
-    for item in pairs:
-        if not (isinstance(item, tuple) and len(item) == 2):
+    kept: dict[str, tuple[bytes, int, int]] = {}
+    for topic_id, entry in index.topics.items():
+        topic = topics.get(topic_id)
+        if topic is None:
             continue
-        topic_id, digest = item
-        topic = topics.get(topic_id) if isinstance(topic_id, str) else None
-        if topic is not None and isinstance(digest, bytes) and topic._digest is None:
-            object.__setattr__(topic, "_digest", digest)
+        if topic._digest is None:
+            object.__setattr__(topic, "_digest", entry[0])
+        kept[topic.topic_id] = entry  # the image's own id string, not a decoded copy
+    return FrameIndex(index.path, index.identity, kept)
 
 
 def _die_with_parent() -> None:
@@ -226,6 +242,9 @@ class Snapshotter:
         self._last_end_offset = parse_snapshot_name(latest)[0] if latest else 0
         self._last_log_bytes = metadata_log.size_bytes - int(phase * max_bytes_between)
         self._last_time_ms = int(time.time() * 1000)
+        # Where the last snapshot this node wrote holds each topic (the next write copies the
+        # frames of topics unchanged since: ``kraft.snapshot_image``).
+        self._frames: FrameIndex | None = None
 
     def latest(self) -> Path | None:
         """The newest snapshot of this node (no directory listing: safe during a write)."""
@@ -243,12 +262,16 @@ class Snapshotter:
         """The image to start from: the newest snapshot the log continues from, else empty.
 
         An empty log next to a snapshot is a node that installed a snapshot and wrote nothing
-        after it: the log continues from that snapshot."""
+        after it: the log continues from that snapshot. The image leaves the cyclic GC's reach
+        as it is built (``freeze``): the controller keeps it, and freezes its heap once started
+        anyway (``kraft/heap.py``), but the collections before that would each walk every
+        object of it (~1.5 s at 2M partitions)."""
         snapshots = list_snapshots(self.directory)
         if snapshots and self.log.next_offset == self.log.start_offset:
-            image, request_ids = snapshot_state(snapshots[-1])
+            image, request_ids, index = _load_snapshot(snapshots[-1], freeze=True)
             if image.offset + 1 > self.log.next_offset:
                 self.request_ids = request_ids
+                self._frames = index
                 self._continue_log_from(image)
                 log.info(
                     "log continues from snapshot %s (offset %d)", snapshots[-1].name, image.offset
@@ -257,7 +280,7 @@ class Snapshotter:
         for path in reversed(snapshots):
             end = parse_snapshot_name(path)[0]
             if self.log.start_offset <= end <= self.log.next_offset:
-                image, self.request_ids = snapshot_state(path)
+                image, self.request_ids, self._frames = _load_snapshot(path, freeze=True)
                 log.info("loaded snapshot %s (offset %d)", path.name, image.offset)
                 return image
         if self.log.start_offset > 0:
@@ -285,11 +308,17 @@ class Snapshotter:
             # The log through the image's offset reaches the disk before a snapshot that says
             # it does: after a power loss a snapshot must never stand beyond the log's end.
             self.log.sync()
+            index: FrameIndex | None
             if self.fork:
-                path, cpu_s = image_to_snapshot_in_child(self.directory, image, request_ids)
+                path, cpu_s, index = write_in_child(
+                    self.directory, image, request_ids, self._frames
+                )
             else:
-                path = image_to_snapshot(self.directory, image, request_ids)
+                path, index, _ = write_image_snapshot(
+                    self.directory, image, request_ids, self._frames
+                )
                 cpu_s = time.thread_time() - cpu
+            self._frames = index
             self._adopt_latest(path)
             self._last_end_offset = image.offset + 1
             self._last_log_bytes = self.log.size_bytes
@@ -342,11 +371,16 @@ class Snapshotter:
                     f.write(data)
                     f.flush()
                     os.fsync(f.fileno())
-                image, request_ids = snapshot_state(Path(tmp))  # verifies CRCs, SHA-256, count
+                image, request_ids, index = _load_snapshot(Path(tmp), freeze=True)  # verifies
                 if image.offset <= current.offset:
                     os.unlink(tmp)
                     return None
                 os.replace(tmp, self.directory / _name_for(image))
+                if index is not None:  # a rename keeps what the index knows the file by
+                    index = FrameIndex(
+                        self.directory / _name_for(image), index.identity, index.topics
+                    )
+                self._frames = index
                 self._adopt_latest(self.directory / _name_for(image))
             except BaseException:
                 if os.path.exists(tmp):

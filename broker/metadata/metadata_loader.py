@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Protocol
@@ -48,6 +49,8 @@ from kraft.records import RecordDecodeError, decode_batch
 from kraft.rpc.bodies import ImageChecksum
 
 log = logging.getLogger(__name__)
+
+PUBLISH_TIMES_KEPT = 4096
 
 
 class Publisher(Protocol):
@@ -89,6 +92,9 @@ class MetadataLoader:
         self.image: MetadataImage = MetadataImage.EMPTY
         self.high_watermark = -1
         self.published = trio.Event()  # set after the first (full) publish
+        # (image offset, wall-clock s) of the latest publishes: commit -> applied latency, read
+        # through the admin endpoint's DescribePublishes (bench.broker_bench's propagation)
+        self.publish_times: deque[tuple[int, float]] = deque(maxlen=PUBLISH_TIMES_KEPT)
         self._checkpointed_offset = -1
         self._checkpoint_lock = trio.Lock()
         self.errors = 0
@@ -242,6 +248,7 @@ class MetadataLoader:
         for publisher in self.publishers:
             publisher.publish(delta, image, full)
         previous, self.image = self.image, image
+        self.publish_times.append((image.offset, time.time()))
         log.info(
             "published metadata offset %d (from %d%s, high watermark %d)",
             image.offset,

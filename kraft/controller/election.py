@@ -587,20 +587,23 @@ def returning_changes(
     acceptable = (_active_brokers_except(image, broker_id) | {broker_id}).__contains__
     by_id, by_name = image.topics_by_id, image.topics_by_name
     names = image.topic_names()
-    none = LEADER_NONE
     budget = max_topics if max_topics is not None else -1
     for name in names[bisect_left(names, at_name) if at_name else 0 :]:
         if budget == 0:
             return out, (_LEADS, name, 0, ())
         budget -= 1
         topic = by_id[by_name[name]]
+        pids = topic.leaderless()  # cached on the (shared, immutable) topic: O(1) mostly
+        if not pids:
+            continue
         allowed = unclean_allowed(topic)
-        # p[0]: replicas, p[1]: isr, p[4]: leader; without an unclean election it leads only
-        # where it is in the ISR
+        parts = topic.partitions
+        # p[0]: replicas, p[1]: isr; without an unclean election it leads only where it is in
+        # the ISR
         affected = [
             (pid, p)
-            for pid, p in topic.partitions.items()
-            if p[4] == none and broker_id in p[0] and (allowed or broker_id in p[1])
+            for pid in pids
+            if broker_id in (p := parts[pid])[0] and (allowed or broker_id in p[1])
         ]
         if not affected:
             continue
@@ -609,7 +612,6 @@ def returning_changes(
             affected = [item for item in affected if (topic_id, item[0]) not in offline]
         if name == at_name:
             affected = [item for item in affected if item[0] >= at_pid]
-        affected.sort(key=_first)
         for pid, partition in affected:
             if limit is not None and len(out) >= limit:
                 return out, (_LEADS, name, pid, ())
@@ -646,11 +648,10 @@ def leaderless_isr_brokers(topics: Iterable[TopicImage], active: frozenset[int])
     lead it now. Normally none: unfencing a broker elects it wherever it can lead. An unfence
     interrupted between its steps (a failover) leaves some, and whoever resumes it needs them."""
     found: set[int] = set()
-    none = LEADER_NONE
     for topic in topics:
-        for partition in topic.partitions.values():
-            if partition.leader == none:
-                found.update(b for b in partition.isr if b in active)
+        parts = topic.partitions
+        for pid in topic.leaderless():
+            found.update(b for b in parts[pid].isr if b in active)
     return found
 
 

@@ -5,11 +5,19 @@ File ``<dir>/%020d-%010d.checkpoint`` (end offset = last included offset + 1, te
 (``u32 length | u32 crc32c | payload``):
 
 1. header map ``{kind: "header", format, end_offset, term, raft_index, timestamp_ms, last_hash,
-   record_count, image_checksum}``; ``format`` 2 (written now) and 1 (still read) differ only in
-   which ``MetadataImage.checksum`` version ``image_checksum`` holds (:attr:`SnapshotHeader.checksum_version`)
-2. record chunks, each a map ``{type, version, fields: [names], rows: [[values], ...]}`` holding up
-   to :data:`CHUNK_RECORDS` consecutive records of one type (field names once per chunk, not per
-   record: about a third of the size of one map per record)
+   record_count, image_checksum}``; ``image_checksum`` is ``MetadataImage.checksum`` of the
+   version :attr:`SnapshotHeader.checksum_version` names (format 1: version 1, 2 and 3: version 2)
+2. body frames, each either
+   - a record chunk, a map ``{type, version, fields: [names], rows: [[values], ...]}`` holding
+     up to :data:`CHUNK_RECORDS` consecutive records of one type (field names once per chunk);
+   - (format 3) a topic frame, an array ``[name, topic_id, [partition ids], [[replicas, isr,
+     removing_replicas, adding_replicas, leader, leader_recovery_state, leader_epoch,
+     partition_epoch], ...]]``: a TopicRecord and its PartitionRecords (ids ascending), packed
+     exactly as the topic's checksum-version-2 digest packs them, so that the SHA-256 of the
+     frame's payload *is* the topic's digest (``kraft.metadata.checksum.topic_digest``): a
+     reader verifies the image checksum without packing anything again, and a writer copies an
+     unchanged topic's frame from the previous snapshot (``kraft.snapshot_image``). Formats 1 and
+     2 hold record chunks only (a topic's partitions as rows ``[pid, topic_id, ...]``).
 3. footer map ``{kind: "footer", record_count, sha256}``; ``sha256`` covers every preceding
    frame payload in order.
 
@@ -17,7 +25,8 @@ Reading verifies all CRCs, the footer checksum and the counts before handing out
 are decoded lazily, chunk by chunk, every value checked against the field kinds of
 :mod:`kraft.records` (column-wise for the plain kinds, so a chunk of 1000 PartitionRecords costs a
 few C-level passes). ``SnapshotRecords.iter_chunks`` hands out the checked rows without building
-record objects (``kraft.metadata.replay.image_from_records`` uses it).
+record objects; ``iter_items`` hands out topic frames whole, with their hash
+(``kraft.metadata.replay.image_from_records`` uses them).
 """
 
 from __future__ import annotations
@@ -26,12 +35,12 @@ import hashlib
 import logging
 import os
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields
 from itertools import chain, islice
-from operator import attrgetter
+from operator import attrgetter, itemgetter, lt
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NamedTuple
 
 import msgpack
 
@@ -49,12 +58,15 @@ from kraft.records import (
     PartitionRecord,
     Record,
     RecordDecodeError,
+    TopicRecord,
 )
 
 log = logging.getLogger(__name__)
 
-SNAPSHOT_FORMAT = 2
-READABLE_FORMATS = (1, 2)  # format N carries an image checksum of version N
+SNAPSHOT_FORMAT = 3
+READABLE_FORMATS = (1, 2, 3)
+CHECKSUM_VERSIONS = {1: 1, 2: 2, 3: 2}  # snapshot format -> the image checksum version it holds
+TOPIC_FRAMES_SINCE = 3  # the first format with topic frames
 CHUNK_RECORDS = 1000
 Row = tuple[Any, ...]  # one record's field values, in ``FIELDS`` order
 SUFFIX = ".checkpoint"
@@ -87,7 +99,7 @@ class SnapshotHeader:
     @property
     def checksum_version(self) -> int:
         """The ``MetadataImage.checksum`` version that ``image_checksum`` holds."""
-        return self.format
+        return CHECKSUM_VERSIONS[self.format]
 
     def to_dict(self) -> dict[str, Any]:
         # Shallow on purpose: ``asdict`` would deep-copy the whole dedup window (10k answers),
@@ -186,12 +198,31 @@ def delete_snapshots_before(directory: str | Path, end_offset: int) -> list[Path
 # ------------------------------------------------------------------------------ writing
 
 
+Item = dict[str, Any] | tuple[bytes, int]
+"""A body frame to write: a record chunk map (packed by the writer), or a topic frame's payload
+already packed (:func:`topic_payload`) with how many records it holds (1 + its partitions)."""
+
+
+def topic_payload(
+    name: str, topic_id: str, partition_ids: list[int], registrations: Sequence[Sequence[Any]]
+) -> bytes:
+    """A topic frame's payload: ``msgpack([name, topic_id, [ids], [[8 values], ...]])``, ids
+    ascending; its SHA-256 is the topic's checksum-version-2 digest."""
+    payload: bytes = msgpack.packb(
+        [name, topic_id, partition_ids, registrations], use_bin_type=True
+    )
+    return payload
+
+
 def write_snapshot(
     directory: str | Path, header: SnapshotHeader, records: Iterable[Record]
 ) -> Path:
-    """Write ``records`` (exactly ``header.record_count`` of them) as a snapshot; returns its
-    path. Atomic: nothing named ``*.checkpoint`` exists until the file is complete and synced."""
-    return _write(directory, header, _chunks(records))
+    """Write ``records`` (exactly ``header.record_count`` of them) as a snapshot in
+    ``header.format``; returns its path. Atomic: nothing named ``*.checkpoint`` exists until
+    the file is complete and synced."""
+    if header.format >= TOPIC_FRAMES_SINCE:
+        return _write(directory, header, _topic_items(_record_runs(records)))[0]
+    return _write(directory, header, _chunks(records))[0]
 
 
 def write_snapshot_runs(
@@ -202,17 +233,32 @@ def write_snapshot_runs(
     """:func:`write_snapshot` of records given as runs ``(record class, rows)``, each row the
     values of ``cls.FIELDS`` in order (e.g. ``MetadataImage.record_runs()``): the same bytes as
     writing the records themselves, without building record objects."""
-    return _write(directory, header, _run_chunks(runs))
+    if header.format >= TOPIC_FRAMES_SINCE:
+        return _write(directory, header, _topic_items(runs))[0]
+    return _write(directory, header, _run_chunks(runs))[0]
 
 
-def _write(directory: str | Path, header: SnapshotHeader, chunks: Iterator[dict[str, Any]]) -> Path:
+def write_snapshot_items(
+    directory: str | Path, header: SnapshotHeader, items: Iterable[Item]
+) -> tuple[Path, list[int]]:
+    """Write body frames given as :data:`Item` s (format 3), e.g. topic frames copied from an
+    earlier snapshot; returns the path and, per topic frame in order, its payload's position in
+    the file. The bytes are those of :func:`write_snapshot` of the same records."""
+    if header.format < TOPIC_FRAMES_SINCE:
+        raise ValueError(f"snapshot format {header.format} has no topic frames")
+    return _write(directory, header, iter(items))
+
+
+def _write(
+    directory: str | Path, header: SnapshotHeader, items: Iterator[Item]
+) -> tuple[Path, list[int]]:
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     final = d / header.name
     part = d / (header.name + ".part")
     try:
         with open(part, "wb", buffering=1 << 20) as f:
-            _write_body(f, header, chunks)
+            positions = _write_body(f, header, items)
             f.flush()
             os.fsync(f.fileno())
         os.replace(part, final)
@@ -220,28 +266,111 @@ def _write(directory: str | Path, header: SnapshotHeader, chunks: Iterator[dict[
         part.unlink(missing_ok=True)
         raise
     fsync_dir(d)
-    return final
+    return final, positions
 
 
-def _write_body(f: BinaryIO, header: SnapshotHeader, chunks: Iterator[dict[str, Any]]) -> None:
+def _write_body(f: BinaryIO, header: SnapshotHeader, items: Iterator[Item]) -> list[int]:
     sha = hashlib.sha256()
+    position = 0
+    positions: list[int] = []
 
     def put(payload: bytes) -> None:
+        nonlocal position
         f.write(frame_header(payload))
         f.write(payload)
         sha.update(payload)
+        position += HEADER_SIZE + len(payload)
 
     put(msgpack.packb(header.to_dict(), use_bin_type=True))
     count = 0
-    for chunk in chunks:
-        put(msgpack.packb(chunk, use_bin_type=True))
-        count += len(chunk["rows"])
+    for item in items:
+        if isinstance(item, dict):
+            put(msgpack.packb(item, use_bin_type=True))
+            count += len(item["rows"])
+        else:
+            payload, records = item
+            positions.append(position + HEADER_SIZE)
+            put(payload)
+            count += records
     if count != header.record_count:
         raise ValueError(f"header says {header.record_count} records, {count} were given")
     footer = {"kind": "footer", "record_count": count, "sha256": sha.digest()}
     payload = msgpack.packb(footer, use_bin_type=True)
     f.write(frame_header(payload))
     f.write(payload)
+    return positions
+
+
+def _no_values(r: Record) -> Row:
+    return ()
+
+
+def _record_runs(records: Iterable[Record]) -> Iterator[tuple[type[Record], list[Row]]]:
+    """Consecutive records of one type as runs ``(class, rows)``."""
+    cls: type[Record] | None = None
+    getter: Callable[[Record], Row] = _no_values  # replaced with the first record's type
+    rows: list[Row] = []
+    for record in records:
+        if type(record) is not cls:
+            if cls is not None:
+                yield cls, rows
+            cls, rows = type(record), []
+            getter = _row_getter(cls)
+        rows.append(getter(record))
+    if cls is not None:
+        yield cls, rows
+
+
+def record_chunks(records: Iterable[Record]) -> Iterator[Item]:
+    """Record chunk items of ``records`` (for :func:`write_snapshot_items`)."""
+    return _run_chunks(_record_runs(records))
+
+
+_ids = itemgetter(0)
+_topic_ids = itemgetter(1)
+_registration = itemgetter(slice(2, None))
+
+
+def _topic_items(runs: Iterable[tuple[type[Record], Iterable[Row]]]) -> Iterator[Item]:
+    """Format 3 body items of runs: each TopicRecord becomes a topic frame together with the
+    PartitionRecord run right after it when that run is all of its topic with ids ascending;
+    every other record goes into record chunks (:func:`_run_chunks`)."""
+    plain: list[tuple[type[Record], list[Row]]] = []
+    topic: Row | None = None  # a TopicRecord row waiting for its partitions
+    for cls, run in runs:
+        rows = list(run)
+        if not rows:
+            continue
+        if topic is not None:
+            if cls is PartitionRecord and _whole_topic(rows, topic[1]):
+                ids = list(map(_ids, rows))
+                yield (
+                    topic_payload(topic[0], topic[1], ids, list(map(_registration, rows))),
+                    1 + len(rows),
+                )
+                topic = None
+                continue
+            yield topic_payload(topic[0], topic[1], [], []), 1
+            topic = None
+        if cls is TopicRecord:
+            yield from _run_chunks(plain)
+            plain = []
+            for row in rows[:-1]:
+                yield topic_payload(row[0], row[1], [], []), 1
+            topic = rows[-1]
+        else:
+            plain.append((cls, rows))
+    if topic is not None:
+        yield topic_payload(topic[0], topic[1], [], []), 1
+    yield from _run_chunks(plain)
+
+
+def _whole_topic(rows: list[Row], topic_id: str) -> bool:
+    """Whether PartitionRecord ``rows`` all belong to ``topic_id``, partition ids ascending."""
+    if set(map(_topic_ids, rows)) != {topic_id}:
+        return False
+    ids = list(map(_ids, rows))
+    return all(map(lt, ids, islice(ids, 1, None)))
 
 
 def _row_getter(cls: type[Record]) -> Callable[[Record], Row]:
@@ -375,7 +504,13 @@ def read_snapshot(
     body = [(fr.position, payload) for fr, payload in zip(frames[1:-1], payloads[1:-1])]
     unchecked = frozenset({PartitionRecord.TYPE}) if unchecked_partitions else frozenset()
     return header, SnapshotRecords(
-        path, body, header.record_count, frames[-1].position, strict, unchecked
+        path,
+        body,
+        header.record_count,
+        frames[-1].position,
+        strict,
+        unchecked,
+        topic_frames=header.format >= TOPIC_FRAMES_SINCE,
     )
 
 
@@ -408,6 +543,21 @@ def _unpack(path: Path, position: int, payload: Any, use_list: bool = True) -> A
         raise CorruptSnapshotError(path, position, f"not msgpack: {e}") from None
 
 
+class TopicFrame(NamedTuple):
+    """A topic frame as read (format 3): the topic, its partitions' ids and registration values
+    (8-tuples in ``PartitionRegistration`` order), and the SHA-256 of the frame's payload (the
+    topic's digest when the frame is canonical, which the image checksum then proves)."""
+
+    name: str
+    topic_id: str
+    partition_ids: tuple[int, ...]
+    registrations: tuple[Row, ...]
+    digest: bytes
+
+
+_TOPIC_FRAME_START = b"\x94"  # a msgpack array of 4: how every topic frame's payload begins
+
+
 class SnapshotRecords(Iterator[Record]):
     """The records of a verified snapshot: an iterator of records, decoded chunk by chunk.
 
@@ -423,16 +573,58 @@ class SnapshotRecords(Iterator[Record]):
         footer_pos: int,
         strict: bool,
         unchecked_types: frozenset[int] = frozenset(),
+        topic_frames: bool = False,
     ) -> None:
         self._path, self._body, self._expected = path, body, expected
         self._footer_pos, self._strict, self._unchecked = footer_pos, strict, unchecked_types
+        self._topic_frames = topic_frames
         self._records: Iterator[Record] | None = None
+        # Per topic frame read so far: topic id -> (its payload's SHA-256, position, length).
+        self.topic_frames: dict[str, tuple[bytes, int, int]] = {}
 
     def iter_chunks(self) -> Iterator[tuple[type[Record], tuple[Row, ...]]]:
         """``(record class, rows)`` per chunk, each row the values of ``cls.FIELDS`` in order
-        (checked when strict), ready for ``cls(*row)``."""
+        (checked when strict), ready for ``cls(*row)``; a topic frame gives its TopicRecord
+        chunk, then its PartitionRecord chunk (when it has partitions)."""
+        for item in self.iter_items():
+            if type(item) is TopicFrame:
+                topic_id = item.topic_id
+                yield TopicRecord, ((item.name, topic_id),)
+                if item.partition_ids:
+                    yield (
+                        PartitionRecord,
+                        tuple(
+                            (pid, topic_id, *values)
+                            for pid, values in zip(item.partition_ids, item.registrations)
+                        ),
+                    )
+            else:
+                yield item  # type: ignore[misc]  # the other item: (record class, rows)
+
+    def iter_items(self) -> Iterator[tuple[type[Record], tuple[Row, ...]] | TopicFrame]:
+        """Like :meth:`iter_chunks`, but a topic frame as one :class:`TopicFrame` (format 3),
+        whose rows are not built: ``kraft.metadata.replay.image_from_records`` builds the
+        partitions from it directly and takes its digest."""
         count = 0
+        shapes = PartitionRecord.TYPE not in self._unchecked  # else proven by the checksum
+        values = self._strict and shapes
         for position, payload in self._body:
+            if self._topic_frames and payload[:1] == _TOPIC_FRAME_START:
+                frame = _unpack(self._path, position, payload, use_list=False)
+                try:
+                    topic = _decode_topic(frame, shapes, values, payload)
+                except (RecordDecodeError, TypeError) as e:
+                    raise CorruptSnapshotError(
+                        self._path, position, f"bad topic frame: {e}"
+                    ) from None
+                count += 1 + len(topic.partition_ids)
+                self.topic_frames[topic.topic_id] = (
+                    topic.digest,
+                    position + HEADER_SIZE,
+                    len(payload),
+                )
+                yield topic
+                continue
             chunk = _unpack(self._path, position, payload, use_list=False)
             try:
                 strict = self._strict and not (
@@ -455,6 +647,40 @@ class SnapshotRecords(Iterator[Record]):
         if self._records is None:
             self._records = (cls(*row) for cls, rows in self.iter_chunks() for row in rows)
         return next(self._records)
+
+
+_REGISTRATION_KINDS = tuple(kind for _, kind in PartitionRecord.FIELDS[2:])
+_REGISTRATION_NAMES = tuple(name for name, _ in PartitionRecord.FIELDS[2:])
+
+
+def _decode_topic(frame: Any, shapes: bool, values: bool, payload: memoryview) -> TopicFrame:
+    """Check a topic frame's outline, and when asked every registration's shape (8 values) and
+    every value's type, and hash its payload."""
+    if type(frame) is not tuple or len(frame) != 4:
+        raise RecordDecodeError("not a topic frame [name, topic_id, ids, registrations]")
+    name, topic_id, ids, regs = frame
+    if type(name) is not str or type(topic_id) is not str:
+        raise RecordDecodeError(f"topic name and id must be strings, got {name!r}, {topic_id!r}")
+    if type(ids) is not tuple or type(regs) is not tuple or len(ids) != len(regs):
+        raise RecordDecodeError(f"topic {name!r}: partition ids and registrations do not pair")
+    if shapes and (
+        set(map(type, regs)) - {tuple} or set(map(len, regs)) - {len(_REGISTRATION_KINDS)}
+    ):
+        raise RecordDecodeError(f"topic {name!r}: a registration does not have 8 values")
+    if values and ids:
+        if not set(map(type, ids)) <= _INT_ONLY:
+            i = next(i for i, v in enumerate(ids) if type(v) is not int)
+            raise RecordDecodeError(
+                f"topic {name!r} partition {ids[i]!r}: PartitionRecord.partition_id must be an "
+                f"integer, got {ids[i]!r}"
+            )
+        for field, kind, column in zip(_REGISTRATION_NAMES, _REGISTRATION_KINDS, zip(*regs)):
+            if not _column_ok(kind, column):
+                i = next(i for i, v in enumerate(column) if not _column_ok(kind, (v,)))
+                raise RecordDecodeError(
+                    f"topic {name!r} partition {ids[i]}: PartitionRecord.{field}: got {column[i]!r}"
+                )
+    return TopicFrame(name, topic_id, ids, regs, hashlib.sha256(payload).digest())
 
 
 _NONE = type(None)

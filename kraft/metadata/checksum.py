@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 
-from kraft.metadata.partition_map import sorted_partition_items
+from kraft.metadata.partition_map import sorted_partition_columns, sorted_partition_items
 from kraft.metadata.registrations import PartitionRegistration
 from kraft.records import FeatureLevelRecord, PartitionRecord, RegisterBrokerRecord, TopicRecord
 
@@ -37,9 +37,7 @@ def topic_digest(
     """SHA-256 of ``msgpack([name, topic_id, [partition ids...], [[replicas, isr,
     removing_replicas, adding_replicas, leader, leader_recovery_state, leader_epoch,
     partition_epoch] per partition...]])``, partitions by id (checksum version 2)."""
-    items = sorted_partition_items(partitions)
-    pids = [pid for pid, _ in items]
-    regs = [reg for _, reg in items]  # a registration packs as the list of its fields
+    pids, regs = sorted_partition_columns(partitions)  # a registration packs as its fields
     return hashlib.sha256(msgpack.packb([name, topic_id, pids, regs], use_bin_type=True)).digest()
 
 

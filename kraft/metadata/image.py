@@ -19,6 +19,7 @@ from kraft.metadata.checksum import CHECKSUM_VERSION, image_checksum, topic_dige
 from kraft.metadata.partition_map import sorted_partition_items
 from kraft.metadata.registrations import BrokerRegistration, PartitionRegistration
 from kraft.records import (
+    LEADER_NONE,
     ZERO_HASH,
     ConfigRecord,
     FeatureLevelRecord,
@@ -43,6 +44,7 @@ class TopicImage:
     # Cache of digest() (the topic is immutable; images share unchanged topics, so an image's
     # checksum re-hashes only the topics that changed since an earlier image's checksum).
     _digest: bytes | None = field(default=None, init=False, compare=False, repr=False)
+    _leaderless: tuple[int, ...] | None = field(default=None, init=False, compare=False, repr=False)
 
     def digest(self) -> bytes:
         """The topic's checksum-version-2 digest (``kraft.metadata.checksum.topic_digest``)."""
@@ -51,6 +53,15 @@ class TopicImage:
             d = topic_digest(self.name, self.topic_id, self.partitions)
             object.__setattr__(self, "_digest", d)
         return d
+
+    def leaderless(self) -> tuple[int, ...]:
+        """Ids of the partitions without a leader, ascending (cached like :meth:`digest`: an
+        unfence looks for them in every topic, and unchanged topics answer from the cache)."""
+        found = self._leaderless
+        if found is None:
+            found = tuple(sorted(pid for pid, p in self.partitions.items() if p[4] == LEADER_NONE))
+            object.__setattr__(self, "_leaderless", found)
+        return found
 
 
 @dataclass(frozen=True, slots=True)

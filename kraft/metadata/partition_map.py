@@ -4,13 +4,18 @@ partitions) split into chunks of 1024 ids, so that changing one partition of a
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from operator import itemgetter
 from typing import Any, ClassVar
 
 from kraft.metadata.registrations import PartitionRegistration
 
-__all__ = ["PartitionMap", "as_partition_map", "sorted_partition_items"]
+__all__ = [
+    "PartitionMap",
+    "as_partition_map",
+    "sorted_partition_columns",
+    "sorted_partition_items",
+]
 
 _first = itemgetter(0)
 
@@ -33,6 +38,26 @@ class PartitionMap(Mapping[int, PartitionRegistration]):
     def of(cls, partitions: Mapping[int, PartitionRegistration]) -> PartitionMap:
         """A map holding ``partitions`` (copied)."""
         return PartitionMap.EMPTY.updated(partitions)
+
+    @classmethod
+    def of_columns(
+        cls, ids: Sequence[int], registrations: Iterable[PartitionRegistration]
+    ) -> PartitionMap:
+        """A map of ``ids[i] -> registrations[i]`` (a later duplicate id wins, as in a dict),
+        built without copying: the same map as ``of(dict(zip(ids, registrations)))``."""
+        partitions = dict(zip(ids, registrations))
+        if not partitions:
+            return PartitionMap.EMPTY
+        lo, hi = min(partitions) >> _CHUNK_SHIFT, max(partitions) >> _CHUNK_SHIFT
+        if lo == hi:
+            return PartitionMap({lo: partitions}, len(partitions))
+        chunks: dict[int, dict[int, PartitionRegistration]] = {}
+        for pid, reg in partitions.items():
+            chunk = chunks.get(pid >> _CHUNK_SHIFT)
+            if chunk is None:
+                chunk = chunks[pid >> _CHUNK_SHIFT] = {}
+            chunk[pid] = reg
+        return PartitionMap(chunks, len(partitions))
 
     def __getitem__(self, pid: int) -> PartitionRegistration:
         chunk = self._chunks.get(pid >> _CHUNK_SHIFT)
@@ -75,6 +100,18 @@ class PartitionMap(Mapping[int, PartitionRegistration]):
             out += sorted(chunk.items(), key=_first)
         return out
 
+    def sorted_columns(self) -> tuple[list[int], list[PartitionRegistration]]:
+        """Partition ids ascending, and their registrations in the same order (what a topic's
+        digest and snapshot frame pack), without a pair per partition."""
+        ids: list[int] = []
+        regs: list[PartitionRegistration] = []
+        for ci in sorted(self._chunks):
+            chunk = self._chunks[ci]
+            keys = sorted(chunk)
+            ids += keys
+            regs += map(chunk.__getitem__, keys)
+        return ids, regs
+
     def __repr__(self) -> str:
         return f"PartitionMap({dict(self.items())!r})"
 
@@ -116,6 +153,16 @@ def sorted_partition_items(
     if isinstance(partitions, PartitionMap):
         return partitions.sorted_items()
     return sorted(partitions.items(), key=_first)
+
+
+def sorted_partition_columns(
+    partitions: Mapping[int, PartitionRegistration],
+) -> tuple[list[int], list[PartitionRegistration]]:
+    """(ids ascending, registrations in that order), of a PartitionMap or a plain mapping."""
+    if isinstance(partitions, PartitionMap):
+        return partitions.sorted_columns()
+    ids = sorted(partitions)
+    return ids, list(map(partitions.__getitem__, ids))
 
 
 def as_partition_map(partitions: Mapping[int, PartitionRegistration]) -> PartitionMap:

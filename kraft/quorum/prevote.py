@@ -32,6 +32,7 @@ Nothing here touches the Raft log. Installed by ``pysyncobj_patches.apply``; a `
 from __future__ import annotations
 
 import logging
+import random
 from typing import Any
 
 from pysyncobj.monotonic import monotonic as _monotonic
@@ -45,6 +46,11 @@ TRANSFER_FLAG = "leadership_transfer"
 
 _ORIGINAL_TICK = SyncObj._onTick
 _ORIGINAL_ON_MESSAGE = SyncObj._SyncObj__onMessageReceived
+_ORIGINAL_ON_NODE_DISCONNECTED = SyncObj._SyncObj__onNodeDisconnected
+
+# A follower whose connection to the leader closes campaigns within this fraction of the
+# minimum election timeout (random, so that two followers seldom start together).
+EARLY_ELECTION_SPREAD = 0.25
 
 
 def log_up_to_date(
@@ -104,6 +110,15 @@ def sticky(
     )
 
 
+def early_deadline(deadline: float, now: float, min_election_timeout: float, draw: float) -> float:
+    """A follower's election deadline once its connection to the leader closed (pure;
+    ``draw`` in [0, 1)): within ``EARLY_ELECTION_SPREAD`` of the minimum timeout from ``now``,
+    never later than it already was. A closed connection is what a leader's crash looks like
+    (its kernel closes its sockets), so there is no point in waiting out the whole timeout;
+    a leader that is alive answers again and its next append pushes the deadline back."""
+    return min(deadline, now + draw * EARLY_ELECTION_SPREAD * min_election_timeout)
+
+
 def majority_contact_age(now: float, response_times: list[float], members: int) -> float | None:
     """A leader's view of its own liveness: how long ago the last of a majority (itself
     included) answered it; None when fewer than a majority ever did."""
@@ -116,11 +131,17 @@ def majority_contact_age(now: float, response_times: list[float], members: int) 
     return now - latest[needed - 1]
 
 
-COUNTERS = ("kraft_pre_vote_rounds", "kraft_pre_votes_refused", "kraft_sticky_refusals")
+COUNTERS = (
+    "kraft_pre_vote_rounds",
+    "kraft_pre_votes_refused",
+    "kraft_sticky_refusals",
+    "kraft_leader_disconnects",
+)
 
 
 def counters(so: Any) -> dict[str, int]:
-    """Pre-vote rounds started, pre-votes refused, vote requests ignored by stickiness."""
+    """Pre-vote rounds started, pre-votes refused, vote requests ignored by stickiness, and
+    closed connections to the leader that brought the election deadline forward."""
     return {name.removeprefix("kraft_"): int(getattr(so, name, 0)) for name in COUNTERS}
 
 
@@ -245,6 +266,27 @@ def _on_message(so: Any, node: Any, message: Any) -> None:
     _ORIGINAL_ON_MESSAGE(so, node, message)
 
 
+def _on_node_disconnected(so: Any, node: Any) -> None:
+    """``SyncObj.__onNodeDisconnected``: when a follower's connection to its leader closes,
+    the leader no longer counts as heard from (this member grants pre-votes) and the election
+    deadline comes forward (:func:`early_deadline`). The pre-vote still needs a majority, so a
+    member that alone lost its connection to a live leader disturbs nothing."""
+    _ORIGINAL_ON_NODE_DISCONNECTED(so, node)
+    if not (
+        _enabled(so)
+        and so._SyncObj__raftState == _RAFT_STATE.FOLLOWER
+        and node == so._SyncObj__raftLeader
+    ):
+        return
+    now = _monotonic()
+    so.kraft_leader_contact = None
+    so.kraft_leader_disconnects = getattr(so, "kraft_leader_disconnects", 0) + 1
+    so._SyncObj__raftElectionDeadline = early_deadline(
+        so._SyncObj__raftElectionDeadline, now, _min_timeout(so), random.random()
+    )
+    logger.info("raft: the connection to the leader closed; campaigning early unless it returns")
+
+
 def _answer_pre_vote(so: Any, node: Any, message: dict[str, Any], now: float) -> None:
     candidate_term = int(message.get("candidate_term", 0))
     if so._SyncObj__raftState == _RAFT_STATE.LEADER and candidate_term > so.raftCurrentTerm:
@@ -313,6 +355,7 @@ def _count_pre_vote(so: Any, node: Any, message: dict[str, Any]) -> None:
 PATCHES: tuple[tuple[Any, str, Any], ...] = (
     (SyncObj, "_onTick", _on_tick),
     (SyncObj, "_SyncObj__onMessageReceived", _on_message),
+    (SyncObj, "_SyncObj__onNodeDisconnected", _on_node_disconnected),
 )
 # Private instance attributes read or set above (pysyncobj_patches.USED_INSTANCE_ATTRIBUTES)
 USED_INSTANCE_ATTRIBUTES = (

@@ -203,6 +203,14 @@ class _SyncingTransport(TCPTransport):  # type: ignore[misc]  # pysyncobj ships 
         super().__init__(syncObj, selfNode, otherNodes)
 
     def send(self, node: Any, message: Any) -> bool:
+        conn = self._connections.get(node)
+        if conn is not None and self._syncObj.encryptor and not conn.sendRandKey:
+            # PySyncObj's outgoing connection is CONNECTED before the session keys are
+            # exchanged: a message sent now goes out without the peer's key, the peer takes it
+            # for garbage ("too many values to unpack") and drops the connection, which under
+            # load cost leaders their heartbeats. Not sent: the caller retries as after a
+            # failed send.
+            return False
         self._before_send(message)
         return cast(bool, super().send(node, message))
 

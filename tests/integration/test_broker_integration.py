@@ -99,6 +99,26 @@ def test_brokers_run_and_follow_the_assignment(cluster):
     poll(same_checksum, 30, what="equal image checksums at one offset")
 
 
+def test_a_broker_tells_when_it_published_each_metadata_image(cluster):
+    """DescribePublishes on the admin endpoint: (offset, time) of the latest publishes, in
+    order, the last one the image the broker serves (the propagation bench reads it)."""
+    b = brokers(cluster)[0]
+    kraft("topics", "create", "published", "--cluster", str(cluster.dir))
+    applied = poll(
+        lambda: (lambda s: s["last_applied_offset"] if s["partitions"] else None)(state(b)),
+        30,
+        what="the broker to apply the topic",
+    )
+    answer = describe_broker(b["host"], b["admin_port"], timeout=5.0, api="DescribePublishes")
+    publishes = answer["publishes"]
+    offsets = [offset for offset, _ in publishes]
+    times = [t for _, t in publishes]
+    assert offsets == sorted(offsets) and times == sorted(times)
+    assert offsets[-1] >= applied and abs(times[-1] - time.time()) < 600
+    bad = describe_broker(b["host"], b["admin_port"], timeout=5.0, api="NoSuchApi")
+    assert "unsupported request" in bad["error"]
+
+
 def test_real_kafka_clients_see_the_topics(cluster):
     kraft(
         "topics",

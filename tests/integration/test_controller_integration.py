@@ -354,3 +354,60 @@ def test_an_invalid_create_topics_leaves_the_raft_commit_index_unchanged(cluster
         assert reply["topics"][0]["error_code"] != 0, reply
     assert position() == before
     assert cluster.active_controller() == leader
+
+
+def test_a_fence_of_thousands_of_partitions_steps_through_raft_and_logs_agree(cluster):
+    """A broker leading and following thousands of partitions is fenced in several steps, two
+    in flight at once (the next built while the last replicates): every partition ends led by
+    a live broker without it, its fence record comes last, and the three controllers hold
+    byte-identical logs."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.harness import ENV, REPO
+
+    cluster.up(controllers=3)
+    cluster.start_sim_brokers(2)  # 101, 102
+    doomed = subprocess.Popen(
+        [sys.executable, "-m", "testsupport.sim_broker", "--cluster", str(cluster.dir)]
+        + ["--count", "1", "--first-id", "201"],
+        cwd=REPO,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        line = poll(lambda: doomed.stdout.readline(), 60, what="broker 201 ready")
+        assert line.strip() == "ready", line
+        for i in range(3):  # 4,500 partitions, RF 3: broker 201 in every one, leading ~1/3
+            reply = cluster.call(
+                "CreateTopics",
+                {"topics": [{"name": f"big-{i}", "num_partitions": 1500, "replication_factor": 3}]},
+                timeout=60,
+            )
+            assert reply["topics"][0]["error_code"] == 0, reply
+        os.killpg(doomed.pid, signal.SIGKILL)  # silent: fenced once its session expires
+    finally:
+        if doomed.poll() is None:
+            os.killpg(doomed.pid, signal.SIGKILL)
+        doomed.wait(10)
+
+    def fenced_and_moved() -> bool:
+        topics = kraft_json("topics", "describe", "--cluster", str(cluster.dir))["topics"]
+        parts = [p for t in topics if t["name"].startswith("big-") for p in t["partitions"]]
+        return len(parts) == 4500 and all(
+            p["leader"] in (101, 102) and 201 not in p["isr"] for p in parts
+        )
+
+    poll(fenced_and_moved, 120, what="broker 201's partitions moved and its ISR places gone")
+    desc = kraft_json("cluster", "describe", "--cluster", str(cluster.dir))["brokers"]
+    assert next(b for b in desc if b["broker_id"] == 201)["state"] == "fenced"
+    cluster.down()
+    digests = {
+        c["id"]: log_stream_digest(cluster.log_dir(c["id"])) for c in cluster.meta["controllers"]
+    }
+    assert len(set(digests.values())) == 1, digests

@@ -916,3 +916,30 @@ async def test_a_leadership_transfer_passes_stickiness(tmp_path: Path) -> None:
         await target.submit(b"after-transfer", timeout=10)
     finally:
         cluster.close()
+
+
+@trio_test
+async def test_followers_campaign_at_once_when_the_leaders_connections_close(
+    tmp_path: Path,
+) -> None:
+    """A leader that stops (its sockets closed, as when its process is killed with -9): the
+    followers see their connections to it close and campaign within a quarter of the minimum
+    election timeout (3 s here) instead of waiting out a whole timeout, so a new leader is
+    there before any follower's own timer could have run out; one election, no split vote."""
+    cluster = Cluster(tmp_path, fsync="never", raft_min_timeout=3.0, raft_max_timeout=6.0)
+    try:
+        for nid in cluster.addrs:
+            cluster.start(nid)
+        leader = await cluster.leader(timeout=30)
+        term = leader.term
+        await leader.submit(b"before", timeout=10)
+        stopped = time.monotonic()
+        cluster.stop(leader.node_id)
+        successor = await cluster.leader(timeout=30)
+        elapsed = time.monotonic() - stopped
+        assert elapsed < 2.9, f"the new leader took {elapsed:.2f} s: a timeout, not the close"
+        assert successor.term == term + 1
+        assert sum(q.stats()["leader_disconnects"] for q in cluster.members.values()) >= 1
+        await successor.submit(b"after", timeout=10)
+    finally:
+        cluster.close()

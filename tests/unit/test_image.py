@@ -741,3 +741,24 @@ def test_replay_batch_partition_records_fast_path():
     bad = make_batch(image, NoOpRecord(), NoOpRecord(), partition(str(uuid.uuid4()), 0, [1]))
     with pytest.raises(ReplayError, match="^offset 2: unknown topic"):
         MetadataDelta(image).replay_batch(bad)
+
+
+def test_a_topics_leaderless_partitions_are_found_and_cached_per_topic():
+    """``TopicImage.leaderless()``: the partitions without a leader, ascending; a topic a later
+    image shares answers from its cache, a changed topic is a new object and looks again."""
+    image = build(
+        register(1, 1, fenced=False),
+        register(2, 2, fenced=False),
+        TopicRecord("a", T1),
+        partition(T1, 2, [1, 2], leader=LEADER_NONE),
+        partition(T1, 0, [1, 2]),
+        partition(T1, 1, [2, 1], leader=LEADER_NONE),
+        TopicRecord("b", T2),
+        partition(T2, 0, [2, 1]),
+    )
+    a, b = image.topics_by_id[T1], image.topics_by_id[T2]
+    assert a.leaderless() == (1, 2) and b.leaderless() == ()
+    later = build(change(T1, 1, leader=2), image=image)
+    assert later.topics_by_id[T2] is b and later.topics_by_id[T2].leaderless() == ()
+    assert later.topics_by_id[T1].leaderless() == (2,)
+    assert a.leaderless() == (1, 2)  # the old image is unchanged

@@ -81,3 +81,13 @@ def test_a_leaders_liveness_is_the_age_of_its_majoritys_last_answer():
     assert majority_contact_age(10.0, [9.9, 9.0, 1.0, 0.0], 5) == pytest.approx(1.0)
     assert majority_contact_age(10.0, [], 3) is None
     assert majority_contact_age(10.0, [], 1) == 0.0
+
+
+def test_a_closed_leader_connection_brings_the_deadline_forward_never_back():
+    from kraft.quorum.prevote import EARLY_ELECTION_SPREAD, early_deadline
+
+    now = 100.0
+    assert early_deadline(100.9, now, MIN, 0.0) == now  # at once
+    soonest_late = now + 0.999 * EARLY_ELECTION_SPREAD * MIN
+    assert early_deadline(101.0, now, MIN, 0.999) == soonest_late
+    assert early_deadline(100.05, now, MIN, 0.9) == 100.05  # already sooner: kept

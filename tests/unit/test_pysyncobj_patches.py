@@ -128,3 +128,29 @@ def test_a_quiet_link_is_kept_and_a_closed_one_dropped_before_a_send():
         assert not recent.dropped
     finally:
         a.close()
+
+
+def test_no_raft_message_leaves_before_the_session_keys_are_exchanged():
+    """PySyncObj marks an outgoing connection CONNECTED before the peer's session key arrives;
+    a Raft message sent then would carry no key and make the peer drop the connection. The
+    transport refuses to send it (the caller retries, as after any failed send)."""
+    from types import SimpleNamespace
+
+    from pysyncobj.tcp_connection import CONNECTION_STATE
+
+    from kraft.quorum.raft import _SyncingTransport
+
+    transport = object.__new__(_SyncingTransport)
+    sent: list = []
+    synced: list = []
+    conn = SimpleNamespace(sendRandKey=None, state=CONNECTION_STATE.CONNECTED, send=sent.append)
+    transport._connections = {"peer": conn}
+    transport._syncObj = SimpleNamespace(encryptor=object())
+    transport._before_send = synced.append
+    transport._send_random_sleep_duration = 0
+    message = {"type": "append_entries", "term": 3}
+    assert transport.send("peer", message) is False
+    assert sent == [] and synced == []  # not sent, and the journal not synced for it either
+    conn.sendRandKey = b"k" * 32  # the peer's key arrived
+    assert transport.send("peer", message) is True
+    assert sent == [message] and synced == [message]

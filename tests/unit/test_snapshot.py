@@ -23,6 +23,7 @@ from kraft.log import (
     write_snapshot,
 )
 from kraft.log.segment import iter_frames
+from kraft.log.snapshot import SNAPSHOT_FORMAT
 from kraft.records import (
     ConfigRecord,
     FeatureLevelRecord,
@@ -64,7 +65,7 @@ def sample_records(partitions=2500):
     return recs
 
 
-def header_for(records, end_offset=120, term=3):
+def header_for(records, end_offset=120, term=3, fmt=SNAPSHOT_FORMAT):
     return SnapshotHeader(
         end_offset=end_offset,
         term=term,
@@ -73,6 +74,7 @@ def header_for(records, end_offset=120, term=3):
         last_hash=b"\xab" * 32,
         record_count=len(records),
         image_checksum="c0ffee",
+        format=fmt,
     )
 
 
@@ -149,9 +151,9 @@ def test_failing_record_source_leaves_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def written(tmp_path, partitions=3000):
+def written(tmp_path, partitions=3000, fmt=SNAPSHOT_FORMAT):
     recs = sample_records(partitions)
-    return write_snapshot(tmp_path, header_for(recs), recs), recs
+    return write_snapshot(tmp_path, header_for(recs, fmt=fmt), recs), recs
 
 
 def payloads(path):
@@ -221,7 +223,7 @@ def test_bad_record_in_chunk_refused(tmp_path):
     """A writer bug (valid checksum, bad field value) is still caught by strict decoding."""
     import hashlib
 
-    path, _ = written(tmp_path, partitions=5)
+    path, _ = written(tmp_path, partitions=5, fmt=2)
     frames = payloads(path)
     for i, p in enumerate(frames[1:-1], 1):
         chunk = msgpack.unpackb(p, raw=False)
@@ -238,7 +240,7 @@ def test_bad_record_in_chunk_refused(tmp_path):
 
 
 def test_chunks_hold_at_most_1000_records(tmp_path):
-    path, recs = written(tmp_path, partitions=2500)
+    path, recs = written(tmp_path, partitions=2500, fmt=2)
     chunks = [msgpack.unpackb(p, raw=False) for p in payloads(path)[1:-1]]
     assert all(len(c["rows"]) <= 1000 for c in chunks)
     assert sum(len(c["rows"]) for c in chunks) == len(recs)
@@ -278,7 +280,7 @@ def test_ill_typed_partition_value_refused_naming_row_and_field(tmp_path, column
     names the chunk position, the row and the field, for records and for chunk readers alike."""
     from kraft.metadata.replay import image_from_records
 
-    path, _ = written(tmp_path, partitions=1500)
+    path, _ = written(tmp_path, partitions=1500, fmt=2)
 
     def edit(rows):
         if len(rows) > 300:
@@ -295,7 +297,7 @@ def test_ill_typed_partition_value_refused_naming_row_and_field(tmp_path, column
 
 
 def test_short_partition_row_refused(tmp_path):
-    path, _ = written(tmp_path, partitions=1500)
+    path, _ = written(tmp_path, partitions=1500, fmt=2)
     _rewrite_partition_rows(path, lambda rows: rows[5].pop())
     with pytest.raises(CorruptSnapshotError, match="does not have 10 values"):
         list(read_snapshot(path)[1])
@@ -342,14 +344,28 @@ def test_writing_runs_gives_the_same_bytes_as_writing_records(tmp_path):
 # ---- the broker's load: partition values proven by the image checksum ------------------------
 
 
-def _broker_snapshot(tmp_path, partitions=1500):
-    """A snapshot as a broker checkpoint writes it (real image checksum in the header)."""
+def _broker_snapshot(tmp_path, partitions=1500, fmt=SNAPSHOT_FORMAT):
+    """A snapshot as a broker checkpoint writes it (real image checksum in the header), in
+    snapshot format ``fmt``."""
     from broker.metadata.checkpoint import write_checkpoint
+    from kraft.log.snapshot import write_snapshot_runs
     from kraft.metadata.replay import image_from_records
 
     recs = sample_records(partitions)
     image = image_from_records(recs, offset=len(recs) - 1, term=3)
-    return write_checkpoint(tmp_path, image), image
+    if fmt == SNAPSHOT_FORMAT:
+        return write_checkpoint(tmp_path, image), image
+    header = SnapshotHeader(
+        end_offset=image.offset + 1,
+        term=image.term,
+        raft_index=image.raft_index,
+        timestamp_ms=image.timestamp_ms,
+        last_hash=image.last_hash,
+        record_count=image.record_count(),
+        image_checksum=image.checksum(),
+        format=fmt,
+    )
+    return write_snapshot_runs(tmp_path, header, image.record_runs()), image
 
 
 def test_broker_load_equals_the_strict_load(tmp_path):
@@ -393,7 +409,7 @@ def test_broker_load_refuses_what_strict_decoding_refuses(tmp_path, column, valu
     it, as the strict reader does."""
     from broker.metadata.checkpoint import image_from_snapshot
 
-    path, _ = _broker_snapshot(tmp_path)
+    path, _ = _broker_snapshot(tmp_path, fmt=2)
 
     def edit(rows):
         if len(rows) > 300:
@@ -407,7 +423,7 @@ def test_broker_load_refuses_what_strict_decoding_refuses(tmp_path, column, valu
 def test_broker_load_refuses_a_well_typed_wrong_value(tmp_path):
     from broker.metadata.checkpoint import image_from_snapshot
 
-    path, _ = _broker_snapshot(tmp_path)
+    path, _ = _broker_snapshot(tmp_path, fmt=2)
 
     def edit(rows):
         if len(rows) > 300:
@@ -438,3 +454,196 @@ def test_broker_checkpoints_are_written_one_at_a_time(tmp_path):
     assert [p.name for p in list_snapshots(tmp_path / "meta")] == [
         snapshot_name(image.offset + 1, image.term)
     ]
+
+
+# ---- format 3: topic frames ---------------------------------------------------------------------
+
+
+def _rewrite_topic_frames(path, edit, extra=()):
+    """Apply ``edit(ids, regs)`` (lists, regs as lists of 8 values) to every topic frame, append
+    ``extra`` payloads before the footer, and re-seal the file (counts, footer SHA-256)."""
+    import hashlib
+
+    frames = payloads(path)
+    for i, p in enumerate(frames[1:-1], 1):
+        if p[:1] == b"\x94":
+            name, tid, ids, regs = msgpack.unpackb(p, raw=False)
+            edit(ids, regs)
+            frames[i] = msgpack.packb([name, tid, ids, regs], use_bin_type=True)
+    frames[-1:-1] = list(extra)
+    added = sum(len(msgpack.unpackb(p, raw=False)["rows"]) for p in extra)
+    header = msgpack.unpackb(frames[0], raw=False)
+    header["record_count"] += added
+    frames[0] = msgpack.packb(header, use_bin_type=True)
+    footer = msgpack.unpackb(frames[-1], raw=False)
+    footer["record_count"] += added
+    footer["sha256"] = hashlib.sha256(b"".join(frames[:-1])).digest()
+    frames[-1] = msgpack.packb(footer, use_bin_type=True)
+    path.write_bytes(b"".join(encode_frame(p) for p in frames))
+
+
+def test_a_topic_frame_is_the_topics_digest_preimage(tmp_path):
+    """Format 3 writes a topic and its partitions as one frame whose SHA-256 is the topic's
+    checksum digest, ``iter_chunks`` still hands out the same rows, and the image loads equal."""
+    import hashlib
+
+    from broker.metadata.checkpoint import image_from_snapshot
+
+    path, image = _broker_snapshot(tmp_path, partitions=2500)
+    topic_frames = [p for p in payloads(path)[1:-1] if p[:1] == b"\x94"]
+    assert [hashlib.sha256(p).digest() for p in topic_frames] == [
+        image.topic(name).digest() for name in image.topic_names()
+    ]
+    records = read_snapshot(path)[1]
+    assert [cls(*row) for cls, rows in records.iter_chunks() for row in rows] == list(
+        image.iter_records()
+    )
+    loaded = image_from_snapshot(path)
+    assert loaded == image and loaded.checksum() == image.checksum()
+
+
+@pytest.mark.parametrize("fmt", [2, 3])
+def test_both_formats_load_to_the_same_image(tmp_path, fmt):
+    from broker.metadata.checkpoint import image_from_snapshot
+
+    path, image = _broker_snapshot(tmp_path, fmt=fmt)
+    assert read_snapshot_header(path).format == fmt
+    assert read_snapshot_header(path).checksum_version == 2
+    loaded = image_from_snapshot(path)
+    assert loaded == image and loaded.checksum() == image.checksum()
+
+
+@pytest.mark.parametrize(
+    "where, value, field",
+    [
+        ("leader", True, "leader"),
+        ("leader", None, "leader"),
+        ("id", "7", "partition_id"),
+        ("replicas", [1, "2"], "replicas"),
+        ("isr", [1, False], "isr"),
+        ("removing", None, "removing_replicas"),
+        ("epoch", 1.5, "partition_epoch"),
+    ],
+)
+def test_ill_typed_value_in_a_topic_frame_refused(tmp_path, where, value, field):
+    """Strict reading names the topic, partition and field; the broker's load (values unchecked,
+    the image checksum compared) refuses it too, naming it through the strict re-read."""
+    from broker.metadata.checkpoint import image_from_snapshot
+
+    path, _ = _broker_snapshot(tmp_path)
+    column = {"leader": 4, "replicas": 0, "isr": 1, "removing": 2, "epoch": 7}
+
+    def edit(ids, regs):
+        if where == "id":
+            ids[300] = value
+        else:
+            regs[300][column[where]] = value
+
+    _rewrite_topic_frames(path, edit)
+    with pytest.raises(CorruptSnapshotError, match=rf"bad topic frame: .*PartitionRecord\.{field}"):
+        list(read_snapshot(path)[1])
+    with pytest.raises(CorruptSnapshotError, match=rf"PartitionRecord\.{field}"):
+        image_from_snapshot(path)
+
+
+def test_a_short_registration_in_a_topic_frame_refused(tmp_path):
+    path, _ = _broker_snapshot(tmp_path)
+    from broker.metadata.checkpoint import image_from_snapshot
+
+    _rewrite_topic_frames(path, lambda ids, regs: regs[5].pop())
+    for strict in (True, False):
+        with pytest.raises(CorruptSnapshotError, match="does not have 8 values"):
+            list(read_snapshot(path, strict=strict)[1])
+    with pytest.raises(CorruptSnapshotError, match="does not have 8 values"):
+        image_from_snapshot(path)  # unchecked, then the checksum fails and strict names it
+
+
+def test_a_well_typed_wrong_value_in_a_topic_frame_refused(tmp_path):
+    """A resealed snapshot whose topic frame holds another leader epoch: the frame's hash is no
+    longer the digest the header's image checksum holds."""
+    from broker.metadata.checkpoint import image_from_snapshot
+
+    path, _ = _broker_snapshot(tmp_path)
+
+    def edit(ids, regs):
+        regs[300][6] += 1
+
+    _rewrite_topic_frames(path, edit)
+    with pytest.raises(CorruptSnapshotError, match="image checksum does not match"):
+        image_from_snapshot(path)
+
+
+def test_records_after_a_topic_frame_cannot_borrow_its_digest(tmp_path):
+    """A resealed snapshot with a PartitionRecord chunk added after the topic frames (changing a
+    partition the frame holds): the frames' hashes still match the header's digests, but they
+    no longer describe the topic, so the load takes no digest from them and refuses the file."""
+    from broker.metadata.checkpoint import image_from_snapshot
+
+    path, image = _broker_snapshot(tmp_path)
+    tid = image.topics_by_name["orders"]
+    row = [7, tid, [2, 1], [2], [], [], 2, 0, 3, 4]
+    chunk = {
+        "type": PartitionRecord.TYPE,
+        "version": PartitionRecord.VERSION,
+        "fields": [n for n, _ in PartitionRecord.FIELDS],
+        "rows": [row],
+    }
+    _rewrite_topic_frames(path, lambda ids, regs: None, [msgpack.packb(chunk, use_bin_type=True)])
+    header, records = read_snapshot(path)
+    assert sum(len(rows) for _, rows in records.iter_chunks()) == header.record_count
+    with pytest.raises(CorruptSnapshotError, match="image checksum does not match"):
+        image_from_snapshot(path)
+
+
+def test_topic_frames_are_refused_in_a_format_2_file(tmp_path):
+    path, _ = written(tmp_path, partitions=5, fmt=3)
+    frames = payloads(path)
+    header = msgpack.unpackb(frames[0], raw=False)
+    header["format"] = 2
+    frames[0] = msgpack.packb(header, use_bin_type=True)
+    import hashlib
+
+    footer = msgpack.unpackb(frames[-1], raw=False)
+    footer["sha256"] = hashlib.sha256(b"".join(frames[:-1])).digest()
+    frames[-1] = msgpack.packb(footer, use_bin_type=True)
+    path.write_bytes(b"".join(encode_frame(p) for p in frames))
+    with pytest.raises(CorruptSnapshotError, match="not a record chunk map"):
+        list(read_snapshot(path)[1])
+
+
+def test_topic_frames_load_directly_or_through_the_delta_alike(tmp_path):
+    """A format-3 file whose topic frames are followed only by records that cannot touch a topic
+    builds its topics directly; one holding other records after them (here a PartitionRecord
+    run the writer could not put in a frame: ids not ascending) replays the frames into the
+    delta in file order. Either way the image is that of replaying the records."""
+    from kraft.metadata.replay import image_from_records
+
+    recs = [r for r in sample_records(30) if type(r) is not NoOpRecord]
+    direct = write_snapshot(tmp_path / "direct", header_for(recs), recs)
+    image = image_from_records(read_snapshot(direct)[1], offset=9, adopt_digests=True)
+    assert image == image_from_records(recs, offset=9)
+    assert image.topics_by_id[TID]._digest is not None  # built directly, digest adopted
+    mixed = [*recs[:4], *reversed(recs[4:34]), *recs[34:]]
+    path = write_snapshot(tmp_path / "mixed", header_for(mixed), mixed)
+    frames = [p for p in payloads(path)[1:-1] if p[:1] == b"\x94"]
+    assert [msgpack.unpackb(p)[2] for p in frames] == [[]]  # the topic, without partitions
+    image = image_from_records(read_snapshot(path)[1], offset=9, adopt_digests=True)
+    assert image == image_from_records(mixed, offset=9)
+    assert image.topics_by_id[TID]._digest is None  # through the delta: nothing adopted
+
+
+@pytest.mark.parametrize("same", ["name", "id"])
+def test_two_topic_frames_of_one_topic_refused(tmp_path, same):
+    from kraft.metadata.delta import ReplayError
+    from kraft.metadata.replay import image_from_records
+    from kraft.snapshotter import snapshot_state
+
+    second = TopicRecord("orders", "t-2") if same == "name" else TopicRecord("other", TID)
+    recs = [*sample_records(5), second]
+    path = write_snapshot(tmp_path, header_for(recs), recs)
+    with pytest.raises(ReplayError, match=f"topic {same}.*already exists"):
+        image_from_records(read_snapshot(path)[1], offset=9)
+    with pytest.raises(ReplayError, match=f"topic {same}.*already exists"):
+        image_from_records(recs, offset=9)
+    with pytest.raises(CorruptSnapshotError, match="records do not replay"):
+        snapshot_state(path)
