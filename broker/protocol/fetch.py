@@ -49,6 +49,7 @@ from broker.protocol.fetch_session import (
 from broker.protocol.kafka_codec import API_FETCH, Deferred, Reader, RequestHeader
 from broker.replica.log_dirs import KafkaStorageError
 from broker.replica.partition import Partition
+from broker.replica.partition_log import CorruptRecordError
 from broker.replica.replica_manager import ReplicaManager
 
 EARLIEST, LATEST, MAX_TIMESTAMP = -2, -1, -3
@@ -196,6 +197,8 @@ class FetchHandler:
                     return FetchPartitionResult(
                         fp.partition, ErrorCode.kafka_storage_error.value
                     ), None
+            except CorruptRecordError:  # damage below the recovery point (logged by the log)
+                return FetchPartitionResult(fp.partition, ErrorCode.corrupt_message.value), None
         aborted = None
         if read_committed and records:
             found = plog.aborted_transactions(fp.fetch_offset, limit)

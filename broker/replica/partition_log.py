@@ -9,14 +9,20 @@ Layout of ``<log.dir>/<topic>-<partition>/``:
   ``<epoch> <start offset>`` lines;
 * ``high-watermark-checkpoint`` — ``0``, ``1``, then the high watermark.
 
-Recovery on open scans every batch (header sanity + CRC32C); the first bad or torn batch and
-everything after it is truncated with a WARNING naming the file and byte position, as Kafka's
-log recovery does. Checkpoint files are written to ``.tmp`` and renamed.
+* ``recovery-point-offset-checkpoint`` — ``0``, ``1``, then the recovery point: every segment
+  wholly below it was flushed and has its ``%020d.bindex`` (``batch_index.py``).
+
+Recovery on open (Kafka's log recovery) scans the segments not wholly below the recovery point,
+and any without a valid index: header sanity + CRC32C per batch; the first bad or torn batch and
+everything after it is truncated with a WARNING naming the file and byte position. A segment
+opened from its index is verified when read instead (:class:`CorruptRecordError`). Checkpoint
+files are written to ``.tmp`` and renamed.
 """
 
 from __future__ import annotations
 
 import bisect
+import gc
 import logging
 import os
 import struct
@@ -25,10 +31,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import crc32c
 
+from broker.replica.batch_index import INDEX_SUFFIX, IndexMismatch, decode_index, encode_index
 from broker.replica.control_batch import (
     ATTR_CONTROL,
     ATTR_TRANSACTIONAL,
@@ -51,6 +58,9 @@ log = logging.getLogger(__name__)
 HEADER_BYTES = 61  # fixed part of a v2 record batch, up to and including the record count
 _LOG_OVERHEAD = 12  # base offset (8) + batch length (4)
 _MAGIC = 2
+# base offset, length, leader epoch, magic, CRC, attributes, last offset delta, first and max
+# timestamps, producer id, producer epoch, base sequence: a batch header up to its record count
+_HEADER = struct.Struct(">qiiBIhiqqqhi")
 LEADER_EPOCH_FILE = "leader-epoch-checkpoint"
 HW_FILE = "high-watermark-checkpoint"
 LOG_START_FILE = "log-start-offset-checkpoint"  # DeleteRecords: "0", "1", the log start offset
@@ -59,6 +69,7 @@ SNAPSHOTS_KEPT = 2
 CLEANER_FILE = "cleaner-offset-checkpoint"  # "0", "1", the first offset not yet compacted
 CLEANED_SUFFIX = ".log.cleaned"  # a compacted segment being written (deleted on open)
 SWAP_SUFFIX = ".log.swap"  # a compacted segment written and synced: replaces its sources on open
+RECOVERY_POINT_FILE = "recovery-point-offset-checkpoint"  # "0", "1", the recovery point
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +87,11 @@ class InvalidBatchError(ValueError):
     """Bytes handed to :meth:`PartitionLog.append` that are not valid magic-2 record batches."""
 
 
+class CorruptRecordError(ValueError):
+    """Bytes read back from a segment that do not match its index or fail their CRC (Kafka's
+    CORRUPT_MESSAGE): damage below the recovery point, found when read, not at open."""
+
+
 class RecordTooLargeError(ValueError):
     """A batch larger than the topic's ``max.message.bytes`` (Kafka's MESSAGE_TOO_LARGE)."""
 
@@ -90,9 +106,9 @@ class LeaderAppend:
     duplicate: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class BatchInfo:
-    """Where one batch lives: its offsets and its byte position in a segment."""
+class BatchInfo(NamedTuple):
+    """Where one batch lives: its offsets and its byte position in a segment. A tuple: a log
+    opened from its batch index makes one per batch straight from ``struct.iter_unpack``."""
 
     base_offset: int
     last_offset: int
@@ -132,27 +148,34 @@ def parse_batches(data: bytes | memoryview, check_crc: bool = True) -> tuple[lis
     they cover; stops (without raising) at the first incomplete or invalid batch."""
     view = memoryview(data)
     out: list[BatchInfo] = []
+    append = out.append
+    unpack = _HEADER.unpack_from
     pos = 0
     n = len(view)
     while pos + HEADER_BYTES <= n:
-        base, length = struct.unpack_from(">qi", view, pos)
+        (
+            base,
+            length,
+            epoch,
+            magic,
+            crc,
+            attrs,
+            last_delta,
+            _first_ts,
+            max_ts,
+            producer_id,
+            producer_epoch,
+            base_seq,
+        ) = unpack(view, pos)
         size = _LOG_OVERHEAD + length
-        if length < HEADER_BYTES - _LOG_OVERHEAD or pos + size > n:
+        if length < HEADER_BYTES - _LOG_OVERHEAD or pos + size > n or magic != _MAGIC:
             break
-        magic = view[pos + 16]
-        if magic != _MAGIC:
-            break
-        (crc,) = struct.unpack_from(">I", view, pos + 17)
         if check_crc and crc32c.crc32c(view[pos + 21 : pos + size]) != crc:
             break
-        (last_delta,) = struct.unpack_from(">i", view, pos + 23)
         if last_delta < 0:
             break
-        (epoch,) = struct.unpack_from(">i", view, pos + 12)
-        (attrs,) = struct.unpack_from(">h", view, pos + 21)
-        max_ts, producer_id, producer_epoch, base_seq = struct.unpack_from(">qqhi", view, pos + 35)
         control = marker_type(view, pos, pos + size) if attrs & ATTR_CONTROL else -1
-        out.append(
+        append(
             BatchInfo(
                 base,
                 base + last_delta,
@@ -164,7 +187,7 @@ def parse_batches(data: bytes | memoryview, check_crc: bool = True) -> tuple[lis
                 producer_epoch,
                 base_seq,
                 bool(attrs & ATTR_TRANSACTIONAL),
-                control if attrs & ATTR_CONTROL else -1,
+                control,
             )
         )
         pos += size
@@ -201,6 +224,20 @@ def write_small_file(path: str | os.PathLike[str], data: bytes, sync: bool = Fal
             os.fsync(fd)
     finally:
         os.close(fd)
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """No cyclic garbage collection while a log's batch index is built: its objects are
+    plain tuples, yet every few hundred allocations a collection would walk all of them
+    (it more than doubled the time to open a log of a million batches)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 @contextmanager
@@ -291,8 +328,10 @@ def _finish_swaps(d: Path, files: set[str]) -> set[str]:
         infos, _ = parse_batches((d / name).read_bytes())
         last = infos[-1].last_offset if infos else base
         for f in os.listdir(d):
-            if f.endswith(".log") and f[:-4].isdigit() and base < int(f[:-4]) <= last:
-                (d / f).unlink()
+            if f.endswith(".log") and f[:-4].isdigit() and base <= int(f[:-4]) <= last:
+                (d / f"{f[:-4]}{INDEX_SUFFIX}").unlink(missing_ok=True)
+                if int(f[:-4]) > base:
+                    (d / f).unlink()
         os.replace(d / name, d / f"{base:020d}.log")
         log.warning("partition log %s: completed the swap of compacted segment %s", d, name)
     sync_dir(d)
@@ -309,10 +348,52 @@ class _Segment:
         self.lasts: list[int] = []  # last offset of each batch, for bisect
         self.size = 0
         self.file = open(path, "a+b")  # noqa: SIM115 -- open for the segment's life
+        self.verified = True  # every batch CRC-checked (scanned at open, or written here)
+        self.indexed = False  # its .bindex on disk describes it as it is
+        self.dirty = False  # bytes written (or found at open) not known to be fsynced
+
+    @property
+    def index_path(self) -> Path:
+        return self.path.with_name(f"{self.base_offset:020d}{INDEX_SUFFIX}")
 
     @property
     def next_offset(self) -> int:
         return self.batches[-1].last_offset + 1 if self.batches else self.base_offset
+
+    def load_index(self, recovery_point: int) -> bool:
+        """Take the batches from the segment's ``.bindex`` instead of parsing the file: only if
+        the index matches the file (base, size, CRC) and the segment lies wholly below the
+        recovery point. Its batches are then verified when read (``verified`` False)."""
+        try:
+            data = self.index_path.read_bytes()
+            entries = decode_index(data, self.base_offset, os.fstat(self.file.fileno()).st_size)
+            batches = list(map(BatchInfo._make, entries))
+        except (OSError, IndexMismatch) as e:
+            log.info(
+                "partition log %s: not using %s: %s", self.path.parent, self.index_path.name, e
+            )
+            return False
+        end = batches[-1].last_offset + 1 if batches else self.base_offset
+        if end > recovery_point:
+            return False
+        self.batches = batches
+        self.lasts = [b.last_offset for b in batches]
+        self.size = batches[-1].position + batches[-1].size if batches else 0
+        self.verified = False
+        self.indexed = True
+        return True
+
+    def write_index(self, sync: bool) -> None:
+        """Write the ``.bindex`` of the segment as it is now (to ``.tmp``, renamed)."""
+        tmp = f"{self.index_path}.tmp"
+        write_small_file(tmp, encode_index(self.base_offset, self.size, self.batches), sync=sync)
+        os.replace(tmp, self.index_path)
+        self.indexed = True
+
+    def drop_index(self) -> None:
+        """The segment is about to change other than by appends: its index must go first."""
+        self.index_path.unlink(missing_ok=True)
+        self.indexed = False
 
     def recover(self) -> bool:
         """Index the file; truncate an invalid tail. Returns True if the file was intact."""
@@ -342,7 +423,14 @@ class _Segment:
             return False
         return True
 
+    def sync(self) -> None:
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        self.dirty = False
+
     def append(self, data: bytes, infos: list[BatchInfo]) -> None:
+        self.indexed = False
+        self.dirty = True
         self.file.seek(0, os.SEEK_END)
         self.file.write(data)
         self.file.flush()
@@ -368,9 +456,38 @@ class _Segment:
             end = b.position + b.size
         if end == start:
             return b""
-        return os.pread(self.file.fileno(), end - start, start)
+        data = os.pread(self.file.fileno(), end - start, start)
+        if not self.verified:
+            self._verify(data, index, start)
+        return data
+
+    def _verify(self, data: bytes, index: int, start: int) -> None:
+        """Check bytes read from a segment opened from its index: each batch where the index
+        says, whole, with a good CRC; else :class:`CorruptRecordError` (logged as an ERROR)."""
+        view = memoryview(data)
+        for b in self.batches[index:]:
+            pos = b.position - start
+            if pos >= len(view):
+                return
+            problem = ""
+            if pos + b.size > len(view):
+                problem = f"{len(view) - pos} of its {b.size} bytes on disk"
+            else:
+                base, length, magic, crc = struct.unpack_from(">qi4xbI", view, pos)
+                if (base, length + _LOG_OVERHEAD, magic) != (b.base_offset, b.size, _MAGIC):
+                    problem = f"header says offset {base}, {length + _LOG_OVERHEAD} bytes"
+                elif crc32c.crc32c(view[pos + 21 : pos + b.size]) != crc:
+                    problem = "CRC mismatch"
+            if problem:
+                what = (
+                    f"partition log {self.path}: batch at byte {b.position} (offsets "
+                    f"{b.base_offset}-{b.last_offset}) is corrupt: {problem}"
+                )
+                log.error("%s", what)
+                raise CorruptRecordError(what)
 
     def truncate_at(self, index: int) -> None:
+        self.drop_index()
         pos = self.batches[index].position if index < len(self.batches) else self.size
         del self.batches[index:]
         del self.lasts[index:]
@@ -399,6 +516,8 @@ class PartitionLog:
         self.producer_rebuild = (0, 0.0)  # (batches replayed, seconds) of the last rebuild
         self.first_dirty_offset = 0  # the log cleaner's checkpoint: offsets below are compacted
         self.layout_version = 0  # bumped whenever closed segments change (truncation, deletion)
+        self.recovery_point = 0  # segments wholly below it are flushed and indexed
+        self.opened = (0, 0)  # (segments opened from their index, segments scanned) at open
 
     # ---- opening ------------------------------------------------------------------------
     @classmethod
@@ -406,7 +525,11 @@ class PartitionLog:
         cls, directory: str | os.PathLike[str], segment_bytes: int = 1 << 30, fsync: bool = False
     ) -> PartitionLog:
         """Open (creating if needed) the log in ``directory`` and recover a torn tail."""
-        d = Path(directory)
+        with _gc_paused():
+            return cls._open(Path(directory), segment_bytes, fsync)
+
+    @classmethod
+    def _open(cls, d: Path, segment_bytes: int, fsync: bool) -> PartitionLog:
         try:  # one listing instead of a glob and a stat per checkpoint file (brokers open
             d.mkdir(parents=True)  # thousands of logs at start-up)
             files: set[str] = set()
@@ -415,11 +538,18 @@ class PartitionLog:
         plog = cls(d, segment_bytes, fsync)
         if any(f.endswith((CLEANED_SUFFIX, SWAP_SUFFIX)) for f in files):
             files = _finish_swaps(d, files)
+        rp = _read_offset_file(d / RECOVERY_POINT_FILE) if RECOVERY_POINT_FILE in files else 0
         names = sorted(d / f for f in files if f.endswith(".log") and f[:-4].isdigit())
+        from_index = scanned = 0
         for i, p in enumerate(names):
             seg = _Segment(p, int(p.stem))
-            intact = seg.recover()
             plog._segments.append(seg)
+            if seg.index_path.name in files and seg.load_index(rp):
+                from_index += 1
+                continue
+            scanned += 1
+            intact = seg.recover()
+            seg.dirty = True  # maybe only in the page cache (a kill -9): fsynced before indexed
             if not intact:
                 for rest in names[i + 1 :]:
                     log.warning(
@@ -429,6 +559,14 @@ class PartitionLog:
                 break
         if not plog._segments:
             plog._segments.append(_Segment(d / f"{0:020d}.log", 0))
+        plog.opened = (from_index, scanned)
+        kept = {seg.index_path.name for seg in plog._segments if seg.indexed}
+        for f in files:  # an index of a segment gone or not trusted (it is rewritten when flushed)
+            if f.endswith(INDEX_SUFFIX) and f not in kept:
+                (d / f).unlink(missing_ok=True)
+        plog.recovery_point = rp
+        if rp > plog.log_end_offset:
+            plog._checkpoint_recovery_point(plog.log_end_offset)
         plog._load_checkpoints(files)
         if CLEANER_FILE in files:
             plog.first_dirty_offset = _read_offset_file(d / CLEANER_FILE)
@@ -509,6 +647,7 @@ class PartitionLog:
         while len(self._segments) > 1 and self._segments[1].base_offset <= offset:
             seg = self._segments.pop(0)
             seg.close()
+            seg.drop_index()
             seg.path.unlink()
             log.info(
                 "partition log %s: deleted segment %s (log start %d)",
@@ -628,7 +767,7 @@ class PartitionLog:
             seg = self._roll(infos[0].base_offset)
         seg.append(data, infos)
         if self.fsync:
-            os.fsync(seg.file.fileno())
+            seg.sync()
         for b in infos:
             if b.producer_id >= 0:
                 self._track(b)
@@ -651,14 +790,28 @@ class PartitionLog:
         )
 
     def _roll(self, base_offset: int) -> _Segment:
-        seg = self._segments[-1]
-        seg.file.flush()
-        os.fsync(seg.file.fileno())
         self.snapshot_producer_state()
         new = _Segment(self.dir / f"{base_offset:020d}.log", base_offset)
+        new.drop_index()  # one left by an earlier segment of that name (truncated away)
         self._segments.append(new)
+        self._flush_to_recovery_point(self._segments[:-1], base_offset)
         log.info("partition log %s: rolled segment at offset %d", self.dir, base_offset)
         return new
+
+    def _flush_to_recovery_point(self, segments: list[_Segment], point: int) -> None:
+        """Kafka's flush: fsync ``segments`` (those with unsynced bytes), write the index of
+        each that lacks one, then checkpoint the recovery point ``point`` (their end)."""
+        for seg in segments:
+            if seg.dirty:
+                seg.sync()
+            if not seg.indexed:
+                seg.write_index(sync=False)  # a lost or torn index only costs a scan
+        if point != self.recovery_point:
+            self._checkpoint_recovery_point(point)
+
+    def _checkpoint_recovery_point(self, point: int) -> None:
+        _write_atomic(self.dir / RECOVERY_POINT_FILE, f"0\n1\n{point}\n")
+        self.recovery_point = point
 
     def assign_epoch(self, epoch: int, start_offset: int) -> None:
         """Record that ``epoch`` starts at ``start_offset`` (leader-epoch cache)."""
@@ -698,15 +851,20 @@ class PartitionLog:
         if offset >= self.log_end_offset:
             return
         self.layout_version += 1
+        if self.recovery_point > offset:  # first: what it covers is about to change
+            self._checkpoint_recovery_point(offset)
         while len(self._segments) > 1 and self._segments[-1].base_offset >= offset:
             seg = self._segments.pop()
             seg.close()
+            seg.drop_index()
             seg.path.unlink()
         seg = self._segments[-1]
         seg.truncate_at(seg.find(offset))
         if self.fsync:
             os.fsync(seg.file.fileno())
         end = self.log_end_offset
+        if self.recovery_point > end:
+            self._checkpoint_recovery_point(end)
         kept = [(e, o) for e, o in self.epochs if o < end] if end > 0 else []
         if kept != self.epochs:
             self.epochs = kept
@@ -756,12 +914,15 @@ class PartitionLog:
             olds = [self._segments[position[b]] for b in g.bases]
             for seg in olds:
                 seg.close()
+                seg.drop_index()
             for seg in olds[1:]:
                 seg.path.unlink()
             os.replace(swap, olds[0].path)
             new = _Segment(olds[0].path, olds[0].base_offset)
             new.batches, new.size = g.batches, g.size
             new.lasts = [b.last_offset for b in g.batches]
+            new.verified = all(seg.verified for seg in olds)
+            new.write_index(sync=False)  # the cleaner synced the file
             self._segments[position[g.bases[0]]] = new
             gone.update(id(seg) for seg in olds[1:])
         sync_dir(self.dir)
@@ -958,14 +1119,17 @@ class PartitionLog:
         return max(self.batch_times(max_offset), key=lambda t: t[0], default=None)
 
     def flush(self) -> None:
+        """fsync every segment and move the recovery point to the log end."""
         for seg in self._segments:
-            seg.file.flush()
-            os.fsync(seg.file.fileno())
+            seg.sync()
+        self._flush_to_recovery_point(self._segments, self.log_end_offset)
 
     def close(self) -> None:
-        """Checkpoint the high watermark and producer state, and close the segment files."""
+        """Checkpoint the high watermark and producer state, flush to the recovery point (a
+        clean shutdown: the next open scans nothing) and close the segment files."""
         self.checkpoint_high_watermark()
         self.snapshot_producer_state()
+        self._flush_to_recovery_point(self._segments, self.log_end_offset)
         for seg in self._segments:
             seg.close()
 

@@ -23,7 +23,13 @@ from harness import ENV, REPO
 from test_fuzz_kafka_listener import record_batch
 
 from broker.metadata.checkpoint import load_checkpoint, write_checkpoint
-from broker.replica.partition_log import HW_FILE, LEADER_EPOCH_FILE, PartitionLog
+from broker.replica.partition_log import (
+    HW_FILE,
+    LEADER_EPOCH_FILE,
+    RECOVERY_POINT_FILE,
+    CorruptRecordError,
+    PartitionLog,
+)
 from kraft.log import (
     CorruptLogError,
     CorruptSnapshotError,
@@ -420,12 +426,15 @@ def test_partition_log_tail_damage_is_truncated_with_a_warning(
 def test_partition_log_mid_log_corruption_truncates_from_the_bad_batch(
     partition_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Kafka's log recovery: the bad batch and everything after it go (the replica refetches
-    them from the leader); the warning names the file and byte."""
+    """Kafka's log recovery of segments not below the recovery point (here none is: the
+    checkpoint is gone, as after a crash before the first flush): the bad batch and everything
+    after it go (the replica refetches them from the leader); the warning names the file and
+    byte."""
     first = sorted(partition_dir.glob("*.log"))[0]
     data = bytearray(first.read_bytes())
     data[70] ^= 0x01  # inside the first batch's records (covered by its CRC)
     first.write_bytes(bytes(data))
+    (partition_dir / RECOVERY_POINT_FILE).unlink()
     with caplog.at_level(logging.WARNING, logger="broker.replica.partition_log"):
         plog = _reopen(partition_dir)
     try:
@@ -436,6 +445,27 @@ def test_partition_log_mid_log_corruption_truncates_from_the_bad_batch(
     assert any(
         first.name in r.getMessage() and "byte 0" in r.getMessage() for r in caplog.records
     ), caplog.text
+
+
+def test_partition_log_corruption_below_the_recovery_point_is_refused_when_read(
+    partition_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """After a clean close the next open scans nothing (Kafka's recovery point); the damaged
+    batch is refused when read (the fetch answers CORRUPT_MESSAGE), naming file and byte."""
+    first = sorted(partition_dir.glob("*.log"))[0]
+    data = bytearray(first.read_bytes())
+    data[70] ^= 0x01
+    first.write_bytes(bytes(data))
+    plog = _reopen(partition_dir)
+    try:
+        assert plog.log_end_offset == 12
+        with caplog.at_level(logging.ERROR, logger="broker.replica.partition_log"):
+            with pytest.raises(CorruptRecordError, match="batch at byte 0 .* CRC mismatch"):
+                plog.read(0)
+        assert plog.read(int(plog.segment_files()[1].stem))  # the next segment reads
+    finally:
+        plog.close()
+    assert any(first.name in r.getMessage() for r in caplog.records), caplog.text
 
 
 @pytest.mark.parametrize(

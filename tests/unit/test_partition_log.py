@@ -15,6 +15,8 @@ from kio.static.primitive import i8, i16, i32, i64
 from broker.replica.partition_log import (
     HW_FILE,
     LEADER_EPOCH_FILE,
+    RECOVERY_POINT_FILE,
+    CorruptRecordError,
     InvalidBatchError,
     PartitionLog,
     parse_batches,
@@ -113,7 +115,7 @@ def test_torn_tail_is_truncated_on_open(tmp_path, caplog):
     again.close()
 
 
-def test_corrupt_crc_truncates_from_bad_batch(tmp_path):
+def _flip_second_batch(tmp_path):
     plog = PartitionLog.open(tmp_path / "t-0")
     for v in (b"a", b"b", b"c"):
         plog.append(make_batch([v]))
@@ -123,8 +125,37 @@ def test_corrupt_crc_truncates_from_bad_batch(tmp_path):
     raw = bytearray(seg.read_bytes())
     raw[infos[1].position + infos[1].size - 1] ^= 0xFF  # flip a byte of batch 2's payload
     seg.write_bytes(bytes(raw))
+    return seg, infos[1].position
+
+
+def test_corrupt_crc_without_a_recovery_point_truncates_from_bad_batch(tmp_path):
+    """Segments not wholly below the recovery point (here: none is, the checkpoint is gone, as
+    after a crash before any flush) are scanned at open, Kafka's log recovery."""
+    _flip_second_batch(tmp_path)
+    (tmp_path / "t-0" / RECOVERY_POINT_FILE).unlink()
     again = PartitionLog.open(tmp_path / "t-0")
+    assert again.opened == (0, 1)
     assert again.log_end_offset == 1
+    again.close()
+
+
+def test_corrupt_crc_below_the_recovery_point_is_refused_when_read(tmp_path, caplog):
+    """After a clean close nothing is scanned at open (as Kafka); a damaged batch is found
+    when read: CorruptRecordError naming file and byte, never its bytes."""
+    seg, position = _flip_second_batch(tmp_path)
+    again = PartitionLog.open(tmp_path / "t-0")
+    assert again.opened == (1, 0)
+    assert again.log_end_offset == 3
+    assert values_in(again.read(0, max_bytes=1)) == [(0, b"a")]
+    with caplog.at_level(logging.ERROR), pytest.raises(CorruptRecordError) as info:
+        again.read(1)
+    assert f"{seg}: batch at byte {position} (offsets 1-1) is corrupt: CRC mismatch" in str(
+        info.value
+    )
+    assert str(info.value) in caplog.text
+    with pytest.raises(CorruptRecordError):
+        again.read(0)  # a read that would take the bad batch along
+    assert values_in(again.read(2)) == [(2, b"c")]
     again.close()
 
 
