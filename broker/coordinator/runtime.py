@@ -46,6 +46,7 @@ from broker.coordinator.rate_meter import RateMeter
 from broker.coordinator.record_batch import encode_batch, last_offset, read_entries, scan_plain
 from broker.replica.log_dirs import KafkaStorageError
 from broker.replica.partition import Partition
+from broker.replica.partition_log import CorruptRecordError
 from broker.replica.replica_manager import ReplicaManager
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,8 @@ class _Slot:
     leader_epoch: int
     shard: Any
     loading: bool = True
+    # its log failed a CRC check while loading: never served (COORDINATOR_NOT_AVAILABLE)
+    damaged: bool = False
     # (offset after the batch, the responses it releases), oldest first
     uncommitted: deque[tuple[int, list[tuple[Token, Any]]]] = field(default_factory=deque)
     queued: list[tuple[bytes, bytes | None]] = field(default_factory=list)  # not appended yet
@@ -201,6 +204,8 @@ class CoordinatorRuntime:
         slot = self.slots.get(pid)
         if slot is None:
             return ErrorCode.not_coordinator
+        if slot.damaged:
+            return ErrorCode.coordinator_not_available
         return ErrorCode.coordinator_load_in_progress if slot.loading else ErrorCode.none
 
     def shard(self, pid: int) -> Any:
@@ -448,10 +453,21 @@ class CoordinatorRuntime:
         started = time.monotonic()
         end = part.log.log_end_offset
         replayer = LogReplayer(slot.shard, self.decode, f"{self.topic}-{slot.partition}")
-        for _ in replayer.chunks(part.log, end):
-            await trio.sleep(0)
-            if self.slots.get(slot.partition) is not slot:
-                return  # unloaded meanwhile
+        try:
+            for _ in replayer.chunks(part.log, end):
+                await trio.sleep(0)
+                if self.slots.get(slot.partition) is not slot:
+                    return  # unloaded meanwhile
+        except CorruptRecordError as e:
+            slot.damaged = True
+            log.error(
+                "coordinator %s-%d: not loaded, its log is damaged: %s. Requests for it get "
+                "COORDINATOR_NOT_AVAILABLE until its leadership moves to another replica",
+                self.topic,
+                slot.partition,
+                e,
+            )
+            return
         slot.shard.on_loaded(self.now_ms())
         slot.loading = False
         slot.dirty = True

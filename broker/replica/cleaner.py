@@ -35,6 +35,7 @@ from broker.replica.log_dirs import KafkaStorageError
 from broker.replica.partition_log import (
     CLEANED_SUFFIX,
     CleanedGroup,
+    CorruptRecordError,
     PartitionLog,
     parse_batches,
     sync_dir,
@@ -114,7 +115,12 @@ def clean_segments(
     for si, (path, _, size) in enumerate(segments):
         with open(path, "rb") as f:
             data = memoryview(f.read(size))
-        infos, _ = parse_batches(data, check_crc=False)
+        infos, used = parse_batches(data)  # CRCs checked: a rewrite would reseal damage
+        if used != len(data):
+            raise CorruptRecordError(
+                f"{path}: bytes {used}..{len(data)} of a closed segment are not valid record "
+                "batches (damage below the recovery point); the log is not compacted"
+            )
         for b in infos:
             raw.append((si, data, b.position, b.size))
             views.append(parse_batch(data[b.position : b.position + b.size]))
@@ -188,6 +194,9 @@ class LogCleaner:
         self.last_ratio = 0.0  # dirty ratio of the last log cleaned
         self.last_recopy = 0.0  # bytes written / read by the last pass, %
         self.max_seconds = 0.0  # the longest pass
+        # logs whose closed segments failed their CRCs: never compacted again by this process,
+        # so the damage stays visible to readers (CORRUPT_MESSAGE) instead of being resealed
+        self.damaged: set[Path] = set()
 
     def settings(self, topic: str) -> LogSettings:
         image = self.replicas.image
@@ -204,7 +213,7 @@ class LogCleaner:
             s = self.settings(part.topic)
             plog: PartitionLog = part.log
             plog.segment_bytes = s.segment_bytes
-            if not s.compact:
+            if not s.compact or plog.dir in self.damaged:
                 continue
             segs = plog.cleanable_segments()
             if not segs:
@@ -243,6 +252,11 @@ class LogCleaner:
                 first_of_log,
                 abandon_on_cancel=True,  # a shutdown does not wait; open() drops .cleaned files
             )
+        except CorruptRecordError as e:
+            self.damaged.add(plog.dir)
+            self.counters["damaged_logs"] += 1
+            log.error("log cleaner: %s", e)
+            return False
         except OSError as e:  # a segment deleted meanwhile (truncation, topic deletion), or disk
             for name in os.listdir(plog.dir) if plog.dir.is_dir() else []:
                 if name.endswith(CLEANED_SUFFIX):

@@ -191,3 +191,56 @@ def test_replicated_waits_until_the_high_watermark_covers_the_log(tmp_path):
             nursery.cancel_scope.cancel()
 
     trio.run(main)
+
+
+def test_a_damaged_coordinator_log_is_reported_and_never_served(tmp_path, caplog):
+    """A reload whose read fails its CRC check (damage below the recovery point is found when
+    read; injected here at the log's read) is an ERROR naming the partition, the partition
+    answers COORDINATOR_NOT_AVAILABLE, and the runtime goes on serving its other partition."""
+    from broker.replica.partition_log import CorruptRecordError
+
+    rm = ReplicaManager(ME, [tmp_path])
+    cluster = Cluster(rm)
+    tid = str(uuid.uuid4())
+    cluster.step(
+        TopicRecord(OFFSETS_TOPIC, tid),
+        partition(tid, 0, [ME, 2], ME),
+        partition(tid, 1, [ME, 2], ME),
+    )
+    rt = runtime_for(rm)
+    rt.publish(None, cluster.image)
+    part = rm.get_by_name(OFFSETS_TOPIC, 0)
+
+    def failing_read(*args, **kwargs):
+        raise CorruptRecordError(f"{part.log.dir}: batch at offset 0 fails its CRC")
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(rt.run)
+            await wait_until(lambda: rt.status(0) == E.none and rt.status(1) == E.none)
+            answers: list = []
+
+            async def do_commit() -> None:
+                answers.append(await rt.write(0, commit(7)))
+
+            nursery.start_soon(do_commit)
+            await wait_until(lambda: part.log.log_end_offset == 1)
+            part.on_follower_fetch(2, part.log.log_end_offset, trio.current_time() * 1000)
+            await wait_until(lambda: answers)
+            part.log.read = failing_read  # the next load finds the damage
+            cluster.step(change(tid, 0, leader=2))
+            rt.publish(None, cluster.image)
+            cluster.step(change(tid, 0, leader=ME))
+            rt.publish(None, cluster.image)
+            await wait_until(lambda: rt.status(0) == E.coordinator_not_available)
+            assert rt.status(1) == E.none
+            with pytest.raises(CoordinatorError) as refused:
+                rt.shard(0)
+            assert refused.value.code == E.coordinator_not_available
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert any(
+        r.levelname == "ERROR" and "damaged" in r.getMessage() and "-0" in r.getMessage()
+        for r in caplog.records
+    )

@@ -274,3 +274,21 @@ def test_follower_replicates_a_compacted_leader_gaps_and_all(tmp_path):
         follower.append_as_follower(leader.read(follower.log_end_offset, 300))
     assert latest(follower) == latest(leader)
     assert follower.log_end_offset == leader.log_end_offset
+
+
+def test_a_damaged_closed_segment_is_never_rewritten(tmp_path):
+    """A flipped byte in a closed segment (below the recovery point, so open did not scan it):
+    the cleaner checks CRCs before it plans and refuses, so the damage is not resealed under
+    a fresh CRC, and no compacted file is left behind."""
+    from broker.replica.partition_log import CorruptRecordError
+
+    plog = fill(tmp_path)
+    segs = plog.cleanable_segments()
+    victim = segs[0][0]
+    data = bytearray(victim.read_bytes())
+    data[-3] ^= 0xFF  # inside the last batch's records
+    victim.write_bytes(bytes(data))
+    end = plog.segment_end(segs[-1][1])
+    with pytest.raises(CorruptRecordError, match=victim.name):
+        clean_segments(plog.dir, segs, end, 1 << 20, NOW, DAY, {}, True, fsync=False)
+    assert not list(plog.dir.glob(f"*{CLEANED_SUFFIX}"))
