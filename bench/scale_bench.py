@@ -10,7 +10,9 @@ logs), then:
 * snapshot write: the controller's own "wrote snapshot" timing for the largest snapshot;
 * failover: kill -9 the active controller → next write committed (seconds), ``failovers`` times
   (median and max), the killed controller restarted each time;
-* cold start: the killed controller restarted → applied offset equal to the leader's (seconds);
+* cold start: the killed controller restarted → applied offset equal to the leader's (seconds),
+  from the ``kraft cluster start`` that launches it (``cold_start_s``) and from the node process's
+  own start (``cold_start_from_exec_s``, the target: the CLI's start is not the controller's);
 * broker kill: a simulated broker stops heartbeating → from its session expiry to the last
   partition change for it and its fence record (timestamps in the leader's log) — seconds;
 * controlled shutdown of a simulated broker: request → told to shut down (seconds);
@@ -360,6 +362,11 @@ class Scale:
             cold_start_max_s=round(max(colds), 2),
             cold_start_cpu_s=cold_cpu,
             cold_start_from_exec_s=self.cold_from_exec,
+            cold_start_from_exec_median_s=(
+                sorted(self.cold_from_exec)[len(self.cold_from_exec) // 2]
+                if self.cold_from_exec
+                else None
+            ),
         )
 
     async def one_failover(
@@ -828,7 +835,11 @@ def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         ),
         ("controller RSS <= 2 GiB (MiB)", get("controller_memory_snapshot", "max_rss_mib"), 2048),
         ("snapshot write <= 5 s", get("controller_memory_snapshot", "snapshot_write_s"), 5),
-        ("cold start from snapshot + log <= 10 s", get("failover_cold_start", "cold_start_s"), 10),
+        (
+            "cold start from snapshot + log (node process start -> caught up) <= 10 s",
+            get("failover_cold_start", "cold_start_from_exec_median_s"),
+            10,
+        ),
         ("failover -> next write, median <= 0.5 s", get("failover_cold_start", "failover_s"), 0.5),
         ("failover -> next write, max <= 1 s", get("failover_cold_start", "failover_max_s"), 1),
         (
