@@ -39,6 +39,7 @@ from bench.common import (
     cluster_down,
     cluster_up,
     controller_addresses,
+    kraft,
     logger,
     synthetic_brokers,
 )
@@ -119,7 +120,19 @@ async def _offer(
     return sent, failed
 
 
-def propagation(seconds: float, rate: int, batch: int) -> dict[str, Any]:
+def set_linger(cdir: Path, meta: dict[str, Any], linger_ms: int) -> None:
+    """Restart each controller in turn with ``metadata.fetch.linger.ms`` set (a TERM, then
+    ``kraft cluster start`` with its amended properties file)."""
+    for c in meta["controllers"]:
+        with open(c["config"], "a", encoding="utf-8") as f:
+            f.write(f"\nmetadata.fetch.linger.ms={linger_ms}\n")
+        kraft("cluster", "kill", "--dir", str(cdir), "--node", str(c["id"]), "--signal", "TERM")
+        kraft("cluster", "start", "--dir", str(cdir), "--node", str(c["id"]))
+
+
+def propagation(
+    seconds: float, rate: int, batch: int, linger_ms: int | None = None
+) -> dict[str, Any]:
     from kraft.log.metadata_log import MetadataLog
     from kraft.rpc.client import call_sync
 
@@ -128,6 +141,8 @@ def propagation(seconds: float, rate: int, batch: int) -> dict[str, Any]:
     try:
         log("starting 3 controllers + 3 brokers")
         meta = cluster_up(cdir)
+        if linger_ms is not None:
+            set_linger(cdir, meta, linger_ms)
         boot = controller_addresses(meta)
         topics = [f"prop-{i}" for i in range(batch)]
         r = call_sync(
@@ -164,6 +179,7 @@ def propagation(seconds: float, rate: int, batch: int) -> dict[str, Any]:
                 latencies.append(max(times) - b.timestamp_ms / 1000)
         row = {
             "metric": "propagation",
+            "linger_ms": linger_ms,
             "records_s": round(sent * batch / (ended - started), 1),
             "batches": len(latencies),
             "missed": missed,
@@ -437,7 +453,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--log-batches", type=int, default=1000, help="100-record batches after the snapshot"
     )
+    ap.add_argument(
+        "--propagation-only",
+        metavar="LINGER_MS,...",
+        help="only the propagation run, once per metadata.fetch.linger.ms value given (each "
+        "in a fresh cluster, in this order); prints one JSON row per value",
+    )
     a = ap.parse_args(argv)
+    if a.propagation_only:
+        for linger in (int(v) for v in a.propagation_only.split(",")):
+            print(json.dumps(propagation(a.seconds, a.rate, a.batch, linger)), flush=True)
+        return 0
     rows, tg = run(a.seconds, a.rate, a.batch, a.topics, a.partitions, a.brokers, a.log_batches)
     print(table(rows, tg))
     print(json.dumps({"system": "pykraft", "bench": "broker", "results": rows, "targets": tg}))
