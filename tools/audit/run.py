@@ -58,10 +58,12 @@ TABLES = (
 BATCH_CARRY = ("batch_base_offset", "batch_last_offset", "batch_hash", "term")
 #: A small log's audit runs on Spark's interpreted engine: its jobs are many and their rows
 #: few, so compiling each stage's generated Java (Janino, then the JVM) cost more CPU than
-#: running the rows through the expression trees.
+#: running the rows through the expression trees. Its cached record table is not compressed
+#: (a few MB in memory; the per-column encoding statistics cost more than they save).
 INTERPRETED = {
     "spark.sql.codegen.wholeStage": "false",
     "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+    "spark.sql.inMemoryColumnarStorage.compressed": "false",
 }
 
 
@@ -523,9 +525,13 @@ def _audit(
     # with --from the tables are derived whole into work/ and their rows from it on copied
     schemas = prior.get("schemas", {}) if prior is not None else {}
     tf = carry.TableFiles(
-        spark, out / ("tables" if from_offset is None else "work"), run_no, schemas.get("tables")
+        spark,
+        out / ("tables" if from_offset is None else "work"),
+        run_no,
+        schemas.get("tables"),
+        one_file=cached,
     )
-    cf = carry.TableFiles(spark, carry_dir, run_no, schemas.get("carry"))
+    cf = carry.TableFiles(spark, carry_dir, run_no, schemas.get("carry"), one_file=cached)
     after = prior["watermark"]["last_offset"] if prior is not None else None
 
     created, removed = tables.topic_created(records), tables.topic_removed(records)
@@ -624,7 +630,7 @@ def _audit(
             _since(tf.read(name), from_offset).write.mode("overwrite").parquet(
                 str(out / "tables" / name)
             )
-        tf = carry.TableFiles(spark, out / "tables", run_no, tf.schemas)
+        tf = carry.TableFiles(spark, out / "tables", run_no, tf.schemas, one_file=cached)
     table_paths = {name: out / "tables" / name for name in (*TABLES, "findings")}
     scan, found, others = scans.result(opts)
     causes = [r.first for r in scan.regions]
