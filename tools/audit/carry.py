@@ -40,9 +40,18 @@ class TableFiles:
     """Parquet tables under ``root`` written as files tagged by run (see module doc)."""
 
     def __init__(
-        self, spark: SparkSession, root: Path, run: int, schemas: dict[str, str] | None = None
+        self,
+        spark: SparkSession,
+        root: Path,
+        run: int,
+        schemas: dict[str, str] | None = None,
+        one_file: bool = False,
     ) -> None:
         self.spark, self.root, self.run = spark, root, run
+        # a small log's tables are written by one task each: one file, one writer set-up and
+        # one copy of the Hadoop configuration per table instead of one per partition (its
+        # rows stay in the same order: a coalesce reads the partitions one after the other)
+        self.one_file = one_file
         self.staging = root / ".staging"
         self._staged = itertools.count()
         # each table's schema (JSON) as written: reading with it skips Spark's footer-reading
@@ -53,7 +62,7 @@ class TableFiles:
         """Write ``df`` to a staging directory of its own (a table may be written by several
         threads at once); that directory."""
         tmp = self.staging / f"{name}-{next(self._staged)}"
-        df.write.mode("overwrite").parquet(str(tmp))
+        (df.coalesce(1) if self.one_file else df).write.mode("overwrite").parquet(str(tmp))
         self.schemas[name] = df.schema.json()
         return tmp
 

@@ -12,8 +12,9 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from multiprocessing import get_all_start_methods, get_context
@@ -55,6 +56,15 @@ TABLES = (
     "who_changed_what",
 )
 BATCH_CARRY = ("batch_base_offset", "batch_last_offset", "batch_hash", "term")
+#: A small log's audit runs on Spark's interpreted engine: its jobs are many and their rows
+#: few, so compiling each stage's generated Java (Janino, then the JVM) cost more CPU than
+#: running the rows through the expression trees. Its cached record table is not compressed
+#: (a few MB in memory; the per-column encoding statistics cost more than they save).
+INTERPRETED = {
+    "spark.sql.codegen.wholeStage": "false",
+    "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+    "spark.sql.inMemoryColumnarStorage.compressed": "false",
+}
 
 
 class AuditError(Exception):
@@ -425,6 +435,43 @@ def _run(
         steps.done("spark_start_s")
     else:
         steps("using the running Spark session")
+    with _engine(spark, mirror.small()):
+        return _audit(opts, spark, steps, progress, replaying, prior, why, pool, mirror, scans)
+
+
+@contextmanager
+def _engine(spark: SparkSession, small: bool) -> Iterator[None]:
+    """For a small log, Spark's interpreted engine inside the block (:data:`INTERPRETED`; the
+    session's settings are put back after); a big log keeps generated code."""
+    if not small:
+        yield
+        return
+    kept = {key: spark.conf.get(key, None) for key in INTERPRETED}
+    for key, value in INTERPRETED.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, was in kept.items():
+            if was is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, was)
+
+
+def _audit(
+    opts: AuditOptions,
+    spark: SparkSession,
+    steps: _Steps,
+    progress: Callable[[str], None],
+    replaying: Future[Any],
+    prior: dict[str, Any] | None,
+    why: str,
+    pool: ProcessPoolExecutor,
+    mirror: Mirror,
+    scans: _Scans,
+) -> AuditResult:
+    out = opts.out
     steps("reading the metadata log")
     raw, mirror_info = mirror.load(spark)
     if opts.to_ms is not None:
@@ -478,9 +525,13 @@ def _run(
     # with --from the tables are derived whole into work/ and their rows from it on copied
     schemas = prior.get("schemas", {}) if prior is not None else {}
     tf = carry.TableFiles(
-        spark, out / ("tables" if from_offset is None else "work"), run_no, schemas.get("tables")
+        spark,
+        out / ("tables" if from_offset is None else "work"),
+        run_no,
+        schemas.get("tables"),
+        one_file=cached,
     )
-    cf = carry.TableFiles(spark, carry_dir, run_no, schemas.get("carry"))
+    cf = carry.TableFiles(spark, carry_dir, run_no, schemas.get("carry"), one_file=cached)
     after = prior["watermark"]["last_offset"] if prior is not None else None
 
     created, removed = tables.topic_created(records), tables.topic_removed(records)
@@ -579,7 +630,7 @@ def _run(
             _since(tf.read(name), from_offset).write.mode("overwrite").parquet(
                 str(out / "tables" / name)
             )
-        tf = carry.TableFiles(spark, out / "tables", run_no, tf.schemas)
+        tf = carry.TableFiles(spark, out / "tables", run_no, tf.schemas, one_file=cached)
     table_paths = {name: out / "tables" / name for name in (*TABLES, "findings")}
     scan, found, others = scans.result(opts)
     causes = [r.first for r in scan.regions]
