@@ -592,9 +592,9 @@ class ControllerServer:
         try:
             if stepped:
                 return await self._submit_steps(api, body, request_id, principal, client_id)
-            response, raw, _ = self._propose_once(api, body, request_id, principal, client_id)
-            if raw is not None:
-                await self._await_commit(raw)
+            response, queued, _ = self._propose_once(api, body, request_id, principal, client_id)
+            if queued is not None:
+                await self._await_commit(*queued)
             return response
         finally:
             self._transitions -= stepped
@@ -616,9 +616,9 @@ class ControllerServer:
         failures: list[KraftError] = []
         slots = trio.Semaphore(STEP_PIPELINE_DEPTH)
 
-        async def commit(raw: bytes) -> None:
+        async def commit(queued: tuple[bytes, Any, float]) -> None:
             try:
-                await self._await_commit(raw)
+                await self._await_commit(*queued)
             except KraftError as e:
                 failures.append(e)
             finally:
@@ -632,17 +632,17 @@ class ControllerServer:
                     slots.release()
                     break
                 try:
-                    response, raw, resume = self._propose_once(
+                    response, queued, resume = self._propose_once(
                         api, body, request_id, principal, client_id, resume
                     )
                 except KraftError as e:
                     slots.release()
                     failures.append(e)
                     break
-                if raw is None:
+                if queued is None:
                     slots.release()
-                else:
-                    nursery.start_soon(commit, raw)
+                else:  # already queued for Raft, in proposal order: only the wait is a task
+                    nursery.start_soon(commit, queued)
                 if not response.get("incomplete"):
                     break
                 request_id = None
@@ -714,12 +714,18 @@ class ControllerServer:
         principal: str,
         client_id: str,
         resume: tuple[Resume, tuple[int, bytes]] | None = None,
-    ) -> tuple[dict[str, Any], bytes | None, tuple[Resume, tuple[int, bytes]] | None]:
+    ) -> tuple[
+        dict[str, Any],
+        tuple[bytes, Any, float] | None,
+        tuple[Resume, tuple[int, bytes]] | None,
+    ]:
         """One proposal: the handler on the speculative image, its batch handed to the applier
-        (not yet to Raft: :meth:`_await_commit`). Returns the response, the batch's bytes (None:
-        nothing to write) and where a stepped transition's next step resumes with the image
-        position that point is valid at. ``resume``: the previous step's such point. A response
-        error raises KraftError."""
+        and queued for Raft at once, without yielding: batches must reach Raft in the order
+        they were built on the speculative image (each chains on the one before), and another
+        writer may propose as soon as this task yields. Returns the response, what
+        :meth:`_await_commit` waits on (None: nothing to write) and where a stepped
+        transition's next step resumes with the image position that point is valid at.
+        ``resume``: the previous step's such point. A response error raises KraftError."""
         assert self.quorum is not None
         spec = self.speculative
         if spec is None or not self.quorum.is_leader:
@@ -747,19 +753,28 @@ class ControllerServer:
         self._in_flight[raw] = batch
         self.applier.own_batches[raw] = (batch, image, spec.image)
         after = (spec.image.offset, spec.image.last_hash)
-        return response, raw, ((rest, after) if rest is not None else None)
-
-    async def _await_commit(self, raw: bytes) -> None:
-        """Put a proposed batch through Raft and wait until it has committed and applied; its
-        failure raises KraftError."""
-        assert self.quorum is not None
-        started = time.monotonic()
         try:
-            result = await self.quorum.submit(raw, timeout=WRITE_TIMEOUT_S)
+            waiter = self.quorum.enqueue(raw, WRITE_TIMEOUT_S)
         except KraftError as e:
-            self.applier.own_batches.pop(raw, None)
-            if e.code != ErrorCode.REQUEST_TIMED_OUT and raw in self._in_flight:
-                self._restart_speculative(raw)  # never appended to Raft
+            self._not_appended(raw, e)
+            raise
+        queued = (raw, waiter, time.monotonic())
+        return response, queued, ((rest, after) if rest is not None else None)
+
+    def _not_appended(self, raw: bytes, error: KraftError) -> None:
+        """A proposal's Raft submission failed: forget it, and unless it may still commit (a
+        timeout) propose again from the committed state."""
+        self.applier.own_batches.pop(raw, None)
+        if error.code != ErrorCode.REQUEST_TIMED_OUT and raw in self._in_flight:
+            self._restart_speculative(raw)  # never appended to Raft
+
+    async def _await_commit(self, raw: bytes, waiter: Any, started: float) -> None:
+        """Wait until a queued batch has committed and applied; its failure raises KraftError."""
+        assert self.quorum is not None
+        try:
+            result = await self.quorum.wait(waiter, WRITE_TIMEOUT_S)
+        except KraftError as e:
+            self._not_appended(raw, e)
             raise
         if self.metrics is not None:
             self.metrics.commit_latency.observe((time.monotonic() - started) * 1000)

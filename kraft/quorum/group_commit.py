@@ -116,6 +116,12 @@ class GroupCommitter:
     async def submit(self, command: bytes, timeout: float) -> Any:
         """Queue ``command``, wait for its result; ``KraftError(REQUEST_TIMED_OUT)`` after
         ``timeout`` seconds (the command may still commit if its group was already sent)."""
+        return await self.wait(self.enqueue(command, timeout), timeout)
+
+    def enqueue(self, command: bytes, timeout: float) -> _Waiter:
+        """Queue ``command`` now, without yielding: commands are replicated in the order they
+        are queued, so a caller that proposes batches chained on each other queues each one
+        as it proposes it and waits for the outcomes later (:meth:`wait`)."""
         if len(command) > self.max_bytes:
             raise KraftError(
                 ErrorCode.MESSAGE_TOO_LARGE,
@@ -125,12 +131,17 @@ class GroupCommitter:
         waiter = _Waiter(command, now)
         self._queue.append(waiter)
         self._pump()
-        if waiter.done:
-            await trio.lowlevel.checkpoint()
-        else:
+        if not waiter.done:
             # parked without a cancel scope of its own (one per command was a tenth of the
             # leader's CPU at 32 in flight): the expiry task wakes it at its deadline
             self._expiry.add(waiter, now + timeout)
+        return waiter
+
+    async def wait(self, waiter: _Waiter, timeout: float) -> Any:
+        """The result of a queued command (``timeout``: the one it was queued with)."""
+        if waiter.done:
+            await trio.lowlevel.checkpoint()
+        else:
             waiter.task = trio.lowlevel.current_task()
 
             def abort(_: Any) -> trio.lowlevel.Abort:

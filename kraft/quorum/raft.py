@@ -537,11 +537,20 @@ class RaftQuorum:
         submitting; the RPC layer redirects clients) or loses leadership before the group is
         appended, and ``KraftError(REQUEST_TIMED_OUT)`` after ``timeout`` seconds — in that case
         the command **may still commit** (make retries idempotent: request ids)."""
+        return await self.wait(self.enqueue(command, timeout), timeout)
+
+    def enqueue(self, command: bytes, timeout: float) -> Any:
+        """Queue ``command`` for replication now, without yielding (commands are replicated in
+        the order queued); :meth:`wait` gives its outcome. Raises as :meth:`submit` does."""
         if self._so is None or self._closed:
             raise KraftError(ErrorCode.NOT_CONTROLLER, "quorum is not running")
         if not self.is_leader:
             raise KraftError(ErrorCode.NOT_CONTROLLER, self._not_leader_message())
-        return await self._committer.submit(command, timeout)
+        return self._committer.enqueue(command, timeout)
+
+    async def wait(self, queued: Any, timeout: float) -> Any:
+        """The outcome of a command :meth:`enqueue` queued."""
+        return await self._committer.wait(queued, timeout)
 
     @property
     def is_leader(self) -> bool:

@@ -404,6 +404,9 @@ def test_a_fence_of_thousands_of_partitions_steps_through_raft_and_logs_agree(cl
         )
 
     poll(fenced_and_moved, 120, what="broker 201's partitions moved and its ISR places gone")
+    for c in cluster.meta["controllers"]:  # every step reached Raft in the order proposed
+        node_log = (cluster.dir / f"controller-{c['id']}" / "node.log").read_text()
+        assert "does not continue the log" not in node_log, c["id"]
     desc = kraft_json("cluster", "describe", "--cluster", str(cluster.dir))["brokers"]
     assert next(b for b in desc if b["broker_id"] == 201)["state"] == "fenced"
     cluster.down()

@@ -943,3 +943,28 @@ async def test_followers_campaign_at_once_when_the_leaders_connections_close(
         await successor.submit(b"after", timeout=10)
     finally:
         cluster.close()
+
+
+@trio_test
+async def test_commands_are_replicated_in_the_order_they_were_queued() -> None:
+    """``enqueue`` queues at once, without yielding; tasks that wait for the outcomes later,
+    in any order, do not change the order the commands are sent in (the controller's
+    pipelined transition steps chain on each other and must reach Raft as proposed)."""
+    sent: list[bytes] = []
+
+    def send(commands: list[bytes], complete: Any) -> None:
+        sent.extend(commands)
+        complete([c.upper() for c in commands], None)
+
+    gc = GroupCommitter(send, max_commands=1)
+    waiters = [(c, gc.enqueue(c, 5)) for c in (b"a", b"b", b"c", b"d")]
+    results: dict[bytes, Any] = {}
+
+    async def wait(c: bytes, w: Any) -> None:
+        results[c] = await gc.wait(w, 5)
+
+    async with trio.open_nursery() as nursery:
+        for c, w in reversed(waiters):  # waited for last-first
+            nursery.start_soon(wait, c, w)
+    assert sent == [b"a", b"b", b"c", b"d"]
+    assert results == {b"a": b"A", b"b": b"B", b"c": b"C", b"d": b"D"}
