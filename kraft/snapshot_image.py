@@ -37,7 +37,7 @@ from kraft.metadata.image import MetadataImage
 from kraft.metadata.partition_map import sorted_partition_columns
 from kraft.records import FeatureLevelRecord, RegisterBrokerRecord
 
-__all__ = ["FrameIndex", "file_identity", "write_image_snapshot"]
+__all__ = ["FrameIndex", "file_identity", "image_header", "write_image_snapshot"]
 
 RequestIds = tuple[tuple[str, dict[str, Any]], ...]
 Identity = tuple[int, int, int, int]  # st_dev, st_ino, st_size, st_mtime_ns
@@ -133,7 +133,7 @@ def write_image_snapshot(
     A cluster whose ``metadata.version`` predates format 3 gets a format-2 file (no frames to
     copy, an empty index): its older nodes could not read format 3."""
     if snapshot_format_for(image.features) < TOPIC_FRAMES_SINCE:
-        header = _header(image, request_ids, snapshot_format_for(image.features))
+        header = image_header(image, request_ids)
         path = write_snapshot_runs(directory, header, image.record_runs())
         return path, FrameIndex(path, file_identity(path), {}), 0
     source = _Previous(previous) if previous is not None else None
@@ -156,7 +156,7 @@ def write_image_snapshot(
             else:
                 copied += 1
             topics.append((topic_id, digest, payload, 1 + len(topic.partitions)))  # type: ignore[arg-type]  # digest is set on both paths
-        header = _header(image, request_ids, SNAPSHOT_FORMAT)
+        header = image_header(image, request_ids, SNAPSHOT_FORMAT)
         path, positions = write_snapshot_items(directory, header, _items(image, topics))
     finally:
         if source is not None:
@@ -172,7 +172,11 @@ def write_image_snapshot(
     return path, index, copied
 
 
-def _header(image: MetadataImage, request_ids: RequestIds, fmt: int) -> SnapshotHeader:
+def image_header(
+    image: MetadataImage, request_ids: RequestIds = (), fmt: int | None = None
+) -> SnapshotHeader:
+    """The header of a snapshot of ``image`` (``fmt``: the format, else the one its features
+    allow, ``snapshot_format_for``)."""
     return SnapshotHeader(
         end_offset=image.offset + 1,
         term=image.term,
@@ -182,7 +186,7 @@ def _header(image: MetadataImage, request_ids: RequestIds, fmt: int) -> Snapshot
         record_count=image.record_count(),
         image_checksum=image.checksum(),
         request_ids=tuple(request_ids),
-        format=fmt,
+        format=snapshot_format_for(image.features) if fmt is None else fmt,
     )
 
 

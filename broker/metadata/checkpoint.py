@@ -14,13 +14,9 @@ import os
 from pathlib import Path
 
 from kraft.log.errors import CorruptSnapshotError
-from kraft.log.snapshot import (
-    SnapshotHeader,
-    list_snapshots,
-    snapshot_format_for,
-    write_snapshot_runs,
-)
+from kraft.log.snapshot import list_snapshots, write_snapshot_runs
 from kraft.metadata.image import MetadataImage
+from kraft.snapshot_image import image_header
 from kraft.snapshotter import snapshot_state
 
 log = logging.getLogger(__name__)
@@ -29,17 +25,7 @@ KEEP = 2
 
 def write_checkpoint(directory: Path, image: MetadataImage) -> Path:
     """Write ``image`` as a checkpoint and keep only the newest :data:`KEEP`."""
-    header = SnapshotHeader(
-        end_offset=image.offset + 1,
-        term=image.term,
-        raft_index=image.raft_index,
-        timestamp_ms=image.timestamp_ms,
-        last_hash=image.last_hash,
-        record_count=image.record_count(),
-        image_checksum=image.checksum(),
-        format=snapshot_format_for(image.features),
-    )
-    path = write_snapshot_runs(directory, header, image.record_runs())
+    path = write_snapshot_runs(directory, image_header(image), image.record_runs())
     for old in list_snapshots(directory)[:-KEEP]:
         old.unlink(missing_ok=True)
     return path

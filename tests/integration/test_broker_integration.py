@@ -67,6 +67,20 @@ def converged(cluster: LocalCluster, topic: str) -> bool:
     return True
 
 
+def create_topic(cluster: LocalCluster, name: str, partitions: int, replication: int) -> None:
+    kraft(
+        "topics",
+        "create",
+        name,
+        "--partitions",
+        str(partitions),
+        "--replication-factor",
+        str(replication),
+        "--cluster",
+        str(cluster.dir),
+    )
+
+
 def broker_state(cluster: LocalCluster, broker_id: int) -> str:
     desc = kraft_json("cluster", "describe", "--cluster", str(cluster.dir))
     return next(b["state"] for b in desc["brokers"] if b["broker_id"] == broker_id)
@@ -75,17 +89,7 @@ def broker_state(cluster: LocalCluster, broker_id: int) -> str:
 def test_brokers_run_and_follow_the_assignment(cluster):
     for b in brokers(cluster):
         poll(lambda: state(b)["state"] == "RUNNING", 30, what=f"broker {b['id']} RUNNING")
-    kraft(
-        "topics",
-        "create",
-        "orders",
-        "--partitions",
-        "6",
-        "--replication-factor",
-        "3",
-        "--cluster",
-        str(cluster.dir),
-    )
+    create_topic(cluster, "orders", 6, 3)
     poll(lambda: converged(cluster, "orders"), 30, what="brokers to take their roles")
     for p in partitions_of(cluster, "orders"):
         assert len({b for b in p["replicas"]}) == 3  # one replica per rack
@@ -120,17 +124,7 @@ def test_a_broker_tells_when_it_published_each_metadata_image(cluster):
 
 
 def test_real_kafka_clients_see_the_topics(cluster):
-    kraft(
-        "topics",
-        "create",
-        "visible",
-        "--partitions",
-        "2",
-        "--replication-factor",
-        "2",
-        "--cluster",
-        str(cluster.dir),
-    )
+    create_topic(cluster, "visible", 2, 2)
     bootstrap = ",".join(f"{b['host']}:{b['port']}" for b in brokers(cluster))
     from kafka import KafkaConsumer
 
@@ -153,17 +147,7 @@ def test_real_kafka_clients_see_the_topics(cluster):
 
 
 def test_deleted_topic_directories_disappear(cluster):
-    kraft(
-        "topics",
-        "create",
-        "doomed",
-        "--partitions",
-        "3",
-        "--replication-factor",
-        "3",
-        "--cluster",
-        str(cluster.dir),
-    )
+    create_topic(cluster, "doomed", 3, 3)
     poll(lambda: converged(cluster, "doomed"), 30, what="doomed partitions on brokers")
     dirs = [Path(d) for b in brokers(cluster) for d in b["log_dirs"].split(",")]
     assert any(list(d.glob("doomed-*")) for d in dirs)
@@ -176,17 +160,7 @@ def test_deleted_topic_directories_disappear(cluster):
 
 
 def test_killed_broker_is_fenced_and_comes_back_as_follower(cluster):
-    kraft(
-        "topics",
-        "create",
-        "failover",
-        "--partitions",
-        "3",
-        "--replication-factor",
-        "3",
-        "--cluster",
-        str(cluster.dir),
-    )
+    create_topic(cluster, "failover", 3, 3)
     poll(lambda: converged(cluster, "failover"), 30, what="initial roles")
     victim = partitions_of(cluster, "failover")[0]["leader"]
     cluster.kill(victim)
@@ -223,17 +197,7 @@ def test_a_broker_restarted_on_its_own_disks_keeps_its_leaderships(cluster):
     """kill -9 and an immediate restart: the new process proves its log dirs (broker.epoch), so
     once the old session expires it replaces the registration instead of being fenced first:
     no leadership moves, no leader epoch is bumped, and it leads again once unfenced."""
-    kraft(
-        "topics",
-        "create",
-        "comeback",
-        "--partitions",
-        "3",
-        "--replication-factor",
-        "3",
-        "--cluster",
-        str(cluster.dir),
-    )
+    create_topic(cluster, "comeback", 3, 3)
     poll(lambda: converged(cluster, "comeback"), 30, what="initial roles")
     before = {
         p["partition"]: (p["leader"], p["leader_epoch"]) for p in partitions_of(cluster, "comeback")
@@ -266,17 +230,7 @@ def test_a_broker_restarted_on_its_own_disks_keeps_its_leaderships(cluster):
 
 
 def test_sigterm_moves_leadership_before_exit(cluster):
-    kraft(
-        "topics",
-        "create",
-        "graceful",
-        "--partitions",
-        "3",
-        "--replication-factor",
-        "3",
-        "--cluster",
-        str(cluster.dir),
-    )
+    create_topic(cluster, "graceful", 3, 3)
     poll(lambda: converged(cluster, "graceful"), 30, what="initial roles")
     victim = partitions_of(cluster, "graceful")[1]["leader"]
     cluster.kill(victim, "TERM")
@@ -293,17 +247,7 @@ def test_sigterm_moves_leadership_before_exit(cluster):
 
 
 def test_controller_failover_keeps_brokers_unfenced(cluster):
-    kraft(
-        "topics",
-        "create",
-        "steady",
-        "--partitions",
-        "3",
-        "--replication-factor",
-        "3",
-        "--cluster",
-        str(cluster.dir),
-    )
+    create_topic(cluster, "steady", 3, 3)
     poll(lambda: converged(cluster, "steady"), 30, what="initial roles")
     for b in brokers(cluster):
         poll(
@@ -343,17 +287,7 @@ def test_controller_failover_keeps_brokers_unfenced(cluster):
 
 
 def test_elect_leaders_gives_leadership_back_to_preferred_replicas(cluster):
-    kraft(
-        "topics",
-        "create",
-        "preferred",
-        "--partitions",
-        "3",
-        "--replication-factor",
-        "3",
-        "--cluster",
-        str(cluster.dir),
-    )
+    create_topic(cluster, "preferred", 3, 3)
     poll(lambda: converged(cluster, "preferred"), 30, what="initial roles")
     victim = partitions_of(cluster, "preferred")[0]["replicas"][0]
     cluster.kill(victim, "TERM")

@@ -1394,19 +1394,8 @@ def test_stepped_transitions_write_the_same_batches_with_or_without_the_pending_
             h.forget_resume = forget
             while r.get("incomplete"):
                 if interleave and steps == 1:
-                    batch, _ = h.ok(
-                        "IncrementalAlterConfigs",
-                        {
-                            "resources": [
-                                {
-                                    "resource_type": "topic",
-                                    "resource_name": "t0",
-                                    "ops": [
-                                        {"name": "retention.ms", "op": "SET", "value": str(bid)}
-                                    ],
-                                }
-                            ]
-                        },
+                    batch, _ = alter(
+                        h, [{"name": "retention.ms", "op": "SET", "value": str(bid)}], name="t0"
                     )
                     out.append(batch.encode())
                 body = {"broker_id": bid, "broker_epoch": h.epoch(bid), **extra}
@@ -1709,17 +1698,8 @@ def test_stepped_unfences_write_the_same_batches_with_or_without_the_pending_res
         steps = 0
         while r.get("incomplete"):
             if interleave and steps == 1:
-                batch, _ = h.ok(
-                    "IncrementalAlterConfigs",
-                    {
-                        "resources": [
-                            {
-                                "resource_type": "topic",
-                                "resource_name": "t0",
-                                "ops": [{"name": "retention.ms", "op": "SET", "value": "7"}],
-                            }
-                        ]
-                    },
+                batch, _ = alter(
+                    h, [{"name": "retention.ms", "op": "SET", "value": "7"}], name="t0"
                 )
                 out.append(batch.encode())
             batch, r = h.ok("UnfenceBroker", {**body, "continue": True} if steps else body)
