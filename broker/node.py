@@ -20,7 +20,7 @@ from typing import Any
 
 import trio
 
-from broker.broker_epoch import read_previous_epoch, write_epoch
+from broker.broker_epoch import boot_id, read_previous_epoch, write_epoch
 from broker.config import BrokerConfig
 from broker.coordinator.group.service import GroupCoordinator
 from broker.coordinator.producer_id_manager import ProducerIdManager
@@ -179,7 +179,9 @@ class BrokerNode:
             offline_report=self.replica_manager.offline_report,
             image_mismatch=self.loader.image_mismatch,
             previous_epoch=self._previous_epoch,
-            record_epoch=lambda epoch: write_epoch(self.replica_manager.dirs.healthy(), epoch),
+            record_epoch=lambda epoch: write_epoch(
+                self.replica_manager.dirs.healthy(), epoch, boot_id()
+            ),
         )
         # a log dir went offline: stop fetching its partitions, tell the controller now
         self.replica_manager.dirs.listeners.append(self._log_dir_offline)
@@ -215,7 +217,7 @@ class BrokerNode:
         is offline, or they prove nothing: see broker.broker_epoch)."""
         if self.replica_manager.dirs.offline:
             return -1
-        return read_previous_epoch(self.config.log_dirs)
+        return read_previous_epoch(self.config.log_dirs, boot_id())
 
     def _log_dir_offline(self, directory: object) -> None:
         self.fetchers.reconcile_soon()
