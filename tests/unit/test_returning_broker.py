@@ -64,6 +64,19 @@ async def until(condition, timeout: float = 10.0) -> None:
             await trio.sleep(0.01)
 
 
+async def timer_until_fenced(lifecycle: BrokerLifecycle, server: StateMachineServer) -> None:
+    """Run the session timer (broker 2 kept alive) until broker 1 is fenced."""
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(lifecycle.session_timer_loop)
+
+        def fenced() -> bool:
+            lifecycle.heartbeats.touch(2, broker_lifecycle.now_ms())
+            return bool(server.image().brokers[1].fenced)
+
+        await until(fenced)
+        nursery.cancel_scope.cancel()
+
+
 @pytest.fixture
 def short_grace(monkeypatch):
     monkeypatch.setattr(broker_lifecycle, "RETURNING_GRACE_S", 0.5)
@@ -103,15 +116,7 @@ def test_a_returning_broker_that_stops_asking_is_fenced_after_all(short_grace):
         server, lifecycle = await two_brokers_leading()
         with pytest.raises(KraftError):
             await register(lifecycle, body(1, 11, previous=server.image().brokers[1].epoch))
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(lifecycle.session_timer_loop)
-
-            def fenced() -> bool:
-                lifecycle.heartbeats.touch(2, broker_lifecycle.now_ms())
-                return server.image().brokers[1].fenced
-
-            await until(fenced)
-            nursery.cancel_scope.cancel()
+        await timer_until_fenced(lifecycle, server)
         assert all(leader == 2 for leader, _, _ in partitions(server).values())
         assert lifecycle.deferred_fences == {}
 
@@ -125,15 +130,7 @@ def test_without_the_proof_the_expired_broker_is_fenced_first():
             with pytest.raises(KraftError):
                 await register(lifecycle, body(1, 11, previous=previous))
         assert lifecycle.returning == {}
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(lifecycle.session_timer_loop)
-
-            def fenced() -> bool:
-                lifecycle.heartbeats.touch(2, broker_lifecycle.now_ms())
-                return server.image().brokers[1].fenced
-
-            await until(fenced)
-            nursery.cancel_scope.cancel()
+        await timer_until_fenced(lifecycle, server)
         assert all(leader == 2 and isr == (2,) for leader, isr, _ in partitions(server).values())
         result = await register(lifecycle, body(1, 11))
         assert result["broker_epoch"] == server.image().brokers[1].epoch

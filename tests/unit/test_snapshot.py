@@ -350,21 +350,13 @@ def _broker_snapshot(tmp_path, partitions=1500, fmt=SNAPSHOT_FORMAT):
     from broker.metadata.checkpoint import write_checkpoint
     from kraft.log.snapshot import write_snapshot_runs
     from kraft.metadata.replay import image_from_records
+    from kraft.snapshot_image import image_header
 
     recs = sample_records(partitions)
     image = image_from_records(recs, offset=len(recs) - 1, term=3)
     if fmt == SNAPSHOT_FORMAT:
         return write_checkpoint(tmp_path, image), image
-    header = SnapshotHeader(
-        end_offset=image.offset + 1,
-        term=image.term,
-        raft_index=image.raft_index,
-        timestamp_ms=image.timestamp_ms,
-        last_hash=image.last_hash,
-        record_count=image.record_count(),
-        image_checksum=image.checksum(),
-        format=fmt,
-    )
+    header = image_header(image, fmt=fmt)
     return write_snapshot_runs(tmp_path, header, image.record_runs()), image
 
 

@@ -316,20 +316,13 @@ def test_snapshot_load_checks_partition_values_by_the_image_checksum(tmp_path):
     a mismatching header; the strict re-read then names the bad value."""
     import dataclasses
 
-    from kraft.log.snapshot import SnapshotHeader, write_snapshot_runs
+    from kraft.log.snapshot import SNAPSHOT_FORMAT, write_snapshot_runs
     from kraft.records import PartitionRecord
+    from kraft.snapshot_image import image_header
 
     log, sm = _build_log(tmp_path / "log", topics=3)
     image = sm.image
-    header = SnapshotHeader(
-        end_offset=image.offset + 1,
-        term=image.term,
-        raft_index=image.raft_index,
-        timestamp_ms=image.timestamp_ms,
-        last_hash=image.last_hash,
-        record_count=image.record_count(),
-        image_checksum=image.checksum(),
-    )
+    header = image_header(image, fmt=SNAPSHOT_FORMAT)
 
     def bad_leader(runs):  # the first partition's leader as a float: same value, other encoding
         for cls, rows in runs:
