@@ -7,13 +7,14 @@ import hashlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from tools.free_ports import pick_free_ports
 
 REPO = Path(__file__).resolve().parent.parent
 ENV = dict(os.environ, PYTHONPATH=str(REPO), KRAFT_LOG_LEVEL="INFO")
@@ -150,9 +151,7 @@ class LocalCluster:
 
         self.kill(broker_id, "TERM")
         poll(lambda: state() is None, 30, what=f"broker {broker_id} stopped")
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            repl_port = sock.getsockname()[1]
+        (repl_port,) = pick_free_ports(1)
         props = load_properties(b["config"])
         props.pop("advertised.listeners", None)
         props.update(

@@ -36,6 +36,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from tools.free_ports import pick_free_ports
+
 if TYPE_CHECKING:
     from kraft.rpc.auth import ClientCredentials
 
@@ -155,24 +157,6 @@ def new_cluster_id() -> str:
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode("ascii").rstrip("=")
 
 
-def pick_free_ports(count: int, host: str = HOST) -> list[int]:
-    """``count`` distinct ports the OS says are free on ``host`` (bind to port 0).
-
-    All probe sockets are held open until every port is chosen, so the ports are distinct.
-    Another process may still take one before the node binds it; nodes then fail visibly.
-    """
-    socks: list[socket.socket] = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((host, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def port_is_free(port: int, host: str = HOST) -> bool:
     """True when ``host:port`` can be bound right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -212,7 +196,8 @@ def plan_cluster(
 
     Ports, in order: per controller RPC then Raft, then per broker listener then admin port,
     then (``metrics``) one metrics port per node in the same node order.
-    With ``base_port`` they are consecutive from it, otherwise free ports picked by the OS.
+    With ``base_port`` they are consecutive from it, otherwise free ports outside the
+    ephemeral range (``tools.free_ports``).
     """
     if controllers < 1:
         raise ClusterError("a cluster needs at least one controller")

@@ -18,7 +18,6 @@ deleted the segments it needs) is in test_retention.py.
 from __future__ import annotations
 
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -30,6 +29,7 @@ from broker.state import describe
 from kraft.log.snapshot import list_snapshots, read_snapshot_header
 from kraft.rpc.client import call_sync
 from tests.harness import ENV, REPO, LocalCluster, kraft, poll
+from tools.free_ports import pick_free_ports
 
 pytestmark = pytest.mark.integration
 
@@ -136,9 +136,7 @@ def partitions_of(b: dict, topic: str) -> set[int]:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return pick_free_ports(1)[0]
 
 
 def fetch_controller(cluster: LocalCluster, broker_id: int, active: int) -> int | None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import socket
 import struct
 import time
 import uuid
@@ -35,6 +34,7 @@ from broker.protocol.kafka_codec import (
 from kraft.errors import ErrorCode, KraftError
 from kraft.metadata.registrations import BrokerRegistration
 from kraft.rpc.client import ControllerClient
+from tools.free_ports import pick_free_ports
 
 
 def request(api_key: int, version: int, values: dict) -> object:
@@ -605,9 +605,7 @@ def test_every_served_version_is_known_to_kio() -> None:
 
 
 def _unused_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return pick_free_ports(1)[0]
 
 
 def test_handle_without_a_reachable_controller_times_out_per_topic() -> None:

@@ -4,7 +4,6 @@ plaintext client get nothing."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 from pathlib import Path
 
@@ -13,14 +12,13 @@ import pytest
 from broker.state import describe
 from kraft.rpc.auth import ClientCredentials, hash_password
 from tests.harness import LocalCluster, kraft, poll
+from tools.free_ports import pick_free_ports
 
 pytestmark = pytest.mark.integration
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return pick_free_ports(1)[0]
 
 
 def _kcat(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:

@@ -27,6 +27,7 @@ from pysyncobj import FAIL_REASON
 from kraft.errors import ErrorCode, KraftError
 from kraft.quorum import RaftQuorum, RaftSettings
 from kraft.quorum.group_commit import GroupCommitter
+from tools.free_ports import pick_free_ports
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -83,17 +84,6 @@ class ListTarget:
     def snapshot(self) -> list[bytes]:
         with self.lock:
             return list(self.commands)
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 class Member:
@@ -216,7 +206,7 @@ class Member:
 
 class Cluster:
     def __init__(self, tmp: Path, size: int = 3, **settings: Any) -> None:
-        ports = free_ports(size)
+        ports = pick_free_ports(size)
         self.addrs = {i + 1: f"127.0.0.1:{p}" for i, p in enumerate(ports)}
         self.tmp = tmp
         self.settings = RaftSettings(**{"password": "quorum-test-secret", **settings})
@@ -673,7 +663,7 @@ async def test_a_peer_announcing_a_huge_raft_frame_is_cut_off(tmp_path: Path) ->
     password); the quorum closes such a connection at once and keeps working."""
     import struct
 
-    (port,) = free_ports(1)
+    (port,) = pick_free_ports(1)
     q = Member(
         1,
         f"127.0.0.1:{port}",

@@ -36,6 +36,7 @@ from kraft.rpc.auth import hash_password
 from kraft.rpc.client import ControllerClient, call_sync
 from kraft.rpc.framing import FrameDecoder, encode_frame
 from tests.harness import ENV, REPO, LocalCluster, kraft, poll
+from tools.free_ports import pick_free_ports
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -52,9 +53,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return pick_free_ports(1)[0]
 
 
 def _rss_kb(pid: int, field: str = "VmRSS") -> int:

@@ -38,6 +38,7 @@ from kraft.rpc.auth import (
 from kraft.rpc.client import ControllerClient
 from kraft.rpc.framing import FrameDecoder, encode_frame
 from kraft.rpc.server import RequestContext, RpcServer
+from tools.free_ports import pick_free_ports
 
 pytestmark = pytest.mark.timeout(120)
 FAST = 1_000  # PBKDF2 iterations for unit tests (the minimum a file may hold)
@@ -404,9 +405,7 @@ def _send_raw(port: int, data: bytes, chunk: int | None = None) -> None:
 def test_payload_executes_on_a_raft_port_without_password(tmp_path: Path) -> None:
     """Control for the test below: the same bytes do run code on PySyncObj without a password."""
     marker = tmp_path / "pwned"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    (port,) = pick_free_ports(1)
     proc = subprocess.Popen(
         [
             sys.executable,
