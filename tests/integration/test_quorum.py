@@ -763,8 +763,12 @@ async def test_a_follower_cut_off_from_the_leader_does_not_depose_it(tmp_path: P
     """A follower that stops receiving the leader's appends (dropped on arrival: one-way link
     loss, or a member too starved to read them) times out and asks for pre-votes; the others
     still hear from the leader and refuse, so no member changes term. When the appends flow
-    again it simply follows. (Stock PySyncObj would start an election and depose the leader.)"""
-    cluster = Cluster(tmp_path, fsync="never")
+    again it simply follows. (Stock PySyncObj would start an election and depose the leader.)
+
+    Election timeouts of 2-3 s: the member that still hears the leader must not miss its
+    heartbeats for a whole timeout, which a loaded test machine did with 0.4 s (it then
+    rightly granted the pre-vote)."""
+    cluster = Cluster(tmp_path, fsync="never", raft_min_timeout=2.0, raft_max_timeout=3.0)
     try:
         for nid in cluster.addrs:
             cluster.start(nid)
@@ -789,7 +793,7 @@ async def test_a_follower_cut_off_from_the_leader_does_not_depose_it(tmp_path: P
         follower.call(cut_off)
         await wait_for(
             lambda: sum(q.stats()["pre_votes_refused"] for q in others) >= 2,
-            15,
+            30,
             "the cut-off follower's pre-votes to be refused by both others",
         )
         dropping.clear()
