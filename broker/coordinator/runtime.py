@@ -281,6 +281,8 @@ class CoordinatorRuntime:
 
     def _apply(self, slot: _Slot, result: Any) -> bool:
         """Queue ``result``'s records (True) or, with none, complete its responses now."""
+        for event in getattr(result, "events", ()):
+            log.info("%s-%d: %s", self.topic, slot.partition, event)
         completions = [(t, r) for t, r in result.completions if isinstance(t, Token)]
         if not result.records:
             for token, response in completions:

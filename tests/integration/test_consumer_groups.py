@@ -119,6 +119,7 @@ class ConsumerThread(threading.Thread):
         self._halt = threading.Event()
         self._leave = True
         self.error: BaseException | None = None
+        self.consumer: Any = None
         self.start()
 
     def _consumer(self) -> Any:
@@ -165,7 +166,7 @@ class ConsumerThread(threading.Thread):
 
     def run(self) -> None:
         try:
-            c = self._consumer()
+            c = self.consumer = self._consumer()
             while not self._halt.is_set():
                 got = self._poll(c)
                 if got and self.commit_each_poll:
@@ -194,6 +195,19 @@ class ConsumerThread(threading.Thread):
         self.values += values
         return len(values)
 
+    def client_view(self) -> dict[str, Any]:
+        """What a kafka-python consumer believes about its group (for failure messages)."""
+        coordinator = getattr(self.consumer, "_coordinator", None)
+        if coordinator is None:
+            return {}
+        generation = getattr(coordinator, "_generation", None)
+        return {
+            "state": str(getattr(coordinator, "state", None)),
+            "coordinator": getattr(coordinator, "coordinator_id", None),
+            "generation": getattr(generation, "generation_id", None),
+            "member_id": getattr(generation, "member_id", None),
+        }
+
     def stop(self, leave: bool = True) -> None:
         self._leave = leave
         self._halt.set()
@@ -207,6 +221,15 @@ def split(consumers: list[ConsumerThread], partitions: int) -> bool:
     sets = [c.assigned for c in consumers]
     total = sum(len(s) for s in sets)
     return all(sets) and total == partitions and set().union(*sets) == set(range(partitions))
+
+
+def group_log(cluster: LocalCluster, group: str, last: int = 30) -> list[str]:
+    """The brokers' log lines about ``group``'s membership, oldest first (for failure messages)."""
+    lines = []
+    for b in cluster.meta["brokers"]:
+        with open(b["log_file"], errors="replace") as f:
+            lines += [f"{b['id']}: {line.rstrip()}" for line in f if f"group {group}:" in line]
+    return sorted(lines, key=lambda line: line.split(": ", 1)[1])[-last:]
 
 
 def describe(cluster: LocalCluster, group: str) -> dict:
@@ -292,7 +315,15 @@ def test_static_member_restart_without_rebalance(cluster):
         try:
             poll(lambda: split([a, b], 4), 90, what="two members splitting 4")
         except AssertionError as e:  # say what the group and the clients looked like
-            state = (describe(cluster, "statics"), a.assigned, b.assigned, a.error, b.error)
+            state = (
+                describe(cluster, "statics"),
+                a.assigned,
+                b.assigned,
+                a.error,
+                b.error,
+                a.client_view(),
+                group_log(cluster, "statics"),
+            )
             raise AssertionError(f"{e}; group, assignments, errors: {state!r}") from None
         before = describe(cluster, "statics")
         owned, a_events = set(b.assigned), a.assign_events

@@ -145,9 +145,14 @@ def test_session_timeout_removes_member_and_rebalances():
     sync(s, m1, 2, "s1", [(m1, b"A"), (m2, b"B")], now=2)
     assert s.groups[G].state == STABLE
     s.heartbeat(G, 2, m1, None, 9_000)
-    s.tick(12_500)  # m2 silent since 2 ms: its 10 s session is over
+    expired = s.tick(12_500)  # m2 silent since 2 ms: its 10 s session is over
     g = s.groups[G]
     assert m2 not in g.members and g.state == PREPARING
+    assert expired.events == [
+        f"group {G}: member {m2} removed (session timeout)",
+        f"group {G}: preparing to rebalance in state Stable with old generation 2 "
+        f"(member {m2} removed)",
+    ]
     out = answers(s.join(join_req(m1), "j1", 12_600))
     assert out["j1"]["generation_id"] == 3
 
@@ -158,8 +163,10 @@ def test_rebalance_timeout_drops_members_that_do_not_rejoin():
     sync(s, m1, 1, "s1", [(m1, b"A")])
     m2 = join_member(s, "j2", 10)  # starts a rebalance; m1 never rejoins
     assert s.groups[G].state == PREPARING
-    out = answers(s.tick(10 + 30_000))
+    ticked = s.tick(10 + 30_000)
+    out = answers(ticked)
     assert out["j2"]["generation_id"] == 2 and list(s.groups[G].members) == [m2]
+    assert any(e.startswith(f"group {G}: member {m1} removed (") for e in ticked.events)
 
 
 def test_initial_rebalance_delay_waits_for_more_members():

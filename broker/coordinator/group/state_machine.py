@@ -96,10 +96,14 @@ class Result:
     records: list[Record] = field(default_factory=list)
     completions: list[tuple[Any, dict[str, Any]]] = field(default_factory=list)
     producer: tuple[int, int] | None = None  # (id, epoch): append as that transaction's batch
+    events: list[str] = field(default_factory=list)  # membership changes, for the broker's log
 
     def answer(self, token: Any, response: dict[str, Any]) -> Result:
         self.completions.append((token, response))
         return self
+
+    def note(self, event: str) -> None:
+        self.events.append(event)
 
 
 # ---- state --------------------------------------------------------------------------------------
@@ -277,19 +281,24 @@ class GroupShard:
             del g.static[m.group_instance_id]
         return m
 
-    def _remove_member(self, g: Group, member_id: str, now: int, out: Result) -> None:
+    def _remove_member(self, g: Group, member_id: str, now: int, out: Result, why: str) -> None:
         m = self._drop_member(g, member_id)
         if m is None:
             return
+        out.note(f"group {g.group_id}: member {member_id} removed ({why})")
         if m.join_token is not None:
             out.answer(m.join_token, error_join(E.unknown_member_id, member_id))
         if m.sync_token is not None:
             out.answer(m.sync_token, error_sync(E.unknown_member_id))
         if g.state in (STABLE, COMPLETING):
-            self._prepare_rebalance(g, now, out)
+            self._prepare_rebalance(g, now, out, f"member {member_id} removed")
         self._maybe_complete_join(g, now, out)
 
-    def _prepare_rebalance(self, g: Group, now: int, out: Result) -> None:
+    def _prepare_rebalance(self, g: Group, now: int, out: Result, why: str) -> None:
+        out.note(
+            f"group {g.group_id}: preparing to rebalance in state {g.state} "
+            f"with old generation {g.generation} ({why})"
+        )
         if g.state == COMPLETING:
             for m in g.members.values():
                 if m.sync_token is not None:
@@ -326,6 +335,7 @@ class GroupShard:
     def _complete_join(self, g: Group, now: int, out: Result) -> None:
         for mid in [mid for mid, m in g.members.items() if m.join_token is None]:
             self._drop_member(g, mid)
+            out.note(f"group {g.group_id}: member {mid} removed (it did not rejoin in time)")
         g.pending.clear()
         g.initial_delay_until = 0
         g.generation += 1
@@ -338,6 +348,10 @@ class GroupShard:
             g.leader = next(iter(g.members))
         g.state = COMPLETING
         g.rebalance_deadline = now + max(m.rebalance_timeout_ms for m in g.members.values())
+        out.note(
+            f"group {g.group_id}: generation {g.generation} ({g.protocol}) with "
+            f"{len(g.members)} member(s), leader {g.leader}; awaiting the leader's assignment"
+        )
         for m in g.members.values():
             out.answer(m.join_token, self._join_response(g, m))
             m.join_token = None
@@ -451,6 +465,10 @@ class GroupShard:
             out.answer(old.join_token, error_join(E.fenced_instance_id, old_id))
         if old.sync_token is not None:
             out.answer(old.sync_token, error_sync(E.fenced_instance_id))
+        out.note(
+            f"group {g.group_id}: static member {req.group_instance_id} "
+            f"replaced {old_id} with {new_id}"
+        )
         m = self._new_member(g, req, new_id)
         m.assignment = old.assignment
         if g.leader == old_id:
@@ -470,7 +488,7 @@ class GroupShard:
         """``m`` (re)joins with ``token``: start or continue a rebalance."""
         m.join_token = token
         if g.state in (EMPTY, STABLE, COMPLETING):
-            self._prepare_rebalance(g, now, out)
+            self._prepare_rebalance(g, now, out, f"member {m.member_id} joined")
         self._maybe_complete_join(g, now, out)
         return out
 
@@ -533,6 +551,7 @@ class GroupShard:
         for o in g.members.values():
             o.sync_token = None
         self._emit(out, self._group_record(g, now, assignments))
+        out.note(f"group {g.group_id}: stable in generation {g.generation}")
         for t, a in waiting:
             if t is not None:
                 out.answer(t, self._sync_response(g, a))
@@ -590,7 +609,7 @@ class GroupShard:
                 errors.append(E.unknown_member_id)
                 continue
             errors.append(E.none)
-            self._remove_member(g, member_id, now, out)
+            self._remove_member(g, member_id, now, out, "it left the group")
         return out, E.none, errors
 
     # ---- timers -------------------------------------------------------------------------------
@@ -604,7 +623,7 @@ class GroupShard:
                     self._maybe_complete_join(g, now, out)
             for m in list(g.members.values()):
                 if m.join_token is None and m.heartbeat_deadline and m.heartbeat_deadline <= now:
-                    self._remove_member(g, m.member_id, now, out)
+                    self._remove_member(g, m.member_id, now, out, "session timeout")
             if g.state == PREPARING:
                 if g.rebalance_deadline <= now:
                     self._complete_join(g, now, out)
