@@ -56,6 +56,14 @@ from testsupport.sim_broker import SharedReplay, SimBroker, wait_unfenced
 SNAPSHOT_LINE = re.compile(
     r"wrote snapshot \S+ \((\d+) partitions\) in ([\d.]+)s(?: \(([\d.]+)s CPU\))?"
 )
+# Phases after the full image that ``--phases`` may pick (the bulk and full-image phases always run).
+OPTIONAL_PHASES = (
+    "controller_memory_snapshot",
+    "failover_cold_start",
+    "broker_kill",
+    "controlled_shutdown",
+    "whole_restart",
+)
 # The whole-cluster restart is measured up to this long; past it the row says so (target missed).
 WHOLE_RESTART_GIVE_UP_S = 600.0
 
@@ -84,9 +92,11 @@ class Scale:
         per_request: int,
         inflight: int,
         failovers: int = 5,
+        phases: frozenset[str] = frozenset(),
     ) -> None:
         self.dir = directory
         self.failovers = failovers
+        self.phases = phases  # the optional phases to run (empty: all of them)
         self.topics = topics
         self.partitions = partitions
         self.n_brokers = brokers
@@ -276,11 +286,16 @@ class Scale:
             try:
                 await self.phase("bulk_create", self.phase_bulk, pool)
                 await self.phase("full_image", self.phase_full, pool)
-                await self.phase("controller_memory_snapshot", self.phase_rss_snapshot)
-                await self.phase("failover_cold_start", self.phase_failover, pool[0])
-                await self.phase("broker_kill", self.phase_broker_kill, pool[0])
-                await self.phase("controlled_shutdown", self.phase_controlled_shutdown, pool[0])
-                await self.phase("whole_restart", self.phase_whole_restart, nursery, pool[0])
+                optional: list[tuple[str, Callable[..., Awaitable[None]], tuple[Any, ...]]] = [
+                    ("controller_memory_snapshot", self.phase_rss_snapshot, ()),
+                    ("failover_cold_start", self.phase_failover, (pool[0],)),
+                    ("broker_kill", self.phase_broker_kill, (pool[0],)),
+                    ("controlled_shutdown", self.phase_controlled_shutdown, (pool[0],)),
+                    ("whole_restart", self.phase_whole_restart, (nursery, pool[0])),
+                ]
+                for metric, fn, args in optional:
+                    if not self.phases or metric in self.phases:
+                        await self.phase(metric, fn, *args)
             finally:
                 for c in pool:
                     await c.aclose()
@@ -886,12 +901,14 @@ def run(
     keep: bool = False,
     catch_up: bool = True,
     failovers: int = 5,
+    phases: frozenset[str] = frozenset(),
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """All phases; the cluster is always stopped. Its directory (node logs) is kept when a phase
-    failed or ``keep`` is set."""
+    """All phases (``phases``: only these of the optional ones, see ``OPTIONAL_PHASES``); the
+    cluster is always stopped. Its directory (node logs) is kept when a phase failed or ``keep``
+    is set."""
     work = Path(tempfile.mkdtemp(prefix="kraft-bench-scale-"))
     cdir = work / "c"
-    bench = Scale(cdir, topics, partitions, brokers, per_request, inflight, failovers)
+    bench = Scale(cdir, topics, partitions, brokers, per_request, inflight, failovers, phases)
     try:
         log("starting 3 controllers")
         cli("cluster", "up", "--dir", str(cdir), "--controllers", "3", "--detach", "--no-auth")
@@ -935,7 +952,15 @@ def main(argv: list[str] | None = None) -> int:
         action="store_false",
         help="skip the new real broker's catch-up on the full image",
     )
+    ap.add_argument(
+        "--phases",
+        default="",
+        help="comma-separated optional phases to run (default: all): " + ", ".join(OPTIONAL_PHASES),
+    )
     a = ap.parse_args(argv)
+    phases = frozenset(p for p in a.phases.split(",") if p)
+    if phases - set(OPTIONAL_PHASES):
+        ap.error(f"unknown phase(s): {', '.join(sorted(phases - set(OPTIONAL_PHASES)))}")
     # stop cleanly (cluster down, sim brokers, the catch-up broker) on SIGTERM, and on SIGINT even
     # when started in the background (where the shell ignores SIGINT)
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -950,6 +975,7 @@ def main(argv: list[str] | None = None) -> int:
         a.keep,
         a.catch_up,
         a.failovers,
+        phases,
     )
     print(table(rows, tg))
     print(json.dumps({"system": "pykraft", "bench": "scale", "results": rows, "targets": tg}))
