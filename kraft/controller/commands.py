@@ -56,9 +56,9 @@ class ControllerResult:
     response: dict[str, Any] = field(default_factory=dict)
     reason: str = "user-request"
     # Where a stepped broker transition resumes (``election.Resume``: pass, topic name, partition
-    # id of the next partition to examine, topics left for the second pass); the active
-    # controller hands it to the next step if nothing was written since.
-    pending: tuple[int, str, int, tuple[str, ...]] | None = None
+    # id of the next partition to examine, topics and partitions left for the second pass); the
+    # active controller hands it to the next step if nothing was written since.
+    pending: tuple[int, str, int, tuple[tuple[str, tuple[int, ...]], ...]] | None = None
 
 
 def error_fields(error: KraftError | None = None) -> dict[str, Any]:

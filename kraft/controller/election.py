@@ -27,6 +27,7 @@ from typing import NamedTuple
 
 from kraft.errors import ErrorCode
 from kraft.metadata.image import MetadataImage, TopicImage
+from kraft.metadata.partition_map import partition_chunks
 from kraft.metadata.registrations import PartitionRegistration
 from kraft.records import (
     LEADER_NONE,
@@ -300,7 +301,11 @@ def _collect(
     return out
 
 
-Resume = tuple[int, str, int, tuple[str, ...]]
+Found = tuple[tuple[str, tuple[int, ...]], ...]
+"""The topics the second pass of a leaving transition visits, by name, each with the ids of the
+partitions it examines there (ascending)."""
+
+Resume = tuple[int, str, int, Found]
 """Where a stepped transition continues: (pass: 0 = partitions the broker leads, 1 = those whose
 ISR it is only in; topic name; partition id; the topics with pass-1 partitions found so far)."""
 
@@ -322,14 +327,16 @@ def leaving_changes(
     those whose ISR it is only in. Each pass goes by topic name, then partition id, from
     ``resume`` on (inclusive), until ``limit`` records exist. Returns the records and where the
     next step resumes — the next partition not examined — or None when both passes are done.
-    The first pass notes the topics the second must visit, so a whole transition scans the image
-    once and every step costs O(its records), not O(image).
+    The first pass notes, per topic, the partitions the second must examine (those it is only
+    in the ISR of, and those it leads), so a whole transition scans the image once and every
+    step costs O(its records), not O(image).
 
     Resuming is only an optimisation: partitions before ``resume`` were changed by earlier steps
     (or need no change) and yield nothing when examined again, and the first pass's changes take
     the broker out of those partitions' ISRs too, so a controller that scans from the start
     instead gets the same records, provided nothing else was written in between (the state
-    machine only hands ``resume`` over then).
+    machine only hands ``resume`` over then). For the same reason the second pass examines only
+    the partitions noted: the first pass changes none but those it leads, which are noted too.
 
     ``also``: more brokers leaving at the same time (fenced together after their sessions
     expired at once); each partition then changes once for all of them. ``max_topics``: stop
@@ -350,8 +357,8 @@ def leaving_changes(
                 return out, (_LEADS, name, 0, tuple(found))
             budget -= 1
             topic = by_id[by_name[name]]
-            led = []
-            isr_only = False
+            led: list[tuple[int, PartitionRegistration]] = []
+            isr_only: list[int] = []
             allowed = unclean_allowed(topic)
             # p[1]: isr, p[2]/p[3]: removing/adding replicas, p[4]: leader. A partition they only
             # follow in changes unless they are its whole ISR (the last members stay) with no
@@ -359,27 +366,24 @@ def leaving_changes(
             # most of a whole cluster's partitions, and examining each made one step scan 2M
             # partitions for no record, past the election timeout.
             if also:
-                for pid, p in topic.partitions.items():
-                    if p[4] in gone:
-                        led.append((pid, p))
-                    elif (
-                        not isr_only
-                        and not gone.isdisjoint(p[1])
-                        and (allowed or p[2] or p[3] or not gone.issuperset(p[1]))
-                    ):
-                        isr_only = True
+                for chunk in partition_chunks(topic.partitions):
+                    for pid, p in chunk.items():
+                        if p[4] in gone:
+                            led.append((pid, p))
+                        elif not gone.isdisjoint(p[1]) and (
+                            allowed or p[2] or p[3] or not gone.issuperset(p[1])
+                        ):
+                            isr_only.append(pid)
             else:
-                for pid, p in topic.partitions.items():
-                    if p[4] == broker_id:
-                        led.append((pid, p))
-                    elif (
-                        not isr_only
-                        and broker_id in p[1]
-                        and (allowed or p[2] or p[3] or len(p[1]) > 1)
-                    ):
-                        isr_only = True
-            if isr_only and not (found and found[-1] == name):  # a resumed topic: noted already
-                found.append(name)
+                for chunk in partition_chunks(topic.partitions):
+                    for pid, p in chunk.items():
+                        if p[4] == broker_id:
+                            led.append((pid, p))
+                        elif broker_id in p[1] and (allowed or p[2] or p[3] or len(p[1]) > 1):
+                            isr_only.append(pid)
+            # a resumed topic was noted already
+            if isr_only and not (found and found[-1][0] == name):
+                found.append((name, tuple(sorted(isr_only + [pid for pid, _ in led]))))
             if not led:
                 continue
             if resume is not None and name == at_name:
@@ -389,8 +393,8 @@ def leaving_changes(
             if step is not None:
                 return out, (_LEADS, name, step, tuple(found))
         at_name, at_pid = "", 0
-    todo = found[bisect_left(found, at_name) :] if at_name else found
-    for name in todo:
+    todo = found[bisect_left(found, (at_name,)) :] if at_name else found
+    for name, pids in todo:
         if budget == 0:
             return out, (_IN_ISR, name, 0, tuple(found))
         budget -= 1
@@ -399,16 +403,19 @@ def leaving_changes(
             continue
         topic = by_id[topic_id]
         allowed = unclean_allowed(topic)
-        affected = [
-            (pid, p)
-            for pid, p in topic.partitions.items()
-            if p[4] not in gone
-            and not gone.isdisjoint(p[1])
-            and (allowed or p[2] or p[3] or not gone.issuperset(p[1]))
-        ]
+        parts = topic.partitions
         if at_name and name == at_name:
-            affected = [item for item in affected if item[0] >= at_pid]
-        affected.sort(key=_first)
+            pids = tuple(pid for pid in pids if pid >= at_pid)
+        affected = []
+        for pid in pids:
+            reg = parts.get(pid)
+            if (
+                reg is not None
+                and reg[4] not in gone
+                and not gone.isdisjoint(reg[1])
+                and (allowed or reg[2] or reg[3] or not gone.issuperset(reg[1]))
+            ):
+                affected.append((pid, reg))
         step = _leaving_step(out, topic, affected, gone, acceptable, unclean_allowed, limit)
         if step is not None:
             return out, (_IN_ISR, name, step, tuple(found))

@@ -13,6 +13,7 @@ from kraft.metadata.registrations import PartitionRegistration
 __all__ = [
     "PartitionMap",
     "as_partition_map",
+    "partition_chunks",
     "sorted_partition_columns",
     "sorted_partition_items",
 ]
@@ -92,6 +93,12 @@ class PartitionMap(Mapping[int, PartitionRegistration]):
         for ci in sorted(self._chunks):
             yield from self._chunks[ci].values()
 
+    def chunks(self) -> list[dict[int, PartitionRegistration]]:
+        """The chunks (id -> registration dicts, read-only), by their ids: iterating them visits
+        every partition without a generator step per partition (a scan of a whole image)."""
+        chunks = self._chunks
+        return [chunks[ci] for ci in sorted(chunks)]
+
     def sorted_items(self) -> list[tuple[int, PartitionRegistration]]:
         """``(partition id, registration)`` pairs by id."""
         out: list[tuple[int, PartitionRegistration]] = []
@@ -168,3 +175,13 @@ def sorted_partition_columns(
 def as_partition_map(partitions: Mapping[int, PartitionRegistration]) -> PartitionMap:
     """``partitions`` as a PartitionMap (itself when it is one)."""
     return partitions if isinstance(partitions, PartitionMap) else PartitionMap.of(partitions)
+
+
+def partition_chunks(
+    partitions: Mapping[int, PartitionRegistration],
+) -> list[Mapping[int, PartitionRegistration]]:
+    """Mappings that together hold ``partitions``, in :meth:`PartitionMap.items` order: a
+    PartitionMap's chunks, or a plain mapping itself."""
+    if isinstance(partitions, PartitionMap):
+        return list(partitions.chunks())
+    return [partitions]

@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from kraft.metadata.partition_map import (
     PartitionMap,
+    partition_chunks,
     sorted_partition_columns,
     sorted_partition_items,
 )
@@ -40,3 +41,14 @@ def test_sorted_columns_are_the_sorted_items_unzipped(ids, updates):
     assert pm.sorted_columns() == columns
     assert sorted_partition_columns(pm) == columns
     assert sorted_partition_columns(dict(pm.items())) == columns
+
+
+@given(ids_lists, ids_lists)
+def test_partition_chunks_hold_the_items_in_their_order(ids, updates):
+    pm = PartitionMap.of({pid: _reg(pid) for pid in ids}).updated(
+        {pid: _reg(pid, 1) for pid in updates}
+    )
+    chunked = [item for chunk in partition_chunks(pm) for item in chunk.items()]
+    assert chunked == list(pm.items())
+    plain = dict(pm.items())
+    assert [item for chunk in partition_chunks(plain) for item in chunk.items()] == chunked
