@@ -39,6 +39,7 @@ from kraft.controller.state_machine import QuorumStateMachine
 from kraft.controller_apis import ControllerApis
 from kraft.divergence_monitor import DivergenceMonitor
 from kraft.errors import ErrorCode, KraftError
+from kraft.heap import gc_paused
 from kraft.log.errors import CorruptLogError, CorruptSnapshotError
 from kraft.log.metadata_log import MetadataLog
 from kraft.metadata.delta import MetadataDelta
@@ -742,7 +743,8 @@ class ControllerServer:
         )
         image = spec.image  # the image the batch is built on (kept for the applier)
         at = resume[0] if resume and resume[1] == (image.offset, image.last_hash) else None
-        batch, response, rest = spec.propose(command, self.quorum.term, at)
+        with gc_paused():  # a transition's step: one young collection after it
+            batch, response, rest = spec.propose(command, self.quorum.term, at)
         if response.get("error_code"):
             code = ErrorCode(response["error_code"])
             raise KraftError(code, response.get("error_message", ""), response)

@@ -31,7 +31,7 @@ from typing import Any
 
 from kraft.controller.state_machine import QuorumStateMachine
 from kraft.errors import ErrorCode
-from kraft.heap import HeapFreezer, freeze_heap
+from kraft.heap import HeapFreezer, freeze_heap, gc_paused
 from kraft.log.metadata_log import MetadataLog
 from kraft.metadata.image import MetadataImage
 from kraft.records import Batch, RecordDecodeError, decode_batch, decode_batch_envelope
@@ -41,6 +41,11 @@ from kraft.storage.failure import node_failed, storage_failed
 log = logging.getLogger(__name__)
 
 APPLIED: dict[str, Any] = {"error_code": 0, "error_message": "", "applied": True}
+
+# Records applied between two heap freezes. Each freeze's full collection walks what was
+# allocated since the last one, inside a Raft tick: the fewer records, the shorter that pause
+# (a 2M-partition broker transition writes ~100k records; docs/performance.md).
+FREEZE_EVERY_RECORDS = 20_000
 
 
 class MetadataApplier:
@@ -74,8 +79,8 @@ class MetadataApplier:
         self.on_own_batch: Callable[[bytes, bool], None] = lambda raw, applied: None
         self.skipped = 0  # batches the chain check refused (deposed-leader proposals)
         # The image replayed so far (snapshot + log at start-up) leaves the cyclic GC's reach,
-        # and so does every further 100k records' growth (kraft/heap.py).
-        self._heap = HeapFreezer()
+        # and so does every further FREEZE_EVERY_RECORDS records' growth (kraft/heap.py).
+        self._heap = HeapFreezer(FREEZE_EVERY_RECORDS)
         freeze_heap()
 
     # ---- ApplyTarget --------------------------------------------------------------------------
@@ -95,7 +100,8 @@ class MetadataApplier:
         try:
             try:
                 for raw in batches:
-                    results.append(self._apply_one(raw, raft_index, written))
+                    with gc_paused():  # one young collection after the batch, not dozens in it
+                        results.append(self._apply_one(raw, raft_index, written))
                     self.between_commands()
             finally:
                 if written:

@@ -25,7 +25,7 @@ from typing import Any
 import trio
 
 from kraft.errors import ErrorCode, KraftError
-from kraft.heap import HeapFreezer
+from kraft.heap import HeapFreezer, gc_paused
 from kraft.log.snapshot import SnapshotHeader, read_snapshot_header
 from kraft.metadata.delta import MetadataDelta, ReplayError
 from kraft.metadata.follower import LogFollower
@@ -35,6 +35,8 @@ from kraft.rpc.client import ControllerClient
 from kraft.snapshotter import image_from_snapshot
 
 Verified = tuple[int, int, bytes, bytes]  # base offset, last offset, prev_hash, hash of a batch
+
+FREEZE_EVERY_RECORDS = 20_000  # as a controller's applier (kraft/metadata_applier.py)
 
 RECENT_BYTES = 64 << 20
 """How many bytes of recently verified batches :class:`SharedReplay` keeps to recognise them."""
@@ -59,7 +61,7 @@ class SharedReplay:
         self._hash_at: dict[int, bytes] = {}  # last offset -> hash of every batch known
         self._floor = -1  # offsets up to here came from a loaded snapshot, not from replay
         self.loading = trio.Lock()  # held by the broker that loads a snapshot for the process
-        self._heap = HeapFreezer()
+        self._heap = HeapFreezer(FREEZE_EVERY_RECORDS)
 
     def verify(self, encoded: bytes, base_offset: int | None = None) -> Verified:
         """(base offset, last offset, prev_hash, hash) of ``encoded``; strictly decoded and
@@ -72,9 +74,11 @@ class SharedReplay:
         digest = batch_hash(encoded)
         known = self._known.get(digest)
         if known is None:
-            batch = decode_batch(encoded)
+            with gc_paused():
+                batch = decode_batch(encoded)
+                if batch.last_offset > self._floor:
+                    self._delta.replay_batch(batch, digest)
             if batch.last_offset > self._floor:
-                self._delta.replay_batch(batch, digest)
                 self._heap.note(len(batch.records))
             # else the loaded snapshot holds it: the broker's own hash chain proves it, since
             # that chain must reach the snapshot's last hash at the floor
@@ -108,7 +112,8 @@ class SharedReplay:
     def publish(self) -> MetadataImage:
         """Apply what was replayed since the last call; returns the shared image."""
         if self._delta.offset != self.image.offset:
-            self.image = self._delta.apply()
+            with gc_paused():
+                self.image = self._delta.apply()
             self._delta = MetadataDelta(self.image)
         return self.image
 

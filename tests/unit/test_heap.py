@@ -5,7 +5,7 @@ import weakref
 
 import pytest
 
-from kraft.heap import HeapFreezer, freeze_heap
+from kraft.heap import HeapFreezer, freeze_heap, gc_paused
 
 
 @pytest.fixture
@@ -37,3 +37,23 @@ def test_freeze_collects_existing_garbage_first(unfrozen):
     assert probe() is None  # collected, not frozen forever
     with pytest.raises(ValueError):
         HeapFreezer(every_records=0)
+
+
+def test_gc_paused_holds_the_collector_off_inside_only():
+    assert gc.isenabled()
+    with gc_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(ValueError), gc_paused():
+        raise ValueError("an error inside still turns it back on")
+    assert gc.isenabled()
+
+
+def test_gc_paused_leaves_a_disabled_collector_disabled():
+    gc.disable()
+    try:
+        with gc_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
