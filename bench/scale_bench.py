@@ -554,7 +554,7 @@ class Scale:
         await self.applied_everywhere(before, 120)
         log(f"controlled shutdown of simulated broker {b.broker_id}")
         t0, wall0 = time.perf_counter(), time.time()
-        b.want_shutdown = True
+        b.begin_shutdown()
         with trio.fail_after(120):
             while not b.shut_down:
                 await trio.sleep(0.02)

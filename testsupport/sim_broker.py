@@ -38,6 +38,8 @@ Verified = tuple[int, int, bytes, bytes]  # base offset, last offset, prev_hash,
 
 FREEZE_EVERY_RECORDS = 20_000  # as a controller's applier (kraft/metadata_applier.py)
 
+SHUTDOWN_POLL_S = 0.25  # heartbeats while waiting for a controlled shutdown's answer, as a broker
+
 RECENT_BYTES = 64 << 20
 """How many bytes of recently verified batches :class:`SharedReplay` keeps to recognise them."""
 
@@ -140,6 +142,7 @@ class SimBroker:
         None  # time.monotonic() when the last heartbeat was sent and answered
     )
     _follower: LogFollower = field(init=False, repr=False)  # set when the follow starts
+    _wakeup: trio.Event = field(default_factory=trio.Event, repr=False)  # heartbeat now
 
     async def run(self, task_status: trio.TaskStatus[SimBroker] = trio.TASK_STATUS_IGNORED) -> None:
         """Register, then follow the log and heartbeat until cancelled or shut down."""
@@ -279,14 +282,19 @@ class SimBroker:
             if reply["should_shut_down"]:
                 self.shut_down = True
                 return
-            if self.want_shutdown:
+            interval = self.heartbeat_interval_s
+            if self.want_shutdown:  # as the real broker (broker/lifecycle.py): poll the answer
                 shutdown_answers += 1
-                if shutdown_answers == 1:  # as Kafka's broker: the first "not yet" is followed by a
-                    await trio.sleep(
-                        0.05
-                    )  # quick heartbeat, in case the shutdown completes quickly
-                    continue
-            await trio.sleep(self.heartbeat_interval_s)
+                interval = min(interval, 0.05 if shutdown_answers == 1 else SHUTDOWN_POLL_S)
+            with trio.move_on_after(interval):
+                await self._wakeup.wait()
+            self._wakeup = trio.Event()
+
+    def begin_shutdown(self) -> None:
+        """Ask for a controlled shutdown with the next heartbeat, sent now (as a real broker
+        does when its shutdown starts)."""
+        self.want_shutdown = True
+        self._wakeup.set()
 
 
 async def wait_unfenced(brokers: list[SimBroker], timeout_s: float) -> None:
