@@ -14,6 +14,7 @@ controller appends committed batches verbatim (kraft/metadata_applier.py).
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import random
@@ -67,6 +68,10 @@ TRANSITION_START_ATTEMPTS = 3
 # Steps of one broker transition in flight at once (built while the previous one replicates).
 STEP_PIPELINE_DEPTH = 2
 
+
+# A controller process runs without automatic cyclic collection (see main()); every this many
+# seconds without a full collection (the heap freezes make one), it collects.
+GC_INTERVAL_S = 10.0
 
 # A snapshot that falls due during a stepped broker transition waits for its end, at most this long.
 SNAPSHOT_DEFER_MAX_S = 30.0
@@ -272,6 +277,7 @@ class ControllerServer:
                 nursery.start_soon(self.lifecycle.session_timer_loop)
                 nursery.start_soon(self._snapshot_loop)
                 nursery.start_soon(self._log_flush_loop)
+                nursery.start_soon(self._gc_loop)
                 if len(cfg.rpc_voters) > 1:
                     nursery.start_soon(self.divergence.run)
                 if self.joining:
@@ -551,6 +557,21 @@ class ControllerServer:
                     self.snapshotter.enforce_retention, now_ms(), max_ms, max_bytes
                 )
 
+    async def _gc_loop(self) -> None:
+        """Collect cyclic garbage every ``GC_INTERVAL_S`` in a process whose automatic
+        collection is off (main()), unless a full collection ran meanwhile (the applier's heap
+        freezes make one every ``FREEZE_EVERY_RECORDS`` records). Each walks only what was
+        allocated since the last freeze. Nothing to do where the collector is on (in-process
+        controllers of tests)."""
+        seen = -1
+        while True:
+            await trio.sleep(GC_INTERVAL_S)
+            full = gc.get_stats()[2]["collections"]
+            if not gc.isenabled() and full == seen:
+                gc.collect()
+                full += 1
+            seen = full
+
     async def _log_flush_loop(self) -> None:
         """Sync the metadata log's appends every ``metadata.log.flush.interval.ms`` (off the
         commit path: the Raft journal already made them durable; see metadata_applier)."""
@@ -792,6 +813,11 @@ class ControllerServer:
 def main(config_path: str) -> int:
     """Run a controller until SIGTERM/SIGINT. Returns the process exit code."""
     pysyncobj_patches.apply()  # before anything uses PySyncObj or socket.inet_ntop
+    # No automatic cyclic collection in a controller: its young collections walked every
+    # partition chunk a broker transition's step copied, again and again within the step, and
+    # the image itself is frozen out of reach (kraft/heap.py). Cyclic garbage is collected with
+    # each heap freeze and by _gc_loop.
+    gc.disable()
     try:
         logsetup.configure(logsetup.level_from(os.environ))
         config = ControllerConfig.load(config_path)
