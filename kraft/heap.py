@@ -56,7 +56,7 @@ def freeze_heap() -> float:
     gc.collect()
     gc.freeze()
     spent = time.perf_counter() - started
-    if log.isEnabledFor(logging.DEBUG):  # counting walks every frozen object (2M partitions: ~10M)
+    if log.isEnabledFor(logging.DEBUG):  # counting walks every frozen object
         log.debug("heap frozen (%d objects permanent) in %.3fs", gc.get_freeze_count(), spent)
     return spent
 
