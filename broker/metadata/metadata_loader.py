@@ -14,7 +14,9 @@ install order:
 
 A batch that does not replay (a broken hash chain or an impossible record, i.e. our local
 history diverged from the controllers') is logged at ERROR and the loader restarts from offset 0.
-The last published image is checkpointed every ``checkpoint_records`` records (and on stop).
+The last published image is checkpointed every ``checkpoint_records`` records (and on stop), in
+the background: the next fetch does not wait for the file's write and fsyncs, or a broker would
+learn of new metadata only after its disk answered.
 
 Image checks (``kraft.metadata.image_check``): at most every ``image_check_interval_ms`` a fetch
 asks for the controller's image checksum, and once the answer is applied the published image's
@@ -97,6 +99,7 @@ class MetadataLoader:
         self.publish_times: deque[tuple[int, float]] = deque(maxlen=PUBLISH_TIMES_KEPT)
         self._checkpointed_offset = -1
         self._checkpoint_lock = trio.Lock()
+        self._background: trio.Nursery | None = None  # where run() writes checkpoints
         self.errors = 0
         self.broker_id = broker_id
         self.image_check = ImageCheck(image_check_interval_ms)
@@ -131,7 +134,12 @@ class MetadataLoader:
     async def run(self) -> None:
         """Fetch and publish until cancelled (the follower calls the three methods below)."""
         self._delta, self._full = MetadataDelta.full(self.image), True
-        await self._follower.follow(self)
+        async with trio.open_nursery() as nursery:
+            self._background = nursery
+            try:
+                await self._follower.follow(self)
+            finally:
+                self._background = None
 
     def next_offset(self) -> int:
         return self._delta.offset + 1
@@ -239,7 +247,7 @@ class MetadataLoader:
         if (self._full and caught_up) or (not self._full and n):
             self._publish(self._delta, self._full)
             self._delta, self._full = MetadataDelta(self.image), False
-            await self._maybe_checkpoint()
+            self._checkpoint_in_background()
         await self._check_image()
         return False
 
@@ -257,6 +265,13 @@ class MetadataLoader:
             self.high_watermark,
         )
         self.published.set()
+
+    def _checkpoint_in_background(self) -> None:
+        """Start a checkpoint of the published image when one is due and none is being
+        written (the one after it picks up whatever was published meanwhile)."""
+        due = self.image.offset - self._checkpointed_offset >= self.checkpoint_records
+        if due and self._background is not None and not self._checkpoint_lock.locked():
+            self._background.start_soon(self._maybe_checkpoint)
 
     async def _maybe_checkpoint(self, force: bool = False) -> None:
         # One writer at a time: a shutdown's checkpoint_now may come while the loader's own
