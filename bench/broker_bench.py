@@ -120,6 +120,21 @@ async def _offer(
     return sent, failed
 
 
+def _wait_followed(boot: list[tuple[str, int]], brokers: list[dict[str, Any]]) -> None:
+    """Wait until every broker has published the log up to the active controller's high
+    watermark as of now: the run measures steady propagation, not brokers still finding the
+    leader after the controllers' restart (the broker's retry pace bounds that: see
+    ``controller.quorum.retry.backoff.max.ms``)."""
+    from kraft.rpc.client import call_sync
+
+    hw = int(call_sync(boot, "DescribeQuorum", {}, timeout=10)["high_watermark"])
+    deadline = time.monotonic() + 30
+    while not all((_publishes(b) or [(-1, 0.0)])[-1][0] >= hw - 1 for b in brokers):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"brokers did not reach metadata offset {hw - 1} within 30 s")
+        time.sleep(0.05)
+
+
 def set_linger(cdir: Path, meta: dict[str, Any], linger_ms: int) -> None:
     """Restart each controller in turn with ``metadata.fetch.linger.ms`` set (a TERM, then
     ``kraft cluster start`` with its amended properties file)."""
@@ -152,6 +167,7 @@ def propagation(
             timeout=30,
         )
         assert not any(t["error_code"] for t in r["topics"]), r
+        _wait_followed(boot, meta["brokers"])
         requests = max(1, rate // batch)
         log(f"writing {rate} records/s ({requests} requests/s x {batch}) for {seconds:.0f} s")
         started = time.time()
