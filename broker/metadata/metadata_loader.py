@@ -49,6 +49,7 @@ from kraft.metadata.image_check import Action, ImageCheck, Stated
 from kraft.metadata.replay import replay_into
 from kraft.records import RecordDecodeError, decode_batch
 from kraft.rpc.bodies import ImageChecksum
+from kraft.snapshot_image import FrameIndex
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +101,7 @@ class MetadataLoader:
         self._checkpointed_offset = -1
         self._checkpoint_lock = trio.Lock()
         self._background: trio.Nursery | None = None  # where run() writes checkpoints
+        self._frames: FrameIndex | None = None  # the last checkpoint's topic frames, to copy
         self.errors = 0
         self.broker_id = broker_id
         self.image_check = ImageCheck(image_check_interval_ms)
@@ -284,7 +286,9 @@ class MetadataLoader:
                 return  # the image is known to differ from the controllers'
             if not force and image.offset - self._checkpointed_offset < self.checkpoint_records:
                 return
-            path = await trio.to_thread.run_sync(write_checkpoint, self.metadata_dir, image)
+            path, self._frames = await trio.to_thread.run_sync(
+                write_checkpoint, self.metadata_dir, image, self._frames
+            )
             self._checkpointed_offset = image.offset
             log.info("wrote metadata checkpoint %s (offset %d)", path.name, image.offset)
 

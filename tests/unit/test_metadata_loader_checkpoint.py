@@ -27,10 +27,10 @@ def test_a_slow_checkpoint_does_not_hold_up_the_next_batches(
     writes: list[int] = []
     real_write = metadata_loader.write_checkpoint
 
-    def slow_write(directory: Path, image):  # type: ignore[no-untyped-def]  # test double's args
+    def slow_write(directory: Path, image, previous):  # type: ignore[no-untyped-def]  # test double's args
         assert disk_free.wait(30), "the test never freed the disk"
         writes.append(image.offset)
-        return real_write(directory, image)
+        return real_write(directory, image, previous)
 
     monkeypatch.setattr(metadata_loader, "write_checkpoint", slow_write)
     loader = MetadataLoader(None, [], tmp_path / "meta", checkpoint_records=1)
@@ -57,3 +57,17 @@ def test_a_slow_checkpoint_does_not_hold_up_the_next_batches(
     trio.run(main)
     assert len(writes) == 1 and writes[0] >= sample.batches[half - 1].last_offset
     assert len(list_snapshots(tmp_path / "meta")) == 1
+
+
+def test_a_checkpoint_copies_unchanged_topics_and_equals_a_fresh_one(
+    sample: Written, tmp_path: Path
+) -> None:
+    """The next checkpoint copies the frames of topics unchanged since the last one; the file is
+    byte-identical to one written from scratch."""
+    first, latest = sample.images["unfenced"], sample.images["deleted"]
+    _, index = metadata_loader.write_checkpoint(tmp_path / "a", first)
+    copied, _ = metadata_loader.write_checkpoint(tmp_path / "a", latest, index)
+    fresh, _ = metadata_loader.write_checkpoint(tmp_path / "b", latest)
+    assert copied.read_bytes() == fresh.read_bytes()
+    kept = {t for t, (digest, _, _) in index.topics.items() if t in latest.topics_by_id}
+    assert kept and any(latest.topics_by_id[t]._digest == index.topics[t][0] for t in kept)
