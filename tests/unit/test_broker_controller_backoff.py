@@ -7,21 +7,13 @@ import pytest
 
 from broker.config import BrokerConfig
 from kraft.config import ConfigError
-
-BASE = {
-    "node.id": "101",
-    "process.roles": "broker",
-    "cluster.id": "abc",
-    "controller.quorum.bootstrap.servers": "127.0.0.1:9093",
-    "listeners": "PLAINTEXT://127.0.0.1:9092",
-    "log.dirs": "/tmp/x",
-}
+from tests.unit.broker_properties import MINIMAL_BROKER
 
 
 def test_defaults_and_bad_values() -> None:
-    config = BrokerConfig.from_properties(BASE)
+    config = BrokerConfig.from_properties(MINIMAL_BROKER)
     assert config["controller.quorum.retry.backoff.ms"] == 20
     assert config["controller.quorum.retry.backoff.max.ms"] == 200
     for key in ("controller.quorum.retry.backoff.ms", "controller.quorum.retry.backoff.max.ms"):
         with pytest.raises(ConfigError, match=key):
-            BrokerConfig.from_properties({**BASE, key: "0"})
+            BrokerConfig.from_properties({**MINIMAL_BROKER, key: "0"})
