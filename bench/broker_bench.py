@@ -120,6 +120,21 @@ async def _offer(
     return sent, failed
 
 
+def _wait_followed(boot: list[tuple[str, int]], brokers: list[dict[str, Any]]) -> None:
+    """Wait until every broker has published the log up to the active controller's high
+    watermark as of now: the run measures steady propagation, not brokers still finding the
+    leader after the controllers' restart (the broker's retry pace bounds that: see
+    ``controller.quorum.retry.backoff.max.ms``)."""
+    from kraft.rpc.client import call_sync
+
+    hw = int(call_sync(boot, "DescribeQuorum", {}, timeout=10)["high_watermark"])
+    deadline = time.monotonic() + 30
+    while not all((_publishes(b) or [(-1, 0.0)])[-1][0] >= hw - 1 for b in brokers):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"brokers did not reach metadata offset {hw - 1} within 30 s")
+        time.sleep(0.05)
+
+
 def set_linger(cdir: Path, meta: dict[str, Any], linger_ms: int) -> None:
     """Restart each controller in turn with ``metadata.fetch.linger.ms`` set (a TERM, then
     ``kraft cluster start`` with its amended properties file)."""
@@ -152,6 +167,7 @@ def propagation(
             timeout=30,
         )
         assert not any(t["error_code"] for t in r["topics"]), r
+        _wait_followed(boot, meta["brokers"])
         requests = max(1, rate // batch)
         log(f"writing {rate} records/s ({requests} requests/s x {batch}) for {seconds:.0f} s")
         started = time.time()
@@ -180,6 +196,7 @@ def propagation(
         row = {
             "metric": "propagation",
             "linger_ms": linger_ms,
+            "offered_records_s": rate,
             "records_s": round(sent * batch / (ended - started), 1),
             "batches": len(latencies),
             "missed": missed,
@@ -376,17 +393,24 @@ def replay(topics: int, partitions: int, brokers: int, log_batches: int) -> dict
         shutil.rmtree(work, ignore_errors=True)
 
 
+# issue 24 item 3: commit -> applied on every broker, p99 (ms) by offered records/s
+PROPAGATION_P99_MS = {1000: 20, 10_000: 50}
+
+
 def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
-    prop = next((r for r in rows if r["metric"] == "propagation"), None)
-    if prop and prop["p99_ms"] is not None:
+    for prop in (r for r in rows if r["metric"] == "propagation"):
+        limit = PROPAGATION_P99_MS.get(prop.get("offered_records_s", 1000))
+        if limit is None or prop["p99_ms"] is None:
+            continue
         out.append(
             {
-                "target": "propagation p99 <= 100 ms (~1k records/s)",
+                "target": f"propagation p99 <= {limit} ms at {prop['offered_records_s']:,} "
+                "records/s",
                 "value": prop["p99_ms"],
-                "limit": 100,
-                "ratio": round(prop["p99_ms"] / 100, 3),
-                "met": prop["p99_ms"] <= 100,
+                "limit": limit,
+                "ratio": round(prop["p99_ms"] / limit, 3),
+                "met": prop["p99_ms"] <= limit,
             }
         )
     rep = next((r for r in rows if r["metric"] == "broker_replay"), None)
@@ -420,8 +444,15 @@ def run(
     partitions: int = 100,
     brokers: int = 30,
     log_batches: int = 1000,
+    high_rate: int = 10_000,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    rows = [propagation(seconds, rate, batch), replay(topics, partitions, brokers, log_batches)]
+    """Propagation at ``rate`` and at ``high_rate`` records/s (requests of ``batch`` and of
+    ``batch * high_rate / rate`` records, the same requests/s), then the broker replay."""
+    rows = [
+        propagation(seconds, rate, batch),
+        propagation(seconds, high_rate, max(1, batch * high_rate // rate)),
+        replay(topics, partitions, brokers, log_batches),
+    ]
     return rows, targets(rows)
 
 
@@ -447,6 +478,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=10.0, help="propagation run length")
     ap.add_argument("--rate", type=int, default=1000, help="records/s written")
     ap.add_argument("--batch", type=int, default=10, help="records per request")
+    ap.add_argument(
+        "--high-rate",
+        type=int,
+        default=10_000,
+        help="records/s of the second propagation run (same requests/s, bigger requests)",
+    )
     ap.add_argument("--topics", type=int, default=10_000)
     ap.add_argument("--partitions", type=int, default=100)
     ap.add_argument("--brokers", type=int, default=30)
@@ -464,7 +501,9 @@ def main(argv: list[str] | None = None) -> int:
         for linger in (int(v) for v in a.propagation_only.split(",")):
             print(json.dumps(propagation(a.seconds, a.rate, a.batch, linger)), flush=True)
         return 0
-    rows, tg = run(a.seconds, a.rate, a.batch, a.topics, a.partitions, a.brokers, a.log_batches)
+    rows, tg = run(
+        a.seconds, a.rate, a.batch, a.topics, a.partitions, a.brokers, a.log_batches, a.high_rate
+    )
     print(table(rows, tg))
     print(json.dumps({"system": "pykraft", "bench": "broker", "results": rows, "targets": tg}))
     return 0

@@ -65,6 +65,19 @@ BROKER_SETTINGS = COMMON_SETTINGS + [
         None,
         "host:port,... of the controllers' RPC endpoints",
     ),
+    Setting(
+        "controller.quorum.retry.backoff.ms",
+        parse_positive,
+        20,
+        "first wait before a failed call to the controllers is retried (then doubling)",
+    ),
+    Setting(
+        "controller.quorum.retry.backoff.max.ms",
+        parse_positive,
+        200,
+        "longest wait between retries to the controllers: after an election the broker "
+        "fetches metadata from the new leader at most this long after it is active",
+    ),
     Setting("broker.admin.port", int, 0, "broker admin/state endpoint (0 = listener port + 1000)"),
     Setting(
         "broker.admin.host",

@@ -98,11 +98,21 @@ class BrokerNode:
         )
         client_id = f"broker-{config.node_id}"
         creds = config.rpc_client_credentials
+        # metadata fetches and heartbeats retry at Kafka's pace, so that a broker reaches a new
+        # leader soon after an election (its default 1 s cap kept brokers ~1 s behind)
+        backoff = {
+            "backoff_initial": config["controller.quorum.retry.backoff.ms"] / 1000,
+            "backoff_max": max(
+                config["controller.quorum.retry.backoff.ms"],
+                config["controller.quorum.retry.backoff.max.ms"],
+            )
+            / 1000,
+        }
         self.fetch_client = ControllerClient(
-            config.bootstrap, client_id=client_id, credentials=creds
+            config.bootstrap, client_id=client_id, credentials=creds, **backoff
         )
         self.control_client = ControllerClient(
-            config.bootstrap, client_id=client_id, credentials=creds
+            config.bootstrap, client_id=client_id, credentials=creds, **backoff
         )
         admin_client = ControllerClient(  # Kafka admin APIs, forwarded
             config.bootstrap, client_id=client_id, credentials=self.control_client.credentials

@@ -23,7 +23,7 @@ from pathlib import Path
 
 EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 DEFAULT_EPHEMERAL = (32768, 60999)  # Linux's default ip_local_port_range
-LOWEST_PORT = 10000  # below: well-known and registered services
+LOWEST_PORT = 20000  # below: registered services, and the chaos harness's proxies (10000-19999)
 MIN_POOL = 2000  # a smaller pool outside the ephemeral range is not worth drawing from
 RESERVATION_S = 120.0  # how long a port handed out stays reserved for its launcher
 

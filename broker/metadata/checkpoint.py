@@ -5,6 +5,10 @@ Stored in ``<first log dir>/metadata/`` in the controllers' snapshot format
 from the records must also match the checksum in the header. A corrupt or inconsistent
 checkpoint is **discarded with a WARNING** (renamed ``*.corrupt``) and the next older one is
 tried; with none left the broker refetches the metadata from offset 0.
+
+Each checkpoint copies the frames of topics unchanged since the previous one from that file
+(:mod:`kraft.snapshot_image`), as the controllers' snapshots do: at 2M partitions a checkpoint
+packs only the topics that changed.
 """
 
 from __future__ import annotations
@@ -14,21 +18,25 @@ import os
 from pathlib import Path
 
 from kraft.log.errors import CorruptSnapshotError
-from kraft.log.snapshot import list_snapshots, write_snapshot_runs
+from kraft.log.snapshot import list_snapshots
 from kraft.metadata.image import MetadataImage
-from kraft.snapshot_image import image_header
+from kraft.snapshot_image import FrameIndex, write_image_snapshot
 from kraft.snapshotter import snapshot_state
 
 log = logging.getLogger(__name__)
 KEEP = 2
 
 
-def write_checkpoint(directory: Path, image: MetadataImage) -> Path:
-    """Write ``image`` as a checkpoint and keep only the newest :data:`KEEP`."""
-    path = write_snapshot_runs(directory, image_header(image), image.record_runs())
+def write_checkpoint(
+    directory: Path, image: MetadataImage, previous: FrameIndex | None = None
+) -> tuple[Path, FrameIndex]:
+    """Write ``image`` as a checkpoint (copying unchanged topics' frames from ``previous``, the
+    index of the last one written) and keep only the newest :data:`KEEP`; returns the file and
+    its frame index."""
+    path, index, _ = write_image_snapshot(directory, image, (), previous)
     for old in list_snapshots(directory)[:-KEEP]:
         old.unlink(missing_ok=True)
-    return path
+    return path, index
 
 
 def image_from_snapshot(path: Path) -> MetadataImage:

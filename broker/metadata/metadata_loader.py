@@ -14,7 +14,9 @@ install order:
 
 A batch that does not replay (a broken hash chain or an impossible record, i.e. our local
 history diverged from the controllers') is logged at ERROR and the loader restarts from offset 0.
-The last published image is checkpointed every ``checkpoint_records`` records (and on stop).
+The last published image is checkpointed every ``checkpoint_records`` records (and on stop), in
+the background: the next fetch does not wait for the file's write and fsyncs, or a broker would
+learn of new metadata only after its disk answered.
 
 Image checks (``kraft.metadata.image_check``): at most every ``image_check_interval_ms`` a fetch
 asks for the controller's image checksum, and once the answer is applied the published image's
@@ -39,6 +41,7 @@ import trio
 
 from broker.metadata.checkpoint import image_from_snapshot, load_checkpoint, write_checkpoint
 from kraft.errors import KraftError
+from kraft.heap import HeapFreezer
 from kraft.log.snapshot import list_snapshots
 from kraft.metadata.delta import MetadataDelta, ReplayError
 from kraft.metadata.follower import LogFollower, SnapshotFetchError, check_snapshot_name
@@ -47,6 +50,7 @@ from kraft.metadata.image_check import Action, ImageCheck, Stated
 from kraft.metadata.replay import replay_into
 from kraft.records import RecordDecodeError, decode_batch
 from kraft.rpc.bodies import ImageChecksum
+from kraft.snapshot_image import FrameIndex
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +101,11 @@ class MetadataLoader:
         self.publish_times: deque[tuple[int, float]] = deque(maxlen=PUBLISH_TIMES_KEPT)
         self._checkpointed_offset = -1
         self._checkpoint_lock = trio.Lock()
+        self._background: trio.Nursery | None = None  # where run() writes checkpoints
+        self._frames: FrameIndex | None = None  # the last checkpoint's topic frames, to copy
+        # every 100k records replayed, the image's growth leaves the cyclic GC's reach, as on
+        # the controllers (kraft/heap.py): a full collection walking 2M partitions is ~0.7 s
+        self._heap = HeapFreezer()
         self.errors = 0
         self.broker_id = broker_id
         self.image_check = ImageCheck(image_check_interval_ms)
@@ -131,7 +140,12 @@ class MetadataLoader:
     async def run(self) -> None:
         """Fetch and publish until cancelled (the follower calls the three methods below)."""
         self._delta, self._full = MetadataDelta.full(self.image), True
-        await self._follower.follow(self)
+        async with trio.open_nursery() as nursery:
+            self._background = nursery
+            try:
+                await self._follower.follow(self)
+            finally:
+                self._background = None
 
     def next_offset(self) -> int:
         return self._delta.offset + 1
@@ -239,7 +253,7 @@ class MetadataLoader:
         if (self._full and caught_up) or (not self._full and n):
             self._publish(self._delta, self._full)
             self._delta, self._full = MetadataDelta(self.image), False
-            await self._maybe_checkpoint()
+            self._checkpoint_in_background()
         await self._check_image()
         return False
 
@@ -248,6 +262,7 @@ class MetadataLoader:
         for publisher in self.publishers:
             publisher.publish(delta, image, full)
         previous, self.image = self.image, image
+        self._heap.note(max(image.offset - previous.offset, 0))
         self.publish_times.append((image.offset, time.time()))
         log.info(
             "published metadata offset %d (from %d%s, high watermark %d)",
@@ -257,6 +272,13 @@ class MetadataLoader:
             self.high_watermark,
         )
         self.published.set()
+
+    def _checkpoint_in_background(self) -> None:
+        """Start a checkpoint of the published image when one is due and none is being
+        written (the one after it picks up whatever was published meanwhile)."""
+        due = self.image.offset - self._checkpointed_offset >= self.checkpoint_records
+        if due and self._background is not None and not self._checkpoint_lock.locked():
+            self._background.start_soon(self._maybe_checkpoint)
 
     async def _maybe_checkpoint(self, force: bool = False) -> None:
         # One writer at a time: a shutdown's checkpoint_now may come while the loader's own
@@ -269,7 +291,9 @@ class MetadataLoader:
                 return  # the image is known to differ from the controllers'
             if not force and image.offset - self._checkpointed_offset < self.checkpoint_records:
                 return
-            path = await trio.to_thread.run_sync(write_checkpoint, self.metadata_dir, image)
+            path, self._frames = await trio.to_thread.run_sync(
+                write_checkpoint, self.metadata_dir, image, self._frames
+            )
             self._checkpointed_offset = image.offset
             log.info("wrote metadata checkpoint %s (offset %d)", path.name, image.offset)
 

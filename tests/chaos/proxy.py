@@ -9,8 +9,9 @@ PySyncObj pairs nodes by address string: for each pair only the node whose own a
 higher dials, and it announces its own address, which the other node must find in its partner
 list. :class:`RaftMesh` therefore gives each pair one proxy, listed only in the *dialer's*
 config (the acceptor lists the dialer by its real address, which is what the dialer announces),
-and binds proxies to ports below the ephemeral range so a proxy address always sorts below the
-dialer's own address (the dialer keeps dialing through it).
+and binds proxies to ports below the node ports so a proxy address always sorts below the
+dialer's own address (the dialer keeps dialing through it): node ports are 20000-32767
+(``tools.free_ports``) or, where the OS picks them, 32768+; proxies are 10000-19999.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ import threading
 from dataclasses import dataclass, field
 
 HOST = "127.0.0.1"
-# Below Linux's ephemeral range (32768+), where the launcher's OS-picked node ports live.
-PROXY_PORT_RANGE = (20000, 32000)
+# Below the launcher's node ports (tools.free_ports: 20000 up to the ephemeral range, 32768+).
+PROXY_PORT_RANGE = (10000, 20000)
 
 
 def bind_low_port(rng: random.Random, attempts: int = 200) -> socket.socket:

@@ -91,6 +91,7 @@ FAULT_KINDS = (
 )
 NEEDS_MOUNT = ("full-disk",)  # a real ENOSPC: a tmpfs per controller (root)
 RECOVERY_TIMEOUT_S = 60.0
+BROKER_DESCRIBE_S = 5.0  # one broker state answer while judging health
 FULL_DISK_EXIT_S = 30.0  # the workload writes several times a second: plenty to hit ENOSPC
 RECOVER_TIMEOUT_S = 30.0
 # a rebuilt controller copies the whole history (tens of thousands of records late in a soak)
@@ -661,7 +662,9 @@ class ChaosRun:
             registered = {b["broker_id"]: b for b in d.get("brokers", []) if not b.get("fenced")}
             for bid in self.cluster.broker_ids:
                 node = self.cluster.node(bid)
-                state = describe_broker(node.host, node.admin_port, timeout=1.0)
+                # a broker listing a few thousand partitions on a machine loaded 6x over its
+                # cores took over 1 s per answer for a minute on end: a longer wait per answer
+                state = describe_broker(node.host, node.admin_port, timeout=BROKER_DESCRIBE_S)
                 reg = registered.get(bid)
                 if (
                     reg is None

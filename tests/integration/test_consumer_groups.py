@@ -143,6 +143,11 @@ class ConsumerThread(threading.Thread):
                 max_poll_interval_ms=30000,
                 **self.conf,
             )
+            # Know the topic's partitions before joining. kafka-python 3.0.12 leading a group
+            # without them assigns nothing, rejoins when its metadata arrives, and if that
+            # join outlasts one poll (200 ms) while its assignment makes need_rejoin() false,
+            # never reads the answer: stuck "rebalancing", no heartbeats, session expired.
+            assert c.partitions_for_topic(self.topic), f"no metadata for {self.topic}"
             c.subscribe([self.topic], listener=Listener())
             return c
         c = confluent.Consumer(

@@ -294,7 +294,7 @@ def _image(brokers: int = 3, topics: int = 40):
 def snapshot_file(tmp_path: Path) -> Path:
     d = tmp_path / "snap"
     d.mkdir()
-    return write_checkpoint(d, _image())
+    return write_checkpoint(d, _image())[0]
 
 
 def test_snapshot_corrupted_anywhere_is_refused(snapshot_file: Path) -> None:
@@ -360,8 +360,8 @@ def test_corrupt_broker_checkpoint_is_discarded_with_a_warning(
 ) -> None:
     d = tmp_path / "metadata"
     d.mkdir()
-    older = write_checkpoint(d, _image(topics=10))
-    newer = write_checkpoint(d, _image(topics=20))
+    older = write_checkpoint(d, _image(topics=10))[0]
+    newer = write_checkpoint(d, _image(topics=20))[0]
     data = bytearray(newer.read_bytes())
     data[len(data) // 2] ^= 0x10
     newer.write_bytes(bytes(data))

@@ -39,6 +39,7 @@ from broker.coordinator.group.records import GroupKey, OffsetKey, OffsetValue, R
 from broker.coordinator.group.shard import CoordinatorShard
 from broker.coordinator.group.state_machine import CommitPartition, JoinRequest
 from kraft.config import ConfigError
+from tests.unit.broker_properties import MINIMAL_BROKER
 
 G = "cg"
 T1 = uuid.UUID(int=1)
@@ -476,14 +477,7 @@ def test_clients_never_own_a_partition_twice_and_converge(steps):
 def test_the_consumer_group_keys_are_broker_settings():
     from broker.config import BrokerConfig
 
-    base = {
-        "node.id": "101",
-        "process.roles": "broker",
-        "cluster.id": "abc",
-        "controller.quorum.bootstrap.servers": "127.0.0.1:9093",
-        "listeners": "PLAINTEXT://127.0.0.1:9092",
-        "log.dirs": "/tmp/x",
-    }
+    base = MINIMAL_BROKER
     cfg = consumer_group_config(BrokerConfig.from_properties(base))
     assert (cfg.assignors, cfg.session_timeout_ms, cfg.heartbeat_interval_ms) == (
         ("uniform", "range"),

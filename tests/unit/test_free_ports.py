@@ -12,7 +12,7 @@ from tools import free_ports
 
 
 def test_pool_is_below_the_ephemeral_range_else_above_else_none() -> None:
-    assert free_ports.pool((32768, 60999)) == range(10000, 32768)
+    assert free_ports.pool((32768, 60999)) == range(20000, 32768)
     assert free_ports.pool((1024, 50000)) == range(50001, 65536)
     assert free_ports.pool((1024, 65000)) is None
 

@@ -7,6 +7,7 @@ import pytest
 from broker.config import BrokerConfig
 from kraft import logsetup
 from kraft.config import ConfigError
+from tests.unit.broker_properties import MINIMAL_BROKER
 
 
 def test_level_names_in_any_case() -> None:
@@ -24,14 +25,7 @@ def test_environment_overrides_the_configured_level() -> None:
 
 
 def test_broker_config_checks_log_settings() -> None:
-    base = {
-        "node.id": "101",
-        "process.roles": "broker",
-        "cluster.id": "abc",
-        "controller.quorum.bootstrap.servers": "127.0.0.1:9093",
-        "listeners": "PLAINTEXT://127.0.0.1:9092",
-        "log.dirs": "/tmp/x",
-    }
+    base = MINIMAL_BROKER
     try:
         config = BrokerConfig.from_properties({**base, "log.level": "debug"})
     except ConfigError as e:  # the base lacks a required key of this version: say which

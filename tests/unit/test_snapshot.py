@@ -355,7 +355,7 @@ def _broker_snapshot(tmp_path, partitions=1500, fmt=SNAPSHOT_FORMAT):
     recs = sample_records(partitions)
     image = image_from_records(recs, offset=len(recs) - 1, term=3)
     if fmt == SNAPSHOT_FORMAT:
-        return write_checkpoint(tmp_path, image), image
+        return write_checkpoint(tmp_path, image)[0], image
     header = image_header(image, fmt=fmt)
     return write_snapshot_runs(tmp_path, header, image.record_runs()), image
 
