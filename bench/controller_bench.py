@@ -499,8 +499,10 @@ def run(
     failover_budget_s: float = 120.0,
     keep: bool = False,
     phases: tuple[str, ...] = PHASES,
+    linger_ms: int | None = None,
 ) -> list[dict[str, Any]]:
-    """``phases`` (of :data:`PHASES`) on a fresh cluster: its result rows."""
+    """``phases`` (of :data:`PHASES`) on a fresh cluster (``linger_ms``: its controllers'
+    ``metadata.fetch.linger.ms``, else the default): its result rows."""
     directory = Path(tempfile.mkdtemp(prefix="pykraft-bench-"))
     bench = Bench(directory, phase_s, inflight, failovers, failover_budget_s, phases)
     try:
@@ -520,6 +522,10 @@ def run(
         )
         if r.returncode != 0:
             raise RuntimeError(f"cluster up failed: {r.stderr.strip()[-500:]}")
+        if linger_ms is not None:
+            from bench.broker_bench import set_linger
+
+            set_linger(directory, json.loads((directory / "cluster.json").read_text()), linger_ms)
         bench.load_meta()
         log("starting 3 SimBrokers (own process), waiting for them to be unfenced")
         sims = start_sim_brokers(directory)
@@ -581,12 +587,30 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--failovers", type=int, default=10)
     ap.add_argument("--failover-budget-s", type=float, default=120.0)
     ap.add_argument("--keep", action="store_true", help="keep the cluster directory")
+    ap.add_argument(
+        "--phases", default=",".join(PHASES), help=f"comma-separated, of {', '.join(PHASES)}"
+    )
+    ap.add_argument(
+        "--linger-ms", type=int, default=None, help="the controllers' metadata.fetch.linger.ms"
+    )
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    results = run(args.phase_s, args.inflight, args.failovers, args.failover_budget_s, args.keep)
+    phases = tuple(p for p in args.phases.split(",") if p)
+    unknown = set(phases) - set(PHASES)
+    if unknown:
+        raise SystemExit(f"unknown phases: {', '.join(sorted(unknown))}; choose from {PHASES}")
+    results = run(
+        args.phase_s,
+        args.inflight,
+        args.failovers,
+        args.failover_budget_s,
+        args.keep,
+        phases,
+        args.linger_ms,
+    )
     print(table(results))
     print(json.dumps({"system": "pykraft", "results": results}))
     return 0
