@@ -500,6 +500,7 @@ def run(
     keep: bool = False,
     phases: tuple[str, ...] = PHASES,
     linger_ms: int | None = None,
+    sim_brokers: int = 3,
 ) -> list[dict[str, Any]]:
     """``phases`` (of :data:`PHASES`) on a fresh cluster (``linger_ms``: its controllers'
     ``metadata.fetch.linger.ms``, else the default): its result rows."""
@@ -527,8 +528,8 @@ def run(
 
             set_linger(directory, json.loads((directory / "cluster.json").read_text()), linger_ms)
         bench.load_meta()
-        log("starting 3 SimBrokers (own process), waiting for them to be unfenced")
-        sims = start_sim_brokers(directory)
+        log(f"starting {sim_brokers} SimBrokers (own process), waiting for them to be unfenced")
+        sims = start_sim_brokers(directory, sim_brokers, timeout_s=60 + sim_brokers)
         try:
             trio.run(bench.main_async)
         finally:
@@ -593,6 +594,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--linger-ms", type=int, default=None, help="the controllers' metadata.fetch.linger.ms"
     )
+    ap.add_argument("--sim-brokers", type=int, default=3, help="simulated brokers long-polling (3)")
     return ap
 
 
@@ -610,6 +612,7 @@ def main(argv: list[str] | None = None) -> int:
         args.keep,
         phases,
         args.linger_ms,
+        args.sim_brokers,
     )
     print(table(results))
     print(json.dumps({"system": "pykraft", "results": results}))
