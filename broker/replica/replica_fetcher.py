@@ -10,8 +10,12 @@ and never drops committed ones. Then it **fetches** (Fetch v11, ``replica_id`` =
 from our log end), appends what comes back with the leader's offsets and epochs, and takes the
 leader's high watermark. Fetches use an incremental fetch session (KIP-227,
 :mod:`broker.replica.fetch_session_builder`): after a full fetch, only the partitions whose fetch
-offset moved are sent, and the leader answers only those with news. Epoch errors back off until the metadata brings the new epoch;
-connection errors reconnect with a short backoff. The connection speaks the security protocol of
+offset moved are sent, and the leader answers only those with news. Epoch errors back off until the
+metadata brings the new epoch; connection errors reconnect with a short backoff. A partition
+added to a fetcher while its fetch waits on the leader (up to ``replica.fetch.wait.max.ms``)
+does not wait for that fetch: the fetch is abandoned with its connection and the next one,
+on a new connection, includes the partition, so a new leader's high watermark (and what waits
+on it: acks=all produces, group and offset commits) moves within milliseconds of a failover. The connection speaks the security protocol of
 the leader's inter-broker listener (TLS, SASL/PLAIN as the broker's own user:
 :mod:`broker.protocol.kafka_client_security`).
 """
@@ -158,6 +162,10 @@ RECONNECT_S = 0.2  # between attempts to reach an unreachable leader
 OUTAGE_REPORT_S = 30.0  # while it stays unreachable, one line this often
 
 
+class _Interrupted(Exception):
+    """A fetch in flight was abandoned (the partition set grew): reconnect and fetch at once."""
+
+
 class _Outage:
     """The log lines of a leader that cannot be reached: one WARNING when the outage starts,
     one line every ``OUTAGE_REPORT_S`` while it lasts, one INFO when it ends (not one line per
@@ -210,14 +218,17 @@ class SourceFetcher:
         self.session = FetchSessionBuilder()
         self.scope = trio.CancelScope()
         self._changed = trio.Event()
+        self._fetch_scope: trio.CancelScope | None = None  # around a fetch waiting on the leader
 
     def assign(self, parts: list[Partition]) -> None:
         """Replace the partition set; new partitions and new leader epochs get truncated first."""
         states = {}
+        added = False
         for p in parts:
             st = self.states.get(p)
             if st is None or st.leader_epoch != p.leader_epoch:
                 st = _FetchState(p.leader_epoch)
+                added = True
             states[p] = st
         if [(p, st.leader_epoch) for p, st in states.items()] != [
             (p, st.leader_epoch) for p, st in self.states.items()
@@ -225,6 +236,8 @@ class SourceFetcher:
             self.session.reset()  # a new partition set: start over with a full fetch
         self.states = states
         self._changed.set()
+        if added and self._fetch_scope is not None:
+            self._fetch_scope.cancel()  # the waiting fetch lacks the new ones: fetch again now
 
     def _current(self, p: Partition, st: _FetchState) -> bool:
         return (
@@ -251,6 +264,11 @@ class SourceFetcher:
                                 *addr, f"replica-fetcher-{m.broker_id}", m.timeout, m.security
                             )
                         await self._serve(conn, outage)
+                    except _Interrupted:
+                        self.session.reset()
+                        if conn is not None:
+                            await trio.aclose_forcefully(conn.stream)
+                            conn = None
                     except _ERRORS as e:
                         outage.failed(time.monotonic(), str(e) or type(e).__name__)
                         self.session.reset()
@@ -380,12 +398,19 @@ class SourceFetcher:
             sreq.forgotten,
         )
         try:
-            r = await conn.request(
-                API_FETCH,
-                FOLLOWER_FETCH_VERSION,
-                write_fetch_request(req),
-                m.timeout + m.max_wait_ms / 1000,
-            )
+            with trio.CancelScope() as waiting:
+                self._fetch_scope = waiting
+                try:
+                    r = await conn.request(
+                        API_FETCH,
+                        FOLLOWER_FETCH_VERSION,
+                        write_fetch_request(req),
+                        m.timeout + m.max_wait_ms / 1000,
+                    )
+                finally:
+                    self._fetch_scope = None
+            if waiting.cancelled_caught:  # its answer would come on this connection: drop it
+                raise _Interrupted
             error, session_id, results = read_fetch_session_response(FOLLOWER_FETCH_VERSION, r)
         except BaseException:
             self.session.reset()

@@ -1,6 +1,7 @@
 """A follower's fetcher gives up on a leader that accepts its connection but never answers: the
 request times out after the fetcher's timeout (its connection's deadline, not a cancel scope
-per request) and the fetcher reconnects; a stopped fetcher stops at once."""
+per request) and the fetcher reconnects; a stopped fetcher stops at once; a partition added while
+a fetch waits on the leader is fetched at once, on a new connection."""
 
 from __future__ import annotations
 
@@ -49,6 +50,48 @@ def test_silent_leader_times_out_and_is_reconnected(tmp_path: Path) -> None:
                     await trio.sleep(0.05)
             # the first fetch waited its timeout (0.5 s + max wait 0.1 s), then a reconnect
             assert accepted[1] - accepted[0] >= 0.6
+            fetcher.scope.cancel()
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def test_a_partition_added_during_a_waiting_fetch_is_fetched_at_once(tmp_path: Path) -> None:
+    """The leader holds the first fetch (it never answers, and the fetcher's timeout is 60 s):
+    assigning a second partition abandons that fetch and sends one naming both at once."""
+
+    async def main() -> None:
+        received: list[bytearray] = []
+
+        async def serve(stream: trio.SocketStream) -> None:
+            got = bytearray()
+            received.append(got)
+            async with stream:
+                while chunk := await stream.receive_some(65536):
+                    got += chunk
+
+        async with trio.open_nursery() as nursery:
+            listeners = await nursery.start(trio.serve_tcp, serve, 0)
+            port = int(listeners[0].socket.getsockname()[1])
+            replicas = SimpleNamespace(broker_id=2, partitions={})
+            manager = ReplicaFetcherManager(replicas, "PLAINTEXT", max_wait_ms=500, timeout=60)
+            manager.address = lambda leader: ("127.0.0.1", port)  # type: ignore[method-assign]
+            first = Partition("first-topic", "id1", 0, PartitionLog.open(tmp_path / "f-0"))
+            added = Partition("added-topic", "id2", 0, PartitionLog.open(tmp_path / "a-0"))
+            for part in (first, added):
+                part.role, part.leader, part.leader_epoch = "follower", 1, 0
+            fetcher = SourceFetcher(manager, 1)
+            fetcher.assign([first])
+            nursery.start_soon(fetcher.run)
+            with trio.fail_after(10):
+                while not (received and b"first-topic" in received[0]):
+                    await trio.sleep(0.01)
+            fetcher.assign([first, added])
+            with trio.fail_after(10):  # not the 60 s the leader would keep the first fetch
+                while not (len(received) > 1 and b"added-topic" in received[-1]):
+                    await trio.sleep(0.01)
+            assert b"first-topic" in received[-1]
+            assert not any(b"added-topic" in r for r in received[:-1])
             fetcher.scope.cancel()
             nursery.cancel_scope.cancel()
 
