@@ -34,6 +34,7 @@ from kraft.config import ConfigError, ControllerConfig, is_loopback
 from kraft.controller.cluster_control import also_fenced, offline_replicas_of
 from kraft.controller.commands import Command
 from kraft.controller.election import Resume, leaving_start, returning_start
+from kraft.controller.in_flight import InFlightProposals
 from kraft.controller.replication_control import unclean_allowed_in
 from kraft.controller.settings import ControllerSettings
 from kraft.controller.state_machine import QuorumStateMachine
@@ -144,7 +145,7 @@ class ControllerServer:
         # Active controller only: the committed state machine plus the batches proposed and not
         # yet committed (in proposal order, by their bytes); None when not active.
         self.speculative: QuorumStateMachine | None = None
-        self._in_flight: dict[bytes, Batch] = {}
+        self._in_flight = InFlightProposals()
         self._transitions = 0  # stepped broker transitions in progress (the snapshot loop waits)
         self.lifecycle = BrokerLifecycle(self, config["broker.session.timeout.ms"])
         self.apis = ControllerApis(self)
@@ -438,33 +439,26 @@ class ControllerServer:
         self.applier.own_batches.clear()
 
     def _on_own_batch(self, raw: bytes, applied: bool) -> None:  # in a raft tick, trio thread
-        """One of this controller's proposals committed: appended (drop it from the in-flight
-        list) or skipped by the chain check (every later proposal chains on it and will be
-        skipped too: start again from the committed state)."""
+        """One of this controller's proposals committed: appended (it and every proposal before
+        it leave the in-flight chain) or skipped by the chain check (every later proposal
+        chains on it and will be skipped too: start again from the committed state)."""
         if raw not in self._in_flight:  # dropped by an earlier restart
             if applied:  # it made it after all: what we proposed since will not fit
                 self._restart_speculative(b"")
             return
-        if applied and next(iter(self._in_flight)) == raw:
-            del self._in_flight[raw]
+        if applied:
+            self._in_flight.committed(raw)
         else:
             self._restart_speculative(raw)
 
     def _restart_speculative(self, failed: bytes) -> None:
         """Rebuild the speculative state machine from the committed one and the in-flight
-        proposals made before ``failed`` (those after it chain on it: they will be skipped);
-        ``failed`` empty: from the committed one alone."""
+        proposals made before ``failed`` that continue it (those after it chain on it: they
+        will be skipped); ``failed`` empty: from the committed one alone."""
         if self.speculative is None:
             return
-        keep: dict[bytes, Batch] = {}
-        for raw, batch in self._in_flight.items():
-            if raw == failed or not failed:
-                break
-            keep[raw] = batch
-        spec = self.state_machine.fork()
-        for raw, batch in keep.items():
-            spec.replay_batch(batch, raw)
-        self.speculative, self._in_flight = spec, keep
+        spec = self._in_flight.rebuild(self.state_machine, failed)
+        self.speculative = spec
         log.warning(
             "node %d: a proposal was not appended; proposing again from offset %d",
             self.node_id,
@@ -773,7 +767,7 @@ class ControllerServer:
             return response, None, None
         raw = spec.last_encoded
         assert raw is not None  # propose() sets it with every batch it returns
-        self._in_flight[raw] = batch
+        self._in_flight.add(raw, batch)
         self.applier.own_batches[raw] = (batch, image, spec.image)
         after = (spec.image.offset, spec.image.last_hash)
         try:
