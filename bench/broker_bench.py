@@ -135,18 +135,22 @@ def _wait_followed(boot: list[tuple[str, int]], brokers: list[dict[str, Any]]) -
         time.sleep(0.05)
 
 
-def set_linger(cdir: Path, meta: dict[str, Any], linger_ms: int) -> None:
-    """Restart each controller in turn with ``metadata.fetch.linger.ms`` set (a TERM, then
-    ``kraft cluster start`` with its amended properties file)."""
+def set_controller_config(cdir: Path, meta: dict[str, Any], settings: dict[str, Any]) -> None:
+    """Restart each controller in turn with ``settings`` (e.g. ``metadata.fetch.linger.ms``)
+    set: a TERM, then ``kraft cluster start`` with its amended properties file."""
     for c in meta["controllers"]:
         with open(c["config"], "a", encoding="utf-8") as f:
-            f.write(f"\nmetadata.fetch.linger.ms={linger_ms}\n")
+            f.write("\n" + "".join(f"{k}={v}\n" for k, v in settings.items()))
         kraft("cluster", "kill", "--dir", str(cdir), "--node", str(c["id"]), "--signal", "TERM")
         kraft("cluster", "start", "--dir", str(cdir), "--node", str(c["id"]))
 
 
 def propagation(
-    seconds: float, rate: int, batch: int, linger_ms: int | None = None
+    seconds: float,
+    rate: int,
+    batch: int,
+    linger_ms: int | None = None,
+    per_broker_ms: float | None = None,
 ) -> dict[str, Any]:
     from kraft.log.metadata_log import MetadataLog
     from kraft.rpc.client import call_sync
@@ -156,8 +160,13 @@ def propagation(
     try:
         log("starting 3 controllers + 3 brokers")
         meta = cluster_up(cdir)
+        settings: dict[str, Any] = {}
         if linger_ms is not None:
-            set_linger(cdir, meta, linger_ms)
+            settings["metadata.fetch.linger.ms"] = linger_ms
+        if per_broker_ms is not None:
+            settings["metadata.fetch.linger.per.broker.ms"] = per_broker_ms
+        if settings:
+            set_controller_config(cdir, meta, settings)
         boot = controller_addresses(meta)
         topics = [f"prop-{i}" for i in range(batch)]
         r = call_sync(
@@ -196,6 +205,7 @@ def propagation(
         row = {
             "metric": "propagation",
             "linger_ms": linger_ms,
+            "linger_per_broker_ms": per_broker_ms,
             "offered_records_s": rate,
             "records_s": round(sent * batch / (ended - started), 1),
             "batches": len(latencies),
@@ -496,10 +506,17 @@ def main(argv: list[str] | None = None) -> int:
         help="only the propagation run, once per metadata.fetch.linger.ms value given (each "
         "in a fresh cluster, in this order); prints one JSON row per value",
     )
+    ap.add_argument(
+        "--linger-per-broker-ms",
+        type=float,
+        default=None,
+        help="with --propagation-only: the controllers' metadata.fetch.linger.per.broker.ms",
+    )
     a = ap.parse_args(argv)
     if a.propagation_only:
         for linger in (int(v) for v in a.propagation_only.split(",")):
-            print(json.dumps(propagation(a.seconds, a.rate, a.batch, linger)), flush=True)
+            row = propagation(a.seconds, a.rate, a.batch, linger, a.linger_per_broker_ms)
+            print(json.dumps(row), flush=True)
         return 0
     rows, tg = run(
         a.seconds, a.rate, a.batch, a.topics, a.partitions, a.brokers, a.log_batches, a.high_rate

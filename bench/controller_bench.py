@@ -501,9 +501,11 @@ def run(
     phases: tuple[str, ...] = PHASES,
     linger_ms: int | None = None,
     sim_brokers: int = 3,
+    linger_per_broker_ms: float | None = None,
 ) -> list[dict[str, Any]]:
-    """``phases`` (of :data:`PHASES`) on a fresh cluster (``linger_ms``: its controllers'
-    ``metadata.fetch.linger.ms``, else the default): its result rows."""
+    """``phases`` (of :data:`PHASES`) on a fresh cluster (``linger_ms``, ``linger_per_broker_ms``:
+    its controllers' ``metadata.fetch.linger.ms`` and ``metadata.fetch.linger.per.broker.ms``,
+    else the defaults): its result rows."""
     directory = Path(tempfile.mkdtemp(prefix="pykraft-bench-"))
     bench = Bench(directory, phase_s, inflight, failovers, failover_budget_s, phases)
     try:
@@ -523,10 +525,16 @@ def run(
         )
         if r.returncode != 0:
             raise RuntimeError(f"cluster up failed: {r.stderr.strip()[-500:]}")
+        settings: dict[str, Any] = {}
         if linger_ms is not None:
-            from bench.broker_bench import set_linger
+            settings["metadata.fetch.linger.ms"] = linger_ms
+        if linger_per_broker_ms is not None:
+            settings["metadata.fetch.linger.per.broker.ms"] = linger_per_broker_ms
+        if settings:
+            from bench.broker_bench import set_controller_config
 
-            set_linger(directory, json.loads((directory / "cluster.json").read_text()), linger_ms)
+            meta = json.loads((directory / "cluster.json").read_text())
+            set_controller_config(directory, meta, settings)
         bench.load_meta()
         log(f"starting {sim_brokers} SimBrokers (own process), waiting for them to be unfenced")
         sims = start_sim_brokers(directory, sim_brokers, timeout_s=60 + sim_brokers)
@@ -595,6 +603,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--linger-ms", type=int, default=None, help="the controllers' metadata.fetch.linger.ms"
     )
     ap.add_argument("--sim-brokers", type=int, default=3, help="simulated brokers long-polling (3)")
+    ap.add_argument(
+        "--linger-per-broker-ms",
+        type=float,
+        default=None,
+        help="the controllers' metadata.fetch.linger.per.broker.ms (a value >= the linger spaces "
+        "every wake-up by the whole linger, as before it existed)",
+    )
     return ap
 
 
@@ -613,6 +628,7 @@ def main(argv: list[str] | None = None) -> int:
         phases,
         args.linger_ms,
         args.sim_brokers,
+        args.linger_per_broker_ms,
     )
     print(table(results))
     print(json.dumps({"system": "pykraft", "results": results}))

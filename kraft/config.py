@@ -307,7 +307,16 @@ CONTROLLER_SETTINGS = COMMON_SETTINGS + [
         int,
         20,
         "after an entry is applied, brokers' waiting FetchMetadata long-polls are answered this "
-        "much later, so one answer carries every entry applied meanwhile (0 = at once)",
+        "much later, so one answer carries every entry applied meanwhile (0 = at once); the most "
+        "the spacing grows to (see metadata.fetch.linger.per.broker.ms)",
+    ),
+    Setting(
+        "metadata.fetch.linger.per.broker.ms",
+        float,
+        3.0,
+        "while entries keep coming, wake-ups of the brokers' long-polls are spaced this much per "
+        "broker the last one answered, up to metadata.fetch.linger.ms (a few brokers learn of a "
+        "commit within milliseconds; many cost the leader's thread at most once per linger)",
     ),
     Setting(
         "controller.group.commit.fill.ms",
@@ -370,6 +379,8 @@ class ControllerConfig:
             )
         if not 0 <= v["metadata.fetch.linger.ms"] <= 1000:
             raise ConfigError("metadata.fetch.linger.ms must be between 0 and 1000")
+        if not 0 <= v["metadata.fetch.linger.per.broker.ms"] <= 1000:
+            raise ConfigError("metadata.fetch.linger.per.broker.ms must be between 0 and 1000")
         if not 0 <= v["controller.group.commit.fill.ms"] <= 100:
             raise ConfigError("controller.group.commit.fill.ms must be between 0 and 100")
         if v["node.id"] not in rpc:

@@ -198,14 +198,18 @@ class ControllerServer:
 
     async def _fetcher_wake_loop(self) -> None:
         """Wake the long-polling brokers after applied entries, paced by
-        ``metadata.fetch.linger.ms`` (:mod:`kraft.wake_pacer`: at once after a quiet spell, then
-        at most once per linger so that one answer carries every entry applied meanwhile), and
+        ``metadata.fetch.linger.ms`` and ``metadata.fetch.linger.per.broker.ms``
+        (:mod:`kraft.wake_pacer`: at once after a quiet spell, then spaced by a cost per broker
+        answered, at most the linger, so that one answer carries every entry applied meanwhile), and
         at least one scheduler round after the writers whose commands they committed (their
         answers go out first). A broker whose FetchMetadata finds new entries is answered at
         once; the pacing only gathers the answers to brokers already waiting: with the Raft
         ticks on the same trio thread, each answer going out delays the next commit
         (``docs/performance.md``)."""
-        pacer = WakePacer(self.config["metadata.fetch.linger.ms"] / 1000)
+        pacer = WakePacer(
+            self.config["metadata.fetch.linger.ms"] / 1000,
+            self.config["metadata.fetch.linger.per.broker.ms"] / 1000,
+        )
         while True:
             await self._applied.wait()
             wait = pacer.delay(trio.current_time())
@@ -213,12 +217,15 @@ class ControllerServer:
                 await trio.sleep(wait)
             self._applied = trio.Event()  # entries applied from here on: another round
             await trio.lowlevel.checkpoint()
-            self._wake_fetchers()
-            pacer.woke(trio.current_time())
+            waiters = self._wake_fetchers()
+            pacer.woke(trio.current_time(), waiters)
 
-    def _wake_fetchers(self) -> None:
+    def _wake_fetchers(self) -> int:
+        """Answer the waiting long-polls; how many were waiting."""
+        waiting = self._new_data.statistics().tasks_waiting
         self._new_data.set()
         self._new_data = trio.Event()
+        return waiting
 
     def new_data_event(self) -> trio.Event:
         """Set when the next round of applied entries is there for long-polling fetchers."""
