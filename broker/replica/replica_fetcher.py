@@ -15,7 +15,9 @@ metadata brings the new epoch; connection errors reconnect with a short backoff.
 added to a fetcher while its fetch waits on the leader (up to ``replica.fetch.wait.max.ms``)
 does not wait for that fetch: the fetch is abandoned with its connection and the next one,
 on a new connection, includes the partition, so a new leader's high watermark (and what waits
-on it: acks=all produces, group and offset commits) moves within milliseconds of a failover. The connection speaks the security protocol of
+on it: acks=all produces, group and offset commits) moves within milliseconds of a failover.
+The fetch after an abandoned one is never abandoned itself, so a stream of metadata changes
+(a big transition publishes many) cannot keep a fetcher from completing fetches. The connection speaks the security protocol of
 the leader's inter-broker listener (TLS, SASL/PLAIN as the broker's own user:
 :mod:`broker.protocol.kafka_client_security`).
 """
@@ -219,6 +221,7 @@ class SourceFetcher:
         self.scope = trio.CancelScope()
         self._changed = trio.Event()
         self._fetch_scope: trio.CancelScope | None = None  # around a fetch waiting on the leader
+        self._after_interrupt = False  # the next fetch follows an abandoned one: let it finish
 
     def assign(self, parts: list[Partition]) -> None:
         """Replace the partition set; new partitions and new leader epochs get truncated first."""
@@ -265,6 +268,7 @@ class SourceFetcher:
                             )
                         await self._serve(conn, outage)
                     except _Interrupted:
+                        self._after_interrupt = True
                         self.session.reset()
                         if conn is not None:
                             await trio.aclose_forcefully(conn.stream)
@@ -399,7 +403,7 @@ class SourceFetcher:
         )
         try:
             with trio.CancelScope() as waiting:
-                self._fetch_scope = waiting
+                self._fetch_scope = None if self._after_interrupt else waiting
                 try:
                     r = await conn.request(
                         API_FETCH,
@@ -411,6 +415,7 @@ class SourceFetcher:
                     self._fetch_scope = None
             if waiting.cancelled_caught:  # its answer would come on this connection: drop it
                 raise _Interrupted
+            self._after_interrupt = False
             error, session_id, results = read_fetch_session_response(FOLLOWER_FETCH_VERSION, r)
         except BaseException:
             self.session.reset()

@@ -58,7 +58,8 @@ def test_silent_leader_times_out_and_is_reconnected(tmp_path: Path) -> None:
 
 def test_a_partition_added_during_a_waiting_fetch_is_fetched_at_once(tmp_path: Path) -> None:
     """The leader holds the first fetch (it never answers, and the fetcher's timeout is 60 s):
-    assigning a second partition abandons that fetch and sends one naming both at once."""
+    assigning a second partition abandons that fetch and sends one naming both at once; that
+    one is not abandoned in turn (a stream of changes cannot starve the fetcher)."""
 
     async def main() -> None:
         received: list[bytearray] = []
@@ -92,6 +93,12 @@ def test_a_partition_added_during_a_waiting_fetch_is_fetched_at_once(tmp_path: P
                     await trio.sleep(0.01)
             assert b"first-topic" in received[-1]
             assert not any(b"added-topic" in r for r in received[:-1])
+            # the fetch after an abandoned one is not abandoned: no third connection
+            third = Partition("third-topic", "id3", 0, PartitionLog.open(tmp_path / "t-0"))
+            third.role, third.leader, third.leader_epoch = "follower", 1, 0
+            fetcher.assign([first, added, third])
+            await trio.sleep(0.5)
+            assert len(received) == 2
             fetcher.scope.cancel()
             nursery.cancel_scope.cancel()
 
