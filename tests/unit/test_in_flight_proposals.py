@@ -10,8 +10,7 @@ from kraft.controller.commands import Command
 from kraft.controller.in_flight import InFlightProposals
 from kraft.controller.settings import ControllerSettings
 from kraft.controller.state_machine import QuorumStateMachine
-
-CLUSTER = "the-cluster"
+from tests.unit.test_metadata_applier import CLUSTER, _register
 
 
 def _propose(sm: QuorumStateMachine, api: str, body: dict, term: int = 1) -> tuple[bytes, object]:
@@ -21,15 +20,6 @@ def _propose(sm: QuorumStateMachine, api: str, body: dict, term: int = 1) -> tup
     assert batch is not None, response
     assert sm.last_encoded is not None
     return sm.last_encoded, batch
-
-
-def _register(broker_id: int) -> dict:
-    return {
-        "broker_id": broker_id,
-        "cluster_id": CLUSTER,
-        "incarnation_id": str(uuid.UUID(int=broker_id + 1)),
-        "listeners": [],
-    }
 
 
 def _chain(committed: QuorumStateMachine, n: int) -> tuple[InFlightProposals, list, object]:
