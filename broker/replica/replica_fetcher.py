@@ -10,16 +10,19 @@ and never drops committed ones. Then it **fetches** (Fetch v11, ``replica_id`` =
 from our log end), appends what comes back with the leader's offsets and epochs, and takes the
 leader's high watermark. Fetches use an incremental fetch session (KIP-227,
 :mod:`broker.replica.fetch_session_builder`): after a full fetch, only the partitions whose fetch
-offset moved are sent, and the leader answers only those with news. Epoch errors back off until the
-metadata brings the new epoch; connection errors reconnect with a short backoff. A partition
-added to a fetcher while its fetch waits on the leader (up to ``replica.fetch.wait.max.ms``)
-does not wait for that fetch: the fetch is abandoned with its connection and the next one,
-on a new connection, includes the partition, so a new leader's high watermark (and what waits
-on it: acks=all produces, group and offset commits) moves within milliseconds of a failover.
-The fetch after an abandoned one is never abandoned itself, so a stream of metadata changes
-(a big transition publishes many) cannot keep a fetcher from completing fetches. The connection speaks the security protocol of
-the leader's inter-broker listener (TLS, SASL/PLAIN as the broker's own user:
-:mod:`broker.protocol.kafka_client_security`).
+offset moved are sent, and the leader answers only those with news. Epoch errors back off until
+the metadata brings the new epoch; connection errors reconnect with a short backoff.
+
+A partition added to a fetcher while its fetch waits on the leader (up to
+``replica.fetch.wait.max.ms``) does not wait for that fetch: the fetch is abandoned with its
+connection and the next one, on a new connection, includes the partition, so a new leader's high
+watermark (and what waits on it: acks=all produces, group and offset commits) moves within
+milliseconds of a failover. The fetch after an abandoned one is never abandoned itself, so a
+stream of metadata changes (a big transition publishes many) cannot keep a fetcher from
+completing fetches.
+
+The connection speaks the security protocol of the leader's inter-broker listener (TLS,
+SASL/PLAIN as the broker's own user: :mod:`broker.protocol.kafka_client_security`).
 """
 
 from __future__ import annotations
