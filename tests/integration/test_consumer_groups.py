@@ -116,6 +116,7 @@ class ConsumerThread(threading.Thread):
         self.assign_events = 0
         self.commit_each_poll = bool(conf.pop("commit_each_poll", False))
         self.commits = 0
+        self._uncommitted = False  # read since the last successful commit: commit again
         self._halt = threading.Event()
         self._leave = True
         self.error: BaseException | None = None
@@ -177,11 +178,13 @@ class ConsumerThread(threading.Thread):
             c = self.consumer = self._consumer()
             while not self._halt.is_set():
                 got = self._poll(c)
-                if got and self.commit_each_poll:
+                self._uncommitted = self._uncommitted or bool(got)
+                if self._uncommitted and self.commit_each_poll:
                     try:
                         c.commit() if self.kind == "kp" else c.commit(asynchronous=False)
                         self.commits += 1
-                    except Exception:  # coordinator moving: the next commit covers it
+                        self._uncommitted = False
+                    except Exception:  # coordinator moving: retried on the next poll
                         pass
                 self.assigned = {tp.partition for tp in c.assignment()}
             if self._leave and self.kind == "kp":
@@ -771,13 +774,14 @@ def test_compaction_latest_values_and_offsets_survive_a_reload(cluster):
 
 def test_kill_coordinator_moves_group_with_offsets(cluster):
     """Last: leaves a broker dead. kill -9 the coordinator mid-consumption; the group moves to
-    the new leader of its partition with its committed offsets; every message is read."""
+    the new leader of its partition with its committed offsets; every message is read, and
+    the offsets of what was produced after the kill are committed to the new coordinator.
+    (confluent-kafka: kafka-python 3.0.12 can stop reading its own SyncGroup answer when the
+    coordinator moves, a client bug the README describes.)"""
     create_topic(cluster, "failover", 3)
     values = [f"f{i}" for i in range(60)]
     produce(cluster, "failover", values)
-    c = ConsumerThread(
-        "kp", cluster, "failover", "movers", commit_each_poll=True, max_poll_records=5
-    )
+    c = ConsumerThread("ck", cluster, "failover", "movers", commit_each_poll=True)
     try:
         poll(lambda: len(c.values) >= 10 and c.commits, 40, what="consuming and committing")
         node = coordinator_of(cluster, "movers")
@@ -799,10 +803,16 @@ def test_kill_coordinator_moves_group_with_offsets(cluster):
         poll(all_read, 60, what="every message read")
         moved = coordinator_of(cluster, "movers")
         assert moved != node
-        poll(lambda: c.commits and describe(cluster, "movers")["partitions"], 30)
-        after = {
-            p["partition"]: p["current_offset"] for p in describe(cluster, "movers")["partitions"]
-        }
-        assert all(after.get(p, -1) >= off for p, off in committed_before.items())
+
+        def all_committed() -> dict[int, int]:
+            parts = describe(cluster, "movers")["partitions"]
+            done = {p["partition"]: p["current_offset"] for p in parts}
+            assert sum(p["log_end_offset"] or 0 for p in parts) == 90, parts
+            if len(done) != 3 or any(p["current_offset"] != p["log_end_offset"] for p in parts):
+                raise AssertionError(f"not all committed yet: {parts}")
+            return done
+
+        after = poll(all_committed, 60, what="every offset committed to the new coordinator")
+        assert all(after[p] >= off for p, off in committed_before.items())
     finally:
         c.stop()
