@@ -135,9 +135,22 @@ def _wait_followed(boot: list[tuple[str, int]], brokers: list[dict[str, Any]]) -
         time.sleep(0.05)
 
 
-def set_controller_config(cdir: Path, meta: dict[str, Any], settings: dict[str, Any]) -> None:
-    """Restart each controller in turn with ``settings`` (e.g. ``metadata.fetch.linger.ms``)
-    set: a TERM, then ``kraft cluster start`` with its amended properties file."""
+def set_linger(
+    cdir: Path, meta: dict[str, Any], linger_ms: int | None, per_broker_ms: float | None
+) -> None:
+    """Restart each controller in turn with ``metadata.fetch.linger.ms`` and
+    ``metadata.fetch.linger.per.broker.ms`` set where given (a TERM, then ``kraft cluster
+    start`` with its amended properties file); nothing when neither is."""
+    settings = {
+        k: v
+        for k, v in (
+            ("metadata.fetch.linger.ms", linger_ms),
+            ("metadata.fetch.linger.per.broker.ms", per_broker_ms),
+        )
+        if v is not None
+    }
+    if not settings:
+        return
     for c in meta["controllers"]:
         with open(c["config"], "a", encoding="utf-8") as f:
             f.write("\n" + "".join(f"{k}={v}\n" for k, v in settings.items()))
@@ -160,13 +173,7 @@ def propagation(
     try:
         log("starting 3 controllers + 3 brokers")
         meta = cluster_up(cdir)
-        settings: dict[str, Any] = {}
-        if linger_ms is not None:
-            settings["metadata.fetch.linger.ms"] = linger_ms
-        if per_broker_ms is not None:
-            settings["metadata.fetch.linger.per.broker.ms"] = per_broker_ms
-        if settings:
-            set_controller_config(cdir, meta, settings)
+        set_linger(cdir, meta, linger_ms, per_broker_ms)
         boot = controller_addresses(meta)
         topics = [f"prop-{i}" for i in range(batch)]
         r = call_sync(

@@ -525,16 +525,10 @@ def run(
         )
         if r.returncode != 0:
             raise RuntimeError(f"cluster up failed: {r.stderr.strip()[-500:]}")
-        settings: dict[str, Any] = {}
-        if linger_ms is not None:
-            settings["metadata.fetch.linger.ms"] = linger_ms
-        if linger_per_broker_ms is not None:
-            settings["metadata.fetch.linger.per.broker.ms"] = linger_per_broker_ms
-        if settings:
-            from bench.broker_bench import set_controller_config
+        from bench.broker_bench import set_linger
 
-            meta = json.loads((directory / "cluster.json").read_text())
-            set_controller_config(directory, meta, settings)
+        meta = json.loads((directory / "cluster.json").read_text())
+        set_linger(directory, meta, linger_ms, linger_per_broker_ms)
         bench.load_meta()
         log(f"starting {sim_brokers} SimBrokers (own process), waiting for them to be unfenced")
         sims = start_sim_brokers(directory, sim_brokers, timeout_s=60 + sim_brokers)

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 import trio
+import trio.testing
 
 from broker.replica.partition import Partition
 from broker.replica.partition_log import PartitionLog
@@ -96,8 +97,9 @@ def test_a_partition_added_during_a_waiting_fetch_is_fetched_at_once(tmp_path: P
             # the fetch after an abandoned one is not abandoned: no third connection
             third = Partition("third-topic", "id3", 0, PartitionLog.open(tmp_path / "t-0"))
             third.role, third.leader, third.leader_epoch = "follower", 1, 0
+            assert fetcher._fetch_scope is None  # the fetch in flight is not abandonable
             fetcher.assign([first, added, third])
-            await trio.sleep(0.5)
+            await trio.testing.wait_all_tasks_blocked(0.05)  # the fetcher had its chance
             assert len(received) == 2
             fetcher.scope.cancel()
             nursery.cancel_scope.cancel()
