@@ -73,8 +73,11 @@ def build_image(topics: int, partitions: int, brokers: int) -> Any:
     )
 
 
-def change_batches(image: Any, count: int, per_batch: int = 100) -> list[bytes]:
-    """``count`` encoded batches of ISR changes continuing ``image`` (hash chain included)."""
+def change_batches(
+    image: Any, count: int, per_batch: int = 100, topic_ids: list[Any] | None = None
+) -> list[bytes]:
+    """``count`` encoded batches of ISR changes continuing ``image`` (hash chain included), over
+    ``topic_ids`` (default: every topic of the image) round-robin."""
     from kraft.records import (
         LEADER_UNCHANGED,
         RECOVERY_UNCHANGED,
@@ -84,7 +87,7 @@ def change_batches(image: Any, count: int, per_batch: int = 100) -> list[bytes]:
         batch_hash,
     )
 
-    topics = sorted(image.topics_by_id)
+    topics = topic_ids if topic_ids is not None else sorted(image.topics_by_id)
     offset, prev, out = image.offset + 1, image.last_hash, []
     for i in range(count):
         changes = []
