@@ -72,6 +72,10 @@ class BrokerLifecycle:
         self.returning: dict[int, float] = {}
         # brokers whose expired sessions were left unfenced for that: broker id → old epoch
         self.deferred_fences: dict[int, int] = {}
+        # Brokers whose controlled shutdown (BeginControlledShutdown, in steps) is being written
+        # in the background: their heartbeats are answered at once meanwhile (:meth:`run`).
+        self.shutting_down: set[int] = set()
+        self._background: trio.Nursery | None = None
 
     def reset(self) -> None:
         """This controller became active: every registered broker gets a fresh session, and
@@ -151,9 +155,21 @@ class BrokerLifecycle:
             now if caught_up else previous[2] if previous else -1,
         )
         self._note_image(req)
+        if broker_id in self.shutting_down and req.want_shutdown and not req.want_fence:
+            answer = self._while_shutting_down(req, now)
+            if answer is not None:
+                return answer
         decision = self._decide(req, now)
         if decision.command is not None:
             api, cmd_body = decision.command
+            if api == "BeginControlledShutdown" and self._background is not None:
+                self.shutting_down.add(broker_id)
+                self._background.start_soon(self._write_controlled_shutdown, broker_id, cmd_body)
+                return BrokerHeartbeatResponse(
+                    is_caught_up=decision.is_caught_up,
+                    is_fenced=decision.is_fenced,
+                    should_shut_down=False,
+                )
             if api == "LogDirsOffline":
                 log.warning(
                     "node %d: broker %d reports log dir(s) %s offline; moving %d of its "
@@ -190,6 +206,56 @@ class BrokerLifecycle:
             is_fenced=decision.is_fenced,
             should_shut_down=decision.should_shut_down,
         )
+
+    def _while_shutting_down(
+        self, req: BrokerHeartbeatRequest, now: int
+    ) -> BrokerHeartbeatResponse | None:
+        """The answer to a heartbeat of a broker whose controlled shutdown is being written: its
+        session refreshed, "not yet" (None: not its current registration; the heartbeat manager
+        answers that with its error)."""
+        reg = self.server.state_machine.image.brokers.get(req.broker_id)
+        if reg is None or reg.epoch != req.broker_epoch:
+            return None
+        self.heartbeats.touch(req.broker_id, now)
+        return BrokerHeartbeatResponse(
+            is_caught_up=req.metadata_offset >= reg.epoch,
+            is_fenced=reg.fenced,
+            should_shut_down=False,
+        )
+
+    async def _write_controlled_shutdown(self, broker_id: int, body: dict[str, Any]) -> None:
+        """Write a broker's BeginControlledShutdown, all its steps, then note where it ended
+        (its later heartbeats wait for every active broker to reach it). In the background:
+        at 2M partitions the steps outlast a heartbeat's RPC timeout, and a broker that gave
+        up on its heartbeat went to the other controllers, was refused, and stopped
+        heartbeating until its session expired and it was fenced the slow way."""
+        try:
+            await self.submit_keeping_session(broker_id, "BeginControlledShutdown", body)
+        except KraftError as e:
+            log.warning(
+                "node %d: BeginControlledShutdown for broker %d failed: %s",
+                self.server.node_id,
+                broker_id,
+                e,
+            )
+        else:
+            self.heartbeats.note_controlled_shutdown_offset(
+                broker_id, self.server.state_machine.image.offset
+            )
+        finally:
+            self.shutting_down.discard(broker_id)
+
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The session timer, and the nursery in which controlled shutdowns are written while
+        their brokers' heartbeats are answered (without it, as in unit tests, a heartbeat
+        writes its broker's controlled shutdown before it answers)."""
+        async with trio.open_nursery() as nursery:
+            self._background = nursery
+            try:
+                task_status.started()
+                await self.session_timer_loop()
+            finally:
+                self._background = None
 
     async def _resume_unfence(self, broker_id: int, broker_epoch: int) -> None:
         """Finish an unfence cut off between its steps: leaderless partitions the broker can

@@ -282,7 +282,7 @@ class ControllerServer:
                 await nursery.start(server.serve)
                 nursery.start_soon(self._leadership_loop)
                 nursery.start_soon(self._fetcher_wake_loop)
-                nursery.start_soon(self.lifecycle.session_timer_loop)
+                await nursery.start(self.lifecycle.run)
                 nursery.start_soon(self._snapshot_loop)
                 nursery.start_soon(self._log_flush_loop)
                 nursery.start_soon(self._gc_loop)

@@ -7,6 +7,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+import trio
+
 from kraft.controller.commands import Command
 from kraft.controller.settings import ControllerSettings
 from kraft.controller.state_machine import QuorumStateMachine
@@ -24,7 +26,8 @@ FEATURES = [{"name": "metadata.version", "min_version": 1, "max_version": 2}]
 class StateMachineServer:
     """What ``BrokerLifecycle`` uses of ``ControllerServer``, writing through a real
     ``QuorumStateMachine``; a stepped transition is repeated until complete, as ``submit``
-    does. ``cut_after`` stops an UnfenceBroker after that many steps (a failover)."""
+    does. ``cut_after`` stops an UnfenceBroker after that many steps (a failover); while
+    ``hold`` is set and not yet fired, a stepped transition waits for it after its first step."""
 
     def __init__(self, settings: ControllerSettings) -> None:
         self.state_machine = QuorumStateMachine(settings)
@@ -32,6 +35,7 @@ class StateMachineServer:
         self.log = SimpleNamespace(next_offset=0)
         self.cut_after: int | None = None
         self.commands: list[dict[str, Any]] = []
+        self.hold: trio.Event | None = None
         self._n = 0
 
     async def submit(self, api: str, body: dict[str, Any], **_kw: Any) -> dict[str, Any]:
@@ -53,6 +57,8 @@ class StateMachineServer:
             steps += 1
             if not response.get("incomplete"):
                 return response
+            if self.hold is not None:
+                await self.hold.wait()
             if api == "UnfenceBroker":
                 body = dict(body, **{"continue": True})
 
