@@ -4,6 +4,7 @@ tests of the lifecycle's bookkeeping on a real image."""
 
 from __future__ import annotations
 
+import uuid
 from types import SimpleNamespace
 from typing import Any
 
@@ -21,6 +22,18 @@ LISTENER = {
     "security_protocol": "PLAINTEXT",
 }
 FEATURES = [{"name": "metadata.version", "min_version": 1, "max_version": 2}]
+
+
+def registration(broker_id: int, cluster_id: str = "c") -> dict[str, Any]:
+    """A BrokerRegistration body for ``broker_id`` (its incarnation id derived from it)."""
+    return {
+        "broker_id": broker_id,
+        "cluster_id": cluster_id,
+        "incarnation_id": str(uuid.UUID(int=broker_id)),
+        "listeners": [LISTENER],
+        "rack": None,
+        "features": FEATURES,
+    }
 
 
 class StateMachineServer:
@@ -69,3 +82,10 @@ class StateMachineServer:
 
     def image(self) -> Any:
         return self.state_machine.image
+
+
+async def activate_with_brokers(server: StateMachineServer, brokers: tuple[int, ...]) -> None:
+    """Node 1 becomes the active controller and ``brokers`` register (still fenced)."""
+    await server.submit("ActivateController", {"leader_id": 1, "term": 1})
+    for b in brokers:
+        await server.submit("BrokerRegistration", registration(b))

@@ -6,14 +6,12 @@ The write path is the real state machine's ``propose`` (testsupport.state_machin
 
 from __future__ import annotations
 
-import uuid
-
 import trio
 
 from kraft.broker_lifecycle import BrokerLifecycle
 from kraft.controller.settings import ControllerSettings
 from kraft.rpc.bodies import BrokerHeartbeatRequest, BrokerHeartbeatResponse
-from testsupport.state_machine_server import FEATURES, LISTENER, StateMachineServer
+from testsupport.state_machine_server import StateMachineServer, activate_with_brokers
 
 
 async def heartbeat(
@@ -41,19 +39,7 @@ async def cluster() -> tuple[StateMachineServer, BrokerLifecycle]:
     """3 unfenced brokers and 40 partitions RF 3; steps of 4 records, so a broker's controlled
     shutdown takes several."""
     server = StateMachineServer(ControllerSettings(cluster_id="c", transition_step_records=4))
-    await server.submit("ActivateController", {"leader_id": 1, "term": 1})
-    for b in (1, 2, 3):
-        await server.submit(
-            "BrokerRegistration",
-            {
-                "broker_id": b,
-                "cluster_id": "c",
-                "incarnation_id": str(uuid.UUID(int=b)),
-                "listeners": [LISTENER],
-                "rack": None,
-                "features": FEATURES,
-            },
-        )
+    await activate_with_brokers(server, (1, 2, 3))
     lifecycle = BrokerLifecycle(server, 9000)  # type: ignore[arg-type]  # see StateMachineServer
     lifecycle.reset()
     for b in (1, 2, 3):

@@ -7,15 +7,13 @@ Raft): what is tested is the lifecycle's bookkeeping, on a real image."""
 
 from __future__ import annotations
 
-import uuid
-
 import trio
 
 from kraft.broker_lifecycle import BrokerLifecycle
 from kraft.controller.settings import ControllerSettings
 from kraft.records import LEADER_NONE
 from kraft.rpc.bodies import BrokerHeartbeatRequest
-from testsupport.state_machine_server import FEATURES, LISTENER, StateMachineServer
+from testsupport.state_machine_server import StateMachineServer, activate_with_brokers
 
 
 def leaderless(server: StateMachineServer) -> int:
@@ -42,19 +40,7 @@ async def cluster_with_every_broker_fenced() -> tuple[StateMachineServer, Broker
     """3 brokers, 40 partitions RF 3, then every broker fenced: each partition leaderless, its
     ISR the broker fenced last. Steps of 4 records make an unfence take several steps."""
     server = StateMachineServer(ControllerSettings(cluster_id="c", transition_step_records=4))
-    await server.submit("ActivateController", {"leader_id": 1, "term": 1})
-    for b in (1, 2, 3):
-        await server.submit(
-            "BrokerRegistration",
-            {
-                "broker_id": b,
-                "cluster_id": "c",
-                "incarnation_id": str(uuid.UUID(int=b)),
-                "listeners": [LISTENER],
-                "rack": None,
-                "features": FEATURES,
-            },
-        )
+    await activate_with_brokers(server, (1, 2, 3))
     lifecycle = BrokerLifecycle(server, 9000)  # type: ignore[arg-type]  # see StateMachineServer
     for b in (1, 2, 3):
         await server.submit(
