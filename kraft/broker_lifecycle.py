@@ -195,6 +195,19 @@ class BrokerLifecycle:
                 elif api == "UnfenceBroker":
                     self.unfinished_unfence.discard(broker_id)
                 decision = self._decide(req, now)
+                if decision.should_shut_down and decision.command is not None:
+                    # the shutdown it asked for is complete: fenced before it is told to go
+                    fence_api, fence_body = decision.command
+                    try:
+                        await self.submit_keeping_session(broker_id, fence_api, fence_body)
+                    except KraftError as e:
+                        log.warning(
+                            "node %d: %s for broker %d failed: %s",
+                            server.node_id,
+                            fence_api,
+                            broker_id,
+                            e,
+                        )
         elif broker_id in self.unfinished_unfence and not decision.is_fenced:
             reg = server.state_machine.image.brokers.get(broker_id)
             if reg is None or reg.in_controlled_shutdown:

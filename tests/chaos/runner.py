@@ -27,7 +27,8 @@ Fault kinds (a round injects one, holds it, heals it, and waits until the cluste
 Availability (``check_availability``): with the fault windows recorded here, every broker fenced
 at once, or a partition leaderless for longer than one session timeout while its replicas and a
 controller majority were unfaulted, is an anomaly. Session-timeout fences of brokers no fault
-was aimed at are counted (``healthy_broker_fences``).
+was aimed at are counted (``healthy_broker_fences``). Both stop where ``finish`` stops the
+cluster: the brokers' controlled shutdowns fence them on purpose.
 
 Recovery time is from the heal (restart, SIGCONT, partition healed) until: every controller
 answers and agrees on one active leader and has caught up to it, every broker runs with its
@@ -703,6 +704,7 @@ class ChaosRun:
         images = self._settled_images(settle_timeout)
         self.sampler.sample_once()
         self.sampler.stop()
+        down_ms = wall_ms()  # from here the brokers shut down (and are fenced) on purpose
         self.cluster.down()
         digests = {
             cid: log_stream_digest(self.cluster.log_dir(cid)) for cid in self.cluster.controller_ids
@@ -729,7 +731,7 @@ class ChaosRun:
         r.anomalies += check_raft_terms(facts.leader_changes, r.leader_reports)
         windows = [f.window for f in r.faults if f.window is not None]
         if windows:
-            span = (windows[0].start_ms, windows[-1].end_ms)
+            span = (windows[0].start_ms, min(windows[-1].end_ms, down_ms))
             r.anomalies += check_availability(
                 facts.outages, windows, span, self.cluster.session_timeout_ms
             )

@@ -92,9 +92,34 @@ def test_heartbeats_are_answered_while_the_shutdown_is_written():
 def test_without_the_background_nursery_the_heartbeat_writes_it_first():
     async def main() -> None:
         server, lifecycle = await cluster()
+        await heartbeat(lifecycle, server, 2)
+        await heartbeat(lifecycle, server, 3)
         first = await heartbeat(lifecycle, server, 1, shutdown=True)
-        assert not first.should_shut_down
         assert lifecycle.shutting_down == set()
         assert led_by(server, 1) == 0  # every step written before the answer
+        # the others had reported no offset of the shutdown yet: not this time
+        assert not first.should_shut_down and not server.image().brokers[1].fenced
+        await heartbeat(lifecycle, server, 2)
+        await heartbeat(lifecycle, server, 3)
+        last = await heartbeat(lifecycle, server, 1, shutdown=True)
+        assert last.should_shut_down
+        assert server.image().brokers[1].fenced  # fenced before it was told to go
+
+    trio.run(main)
+
+
+def test_the_last_broker_to_go_is_fenced_before_it_is_told_to():
+    """No other broker is active, so nothing waits for one to catch up: the heartbeat that
+    writes the shutdown's steps also writes the fence, then answers "shut down"."""
+
+    async def main() -> None:
+        server, lifecycle = await cluster()
+        for b in (2, 3):
+            body = {"broker_id": b, "broker_epoch": server.image().brokers[b].epoch, "reason": "x"}
+            await server.submit("FenceBroker", body)
+        first = await heartbeat(lifecycle, server, 1, shutdown=True)
+        assert first.should_shut_down
+        assert server.image().brokers[1].fenced
+        assert [c["api"] for c in server.commands[-1:]] == ["FenceBroker"]
 
     trio.run(main)
