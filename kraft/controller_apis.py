@@ -18,6 +18,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import msgpack
 import msgspec
 import trio
 
@@ -44,6 +45,7 @@ from kraft.rpc.bodies import (
     decode_request,
     encode_response,
 )
+from kraft.rpc.framing import Packed
 
 if TYPE_CHECKING:
     from kraft.controller_server import ControllerServer
@@ -55,7 +57,7 @@ DESCRIBE_VOTER_TIMEOUT_S = 1.0
 
 # A handler gets the typed body, the body as sent (a write's pure handler takes the map) and
 # the request context; it returns the response body (a map or a response struct).
-ApiHandler = Callable[[Any, dict[str, Any], Any], Awaitable[dict[str, Any] | Body]]
+ApiHandler = Callable[[Any, dict[str, Any], Any], Awaitable[dict[str, Any] | Body | Packed]]
 
 # Writes only the active controller itself issues (its session timer, heartbeats, activation).
 CONTROLLER_ISSUED = frozenset(
@@ -93,6 +95,9 @@ class ControllerApis:
 
     def __init__(self, server: ControllerServer) -> None:
         self.server = server
+        # the last FetchMetadata answer without a snapshot or checksum, encoded: (batches, high
+        # watermark, encoding); the brokers woken by one commit fetch the same batches
+        self._fetched: tuple[list[bytes], int, Packed] | None = None
         lifecycle = server.lifecycle
         self.handlers: dict[str, ApiHandler] = {
             "BrokerRegistration": lifecycle.register,
@@ -113,7 +118,7 @@ class ControllerApis:
         missing = set(APIS) - set(self.handlers)
         assert not missing, f"APIs without a handler: {sorted(missing)}"
 
-    async def handle(self, api: str, body: dict[str, Any], ctx: Any) -> dict[str, Any]:
+    async def handle(self, api: str, body: dict[str, Any], ctx: Any) -> dict[str, Any] | Packed:
         """Check ``body`` against ``api``'s request type, then run the API's handler."""
         handler = self.handlers.get(api)
         if handler is None:
@@ -160,7 +165,7 @@ class ControllerApis:
 
     async def fetch_metadata(
         self, req: FetchMetadataRequest, wire: dict[str, Any], ctx: Any
-    ) -> FetchMetadataResponse:
+    ) -> FetchMetadataResponse | Packed:
         """Batches from ``from_offset`` (long-polling up to ``max_wait_ms`` when there are none
         yet), or the snapshot to load instead."""
         server = self.server
@@ -190,9 +195,27 @@ class ControllerApis:
         stated = None
         if req.image_checksum:
             stated = await self._stated_checksum(from_offset, batches)
+        if stated is None:
+            return self._packed_batches(batches, high_watermark)
         return FetchMetadataResponse(
             batches=batches, high_watermark=high_watermark, snapshot=None, image_checksum=stated
         )
+
+    def _packed_batches(self, batches: list[bytes], high_watermark: int) -> Packed:
+        """The encoded answer holding ``batches`` and ``high_watermark``, reused while the
+        fetches ask for the same: every broker woken by a commit fetches the same new batches,
+        and encoding each answer again was a copy of them per broker (a 2,000-record step of a
+        controlled shutdown to 60 brokers). Compared by content, so a log rewritten at the same
+        offsets cannot be answered from an old encoding."""
+        last = self._fetched
+        if last is not None and last[1] == high_watermark and last[0] == batches:
+            return last[2]
+        body = FetchMetadataResponse(
+            batches=batches, high_watermark=high_watermark, snapshot=None, image_checksum=None
+        )
+        packed = Packed(msgpack.packb(encode_response(body), use_bin_type=True))
+        self._fetched = (batches, high_watermark, packed)
+        return packed
 
     async def _stated_checksum(
         self, from_offset: int, batches: list[bytes]

@@ -1,6 +1,7 @@
 """Controller RPC frames: ``u32 big-endian length | msgpack map`` (sans-I/O, pure).
 
-``encode_frame`` builds one frame; :class:`FrameDecoder` is fed arbitrary chunks of a byte
+``encode_frame`` builds one frame (``encode_answer`` a successful response's, whose body may be
+:class:`Packed` already); :class:`FrameDecoder` is fed arbitrary chunks of a byte
 stream and returns every complete map. Anything that is not a well-formed frame holding a map
 — an oversized or zero length, undecodable msgpack, a top-level value that is not a map —
 raises :class:`FrameError`; the caller then closes the connection (the stream position is
@@ -11,11 +12,20 @@ from __future__ import annotations
 
 import os
 import struct
+from dataclasses import dataclass
 from typing import Any
 
 import msgpack
 
-__all__ = ["DEFAULT_MAX_FRAME_BYTES", "HEADER", "FrameDecoder", "FrameError", "encode_frame"]
+__all__ = [
+    "DEFAULT_MAX_FRAME_BYTES",
+    "HEADER",
+    "FrameDecoder",
+    "FrameError",
+    "Packed",
+    "encode_answer",
+    "encode_frame",
+]
 
 DEFAULT_MAX_FRAME_BYTES = 8 * 1024 * 1024
 HEADER = struct.Struct(">I")
@@ -35,6 +45,30 @@ def encode_frame(obj: dict[str, Any], max_frame_bytes: int | None = None) -> byt
         raise FrameError(f"cannot encode frame: {exc}") from exc
     if max_frame_bytes is not None and len(payload) > max_frame_bytes:
         raise FrameError(f"frame of {len(payload)} bytes exceeds the limit of {max_frame_bytes}")
+    return HEADER.pack(len(payload)) + payload
+
+
+@dataclass(frozen=True, slots=True)
+class Packed:
+    """A response body already encoded as a msgpack map: one encoding shared by many answers
+    (the same metadata batches to every broker that fetches them), sent as it is."""
+
+    payload: bytes
+
+
+_BODY_KEY: bytes = msgpack.packb("body")
+
+
+def encode_answer(correlation_id: int, body: dict[str, Any] | Packed) -> bytes:
+    """The frame of a successful response; byte for byte what :func:`encode_frame` makes of
+    ``{correlation_id, error_code: 0, error_message: "", body}``, without packing a
+    :class:`Packed` body again."""
+    head = {"correlation_id": correlation_id, "error_code": 0, "error_message": ""}
+    if not isinstance(body, Packed):
+        return encode_frame({**head, "body": body})
+    packed_head: bytes = msgpack.packb(head, use_bin_type=True)
+    assert packed_head[0] == 0x83  # a fixmap of three entries: one more follows, the body
+    payload = b"".join((b"\x84", packed_head[1:], _BODY_KEY, body.payload))
     return HEADER.pack(len(payload)) + payload
 
 

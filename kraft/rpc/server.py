@@ -41,6 +41,8 @@ from kraft.rpc.framing import (
     DEFAULT_MAX_FRAME_BYTES,
     FrameDecoder,
     FrameError,
+    Packed,
+    encode_answer,
     encode_frame,
     write_now,
 )
@@ -64,7 +66,7 @@ class RequestContext:
     via: str = ""  # the broker principal that forwarded the request (on_behalf_of), if any
 
 
-Handler = Callable[[str, dict[str, Any], RequestContext], Awaitable[dict[str, Any]]]
+Handler = Callable[[str, dict[str, Any], RequestContext], Awaitable[dict[str, Any] | Packed]]
 
 
 class _Slot:
@@ -350,14 +352,9 @@ class RpcServer:
         self, message: dict[str, Any], peer: str, principal: str, answers: _Answers, slot: _Slot
     ) -> None:
         correlation_id = _correlation_id(message)
+        body: dict[str, Any] | Packed | None = None
         try:
             body = await self._dispatch(message, peer, principal, correlation_id)
-            response = {
-                "correlation_id": correlation_id,
-                "error_code": 0,
-                "error_message": "",
-                "body": body,
-            }
         except KraftError as err:
             response = {"correlation_id": correlation_id, **err.to_response()}
         except Exception:
@@ -369,7 +366,7 @@ class RpcServer:
                 "body": {},
             }
         try:
-            frame = encode_frame(response)
+            frame = encode_frame(response) if body is None else encode_answer(correlation_id, body)
         except Exception:
             logger.exception("cannot encode the response to %s from %s", message.get("api"), peer)
             frame = encode_frame(
@@ -384,7 +381,7 @@ class RpcServer:
 
     async def _dispatch(
         self, message: dict[str, Any], peer: str, principal: str, correlation_id: int
-    ) -> dict[str, Any]:
+    ) -> dict[str, Any] | Packed:
         api = message.get("api")
         version = message.get("version", 0)
         if correlation_id < 0:
@@ -427,7 +424,7 @@ class RpcServer:
         result = await self.handler(api, cast(dict[str, Any], body), ctx)  # validated above
         if result is None:
             return {}
-        if not isinstance(result, dict):
+        if not isinstance(result, (dict, Packed)):
             raise TypeError(f"handler returned {type(result).__name__}, not a dict")
         return result
 

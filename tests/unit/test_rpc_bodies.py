@@ -22,6 +22,7 @@ from kraft.rpc.bodies import (
     decode_request,
     encode_response,
 )
+from kraft.rpc.framing import Packed, decode_payload
 from kraft.rpc.server import RequestContext
 
 CTX = RequestContext(peer="127.0.0.1:1", principal="User:ANONYMOUS", client_id="old-cli")
@@ -131,7 +132,8 @@ def test_real_handlers_answer_old_form_bodies(server: ControllerServer) -> None:
     assert node["node_id"] == 1 and node["image_checksum"] is None and node["hashes"] == []
     assert node["is_active"] is False
     fetched = trio.run(server.apis.handle, "FetchMetadata", {"from_offset": 0}, CTX)
-    assert fetched == {"batches": [], "high_watermark": 0, "snapshot": None}
+    assert isinstance(fetched, Packed)  # encoded once for every broker fetching the same
+    assert decode_payload(fetched.payload) == {"batches": [], "high_watermark": 0, "snapshot": None}
     read = trio.run(server.apis.handle, "ListTopics", {}, CTX)
     assert read == {"offset": -1, "topics": []}
     with pytest.raises(KraftError) as e:  # a write on a controller that is not active
@@ -253,4 +255,17 @@ def test_fetch_metadata_states_no_checksum_where_the_fetcher_will_not_be(
 ) -> None:
     body = {"from_offset": 0, "image_checksum": True}
     fetched = trio.run(server.apis.handle, "FetchMetadata", body, CTX)
-    assert fetched == {"batches": [], "high_watermark": 0, "snapshot": None}  # empty log
+    assert isinstance(fetched, Packed)  # no checksum stated: the shared encoding
+    assert decode_payload(fetched.payload) == {"batches": [], "high_watermark": 0, "snapshot": None}
+
+
+def test_fetch_answers_share_one_encoding_until_the_batches_differ(
+    server: ControllerServer,
+) -> None:
+    apis = server.apis
+    first = apis._packed_batches([b"x" * 10], 5)
+    assert apis._packed_batches([b"x" * 10], 5) is first  # every broker woken by one commit
+    other = apis._packed_batches([b"y" * 10], 5)  # the same offsets rewritten: not reused
+    assert other is not first and decode_payload(other.payload)["batches"] == [b"y" * 10]
+    later = apis._packed_batches([b"y" * 10], 6)
+    assert later is not other and decode_payload(later.payload)["high_watermark"] == 6

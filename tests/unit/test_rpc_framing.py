@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kraft.rpc.framing import FrameDecoder, FrameError, encode_frame
+from kraft.rpc.framing import FrameDecoder, FrameError, Packed, encode_answer, encode_frame
 
 MESSAGES = [
     {
@@ -108,3 +108,20 @@ def test_fuzz_round_trip_any_chunking(obj: dict, step: int) -> None:
     for i in range(0, len(stream), step):
         out += dec.feed(stream[i : i + step])
     assert out == [obj, obj]
+
+
+@pytest.mark.parametrize("correlation_id", [0, 7, 2**31 - 1])
+def test_an_answer_with_a_packed_body_is_the_same_frame(correlation_id: int) -> None:
+    """A body encoded once (Packed) and sent in many answers makes byte for byte the frame of
+    the same body packed with each answer."""
+    body = {"batches": [b"\x00" * 300, b"\xff\x01"], "high_watermark": 12, "snapshot": None}
+    expected = encode_frame(
+        {"correlation_id": correlation_id, "error_code": 0, "error_message": "", "body": body}
+    )
+    packed = Packed(msgpack.packb(body, use_bin_type=True))
+    assert encode_answer(correlation_id, packed) == expected
+    assert encode_answer(correlation_id, body) == expected
+    decoder = FrameDecoder()
+    assert decoder.feed(expected) == [
+        {"correlation_id": correlation_id, "error_code": 0, "error_message": "", "body": body}
+    ]
