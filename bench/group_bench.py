@@ -164,22 +164,6 @@ class _Client:
         return True
 
 
-def committed_offset(address: tuple[str, int], group: str) -> int:
-    """What OffsetFetch (v7) answers for ``group``'s 'bench' partition 0 at ``address``."""
-    from tools.kafka_wire import KafkaWire
-
-    with KafkaWire(*address) as w:
-        res = w.call(
-            9, 7, {"group_id": group, "topics": [{"name": "bench", "partition_indexes": [0]}]}
-        )
-    if res.error_code.value:
-        raise RuntimeError(f"OffsetFetch for {group}: error {res.error_code.value}")
-    part = res.topics[0].partitions[0]
-    if part.error_code.value:
-        raise RuntimeError(f"OffsetFetch for {group}: partition error {part.error_code.value}")
-    return int(part.committed_offset)
-
-
 def commit_clients(
     addresses: list[tuple[str, int]], groups: list[str], seconds: float
 ) -> list[float]:
@@ -210,8 +194,12 @@ def commit_clients(
         sel.close()
         for c in clients:
             c.sock.close()
+    from tools.group_admin import committed
+    from tools.kafka_wire import KafkaWire
+
     for a, g, c in zip(addresses, groups, clients, strict=True):
-        got = committed_offset(a, g)
+        with KafkaWire(*a) as w:
+            got = committed(w, g).get(("bench", 0), -1)
         if got != c.offset:
             raise RuntimeError(f"{g}: OffsetFetch answers {got}, its last commit was {c.offset}")
     return [x for c in clients for x in c.latencies]
