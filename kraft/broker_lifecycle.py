@@ -164,7 +164,7 @@ class BrokerLifecycle:
             api, cmd_body = decision.command
             if api == "BeginControlledShutdown" and self._background is not None:
                 self.shutting_down.add(broker_id)
-                self._background.start_soon(self._write_controlled_shutdown, broker_id, cmd_body)
+                self._background.start_soon(self._shut_down_in_background, broker_id, cmd_body)
                 return BrokerHeartbeatResponse(
                     is_caught_up=decision.is_caught_up,
                     is_fenced=decision.is_fenced,
@@ -179,35 +179,20 @@ class BrokerLifecycle:
                     ", ".join(req.offline_log_dir_paths or req.offline_log_dirs),
                     len(cmd_body["offline_replicas"]),
                 )
-            try:
-                await self.submit_keeping_session(broker_id, api, cmd_body)
-            except KraftError as e:
-                log.warning(
-                    "node %d: %s for broker %d failed: %s", server.node_id, api, broker_id, e
-                )
+            if api == "BeginControlledShutdown":
+                error = await self._write_controlled_shutdown(broker_id, cmd_body)
+            else:
+                error = await self._write(broker_id, api, cmd_body)
+            if error is not None:
                 if api == "UnfenceBroker":
                     self.unfinished_unfence.add(broker_id)
             else:
-                if api == "BeginControlledShutdown":
-                    self.heartbeats.note_controlled_shutdown_offset(
-                        broker_id, server.state_machine.image.offset
-                    )
-                elif api == "UnfenceBroker":
+                if api == "UnfenceBroker":
                     self.unfinished_unfence.discard(broker_id)
                 decision = self._decide(req, now)
                 if decision.should_shut_down and decision.command is not None:
                     # the shutdown it asked for is complete: fenced before it is told to go
-                    fence_api, fence_body = decision.command
-                    try:
-                        await self.submit_keeping_session(broker_id, fence_api, fence_body)
-                    except KraftError as e:
-                        log.warning(
-                            "node %d: %s for broker %d failed: %s",
-                            server.node_id,
-                            fence_api,
-                            broker_id,
-                            e,
-                        )
+                    await self._write(broker_id, *decision.command)
         elif broker_id in self.unfinished_unfence and not decision.is_fenced:
             reg = server.state_machine.image.brokers.get(broker_id)
             if reg is None or reg.in_controlled_shutdown:
@@ -236,25 +221,37 @@ class BrokerLifecycle:
             should_shut_down=False,
         )
 
-    async def _write_controlled_shutdown(self, broker_id: int, body: dict[str, Any]) -> None:
-        """Write a broker's BeginControlledShutdown, all its steps, then note where it ended
-        (its later heartbeats wait for every active broker to reach it). In the background:
-        at 2M partitions the steps outlast a heartbeat's RPC timeout, and a broker that gave
-        up on its heartbeat went to the other controllers, was refused, and stopped
-        heartbeating until its session expired and it was fenced the slow way."""
+    async def _write(self, broker_id: int, api: str, body: dict[str, Any]) -> KraftError | None:
+        """Write a command a broker's heartbeat asked for (its session kept alive meanwhile);
+        a failure is logged and returned."""
         try:
-            await self.submit_keeping_session(broker_id, "BeginControlledShutdown", body)
+            await self.submit_keeping_session(broker_id, api, body)
         except KraftError as e:
             log.warning(
-                "node %d: BeginControlledShutdown for broker %d failed: %s",
-                self.server.node_id,
-                broker_id,
-                e,
+                "node %d: %s for broker %d failed: %s", self.server.node_id, api, broker_id, e
             )
-        else:
+            return e
+        return None
+
+    async def _write_controlled_shutdown(
+        self, broker_id: int, body: dict[str, Any]
+    ) -> KraftError | None:
+        """Write a broker's BeginControlledShutdown, all its steps, then note where it ended
+        (its later heartbeats wait for every active broker to reach it)."""
+        error = await self._write(broker_id, "BeginControlledShutdown", body)
+        if error is None:
             self.heartbeats.note_controlled_shutdown_offset(
                 broker_id, self.server.state_machine.image.offset
             )
+        return error
+
+    async def _shut_down_in_background(self, broker_id: int, body: dict[str, Any]) -> None:
+        """:meth:`_write_controlled_shutdown` while the broker's heartbeats are answered: at 2M
+        partitions the steps outlast a heartbeat's RPC timeout, and a broker that gave up on its
+        heartbeat went to the other controllers, was refused, and stopped heartbeating until its
+        session expired and it was fenced the slow way."""
+        try:
+            await self._write_controlled_shutdown(broker_id, body)
         finally:
             self.shutting_down.discard(broker_id)
 
@@ -279,18 +276,8 @@ class BrokerLifecycle:
             broker_id,
         )
         body = {"broker_id": broker_id, "broker_epoch": broker_epoch, "continue": True}
-        try:
-            await self.submit_keeping_session(broker_id, "UnfenceBroker", body)
-        except KraftError as e:
-            log.warning(
-                "node %d: resuming broker %d's unfence failed: %s",
-                self.server.node_id,
-                broker_id,
-                e,
-            )
-            if e.code not in RETRIED_RESUME_ERRORS:
-                self.unfinished_unfence.discard(broker_id)
-        else:
+        error = await self._write(broker_id, "UnfenceBroker", body)
+        if error is None or error.code not in RETRIED_RESUME_ERRORS:
             self.unfinished_unfence.discard(broker_id)
 
     async def _scan_for_unfinished_unfences(self, image: MetadataImage) -> None:

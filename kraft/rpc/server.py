@@ -425,7 +425,7 @@ class RpcServer:
         if result is None:
             return {}
         if not isinstance(result, (dict, Packed)):
-            raise TypeError(f"handler returned {type(result).__name__}, not a dict")
+            raise TypeError(f"handler returned {type(result).__name__}, not a dict or Packed")
         return result
 
 
