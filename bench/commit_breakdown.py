@@ -47,6 +47,7 @@ from typing import Any
 
 import trio
 
+from bench.common import process_cpu_s
 from bench.controller_bench import cli, set_body, start_sim_brokers, stop_process
 
 PAYLOAD = 300
@@ -268,13 +269,6 @@ def rpc_frames(n: int) -> list[float]:
 # ---- the whole -----------------------------------------------------------------------------
 
 
-def _cpu_s(pid: int) -> tuple[float, float]:
-    """User and system CPU seconds of a process so far (/proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    tick = os.sysconf("SC_CLK_TCK")
-    return int(fields[11]) / tick, int(fields[12]) / tick
-
-
 async def _cluster_calls(
     bootstrap: list[tuple[str, int]], seconds: float, pids: dict[str, int]
 ) -> dict[str, Any]:
@@ -295,7 +289,7 @@ async def _cluster_calls(
                 "IncrementalAlterConfigs", set_body("bench-configs", next(value)), timeout=10
             )
         writes: list[float] = []
-        cpu0 = {name: _cpu_s(pid) for name, pid in pids.items()}
+        cpu0 = {name: process_cpu_s(pid) for name, pid in pids.items()}
         stop = time.perf_counter() + seconds
         while time.perf_counter() < stop:
             t = time.perf_counter()
@@ -305,7 +299,7 @@ async def _cluster_calls(
             writes.append(time.perf_counter() - t)
         cpu = {}
         for name, pid in pids.items():
-            (user0, sys0), (user, sys_) = cpu0[name], _cpu_s(pid)
+            (user0, sys0), (user, sys_) = cpu0[name], process_cpu_s(pid)
             cpu[name] = ((user - user0) / len(writes), (sys_ - sys0) / len(writes))
         reads: list[float] = []
         for _ in range(len(writes)):

@@ -111,3 +111,10 @@ def cluster_down(directory: Path, timeout: float = 90) -> None:
         kraft("cluster", "down", "--dir", str(directory), "--timeout", "20", timeout=timeout)
     except (RuntimeError, subprocess.TimeoutExpired) as exc:
         print(f"cluster down {directory}: {exc}", file=sys.stderr, flush=True)
+
+
+def process_cpu_s(pid: int) -> tuple[float, float]:
+    """User and system CPU seconds a process has used so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick

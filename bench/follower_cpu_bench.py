@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import tempfile
 import time
@@ -21,17 +20,14 @@ from typing import Any
 
 import trio
 
-from bench.common import cluster_down, cluster_up, controller_addresses
+from bench.common import cluster_down, cluster_up, controller_addresses, process_cpu_s
 from bench.controller_bench import log, set_body, start_sim_brokers, stop_process
 from kraft.rpc.client import ControllerClient
-
-TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def cpu_s(pid: int) -> float:
     """utime + stime of a process, in seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
+    return sum(process_cpu_s(pid))
 
 
 def body(i: int) -> tuple[str, dict[str, Any]]:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import socket
 import struct
@@ -33,7 +32,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.common import kraft, logger  # noqa: E402  (after the path set-up, run as a script)
+from bench.common import kraft, logger, process_cpu_s  # noqa: E402  (after the path set-up, run as a script)
 
 log = logger()
 
@@ -207,12 +206,7 @@ def commit_clients(
 
 def cpu_seconds(pids: list[int]) -> float:
     """User + system CPU seconds the processes ``pids`` used so far (Linux /proc)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for pid in pids:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / tick
+    return sum(sum(process_cpu_s(pid)) for pid in pids)
 
 
 def bench_commits(
