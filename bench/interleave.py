@@ -6,10 +6,14 @@ round runs every system once, one after another, the starting system rotating be
 and every cross-system figure is a per-round ratio; the summary gives their median and spread.
 
 Around each system's run the machine is sampled from /proc: the 1-minute load average when it
-starts, and the share of CPU time stolen by the hypervisor and used by other processes during
-it. A run is *quiet* when the load average was at most ``QUIET_LOAD`` and steal at most
-``QUIET_STEAL_PCT``; a round is quiet when all its runs were. The medians are also given over
-the quiet rounds alone.
+starts, the share of CPU time stolen by the hypervisor, and the cores used by processes that are
+not the bench's own (those alive before and after, less this process and its children), in a
+window before the run and during it. Before each run the bench waits (at most
+``settle_s``) for a window in which other processes use at most ``QUIET_OTHER_CORES``: the
+previous run's processes have exited by then, but the load average still counts them for a
+minute or more, so it is recorded, not judged. A run is *quiet* when other processes used at
+most ``QUIET_OTHER_CORES`` before and during it and steal was at most ``QUIET_STEAL_PCT``; a
+round is quiet when all its runs were. The medians are also given over the quiet rounds alone.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import psutil
+
 from bench import controller_bench as cb
 from bench.common import logger
 from bench.peers import run_peer
@@ -28,8 +34,10 @@ from bench.peers import run_peer
 log = logger("interleave")
 
 SYSTEMS = ("etcd", "pykraft", "pysyncobj")
-QUIET_LOAD = 1.0
 QUIET_STEAL_PCT = 2.0
+QUIET_OTHER_CORES = 0.3  # CPU of processes other than the bench's own, in cores
+SETTLE_WINDOW_S = 1.0  # the window other processes' CPU is measured over before a run
+DEFAULT_SETTLE_S = 30.0  # the longest wait for a quiet window before a run
 
 #: name -> (numerator system, mode, field, denominator system, mode, field): > 1 is pykraft ahead
 #: for every ratio but ``seq_p50_vs_etcd`` (pykraft's p50 over etcd's: <= 1 is ahead)
@@ -68,33 +76,107 @@ class CpuTicks:
         return CpuTicks(user + nice + system + irq + softirq, steal, total)
 
 
-def machine_during(before: CpuTicks, after: CpuTicks, load_before: float) -> dict[str, Any]:
+def others_cpu() -> dict[int, float]:
+    """CPU seconds so far of every process but this one and its descendants, by pid."""
+    me = psutil.Process()
+    mine = {me.pid} | {c.pid for c in me.children(recursive=True)}
+    out: dict[int, float] = {}
+    for proc in psutil.process_iter(["cpu_times"]):
+        times = proc.info["cpu_times"]
+        if proc.pid not in mine and times is not None:
+            out[proc.pid] = times.user + times.system
+    return out
+
+
+@dataclass(frozen=True)
+class MachineSample:
+    """The machine's counters, the other processes' CPU seconds and the monotonic time, read
+    together."""
+
+    ticks: CpuTicks
+    others: dict[int, float]
+    at: float
+
+    @staticmethod
+    def read() -> MachineSample:
+        return MachineSample(CpuTicks.read(), others_cpu(), time.monotonic())
+
+
+def other_cores(before: MachineSample, after: MachineSample) -> float:
+    """Cores used between two samples by the processes, not the bench's own, alive at both:
+    the bench's detached controllers start after ``before`` and are gone by ``after``; another
+    tenant's process that starts or ends in between is not seen."""
+    wall = after.at - before.at
+    if wall <= 0:
+        return 0.0
+    used = sum(
+        max(0.0, after.others[pid] - cpu)
+        for pid, cpu in before.others.items()
+        if pid in after.others
+    )
+    return used / wall
+
+
+def wait_quiet(
+    max_wait_s: float,
+    threshold: float = QUIET_OTHER_CORES,
+    window_s: float = SETTLE_WINDOW_S,
+    sample: Callable[[], MachineSample] = MachineSample.read,
+    sleep: Callable[[float], None] = time.sleep,
+) -> tuple[float, float]:
+    """Wait until a ``window_s`` window in which other processes used at most ``threshold``
+    cores, for at most ``max_wait_s`` (0: one window, no waiting). Returns the other cores of
+    the last window and the seconds waited."""
+    first = last = sample()
+    while True:
+        sleep(window_s)
+        now = sample()
+        seen = other_cores(last, now)
+        if seen <= threshold or now.at - first.at >= max_wait_s:
+            return round(seen, 2), round(now.at - first.at, 1)
+        last = now
+
+
+def machine_during(
+    before: MachineSample, after: MachineSample, load_before: float, other_before: float = 0.0
+) -> dict[str, Any]:
     """What the machine did between two samples: load average at the start, steal and busy
-    shares of all CPU time, and whether that counts as quiet."""
-    total = max(after.total - before.total, 1)
-    steal_pct = 100.0 * (after.steal - before.steal) / total
+    shares of all CPU time, other processes' cores before (``other_before``) and during, and
+    whether that counts as quiet."""
+    total = max(after.ticks.total - before.ticks.total, 1)
+    steal_pct = 100.0 * (after.ticks.steal - before.ticks.steal) / total
+    during = other_cores(before, after)
     return {
         "load_before": round(load_before, 2),
         "steal_pct": round(steal_pct, 2),
-        "busy_pct": round(100.0 * (after.busy - before.busy) / total, 1),
-        "quiet": load_before <= QUIET_LOAD and steal_pct <= QUIET_STEAL_PCT,
+        "busy_pct": round(100.0 * (after.ticks.busy - before.ticks.busy) / total, 1),
+        "other_cores_before": round(other_before, 2),
+        "other_cores": round(during, 2),
+        "quiet": steal_pct <= QUIET_STEAL_PCT
+        and other_before <= QUIET_OTHER_CORES
+        and during <= QUIET_OTHER_CORES,
     }
 
 
 def measured(
-    system: str, run: Callable[[], tuple[list[dict[str, Any]], str | None]]
+    system: str,
+    run: Callable[[], tuple[list[dict[str, Any]], str | None]],
+    settle_s: float = DEFAULT_SETTLE_S,
 ) -> dict[str, Any]:
-    """One system's run with the machine sampled around it."""
+    """One system's run with the machine sampled around it, after waiting (at most
+    ``settle_s``) for other processes to go quiet."""
+    other_before, waited = wait_quiet(settle_s)
     load = os.getloadavg()[0]
-    before = CpuTicks.read()
-    started = time.monotonic()
+    before = MachineSample.read()
     rows, note = run()
+    after = MachineSample.read()
     return {
         "system": system,
         "rows": rows,
         "note": note,
-        "seconds": round(time.monotonic() - started, 1),
-        "machine": machine_during(before, CpuTicks.read(), load),
+        "seconds": round(after.at - before.at, 1),
+        "settled_s": waited,
+        "machine": machine_during(before, after, load, other_before),
     }
 
 
@@ -168,8 +250,10 @@ def run(
     phase_s: float = 5.0,
     peers_timeout_s: float = 150.0,
     systems: tuple[str, ...] = SYSTEMS,
+    settle_s: float = DEFAULT_SETTLE_S,
 ) -> dict[str, Any]:
-    """``rounds`` interleaved rounds of every system's seq + 32-in-flight commit path."""
+    """``rounds`` interleaved rounds of every system's seq + 32-in-flight commit path, each run
+    after at most ``settle_s`` of waiting for a quiet machine."""
     runners: dict[str, Callable[[], tuple[list[dict[str, Any]], str | None]]] = {
         "pykraft": lambda: _pykraft(phase_s),
         "etcd": lambda: run_peer("etcd", peers_timeout_s + 150),
@@ -180,7 +264,7 @@ def run(
     for k in range(rounds):
         order = systems[k % len(systems) :] + systems[: k % len(systems)]
         log(f"round {k + 1}/{rounds}: {', '.join(order)}")
-        runs = [measured(s, runners[s]) for s in order]
+        runs = [measured(s, runners[s], settle_s) for s in order]
         notes.update(r["note"] for r in runs if r["note"])
         quiet = all(r["machine"]["quiet"] for r in runs)
         ratios = round_ratios(runs)
@@ -196,8 +280,8 @@ def table(doc: dict[str, Any]) -> str:
     """Markdown: each round's figures and machine, then the ratios' medians and spreads."""
     lines = [
         "| round | system | seq ops/s | seq p50 ms | 32 in flight ops/s | load before | steal % "
-        "| quiet |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| other cores before / during | quiet |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for rd in doc["rounds"]:
         for run in rd["runs"]:
@@ -205,7 +289,8 @@ def table(doc: dict[str, Any]) -> str:
             lines.append(
                 f"| {rd['round']} | {s} | {_value([run], s, 'seq', 'ops_s')} "
                 f"| {_value([run], s, 'seq', 'p50_ms')} | {_value([run], s, 'inflight', 'ops_s')} "
-                f"| {m['load_before']} | {m['steal_pct']} | {m['quiet']} |"
+                f"| {m['load_before']} | {m['steal_pct']} "
+                f"| {m.get('other_cores_before')} / {m.get('other_cores')} | {m['quiet']} |"
             )
     lines += ["", "| ratio | median (all) | min–max | rounds | median (quiet) | quiet rounds |"]
     lines += ["| --- | --- | --- | --- | --- | --- |"]

@@ -78,6 +78,13 @@ def main(argv: list[str] | None = None) -> int:
         default=3,
         help="interleaved rounds of the commit path (etcd, pykraft, PySyncObj each round; 3)",
     )
+    ap.add_argument(
+        "--settle-s",
+        type=float,
+        default=interleave.DEFAULT_SETTLE_S,
+        help="before each interleaved run, wait at most this long for other processes to use "
+        f"<= {interleave.QUIET_OTHER_CORES} cores (0 = one 1 s sample, no waiting)",
+    )
     ap.add_argument("--peers-timeout", type=float, default=150.0)
     ap.add_argument("--phase-s", type=float, default=5.0)
     ap.add_argument("--failovers", type=int, default=10)
@@ -110,7 +117,11 @@ def main(argv: list[str] | None = None) -> int:
     notes: list[str] = []
     # the commit path: every system in each round, one after another (bench/interleave.py)
     mixed = interleave.run(
-        args.rounds, args.phase_s, args.peers_timeout, ("pykraft",) if args.no_peers else SYSTEMS
+        args.rounds,
+        args.phase_s,
+        args.peers_timeout,
+        ("pykraft",) if args.no_peers else SYSTEMS,
+        args.settle_s,
     )
     notes += mixed["notes"]
     ours = cb.run(

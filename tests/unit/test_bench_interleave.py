@@ -5,7 +5,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.interleave import CpuTicks, goals, machine_during, round_ratios, summarize
+import pytest
+
+from bench.interleave import (
+    CpuTicks,
+    MachineSample,
+    goals,
+    machine_during,
+    other_cores,
+    round_ratios,
+    summarize,
+    wait_quiet,
+)
 
 
 def run(system: str, seq: float, p50: float, inflight: float) -> dict[str, Any]:
@@ -61,12 +72,59 @@ def test_goals_judge_the_median_in_the_right_direction() -> None:
     assert by_name["sequential ops/s >= etcd's"]["met"] is False
 
 
-def test_quiet_needs_a_low_load_and_no_steal() -> None:
-    before = CpuTicks(busy=100, steal=0, total=1000)
-    assert machine_during(before, CpuTicks(busy=200, steal=0, total=2000), 0.5)["quiet"]
-    assert not machine_during(before, CpuTicks(busy=200, steal=0, total=2000), 3.0)["quiet"]
-    stolen = machine_during(before, CpuTicks(busy=200, steal=100, total=2000), 0.5)
+def sample(busy: int, steal: int, total: int, others: dict[int, float], at: float) -> MachineSample:
+    return MachineSample(CpuTicks(busy, steal, total), others, at)
+
+
+def test_other_cores_count_processes_alive_at_both_samples() -> None:
+    before = sample(0, 0, 0, {10: 5.0, 11: 1.0, 12: 3.0}, at=100.0)
+    # 2 s: pid 10 used 0.4 s, 11 nothing, 12 exited (not seen), 13 started (the bench's own
+    # detached controllers are such processes)
+    after = sample(0, 0, 0, {10: 5.4, 11: 1.0, 13: 9.0}, at=102.0)
+    assert other_cores(before, after) == pytest.approx(0.2)
+    assert other_cores(before, before) == 0.0
+
+
+def test_quiet_needs_idle_others_before_and_during_and_no_steal() -> None:
+    before = sample(0, 0, 0, {10: 0.0}, at=0.0)
+    alone = sample(200, 0, 400, {10: 0.0, 20: 4.0}, at=2.0)
+    calm = machine_during(before, alone, load_before=3.0, other_before=0.1)
+    # a high load average left by the previous run's processes is recorded, not judged
+    assert calm["quiet"] and calm["load_before"] == 3.0 and calm["other_cores"] == 0.0
+    assert not machine_during(before, alone, 0.5, other_before=0.9)["quiet"]
+    shared = sample(300, 0, 400, {10: 1.0}, at=2.0)  # 0.5 cores of another process during
+    assert machine_during(before, shared, 0.5)["other_cores"] == 0.5
+    assert not machine_during(before, shared, 0.5)["quiet"]
+    stolen = machine_during(before, sample(200, 40, 400, {10: 0.0}, at=2.0), 0.5)
     assert stolen["steal_pct"] == 10.0 and not stolen["quiet"]
+
+
+def fake_machine(busy_per_window: list[float]) -> tuple[Any, Any]:
+    """A sampler whose successive windows show ``busy_per_window`` cores of another process."""
+    state = {"cpu": 0.0, "at": 0.0, "i": 0.0}
+
+    def read() -> MachineSample:
+        return sample(0, 0, 0, {7: state["cpu"]}, at=state["at"])
+
+    def sleep(s: float) -> None:
+        i = int(state["i"])
+        state["cpu"] += busy_per_window[min(i, len(busy_per_window) - 1)] * s
+        state["at"] += s
+        state["i"] = i + 1
+
+    return read, sleep
+
+
+def test_wait_quiet_returns_at_the_first_quiet_window() -> None:
+    sample, sleep = fake_machine([1.5, 0.9, 0.1, 2.0])
+    assert wait_quiet(30.0, 0.3, 1.0, sample, sleep) == (0.1, 3.0)
+
+
+def test_wait_quiet_gives_up_at_its_deadline_with_what_it_saw() -> None:
+    sample, sleep = fake_machine([1.2])
+    assert wait_quiet(5.0, 0.3, 1.0, sample, sleep) == (1.2, 5.0)
+    sample, sleep = fake_machine([1.2])
+    assert wait_quiet(0.0, 0.3, 1.0, sample, sleep) == (1.2, 1.0)  # 0: one window, no wait
 
 
 def test_cpu_ticks_reads_this_machine() -> None:
