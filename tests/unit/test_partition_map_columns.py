@@ -52,3 +52,24 @@ def test_partition_chunks_hold_the_items_in_their_order(ids, updates):
     assert chunked == list(pm.items())
     plain = dict(pm.items())
     assert [item for chunk in partition_chunks(plain) for item in chunk.items()] == chunked
+
+
+def test_a_change_copies_one_small_chunk_and_shares_the_rest():
+    pm = PartitionMap.of({pid: _reg(pid) for pid in range(100)})
+    changed = pm.updated({37: _reg(37, 1)})
+    assert changed[37] == _reg(37, 1) and pm[37] == _reg(37) and len(changed) == 100
+    new = [c for c in changed.chunks() if not any(c is old for old in pm.chunks())]
+    assert len(new) == 1 and len(new[0]) <= 16  # one 16-id chunk copied, 6 shared
+
+
+@given(st.lists(st.integers(min_value=0, max_value=3000), max_size=50), st.integers(4096, 10**6))
+def test_a_map_whose_ids_outgrow_small_chunks_keeps_every_partition(ids, big):
+    pm = PartitionMap.of({pid: _reg(pid) for pid in ids})
+    grown = pm.updated({big: _reg(big, 2)})
+    expected = {pid: _reg(pid) for pid in ids} | {big: _reg(big, 2)}
+    assert dict(grown.items()) == expected and len(grown) == len(expected)
+    assert all(grown[pid] == reg and pid in grown for pid, reg in expected.items())
+    assert grown.get(big + 1) is None and (big + 1) not in grown
+    assert grown == PartitionMap.of(expected)
+    again = grown.updated({0: _reg(0, 3)})  # large chunks from now on: no second rebuild
+    assert again[0] == _reg(0, 3) and len(again) == len(expected | {0: None})
