@@ -73,3 +73,15 @@ def test_a_map_whose_ids_outgrow_small_chunks_keeps_every_partition(ids, big):
     assert grown == PartitionMap.of(expected)
     again = grown.updated({0: _reg(0, 3)})  # large chunks from now on: no second rebuild
     assert again[0] == _reg(0, 3) and len(again) == len(expected | {0: None})
+
+
+@given(st.integers(0, 5000), st.integers(0, 300), st.integers(0, 3))
+def test_a_run_of_ascending_ids_is_cut_as_a_dict_of_them_would_be(start, count, short):
+    ids = list(range(start, start + count))  # a snapshot frame's ids
+    regs = [_reg(pid, 1) for pid in ids][: max(count - short, 0)]  # zip's shorter side wins
+    built = PartitionMap.of_columns(ids, iter(regs))
+    expected = PartitionMap.of(dict(zip(ids, regs)))
+    assert built == expected and len(built) == len(regs)
+    assert list(built.items()) == list(expected.items())
+    assert built._chunks.keys() == expected._chunks.keys()
+    assert built.sorted_columns() == expected.sorted_columns()
