@@ -208,16 +208,20 @@ class BrokerLifecycle:
     def _while_shutting_down(
         self, req: BrokerHeartbeatRequest, now: int
     ) -> BrokerHeartbeatResponse | None:
-        """The answer to a heartbeat of a broker whose controlled shutdown is being written: its
-        session refreshed, "not yet" (None: not its current registration; the heartbeat manager
-        answers that with its error)."""
-        reg = self.server.state_machine.image.brokers.get(req.broker_id)
-        if reg is None or reg.epoch != req.broker_epoch:
+        """The answer to a heartbeat of a broker whose controlled shutdown is being written:
+        "not yet" (None: not its current registration, answered by the full path's error)."""
+        decision = self.heartbeats.hold(
+            req.broker_id,
+            req.broker_epoch,
+            req.metadata_offset,
+            now,
+            self.server.state_machine.image,
+        )
+        if decision is None:
             return None
-        self.heartbeats.touch(req.broker_id, now)
         return BrokerHeartbeatResponse(
-            is_caught_up=req.metadata_offset >= reg.epoch,
-            is_fenced=reg.fenced,
+            is_caught_up=decision.is_caught_up,
+            is_fenced=decision.is_fenced,
             should_shut_down=False,
         )
 

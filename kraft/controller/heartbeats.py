@@ -36,6 +36,7 @@ from typing import Any
 from kraft.controller.election import needs_offline_change
 from kraft.errors import ErrorCode, KraftError
 from kraft.metadata.image import MetadataImage
+from kraft.metadata.registrations import BrokerRegistration
 
 __all__ = ["BrokerHeartbeatManager", "HeartbeatDecision"]
 
@@ -198,6 +199,23 @@ class BrokerHeartbeatManager:
 
     # ---- heartbeats -------------------------------------------------------------------------
 
+    def hold(
+        self, broker_id: int, epoch: int, metadata_offset: int, now_ms: int, image: MetadataImage
+    ) -> HeartbeatDecision | None:
+        """A heartbeat of a broker whose controlled shutdown is being written elsewhere: its
+        session refreshed and its offset noted, "not yet" answered, nothing decided. None when
+        ``epoch`` is not its current registration (:meth:`heartbeat` answers that with its
+        error)."""
+        reg = image.brokers.get(broker_id)
+        session = self._sessions.get(broker_id)
+        if reg is None or reg.epoch != epoch or session is None or session.epoch != epoch:
+            return None
+        session.last_contact_ms = max(session.last_contact_ms, now_ms)
+        session.metadata_offset = max(session.metadata_offset, metadata_offset)
+        return HeartbeatDecision(
+            _caught_up(metadata_offset, reg), reg.fenced, False, None, CONTROLLED_SHUTDOWN
+        )
+
     def heartbeat(
         self,
         broker_id: int,
@@ -235,7 +253,7 @@ class BrokerHeartbeatManager:
         session.fenced = reg.fenced
         session.offline_log_dirs = offline_log_dirs
         session.offline_replicas = offline_replicas
-        caught_up = metadata_offset >= reg.epoch
+        caught_up = _caught_up(metadata_offset, reg)
         ident = {"broker_id": broker_id, "broker_epoch": reg.epoch}
 
         def decide(
@@ -310,3 +328,8 @@ class BrokerHeartbeatManager:
                 for p in t.partitions.values()
             )
         return answers[broker_id]
+
+
+def _caught_up(metadata_offset: int, reg: BrokerRegistration) -> bool:
+    """Whether a broker has replayed its own registration (its epoch is that record's offset)."""
+    return metadata_offset >= reg.epoch

@@ -280,3 +280,23 @@ def test_leads_any_partition_cache_follows_the_image():
         image, PartitionRecord(0, T, (1, 2), (1, 2), (), (), LEADER_NONE, RECOVERED, 1, 1)
     )
     assert not m.leads_any_partition(image2, 1)
+
+
+def test_a_held_heartbeat_refreshes_the_session_and_notes_the_offset():
+    """A heartbeat answered "not yet" while a controlled shutdown is written elsewhere keeps
+    the broker alive and records how far it replayed; a stale epoch is left to heartbeat()."""
+    clock = Clock()
+    image = unfence(registered(1), 1)
+    m = BrokerHeartbeatManager(TIMEOUT)
+    m.register(1, 11, clock.now, fenced=False)
+    at = clock.advance(TIMEOUT - 1)
+    held = m.hold(1, 11, 40, at, image)
+    assert held is not None and not held.should_shut_down and held.command is None
+    assert held.is_caught_up and not held.is_fenced and held.state == "CONTROLLED_SHUTDOWN"
+    assert m.metadata_offset(1) == 40
+    clock.advance(TIMEOUT - 1)
+    assert m.has_live_session(1, clock.now)  # refreshed at ``at``, not at registration
+    assert m.hold(1, 11, 5, clock.now, image).is_caught_up is False  # 5 < its epoch 11
+    assert m.metadata_offset(1) == 40  # offsets only grow
+    assert m.hold(1, 12, 50, clock.now, image) is None  # not its registration
+    assert m.hold(2, 11, 50, clock.now, image) is None  # not registered
