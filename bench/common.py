@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -118,3 +118,8 @@ def process_cpu_s(pid: int) -> tuple[float, float]:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     tick = os.sysconf("SC_CLK_TCK")
     return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def total_cpu_s(pids: Iterable[int]) -> float:
+    """User + system CPU seconds the processes ``pids`` have used so far, together."""
+    return sum(sum(process_cpu_s(pid)) for pid in pids)

@@ -20,14 +20,9 @@ from typing import Any
 
 import trio
 
-from bench.common import cluster_down, cluster_up, controller_addresses, process_cpu_s
+from bench.common import cluster_down, cluster_up, controller_addresses, total_cpu_s
 from bench.controller_bench import log, set_body, start_sim_brokers, stop_process
 from kraft.rpc.client import ControllerClient
-
-
-def cpu_s(pid: int) -> float:
-    """utime + stime of a process, in seconds."""
-    return sum(process_cpu_s(pid))
 
 
 def body(i: int) -> tuple[str, dict[str, Any]]:
@@ -68,12 +63,12 @@ def run(writes: int, inflight: int) -> list[dict[str, Any]]:
         try:
             trio.run(drive, addrs, 40, 4)  # warm-up: creates the first topics
             status = trio.run(_status, addrs)
-            before = {c["id"]: cpu_s(c["pid"]) for c in meta["controllers"]}
+            before = {c["id"]: total_cpu_s([c["pid"]]) for c in meta["controllers"]}
             commit_before = status["commit_index"]
             log(f"driving {writes} writes, {inflight} in flight")
             wall = trio.run(drive, addrs, writes, inflight)
             status = trio.run(_status, addrs)
-            after = {c["id"]: cpu_s(c["pid"]) for c in meta["controllers"]}
+            after = {c["id"]: total_cpu_s([c["pid"]]) for c in meta["controllers"]}
         finally:
             stop_process(sims)
         commits = status["commit_index"] - commit_before

@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.common import kraft, logger, process_cpu_s  # noqa: E402  (after the path set-up, run as a script)
+from bench.common import kraft, logger, total_cpu_s  # noqa: E402  (after the path set-up, run as a script)
 
 log = logger()
 
@@ -204,20 +204,15 @@ def commit_clients(
     return [x for c in clients for x in c.latencies]
 
 
-def cpu_seconds(pids: list[int]) -> float:
-    """User + system CPU seconds the processes ``pids`` used so far (Linux /proc)."""
-    return sum(sum(process_cpu_s(pid)) for pid in pids)
-
-
 def bench_commits(
     brokers: list[tuple[str, int]], seconds: float, parallel: list[int], pids: list[int]
 ) -> list[dict[str, Any]]:
     """Commit rows; each also gives the brokers' CPU per commit, which the machine's load
     changes far less than the rate."""
     rows = []
-    cpu0 = cpu_seconds(pids)
+    cpu0 = total_cpu_s(pids)
     lat = commit_clients([coordinator(brokers, "bench-seq")], ["bench-seq"], seconds)
-    cpu = cpu_seconds(pids) - cpu0
+    cpu = total_cpu_s(pids) - cpu0
     rows.append(
         {
             "key": "commits_seq",
@@ -231,9 +226,9 @@ def bench_commits(
     for n in parallel:
         groups = [f"bench-par-{i}" for i in range(n)]
         addresses = [coordinator(brokers, g) for g in groups]
-        cpu0 = cpu_seconds(pids)
+        cpu0 = total_cpu_s(pids)
         every = commit_clients(addresses, groups, seconds)
-        cpu = cpu_seconds(pids) - cpu0
+        cpu = total_cpu_s(pids) - cpu0
         rows.append(
             {
                 "key": "commits_parallel" if n == 8 else f"commits_parallel_{n}",

@@ -24,8 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import cluster_down, cluster_up, kraft, logger
-from bench.group_bench import cpu_seconds
+from bench.common import cluster_down, cluster_up, kraft, logger, total_cpu_s
 from bench.produce_bench import MSG_BYTES
 
 log = logger("txn_bench")
@@ -191,17 +190,17 @@ def run(messages: int, txn_size: int, split: bool = False) -> list[dict[str, Any
         transactional(bs, "bench-plain", txn_size, txn_size)
         pids = [b["pid"] for b in meta["brokers"]]
         log(f"idempotent produce, {messages} x {MSG_BYTES} B")
-        cpu0 = cpu_seconds(pids)
+        cpu0 = total_cpu_s(pids)
         rows.append(plain(bs, "bench-plain", messages))
         rows[-1]["broker_cpu_ms_per_100_msgs"] = round(
-            (cpu_seconds(pids) - cpu0) * 1000 * 100 / messages, 2
+            (total_cpu_s(pids) - cpu0) * 1000 * 100 / messages, 2
         )
         log(f"  {rows[-1]}")
         log(f"transactional produce, {messages} x {MSG_BYTES} B, {txn_size} per transaction")
-        cpu0 = cpu_seconds(pids)
+        cpu0 = total_cpu_s(pids)
         rows.append(transactional(bs, "bench-txn", messages, txn_size, split))
         rows[-1]["broker_cpu_ms_per_txn"] = round(
-            (cpu_seconds(pids) - cpu0) * 1000 / rows[-1]["transactions"], 2
+            (total_cpu_s(pids) - cpu0) * 1000 / rows[-1]["transactions"], 2
         )
         log(f"  {rows[-1]}")
         rows[-1]["read_committed_count"] = count_committed(bs, "bench-txn", 3)
