@@ -72,6 +72,8 @@ def test_heartbeats_are_answered_while_the_shutdown_is_written():
                 with trio.fail_after(5):
                     again = await heartbeat(lifecycle, server, 1, shutdown=True)
                 assert not again.should_shut_down and not again.is_fenced
+                # and each one's progress is recorded, as a full heartbeat's would be
+                assert lifecycle.heartbeats.metadata_offset(1) == server.image().offset
             assert len(server.commands) == written
             server.hold.set()
             with trio.fail_after(5):
